@@ -1,0 +1,378 @@
+"""Local engine supervisor: runs the replicas of one local pool as vLLM OpenAI-compatible servers.
+
+One :class:`EngineSupervisor` owns the processes of one pool. Each replica is
+``<sys.executable> -m vllm.entrypoints.openai.api_server ...`` in its own session (process group), so
+stopping it reaches the engine-core and worker children too. Output goes to
+``<home>/logs/<pool>-<index>.log`` (appended; one header line per start). After :meth:`start` a monitor
+task checks every replica: a dead process is restarted with exponential backoff; readiness follows
+``GET /health``. :meth:`aclose` stops everything (SIGTERM to each group, SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from backends.demo_models import default_home, demo_model_dir, ensure_demo_models, models_root
+from policies.schema import EngineSpec
+
+__all__ = [
+    "Backoff",
+    "CommandFactory",
+    "EngineStartError",
+    "EngineSupervisor",
+    "Replica",
+    "choose_ports",
+    "engine_command",
+    "engine_env",
+]
+
+_log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+CommandFactory = Callable[[EngineSpec, int, Path], list[str]]
+DEMO_PREFIX = "demo:"
+_LOG_TAIL_BYTES = 4000
+
+
+class EngineStartError(RuntimeError):
+    """A replica died or did not become healthy in time; the message ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential restart delay: ``base * 2**failures``, capped at ``cap`` seconds."""
+
+    base_s: float = 1.0
+    cap_s: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait before restart attempt number ``failures + 1`` (``failures`` >= 0)."""
+        return float(min(self.cap_s, self.base_s * 2 ** min(failures, 30)))
+
+
+@dataclass
+class Replica:
+    """One engine process of a pool. ``ready`` is True while its last health check passed."""
+
+    pool: str
+    index: int
+    port: int
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    restarts: int = 0
+    failures: int = 0
+    started_at: float = 0.0
+    restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the engine (``http://127.0.0.1:PORT``), without ``/v1``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid (and process group id) of the running API server process, if any."""
+        return None if self.process is None else self.process.pid
+
+    @property
+    def name(self) -> str:
+        """``pool[index]``, for logs."""
+        return f"{self.pool}[{self.index}]"
+
+
+def resolve_model(spec: EngineSpec, models_dir: Path | None = None) -> str:
+    """The ``--model`` argument: ``demo:NAME`` becomes that demo model's directory (not built here)."""
+    if spec.model.startswith(DEMO_PREFIX):
+        root = models_root() if models_dir is None else models_dir
+        return str(demo_model_dir(root, spec.model.removeprefix(DEMO_PREFIX)))
+    return spec.model
+
+
+def engine_command(spec: EngineSpec, port: int, models_dir: Path | None = None) -> list[str]:
+    """The argv of one replica listening on 127.0.0.1:``port``. Pure (does not build demo models)."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+           "--model", resolve_model(spec, models_dir), "--served-model-name", spec.served_name,
+           "--host", "127.0.0.1", "--port", str(port),
+           "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype]
+    if spec.quantization is not None:
+        cmd += ["--quantization", spec.quantization]
+    if spec.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
+    if spec.speculative_config is not None:
+        cmd += ["--speculative-config", json.dumps(spec.speculative_config, sort_keys=True)]
+    if spec.tensor_parallel_size != 1:
+        cmd += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if spec.pipeline_parallel_size != 1:
+        cmd += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
+    return cmd + list(spec.extra_args)
+
+
+def engine_env(spec: EngineSpec) -> dict[str, str]:
+    """Variables set for a replica on top of the inherited environment (``spec.env`` wins)."""
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if spec.kv_cache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_space_gib)
+    return env | dict(spec.env)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_ports(base_port: int, count: int, taken: Sequence[int] = ()) -> list[int]:
+    """``count`` free loopback ports: consecutive from ``base_port``, skipping busy ones and ``taken``."""
+    ports: list[int] = []
+    port = base_port
+    while len(ports) < count:
+        if port > 65535:
+            raise EngineStartError(f"no {count} free ports at or above {base_port}")
+        if port not in taken and _port_free(port):
+            ports.append(port)
+        port += 1
+    return ports
+
+
+def log_tail(path: Path, limit: int = _LOG_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of a log file as text ('' when it does not exist)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to a process group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+class EngineSupervisor:
+    """Owns and supervises the engine processes of one local pool.
+
+    Use as ``async with EngineSupervisor(pool, spec) as sup:`` or call :meth:`start` and, always,
+    :meth:`aclose`. ``progress`` receives one-line human messages (start, waits, restarts); they are
+    also logged. ``command(spec, port, models_dir)`` builds each replica's argv (tests pass a fake
+    engine). Not thread-safe: use it from one event loop.
+    """
+
+    def __init__(self, pool: str, spec: EngineSpec, *, home: Path | None = None,
+                 progress: Progress | None = None, check_interval_s: float = 2.0,
+                 stop_grace_s: float = 15.0, backoff: Backoff | None = None,
+                 command: CommandFactory = engine_command) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.home = default_home() if home is None else home
+        self._progress = progress
+        self._check_interval_s = check_interval_s
+        self._stop_grace_s = stop_grace_s
+        self._backoff = backoff or Backoff()
+        self._command = command
+        self._replicas: list[Replica] = []
+        self._monitor: asyncio.Task[None] | None = None
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        self._closing = False
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        """All replicas, ready or not (live objects: ``ready`` and ``port`` change over time)."""
+        return tuple(self._replicas)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Base URLs of all replicas."""
+        return tuple(replica.url for replica in self._replicas)
+
+    @property
+    def ready_urls(self) -> tuple[str, ...]:
+        """Base URLs of the replicas whose last health check passed."""
+        return tuple(replica.url for replica in self._replicas if replica.ready)
+
+    def _say(self, message: str) -> None:
+        _log.info("%s", message)
+        if self._progress is not None:
+            self._progress(message)
+
+    async def __aenter__(self) -> EngineSupervisor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start every replica and wait until all answer ``/health``, then start monitoring.
+
+        Raises EngineStartError (after stopping what it started) when a replica dies or exceeds
+        ``spec.startup_timeout_s``. Demo models are built first if needed (in a worker thread).
+        """
+        if self._replicas:
+            raise RuntimeError(f"pool {self.pool}: supervisor already started")
+        models_dir = models_root(self.home)
+        if self.spec.model.startswith(DEMO_PREFIX):
+            await asyncio.to_thread(ensure_demo_models, models_dir)
+        ports = choose_ports(self.spec.base_port, self.spec.replicas)
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self._replicas = [Replica(self.pool, i, port, logs / f"{self.pool}-{i}.log")
+                          for i, port in enumerate(ports)]
+        started = time.monotonic()
+        try:
+            await asyncio.gather(*(self._launch_and_wait(replica) for replica in self._replicas))
+        except BaseException:
+            await self.aclose()
+            raise
+        self._say(f"pool {self.pool}: {len(self._replicas)} replica(s) ready in "
+                  f"{time.monotonic() - started:.0f} s: {', '.join(self.urls)}")
+        self._monitor = asyncio.create_task(self._monitor_loop(), name=f"supervise-{self.pool}")
+
+    async def _spawn(self, replica: Replica) -> None:
+        cmd = self._command(self.spec, replica.port, models_root(self.home))
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        with replica.log_path.open("ab") as log:
+            log.write(f"\n=== {stamp} cascade supervisor starts {replica.name}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            replica.process = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                env=os.environ | engine_env(self.spec), start_new_session=True,
+            )
+        replica.started_at = time.monotonic()
+        self._say(f"pool {self.pool}: started replica {replica.index} (pid {replica.pid}) on "
+                  f"{replica.url}; log {replica.log_path}")
+
+    async def _healthy(self, replica: Replica) -> bool:
+        try:
+            response = await self._http.get(f"{replica.url}/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def _launch_and_wait(self, replica: Replica) -> None:
+        await self._spawn(replica)
+        await self._wait_healthy(replica)
+
+    async def _wait_healthy(self, replica: Replica) -> None:
+        """Poll ``/health`` until 200; raise EngineStartError if the process exits or time runs out."""
+        timeout = self.spec.startup_timeout_s
+        next_note = 15.0
+        while True:
+            elapsed = time.monotonic() - replica.started_at
+            process = replica.process
+            if process is None or process.returncode is not None:
+                code = None if process is None else process.returncode
+                raise self._start_error(replica, f"exited with code {code} after {elapsed:.0f} s")
+            if await self._healthy(replica):
+                replica.ready = True
+                self._say(f"pool {self.pool}: replica {replica.index} healthy after {elapsed:.0f} s")
+                return
+            if elapsed > timeout:
+                await self._stop_replica(replica)
+                raise self._start_error(replica, f"not healthy after {timeout:.0f} s (startup_timeout_s)")
+            if elapsed >= next_note:
+                self._say(f"pool {self.pool}: waiting for {replica.url}/health (pid {replica.pid}): "
+                          f"{elapsed:.0f} s of at most {timeout:.0f} s")
+                next_note += 15.0
+            await asyncio.sleep(0.5)
+
+    def _start_error(self, replica: Replica, what: str) -> EngineStartError:
+        tail = log_tail(replica.log_path).rstrip()
+        return EngineStartError(f"pool {self.pool}: engine replica {replica.index} on port {replica.port} "
+                                f"{what}. Log {replica.log_path}, last lines:\n{tail}")
+
+    async def _monitor_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._check_interval_s)
+            for replica in self._replicas:
+                await self._check(replica)
+
+    async def _check(self, replica: Replica) -> None:
+        """One supervision step: schedule a restart for a dead process, else refresh readiness."""
+        if replica.restart_task is not None and not replica.restart_task.done():
+            return
+        process = replica.process
+        if process is not None and process.returncode is None:
+            replica.ready = await self._healthy(replica)
+            return
+        replica.ready = False
+        code = None if process is None else process.returncode
+        delay = self._backoff.delay(replica.failures)
+        self._say(f"pool {self.pool}: replica {replica.index} (pid {replica.pid}) exited with code {code}; "
+                  f"restarting in {delay:.0f} s")
+        replica.restart_task = asyncio.create_task(self._restart(replica, delay))
+
+    async def _restart(self, replica: Replica, delay: float) -> None:
+        if replica.pid is not None:
+            _signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children
+        await asyncio.sleep(delay)
+        if self._closing:
+            return
+        replica.restarts += 1
+        taken = [other.port for other in self._replicas if other is not replica]
+        if not _port_free(replica.port):
+            replica.port = choose_ports(replica.port + 1, 1, taken)[0]
+        try:
+            await self._launch_and_wait(replica)
+        except EngineStartError as exc:
+            replica.failures += 1
+            self._say(f"pool {self.pool}: restart of replica {replica.index} failed: {exc}")
+            return
+        replica.failures = 0
+
+    async def _stop_replica(self, replica: Replica) -> None:
+        """SIGTERM the replica's process group, SIGKILL it after the grace period; reaps the leader."""
+        replica.ready = False
+        process = replica.process
+        if process is None:
+            return
+        if not _signal_group(process.pid, signal.SIGTERM):
+            await process.wait()
+            return
+        try:
+            await asyncio.wait_for(process.wait(), timeout=self._stop_grace_s)
+        except TimeoutError:
+            self._say(f"pool {self.pool}: replica {replica.index} (pid {process.pid}) ignored SIGTERM "
+                      f"for {self._stop_grace_s:.0f} s; sending SIGKILL")
+        # Children may outlive the leader; the group id stays valid while any of them lives.
+        _signal_group(process.pid, signal.SIGKILL)
+        await process.wait()
+
+    async def aclose(self) -> None:
+        """Stop monitoring, stop every replica and close the HTTP client. Idempotent."""
+        self._closing = True
+        tasks = [t for t in (self._monitor, *(r.restart_task for r in self._replicas)) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.gather(*(self._stop_replica(replica) for replica in self._replicas))
+        await self._http.aclose()
+        if self._replicas:
+            self._say(f"pool {self.pool}: stopped {len(self._replicas)} replica(s)")

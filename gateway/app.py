@@ -1,0 +1,173 @@
+"""The HTTP surface: `create_app(settings)` is the one composition root.
+
+Handlers parse, call the service, render. Every error leaves as the OpenAI error envelope.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.auth import tenant_for
+from gateway.errors import AuthenticationError, BodyTooLarge, GatewayError, error_body
+from gateway.runtime import Runtime, build_runtime
+from gateway.schema import parse_chat_request
+from gateway.service import JSONReply
+from gateway.settings import Settings
+from gateway.streaming import SSEResponse
+from policies.decide import AUTO_MODEL, RouteDecision
+from policies.loader import PolicyError
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("cascade.gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status, headers, media_type="application/json")
+
+
+def _error(exc: GatewayError, request_id: str | None = None) -> Response:
+    headers = {"x-request-id": request_id} if request_id else None
+    return Response(exc.body(), exc.status, headers, media_type="application/json")
+
+
+def _route_headers(request_id: str, decision: RouteDecision) -> dict[str, str]:
+    return {
+        "x-request-id": request_id,
+        "x-cascade-pool": decision.pool,
+        "x-cascade-score": "none" if decision.score is None else f"{decision.score:.4f}",
+        "x-cascade-rule": decision.rule,
+        "x-cascade-policy-version": decision.policy_version,
+    }
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+async def chat_completions(request: Request) -> Response:
+    runtime = _runtime(request)
+    given = request.headers.get("x-request-id", "")
+    request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    try:
+        tenant = tenant_for(runtime.policies.current.policy, request.headers.get("authorization"))
+        body = await _read_body(request, runtime.settings.max_body_bytes)
+        chat, raw = parse_chat_request(body)
+        reply = await runtime.service.handle(chat, raw, tenant, request_id)
+    except GatewayError as exc:
+        return _error(exc, request_id)
+    except ClientDisconnect:
+        return Response(status_code=499)
+    headers = _route_headers(request_id, reply.decision)
+    if isinstance(reply, JSONReply):
+        return Response(reply.body, 200, headers, media_type="application/json")
+    return SSEResponse(reply.relay.body(), headers)  # type: ignore[return-value]
+
+
+async def list_models(request: Request) -> Response:
+    loaded = _runtime(request).policies.current
+    names = [AUTO_MODEL, *loaded.policy.pools, *loaded.policy.aliases]
+    now = int(time.time())
+    data = [{"id": n, "object": "model", "created": now, "owned_by": "cascade"} for n in names]
+    return _json({"object": "list", "data": data})
+
+
+async def healthz(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    runtime = _runtime(request)
+    pools = {name: pool.ready for name, pool in runtime.pools.items()}
+    redis_ok = await runtime.redis_ok()
+    ready = all(pools.values()) and redis_ok
+    body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools, "redis": redis_ok}
+    return _json(body, 200 if ready else 503)
+
+
+def _require_admin(request: Request) -> None:
+    expected = _runtime(request).settings.admin_key
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
+
+
+async def reload_policy(request: Request) -> Response:
+    try:
+        _require_admin(request)
+        loaded = _runtime(request).policies.reload()
+    except GatewayError as exc:
+        return _error(exc)
+    except PolicyError as exc:
+        body = error_body("policy rejected; the running policy stays", "invalid_policy", None, "invalid_policy")
+        details = orjson.loads(body)
+        details["error"]["problems"] = exc.problems
+        return _json(details, 422)
+    return _json({"policy_version": loaded.version, "source": loaded.source})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = {404: "no such endpoint", 405: "method not allowed"}.get(status, "request failed")
+    return Response(error_body(f"{message}: {request.method} {request.url.path}", "invalid_request_error"),
+                    status, media_type="application/json")
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
+    return Response(error_body("internal gateway error; see the gateway log", "internal_error"), 500,
+                    media_type="application/json")
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> Starlette:
+    """The ASGI app. Without `runtime`, its lifespan builds one from `settings` (and closes it)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.runtime = runtime or await build_runtime(settings)
+        log.info("gateway ready", extra={"policy_version": app.state.runtime.policies.current.version})
+        try:
+            yield
+        finally:
+            if runtime is None:
+                await app.state.runtime.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/admin/policy/reload", reload_policy, methods=["POST"]),
+    ]
+    handlers = {HTTPException: _http_error, Exception: _unexpected}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

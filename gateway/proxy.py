@@ -1,0 +1,116 @@
+"""Send a request to a pool, failing over between replicas while no byte has reached the client.
+
+A replica that cannot be reached (or dies before its first chunk) is marked down and the next-least-
+loaded replica is tried; an engine's own HTTP error (a 400 for a bad parameter, say) is not retried,
+since another replica would answer the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from backends.engine_client import EngineClient, EngineHTTPError, EngineUnavailable
+from backends.pool import Pool, Replica
+from gateway.errors import NoReplicaAvailable, UpstreamError
+
+__all__ = ["OpenStream", "Proxy"]
+
+log = logging.getLogger("cascade.proxy")
+_CHAT = "/v1/chat/completions"
+
+
+@dataclass(slots=True)
+class OpenStream:
+    """An upstream stream that has produced its first chunk. The caller owns `upstream` (closes it)."""
+
+    replica: Replica
+    first_chunk: bytes
+    chunks: AsyncIterator[bytes]
+    upstream: AsyncExitStack
+
+
+def _upstream_error(exc: EngineHTTPError, pool: str) -> UpstreamError:
+    message = f"engine of pool {pool!r} rejected the request (HTTP {exc.status})"
+    param = None
+    try:
+        err = orjson.loads(exc.body)
+        detail = err.get("error", err) if isinstance(err, dict) else {}
+        if isinstance(detail, dict):
+            message = f"{message}: {detail.get('message', '')}".rstrip(": ")
+            param = detail.get("param") if isinstance(detail.get("param"), str) else None
+    except orjson.JSONDecodeError:
+        pass
+    status = exc.status if 400 <= exc.status < 500 else 502
+    return UpstreamError(message, status, param=param, code="upstream_rejected")
+
+
+class Proxy:
+    """Forwards chat requests to pool replicas. Owns nothing; counts in-flight per replica."""
+
+    def __init__(self, client: EngineClient, max_attempts: int = 3) -> None:
+        self._client = client
+        self._max_attempts = max_attempts
+
+    def _replicas(self, pool: Pool) -> Callable[[], Replica]:
+        tried: set[str] = set()
+
+        def next_replica() -> Replica:
+            replica = pool.choose(frozenset(tried)) if len(tried) < self._max_attempts else None
+            if replica is None:
+                raise NoReplicaAvailable(
+                    f"no replica of pool {pool.name!r} is available ({len(tried)} tried); retry shortly"
+                )
+            tried.add(replica.url)
+            return replica
+
+        return next_replica
+
+    async def complete(self, pool: Pool, body: bytes) -> tuple[Replica, bytes]:
+        """Non-streaming call. Returns the replica that answered and the engine's JSON body."""
+        next_replica = self._replicas(pool)
+        while True:
+            replica = next_replica()
+            replica.in_flight += 1
+            try:
+                return replica, await self._client.post_json(replica.url, _CHAT, body)
+            except EngineUnavailable as exc:
+                pool.mark_failed(replica, str(exc))
+            except EngineHTTPError as exc:
+                raise _upstream_error(exc, pool.name) from exc
+            finally:
+                replica.in_flight -= 1
+
+    async def open_stream(self, pool: Pool, body: bytes) -> OpenStream:
+        """Streaming call, opened up to its first chunk (so failover is still possible until then).
+
+        The replica's in-flight count stays raised until the caller closes `upstream`.
+        """
+        next_replica = self._replicas(pool)
+        while True:
+            replica = next_replica()
+            stack = AsyncExitStack()
+            replica.in_flight += 1
+            stack.callback(_decrement, replica)
+            try:
+                chunks = await stack.enter_async_context(self._client.stream(replica.url, _CHAT, body))
+                first = await anext(aiter(chunks), b"")
+                return OpenStream(replica, first, chunks, stack)
+            except (EngineUnavailable, httpx.TransportError) as exc:
+                await stack.aclose()
+                pool.mark_failed(replica, str(exc))
+            except EngineHTTPError as exc:
+                await stack.aclose()
+                raise _upstream_error(exc, pool.name) from exc
+            except BaseException:
+                await stack.aclose()
+                raise
+
+
+def _decrement(replica: Replica) -> None:
+    replica.in_flight -= 1

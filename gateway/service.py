@@ -1,0 +1,160 @@
+"""The chat-completions service: score → route → proxy (or stream) → account.
+
+HTTP-free: it takes a validated `ChatRequest` and returns a reply for `gateway.app` to render.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from backends.engine_client import EngineClient
+from backends.pool import Pool, Replica
+from gateway.accounting import Accountant, RequestFacts
+from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable
+from gateway.policy_holder import PolicyHolder
+from gateway.proxy import Proxy
+from gateway.schema import ChatRequest
+from gateway.streaming import StreamRelay
+from gateway.usage import Usage, count_usage, usage_from_json
+from policies.decide import AUTO_MODEL, RouteContext, RouteDecision, decide, needs_score, pinned_pool
+from policies.loader import LoadedPolicy
+from router_models.scorer import Scorer, conversation_text
+
+__all__ = ["ChatService", "JSONReply", "StreamReply"]
+
+log = logging.getLogger("cascade.service")
+
+
+@dataclass(frozen=True, slots=True)
+class JSONReply:
+    body: bytes
+    decision: RouteDecision
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReply:
+    relay: StreamRelay
+    decision: RouteDecision
+
+
+class ChatService:
+    """Handles one chat request end to end. Shares, but does not own, its collaborators."""
+
+    def __init__(
+        self,
+        policies: PolicyHolder,
+        pools: dict[str, Pool],
+        scorer: Scorer | None,
+        proxy: Proxy,
+        engines: EngineClient,
+        accountant: Accountant,
+    ) -> None:
+        self._policies = policies
+        self._pools = pools
+        self._scorer = scorer
+        self._proxy = proxy
+        self._engines = engines
+        self._accountant = accountant
+
+    async def route(self, request: ChatRequest, tenant: str, loaded: LoadedPolicy) -> RouteDecision:
+        policy = loaded.policy
+        if request.model != AUTO_MODEL and pinned_pool(policy, request.model) is None:
+            names = sorted({AUTO_MODEL, *policy.pools, *policy.aliases})
+            raise ModelNotFound(
+                f"model {request.model!r} is not served here; use one of {names}", param="model"
+            )
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        ctx = RouteContext(tenant, request.model, conversation_text(messages))
+        score: float | None = None
+        if self._scorer is not None and needs_score(policy, ctx):
+            try:
+                score = (await self._scorer.score([ctx.prompt_text]))[0]
+            except Exception:
+                log.exception("scoring failed; sending to the flagship pool")
+                pool = policy.routing.flagship_pool
+                return decide(policy, loaded.version, RouteContext(tenant, pool, ctx.prompt_text), None)
+        return decide(policy, loaded.version, ctx, score)
+
+    def _pool(self, name: str) -> Pool:
+        pool = self._pools.get(name)
+        if pool is None:
+            raise NoReplicaAvailable(f"pool {name!r} has no running replicas")
+        return pool
+
+    async def handle(
+        self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str
+    ) -> JSONReply | StreamReply:
+        started, started_wall = time.monotonic(), time.time()
+        loaded = self._policies.current
+        decision = await self.route(request, tenant, loaded)
+        _check_limits(loaded, decision, request)
+        upstream = dict(raw, model=decision.model)
+        facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok")
+        pool = self._pool(decision.pool)
+        if request.stream:
+            upstream["stream_options"] = {**(raw.get("stream_options") or {}), "include_usage": True}
+            return await self._stream(pool, upstream, request, facts, loaded)
+        replica, body = await self._proxy.complete(pool, orjson.dumps(upstream))
+        self._accountant.spawn(self._account_json(loaded, facts, replica, raw, body))
+        return JSONReply(body, decision)
+
+    async def _stream(
+        self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts, loaded: LoadedPolicy
+    ) -> StreamReply:
+        opened = await self._proxy.open_stream(pool, orjson.dumps(upstream))
+
+        def on_finish(relay: StreamRelay) -> None:
+            self._accountant.spawn(self._account_stream(loaded, facts, opened.replica, upstream, relay))
+
+        relay = StreamRelay(
+            opened.first_chunk, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, on_finish
+        )
+        return StreamReply(relay, facts.decision)
+
+    async def _account_json(
+        self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, raw: dict[str, Any], body: bytes
+    ) -> None:
+        try:
+            usage = usage_from_json(orjson.loads(body))
+        except orjson.JSONDecodeError:
+            usage = None
+        if usage is None:
+            usage = await count_usage(self._engines, replica.url, facts.decision.model, raw["messages"], "")
+        await self._accountant.record(loaded.policy, facts, usage)
+
+    async def _account_stream(
+        self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any], relay: StreamRelay
+    ) -> None:
+        usage: Usage | None = relay.usage
+        if usage is None:
+            usage = await count_usage(
+                self._engines, replica.url, facts.decision.model, upstream["messages"], relay.generated_text()
+            )
+        status = "ok" if relay.completed else ("client_disconnect" if relay.disconnected else "upstream_error")
+        ended = RequestFacts(
+            facts.request_id, facts.tenant, facts.decision, facts.started_wall, facts.started, relay.ttft_s, status
+        )
+        rec = await self._accountant.record(loaded.policy, ended, usage)
+        log.info(
+            "stream finished",
+            extra={"request_id": rec.request_id, "pool": rec.pool, "status": status,
+                   "prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens},
+        )
+
+
+def _check_limits(loaded: LoadedPolicy, decision: RouteDecision, request: ChatRequest) -> None:
+    spec = loaded.policy.pools[decision.pool]
+    limit = request.completion_limit
+    if spec.type == "local" and limit is not None and limit >= spec.engine.max_model_len:
+        field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        raise BadRequest(
+            f"{field}={limit} does not fit pool {decision.pool!r}: its context is "
+            f"{spec.engine.max_model_len} tokens including the prompt",
+            param=field,
+            code="context_length_exceeded",
+        )

@@ -1,0 +1,34 @@
+"""Process settings: where the policy is, what to start, which stores to use. Parsed once, frozen."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["Settings", "default_home"]
+
+
+def default_home() -> Path:
+    """State folder for models, logs and the ledger outbox: $CASCADE_HOME or ./.cascade."""
+    return Path(os.environ.get("CASCADE_HOME", ".cascade")).resolve()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    policy_path: Path
+    redis_url: str = field(default_factory=lambda: os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    redis_prefix: str = "cascade:"
+    scorer: Literal["classifier", "length", "none"] = "classifier"
+    start_engines: bool = True
+    ledger: Literal["redis", "memory"] = "redis"
+    transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    max_body_bytes: int = 1 << 20
+    admin_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_ADMIN_KEY"))
+    home: Path = field(default_factory=default_home)
+    probe_interval_s: float = 1.0
+
+    @property
+    def outbox_dir(self) -> Path:
+        return self.home / "outbox"

@@ -1,0 +1,158 @@
+"""A zero-latency fake of a vLLM OpenAI-compatible server, for tests and for measuring gateway overhead.
+
+Raw ASGI (no framework) so that it costs as little as possible. It serves `/health`, `/metrics` (vLLM
+gauge names), `/tokenize` (1 token per whitespace-separated word, plus 3 per message), and
+`/v1/chat/completions` streaming and not, with `usage` (and `stream_options.include_usage`).
+Knobs (per request, in the body's `metadata`): `fake_tokens` (completion length, default 16),
+`fake_delay_ms` (sleep between streamed tokens). Run: `python -m loadtest.fake_upstream --port 9001`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["FakeUpstream", "main"]
+
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream")]
+
+
+def _prompt_tokens(messages: Any) -> int:
+    if not isinstance(messages, list):
+        return 0
+    return sum(3 + len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
+
+
+class FakeUpstream:
+    """The ASGI app. `requests` counts chat requests; `aborted` counts streams the client left."""
+
+    def __init__(self, model: str = "fake") -> None:
+        self.model = model
+        self.requests = 0
+        self.aborted = 0
+        self.running = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        path = scope["path"]
+        if path == "/health":
+            return await self._reply(send, 200, b"")
+        if path == "/metrics":
+            return await self._reply(send, 200, self._metrics(), [(b"content-type", b"text/plain")])
+        body = await self._body(receive)
+        if path == "/tokenize":
+            return await self._tokenize(send, body)
+        if path == "/v1/chat/completions":
+            return await self._chat(send, receive, body)
+        await self._reply(send, 404, b'{"error":{"message":"not found","type":"not_found"}}')
+
+    def _metrics(self) -> bytes:
+        labels = f'{{engine="0",model_name="{self.model}"}}'
+        return (
+            f"vllm:num_requests_running{labels} {self.running}.0\n"
+            f"vllm:num_requests_waiting{labels} 0.0\n"
+            f"vllm:kv_cache_usage_perc{labels} 0.0\n"
+        ).encode()
+
+    @staticmethod
+    async def _body(receive: Receive) -> bytes:
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _reply(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = _JSON) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _tokenize(self, send: Send, body: bytes) -> None:
+        req = orjson.loads(body)
+        count = _prompt_tokens(req["messages"]) if "messages" in req else len(str(req.get("prompt", "")).split())
+        await self._reply(send, 200, orjson.dumps({"count": count, "tokens": list(range(count))}))
+
+    async def _chat(self, send: Send, receive: Receive, body: bytes) -> None:
+        self.requests += 1
+        req = orjson.loads(body)
+        meta = req.get("metadata") or {}
+        n = int(meta.get("fake_tokens", 16))
+        limit = req.get("max_completion_tokens") or req.get("max_tokens")
+        n = min(n, int(limit)) if limit else n
+        usage = {"prompt_tokens": _prompt_tokens(req.get("messages")), "completion_tokens": n}
+        usage["total_tokens"] = usage["prompt_tokens"] + n
+        if not req.get("stream"):
+            text = " ".join(f"w{i}" for i in range(n))
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+            out = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+                   "model": req.get("model"), "choices": [choice], "usage": usage}
+            return await self._reply(send, 200, orjson.dumps(out))
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await self._stream(send, gone, req, n, usage, float(meta.get("fake_delay_ms", 0)) / 1000)
+        finally:
+            watcher.cancel()
+
+    async def _stream(
+        self, send: Send, gone: asyncio.Event, req: dict[str, Any], n: int, usage: dict[str, int], delay: float
+    ) -> None:
+        head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": req.get("model")}
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        self.running += 1
+        try:
+            role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(role) + b"\n\n",
+                        "more_body": True})
+            for i in range(n):
+                if delay:
+                    await asyncio.sleep(delay)
+                if gone.is_set():  # the client left: stop generating, as vLLM aborts the request
+                    self.aborted += 1
+                    return
+                delta = {**head, "choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]}
+                await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(delta) + b"\n\n",
+                            "more_body": True})
+            tail = b""
+            if (req.get("stream_options") or {}).get("include_usage"):
+                tail = b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
+            await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
+        except (OSError, asyncio.CancelledError):
+            self.aborted += 1
+            raise
+        finally:
+            self.running -= 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Zero-latency fake OpenAI/vLLM upstream.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9001)
+    parser.add_argument("--model", default="fake")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    uvicorn.run(FakeUpstream(args.model), host=args.host, port=args.port, log_level="warning",
+                loop="uvloop", http="httptools", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Shared fixtures: a fake engine upstream and a gateway in front of it, both real uvicorn servers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadtest.fake_upstream import FakeUpstream
+from tests.servers import serve
+
+
+def policy_yaml(micro_url: str, flagship_url: str, extra: str = "") -> str:
+    return f"""
+version: 1
+pools:
+  micro:
+    type: remote
+    urls: ["{micro_url}"]
+    model: micro-model
+    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
+  flagship:
+    type: remote
+    urls: ["{flagship_url}"]
+    model: flagship-model
+    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
+routing:
+  micro_pool: micro
+  flagship_pool: flagship
+  threshold: 0.5
+{extra}
+"""
+
+
+@pytest.fixture
+def upstreams() -> Iterator[tuple[FakeUpstream, str, FakeUpstream, str]]:
+    micro, flagship = FakeUpstream("micro-model"), FakeUpstream("flagship-model")
+    with serve(micro) as micro_url, serve(flagship) as flagship_url:
+        yield micro, micro_url, flagship, flagship_url
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path, upstreams: tuple[FakeUpstream, str, FakeUpstream, str]) -> Path:
+    _, micro_url, _, flagship_url = upstreams
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(micro_url, flagship_url))
+    return path
