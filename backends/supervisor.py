@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -244,9 +245,13 @@ class EngineSupervisor:
         self._replicas = [Replica(self.pool, i, port, logs / f"{self.pool}-{i}.log")
                           for i, port in enumerate(ports)]
         started = time.monotonic()
+        tasks = [asyncio.create_task(self._launch_and_wait(replica)) for replica in self._replicas]
         try:
-            await asyncio.gather(*(self._launch_and_wait(replica) for replica in self._replicas))
+            await asyncio.gather(*tasks)
         except BaseException:
+            for task in tasks:
+                task.cancel()  # the first failure wins; the other replicas are not waited for
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.aclose()
             raise
         self._say(f"pool {self.pool}: {len(self._replicas)} replica(s) ready in "
@@ -256,8 +261,9 @@ class EngineSupervisor:
     async def _spawn(self, replica: Replica) -> None:
         cmd = self._command(self.spec, replica.port, models_root(self.home))
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        shown = shlex.join(cmd).replace("\n", "\\n")  # one header line per start
         with replica.log_path.open("ab") as log:
-            log.write(f"\n=== {stamp} cascade supervisor starts {replica.name}: {' '.join(cmd)}\n".encode())
+            log.write(f"\n=== {stamp} cascade supervisor starts {replica.name}: {shown}\n".encode())
             log.flush()
             replica.process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
@@ -310,7 +316,10 @@ class EngineSupervisor:
         while not self._closing:
             await asyncio.sleep(self._check_interval_s)
             for replica in self._replicas:
-                await self._check(replica)
+                try:
+                    await self._check(replica)
+                except Exception:  # one bad step must not end supervision of the pool
+                    _log.exception("pool %s: supervising replica %d failed", self.pool, replica.index)
 
     async def _check(self, replica: Replica) -> None:
         """One supervision step: schedule a restart for a dead process, else refresh readiness."""
@@ -339,7 +348,7 @@ class EngineSupervisor:
             replica.port = choose_ports(replica.port + 1, 1, taken)[0]
         try:
             await self._launch_and_wait(replica)
-        except EngineStartError as exc:
+        except (EngineStartError, OSError) as exc:
             replica.failures += 1
             self._say(f"pool {self.pool}: restart of replica {replica.index} failed: {exc}")
             return

@@ -111,7 +111,8 @@ async def readyz(request: Request) -> Response:
     pools = {name: pool.ready for name, pool in runtime.pools.items()}
     redis_ok = await runtime.redis_ok()
     ready = all(pools.values()) and redis_ok
-    body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools, "redis": redis_ok}
+    body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools,
+            "engines": runtime.engines.status, "redis": redis_ok}
     return _json(body, 200 if ready else 503)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 import redis.asyncio as aioredis
@@ -24,7 +25,7 @@ from policies.loader import load_policy
 from policies.schema import LocalPool, Policy
 from router_models.scorer import LengthScorer, Scorer
 
-__all__ = ["Runtime", "build_runtime"]
+__all__ = ["EngineStarter", "Runtime", "build_runtime"]
 
 log = logging.getLogger("cascade.runtime")
 
@@ -42,7 +43,7 @@ class Runtime:
     accountant: Accountant
     service: ChatService
     redis: aioredis.Redis | None
-    supervisors: list[EngineSupervisor] = field(default_factory=list)
+    engines: EngineStarter
 
     async def redis_ok(self) -> bool:
         if self.redis is None:
@@ -56,8 +57,7 @@ class Runtime:
         await self.accountant.drain()
         for pool in self.pools.values():
             await pool.aclose()
-        for sup in self.supervisors:
-            await sup.aclose()
+        await self.engines.aclose()
         if self.scorer is not None:
             await self.scorer.aclose()
         await self.ledger.aclose()
@@ -86,57 +86,89 @@ async def _make_ledger(settings: Settings) -> Ledger:
     return ledger
 
 
-async def _local_urls(
-    name: str, pool: LocalPool, settings: Settings, supervisors: list[EngineSupervisor],
-    progress: Callable[[str], None] | None,
-) -> list[str]:
-    if not settings.start_engines:
-        return [f"http://127.0.0.1:{pool.engine.base_port + i}" for i in range(pool.engine.replicas)]
-    sup = EngineSupervisor(name, pool.engine, home=settings.home, progress=progress)
-    supervisors.append(sup)
-    await sup.start()
-    return list(sup.urls)
+def _static_urls(name: str, policy: Policy, settings: Settings) -> list[str]:
+    pool = policy.pools[name]
+    if pool.type == "remote":
+        return list(pool.urls)
+    if settings.start_engines:
+        return []  # filled in by the engine starter once the supervisor has them up
+    return [f"http://127.0.0.1:{pool.engine.base_port + i}" for i in range(pool.engine.replicas)]
 
 
-async def _make_pools(
-    policy: Policy, settings: Settings, client: EngineClient, supervisors: list[EngineSupervisor],
-    progress: Callable[[str], None] | None,
-) -> dict[str, Pool]:
-    names = list(policy.pools)
-    urls = await asyncio.gather(*(
-        _local_urls(n, p, settings, supervisors, progress) if p.type == "local" else _remote(p.urls)
-        for n, p in policy.pools.items()
-    ))
-    interval = settings.probe_interval_s
-    pools = {n: Pool(n, u, client, probe_interval_s=interval) for n, u in zip(names, urls, strict=True)}
-    for pool in pools.values():
+class EngineStarter:
+    """Starts the local pools' engines in the background, so the gateway answers /healthz and /readyz
+    (with progress) while engines load. Owns the supervisors and its task."""
+
+    def __init__(self, settings: Settings, progress: Callable[[str], None] | None = None) -> None:
+        self._settings = settings
+        self._progress = progress
+        self.supervisors: dict[str, EngineSupervisor] = {}
+        self.status: dict[str, str] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, policy: Policy, pools: dict[str, Pool]) -> None:
+        local = {n: p for n, p in policy.pools.items() if isinstance(p, LocalPool)}
+        if not self._settings.start_engines or not local:
+            return
+        self._task = asyncio.create_task(self._start_all(local, pools), name="engine-starter")
+
+    async def _start_all(self, local: dict[str, LocalPool], pools: dict[str, Pool]) -> None:
+        await asyncio.gather(*(self._start_one(n, p, pools[n]) for n, p in local.items()))
+
+    async def _start_one(self, name: str, spec: LocalPool, pool: Pool) -> None:
+        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress)
+        self.supervisors[name] = sup
+        self.status[name] = "starting"
+        started = time.monotonic()
+        try:
+            await sup.start()
+        except Exception as exc:
+            self.status[name] = f"failed: {exc}"
+            log.error("engines of pool %s failed to start: %s", name, exc)
+            return
+        pool.set_urls(sup.urls)
         await pool.probe_once()
+        self.status[name] = f"ready after {time.monotonic() - started:.0f} s"
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for sup in self.supervisors.values():
+            await sup.aclose()
+
+
+async def _make_pools(policy: Policy, settings: Settings, client: EngineClient) -> dict[str, Pool]:
+    interval = settings.probe_interval_s
+    pools = {n: Pool(n, _static_urls(n, policy, settings), client, probe_interval_s=interval) for n in policy.pools}
+    await asyncio.gather(*(pool.probe_once() for pool in pools.values()))
+    for pool in pools.values():
         pool.start()
     return pools
 
 
-async def _remote(urls: tuple[str, ...]) -> list[str]:
-    return list(urls)
-
-
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
-    """Build everything, starting local engines when `settings.start_engines`. On failure, closes
-    what it had started and re-raises."""
+    """Build everything; local engines start in the background when `settings.start_engines`
+    (`Runtime.engines.status` tells how far they are). On failure, closes what it had built."""
     policies = PolicyHolder(load_policy(settings.policy_path))
     http = make_http_client(settings.transport)
     engines = EngineClient(http)
-    supervisors: list[EngineSupervisor] = []
     try:
         ledger = await _make_ledger(settings)
-        scorer = await asyncio.to_thread(_make_scorer, settings)
-        pools = await _make_pools(policies.current.policy, settings, engines, supervisors, progress)
     except BaseException:
-        for sup in supervisors:
-            with contextlib.suppress(Exception):
-                await sup.aclose()
         await http.aclose()
         raise
+    try:
+        scorer = await asyncio.to_thread(_make_scorer, settings)
+        pools = await _make_pools(policies.current.policy, settings, engines)
+    except BaseException:
+        await ledger.aclose()
+        await http.aclose()
+        raise
+    starter = EngineStarter(settings, progress)
+    starter.start(policies.current.policy, pools)
     accountant = Accountant(ledger)
     service = ChatService(policies, pools, scorer, Proxy(engines), engines, accountant)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
-    return Runtime(settings, policies, http, pools, scorer, ledger, accountant, service, redis, supervisors)
+    return Runtime(settings, policies, http, pools, scorer, ledger, accountant, service, redis, starter)

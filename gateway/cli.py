@@ -1,0 +1,135 @@
+"""The `cascade` command: one entry point, one sub-command per job.
+
+Sub-commands register themselves from their own packages (`register(subparsers)`), so this file only
+wires them; heavy imports happen inside each command, never for `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+__all__ = ["default_policy_path", "main"]
+
+
+def default_policy_path() -> Path:
+    """The demo policy shipped in the package (`policies/default.yaml`)."""
+    return Path(str(files("policies").joinpath("default.yaml")))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.logs import configure_logging
+    from gateway.settings import Settings
+
+    configure_logging(args.log_level, json=args.log_format == "json")
+    settings = Settings(
+        policy_path=Path(args.policy), scorer=args.scorer, start_engines=not args.no_engines,
+        ledger=args.ledger, transport=args.transport,
+    )
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+    return 0
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve", help="run the gateway (and the policy's local engines) until stopped",
+        description="Serve the OpenAI-compatible endpoint /v1/chat/completions. Local pools' vLLM engines "
+        "start in the background; /readyz turns 200 once every pool has a ready replica.",
+    )
+    p.add_argument("--policy", default=str(default_policy_path()), help="policy YAML (default: the demo policy)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--scorer", choices=["classifier", "length", "none"], default="classifier",
+                   help="complexity scorer: the trained classifier (default), a length heuristic, or none "
+                   "(everything 'auto' goes to the micro pool)")
+    p.add_argument("--no-engines", action="store_true",
+                   help="do not start local engines; expect them on their base ports")
+    p.add_argument("--ledger", choices=["redis", "memory"], default="redis",
+                   help="where cost records go (memory: for experiments only, nothing is kept)")
+    p.add_argument("--transport", choices=["aiohttp", "httpx"], default="aiohttp",
+                   help="upstream HTTP transport under the httpx API (see BENCHMARKS.md)")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=["json", "plain"], default="json")
+    p.set_defaults(func=_serve)
+
+
+def _policy_validate(args: argparse.Namespace) -> int:
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        loaded = load_policy(args.file)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    pools = ", ".join(f"{n} ({p.type})" for n, p in loaded.policy.pools.items())
+    print(f"{args.file}: valid (version {loaded.version}); pools: {pools}")
+    return 0
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from policies.schema import Policy
+
+    print(json.dumps(Policy.model_json_schema(), indent=2))
+    return 0
+
+
+def _add_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("policy", help="check and inspect routing policies")
+    psub = p.add_subparsers(dest="policy_cmd", required=True)
+    v = psub.add_parser("validate", help="check a policy file; exit 1 with every problem listed")
+    v.add_argument("file")
+    v.set_defaults(func=_policy_validate)
+    s = psub.add_parser("schema", help="print the policy JSON Schema (for editors)")
+    s.set_defaults(func=_policy_schema)
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.demo import add_arguments, run_demo
+
+    p = sub.add_parser(
+        "demo", help="the quick start: engines + gateway + sample traffic + cost report, then stop",
+        description="Builds the demo models if needed, finds or starts Redis, starts the gateway with both "
+        "demo engines, sends a mixed batch of prompts through the openai SDK, prints the routing and the "
+        "cost totals, and stops everything it started.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=run_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from backends.cli import register as register_models
+    from gateway.costs_cli import register as register_costs
+    from router_models.cli import register as register_router
+
+    parser = argparse.ArgumentParser(
+        prog="cascade", description="Cascade routing gateway: one OpenAI-compatible endpoint, tiered vLLM pools.",
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_serve(sub)
+    _add_demo(sub)
+    _add_policy(sub)
+    register_router(sub)
+    register_costs(sub)
+    register_models(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
