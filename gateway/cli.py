@@ -29,7 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, json=args.log_format == "json")
     settings = Settings(
         policy_path=Path(args.policy), scorer=args.scorer, start_engines=not args.no_engines,
-        ledger=args.ledger, transport=args.transport,
+        ledger=args.ledger, transport=args.transport, redis_prefix=args.redis_prefix,
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=30)
@@ -52,6 +52,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="do not start local engines; expect them on their base ports")
     p.add_argument("--ledger", choices=["redis", "memory"], default="redis",
                    help="where cost records go (memory: for experiments only, nothing is kept)")
+    p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis")
     p.add_argument("--transport", choices=["aiohttp", "httpx"], default="aiohttp",
                    help="upstream HTTP transport under the httpx API (see BENCHMARKS.md)")
     p.add_argument("--log-level", default="INFO")

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Quick start, step 1: set everything up, then run the demo end to end
+# (demo models, Redis found or started, both vLLM engines + the gateway, sample traffic, cost report).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export HF_HUB_OFFLINE=1
+.venv/bin/cascade models build
+exec .venv/bin/cascade demo "$@"

@@ -1,0 +1,134 @@
+"""End to end with real parts: vLLM engines (demo models) and the gateway as separate processes, the
+official openai SDK as the client, the real Redis ledger and the trained classifier.
+
+Slow (engine start-up is minutes on 2 CPU cores): one gateway, started once for the module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.engines, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
+
+
+@pytest.fixture(scope="module")
+def prefix() -> str:
+    return f"test:e2e:{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture(scope="module")
+def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("e2e") / "gateway.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(ROOT / "policies" / "default.yaml"),
+           "--port", str(port), "--redis-prefix", prefix]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc, log_path)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        client = redis.Redis()
+        for key in client.scan_iter(match=prefix + "*"):
+            client.delete(key)
+
+
+def _wait_ready(base: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"gateway exited early ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(base + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    pytest.fail(f"gateway not ready in {READY_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
+
+
+def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:
+    client = redis.Redis(decode_responses=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for _, fields in client.xrange(prefix + "records"):
+            if fields.get("request_id") == request_id:
+                return fields
+        time.sleep(0.1)
+    raise AssertionError(f"no ledger record for {request_id}")
+
+
+def test_non_streaming_through_openai_sdk_is_routed_served_and_priced(gateway: str, prefix: str) -> None:
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "Hi! How are you?"}], max_tokens=12,
+    )
+    resp = raw.parse()
+    pool = raw.headers["x-cascade-pool"]
+    assert pool in ("micro", "flagship")
+    assert 0.0 <= float(raw.headers["x-cascade-score"]) <= 1.0
+    assert raw.headers["x-cascade-rule"] == "threshold"
+    assert resp.model == pool  # the demo engines serve their pool's name
+    assert resp.usage is not None and resp.usage.completion_tokens > 0
+    rec = _record(prefix, raw.headers["x-request-id"])
+    assert rec["pool"] == pool
+    assert int(rec["prompt_tokens"]) == resp.usage.prompt_tokens
+    assert int(rec["completion_tokens"]) == resp.usage.completion_tokens
+    assert int(rec["cost_micro_usd"]) >= 0
+
+
+@pytest.mark.parametrize("pool", ["micro", "flagship"])
+def test_streaming_pinned_pool_counts_usage_exactly(gateway: str, prefix: str, pool: str) -> None:
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    with client.chat.completions.with_streaming_response.create(
+        model=pool, messages=[{"role": "user", "content": "Write a long story about a lighthouse."}],
+        max_tokens=24, stream=True, stream_options={"include_usage": True},
+    ) as raw:
+        assert raw.headers["x-cascade-pool"] == pool
+        assert raw.headers["x-cascade-rule"] == "pinned"
+        chunks = list(raw.parse())
+    usage = chunks[-1].usage
+    assert usage is not None and 0 < usage.completion_tokens <= 24
+    text_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert text_chunks, "the engine streamed no text"
+    rec = _record(prefix, raw.headers["x-request-id"])
+    assert (int(rec["prompt_tokens"]), int(rec["completion_tokens"])) == (usage.prompt_tokens, usage.completion_tokens)
+    assert rec["usage_source"] == "engine" and rec["status"] == "ok"
+
+
+def test_errors_from_real_engine_path(gateway: str) -> None:
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="micro", messages=[{"role": "user", "content": "x"}], max_tokens=5000)
+    assert "max_tokens" in str(err.value)
+    assert {m.id for m in client.models.list()} >= {"auto", "micro", "flagship"}
+    ready = httpx.get(gateway + "/readyz").json()
+    assert ready["ready"] and ready["redis"] and ready["pools"] == {"micro": True, "flagship": True}
