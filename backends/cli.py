@@ -18,19 +18,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     Each leaf sets ``func``: a callable taking the parsed namespace and returning an exit code.
     """
     models = subparsers.add_parser(
-        "models", help="build or check the local demo models",
+        "models",
+        help="build or check the local demo models",
         description="Manage the tiny demo models that the local engine pools serve.",
     )
     commands = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
     names = ", ".join(f"{r.name} ({r.architecture})" for r in DEMO_RECIPES)
     build = commands.add_parser(
-        "build", help="build the demo models if missing or corrupt",
-        description=(f"Build the demo models ({names}) offline and deterministically, unless an intact "
-                     "copy is cached. Cached copies are verified against the sha256 manifest."),
+        "build",
+        help="build the demo models if missing or corrupt",
+        description=(
+            f"Build the demo models ({names}) offline and deterministically, unless an intact "
+            "copy is cached. Cached copies are verified against the sha256 manifest."
+        ),
     )
     build.add_argument("--force", action="store_true", help="rebuild even when the cached copy is intact")
     build.add_argument(
-        "--dir", type=Path, default=None, metavar="DIR",
+        "--dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
         help="cache directory (default: $CASCADE_HOME/models, else .cascade/models in the repo)",
     )
     build.set_defaults(func=_build)

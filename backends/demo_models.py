@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,10 +83,21 @@ class DemoRecipe:
 
 
 DEMO_RECIPES: tuple[DemoRecipe, ...] = (
-    DemoRecipe("micro", "llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-               intermediate_size=256, seed=1),
-    DemoRecipe("flagship", "mixtral", hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-               intermediate_size=256, seed=2, num_experts=8, experts_per_token=2),
+    DemoRecipe(
+        "micro", "llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256, seed=1
+    ),
+    DemoRecipe(
+        "flagship",
+        "mixtral",
+        hidden_size=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        intermediate_size=256,
+        seed=2,
+        num_experts=8,
+        experts_per_token=2,
+    ),
 )
 
 
@@ -123,16 +135,15 @@ def _sha256_file(path: Path) -> str:
 
 
 def _fingerprint(recipe: DemoRecipe) -> str:
-    """Hash of what determines the output: recipe, corpus, build format and library versions."""
-    import tokenizers
-    import torch
-    import transformers
+    """Hash of what determines the output: recipe, corpus, build format and library versions.
 
+    Reads versions from package metadata, so checking a cached model does not import torch.
+    """
     material = {
         "recipe": asdict(recipe),
         "corpus": _sha256_file(_corpus_path()),
         "format": _BUILD_FORMAT,
-        "versions": [transformers.__version__, tokenizers.__version__, torch.__version__],
+        "versions": [version(dist) for dist in ("transformers", "tokenizers", "torch")],
         "template": _CHAT_TEMPLATE,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
@@ -189,14 +200,18 @@ def _train_tokenizer(vocab_size: int) -> Any:
     tokenizer.train_from_iterator(_corpus_path().read_text().splitlines(), trainer)
     fast_class: Any = PreTrainedTokenizerFast  # untyped constructor
     fast = fast_class(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        additional_special_tokens=list(_SPECIAL_TOKENS[3:]), model_max_length=recipe_max_len(),
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        additional_special_tokens=list(_SPECIAL_TOKENS[3:]),
+        model_max_length=_recipe_max_len(),
     )
     fast.chat_template = _CHAT_TEMPLATE
     return fast
 
 
-def recipe_max_len() -> int:
+def _recipe_max_len() -> int:
     """The tokenizer's model_max_length: the smallest max_position_embeddings among the recipes."""
     return min(recipe.max_position_embeddings for recipe in DEMO_RECIPES)
 
@@ -220,9 +235,7 @@ def _model_config(recipe: DemoRecipe, vocab_size: int) -> Any:
     }
     if recipe.architecture == "llama":
         return LlamaConfig(**common)
-    return MixtralConfig(
-        **common, num_local_experts=recipe.num_experts, num_experts_per_tok=recipe.experts_per_token
-    )
+    return MixtralConfig(**common, num_local_experts=recipe.num_experts, num_experts_per_tok=recipe.experts_per_token)
 
 
 def _build_into(path: Path, recipe: DemoRecipe, fingerprint: str) -> int:
@@ -289,8 +302,14 @@ def _ensure_one(root: Path, recipe: DemoRecipe, force: bool) -> Path:
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
-    _log.info("demo model %s: built %s, %.2f M parameters, head_dim %d, in %.1f s", recipe.name,
-              recipe.architecture, params / 1e6, recipe.head_dim, time.monotonic() - started)
+    _log.info(
+        "demo model %s: built %s, %.2f M parameters, head_dim %d, in %.1f s",
+        recipe.name,
+        recipe.architecture,
+        params / 1e6,
+        recipe.head_dim,
+        time.monotonic() - started,
+    )
     return dest
 
 

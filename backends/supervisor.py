@@ -46,7 +46,6 @@ _log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 CommandFactory = Callable[[EngineSpec, int, Path], list[str]]
 DEMO_PREFIX = "demo:"
-_LOG_TAIL_BYTES = 4000
 
 
 class EngineStartError(RuntimeError):
@@ -90,11 +89,6 @@ class Replica:
         """Pid (and process group id) of the running API server process, if any."""
         return None if self.process is None else self.process.pid
 
-    @property
-    def name(self) -> str:
-        """``pool[index]``, for logs."""
-        return f"{self.pool}[{self.index}]"
-
 
 def resolve_model(spec: EngineSpec, models_dir: Path | None = None) -> str:
     """The ``--model`` argument: ``demo:NAME`` becomes that demo model's directory (not built here)."""
@@ -106,21 +100,22 @@ def resolve_model(spec: EngineSpec, models_dir: Path | None = None) -> str:
 
 def engine_command(spec: EngineSpec, port: int, models_dir: Path | None = None) -> list[str]:
     """The argv of one replica listening on 127.0.0.1:``port``. Pure (does not build demo models)."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--model", resolve_model(spec, models_dir), "--served-model-name", spec.served_name,
-           "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype]
-    if spec.quantization is not None:
-        cmd += ["--quantization", spec.quantization]
-    if spec.gpu_memory_utilization is not None:
-        cmd += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
-    if spec.speculative_config is not None:
-        cmd += ["--speculative-config", json.dumps(spec.speculative_config, sort_keys=True)]
-    if spec.tensor_parallel_size != 1:
-        cmd += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    if spec.pipeline_parallel_size != 1:
-        cmd += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
-    return cmd + list(spec.extra_args)
+    spec_json = None if spec.speculative_config is None else json.dumps(spec.speculative_config, sort_keys=True)
+    options: list[tuple[str, object]] = [
+        ("--model", resolve_model(spec, models_dir)),
+        ("--served-model-name", spec.served_name),
+        ("--host", "127.0.0.1"),
+        ("--port", port),
+        ("--max-model-len", spec.max_model_len),
+        ("--dtype", spec.dtype),
+        ("--quantization", spec.quantization),
+        ("--gpu-memory-utilization", spec.gpu_memory_utilization),
+        ("--speculative-config", spec_json),
+        ("--tensor-parallel-size", spec.tensor_parallel_size if spec.tensor_parallel_size != 1 else None),
+        ("--pipeline-parallel-size", spec.pipeline_parallel_size if spec.pipeline_parallel_size != 1 else None),
+    ]
+    args = [part for flag, value in options if value is not None for part in (flag, str(value))]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, *spec.extra_args]
 
 
 def engine_env(spec: EngineSpec) -> dict[str, str]:
@@ -154,7 +149,7 @@ def choose_ports(base_port: int, count: int, taken: Sequence[int] = ()) -> list[
     return ports
 
 
-def log_tail(path: Path, limit: int = _LOG_TAIL_BYTES) -> str:
+def log_tail(path: Path, limit: int = 4000) -> str:
     """The last ``limit`` bytes of a log file as text ('' when it does not exist)."""
     try:
         with path.open("rb") as handle:
@@ -168,9 +163,7 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
     """Send ``sig`` to a process group; False when the group no longer exists."""
     try:
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
@@ -184,10 +177,18 @@ class EngineSupervisor:
     engine). Not thread-safe: use it from one event loop.
     """
 
-    def __init__(self, pool: str, spec: EngineSpec, *, home: Path | None = None,
-                 progress: Progress | None = None, check_interval_s: float = 2.0,
-                 stop_grace_s: float = 15.0, backoff: Backoff | None = None,
-                 command: CommandFactory = engine_command) -> None:
+    def __init__(
+        self,
+        pool: str,
+        spec: EngineSpec,
+        *,
+        home: Path | None = None,
+        progress: Progress | None = None,
+        check_interval_s: float = 2.0,
+        stop_grace_s: float = 15.0,
+        backoff: Backoff | None = None,
+        command: CommandFactory = engine_command,
+    ) -> None:
         self.pool = pool
         self.spec = spec
         self.home = default_home() if home is None else home
@@ -199,7 +200,7 @@ class EngineSupervisor:
         self._replicas: list[Replica] = []
         self._monitor: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
-        self._closing = False
+        self._closed = False
 
     @property
     def replicas(self) -> tuple[Replica, ...]:
@@ -242,8 +243,7 @@ class EngineSupervisor:
         ports = choose_ports(self.spec.base_port, self.spec.replicas)
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self._replicas = [Replica(self.pool, i, port, logs / f"{self.pool}-{i}.log")
-                          for i, port in enumerate(ports)]
+        self._replicas = [Replica(self.pool, i, port, logs / f"{self.pool}-{i}.log") for i, port in enumerate(ports)]
         started = time.monotonic()
         tasks = [asyncio.create_task(self._launch_and_wait(replica)) for replica in self._replicas]
         try:
@@ -254,8 +254,10 @@ class EngineSupervisor:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.aclose()
             raise
-        self._say(f"pool {self.pool}: {len(self._replicas)} replica(s) ready in "
-                  f"{time.monotonic() - started:.0f} s: {', '.join(self.urls)}")
+        self._say(
+            f"pool {self.pool}: {len(self._replicas)} replica(s) ready in "
+            f"{time.monotonic() - started:.0f} s: {', '.join(self.urls)}"
+        )
         self._monitor = asyncio.create_task(self._monitor_loop(), name=f"supervise-{self.pool}")
 
     async def _spawn(self, replica: Replica) -> None:
@@ -263,15 +265,19 @@ class EngineSupervisor:
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         shown = shlex.join(cmd).replace("\n", "\\n")  # one header line per start
         with replica.log_path.open("ab") as log:
-            log.write(f"\n=== {stamp} cascade supervisor starts {replica.name}: {shown}\n".encode())
+            log.write(f"\n=== {stamp} cascade supervisor starts {self.pool}[{replica.index}]: {shown}\n".encode())
             log.flush()
             replica.process = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=os.environ | engine_env(self.spec), start_new_session=True,
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=os.environ | engine_env(self.spec),
+                start_new_session=True,
             )
         replica.started_at = time.monotonic()
-        self._say(f"pool {self.pool}: started replica {replica.index} (pid {replica.pid}) on "
-                  f"{replica.url}; log {replica.log_path}")
+        where = f"pool {self.pool}: started replica {replica.index} (pid {replica.pid})"
+        self._say(f"{where} on {replica.url}; log {replica.log_path}")
 
     async def _healthy(self, replica: Replica) -> bool:
         try:
@@ -302,18 +308,20 @@ class EngineSupervisor:
                 await self._stop_replica(replica)
                 raise self._start_error(replica, f"not healthy after {timeout:.0f} s (startup_timeout_s)")
             if elapsed >= next_note:
-                self._say(f"pool {self.pool}: waiting for {replica.url}/health (pid {replica.pid}): "
-                          f"{elapsed:.0f} s of at most {timeout:.0f} s")
+                self._say(
+                    f"pool {self.pool}: waiting for {replica.url}/health (pid {replica.pid}): "
+                    f"{elapsed:.0f} s of at most {timeout:.0f} s"
+                )
                 next_note += 15.0
             await asyncio.sleep(0.5)
 
     def _start_error(self, replica: Replica, what: str) -> EngineStartError:
+        where = f"pool {self.pool}: engine replica {replica.index} on port {replica.port}"
         tail = log_tail(replica.log_path).rstrip()
-        return EngineStartError(f"pool {self.pool}: engine replica {replica.index} on port {replica.port} "
-                                f"{what}. Log {replica.log_path}, last lines:\n{tail}")
+        return EngineStartError(f"{where} {what}. Log {replica.log_path}, last lines:\n{tail}")
 
     async def _monitor_loop(self) -> None:
-        while not self._closing:
+        while not self._closed:
             await asyncio.sleep(self._check_interval_s)
             for replica in self._replicas:
                 try:
@@ -332,15 +340,14 @@ class EngineSupervisor:
         replica.ready = False
         code = None if process is None else process.returncode
         delay = self._backoff.delay(replica.failures)
-        self._say(f"pool {self.pool}: replica {replica.index} (pid {replica.pid}) exited with code {code}; "
-                  f"restarting in {delay:.0f} s")
+        self._say(f"pool {self.pool}: replica {replica.index} exited with code {code}; restarting in {delay:.0f} s")
         replica.restart_task = asyncio.create_task(self._restart(replica, delay))
 
     async def _restart(self, replica: Replica, delay: float) -> None:
         if replica.pid is not None:
             _signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children
         await asyncio.sleep(delay)
-        if self._closing:
+        if self._closed:
             return
         replica.restarts += 1
         taken = [other.port for other in self._replicas if other is not replica]
@@ -366,15 +373,19 @@ class EngineSupervisor:
         try:
             await asyncio.wait_for(process.wait(), timeout=self._stop_grace_s)
         except TimeoutError:
-            self._say(f"pool {self.pool}: replica {replica.index} (pid {process.pid}) ignored SIGTERM "
-                      f"for {self._stop_grace_s:.0f} s; sending SIGKILL")
+            self._say(
+                f"pool {self.pool}: replica {replica.index} (pid {process.pid}) ignored SIGTERM "
+                f"for {self._stop_grace_s:.0f} s; sending SIGKILL"
+            )
         # Children may outlive the leader; the group id stays valid while any of them lives.
         _signal_group(process.pid, signal.SIGKILL)
         await process.wait()
 
     async def aclose(self) -> None:
         """Stop monitoring, stop every replica and close the HTTP client. Idempotent."""
-        self._closing = True
+        if self._closed:
+            return
+        self._closed = True
         tasks = [t for t in (self._monitor, *(r.restart_task for r in self._replicas)) if t is not None]
         for task in tasks:
             task.cancel()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.ledger import CostRecord, Ledger
+from gateway.metrics import GatewayMetrics
 from gateway.usage import Usage
 from policies.decide import RouteDecision
 from policies.schema import Policy
@@ -39,8 +40,9 @@ class RequestFacts:
 class Accountant:
     """Builds cost records and records them. Owns its background tasks, not the ledger."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, metrics: GatewayMetrics | None = None) -> None:
         self._ledger = ledger
+        self._metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
 
     def cost_record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
@@ -68,6 +70,8 @@ class Accountant:
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
         rec = self.cost_record(policy, facts, usage)
         await self._ledger.record(rec)
+        if self._metrics is not None:
+            self._metrics.observe_record(rec)
         return rec
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:

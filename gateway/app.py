@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from gateway.auth import tenant_for
 from gateway.errors import AuthenticationError, BodyTooLarge, GatewayError, error_body
+from gateway.metrics import CONTENT_TYPE
 from gateway.runtime import Runtime, build_runtime
 from gateway.schema import parse_chat_request
 from gateway.service import JSONReply
@@ -79,12 +80,14 @@ async def chat_completions(request: Request) -> Response:
     runtime = _runtime(request)
     given = request.headers.get("x-request-id", "")
     request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    tenant = "unknown"
     try:
         tenant = tenant_for(runtime.policies.current.policy, request.headers.get("authorization"))
         body = await _read_body(request, runtime.settings.max_body_bytes)
         chat, raw = parse_chat_request(body)
         reply = await runtime.service.handle(chat, raw, tenant, request_id)
     except GatewayError as exc:
+        runtime.metrics.observe_rejected(exc.status, tenant)
         return _error(exc, request_id)
     except ClientDisconnect:
         return Response(status_code=499)
@@ -100,6 +103,10 @@ async def list_models(request: Request) -> Response:
     now = int(time.time())
     data = [{"id": n, "object": "model", "created": now, "owned_by": "cascade"} for n in names]
     return _json({"object": "list", "data": data})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_runtime(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
 async def healthz(request: Request) -> Response:
@@ -167,6 +174,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/admin/policy/reload", reload_policy, methods=["POST"]),
     ]

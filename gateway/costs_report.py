@@ -26,6 +26,7 @@ from gateway.ledger import ROLLUP_FIELDS, InvalidCostRecord, LedgerKeys, record_
 
 __all__ = [
     "GROUPINGS",
+    "TABLE_COLUMNS",
     "Cell",
     "CostReport",
     "Counters",
@@ -232,7 +233,7 @@ def render_csv(report: CostReport, by: str) -> str:
     return buf.getvalue().replace("key", by, 1)
 
 
-_TABLE_COLUMNS = (
+TABLE_COLUMNS = (
     ("requests", "requests"),
     ("prompt_tokens", "prompt tok"),
     ("completion_tokens", "compl tok"),
@@ -248,7 +249,7 @@ _TABLE_COLUMNS = (
 def render_table(report: CostReport, by: str) -> str:
     """Aligned plain text: one line per group, a rule, the TOTAL line; numbers right-aligned."""
     pools = report.pools
-    columns = [("key", by), *_TABLE_COLUMNS, *((f"share_{p}", f"% {p}") for p in pools)]
+    columns = [("key", by), *TABLE_COLUMNS, *((f"share_{p}", f"% {p}") for p in pools)]
     body = [row_fields(r, pools) for r in report.rows(by)]
     total = row_fields(report.total(), pools)
     cells = [[("-" if r[k] is None else str(r[k])) for k, _ in columns] for r in [*body, total]]

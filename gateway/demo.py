@@ -114,8 +114,8 @@ def _send_prompts(base: str, max_tokens: int) -> None:
         started = time.monotonic()
         ttft = None
         if stream:
-            with client.chat.completions.with_streaming_response.create(
-                model="auto", messages=messages, max_tokens=max_tokens, stream=True,  # type: ignore[arg-type]
+            with client.chat.completions.with_streaming_response.create(  # type: ignore[call-overload]
+                model="auto", messages=messages, max_tokens=max_tokens, stream=True,
                 stream_options={"include_usage": True},
             ) as raw:
                 headers, usage = raw.headers, None

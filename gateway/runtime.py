@@ -17,6 +17,7 @@ from backends.pool import Pool
 from backends.supervisor import EngineSupervisor
 from gateway.accounting import Accountant
 from gateway.ledger import Ledger, MemoryLedger
+from gateway.metrics import GatewayMetrics
 from gateway.policy_holder import PolicyHolder
 from gateway.proxy import Proxy
 from gateway.service import ChatService
@@ -44,6 +45,7 @@ class Runtime:
     service: ChatService
     redis: aioredis.Redis | None
     engines: EngineStarter
+    metrics: GatewayMetrics
 
     async def redis_ok(self) -> bool:
         if self.redis is None:
@@ -168,7 +170,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         raise
     starter = EngineStarter(settings, progress)
     starter.start(policies.current.policy, pools)
-    accountant = Accountant(ledger)
-    service = ChatService(policies, pools, scorer, Proxy(engines), engines, accountant)
+    metrics = GatewayMetrics(lambda: pools)
+    accountant = Accountant(ledger, metrics)
+    service = ChatService(policies, pools, scorer, Proxy(engines), engines, accountant, metrics)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
-    return Runtime(settings, policies, http, pools, scorer, ledger, accountant, service, redis, starter)
+    return Runtime(settings, policies, http, pools, scorer, ledger, accountant, service, redis, starter, metrics)

@@ -16,6 +16,7 @@ from backends.engine_client import EngineClient
 from backends.pool import Pool, Replica
 from gateway.accounting import Accountant, RequestFacts
 from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable
+from gateway.metrics import GatewayMetrics
 from gateway.policy_holder import PolicyHolder
 from gateway.proxy import Proxy
 from gateway.schema import ChatRequest
@@ -53,6 +54,7 @@ class ChatService:
         proxy: Proxy,
         engines: EngineClient,
         accountant: Accountant,
+        metrics: GatewayMetrics,
     ) -> None:
         self._policies = policies
         self._pools = pools
@@ -60,6 +62,7 @@ class ChatService:
         self._proxy = proxy
         self._engines = engines
         self._accountant = accountant
+        self._metrics = metrics
 
     async def route(self, request: ChatRequest, tenant: str, loaded: LoadedPolicy) -> RouteDecision:
         policy = loaded.policy
@@ -73,7 +76,9 @@ class ChatService:
         score: float | None = None
         if self._scorer is not None and needs_score(policy, ctx):
             try:
+                began = time.monotonic()
                 score = (await self._scorer.score([ctx.prompt_text]))[0]
+                self._metrics.scoring.observe(time.monotonic() - began)
             except Exception:
                 log.exception("scoring failed; sending to the flagship pool")
                 pool = policy.routing.flagship_pool
@@ -96,6 +101,7 @@ class ChatService:
         upstream = dict(raw, model=decision.model)
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok")
         pool = self._pool(decision.pool)
+        self._metrics.overhead.observe(time.monotonic() - started)
         if request.stream:
             upstream["stream_options"] = {**(raw.get("stream_options") or {}), "include_usage": True}
             return await self._stream(pool, upstream, request, facts, loaded)
@@ -140,6 +146,9 @@ class ChatService:
             facts.request_id, facts.tenant, facts.decision, facts.started_wall, facts.started, relay.ttft_s, status
         )
         rec = await self._accountant.record(loaded.policy, ended, usage)
+        itl = self._metrics.itl.labels(rec.pool)
+        for gap in relay.gaps_s:
+            itl.observe(gap)
         log.info(
             "stream finished",
             extra={"request_id": rec.request_id, "pool": rec.pool, "status": status,

@@ -57,6 +57,8 @@ class StreamRelay:
         self._events: list[bytes] = []
         self.usage: Usage | None = None
         self.ttft_s: float | None = None
+        self.gaps_s: list[float] = []  # inter-token gaps between content events
+        self._last_content: float | None = None
         self.completed = False
         self.disconnected = False
         self.error: str | None = None
@@ -66,8 +68,8 @@ class StreamRelay:
         self._buffer = parts.pop()
         out = []
         for event in parts:
-            if self.ttft_s is None and _CONTENT in event and _EMPTY_CONTENT not in event:
-                self.ttft_s = time.monotonic() - self._started
+            if _CONTENT in event and _EMPTY_CONTENT not in event:
+                self._content_seen(time.monotonic())
             if _USAGE in event and self.usage is None:
                 self.usage = _parse_usage(event)
                 if not self._forward_usage:
@@ -75,6 +77,13 @@ class StreamRelay:
             self._events.append(event)
             out.append(event)
         return b"\n\n".join(out) + b"\n\n" if out else b""
+
+    def _content_seen(self, now: float) -> None:
+        if self._last_content is None:
+            self.ttft_s = now - self._started
+        else:
+            self.gaps_s.append(now - self._last_content)
+        self._last_content = now
 
     async def body(self) -> AsyncIterator[bytes]:
         try:

@@ -80,14 +80,20 @@ def embed_cached(embedder: Embedder, texts: Sequence[str], cache_dir: Path = CAC
             cache = dict(zip(npz["keys"].tolist(), npz["vecs"], strict=True))
     missing = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items())
     chunk = 256
-    for start in tqdm(range(0, len(missing), chunk), desc=f"embedding ({len(missing)} new)", unit="chunk"):
+    for n, start in enumerate(tqdm(range(0, len(missing), chunk), desc=f"embedding {len(missing)} texts")):
         part = missing[start : start + chunk]
         for (k, _), vec in zip(part, embedder.embed([t for _, t in part]), strict=True):
             cache[k] = vec
-    if missing:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        np.savez(path, keys=np.asarray(list(cache)), vecs=np.stack(list(cache.values())))
+        if n % 8 == 7 or start + chunk >= len(missing):  # checkpoint: an interrupted run keeps its work
+            _save_cache(path, cache)
     return np.stack([cache[k] for k in keys]).astype(np.float32)
+
+
+def _save_cache(path: Path, cache: dict[str, FloatArray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, keys=np.asarray(list(cache)), vecs=np.stack(list(cache.values())))
+    tmp.replace(path)
 
 
 def sample_weights(examples: Sequence[Example]) -> npt.NDArray[np.float64]:

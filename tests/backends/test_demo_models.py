@@ -89,18 +89,25 @@ def test_build_makes_llama_and_mixtral(built: dict[str, Path]) -> None:
         assert config["max_position_embeddings"] >= 2048
         assert config["eos_token_id"] == 1
     assert (built["flagship"] / "model.safetensors").stat().st_size > 5 * (
-        built["micro"] / "model.safetensors").stat().st_size
+        built["micro"] / "model.safetensors"
+    ).stat().st_size
 
 
 def test_tokenizer_chat_template_renders_roles_and_eos(built: dict[str, Path]) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(built["micro"]))
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"},
-                {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Bye."}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "Bye."},
+    ]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text == ("<s><|system|>\nBe brief.</s>\n<|user|>\nHello!</s>\n<|assistant|>\nHi.</s>\n"
-                    "<|user|>\nBye.</s>\n<|assistant|>\n")
+    assert text == (
+        "<s><|system|>\nBe brief.</s>\n<|user|>\nHello!</s>\n<|assistant|>\nHi.</s>\n"
+        "<|user|>\nBye.</s>\n<|assistant|>\n"
+    )
     assert tokenizer.eos_token == "</s>" and tokenizer.convert_tokens_to_ids("</s>") == 1
     ids = tokenizer("the capital of France")["input_ids"]
     assert tokenizer.decode(ids) == "the capital of France"

@@ -73,17 +73,27 @@ def test_engine_command_for_demo_model(tmp_path: Path) -> None:
     cmd = engine_command(spec, 8123, tmp_path)
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
-    assert args == {"--model": str(tmp_path / "micro"), "--served-model-name": "micro",
-                    "--host": "127.0.0.1", "--port": "8123", "--max-model-len": "1024",
-                    "--dtype": "bfloat16"}
+    assert args == {
+        "--model": str(tmp_path / "micro"),
+        "--served-model-name": "micro",
+        "--host": "127.0.0.1",
+        "--port": "8123",
+        "--max-model-len": "1024",
+        "--dtype": "bfloat16",
+    }
     assert not (tmp_path / "micro").exists()  # pure: nothing built
 
 
 def test_engine_command_with_every_option() -> None:
     spec = EngineSpec(
-        model="/models/big", served_name="big", quantization="compressed-tensors",
-        gpu_memory_utilization=0.85, speculative_config={"num_speculative_tokens": 4, "method": "ngram"},
-        tensor_parallel_size=2, pipeline_parallel_size=2, extra_args=("--enforce-eager", "--seed", "7"),
+        model="/models/big",
+        served_name="big",
+        quantization="compressed-tensors",
+        gpu_memory_utilization=0.85,
+        speculative_config={"num_speculative_tokens": 4, "method": "ngram"},
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        extra_args=("--enforce-eager", "--seed", "7"),
     )
     cmd = engine_command(spec, 9000)
     assert cmd[cmd.index("--model") + 1] == "/models/big"
@@ -101,8 +111,9 @@ def test_engine_command_rejects_unknown_demo_model() -> None:
 
 
 def test_engine_env() -> None:
-    spec = EngineSpec(model="m", served_name="m", kv_cache_space_gib=2,
-                      env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "0"})
+    spec = EngineSpec(
+        model="m", served_name="m", kv_cache_space_gib=2, env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "0"}
+    )
     env = engine_env(spec)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["OMP_NUM_THREADS"] == "1"
     assert env["HF_HUB_OFFLINE"] == "0"  # spec.env wins
@@ -126,14 +137,22 @@ def test_backoff_grows_and_caps() -> None:
 
 
 def _fake_supervisor(tmp_path: Path, mode: str, replicas: int = 1, timeout: float = 30) -> EngineSupervisor:
-    spec = EngineSpec(model="fake", served_name="fake", replicas=replicas, base_port=_free_port(),
-                      startup_timeout_s=timeout)
+    spec = EngineSpec(
+        model="fake", served_name="fake", replicas=replicas, base_port=_free_port(), startup_timeout_s=timeout
+    )
 
     def command(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
         return [sys.executable, "-c", FAKE_ENGINE, str(port), mode]
 
-    return EngineSupervisor("fake", spec, home=tmp_path, command=command, check_interval_s=0.2,
-                            stop_grace_s=5, backoff=Backoff(base_s=0.1, cap_s=1))
+    return EngineSupervisor(
+        "fake",
+        spec,
+        home=tmp_path,
+        command=command,
+        check_interval_s=0.2,
+        stop_grace_s=5,
+        backoff=Backoff(base_s=0.1, cap_s=1),
+    )
 
 
 def _child_pids(log: Path) -> list[int]:
@@ -194,16 +213,24 @@ async def test_start_timeout_stops_the_group(tmp_path: Path) -> None:
 
 
 def _spec(name: str, port: int) -> EngineSpec:
-    return EngineSpec(model=f"demo:{name}", served_name=name, max_model_len=1024, dtype="bfloat16",
-                      kv_cache_space_gib=1, base_port=port, startup_timeout_s=900,
-                      extra_args=("--enforce-eager",))  # skips ~80 s of torch.compile per start
+    return EngineSpec(
+        model=f"demo:{name}",
+        served_name=name,
+        max_model_len=1024,
+        dtype="bfloat16",
+        kv_cache_space_gib=1,
+        base_port=port,
+        startup_timeout_s=900,
+        extra_args=("--enforce-eager",),
+    )  # skips ~80 s of torch.compile per start
 
 
 @pytest.fixture
 async def engines(tmp_path: Path) -> AsyncIterator[dict[str, EngineSupervisor]]:
-    pools = {"micro": EngineSupervisor("micro", _spec("micro", 8181), home=tmp_path, check_interval_s=1),
-             "flagship": EngineSupervisor("flagship", _spec("flagship", 8191), home=tmp_path,
-                                          check_interval_s=1)}
+    pools = {
+        "micro": EngineSupervisor("micro", _spec("micro", 8181), home=tmp_path, check_interval_s=1),
+        "flagship": EngineSupervisor("flagship", _spec("flagship", 8191), home=tmp_path, check_interval_s=1),
+    }
     started = time.monotonic()
     try:
         await asyncio.gather(*(pool.start() for pool in pools.values()))
@@ -214,8 +241,11 @@ async def engines(tmp_path: Path) -> AsyncIterator[dict[str, EngineSupervisor]]:
 
 
 async def _chat(client: httpx.AsyncClient, url: str, model: str) -> None:
-    body = {"model": model, "max_tokens": 8, "messages": [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital?"}]}
+    body = {
+        "model": model,
+        "max_tokens": 8,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital?"}],
+    }
     response = await client.post(f"{url}/v1/chat/completions", json=body)
     response.raise_for_status()
     usage = response.json()["usage"]

@@ -210,3 +210,19 @@ async def test_client_disconnect_mid_stream_is_charged_for_what_was_generated(
     while micro.aborted == 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert micro.aborted == 1  # the engine request was aborted, not left generating
+
+
+def test_metrics_count_what_the_ledger_records(gateway: tuple[str, Any]) -> None:
+    url, app = gateway
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    client.chat.completions.create(model="micro", messages=[{"role": "user", "content": "a b"}], max_tokens=4)
+    list(client.chat.completions.create(model="flagship", messages=[{"role": "user", "content": "a"}], stream=True))
+    httpx.post(url + "/v1/chat/completions", content=b"{")
+    _wait_records(_ledger(app), 2)
+    text = httpx.get(url + "/metrics").text
+    assert 'cascade_requests_total{pool="micro",rule="pinned",status="ok",tenant="default"} 1.0' in text
+    assert 'cascade_requests_total{pool="none",rule="none",status="400",tenant="default"} 1.0' in text
+    assert 'cascade_tokens_total{kind="completion",pool="micro"} 4.0' in text
+    assert 'cascade_ttft_seconds_count{pool="flagship"} 1.0' in text
+    assert 'cascade_inter_token_seconds_count{pool="flagship"} 15.0' in text
+    assert "cascade_replica_healthy{" in text and "cascade_gateway_overhead_seconds_bucket" in text

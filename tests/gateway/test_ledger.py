@@ -73,7 +73,7 @@ async def assert_exact(url: str, keys: LedgerKeys, recs: list[CostRecord]) -> No
         want = expected_rollups(keys, recs)
         got = {k: Counters.from_hash(await client.hgetall(k)) for k in want}
         assert got == want
-        entries = await client.xrange(keys.stream)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(keys.stream)  # type: ignore[assignment]
         ids = [fields[b"request_id"].decode() for _, fields in entries]
         assert sorted(ids) == sorted(r.request_id for r in recs)
     finally:
@@ -159,7 +159,7 @@ async def wait_for(predicate: object, timeout: float = 10.0) -> None:
 # --- validation and codec -------------------------------------------------------------------------
 
 
-BAD_CHANGES = [
+BAD_CHANGES: list[dict[str, object]] = [
     {"request_id": ""},
     {"request_id": "has space"},
     {"tenant": "a:b"},
@@ -197,9 +197,7 @@ def test_fields_round_trip() -> None:
     assert record_from_fields(record_to_fields(rec)) == rec
 
 
-@pytest.mark.parametrize(
-    ("name", "value"), [("cost_micro_usd", "1_000"), ("prompt_tokens", " 5"), ("started_at", "x")]
-)
+@pytest.mark.parametrize(("name", "value"), [("cost_micro_usd", "1_000"), ("prompt_tokens", " 5"), ("started_at", "x")])
 def test_fields_reject_malformed(name: str, value: str) -> None:
     fields = record_to_fields(make_record(1))
     fields[name] = value
@@ -332,6 +330,7 @@ async def test_outage_goes_to_outbox_then_drains(tmp_path: Path, private_redis: 
     assert led.counts.spilled == 200
     private_redis.start()
     await wait_for(lambda: led.counts.replayed == 200)
+    assert await led.drain()  # waits for the background drain to finish; Redis is marked up
     await led.record(recs[0])  # back on the direct path, still idempotent
     assert led.counts.duplicates == 1
     await led.aclose()
@@ -340,9 +339,7 @@ async def test_outage_goes_to_outbox_then_drains(tmp_path: Path, private_redis: 
 
 
 @pytest.mark.redis
-async def test_redis_crash_during_load_loses_and_doubles_nothing(
-    tmp_path: Path, private_redis: RedisProcess
-) -> None:
+async def test_redis_crash_during_load_loses_and_doubles_nothing(tmp_path: Path, private_redis: RedisProcess) -> None:
     private_redis.start()
     led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
     await led.start()

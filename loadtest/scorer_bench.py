@@ -1,0 +1,160 @@
+"""Offer a Poisson load of realistic prompts to the complexity scorer and report throughput and latency.
+
+In-process (default): builds the real scorer with `load_scorer` and calls `score([text])` once per
+arrival, as the gateway does per request. With `--gateway-url`, sends the same prompts as chat
+completions to a running gateway instead (end-to-end, includes the engine; optional).
+
+Latency is measured from each request's *scheduled* arrival time, so a scorer that falls behind cannot
+hide its queueing delay (no coordinated omission). Prompts are made unique by default (`--repeat-share`
+sets how many arrivals reuse a recent prompt and may hit the cache).
+
+    python -m loadtest.scorer_bench --rates 100,200,250 --duration 10 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["main", "offer_load", "realistic_prompts"]
+
+ScoreOne = Callable[[str], Awaitable[float | None]]
+
+
+def realistic_prompts(seed: int) -> Iterator[str]:
+    """Endless distinct prompts from the package's generators (chat, tasks, code, reasoning, math): each
+    generated prompt once, then the same ones tagged with a request number so none repeats exactly."""
+    from router_models.datagen.eval_prompts import eval_examples
+    from router_models.datagen.train_heavy import heavy_examples
+    from router_models.datagen.train_light import light_examples
+
+    rng = random.Random(seed)
+    pool = [str(r["prompt"]) for r in light_examples(rng) + heavy_examples(rng) + eval_examples(rng)]
+    rng.shuffle(pool)
+    yield from pool
+    for i in itertools.count():
+        yield f"{pool[i % len(pool)]} (request {i})"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One load level: offered rate (req/s), achieved throughput (req/s), latencies in ms."""
+
+    offered: float
+    completed: int
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+async def offer_load(score_one: ScoreOne, prompts: Iterator[str], rate: float, duration: float,
+                     repeat_share: float, seed: int) -> Result:
+    """Poisson arrivals at `rate` req/s for `duration` s; each arrival scores one prompt."""
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    errors = [0]
+    start = time.perf_counter()
+
+    async def one(text: str, scheduled: float) -> None:
+        try:
+            await score_one(text)
+            latencies.append((time.perf_counter() - scheduled) * 1000)
+        except Exception:  # a failed request counts as an error, not a latency
+            errors[0] += 1
+
+    tasks: list[asyncio.Task[None]] = []
+    sent: list[str] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t > duration:
+            break
+        delay = start + t - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        text = rng.choice(sent[-200:]) if sent and rng.random() < repeat_share else next(prompts)
+        sent.append(text)
+        tasks.append(asyncio.create_task(one(text, start + t)))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    lat = sorted(latencies) or [float("nan")]
+    return Result(rate, len(latencies), len(latencies) / elapsed, statistics.median(lat),
+                  lat[min(len(lat) - 1, int(0.99 * len(lat)))], errors[0])
+
+
+def _in_process(args: argparse.Namespace) -> tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]:
+    from router_models.serving import BatchingConfig, load_scorer
+
+    scorer = load_scorer(config=BatchingConfig(max_wait_ms=args.max_wait_ms, max_batch=args.max_batch),
+                         torch_threads=args.threads)
+
+    async def score_one(text: str) -> float:
+        return (await scorer.score([text]))[0]
+
+    def stats() -> str:
+        sizes = scorer.batch_sizes or [0]
+        return f"batches={len(sizes)} mean_batch={statistics.mean(sizes):.1f} max_batch={max(sizes)}"
+
+    return score_one, scorer.aclose, stats
+
+
+def _via_gateway(args: argparse.Namespace) -> tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]:
+    import aiohttp
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+    url = args.gateway_url.rstrip("/") + "/v1/chat/completions"
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+    async def score_one(text: str) -> float | None:
+        body = {"model": "auto", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
+        async with session.post(url, json=body, headers=headers) as resp:
+            await resp.read()
+            resp.raise_for_status()
+            value = resp.headers.get("x-cascade-score")
+            return float(value) if value is not None else None
+
+    return score_one, session.close, lambda: "via gateway"
+
+
+async def _run(args: argparse.Namespace) -> None:
+    score_one, close, stats = (_via_gateway if args.gateway_url else _in_process)(args)
+    prompts = realistic_prompts(args.seed)
+    try:
+        await offer_load(score_one, prompts, 20, 1.0, 0.0, args.seed)  # warm-up
+        for k, rate in enumerate(float(r) for r in args.rates.split(",")):
+            res = await offer_load(score_one, prompts, rate, args.duration,
+                                   args.repeat_share, args.seed + k)
+            print(f"offered {res.offered:6.0f} req/s -> {res.throughput:6.1f} scored/s, "
+                  f"p50 {res.p50_ms:6.1f} ms, p99 {res.p99_ms:7.1f} ms, errors {res.errors} ({stats()})",
+                  flush=True)
+    finally:
+        await close()
+
+
+def main() -> None:
+    """CLI entry point; see the module docstring."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="100,200,250", help="comma-separated offered rates, req/s")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads of the embedder")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="micro-batch collection window")
+    p.add_argument("--max-batch", type=int, default=32, help="largest micro-batch")
+    p.add_argument("--repeat-share", type=float, default=0.0, help="share of arrivals reusing a recent prompt")
+    p.add_argument("--gateway-url", default=None, help="send through a running gateway instead")
+    p.add_argument("--api-key", default=os.environ.get("CASCADE_API_KEY"), help="gateway API key")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    asyncio.run(_run(args))
+
+
+if __name__ == "__main__":
+    main()
