@@ -91,7 +91,7 @@ async def chat_completions(request: Request) -> Response:
         return _error(exc, request_id)
     except ClientDisconnect:
         return Response(status_code=499)
-    headers = _route_headers(request_id, reply.decision)
+    headers = {**_route_headers(request_id, reply.decision), **reply.headers}
     if isinstance(reply, JSONReply):
         return Response(reply.body, 200, headers, media_type="application/json")
     return SSEResponse(reply.relay.body(), headers)  # type: ignore[return-value]

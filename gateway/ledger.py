@@ -58,8 +58,8 @@ _EPOCH_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+\-]{0,127}")  # no ":" (key separator), no "{}" (hash tags)
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
-_STATUSES = frozenset({"ok", "client_disconnect", "upstream_error"})
-_USAGE_SOURCES = frozenset({"engine", "gateway"})
+_STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated"})
+_USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS)  # the counters of every rollup hash
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
@@ -69,7 +69,8 @@ _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version"
 class CostRecord:
     """What one finished request used and cost. Money is integer micro-USD; times are UTC epoch seconds.
 
-    `status` is "ok" (answer complete), "client_disconnect" (charged for what was generated) or
+    `status` is "ok" (answer complete), "escalated" (a cascade probe replaced by the flagship),
+    "client_disconnect" (charged for what was generated) or
     "upstream_error" (charged for what the engine reported before failing).
     """
 
@@ -87,7 +88,7 @@ class CostRecord:
     ttft_ms: float | None
     latency_ms: float
     status: str = "ok"
-    usage_source: str = "engine"  # "engine" (usage chunk) or "gateway" (counted by the gateway)
+    usage_source: str = "engine"  # "engine" (usage chunk), "tokenizer" (engine's /tokenize), "estimate"
 
 
 class Ledger(Protocol):
@@ -100,12 +101,13 @@ class Ledger(Protocol):
 
 
 class MemoryLedger:
-    """In-process fake for unit tests: idempotent per request id, like the real one."""
+    """In-process fake for unit tests: validating and idempotent per request id, like the real one."""
 
     def __init__(self) -> None:
         self.records: dict[str, CostRecord] = {}
 
     async def record(self, rec: CostRecord) -> None:
+        validate_record(rec)
         self.records.setdefault(rec.request_id, rec)
 
     async def aclose(self) -> None:

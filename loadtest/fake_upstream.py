@@ -92,9 +92,13 @@ class FakeUpstream:
         n = min(n, int(limit)) if limit else n
         usage = {"prompt_tokens": _prompt_tokens(req.get("messages")), "completion_tokens": n}
         usage["total_tokens"] = usage["prompt_tokens"] + n
+        logprob = float(meta.get("fake_logprob", -0.1))
         if not req.get("stream"):
             text = " ".join(f"w{i}" for i in range(n))
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": "length"}
+            if req.get("logprobs"):
+                choice["logprobs"] = {"content": [{"token": f"w{i}", "logprob": logprob} for i in range(n)]}
             out = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
                    "model": req.get("model"), "choices": [choice], "usage": usage}
             return await self._reply(send, 200, orjson.dumps(out))
@@ -107,12 +111,13 @@ class FakeUpstream:
 
         watcher = asyncio.create_task(watch())
         try:
-            await self._stream(send, gone, req, n, usage, float(meta.get("fake_delay_ms", 0)) / 1000)
+            await self._stream(send, gone, req, n, usage, float(meta.get("fake_delay_ms", 0)) / 1000, logprob)
         finally:
             watcher.cancel()
 
     async def _stream(
-        self, send: Send, gone: asyncio.Event, req: dict[str, Any], n: int, usage: dict[str, int], delay: float
+        self, send: Send, gone: asyncio.Event, req: dict[str, Any], n: int, usage: dict[str, int], delay: float,
+        logprob: float,
     ) -> None:
         head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": req.get("model")}
@@ -128,7 +133,10 @@ class FakeUpstream:
                 if gone.is_set():  # the client left: stop generating, as vLLM aborts the request
                     self.aborted += 1
                     return
-                delta = {**head, "choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]}
+                choice = {"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}
+                if req.get("logprobs"):
+                    choice["logprobs"] = {"content": [{"token": f" w{i}", "logprob": logprob}]}
+                delta = {**head, "choices": [choice]}
                 await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(delta) + b"\n\n",
                             "more_body": True})
             tail = b""

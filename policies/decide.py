@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from policies.schema import Policy, Rule, RuleMatch
 
-__all__ = ["AUTO_MODEL", "RouteContext", "RouteDecision", "decide", "needs_score", "pinned_pool"]
+__all__ = ["AUTO_MODEL", "RouteContext", "RouteDecision", "decide", "needs_score", "pinned_pool", "served_model"]
 
 AUTO_MODEL = "auto"
 
@@ -74,7 +74,8 @@ def needs_score(policy: Policy, ctx: RouteContext) -> bool:
     return rule is None or rule.pool is None
 
 
-def _served_model(policy: Policy, pool: str) -> str:
+def served_model(policy: Policy, pool: str) -> str:
+    """The model name a pool's engines serve (what the gateway forwards as `model`)."""
     spec = policy.pools[pool]
     return spec.engine.served_name if spec.type == "local" else spec.model
 
@@ -83,7 +84,7 @@ def decide(policy: Policy, version: str, ctx: RouteContext, score: float | None)
     """Decide the pool. The caller has checked that a pinned model exists (`pinned_pool`)."""
 
     def made(pool: str, rule: str, reason: str) -> RouteDecision:
-        return RouteDecision(pool, _served_model(policy, pool), score, rule, reason, version)
+        return RouteDecision(pool, served_model(policy, pool), score, rule, reason, version)
 
     if ctx.requested_model != AUTO_MODEL:
         pool = pinned_pool(policy, ctx.requested_model)

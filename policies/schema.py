@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "Cascade",
     "EngineSpec",
     "LocalPool",
     "Policy",
@@ -114,11 +115,26 @@ class Rule(_Frozen):
     threshold: float | None = Field(default=None, ge=0, le=1, description="or route by score with this threshold")
 
 
+class Cascade(_Frozen):
+    """Try the micro pool first, escalate to the flagship when its answer looks unsure.
+
+    Applies to `model: auto` requests that the score sent to the micro pool. Confidence is the geometric
+    mean of the answer's token probabilities (exp of the mean logprob) over the first `first_tokens`
+    tokens when streaming, over the whole answer otherwise. Escalation happens before any byte reaches
+    the client; both calls are recorded and priced.
+    """
+
+    enabled: bool = False
+    min_confidence: float = Field(default=0.3, ge=0, le=1, description="escalate below this confidence")
+    first_tokens: int = Field(default=16, ge=1, le=512, description="tokens judged before streaming starts")
+
+
 class Routing(_Frozen):
     micro_pool: str = Field(description="pool for requests scored below the threshold")
     flagship_pool: str = Field(description="pool for requests scored at or above the threshold")
     threshold: float = Field(default=0.5, ge=0, le=1)
     rules: tuple[Rule, ...] = ()
+    cascade: Cascade = Cascade()
 
 
 class Tenant(_Frozen):
