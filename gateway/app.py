@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.auth import tenant_for
-from gateway.errors import AuthenticationError, BodyTooLarge, GatewayError, error_body
+from gateway.errors import AuthenticationError, BadRequest, BodyTooLarge, GatewayError, error_body
 from gateway.metrics import CONTENT_TYPE
 from gateway.runtime import Runtime, build_runtime
 from gateway.schema import parse_chat_request
@@ -144,6 +144,33 @@ async def reload_policy(request: Request) -> Response:
     return _json({"policy_version": loaded.version, "source": loaded.source})
 
 
+async def admin_costs(request: Request) -> Response:
+    """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by."""
+    from datetime import date, timedelta
+
+    from gateway.costs_html import render_html
+    from gateway.costs_report import load_report
+    from gateway.ledger import LedgerKeys
+
+    runtime = _runtime(request)
+    try:
+        _require_admin(request)
+        today = date.today()
+        start = date.fromisoformat(request.query_params.get("from", str(today - timedelta(days=6))))
+        end = date.fromisoformat(request.query_params.get("to", str(today)))
+        by = request.query_params.get("by", "tenant")
+        if by not in ("tenant", "pool", "model", "day") or end < start or (end - start).days > 366:
+            raise BadRequest("use by=tenant|pool|model|day and a range from <= to of at most a year", param="by")
+    except ValueError as exc:
+        return _error(BadRequest(f"dates must be YYYY-MM-DD: {exc}", param="from"))
+    except GatewayError as exc:
+        return _error(exc)
+    if runtime.redis is None:
+        return _error(BadRequest("this gateway runs without the Redis ledger; no report to show"))
+    report = await load_report(runtime.redis, LedgerKeys(runtime.settings.redis_prefix), start, end)
+    return Response(render_html(report, by), media_type="text/html; charset=utf-8")
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     message = {404: "no such endpoint", 405: "method not allowed"}.get(status, "request failed")
@@ -177,6 +204,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/admin/policy/reload", reload_policy, methods=["POST"]),
+        Route("/admin/costs", admin_costs, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _unexpected}
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

@@ -1,0 +1,67 @@
+"""Admin endpoints with the real Redis ledger: the HTML cost report and the policy reload."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.servers import serve
+
+pytestmark = pytest.mark.redis
+ADMIN = "test-admin-key"
+
+
+@pytest.fixture
+def gateway(policy_file: Path, tmp_path: Path) -> Iterator[str]:
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="redis",
+                        redis_prefix=prefix, admin_key=ADMIN, home=tmp_path)
+    with serve(create_app(settings)) as url:
+        yield url
+    client = redis.Redis()
+    for key in client.scan_iter(match=prefix + "*"):
+        client.delete(key)
+
+
+def test_cost_page_needs_the_admin_key_and_shows_the_traffic(gateway: str) -> None:
+    for _ in range(3):
+        r = httpx.post(gateway + "/v1/chat/completions",
+                       json={"model": "flagship", "messages": [{"role": "user", "content": "hello there"}]})
+        assert r.status_code == 200
+    assert httpx.get(gateway + "/admin/costs").status_code == 401
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        page = httpx.get(gateway + "/admin/costs?by=pool", headers={"authorization": f"Bearer {ADMIN}"})
+        if "flagship" in page.text:
+            break
+        time.sleep(0.1)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<svg" in page.text and "flagship" in page.text
+    bad = httpx.get(gateway + "/admin/costs?from=yesterday", headers={"authorization": f"Bearer {ADMIN}"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "from"
+
+
+def test_reload_rejects_a_broken_file_and_keeps_serving(gateway: str, policy_file: Path) -> None:
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    before = httpx.get(gateway + "/readyz").json()["policy_version"]
+    good = policy_file.read_text()
+    policy_file.write_text(good.replace("threshold: 0.5", "threshold: 7"))
+    r = httpx.post(gateway + "/admin/policy/reload", headers=auth)
+    assert r.status_code == 422
+    assert any("routing.threshold" in p for p in r.json()["error"]["problems"])
+    assert httpx.get(gateway + "/readyz").json()["policy_version"] == before
+    ok = httpx.post(gateway + "/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user",
+                                                                                           "content": "x"}]})
+    assert ok.status_code == 200 and ok.headers["x-cascade-policy-version"] == before
+    policy_file.write_text(good.replace("threshold: 0.5", "threshold: 0.7"))
+    r = httpx.post(gateway + "/admin/policy/reload", headers=auth)
+    assert r.status_code == 200 and r.json()["policy_version"] != before
+    assert httpx.post(gateway + "/admin/policy/reload").status_code == 401
