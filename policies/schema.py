@@ -11,12 +11,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "Budget",
     "Cascade",
     "EngineSpec",
     "LocalPool",
     "Policy",
     "Pool",
     "Price",
+    "RateLimits",
     "RemotePool",
     "Routing",
     "Rule",
@@ -137,10 +139,36 @@ class Routing(_Frozen):
     cascade: Cascade = Cascade()
 
 
+class RateLimits(_Frozen):
+    """Per-tenant limits over a sliding minute, shared by every gateway process through Redis."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + max completion tokens")
+
+
+class Budget(_Frozen):
+    """Spend limits in USD (stored as integer micro-USD). Days and months are UTC."""
+
+    daily_usd: int | None = Field(default=None, description="USD per UTC day, e.g. 25.00")
+    monthly_usd: int | None = Field(default=None, description="USD per UTC month, e.g. 500.00")
+    soft_limit_pct: int = Field(default=80, ge=1, le=100, description="warn (logs, metrics) past this share")
+    on_exceed: Literal["reject", "downgrade"] = Field(
+        default="reject", description="reject with 429, or downgrade every request to the micro pool"
+    )
+
+    @field_validator("daily_usd", "monthly_usd", mode="before")
+    @classmethod
+    def _parse_usd(cls, value: Any) -> int | None:
+        return None if value is None else _usd_to_micro(value)
+
+
 class Tenant(_Frozen):
     api_key_sha256: tuple[str, ...] = ()
     threshold: float | None = Field(default=None, ge=0, le=1)
     allowed_pools: tuple[str, ...] | None = None
+    priority: int = Field(default=0, description="higher is more important; the ladder sheds low priority first")
+    rate_limits: RateLimits = RateLimits()
+    budget: Budget = Budget()
 
 
 class Policy(_Frozen):
