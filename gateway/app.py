@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ from starlette.routing import Route
 from gateway.auth import tenant_for
 from gateway.errors import AuthenticationError, BadRequest, BodyTooLarge, GatewayError, error_body
 from gateway.metrics import CONTENT_TYPE
+from gateway.policy_watch import PolicyWatcher
 from gateway.runtime import Runtime, build_runtime
 from gateway.schema import parse_chat_request
 from gateway.service import JSONReply
@@ -119,7 +121,7 @@ async def readyz(request: Request) -> Response:
     redis_ok = await runtime.redis_ok()
     ready = all(pools.values()) and redis_ok
     body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools,
-            "engines": runtime.engines.status, "redis": redis_ok}
+            "engines": runtime.pool_set.status, "redis": redis_ok}
     return _json(body, 200 if ready else 503)
 
 
@@ -133,10 +135,11 @@ def _require_admin(request: Request) -> None:
 async def reload_policy(request: Request) -> Response:
     try:
         _require_admin(request)
-        loaded = _runtime(request).policies.reload()
+        loaded = await _runtime(request).reload_policy()
     except GatewayError as exc:
         return _error(exc)
     except PolicyError as exc:
+        log.error("policy reload rejected; the running policy stays", extra={"problems": exc.problems})
         body = error_body("policy rejected; the running policy stays", "invalid_policy", None, "invalid_policy")
         details = orjson.loads(body)
         details["error"]["problems"] = exc.problems
@@ -189,13 +192,18 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        app.state.runtime = runtime or await build_runtime(settings)
-        log.info("gateway ready", extra={"policy_version": app.state.runtime.policies.current.version})
+        app.state.runtime = current = runtime or await build_runtime(settings)
+        watcher = PolicyWatcher(Path(current.policies.current.source), current.reload_policy,
+                                settings.policy_watch_interval_s)
+        if settings.policy_watch_interval_s > 0:
+            watcher.start()
+        log.info("gateway up", extra={"policy_version": current.policies.current.version})
         try:
             yield
         finally:
+            await watcher.aclose()
             if runtime is None:
-                await app.state.runtime.aclose()
+                await current.aclose()
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

@@ -1,10 +1,11 @@
-"""The running policy, swapped whole. Readers take `current` once per request and keep it."""
+"""The running policy, swapped whole. Readers take `current` once per request and keep it, so requests
+in flight finish on the policy they started with."""
 
 from __future__ import annotations
 
 import logging
 
-from policies.loader import LoadedPolicy, PolicyError, load_policy
+from policies.loader import LoadedPolicy
 
 __all__ = ["PolicyHolder"]
 
@@ -21,15 +22,6 @@ class PolicyHolder:
     def current(self) -> LoadedPolicy:
         return self._current
 
-    def reload(self) -> LoadedPolicy:
-        """Re-read the file the current policy came from. On error the running policy stays and
-        `PolicyError` propagates with the reasons."""
-        try:
-            fresh = load_policy(self._current.source)
-        except PolicyError as exc:
-            log.error("policy reload rejected; keeping version %s: %s", self._current.version, exc)
-            raise
-        if fresh.version != self._current.version:
-            log.info("policy reloaded: %s -> %s", self._current.version, fresh.version)
+    def swap(self, fresh: LoadedPolicy) -> None:
+        log.info("policy %s -> %s", self._current.version, fresh.version, extra={"source": fresh.source})
         self._current = fresh
-        return fresh

@@ -28,6 +28,7 @@ class Settings:
     admin_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_ADMIN_KEY"))
     home: Path = field(default_factory=default_home)
     probe_interval_s: float = 1.0
+    policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
 
     @property
     def outbox_dir(self) -> Path:

@@ -65,3 +65,30 @@ def test_reload_rejects_a_broken_file_and_keeps_serving(gateway: str, policy_fil
     r = httpx.post(gateway + "/admin/policy/reload", headers=auth)
     assert r.status_code == 200 and r.json()["policy_version"] != before
     assert httpx.post(gateway + "/admin/policy/reload").status_code == 401
+
+
+def test_file_change_adds_a_pool_live_and_a_broken_edit_is_ignored(policy_file: Path, tmp_path: Path) -> None:
+    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory",
+                        home=tmp_path, policy_watch_interval_s=0.2)
+    good = policy_file.read_text()
+    flagship_url = good.split('urls: ["')[2].split('"')[0]
+    with serve(create_app(settings)) as url:
+        before = httpx.get(url + "/readyz").json()["policy_version"]
+        policy_file.write_text(good + "\n# oops\nrouting: [\n")
+        time.sleep(1.0)
+        assert httpx.get(url + "/readyz").json()["policy_version"] == before
+        extra = f"""
+  spare:
+    type: remote
+    urls: ["{flagship_url}"]
+    model: flagship-model
+    price: {{input_per_mtok: "1.00", output_per_mtok: "2.00"}}
+"""
+        policy_file.write_text(good.replace("pools:\n", "pools:" + extra, 1))
+        deadline = time.monotonic() + 10
+        while "spare" not in httpx.get(url + "/readyz").json()["pools"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "spare", "messages": [{"role": "user",
+                                                                                            "content": "x"}]})
+        assert r.status_code == 200 and r.headers["x-cascade-pool"] == "spare"
+        assert r.headers["x-cascade-policy-version"] != before

@@ -1,0 +1,116 @@
+"""The running pools of a policy: built at start, reconciled on every policy reload.
+
+Local pools' engines start in the background (so the gateway answers /healthz and /readyz, with
+progress, while engines load). On reload, added pools start, changed pools restart, and removed pools
+stop once their in-flight requests are done (bounded by a grace period): requests in flight keep the
+`Pool` object they started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from backends.engine_client import EngineClient
+from backends.pool import Pool
+from backends.supervisor import EngineSupervisor
+from gateway.settings import Settings
+from policies.schema import LocalPool, Policy, RemotePool
+
+__all__ = ["PoolSet"]
+
+log = logging.getLogger("cascade.pools")
+
+
+class PoolSet:
+    """Owns the pools (a dict shared with the service), their supervisors and the background tasks."""
+
+    def __init__(self, settings: Settings, client: EngineClient, progress: Callable[[str], None] | None = None,
+                 drain_grace_s: float = 60.0) -> None:
+        self._settings = settings
+        self._client = client
+        self._progress = progress
+        self._grace = drain_grace_s
+        self.pools: dict[str, Pool] = {}
+        self.specs: dict[str, LocalPool | RemotePool] = {}
+        self.supervisors: dict[str, EngineSupervisor] = {}
+        self.status: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _static_urls(self, spec: LocalPool | RemotePool) -> list[str]:
+        if isinstance(spec, RemotePool):
+            return list(spec.urls)
+        if self._settings.start_engines:
+            return []  # filled in once the supervisor has them up
+        return [f"http://127.0.0.1:{spec.engine.base_port + i}" for i in range(spec.engine.replicas)]
+
+    async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
+        pool = Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s)
+        await pool.probe_once()
+        pool.start()
+        self.pools[name], self.specs[name] = pool, spec
+        self.status[name] = "remote" if isinstance(spec, RemotePool) else "external"
+        if isinstance(spec, LocalPool) and self._settings.start_engines:
+            self.status[name] = "starting"
+            self._spawn(self._start_engines(name, spec, pool), f"engines:{name}")
+
+    async def _start_engines(self, name: str, spec: LocalPool, pool: Pool) -> None:
+        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress)
+        self.supervisors[name] = sup
+        started = time.monotonic()
+        try:
+            await sup.start()
+        except Exception as exc:
+            self.status[name] = f"failed: {exc}"
+            log.error("engines of pool %s failed to start: %s", name, exc)
+            return
+        pool.set_urls(sup.urls)
+        await pool.probe_once()
+        self.status[name] = f"ready after {time.monotonic() - started:.0f} s"
+
+    def remove(self, name: str) -> None:
+        """Take the pool out of routing now; stop it once idle (or after the grace period)."""
+        pool = self.pools.pop(name)
+        self.specs.pop(name)
+        self.status.pop(name, None)
+        self._spawn(self._retire(name, pool, self.supervisors.pop(name, None)), f"retire:{name}")
+
+    async def _retire(self, name: str, pool: Pool, sup: EngineSupervisor | None) -> None:
+        deadline = time.monotonic() + self._grace
+        while any(r.in_flight for r in pool.replicas) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)  # polling a counter the request path owns; no event to wait on
+        await pool.aclose()
+        if sup is not None:
+            await sup.aclose()
+        log.info("pool %s stopped", name)
+
+    async def start(self, policy: Policy) -> None:
+        await asyncio.gather(*(self.add(name, spec) for name, spec in policy.pools.items()))
+
+    async def reconcile(self, policy: Policy) -> None:
+        """Make the running pools match `policy` (call before the new policy becomes current)."""
+        for name in [n for n in self.pools if n not in policy.pools or policy.pools[n] != self.specs[n]]:
+            changed = name in policy.pools
+            self.remove(name)
+            if changed:
+                log.info("pool %s changed: restarting it", name)
+        await asyncio.gather(*(self.add(n, s) for n, s in policy.pools.items() if n not in self.pools))
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for pool in self.pools.values():
+            await pool.aclose()
+        for sup in self.supervisors.values():
+            await sup.aclose()
