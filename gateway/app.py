@@ -5,6 +5,7 @@ Handlers parse, call the service, render. Every error leaves as the OpenAI error
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -23,7 +24,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.auth import tenant_for
-from gateway.errors import AuthenticationError, BadRequest, BodyTooLarge, GatewayError, error_body
+from gateway.errors import (
+    AuthenticationError,
+    BadRequest,
+    BodyTooLarge,
+    DeadlineExceeded,
+    GatewayError,
+    error_body,
+)
 from gateway.metrics import CONTENT_TYPE
 from gateway.policy_watch import PolicyWatcher
 from gateway.runtime import Runtime, build_runtime
@@ -86,8 +94,13 @@ async def chat_completions(request: Request) -> Response:
     try:
         tenant = tenant_for(runtime.policies.current.policy, request.headers.get("authorization"))
         body = await _read_body(request, runtime.settings.max_body_bytes)
-        chat, raw = parse_chat_request(body)
-        reply = await runtime.service.handle(chat, raw, tenant, request_id)
+        chat, raw = parse_chat_request(body, runtime.settings.max_messages, runtime.settings.max_tokens_cap)
+        try:
+            async with asyncio.timeout(runtime.settings.deadline_s):
+                reply = await runtime.service.handle(chat, raw, tenant, request_id)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"no answer within the gateway's deadline of {runtime.settings.deadline_s:g} s; "
+                                   "retry later or lower max_tokens") from exc
     except GatewayError as exc:
         runtime.metrics.observe_rejected(exc.status, tenant)
         return _error(exc, request_id)

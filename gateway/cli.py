@@ -27,6 +27,10 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
     configure_logging(args.log_level, json=args.log_format == "json")
+    problem = _startup_problem(Path(args.policy), args.scorer)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     settings = Settings(
         policy_path=Path(args.policy), scorer=args.scorer, start_engines=not args.no_engines,
         ledger=args.ledger, transport=args.transport, redis_prefix=args.redis_prefix,
@@ -34,6 +38,24 @@ def _serve(args: argparse.Namespace) -> int:
     uvicorn.run(create_app(settings), host=args.host, port=args.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=30)
     return 0
+
+
+def _startup_problem(policy: Path, scorer: str) -> str | None:
+    """Check what would make start-up fail, so `serve` says it in one line instead of a traceback."""
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        load_policy(policy)
+    except PolicyError as exc:
+        return str(exc)
+    if scorer == "classifier":
+        from router_models.artifact import ArtifactError, load_artifact
+
+        try:
+            load_artifact()
+        except ArtifactError as exc:
+            return f"{exc} (or start with --scorer length|none)"
+    return None
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequest",
     "BodyTooLarge",
+    "DeadlineExceeded",
     "GatewayError",
     "ModelNotFound",
     "NoReplicaAvailable",
@@ -70,6 +71,14 @@ class NoReplicaAvailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "engine_unavailable"
+
+
+class DeadlineExceeded(GatewayError):
+    """The request did not get an answer (or, streaming, a first token) within the gateway's deadline."""
+
+    status = 504
+    type = "timeout_error"
+    code = "deadline_exceeded"
 
 
 class UpstreamError(GatewayError):

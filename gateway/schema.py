@@ -75,10 +75,24 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def parse_chat_request(body: bytes) -> tuple[ChatRequest, dict[str, Any]]:
-    """Parse and validate a request body. Returns the model and the raw JSON object.
+def _apply_limits(request: ChatRequest, raw: dict[str, Any], max_messages: int, max_tokens_cap: int | None) -> None:
+    if len(request.messages) > max_messages:
+        raise BadRequest(f"messages: {len(request.messages)} messages; the limit is {max_messages}",
+                         param="messages", code="too_many_messages")
+    limit = request.completion_limit
+    if max_tokens_cap is not None and (limit is None or limit > max_tokens_cap):
+        field = "max_completion_tokens" if "max_completion_tokens" in raw else "max_tokens"
+        raw[field] = max_tokens_cap  # clamped, not refused: the engine stops at the cap
 
-    Raises `BadRequest` naming the offending field (`param`) for malformed JSON or a schema violation.
+
+def parse_chat_request(
+    body: bytes, max_messages: int = 1024, max_tokens_cap: int | None = None
+) -> tuple[ChatRequest, dict[str, Any]]:
+    """Parse and validate a request body. Returns the model and the raw JSON object, with the completion
+    limit clamped to `max_tokens_cap` when one is set.
+
+    Raises `BadRequest` naming the offending field (`param`) for malformed JSON, a schema violation or
+    more than `max_messages` messages.
     """
     try:
         raw = orjson.loads(body)
@@ -92,4 +106,5 @@ def parse_chat_request(body: bytes) -> tuple[ChatRequest, dict[str, Any]]:
         first = exc.errors(include_url=False)[0]
         param = _param(tuple(first["loc"]))
         raise BadRequest(f"{param}: {first['msg']}", param=param, code="invalid_value") from exc
+    _apply_limits(request, raw, max_messages, max_tokens_cap)
     return request, raw

@@ -25,6 +25,9 @@ class Settings:
     ledger: Literal["redis", "memory"] = "redis"
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = 1 << 20
+    max_messages: int = 1024
+    max_tokens_cap: int | None = None  # clamp on max_tokens / max_completion_tokens (None: pool context)
+    deadline_s: float = 300.0  # until the whole answer (non-streaming) or the first chunk (streaming)
     admin_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_ADMIN_KEY"))
     home: Path = field(default_factory=default_home)
     probe_interval_s: float = 1.0

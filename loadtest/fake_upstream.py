@@ -93,7 +93,10 @@ class FakeUpstream:
         usage = {"prompt_tokens": _prompt_tokens(req.get("messages")), "completion_tokens": n}
         usage["total_tokens"] = usage["prompt_tokens"] + n
         logprob = float(meta.get("fake_logprob", -0.1))
+        delay = float(meta.get("fake_delay_ms", 0)) / 1000
         if not req.get("stream"):
+            if delay:
+                await asyncio.sleep(delay * n)
             text = " ".join(f"w{i}" for i in range(n))
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
                                       "finish_reason": "length"}
@@ -111,7 +114,7 @@ class FakeUpstream:
 
         watcher = asyncio.create_task(watch())
         try:
-            await self._stream(send, gone, req, n, usage, float(meta.get("fake_delay_ms", 0)) / 1000, logprob)
+            await self._stream(send, gone, req, n, usage, delay, logprob)
         finally:
             watcher.cancel()
 
