@@ -38,3 +38,4 @@ def configure_logging(level: str = "INFO", json: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
