@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ class RequestFacts:
     started: float  # monotonic seconds
     ttft_s: float | None
     status: str
+    request: Mapping[str, Any] | None = None  # the client's body, kept only when the replay log is on
 
 
 class Accountant:

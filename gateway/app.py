@@ -30,13 +30,14 @@ from gateway.errors import (
     BodyTooLarge,
     DeadlineExceeded,
     GatewayError,
+    TooManyRequests,
     error_body,
 )
+from gateway.forwarding import JSONReply
 from gateway.metrics import CONTENT_TYPE
 from gateway.policy_watch import PolicyWatcher
 from gateway.runtime import Runtime, build_runtime
 from gateway.schema import parse_chat_request
-from gateway.service import JSONReply
 from gateway.settings import Settings
 from gateway.streaming import SSEResponse
 from policies.decide import AUTO_MODEL, RouteDecision
@@ -54,7 +55,9 @@ def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None
 
 
 def _error(exc: GatewayError, request_id: str | None = None) -> Response:
-    headers = {"x-request-id": request_id} if request_id else None
+    headers = {"x-request-id": request_id} if request_id else {}
+    if isinstance(exc, TooManyRequests):
+        headers["retry-after"] = str(exc.retry_after_s)
     return Response(exc.body(), exc.status, headers, media_type="application/json")
 
 
@@ -97,7 +100,7 @@ async def chat_completions(request: Request) -> Response:
         chat, raw = parse_chat_request(body, runtime.settings.max_messages, runtime.settings.max_tokens_cap)
         try:
             async with asyncio.timeout(runtime.settings.deadline_s):
-                reply = await runtime.service.handle(chat, raw, tenant, request_id)
+                reply = await runtime.service.handle(chat, raw, tenant, request_id, request.headers)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within the gateway's deadline of {runtime.settings.deadline_s:g} s; "
                                    "retry later or lower max_tokens") from exc

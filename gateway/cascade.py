@@ -80,3 +80,19 @@ async def probe_stream(opened: OpenStream, first_tokens: int) -> StreamProbe:
             return probe
         probe.held += chunk
         pending += chunk
+
+
+def cascade_headers(escalated: bool, conf: float | None) -> dict[str, str]:
+    shown = "none" if conf is None else f"{conf:.4f}"
+    return {"x-cascade-escalated": "true" if escalated else "false", "x-cascade-confidence": shown}
+
+
+def without_logprobs(body: bytes) -> bytes:
+    """Drop the logprobs the cascade asked for from an answer whose client did not ask for them."""
+    try:
+        answer = orjson.loads(body)
+        for choice in answer.get("choices") or ():
+            choice["logprobs"] = None
+        return orjson.dumps(answer)
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return body

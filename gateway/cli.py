@@ -34,6 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(
         policy_path=Path(args.policy), scorer=args.scorer, start_engines=not args.no_engines,
         ledger=args.ledger, transport=args.transport, redis_prefix=args.redis_prefix,
+        request_log=Path(args.request_log) if args.request_log else None,
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=30)
@@ -77,41 +78,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis")
     p.add_argument("--transport", choices=["aiohttp", "httpx"], default="aiohttp",
                    help="upstream HTTP transport under the httpx API (see BENCHMARKS.md)")
+    p.add_argument("--request-log", metavar="FILE",
+                   help="append each request (with its prompt) as JSONL for `cascade policy replay`; off by default")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=["json", "plain"], default="json")
     p.set_defaults(func=_serve)
-
-
-def _policy_validate(args: argparse.Namespace) -> int:
-    from policies.loader import PolicyError, load_policy
-
-    try:
-        loaded = load_policy(args.file)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    pools = ", ".join(f"{n} ({p.type})" for n, p in loaded.policy.pools.items())
-    print(f"{args.file}: valid (version {loaded.version}); pools: {pools}")
-    return 0
-
-
-def _policy_schema(args: argparse.Namespace) -> int:
-    import json
-
-    from policies.schema import Policy
-
-    print(json.dumps(Policy.model_json_schema(), indent=2))
-    return 0
-
-
-def _add_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("policy", help="check and inspect routing policies")
-    psub = p.add_subparsers(dest="policy_cmd", required=True)
-    v = psub.add_parser("validate", help="check a policy file; exit 1 with every problem listed")
-    v.add_argument("file")
-    v.set_defaults(func=_policy_validate)
-    s = psub.add_parser("schema", help="print the policy JSON Schema (for editors)")
-    s.set_defaults(func=_policy_schema)
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,6 +101,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from backends.cli import register as register_models
     from gateway.costs_cli import register as register_costs
+    from policies.cli import register as register_policy
     from router_models.cli import register as register_router
 
     parser = argparse.ArgumentParser(
@@ -138,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_serve(sub)
     _add_demo(sub)
-    _add_policy(sub)
+    register_policy(sub)
     register_router(sub)
     register_costs(sub)
     register_models(sub)

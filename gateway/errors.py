@@ -15,10 +15,14 @@ __all__ = [
     "AuthenticationError",
     "BadRequest",
     "BodyTooLarge",
+    "BudgetExceeded",
     "DeadlineExceeded",
     "GatewayError",
     "ModelNotFound",
     "NoReplicaAvailable",
+    "PermissionDenied",
+    "RateLimited",
+    "TooManyRequests",
     "UpstreamError",
     "error_body",
 ]
@@ -59,6 +63,14 @@ class AuthenticationError(GatewayError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(GatewayError):
+    """The caller is known but may not use what it asked for (a pool outside its allowed pools)."""
+
+    status = 403
+    type = "permission_error"
+    code = "pool_not_allowed"
+
+
 class ModelNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
@@ -89,6 +101,35 @@ class UpstreamError(GatewayError):
     def __init__(self, message: str, status: int, *, param: str | None = None, code: str | None = None):
         super().__init__(message, param=param, code=code)
         self.status = status
+
+
+class TooManyRequests(GatewayError):
+    """429: the client should retry after `retry_after_s` whole seconds (>= 1), which the boundary sends
+    as the `Retry-After` header."""
+
+    status = 429
+    type = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: int, *, type_: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = max(1, retry_after_s)
+        if type_ is not None:
+            self.type = type_
+
+
+class RateLimited(TooManyRequests):
+    """Over the tenant's requests or tokens per minute. Like OpenAI: `type` is "requests" or "tokens"
+    (the limit that binds), `code` is "rate_limit_exceeded"."""
+
+    code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(TooManyRequests):
+    """The tenant spent its daily or monthly budget (policy `on_exceed: reject`). Like OpenAI's quota
+    error: `type` and `code` are "insufficient_quota"; `retry_after_s` runs to the UTC period reset."""
+
+    type = "insufficient_quota"
+    code = "insufficient_quota"
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:

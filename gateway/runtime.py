@@ -13,11 +13,15 @@ import redis.asyncio as aioredis
 from backends.engine_client import EngineClient, make_http_client
 from backends.pool import Pool
 from gateway.accounting import Accountant
+from gateway.degradation import DegradationMonitor
+from gateway.forwarding import Forwarder
 from gateway.ledger import Ledger, MemoryLedger
 from gateway.metrics import GatewayMetrics
 from gateway.policy_holder import PolicyHolder
 from gateway.pool_set import PoolSet
 from gateway.proxy import Proxy
+from gateway.request_log import RequestLog
+from gateway.router import RequestRouter
 from gateway.service import ChatService
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy, load_policy
@@ -42,6 +46,8 @@ class Runtime:
     service: ChatService
     redis: aioredis.Redis | None
     metrics: GatewayMetrics
+    degradation: DegradationMonitor
+    request_log: RequestLog | None
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -67,7 +73,10 @@ class Runtime:
             return False
 
     async def aclose(self) -> None:
+        await self.degradation.aclose()
         await self.accountant.drain()
+        if self.request_log is not None:
+            self.request_log.close()
         await self.pool_set.aclose()
         if self.scorer is not None:
             await self.scorer.aclose()
@@ -119,6 +128,13 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
     accountant = Accountant(ledger, metrics)
-    service = ChatService(policies, pool_set.pools, scorer, Proxy(engines), engines, accountant, metrics)
+    degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s)
+    degradation.use_policy(policies.current)
+    degradation.start()
+    request_log = RequestLog(settings.request_log) if settings.request_log else None
+    forwarder = Forwarder(Proxy(engines), engines, accountant, metrics, degradation, request_log)
+    service = ChatService(policies, pool_set.pools, RequestRouter(scorer, metrics), forwarder, degradation, metrics,
+                          keep_requests=request_log is not None)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
-    return Runtime(settings, policies, http, pool_set, scorer, ledger, accountant, service, redis, metrics)
+    return Runtime(settings, policies, http, pool_set, scorer, ledger, accountant, service, redis, metrics,
+                   degradation, request_log)

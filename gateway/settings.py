@@ -32,6 +32,7 @@ class Settings:
     home: Path = field(default_factory=default_home)
     probe_interval_s: float = 1.0
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
+    request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
 
     @property
     def outbox_dir(self) -> Path:

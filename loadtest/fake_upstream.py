@@ -37,6 +37,8 @@ class FakeUpstream:
         self.requests = 0
         self.aborted = 0
         self.running = 0
+        self.kv_cache_usage = 0.0  # what /metrics reports; tests raise it to drive the degradation ladder
+        self.waiting = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -60,8 +62,8 @@ class FakeUpstream:
         labels = f'{{engine="0",model_name="{self.model}"}}'
         return (
             f"vllm:num_requests_running{labels} {self.running}.0\n"
-            f"vllm:num_requests_waiting{labels} 0.0\n"
-            f"vllm:kv_cache_usage_perc{labels} 0.0\n"
+            f"vllm:num_requests_waiting{labels} {self.waiting}\n"
+            f"vllm:kv_cache_usage_perc{labels} {self.kv_cache_usage}\n"
         ).encode()
 
     @staticmethod

@@ -1,23 +1,45 @@
-"""Turn a request's facts and score into a `RouteDecision`. Pure: no I/O, no HTTP."""
+"""Turn a request's facts and score into a `RouteDecision`. Pure: no I/O, no HTTP.
+
+Order of a decision (each step says what it did in `reason`; `rule` names the last one that moved it):
+
+1. a pinned model (pool name, alias or served name) picks its pool — `PoolNotAllowed` if the tenant may
+   not use it; otherwise rules are tried in order and the first match wins: a `pool` rule sends there, a
+   `threshold` rule (or no match: the tenant's threshold, else the routing threshold) splits by score;
+2. an active `raise_threshold` ladder step raises that threshold (never lowers it); when that changes the
+   pool, `rule` is ``ladder:<step>``;
+3. a pool the tenant may not use (`allowed_pools`) becomes the first of its allowed pools;
+4. active `fallback_pool` / `overflow` steps move the pool's traffic (rule ``ladder:<step>``), unless the
+   tenant may not use the target, in which case the request stays.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.schema import Policy, Rule, RuleMatch
+from policies.context import AUTO_MODEL, RouteContext
+from policies.ladder import LadderState
+from policies.rules import Rule
+from policies.schema import Policy
 
-__all__ = ["AUTO_MODEL", "RouteContext", "RouteDecision", "decide", "needs_score", "pinned_pool", "served_model"]
+__all__ = [
+    "AUTO_MODEL",
+    "PoolNotAllowed",
+    "RouteContext",
+    "RouteDecision",
+    "decide",
+    "needs_score",
+    "pinned_pool",
+    "rule_trace",
+    "served_model",
+]
 
-AUTO_MODEL = "auto"
 
+class PoolNotAllowed(Exception):
+    """The tenant asked for a model whose pool its `allowed_pools` exclude (the gateway answers 403)."""
 
-@dataclass(frozen=True, slots=True)
-class RouteContext:
-    """The facts about a request that rules may match on."""
-
-    tenant: str
-    requested_model: str
-    prompt_text: str
+    def __init__(self, tenant: str, pool: str, allowed: tuple[str, ...]) -> None:
+        self.tenant, self.pool, self.allowed = tenant, pool, allowed
+        super().__init__(f"tenant {tenant!r} may not use pool {pool!r}; allowed: {list(allowed)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,40 +60,10 @@ def pinned_pool(policy: Policy, requested_model: str) -> str | None:
         return requested_model
     if requested_model in policy.aliases:
         return policy.aliases[requested_model]
-    for name, pool in policy.pools.items():
-        served = pool.engine.served_name if pool.type == "local" else pool.model
-        if served == requested_model:
+    for name in policy.pools:
+        if served_model(policy, name) == requested_model:
             return name
     return None
-
-
-def _matches(match: RuleMatch, ctx: RouteContext) -> bool:
-    if match.tenants is not None and ctx.tenant not in match.tenants:
-        return False
-    if match.models is not None and ctx.requested_model not in match.models:
-        return False
-    n = len(ctx.prompt_text)
-    if match.min_prompt_chars is not None and n < match.min_prompt_chars:
-        return False
-    if match.max_prompt_chars is not None and n > match.max_prompt_chars:
-        return False
-    if match.keywords is not None:
-        lowered = ctx.prompt_text.lower()
-        if not any(k.lower() in lowered for k in match.keywords):
-            return False
-    return True
-
-
-def _first_rule(policy: Policy, ctx: RouteContext) -> Rule | None:
-    return next((r for r in policy.routing.rules if _matches(r.match, ctx)), None)
-
-
-def needs_score(policy: Policy, ctx: RouteContext) -> bool:
-    """Whether deciding this request needs the classifier (pinned models and pool rules do not)."""
-    if ctx.requested_model != AUTO_MODEL:
-        return False
-    rule = _first_rule(policy, ctx)
-    return rule is None or rule.pool is None
 
 
 def served_model(policy: Policy, pool: str) -> str:
@@ -80,28 +72,87 @@ def served_model(policy: Policy, pool: str) -> str:
     return spec.engine.served_name if spec.type == "local" else spec.model
 
 
-def decide(policy: Policy, version: str, ctx: RouteContext, score: float | None) -> RouteDecision:
-    """Decide the pool. The caller has checked that a pinned model exists (`pinned_pool`)."""
+def rule_trace(policy: Policy, ctx: RouteContext, score: float | None) -> list[tuple[Rule, str | None]]:
+    """Each rule tried, in order, with why it did not match (None: it matched); stops at the first match."""
+    trace: list[tuple[Rule, str | None]] = []
+    for rule in policy.routing.rules:
+        why = rule.match.why_not(ctx, score)
+        trace.append((rule, why))
+        if why is None:
+            break
+    return trace
 
-    def made(pool: str, rule: str, reason: str) -> RouteDecision:
-        return RouteDecision(pool, served_model(policy, pool), score, rule, reason, version)
 
+def needs_score(policy: Policy, ctx: RouteContext) -> bool:
+    """Whether deciding this request needs the classifier: an `auto` request that reaches a rule with a
+    score range, a threshold rule, or no rule. Pinned models and `pool` rules before those do not."""
     if ctx.requested_model != AUTO_MODEL:
-        pool = pinned_pool(policy, ctx.requested_model)
-        assert pool is not None, "caller must reject unknown models first"
-        return made(pool, "pinned", f"model {ctx.requested_model!r} pins pool {pool!r}")
-    rule = _first_rule(policy, ctx)
-    if rule is not None and rule.pool is not None:
-        return made(rule.pool, rule.name, f"rule {rule.name!r} sends to {rule.pool!r}")
+        return False
+    for rule in policy.routing.rules:
+        if rule.match.why_not(ctx, None, check_score=False) is not None:
+            continue
+        return rule.match.has_score_range or rule.pool is None
+    return True
+
+
+def _allowed(policy: Policy, tenant: str) -> tuple[str, ...] | None:
+    spec = policy.tenants.get(tenant)
+    return None if spec is None else spec.allowed_pools
+
+
+def _by_score(policy: Policy, ctx: RouteContext, rule: Rule | None, score: float | None,
+              ladder: LadderState) -> tuple[str, str, str]:
+    """(pool, rule, reason) of a threshold decision, with the ladder's raised threshold applied."""
+    routing = policy.routing
     tenant = policy.tenants.get(ctx.tenant)
-    threshold = policy.routing.threshold
-    name = "threshold"
+    threshold, name = routing.threshold, "threshold"
     if tenant is not None and tenant.threshold is not None:
         threshold, name = tenant.threshold, "tenant-threshold"
     if rule is not None and rule.threshold is not None:
         threshold, name = rule.threshold, rule.name
     if score is None:
-        return made(policy.routing.micro_pool, "no-score", "scoring disabled: default to the micro pool")
-    routing = policy.routing
+        return routing.micro_pool, "no-score", "no score: default to the micro pool"
     pool = routing.flagship_pool if score >= threshold else routing.micro_pool
-    return made(pool, name, f"score {score:.3f} {'>=' if score >= threshold else '<'} {threshold}")
+    reason = f"score {score:.3f} {'>=' if score >= threshold else '<'} {threshold}"
+    if ladder.threshold is None or ladder.threshold <= threshold:
+        return pool, name, reason
+    raised = routing.flagship_pool if score >= ladder.threshold else routing.micro_pool
+    note = f"ladder step {ladder.threshold_step!r} raised the threshold {threshold} -> {ladder.threshold}"
+    if raised == pool:
+        return pool, name, f"{reason}; {note} (same pool)"
+    return raised, f"ladder:{ladder.threshold_step}", f"{reason} ({name}); {note}: score {score:.3f} < it"
+
+
+def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState) -> tuple[str, str, str]:
+    if ctx.requested_model != AUTO_MODEL:
+        pool = pinned_pool(policy, ctx.requested_model)
+        assert pool is not None, "caller must reject unknown models first"
+        allowed = _allowed(policy, ctx.tenant)
+        if allowed is not None and pool not in allowed:
+            raise PoolNotAllowed(ctx.tenant, pool, allowed)
+        return pool, "pinned", f"model {ctx.requested_model!r} pins pool {pool!r}"
+    trace = rule_trace(policy, ctx, score)
+    rule = trace[-1][0] if trace and trace[-1][1] is None else None
+    if rule is not None and rule.pool is not None:
+        return rule.pool, rule.name, f"rule {rule.name!r} sends to {rule.pool!r}"
+    return _by_score(policy, ctx, rule, score, ladder)
+
+
+def decide(
+    policy: Policy, version: str, ctx: RouteContext, score: float | None, ladder: LadderState | None = None
+) -> RouteDecision:
+    """Decide the pool (see the module docstring for the order). The caller has checked that a pinned
+    model exists (`pinned_pool`). Raises `PoolNotAllowed` for a pinned pool the tenant may not use."""
+    ladder = ladder or LadderState()
+    pool, rule, reason = _base(policy, ctx, score, ladder)
+    allowed = _allowed(policy, ctx.tenant)
+    if allowed is not None and pool not in allowed:
+        reason += f"; tenant {ctx.tenant!r} may not use {pool!r}: sent to {allowed[0]!r} (first allowed pool)"
+        pool = allowed[0]
+    target, steps = ladder.route(pool)
+    if steps and allowed is not None and target not in allowed:
+        reason += f"; ladder step {steps[-1]!r} would move it to {target!r}, which tenant {ctx.tenant!r} may not use"
+    elif steps:
+        rule, reason = f"ladder:{steps[-1]}", f"{reason}; ladder step(s) {list(steps)} move {pool!r} -> {target!r}"
+        pool = target
+    return RouteDecision(pool, served_model(policy, pool), score, rule, reason, version)

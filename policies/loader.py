@@ -1,6 +1,6 @@
-"""Load a policy file: YAML → schema check → cross-reference check → `LoadedPolicy`.
+"""Load a policy file: YAML → duplicate keys → schema → cross-references → `LoadedPolicy`.
 
-Every failure is a `PolicyError` whose message names the file, the line, the YAML path and the fix.
+Every failure is a `PolicyError` whose `problems` each read ``FILE:LINE: yaml.path: what is wrong (fix)``.
 Loading is pure: it reads one file and touches nothing else, so a bad file can never disturb a
 running policy.
 """
@@ -8,6 +8,7 @@ running policy.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from policies.checks import Loc, reference_problems
 from policies.schema import Policy
 
 __all__ = ["LoadedPolicy", "PolicyError", "load_policy", "parse_policy"]
@@ -38,19 +40,19 @@ class LoadedPolicy:
     source: str
 
 
-def _yaml_path(loc: tuple[int | str, ...]) -> str:
+def _yaml_path(loc: Loc) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+def _line_of(node: yaml.Node | None, loc: Loc) -> int | None:
     """1-based line of the deepest YAML node found along `loc` (pydantic's error location)."""
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+            node = next((v for k, v in node.value if getattr(k, "value", None) == str(part)), None)
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             node = node.value[part]
         else:
@@ -61,67 +63,73 @@ def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
+def _at(source: str, root: yaml.Node | None, loc: Loc, message: str) -> str:
+    line = _line_of(root, loc)
+    return f"{source}:{line}: {_yaml_path(loc)}: {message}" if line else f"{source}: {_yaml_path(loc)}: {message}"
+
+
+def _duplicate_keys(node: yaml.Node | None, loc: Loc = ()) -> Iterator[tuple[Loc, int, str]]:
+    """(path, line, message) for every mapping key given twice (PyYAML would silently keep the last)."""
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(getattr(key, "value", ""))
+            line = key.start_mark.line + 1
+            if name in first and name != "<<":
+                yield (*loc, name), line, f"duplicate key {name!r} (first at line {first[name]}); remove one"
+            first.setdefault(name, line)
+            yield from _duplicate_keys(value, (*loc, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _duplicate_keys(item, (*loc, i))
+
+
 def _schema_problems(source: str, exc: ValidationError, root: yaml.Node | None) -> list[str]:
     problems = []
     for err in exc.errors(include_url=False):
-        # drop pydantic's discriminator tags ("local"/"remote") from the path shown to ops
-        loc = tuple(p for p in err["loc"] if p not in ("local", "remote") or err["loc"].index(p) < 2)
-        line = _line_of(root, loc)
-        where = f"{source}:{line}" if line else source
+        # drop pydantic's discriminator tags ("local", "raise_threshold", ...) from the path shown to ops
+        loc = tuple(p for i, p in enumerate(err["loc"]) if not _is_tag(err["loc"], i))
         hint = ""
         if err["type"] == "extra_forbidden":
             hint = " (unknown key: check its spelling or remove it; `cascade policy schema` lists the keys)"
         elif err["type"] == "missing":
             hint = " (add this key)"
-        problems.append(f"{where}: {_yaml_path(loc)}: {err['msg']}{hint}")
+        elif err["type"] == "union_tag_invalid":
+            hint = " (fix the `type`)"
+        problems.append(_at(source, root, loc, f"{err['msg']}{hint}"))
     return problems
 
 
-def _reference_problems(source: str, policy: Policy) -> list[str]:
-    pools = set(policy.pools)
-    problems = []
-
-    def need_pool(name: str | None, where: str) -> None:
-        if name is not None and name not in pools:
-            problems.append(f"{source}: {where}: unknown pool {name!r}; defined pools: {sorted(pools)}")
-
-    need_pool(policy.routing.micro_pool, "routing.micro_pool")
-    need_pool(policy.routing.flagship_pool, "routing.flagship_pool")
-    seen: set[str] = set()
-    for i, rule in enumerate(policy.routing.rules):
-        where = f"routing.rules[{i}]"
-        if rule.name in seen:
-            problems.append(f"{source}: {where}.name: duplicate rule name {rule.name!r}; names must be unique")
-        seen.add(rule.name)
-        need_pool(rule.pool, f"{where}.pool")
-        if (rule.pool is None) == (rule.threshold is None):
-            problems.append(f"{source}: {where}: give exactly one of `pool` or `threshold`")
-    for alias, pool in policy.aliases.items():
-        need_pool(pool, f"aliases.{alias}")
-        if alias == "auto" or alias in pools:
-            problems.append(f"{source}: aliases.{alias}: alias shadows a pool name or 'auto'; rename it")
-    for name, tenant in policy.tenants.items():
-        for pool in tenant.allowed_pools or ():
-            need_pool(pool, f"tenants.{name}.allowed_pools")
-    return problems
+def _is_tag(loc: tuple[int | str, ...], i: int) -> bool:
+    """Whether loc[i] is a discriminator tag pydantic inserts (after pools.NAME, or after `action`)."""
+    return (loc[:1] == ("pools",) and i == 2) or (i > 0 and loc[i - 1] == "action" and isinstance(loc[i], str))
 
 
-def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
-    """Check policy text. Raises `PolicyError` listing every problem found."""
+def _compose(text: str, source: str) -> tuple[yaml.Node | None, Any]:
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         raise PolicyError(source, [f"{where}: not valid YAML: {exc}"]) from exc
+    return root, data
+
+
+def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
+    """Check policy text. Raises `PolicyError` listing every problem found (of the first failing phase:
+    YAML syntax, then duplicate keys, then the schema, then cross-references)."""
+    root, data = _compose(text, source)
+    dupes = [f"{source}:{line}: {_yaml_path(loc)}: {msg}" for loc, line, msg in _duplicate_keys(root)]
+    if dupes:
+        raise PolicyError(source, dupes)
     if not isinstance(data, dict):
         raise PolicyError(source, [f"{source}: the top level must be a mapping with `pools` and `routing`"])
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(source, _schema_problems(source, exc, root)) from exc
-    problems = _reference_problems(source, policy)
+    problems = [_at(source, root, loc, msg) for loc, msg in reference_problems(policy)]
     if problems:
         raise PolicyError(source, problems)
     version = hashlib.sha256(text.encode()).hexdigest()[:12]

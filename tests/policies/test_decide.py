@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from policies.decide import RouteContext, decide, needs_score, pinned_pool
+import pytest
+
+from policies.decide import PoolNotAllowed, RouteContext, decide, needs_score, pinned_pool
+from policies.ladder import ActiveStep, LadderState
 from policies.loader import parse_policy
+from policies.schema import LadderStep
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "policies" / "default.yaml").read_text().replace("threshold: 0.5", """threshold: 0.5
@@ -51,3 +55,58 @@ def test_score_needed_only_when_it_decides() -> None:
     assert not needs_score(POLICY, RouteContext("default", "auto", "SQL please"))
     assert not needs_score(POLICY, RouteContext("default", "micro", "hello"))
     assert _decide("hello", None) == ("micro", "no-score")
+
+
+TENANTS = (ROOT / "policies" / "multi-tenant.yaml").read_text()
+
+
+def test_allowed_pools_fall_back_and_pinning_refused() -> None:
+    loaded = parse_policy(TENANTS)
+    d = decide(loaded.policy, loaded.version, RouteContext("free", "auto", "hello"), 0.9)
+    assert (d.pool, d.rule) == ("micro", "threshold")
+    assert "tenant 'free' may not use 'flagship': sent to 'micro'" in d.reason
+    with pytest.raises(PoolNotAllowed) as err:
+        decide(loaded.policy, loaded.version, RouteContext("free", "flagship", "hello"), None)
+    assert (err.value.tenant, err.value.pool, err.value.allowed) == ("free", "flagship", ("micro",))
+    assert decide(loaded.policy, loaded.version, RouteContext("initech", "auto", "x"), 0.9).pool == "flagship"
+
+
+def test_metadata_and_header_rules_in_a_policy() -> None:
+    loaded = parse_policy(TENANTS)
+    ci = RouteContext("acme", "auto", "x", metadata={"source": "ci"})
+    assert decide(loaded.policy, loaded.version, ci, None).rule == "acme-ci"
+    premium = RouteContext("globex", "auto", "x", headers={"x-plan": "premium"})
+    d = decide(loaded.policy, loaded.version, premium, 0.35)
+    assert (d.pool, d.rule) == ("flagship", "globex-premium")
+    assert decide(loaded.policy, loaded.version, RouteContext("globex", "auto", "x"), 0.35).pool == "micro"
+
+
+def _state(*steps: LadderStep) -> LadderState:
+    return LadderState.combine([ActiveStep(s.name, s.action, 0.0, s.remap) for s in steps])
+
+
+def _step(name: str, action: dict[str, object], pool: str = "flagship") -> LadderStep:
+    return LadderStep.model_validate({"name": name, "signal": "queue_depth", "pool": pool, "enter_above": 10,
+                                      "exit_below": 5, "action": action})
+
+
+def test_ladder_raised_threshold_names_the_step_when_it_moves_the_request() -> None:
+    state = _state(_step("kv", {"type": "raise_threshold", "threshold": 0.8}))
+    d = decide(POLICY, LOADED.version, RouteContext("default", "auto", "hello"), 0.6, state)
+    assert (d.pool, d.rule) == ("micro", "ladder:kv")
+    assert "raised the threshold 0.5 -> 0.8" in d.reason
+    d = decide(POLICY, LOADED.version, RouteContext("default", "auto", "hello"), 0.9, state)
+    assert (d.pool, d.rule) == ("flagship", "threshold") and "same pool" in d.reason
+    # pool rules and pinned models are not score decisions: the raised threshold does not apply
+    assert decide(POLICY, LOADED.version, RouteContext("default", "auto", "SQL"), 0.6, state).pool == "flagship"
+
+
+def test_ladder_remap_moves_traffic_unless_the_tenant_may_not_use_the_target() -> None:
+    state = _state(_step("to-micro", {"type": "fallback_pool", "to_pool": "micro"}))
+    d = decide(POLICY, LOADED.version, RouteContext("default", "auto", "hello"), 0.9, state)
+    assert (d.pool, d.model, d.rule) == ("micro", "micro", "ladder:to-micro")
+    assert "move 'flagship' -> 'micro'" in d.reason
+    assert decide(POLICY, LOADED.version, RouteContext("default", "flagship", "x"), None, state).pool == "micro"
+    loaded = parse_policy(TENANTS.replace("allowed_pools: [micro, flagship]", "allowed_pools: [flagship]"))
+    d = decide(loaded.policy, loaded.version, RouteContext("initech", "auto", "x"), 0.9, state)
+    assert d.pool == "flagship" and "may not use" in d.reason

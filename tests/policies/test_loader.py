@@ -77,3 +77,132 @@ def test_price_is_integer_micro_usd_rounded_once_per_request() -> None:
     assert price.cost_micro_usd(10, 10) == 152  # 2 + 150
     assert price.cost_micro_usd(2, 0) == 0  # 0.4 micro-USD rounds to 0
     assert price.cost_micro_usd(3, 0) == 1  # 0.6 rounds up
+
+
+def _line(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_duplicate_keys_are_errors_with_both_lines() -> None:
+    bad = GOOD.replace("      served_name: micro\n", "      served_name: micro\n      served_name: other\n")
+    (problem,) = _problems(bad)
+    first, second = _line(bad, "served_name: micro"), _line(bad, "served_name: other")
+    assert problem.startswith(f"p.yaml:{second}: pools.micro.engine.served_name: duplicate key 'served_name'")
+    assert f"first at line {first}" in problem and "remove one" in problem
+    (problem,) = _problems(GOOD + "routing:\n  micro_pool: micro\n  flagship_pool: micro\n")
+    assert "(top level)" not in problem and "routing: duplicate key 'routing'" in problem
+
+
+RULES = GOOD + """  rules:
+    - {name: everything, pool: micro}
+    - {name: never, match: {keywords: [x]}, pool: flagship}
+    - {name: bad-range, match: {min_score: 0.8, max_score: 0.2}, pool: flagship}
+"""
+
+
+def test_cross_reference_errors_carry_lines() -> None:
+    problems = _problems(RULES)
+    assert problems[0] == (
+        f"p.yaml:{_line(RULES, 'name: never')}: routing.rules[1]: rule 'never' is unreachable: rule 'everything' "
+        "before it has an empty `match` and matches everything; move the catch-all last or give it conditions"
+    )
+    assert any(p.startswith(f"p.yaml:{_line(RULES, 'bad-range')}: routing.rules[2].match.min_score: min_score 0.8 >")
+               for p in problems)
+    bad = GOOD.replace("flagship_pool: flagship", "flagship_pool: big")
+    (problem,) = _problems(bad)
+    assert problem.startswith(f"p.yaml:{_line(bad, 'flagship_pool: big')}: routing.flagship_pool: unknown pool 'big'")
+
+
+def test_bad_regex_is_a_load_error_with_line() -> None:
+    bad = GOOD + "  rules:\n    - name: r\n      match: {regex: ['ok', '(unclosed']}\n      pool: micro\n"
+    (problem,) = _problems(bad)
+    assert problem.startswith(f"p.yaml:{_line(bad, 'unclosed')}: routing.rules[0].match.regex[1]:")
+    assert "bad regular expression '(unclosed'" in problem and "missing )" in problem
+
+
+LADDER = GOOD + """
+degradation:
+  steps:
+    - {name: a, signal: kv_cache_usage, pool: flagship, enter_above: 0.8, exit_below: 0.8,
+       action: {type: raise_threshold, threshold: 0.4}}
+    - {name: a, signal: error_rate, pool: nowhere, enter_above: 5, exit_below: 0.1, action: {type: force_stream}}
+    - {name: fb, signal: queue_depth, pool: flagship, enter_above: 9, exit_below: 1,
+       action: {type: fallback_pool, to_pool: ghost}}
+    - {name: over, signal: queue_depth, pool: flagship, enter_above: 9, exit_below: 1,
+       action: {type: overflow, to_pool: micro}}
+    - {name: self, signal: queue_depth, pool: micro, enter_above: 9, exit_below: 1,
+       action: {type: fallback_pool, to_pool: micro}}
+"""
+
+
+def test_ladder_cross_reference_errors() -> None:
+    problems = "\n".join(_problems(LADDER))
+    expected = [
+        f"p.yaml:{_line(LADDER, 'name: a, signal: kv')}: degradation.steps[0].exit_below: exit_below 0.8 must be <",
+        "degradation.steps[0].action.threshold: raise_threshold 0.4 is not above routing.threshold 0.5",
+        "degradation.steps[1].name: duplicate step name 'a'",
+        "degradation.steps[1].pool: unknown pool 'nowhere'",
+        "degradation.steps[1].enter_above: error_rate is a fraction 0..1",
+        "degradation.steps[2].action.to_pool: unknown pool 'ghost'",
+        "degradation.steps[3].action.to_pool: overflow goes to a remote pool; 'micro' is local",
+        "degradation.steps[4].action.to_pool: to_pool is the pool it replaces ('micro')",
+    ]
+    for text in expected:
+        assert text in problems
+    assert "cycle" not in problems
+
+
+def test_ladder_remap_cycle() -> None:
+    cycle = GOOD + """
+degradation:
+  steps:
+    - {name: there, signal: queue_depth, pool: flagship, enter_above: 9, exit_below: 1,
+       action: {type: fallback_pool, to_pool: micro}}
+    - {name: back, signal: queue_depth, pool: micro, enter_above: 9, exit_below: 1,
+       action: {type: fallback_pool, to_pool: flagship}}
+"""
+    (problem,) = _problems(cycle)
+    line = _line(cycle, "to_pool: flagship")
+    assert problem.startswith(f"p.yaml:{line}: degradation.steps[1].action: pool moves form")
+
+
+def test_unknown_action_type_and_key() -> None:
+    bad = GOOD + """
+degradation:
+  steps:
+    - {name: a, signal: queue_depth, pool: micro, enter_above: 9, exit_below: 1, action: {type: panic}}
+    - {name: b, signal: queue_depth, pool: micro, enter_above: 9, exit_below: 1, action: {type: shed, below: 1}}
+"""
+    first, _missing, second = _problems(bad)
+    assert first.startswith(f"p.yaml:{_line(bad, 'panic')}: degradation.steps[0].action:") and "fix the `type`" in first
+    assert "degradation.steps[1].action.below:" in second and "unknown key" in second
+
+
+def test_tenant_cross_references() -> None:
+    digest = "ab" * 32
+    bad = GOOD + f"""
+tenants:
+  a: {{api_key_sha256: [not-a-hash], allowed_pools: []}}
+  b: {{api_key_sha256: ["{digest}"], allowed_pools: [micro, ghost]}}
+  c: {{api_key_sha256: ["{digest}"]}}
+"""
+    problems = "\n".join(_problems(bad))
+    assert "tenants.a.api_key_sha256[0]: not a lower-case hex SHA-256" in problems
+    assert "tenants.a.allowed_pools: empty allowed_pools" in problems
+    assert "tenants.b.allowed_pools[1]: unknown pool 'ghost'" in problems
+    where = f"p.yaml:{_line(bad, '  c:')}: tenants.c.api_key_sha256[0]"
+    assert f"{where}: the same key hash is already tenant 'b'" in problems
+
+
+def test_gpu_hour_price_derives_equal_per_token_prices() -> None:
+    price = Price.model_validate({"gpu_hour_usd": "2.50", "tokens_per_second": 2400})
+    assert (price.input_per_mtok, price.output_per_mtok, price.gpu_hour_usd) == (289_352, 289_352, 2_500_000)
+    assert price.cost_micro_usd(1_000_000, 1_000_000) == 578_704
+    loaded = load_policy(ROOT / "policies" / "gpu.yaml")
+    assert loaded.policy.pools["flagship"].price.input_per_mtok == 771_605  # 5.00 USD/h at 1800 tok/s
+    both = GOOD.replace('{input_per_mtok: "0.20", output_per_mtok: "0.20"}',
+                        '{input_per_mtok: "0.20", output_per_mtok: "0.20", gpu_hour_usd: 1}')
+    (problem,) = _problems(both)
+    assert problem.startswith(f"p.yaml:{_line(both, 'gpu_hour_usd')}: pools.micro.price:") and "not both" in problem
+    (problem,) = _problems(GOOD.replace('{input_per_mtok: "0.20", output_per_mtok: "0.20"}', "{gpu_hour_usd: 1}"))
+    assert "needs tokens_per_second > 0" in problem

@@ -1,0 +1,109 @@
+"""Feed the policy's degradation ladder with live signals and keep its current state.
+
+Signals per pool, refreshed every `interval_s`: `kv_cache_usage` (the highest replica's, as scraped
+from vLLM), `queue_depth` (waiting requests summed over replicas, as scraped), `ttft_p95_s` and
+`error_rate` over the last `window_s` seconds of this gateway's own requests. The ladder itself
+(hysteresis, hold times, combined effect) is `policies.ladder`; this module only measures and logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from backends.pool import Pool
+from policies.ladder import Ladder, LadderState
+from policies.loader import LoadedPolicy
+
+__all__ = ["DegradationMonitor"]
+
+log = logging.getLogger("cascade.degradation")
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+class DegradationMonitor:
+    """Owns the ladder, the rolling windows and one background task (`start` / `aclose`)."""
+
+    def __init__(self, pools: Callable[[], Mapping[str, Pool]], interval_s: float = 1.0, window_s: float = 30.0):
+        self._pools = pools
+        self._interval = interval_s
+        self._window = window_s
+        self._ladder = Ladder(())
+        self._version: str | None = None
+        self._ttft: dict[str, deque[tuple[float, float]]] = {}
+        self._outcomes: dict[str, deque[tuple[float, bool]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> LadderState:
+        return self._ladder.state
+
+    def use_policy(self, loaded: LoadedPolicy) -> None:
+        """Adopt the ladder of a (re)loaded policy, keeping steps of the same name active."""
+        if loaded.version != self._version:
+            steps = loaded.policy.degradation.steps
+            self._ladder = Ladder(steps, carry_from=self._ladder)
+            self._version = loaded.version
+
+    def observe(self, pool: str, ttft_s: float | None = None, error: bool = False) -> None:
+        """One finished request of `pool` (or one that failed at the engine)."""
+        now = time.monotonic()
+        self._outcomes.setdefault(pool, deque()).append((now, error))
+        if ttft_s is not None:
+            self._ttft.setdefault(pool, deque()).append((now, ttft_s))
+
+    def _trim(self, now: float) -> None:
+        for windows in (self._ttft, self._outcomes):
+            for q in windows.values():
+                while q and now - q[0][0] > self._window:
+                    q.popleft()
+
+    def signals(self, now: float) -> dict[tuple[str, str], float]:
+        self._trim(now)
+        out: dict[tuple[str, str], float] = {}
+        for name, pool in self._pools().items():
+            out[("kv_cache_usage", name)] = max((r.load.kv_cache_usage for r in pool.replicas), default=0.0)
+            out[("queue_depth", name)] = sum(r.load.waiting for r in pool.replicas)
+            out[("ttft_p95_s", name)] = _p95([v for _, v in self._ttft.get(name, ())])
+            outcomes = self._outcomes.get(name, ())
+            out[("error_rate", name)] = sum(e for _, e in outcomes) / len(outcomes) if outcomes else math.nan
+        return out
+
+    def tick(self, now: float | None = None) -> LadderState:
+        now = time.monotonic() if now is None else now
+        before = set(self._ladder.state.names)
+        state = self._ladder.update(self.signals(now), now)
+        for name in set(state.names) - before:
+            log.warning("degradation step engaged", extra={"step": name, "active": list(state.names)})
+        for name in before - set(state.names):
+            log.info("degradation step released", extra={"step": name, "active": list(state.names)})
+        return state
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                self.tick()
+            except Exception:
+                log.exception("degradation tick failed")
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="degradation")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

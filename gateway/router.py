@@ -1,0 +1,63 @@
+"""Decide where a request goes: shed check, complexity score (only when it decides), policy decision.
+
+HTTP-free. Scoring failures never fail a request: it is routed without a score and the reason says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
+from gateway.metrics import GatewayMetrics
+from gateway.schema import ChatRequest
+from policies.decide import AUTO_MODEL, PoolNotAllowed, RouteContext, RouteDecision, decide, needs_score, pinned_pool
+from policies.ladder import LadderState
+from policies.loader import LoadedPolicy
+from router_models.scorer import Scorer, conversation_text
+
+__all__ = ["RequestRouter"]
+
+log = logging.getLogger("cascade.router")
+
+
+class RequestRouter:
+    """Routes requests under a given policy and ladder state. Shares, does not own, the scorer."""
+
+    def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics) -> None:
+        self._scorer = scorer
+        self._metrics = metrics
+
+    async def _score(self, raw: Mapping[str, Any]) -> float | None:
+        assert self._scorer is not None
+        began = time.monotonic()
+        try:
+            score = (await self._scorer.score([conversation_text(raw["messages"])]))[0]
+        except Exception:
+            log.exception("scoring failed; routing without a score")
+            return None
+        self._metrics.scoring.observe(time.monotonic() - began)
+        return score
+
+    async def route(
+        self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
+        loaded: LoadedPolicy, ladder: LadderState,
+    ) -> RouteDecision:
+        """Raises ModelNotFound (404), PermissionDenied (403), TooManyRequests (429, shed by the ladder)."""
+        policy = loaded.policy
+        if request.model != AUTO_MODEL and pinned_pool(policy, request.model) is None:
+            names = sorted({AUTO_MODEL, *policy.pools, *policy.aliases})
+            raise ModelNotFound(f"model {request.model!r} is not served here; use one of {names}", param="model")
+        tenant_spec = policy.tenants.get(tenant)
+        retry = ladder.shed_retry_after(tenant_spec.priority if tenant_spec else 0)
+        if retry is not None:
+            raise TooManyRequests(f"the gateway is shedding load ({', '.join(ladder.names)}); retry in {retry} s",
+                                  retry, type_="overloaded", code="load_shed")
+        ctx = RouteContext.from_request(raw, tenant, headers)
+        score = await self._score(raw) if self._scorer is not None and needs_score(policy, ctx) else None
+        try:
+            return decide(policy, loaded.version, ctx, score, ladder)
+        except PoolNotAllowed as exc:
+            raise PermissionDenied(str(exc), param="model") from exc

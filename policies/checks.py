@@ -1,0 +1,121 @@
+"""The second validation phase: cross-references and logic that a schema cannot express.
+
+`reference_problems(policy)` returns ``(yaml_path, message)`` pairs; the loader adds file and line.
+Every message says what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from policies.ladder_schema import FRACTION_SIGNALS, LadderStep, Overflow, RaiseThreshold
+from policies.rules import RuleMatch
+from policies.schema import Policy, RemotePool
+
+__all__ = ["Loc", "Problem", "reference_problems"]
+
+Loc = tuple[int | str, ...]
+Problem = tuple[Loc, str]
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _unknown_pool(policy: Policy, name: str | None, loc: Loc) -> Iterator[Problem]:
+    if name is not None and name not in policy.pools:
+        yield loc, f"unknown pool {name!r}; defined pools: {sorted(policy.pools)} (fix the name or define the pool)"
+
+
+def _empty_ranges(match: RuleMatch, loc: Loc) -> Iterator[Problem]:
+    for low, high in (("min_prompt_chars", "max_prompt_chars"), ("min_prompt_tokens", "max_prompt_tokens"),
+                      ("min_score", "max_score")):
+        lo, hi = getattr(match, low), getattr(match, high)
+        if lo is not None and hi is not None and lo > hi:
+            yield (*loc, "match", low), f"{low} {lo} > {high} {hi}: the rule can never match; swap them"
+
+
+def _rule_problems(policy: Policy) -> Iterator[Problem]:
+    yield from _unknown_pool(policy, policy.routing.micro_pool, ("routing", "micro_pool"))
+    yield from _unknown_pool(policy, policy.routing.flagship_pool, ("routing", "flagship_pool"))
+    seen: set[str] = set()
+    catch_all: str | None = None
+    for i, rule in enumerate(policy.routing.rules):
+        loc: Loc = ("routing", "rules", i)
+        if rule.name in seen:
+            yield (*loc, "name"), f"duplicate rule name {rule.name!r}; names must be unique (rename one)"
+        seen.add(rule.name)
+        if catch_all is not None:
+            yield loc, (f"rule {rule.name!r} is unreachable: rule {catch_all!r} before it has an empty `match` "
+                        "and matches everything; move the catch-all last or give it conditions")
+        if rule.match.is_catch_all:
+            catch_all = rule.name
+        yield from _unknown_pool(policy, rule.pool, (*loc, "pool"))
+        if (rule.pool is None) == (rule.threshold is None):
+            yield loc, "give exactly one of `pool` or `threshold`"
+        yield from _empty_ranges(rule.match, loc)
+
+
+def _tenant_problems(policy: Policy) -> Iterator[Problem]:
+    owners: dict[str, str] = {}
+    for name, tenant in policy.tenants.items():
+        loc: Loc = ("tenants", name)
+        if tenant.allowed_pools is not None and not tenant.allowed_pools:
+            yield (*loc, "allowed_pools"), "empty allowed_pools would refuse every request; list pools or remove it"
+        for j, pool in enumerate(tenant.allowed_pools or ()):
+            yield from _unknown_pool(policy, pool, (*loc, "allowed_pools", j))
+        for j, digest in enumerate(tenant.api_key_sha256):
+            where = (*loc, "api_key_sha256", j)
+            if not _SHA256.fullmatch(digest):
+                yield where, "not a lower-case hex SHA-256 (64 chars): use `printf %s KEY | sha256sum`"
+            elif digest in owners:
+                yield where, f"the same key hash is already tenant {owners[digest]!r}'s; a key has one tenant"
+            owners.setdefault(digest, name)
+    for alias, pool in policy.aliases.items():
+        yield from _unknown_pool(policy, pool, ("aliases", alias))
+        if alias == "auto" or alias in policy.pools:
+            yield ("aliases", alias), "alias shadows a pool name or 'auto'; rename it"
+
+
+def _step_problems(policy: Policy, step: LadderStep, loc: Loc) -> Iterator[Problem]:
+    yield from _unknown_pool(policy, step.pool, (*loc, "pool"))
+    if step.exit_below >= step.enter_above:
+        yield (*loc, "exit_below"), (f"exit_below {step.exit_below} must be < enter_above {step.enter_above} "
+                                     "(hysteresis keeps the step from flapping); lower it")
+    if step.signal in FRACTION_SIGNALS and step.enter_above > 1:
+        yield (*loc, "enter_above"), f"{step.signal} is a fraction 0..1; {step.enter_above} is never reached"
+    action = step.action
+    if isinstance(action, RaiseThreshold) and action.threshold <= policy.routing.threshold:
+        yield (*loc, "action", "threshold"), (f"raise_threshold {action.threshold} is not above routing.threshold "
+                                              f"{policy.routing.threshold}; use a higher value")
+    if step.remap is not None:
+        source, target = step.remap
+        yield from _unknown_pool(policy, source, (*loc, "action", "from_pool"))
+        yield from _unknown_pool(policy, target, (*loc, "action", "to_pool"))
+        if source == target:
+            yield (*loc, "action", "to_pool"), f"to_pool is the pool it replaces ({source!r}); name another pool"
+        if isinstance(action, Overflow) and not isinstance(policy.pools.get(target), RemotePool | None):
+            msg = f"overflow goes to a remote pool; {target!r} is local (use fallback_pool)"
+            yield (*loc, "action", "to_pool"), msg
+
+
+def _ladder_problems(policy: Policy) -> Iterator[Problem]:
+    names: set[str] = set()
+    edges: dict[str, str] = {}
+    for i, step in enumerate(policy.degradation.steps):
+        loc: Loc = ("degradation", "steps", i)
+        if step.name in names:
+            yield (*loc, "name"), f"duplicate step name {step.name!r}; names must be unique (rename one)"
+        names.add(step.name)
+        yield from _step_problems(policy, step, loc)
+        if step.remap is not None and step.remap[0] != step.remap[1]:
+            edges.setdefault(*step.remap)
+            pool, seen = step.remap[1], {step.remap[0]}
+            while pool in edges and pool not in seen:
+                seen.add(pool)
+                pool = edges[pool]
+            if pool in seen:
+                yield (*loc, "action"), f"pool moves form a cycle through {sorted(seen)}; break the cycle"
+
+
+def reference_problems(policy: Policy) -> list[Problem]:
+    """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
+    return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy)]

@@ -1,0 +1,161 @@
+"""`cascade policy ...`: validate, schema, explain, replay. Heavy imports happen inside the commands.
+
+- `validate FILE`: exit 0 and a summary, or exit 1 with every problem on stderr;
+- `schema`: the JSON Schema of the policy file (for editors);
+- `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]`:
+  the score (the shipped classifier unless --score), every rule tried and why it did or did not match,
+  the decision, and for a local pool the engine command of its first replica;
+- `replay FILE --log requests.jsonl [--against OTHER.yaml]`: see `policies.replay` for the log format.
+
+Exit codes: 0 ok, 1 invalid input (policy, log, request) or a refused request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from policies.loader import LoadedPolicy, PolicyError, load_policy
+
+__all__ = ["register"]
+
+
+def _load(path: str) -> LoadedPolicy | None:
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
+def _validate(args: argparse.Namespace) -> int:
+    loaded = _load(args.file)
+    if loaded is None:
+        return 1
+    policy = loaded.policy
+    pools = ", ".join(f"{n} ({p.type})" for n, p in policy.pools.items())
+    print(f"{args.file}: valid (version {loaded.version}); pools: {pools}; rules: {len(policy.routing.rules)}; "
+          f"tenants: {len(policy.tenants)}; ladder steps: {len(policy.degradation.steps)}")
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from policies.schema import Policy
+
+    print(json.dumps(Policy.model_json_schema(), indent=2))
+    return 0
+
+
+def _request_body(args: argparse.Namespace) -> dict[str, Any]:
+    if args.request is not None:
+        body = json.loads(Path(args.request).read_text(encoding="utf-8"))
+        if not isinstance(body, dict):
+            raise ValueError("the request file must hold a JSON object (a chat-completions body)")
+        return body
+    return {"model": args.model, "messages": [{"role": "user", "content": args.prompt}]}
+
+
+def _classifier_score(messages: Any) -> float:
+    """The score the gateway would compute: the shipped classifier on the gateway's scoring text."""
+    from router_models.scorer import conversation_text
+    from router_models.serving import load_scorer
+
+    async def run() -> float:
+        scorer = load_scorer()
+        try:
+            return (await scorer.score([conversation_text(messages)]))[0]
+        finally:
+            await scorer.aclose()
+
+    return asyncio.run(run())
+
+
+def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
+    spec = loaded.policy.pools[pool]
+    if spec.type != "local":
+        return [f"remote:   {', '.join(spec.urls)} (model {spec.model!r}, key from ${spec.api_key_env or '-'})"]
+    from backends.supervisor import engine_command, engine_env
+
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(engine_env(spec.engine).items()))
+    command = shlex.join(engine_command(spec.engine, spec.engine.base_port))
+    return [f"engine:   replica 1 of {spec.engine.replicas} on port {spec.engine.base_port}:", f"  {env} {command}"]
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from policies.context import RouteContext
+    from policies.decide import needs_score
+    from policies.explain import explain, render_explanation
+
+    loaded = _load(args.file)
+    if loaded is None:
+        return 1
+    try:
+        body = _request_body(args)
+        headers = dict(h.split(":", 1) for h in args.header)
+    except (OSError, ValueError) as exc:
+        print(f"bad request: {exc}", file=sys.stderr)
+        return 1
+    if args.score is not None and not 0 <= args.score <= 1:
+        print(f"--score must be within [0, 1], got {args.score}", file=sys.stderr)
+        return 1
+    ctx = RouteContext.from_request(body, args.tenant, {k.strip(): v.strip() for k, v in headers.items()})
+    score, source = args.score, "given"
+    if score is None and needs_score(loaded.policy, ctx):
+        score, source = _classifier_score(body.get("messages") or []), "classifier"
+    exp = explain(loaded, ctx, score)
+    lines = render_explanation(exp, source)
+    if exp.decision is not None:
+        lines += _engine_lines(loaded, exp.decision.pool)
+    print("\n".join(lines))
+    return 0 if exp.decision is not None else 1
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from policies.replay import LogError, parse_log, render_replay, replay
+
+    loaded = _load(args.file)
+    against = _load(args.against) if args.against else None
+    if loaded is None or (args.against and against is None):
+        return 1
+    try:
+        with open(args.log, encoding="utf-8") as fh:
+            entries = parse_log(fh, args.log)
+    except (OSError, LogError) as exc:
+        print(f"bad log: {exc}", file=sys.stderr)
+        return 1
+    if against is None:
+        result, names = replay(entries, loaded), ("recorded", args.file)
+    else:
+        result, names = replay(entries, against, baseline=loaded), (args.file, args.against)
+    print("\n".join(render_replay(result, *names)))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `policy` command and its sub-commands; each sets `func(args) -> int` (the exit code)."""
+    p = subparsers.add_parser("policy", help="check, inspect and replay routing policies")
+    sub = p.add_subparsers(dest="policy_cmd", required=True)
+    v = sub.add_parser("validate", help="check a policy file; exit 1 with every problem listed")
+    v.add_argument("file")
+    v.set_defaults(func=_validate)
+    sub.add_parser("schema", help="print the policy JSON Schema (for editors)").set_defaults(func=_schema)
+    e = sub.add_parser("explain", help="show how a policy routes one request, rule by rule")
+    e.add_argument("file")
+    what = e.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="a single user message")
+    what.add_argument("--request", help="a JSON file holding a chat-completions body")
+    e.add_argument("--tenant", default="default")
+    e.add_argument("--model", default="auto", help="requested model with --prompt (default: auto)")
+    e.add_argument("--score", type=float, help="use this score instead of running the classifier")
+    e.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header")
+    e.set_defaults(func=_explain)
+    r = sub.add_parser("replay", help="replay a request log: pool moves (from -> to) and cost difference")
+    r.add_argument("file")
+    r.add_argument("--log", required=True, help="JSON Lines request log (format: policies/replay.py)")
+    r.add_argument("--against", help="compare FILE with this policy instead of with the recorded pools")
+    r.set_defaults(func=_replay)

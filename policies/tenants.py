@@ -1,0 +1,46 @@
+"""Tenants: who may call, with which key, at what priority, within which limits and budget."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from policies.frozen import Frozen
+from policies.money import usd_to_micro
+
+__all__ = ["Budget", "RateLimits", "Tenant"]
+
+
+class RateLimits(Frozen):
+    """Per-tenant limits over a sliding minute, shared by every gateway process through Redis."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + max completion tokens")
+
+
+class Budget(Frozen):
+    """Spend limits in USD (stored as integer micro-USD). Days and months are UTC."""
+
+    daily_usd: int | None = Field(default=None, description="USD per UTC day, e.g. 25.00")
+    monthly_usd: int | None = Field(default=None, description="USD per UTC month, e.g. 500.00")
+    soft_limit_pct: int = Field(default=80, ge=1, le=100, description="warn (logs, metrics) past this share")
+    on_exceed: Literal["reject", "downgrade"] = Field(
+        default="reject", description="reject with 429, or downgrade every request to the micro pool"
+    )
+
+    @field_validator("daily_usd", "monthly_usd", mode="before")
+    @classmethod
+    def _parse_usd(cls, value: Any) -> int | None:
+        return None if value is None else usd_to_micro(value)
+
+
+class Tenant(Frozen):
+    api_key_sha256: tuple[str, ...] = Field(default=(), description="hex SHA-256 of each API key")
+    threshold: float | None = Field(default=None, ge=0, le=1)
+    allowed_pools: tuple[str, ...] | None = Field(
+        default=None, description="pools this tenant may use (default: all); the first is its fallback"
+    )
+    priority: int = Field(default=0, description="higher is more important; the ladder sheds low priority first")
+    rate_limits: RateLimits = RateLimits()
+    budget: Budget = Budget()

@@ -1,0 +1,132 @@
+"""`cascade policy` commands: validate, schema, explain (rule trail, engine command), replay (matrix, cost)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policies import cli
+from policies.replay import LogError, parse_log
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "policies" / "default.yaml"
+TENANTS = ROOT / "policies" / "multi-tenant.yaml"
+
+
+def run(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["policy", *argv])
+    code: int = args.func(args)
+    return code
+
+
+def test_validate_ok_and_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("validate", str(DEFAULT)) == 0
+    assert "valid (version" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEFAULT.read_text().replace("micro_pool: micro", "micro_pool: a").replace("0.5", "0.6") +
+                   "aliases: {auto: nowhere}\n")
+    assert run("validate", str(bad)) == 1
+    err = capsys.readouterr().err
+    assert "routing.micro_pool: unknown pool 'a'" in err and "aliases.auto: unknown pool 'nowhere'" in err
+    assert f"{bad}:" in err and "alias shadows" in err
+
+
+def test_schema_is_json_with_the_new_sections(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("schema") == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert {"pools", "routing", "tenants", "degradation"} <= set(schema["properties"])
+    assert "RaiseThreshold" in schema["$defs"] and "regex" in schema["$defs"]["RuleMatch"]["properties"]
+
+
+def test_explain_shows_rules_decision_and_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run("explain", str(TENANTS), "--prompt", "review this contract", "--tenant", "globex",
+               "--header", "X-Plan: free", "--score", "0.4")
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "score:    0.4000 (given)" in out
+    assert "1. acme-ci -> pool 'micro': no: tenant 'globex' not in ['acme']" in out
+    assert "2. globex-premium -> threshold 0.3: no: header 'x-plan' value 'free' does not match" in out
+    assert "3. contracts -> threshold 0.35: MATCH" in out
+    assert "decision: pool 'flagship' (model 'flagship'), rule 'contracts'" in out
+    assert "--served-model-name flagship" in out and "--port 8201" in out and "VLLM_CPU_KVCACHE_SPACE=1" in out
+
+
+def test_explain_runs_the_classifier_only_when_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[Any] = []
+
+    def fake_score(messages: Any) -> float:
+        calls.append(messages)
+        return 0.9
+
+    monkeypatch.setattr(cli, "_classifier_score", fake_score)
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}],
+                                "metadata": {"source": "ci"}}))
+    assert run("explain", str(TENANTS), "--request", str(body), "--tenant", "acme") == 0
+    assert calls == [] and "not needed" in capsys.readouterr().out
+    assert run("explain", str(DEFAULT), "--request", str(body)) == 0
+    out = capsys.readouterr().out
+    assert calls and "0.9000 (classifier)" in out and "pool 'flagship'" in out
+
+
+def test_explain_refusals_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("explain", str(TENANTS), "--prompt", "x", "--tenant", "free", "--model", "flagship") == 1
+    assert "403: tenant 'free' may not use pool 'flagship'" in capsys.readouterr().out
+    assert run("explain", str(DEFAULT), "--prompt", "x", "--model", "gpt-5") == 1
+    assert "404: model 'gpt-5'" in capsys.readouterr().out
+
+
+def _line(model: str, score: float | None, pool: str, prompt: int, completion: int) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}]}
+    return json.dumps({"request": body, "tenant": "default", "score": score, "pool": pool,
+                       "prompt_tokens": prompt, "completion_tokens": completion})
+
+
+LOG = [
+    _line("auto", 0.2, "micro", 1000, 1000),  # 400 micro-USD on micro
+    _line("auto", 0.8, "flagship", 1000, 1000),  # 18_000 on the flagship
+    _line("auto", 0.6, "flagship", 1000, 0),  # 3_000 on the flagship, 200 on micro
+    _line("micro", None, "micro", 1000, 10),  # 202, pinned
+]
+
+
+def _files(tmp_path: Path, lines: list[str]) -> tuple[Path, Path]:
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(lines) + "\n\n")
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(DEFAULT.read_text().replace("threshold: 0.5", "threshold: 0.7"))
+    return log, strict
+
+
+def test_replay_against_recorded_pools(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log, strict = _files(tmp_path, LOG)
+    assert run("replay", str(strict), "--log", str(log)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"4 requests; 1 move pools (rows: recorded, columns: {strict})"
+    assert out[1].split() == ["flagship", "micro"]
+    assert out[2].split() == ["flagship", "1", "1"] and out[3].split() == ["micro", "0", "2"]
+    assert out[4] == f"cost recorded: 0.021602 USD; {strict}: 0.018802 USD; difference: -0.002800 USD"
+
+
+def test_replay_policy_against_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log, strict = _files(tmp_path, [*LOG, _line("auto", None, "micro", 10, 10)])
+    assert run("replay", str(DEFAULT), "--log", str(log), "--against", str(strict)) == 0
+    out = capsys.readouterr().out
+    assert "5 requests; 1 move pools" in out and "difference: -0.002800 USD" in out
+    assert "1 requests needed a score the log does not have" in out
+
+
+def test_bad_log_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(LogError, match=r"^x:2: `prompt_tokens` must be"):
+        parse_log([LOG[0], '{"request": {}, "prompt_tokens": -1}'], "x")
+    log, _ = _files(tmp_path, [LOG[0], "not json"])
+    assert run("replay", str(DEFAULT), "--log", str(log)) == 1
+    assert f"{log}:2:" in capsys.readouterr().err
