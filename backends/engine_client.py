@@ -1,29 +1,35 @@
-"""Talk to OpenAI-compatible engines (vLLM) over one shared, keep-alive httpx client.
+"""Talk to OpenAI-compatible engines (vLLM): one shared, keep-alive client per gateway process.
 
-The transport is a measured choice (see BENCHMARKS.md): httpx's API over aiohttp's connection pool
-(`httpx_aiohttp`) holds up under concurrency where httpx's own pool collapses on small machines.
+Two transports behind one small protocol, chosen by measurement (BENCHMARKS.md): raw aiohttp (default:
+its connection pool holds up under concurrency and costs the least CPU per request) and httpx (its own
+pool; slower under load on small machines, kept for comparison and for environments that need it).
 Streams pass through chunk by chunk; nothing buffers a whole answer.
 
-Error contract: `EngineUnavailable` means the engine could not be reached or failed before sending a
-response (safe to retry elsewhere); `EngineHTTPError` carries the engine's own error status and body.
+Error contract: `EngineUnavailable` means no usable response came back (connect refused, reset, timeout
+before the body was read): safe to fail over. `EngineHTTPError` carries the engine's own error status
+and body. `EngineStreamBroken` means a stream that had started broke off.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
+import aiohttp
 import httpx
 
 __all__ = [
+    "AiohttpEngineClient",
     "EngineClient",
     "EngineError",
     "EngineHTTPError",
+    "EngineStreamBroken",
     "EngineUnavailable",
+    "HttpxEngineClient",
     "Timeouts",
-    "make_http_client",
+    "make_engine_client",
 ]
 
 
@@ -33,6 +39,10 @@ class EngineError(Exception):
 
 class EngineUnavailable(EngineError):
     """No response came back (connect refused, reset, timeout before headers). Safe to fail over."""
+
+
+class EngineStreamBroken(EngineError):
+    """A stream that had started to arrive broke off (connection lost or too long a gap)."""
 
 
 class EngineHTTPError(EngineError):
@@ -50,39 +60,106 @@ class Timeouts:
 
     connect: float = 3.0
     read: float = 120.0
-    pool: float = 10.0
 
 
-def make_http_client(
-    transport: Literal["aiohttp", "httpx"] = "aiohttp",
-    timeouts: Timeouts = Timeouts(),
-    max_connections: int = 512,
-) -> httpx.AsyncClient:
-    """One client for all engines; the caller owns it and closes it (`aclose`)."""
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect, pool=timeouts.pool)
-    if transport == "aiohttp":
-        from httpx_aiohttp import HttpxAiohttpClient
+class EngineClient(Protocol):
+    """What the gateway needs from an engine connection pool. The owner calls `aclose()`."""
 
-        return HttpxAiohttpClient(limits=limits, timeout=timeout, trust_env=False)
-    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+    async def post_json(self, base_url: str, path: str, body: bytes) -> bytes: ...
+
+    def stream(self, base_url: str, path: str, body: bytes) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """Open a streaming POST; yields the chunk iterator once the engine sent 2xx headers. Leaving the
+        context early drops the connection, which makes vLLM abort the request and free its KV cache."""
+        ...
+
+    async def get_text(self, url: str, timeout_s: float = 2.0) -> str: ...
+
+    async def aclose(self) -> None: ...
 
 
 _JSON = {"content-type": "application/json"}
+_AIO_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
-class EngineClient:
-    """Calls one engine API family over a shared client. Does not own the client."""
+class AiohttpEngineClient:
+    """aiohttp's pool. The session is created lazily, inside the running event loop."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self._http = http
+    def __init__(self, timeouts: Timeouts = Timeouts(), max_connections: int = 512) -> None:
+        self._timeouts = timeouts
+        self._limit = max_connections
+        self._session: aiohttp.ClientSession | None = None
 
-    async def post_json(
-        self, base_url: str, path: str, body: bytes, headers: Mapping[str, str] | None = None
-    ) -> bytes:
-        """POST a JSON body and return the response body. Raises `EngineUnavailable` / `EngineHTTPError`."""
+    def _s(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            t = self._timeouts
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read),
+                auto_decompress=False, skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def post_json(self, base_url: str, path: str, body: bytes) -> bytes:
         try:
-            resp = await self._http.post(base_url + path, content=body, headers={**_JSON, **(headers or {})})
+            async with self._s().post(base_url + path, data=body, headers=_JSON) as resp:
+                data = await resp.read()
+        except _AIO_ERRORS as exc:
+            raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
+        if resp.status >= 400:
+            raise EngineHTTPError(resp.status, data)
+        return data
+
+    @asynccontextmanager
+    async def stream(self, base_url: str, path: str, body: bytes) -> AsyncIterator[AsyncIterator[bytes]]:
+        try:
+            resp = await self._s().post(base_url + path, data=body, headers=_JSON)
+        except _AIO_ERRORS as exc:
+            raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            if resp.status >= 400:
+                raise EngineHTTPError(resp.status, await resp.read())
+            yield _aio_chunks(resp)
+        finally:
+            if resp.content.at_eof():
+                resp.release()  # complete: the connection goes back to the pool
+            else:
+                resp.close()  # cut short: drop the connection so the engine aborts the request
+
+    async def get_text(self, url: str, timeout_s: float = 2.0) -> str:
+        try:
+            async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                text = await resp.text()
+        except _AIO_ERRORS as exc:
+            raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
+        if resp.status >= 400:
+            raise EngineUnavailable(f"{url}: HTTP {resp.status}")
+        return text
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _aio_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in resp.content.iter_any():
+            yield chunk
+    except _AIO_ERRORS as exc:
+        raise EngineStreamBroken(f"{type(exc).__name__}: {exc}") from exc
+
+
+class HttpxEngineClient:
+    """httpx's own pool (measured slower under concurrency; see BENCHMARKS.md)."""
+
+    def __init__(self, timeouts: Timeouts = Timeouts(), max_connections: int = 512) -> None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect, pool=timeouts.connect)
+        self._http = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+
+    async def post_json(self, base_url: str, path: str, body: bytes) -> bytes:
+        try:
+            resp = await self._http.post(base_url + path, content=body, headers=_JSON)
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 400:
@@ -90,17 +167,8 @@ class EngineClient:
         return resp.content
 
     @asynccontextmanager
-    async def stream(
-        self, base_url: str, path: str, body: bytes, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
-        """Open a streaming POST; yields the byte-chunk iterator once the engine sent 2xx headers.
-
-        Leaving the context closes the upstream connection, which makes vLLM abort the request and
-        free its KV cache (the client-disconnect path relies on this).
-        """
-        request = self._http.build_request(
-            "POST", base_url + path, content=body, headers={**_JSON, **(headers or {})}
-        )
+    async def stream(self, base_url: str, path: str, body: bytes) -> AsyncIterator[AsyncIterator[bytes]]:
+        request = self._http.build_request("POST", base_url + path, content=body, headers=_JSON)
         try:
             resp = await self._http.send(request, stream=True)
         except httpx.TransportError as exc:
@@ -108,12 +176,11 @@ class EngineClient:
         try:
             if resp.status_code >= 400:
                 raise EngineHTTPError(resp.status_code, await resp.aread())
-            yield resp.aiter_raw()
+            yield _httpx_chunks(resp)
         finally:
             await resp.aclose()
 
     async def get_text(self, url: str, timeout_s: float = 2.0) -> str:
-        """GET a small text resource (health, metrics). Raises `EngineUnavailable` on any failure."""
         try:
             resp = await self._http.get(url, timeout=timeout_s)
         except httpx.TransportError as exc:
@@ -121,3 +188,22 @@ class EngineClient:
         if resp.status_code >= 400:
             raise EngineUnavailable(f"{url}: HTTP {resp.status_code}")
         return resp.text
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+async def _httpx_chunks(resp: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except (httpx.TransportError, httpx.StreamError) as exc:
+        raise EngineStreamBroken(f"{type(exc).__name__}: {exc}") from exc
+
+
+def make_engine_client(transport: Literal["aiohttp", "httpx"] = "aiohttp", timeouts: Timeouts = Timeouts(),
+                       max_connections: int = 512) -> EngineClient:
+    """One client for all engines; the caller owns it and closes it (`aclose`)."""
+    if transport == "aiohttp":
+        return AiohttpEngineClient(timeouts, max_connections)
+    return HttpxEngineClient(timeouts, max_connections)

@@ -37,7 +37,8 @@ def _serve(args: argparse.Namespace) -> int:
         request_log=Path(args.request_log) if args.request_log else None,
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+                log_level="warning", access_log=False, timeout_graceful_shutdown=30,
+                proxy_headers=False, server_header=False, date_header=False)
     return 0
 
 

@@ -12,10 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import httpx
 import orjson
 
-from backends.engine_client import EngineClient, EngineHTTPError, EngineUnavailable
+from backends.engine_client import EngineClient, EngineHTTPError, EngineStreamBroken, EngineUnavailable
 from backends.pool import Pool, Replica
 from gateway.errors import NoReplicaAvailable, UpstreamError
 
@@ -101,7 +100,7 @@ class Proxy:
                 chunks = await stack.enter_async_context(self._client.stream(replica.url, _CHAT, body))
                 first = await anext(aiter(chunks), b"")
                 return OpenStream(replica, first, chunks, stack)
-            except (EngineUnavailable, httpx.TransportError) as exc:
+            except (EngineUnavailable, EngineStreamBroken) as exc:
                 await stack.aclose()
                 pool.mark_failed(replica, str(exc))
             except EngineHTTPError as exc:

@@ -7,10 +7,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
 import redis.asyncio as aioredis
 
-from backends.engine_client import EngineClient, make_http_client
+from backends.engine_client import EngineClient, make_engine_client
 from backends.pool import Pool
 from gateway.accounting import Accountant
 from gateway.degradation import DegradationMonitor
@@ -38,7 +37,7 @@ class Runtime:
 
     settings: Settings
     policies: PolicyHolder
-    http: httpx.AsyncClient
+    engines: EngineClient
     pool_set: PoolSet
     scorer: Scorer | None
     ledger: Ledger
@@ -83,7 +82,7 @@ class Runtime:
         await self.ledger.aclose()
         if self.redis is not None:
             await self.redis.aclose()
-        await self.http.aclose()
+        await self.engines.aclose()
 
 
 def _make_scorer(settings: Settings) -> Scorer | None:
@@ -108,14 +107,13 @@ async def _make_ledger(settings: Settings) -> Ledger:
 
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
     """Build everything; local engines start in the background when `settings.start_engines`
-    (`Runtime.engines.status` tells how far they are). On failure, closes what it had built."""
+    (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
     policies = PolicyHolder(load_policy(settings.policy_path))
-    http = make_http_client(settings.transport)
-    engines = EngineClient(http)
+    engines = make_engine_client(settings.transport)
     try:
         ledger = await _make_ledger(settings)
     except BaseException:
-        await http.aclose()
+        await engines.aclose()
         raise
     pool_set = PoolSet(settings, engines, progress)
     try:
@@ -124,7 +122,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     except BaseException:
         await pool_set.aclose()
         await ledger.aclose()
-        await http.aclose()
+        await engines.aclose()
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
     accountant = Accountant(ledger, metrics)
@@ -136,5 +134,5 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     service = ChatService(policies, pool_set.pools, RequestRouter(scorer, metrics), forwarder, degradation, metrics,
                           keep_requests=request_log is not None)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
-    return Runtime(settings, policies, http, pool_set, scorer, ledger, accountant, service, redis, metrics,
+    return Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                    degradation, request_log)

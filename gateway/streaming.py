@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-import httpx
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from backends.engine_client import EngineError
 from gateway.errors import error_body
 from gateway.usage import Usage, usage_from_json
 
@@ -97,7 +97,7 @@ class StreamRelay:
             if self._buffer.strip():
                 yield self._buffer
             self.completed = True
-        except (httpx.TransportError, httpx.StreamError) as exc:
+        except EngineError as exc:
             self.error = f"engine stream failed: {type(exc).__name__}"
             yield b"data: " + error_body(self.error, "upstream_error", None, "engine_stream_failed") + b"\n\n"
         except (asyncio.CancelledError, GeneratorExit):

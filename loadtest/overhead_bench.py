@@ -69,7 +69,8 @@ _LAT = re.compile(r"^\s*(50|75|90|99)(?:\.0+)?%\s+([0-9.]+)(us|ms|s|m|h)\s*$", r
 
 @dataclass(slots=True)
 class WrkResult:
-    """One wrk run. Latencies in ms; `non2xx` counts HTTP status >= 400; `socket_errors` sums wrk's four."""
+    """One wrk run. Latencies in ms; `non2xx` counts HTTP status >= 400; `socket_errors` sums connect, read
+    and write errors; `timeouts` counts requests slower than wrk's --timeout (not failures of the server)."""
 
     rps: float
     p50_ms: float
@@ -78,6 +79,7 @@ class WrkResult:
     duration_s: float
     non2xx: int
     socket_errors: int
+    timeouts: int = 0
 
 
 def parse_latency_ms(text: str) -> float:
@@ -105,7 +107,8 @@ def parse_wrk(text: str) -> WrkResult:
         rps=float(rps.group(1)), p50_ms=lat[50], p99_ms=lat[99], requests=int(total.group(1)),
         duration_s=float(total.group(2)) * _UNITS_MS[total.group(3)] / 1e3,
         non2xx=_int_after(r"Non-2xx or 3xx responses:\s+(\d+)", text),
-        socket_errors=sum(int(g) for g in sock.groups()) if sock else 0,
+        socket_errors=sum(int(g) for g in sock.groups()[:3]) if sock else 0,
+        timeouts=int(sock.group(4)) if sock else 0,
     )
 
 
@@ -341,6 +344,7 @@ def _measure(target: Target, lua: Path, conc: int, args: argparse.Namespace, rnd
             "server_cpu_ms_per_req": 1000.0 * cpu / res.requests if res.requests else None,
             "loadavg_1m": [load_before, os.getloadavg()[0]]}
     errs = f" ERRORS non2xx={res.non2xx} socket={res.socket_errors}" if res.non2xx or res.socket_errors else ""
+    errs += f" (timeouts > {args.wrk_timeout:g} s: {res.timeouts})" if res.timeouts else ""
     print(f"  round {rnd} c={conc:<3} {target.name:<12} {res.rps:9.0f} req/s  p50 {res.p50_ms:7.2f} ms  "
           f"p99 {res.p99_ms:7.2f} ms  cpu {cell['server_cpu_ms_per_req'] or 0:.2f} ms/req{errs}", flush=True)
     return cell
@@ -396,6 +400,7 @@ def _gateway_row(cells: list[dict[str, Any]], gw: str, conc: int) -> dict[str, A
         "added_p99_ms": _median([c["p99_ms"] - d["p99_ms"] for c, d in paired]),
         "cpu_ms_per_req": _median([c["server_cpu_ms_per_req"] for c in mine]),
         "errors": sum(c["non2xx"] + c["socket_errors"] for c in mine),
+        "timeouts": sum(c.get("timeouts", 0) for c in mine),
     }
 
 
@@ -592,15 +597,15 @@ def verdicts(nonstream: dict[str, Any] | None, stream: dict[str, Any] | None, ga
 
 def print_nonstream(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nNon-streaming, wrk -t{args.wrk_threads}, medians of {args.rounds} rounds x {args.duration:g} s; "
-          "+p50/+p99 = gateway minus direct, paired per round")
+          "+p50/+p99 = gateway minus direct, paired per round; t/o = slower than --wrk-timeout")
     print(f"{'c':>3}  {'target':<11} {'req/s':>8} {'xLiteLLM':>8} {'p50 ms':>7} {'p99 ms':>7} {'+p50 ms':>8} "
-          f"{'+p99 ms':>8} {'cpu ms/req':>10} {'errors':>6}  req/s per round")
+          f"{'+p99 ms':>8} {'cpu ms/req':>10} {'errors':>6} {'t/o':>4}  req/s per round")
     for r in result["summary"]:
         per_round = " ".join(f"{v:.0f}" for v in r["rps_all"])
         print(f"{r['concurrency']:>3}  {r['target']:<11} {_fmt(r['rps'], '.0f'):>8} "
               f"{_fmt(r.get('x_litellm'), '.1f'):>8} {_fmt(r['p50_ms']):>7} {_fmt(r['p99_ms']):>7} "
               f"{_fmt(r['added_p50_ms']):>8} {_fmt(r['added_p99_ms']):>8} {_fmt(r['cpu_ms_per_req']):>10} "
-              f"{r['errors']:>6}  {per_round}")
+              f"{r['errors']:>6} {r['timeouts']:>4}  {per_round}")
 
 
 def print_stream(result: dict[str, Any], args: argparse.Namespace) -> None:
@@ -658,7 +663,8 @@ def _add_nonstream_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     g.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per target, not recorded (default 2)")
     g.add_argument("--wrk-threads", type=int, default=1, help="wrk threads, capped at connections (default 1)")
-    g.add_argument("--wrk-timeout", type=float, default=2.0, help="wrk per-request timeout in s (default 2)")
+    g.add_argument("--wrk-timeout", type=float, default=10.0,
+                   help="wrk per-request timeout in s; slower requests count as t/o, not in p99 (default 10)")
     g.add_argument("--max-tokens", type=int, default=16, help="max_tokens of the request body (default 16)")
     g.add_argument("--transports", type=_csv_words, default=["aiohttp", "httpx"],
                    help="gateways to measure, one per upstream transport (default aiohttp,httpx; the first is "
@@ -770,6 +776,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; stopping everything started here", file=sys.stderr)
         return 130
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 2
     finally:
         _finish(env, ok)
     print_report(results, args)

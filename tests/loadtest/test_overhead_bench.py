@@ -58,13 +58,13 @@ def test_parse_wrk_full_output() -> None:
     assert res.p50_ms == pytest.approx(0.20612)
     assert res.p99_ms == 1200.0
     assert (res.requests, res.duration_s) == (25500, 5.0)
-    assert (res.non2xx, res.socket_errors) == (7, 5)
+    assert (res.non2xx, res.socket_errors, res.timeouts) == (7, 2, 3)
 
 
 def test_parse_wrk_clean_run_and_garbage() -> None:
     clean = "\n".join(line for line in WRK_OUT.splitlines() if "errors" not in line and "Non-2xx" not in line)
     res = parse_wrk(clean)
-    assert (res.non2xx, res.socket_errors) == (0, 0)
+    assert (res.non2xx, res.socket_errors, res.timeouts) == (0, 0, 0)
     with pytest.raises(ValueError):
         parse_wrk("unable to connect to 127.0.0.1:1 Connection refused")
 
