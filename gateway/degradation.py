@@ -35,8 +35,11 @@ def _p95(values: list[float]) -> float:
 class DegradationMonitor:
     """Owns the ladder, the rolling windows and one background task (`start` / `aclose`)."""
 
-    def __init__(self, pools: Callable[[], Mapping[str, Pool]], interval_s: float = 1.0, window_s: float = 30.0):
+    def __init__(self, pools: Callable[[], Mapping[str, Pool]], interval_s: float = 1.0, window_s: float = 30.0,
+                 on_change: Callable[[set[str], set[str]], None] | None = None) -> None:
+        """`on_change(engaged, released)` is called with step names whenever the active set changes."""
         self._pools = pools
+        self._on_change = on_change
         self._interval = interval_s
         self._window = window_s
         self._ladder = Ladder(())
@@ -88,6 +91,8 @@ class DegradationMonitor:
             log.warning("degradation step engaged", extra={"step": name, "active": list(state.names)})
         for name in before - set(state.names):
             log.info("degradation step released", extra={"step": name, "active": list(state.names)})
+        if self._on_change is not None and before != set(state.names):
+            self._on_change(set(state.names) - before, before - set(state.names))
         return state
 
     async def _loop(self) -> None:

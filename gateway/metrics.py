@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -66,6 +66,10 @@ class GatewayMetrics:
                                  buckets=_LATENCY, registry=r)
         self.overhead = Histogram("cascade_gateway_overhead_seconds", "time spent in the gateway before the "
                                   "upstream call (parse, auth, score, route)", buckets=_FAST, registry=r)
+        self.budget = Counter("cascade_budget_events", "requests of tenants past their soft limit or budget",
+                              ["tenant", "state"], registry=r)
+        self.ladder = Gauge("cascade_degradation_active", "1 while a degradation ladder step is engaged", ["step"],
+                            registry=r)
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         r.register(_PoolCollector(pools))
 
@@ -78,6 +82,12 @@ class GatewayMetrics:
         if rec.ttft_ms is not None:
             self.ttft.labels(rec.pool).observe(rec.ttft_ms / 1000)
         self.latency.labels(rec.pool).observe(rec.latency_ms / 1000)
+
+    def ladder_changed(self, engaged: set[str], released: set[str]) -> None:
+        for step in engaged:
+            self.ladder.labels(step).set(1)
+        for step in released:
+            self.ladder.labels(step).set(0)
 
     def observe_rejected(self, status: int, tenant: str) -> None:
         """A request that never reached an engine (bad input, auth, no replica)."""

@@ -8,12 +8,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
 from gateway.metrics import GatewayMetrics
 from gateway.schema import ChatRequest
-from policies.decide import AUTO_MODEL, PoolNotAllowed, RouteContext, RouteDecision, decide, needs_score, pinned_pool
+from policies.decide import (
+    AUTO_MODEL,
+    PoolNotAllowed,
+    RouteContext,
+    RouteDecision,
+    decide,
+    needs_score,
+    pinned_pool,
+    served_model,
+)
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from router_models.scorer import Scorer, conversation_text
@@ -43,7 +53,7 @@ class RequestRouter:
 
     async def route(
         self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
-        loaded: LoadedPolicy, ladder: LadderState,
+        loaded: LoadedPolicy, ladder: LadderState, downgrade: bool = False,
     ) -> RouteDecision:
         """Raises ModelNotFound (404), PermissionDenied (403), TooManyRequests (429, shed by the ladder)."""
         policy = loaded.policy
@@ -58,6 +68,12 @@ class RequestRouter:
         ctx = RouteContext.from_request(raw, tenant, headers)
         score = await self._score(raw) if self._scorer is not None and needs_score(policy, ctx) else None
         try:
-            return decide(policy, loaded.version, ctx, score, ladder)
+            decision = decide(policy, loaded.version, ctx, score, ladder)
         except PoolNotAllowed as exc:
             raise PermissionDenied(str(exc), param="model") from exc
+        micro = policy.routing.micro_pool
+        if downgrade and decision.pool != micro:
+            reason = f"tenant {tenant!r} is over budget (policy: downgrade); {decision.reason}"
+            return replace(decision, pool=micro, model=served_model(policy, micro), rule="budget-downgrade",
+                           reason=reason)
+        return decision

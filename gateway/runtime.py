@@ -12,9 +12,12 @@ import redis.asyncio as aioredis
 from backends.engine_client import EngineClient, make_engine_client
 from backends.pool import Pool
 from gateway.accounting import Accountant
+from gateway.admission import Admission
+from gateway.budgets import BudgetGuard
 from gateway.degradation import DegradationMonitor
 from gateway.forwarding import Forwarder
-from gateway.ledger import Ledger, MemoryLedger
+from gateway.ledger import Ledger, LedgerKeys, MemoryLedger
+from gateway.limits import MemoryRateLimiter, RateLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.policy_holder import PolicyHolder
 from gateway.pool_set import PoolSet
@@ -105,6 +108,14 @@ async def _make_ledger(settings: Settings) -> Ledger:
     return ledger
 
 
+def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: GatewayMetrics) -> Admission:
+    """Rate limits and budgets live in Redis; without it (memory ledger) they are in-process only."""
+    if redis is None:
+        return Admission(MemoryRateLimiter(), None, metrics)
+    keys = LedgerKeys(settings.redis_prefix)
+    return Admission(RateLimiter(redis, settings.redis_prefix), BudgetGuard(redis, keys), metrics)
+
+
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
     """Build everything; local engines start in the background when `settings.start_engines`
     (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
@@ -126,13 +137,15 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
     accountant = Accountant(ledger, metrics)
-    degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s)
+    degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
+                                     on_change=metrics.ladder_changed)
     degradation.use_policy(policies.current)
     degradation.start()
     request_log = RequestLog(settings.request_log) if settings.request_log else None
     forwarder = Forwarder(Proxy(engines), engines, accountant, metrics, degradation, request_log)
-    service = ChatService(policies, pool_set.pools, RequestRouter(scorer, metrics), forwarder, degradation, metrics,
-                          keep_requests=request_log is not None)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
+    admission = _admission(redis, settings, metrics)
+    service = ChatService(policies, pool_set.pools, RequestRouter(scorer, metrics), forwarder, degradation, metrics,
+                          admission, keep_requests=request_log is not None)
     return Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                    degradation, request_log)

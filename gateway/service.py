@@ -11,6 +11,7 @@ from typing import Any
 
 from backends.pool import Pool
 from gateway.accounting import RequestFacts
+from gateway.admission import Admission
 from gateway.cascade_flow import CascadeFlow, cascades
 from gateway.degradation import DegradationMonitor
 from gateway.errors import BadRequest, NoReplicaAvailable
@@ -32,7 +33,8 @@ class ChatService:
     """Handles one chat request end to end. Shares, but does not own, its collaborators."""
 
     def __init__(self, policies: PolicyHolder, pools: dict[str, Pool], router: RequestRouter, forwarder: Forwarder,
-                 degradation: DegradationMonitor, metrics: GatewayMetrics, keep_requests: bool = False) -> None:
+                 degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
+                 keep_requests: bool = False) -> None:
         self._policies = policies
         self._pools = pools
         self._router = router
@@ -40,6 +42,7 @@ class ChatService:
         self._degradation = degradation
         self._metrics = metrics
         self._keep_requests = keep_requests
+        self._admission = admission
         self._cascade = CascadeFlow(forwarder, self._pool)
 
     def _pool(self, name: str) -> Pool:
@@ -54,7 +57,9 @@ class ChatService:
         loaded = self._policies.current
         self._degradation.use_policy(loaded)
         ladder = self._degradation.state
-        decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder)
+        verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
+        downgrade = verdict is not None and verdict.downgrade
+        decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
         _check_limits(loaded, decision, request)
         upstream, extra = _prepare(raw, decision, request, ladder)
         kept = raw if self._keep_requests else None
