@@ -5,13 +5,10 @@ Handlers parse, call the service, render. Every error leaves as the OpenAI error
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
-import re
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,35 +16,29 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from gateway.auth import tenant_for
+from gateway.chat_endpoint import ChatEndpoint
 from gateway.errors import (
     AuthenticationError,
     BadRequest,
-    BodyTooLarge,
-    DeadlineExceeded,
     GatewayError,
     TooManyRequests,
     error_body,
 )
-from gateway.forwarding import JSONReply
 from gateway.metrics import CONTENT_TYPE
 from gateway.policy_watch import PolicyWatcher
 from gateway.runtime import Runtime, build_runtime
-from gateway.schema import parse_chat_request
 from gateway.settings import Settings
-from gateway.streaming import SSEResponse
-from policies.decide import AUTO_MODEL, RouteDecision
+from policies.decide import AUTO_MODEL
 from policies.loader import PolicyError
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("cascade.gateway")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -61,58 +52,9 @@ def _error(exc: GatewayError, request_id: str | None = None) -> Response:
     return Response(exc.body(), exc.status, headers, media_type="application/json")
 
 
-def _route_headers(request_id: str, decision: RouteDecision) -> dict[str, str]:
-    return {
-        "x-request-id": request_id,
-        "x-cascade-pool": decision.pool,
-        "x-cascade-score": "none" if decision.score is None else f"{decision.score:.4f}",
-        "x-cascade-rule": decision.rule,
-        "x-cascade-policy-version": decision.policy_version,
-    }
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body is {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
-
-
-async def chat_completions(request: Request) -> Response:
-    runtime = _runtime(request)
-    given = request.headers.get("x-request-id", "")
-    request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-    tenant = "unknown"
-    try:
-        tenant = tenant_for(runtime.policies.current.policy, request.headers.get("authorization"))
-        body = await _read_body(request, runtime.settings.max_body_bytes)
-        chat, raw = parse_chat_request(body, runtime.settings.max_messages, runtime.settings.max_tokens_cap)
-        try:
-            async with asyncio.timeout(runtime.settings.deadline_s):
-                reply = await runtime.service.handle(chat, raw, tenant, request_id, request.headers)
-        except TimeoutError as exc:
-            raise DeadlineExceeded(f"no answer within the gateway's deadline of {runtime.settings.deadline_s:g} s; "
-                                   "retry later or lower max_tokens") from exc
-    except GatewayError as exc:
-        runtime.metrics.observe_rejected(exc.status, tenant)
-        return _error(exc, request_id)
-    except ClientDisconnect:
-        return Response(status_code=499)
-    headers = {**_route_headers(request_id, reply.decision), **reply.headers}
-    if isinstance(reply, JSONReply):
-        return Response(reply.body, 200, headers, media_type="application/json")
-    return SSEResponse(reply.relay.body(), headers)  # type: ignore[return-value]
 
 
 async def list_models(request: Request) -> Response:
@@ -203,7 +145,25 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
                     media_type="application/json")
 
 
-def create_app(settings: Settings, runtime: Runtime | None = None) -> Starlette:
+class GatewayApp:
+    """The ASGI app: the chat route goes straight to its raw endpoint (the hot path), everything else
+    (and the lifespan) to the Starlette app. `state` is the Starlette app's state (`state.runtime`)."""
+
+    def __init__(self, starlette: Starlette) -> None:
+        self._starlette = starlette
+        self._chat = ChatEndpoint(lambda: starlette.state.runtime)
+
+    @property
+    def state(self) -> Any:
+        return self._starlette.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
+            return await self._chat(scope, receive, send)
+        return await self._starlette(scope, receive, send)
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp:
     """The ASGI app. Without `runtime`, its lifespan builds one from `settings` (and closes it)."""
 
     @asynccontextmanager
@@ -222,7 +182,6 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> Starlette:
                 await current.aclose()
 
     routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -231,4 +190,4 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> Starlette:
         Route("/admin/costs", admin_costs, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _unexpected}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    return GatewayApp(Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers))
