@@ -104,7 +104,9 @@ class RedisLedger:
     until the drain task (every `drain_interval_s`) has replayed it, so an outage stalls no request for
     more than one timeout. `retention_days` bounds the stream and the idempotency keys; rollups stay.
     Records are group-committed: those that arrive while a batch is in flight go in the next pipeline
-    (one round trip per batch, one atomic script per record), so Redis costs little CPU per request.
+    (one round trip per batch, one atomic script per record), so Redis costs little CPU per request;
+    a batch can wait `linger_s` (default 0: measured no gain on 2 cores) before it goes, which is also how
+    much longer a record would stay only in memory.
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class RedisLedger:
         op_timeout_s: float = 0.5,
         drain_interval_s: float = 1.0,
         replay_batch: int = 256,
+        linger_s: float = 0.0,
     ) -> None:
         if retention_days < 1 or replay_batch < 1:
             raise ValueError("retention_days and replay_batch must be >= 1")
@@ -139,6 +142,7 @@ class RedisLedger:
         self._drain_task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._queue: list[tuple[CostRecord, asyncio.Future[None]]] = []
+        self._linger = linger_s
         self._flusher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -200,7 +204,10 @@ class RedisLedger:
     async def _flush(self) -> None:
         """Group commit: every record queued while the previous batch was in flight goes to Redis in one
         pipeline (one round trip), still one atomic script per record. A failed batch goes to the outbox.
-        Owns the queued futures: each is resolved only once its record is applied or spilled."""
+        Owns the queued futures: each is resolved only once its record is applied or spilled. It waits
+        `linger_s` first, so that at low concurrency a few records still share one round trip."""
+        if self._linger > 0:
+            await asyncio.sleep(self._linger)
         while self._queue:
             batch, self._queue = self._queue[: self._batch], self._queue[self._batch :]
             try:
