@@ -53,6 +53,7 @@ class Result:
     p50_ms: float
     p99_ms: float
     errors: int
+    cpu_ms: float
 
 
 async def offer_load(score_one: ScoreOne, prompts: Iterator[str], rate: float, duration: float,
@@ -62,6 +63,7 @@ async def offer_load(score_one: ScoreOne, prompts: Iterator[str], rate: float, d
     latencies: list[float] = []
     errors = [0]
     start = time.perf_counter()
+    cpu_start = time.process_time()
 
     async def one(text: str, scheduled: float) -> None:
         try:
@@ -85,9 +87,10 @@ async def offer_load(score_one: ScoreOne, prompts: Iterator[str], rate: float, d
         tasks.append(asyncio.create_task(one(text, start + t)))
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
+    cpu_ms = (time.process_time() - cpu_start) * 1000 / max(1, len(latencies))
     lat = sorted(latencies) or [float("nan")]
     return Result(rate, len(latencies), len(latencies) / elapsed, statistics.median(lat),
-                  lat[min(len(lat) - 1, int(0.99 * len(lat)))], errors[0])
+                  lat[min(len(lat) - 1, int(0.99 * len(lat)))], errors[0], cpu_ms)
 
 
 def _in_process(args: argparse.Namespace) -> tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]:
@@ -133,7 +136,8 @@ async def _run(args: argparse.Namespace) -> None:
             res = await offer_load(score_one, prompts, rate, args.duration,
                                    args.repeat_share, args.seed + k)
             print(f"offered {res.offered:6.0f} req/s -> {res.throughput:6.1f} scored/s, "
-                  f"p50 {res.p50_ms:6.1f} ms, p99 {res.p99_ms:7.1f} ms, errors {res.errors} ({stats()})",
+                  f"p50 {res.p50_ms:6.1f} ms, p99 {res.p99_ms:7.1f} ms, errors {res.errors}, "
+                  f"process CPU {res.cpu_ms:.1f} ms/req ({stats()})",
                   flush=True)
     finally:
         await close()

@@ -100,7 +100,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--labelled", type=Path, default=PACKAGE_DATA / "labelled_prompts.jsonl",
                    help="our labelled prompts (JSONL: prompt|messages, label, kind)")
     p.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact metadata path (.json)")
-    p.add_argument("--embedder", default=DEFAULT_EMBEDDER, help="embedder name, e.g. all-MiniLM-L6-v2:int8:t128")
+    p.add_argument("--embedder", default=DEFAULT_EMBEDDER,
+                   help="embedder name, all-MiniLM-L6-v2:<int8|fp32>:t<tokens>[:l<layers>] (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and CV folds")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds")
     p.set_defaults(func=_train)

@@ -36,8 +36,8 @@ __all__ = ["SOURCE_WEIGHTS", "TrainConfig", "embed_cached", "fit_router", "load_
 FloatArray = npt.NDArray[np.float32]
 CACHE_DIR = Path(".cascade/router-cache")
 # Total training weight per source (normalised to mean 1 per example). Our own labelled prompts stand for
-# the chat traffic the gateway actually sees, so they weigh as much as both exam sets together.
-SOURCE_WEIGHTS = {"mmlu": 1.0, "gsm8k": 1.0, "labelled": 2.0}
+# the chat traffic the gateway actually sees, so they weigh twice as much as both exam sets together.
+SOURCE_WEIGHTS = {"mmlu": 1.0, "gsm8k": 1.0, "labelled": 4.0}
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class TrainConfig:
     labelled: Path = PACKAGE_DATA / "labelled_prompts.jsonl"
     holdout: float = 0.2
     folds: int = 5
-    c_grid: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1, 0.3)
+    c_grid: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)
     seed: int = 0
 
 

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from loadtest.fake_upstream import FakeUpstream
 from tests.servers import serve
+
+SHARED_URL = "redis://127.0.0.1:6379/0"
+
+
+def delete_prefix(prefix: str, url: str = SHARED_URL) -> None:
+    """Delete every key under `prefix` (tests share one Redis; each uses its own prefix)."""
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    """A unique key prefix on the shared Redis; its keys are deleted afterwards."""
+    value = f"test:{uuid.uuid4().hex}:"
+    yield value
+    delete_prefix(value)
 
 
 def policy_yaml(micro_url: str, flagship_url: str, extra: str = "") -> str:

@@ -130,12 +130,39 @@ def _hard_math(rng: random.Random) -> str:
     return C(rng, HARD_MATH) + C(rng, ["", "", " Show all steps.", " Give a rigorous proof."])
 
 
+DEEP_TOPICS = ["why transformers need positional encodings and how RoPE extends to long contexts",
+               "how the Fed's balance-sheet runoff interacts with bank reserves and repo rates",
+               "why quantum entanglement cannot be used to send information faster than light",
+               "how CRISPR off-target effects are measured and what limits current methods",
+               "the strongest arguments for and against moral realism",
+               "how garbage collection pauses arise in the JVM and how ZGC avoids them",
+               "why some proteins misfold and how that links to neurodegenerative disease",
+               "how a central bank should respond to a supply shock versus a demand shock"]
+AUDIENCES = ["a skeptical CFO", "a panel of domain experts", "a grieving friend", "a hostile journalist",
+             "new hires in their first week", "a regulator"]
+
+
+def _hard_chat(rng: random.Random) -> str:
+    topic, audience = C(rng, DEEP_TOPICS), C(rng, AUDIENCES)
+    return C(rng, [
+        f"Explain {topic}. Be precise and point out where common explanations go wrong.",
+        f"I've read conflicting takes on {topic}. Reconcile them and tell me which evidence is strongest.",
+        f"Write a {rng.randint(600, 1500)}-word essay on {topic} for {audience}, with a clear thesis, "
+        "counterarguments and citations of the kind of evidence that would settle it.",
+        f"Draft a delicate message to {audience} explaining a layoff of {rng.randint(5, 40)}% of staff; it "
+        "must be honest about the reasons, avoid legal exposure and keep trust.",
+        f"Give me a critical review of this plan: we'll cut prices {rng.randint(10, 40)}% to gain share, fund "
+        "it with debt, and expect competitors not to respond. What breaks first?",
+    ])
+
+
 def heavy_examples(rng: random.Random) -> list[Example]:
-    """About 400 label-1 examples across the heavy task kinds."""
+    """About 490 label-1 examples across the heavy task kinds."""
     return [
         *expand(rng, [_reasoning], 80, 1, "reasoning"),
         *expand(rng, [_code], 100, 1, "code"),
         *expand(rng, [_decision], 60, 1, "decision"),
         *expand(rng, [_hard_math], 56, 1, "math", difficulty=4),
         *expand(rng, [_word_problem], 80, 1, "math", difficulty=3),
+        *expand(rng, [_hard_chat], 90, 1, "chat"),
     ]

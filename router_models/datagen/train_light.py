@@ -150,8 +150,49 @@ def _snippet(rng: random.Random) -> str:
     ])
 
 
+CONCEPTS = ["photosynthesis", "inflation", "a black hole", "an API", "compound interest", "the water cycle",
+            "a vaccine", "machine learning", "a mortgage", "DNS", "gravity", "a recession", "a blockchain"]
+ITEMS = ["apples", "marbles", "books", "cookies", "tickets", "stamps", "pencils", "cupcakes"]
+
+
+def _easy_reasoning(rng: random.Random) -> str:
+    a, b = rng.randint(3, 20), rng.randint(1, 9)
+    n1, n2 = rng.sample([n.split()[0] for n in NAMES], 2)
+    return C(rng, [
+        f"If {n1} is taller than {n2}, who is shorter?",
+        "Which is heavier, a kilogram of feathers or a kilogram of steel?",
+        f"What comes next: {a}, {a + b}, {a + 2 * b}, ...?",
+        "All cats are animals. Tom is a cat. Is Tom an animal?",
+        f"If today is {C(rng, ['Monday', 'Friday', 'Sunday'])}, what day is it in two days?",
+        "I put my keys in the drawer and then moved the drawer's contents to a box. Where are my keys?",
+        f"Is it a good idea to wear a coat when it is {C(rng, ['-5', '2', '30'])} degrees Celsius outside?",
+        f"{n1} has more {C(rng, ITEMS)} than {n2}. {n2} has {a}. Could {n1} have {a - 1}?",
+    ])
+
+
+def _simple_word_problem(rng: random.Random) -> str:
+    a, b, c = rng.randint(3, 60), rng.randint(2, 12), rng.randint(2, 9)
+    n, item = C(rng, NAMES).split()[0], C(rng, ITEMS)
+    return C(rng, [
+        f"{n} has {a} {item} and buys {b} more. How many {item} does {n} have now?",
+        f"There are {c} boxes with {b} {item} in each. How many {item} are there in total?",
+        f"{n} shares {b * c} {item} equally among {c} friends. How many does each friend get?",
+        f"A ticket costs ${b}. How much do {c} tickets cost?",
+        f"{n} reads {b} pages a day. How many pages does {n} read in {c} days?",
+    ])
+
+
+def _simple_explain(rng: random.Random) -> str:
+    concept = C(rng, CONCEPTS)
+    return C(rng, [
+        f"Explain {concept} in simple terms.", f"What is {concept}? One paragraph please.",
+        f"ELI5: {concept}", f"Give me a one-line definition of {concept}.",
+        f"What's a simple example of {concept}?",
+    ])
+
+
 def light_examples(rng: random.Random) -> list[Example]:
-    """About 450 label-0 examples across the light task kinds."""
+    """About 590 label-0 examples across the light task kinds."""
     return [
         *expand(rng, [_chit], 80, 0, "chitchat"),
         *expand(rng, [_classify], 70, 0, "classification"),
@@ -161,4 +202,7 @@ def light_examples(rng: random.Random) -> list[Example]:
         *expand(rng, [_lookup], 50, 0, "lookup"),
         *expand(rng, [_arith], 45, 0, "math", difficulty=1),
         *expand(rng, [_snippet], 45, 0, "code"),
+        *expand(rng, [_easy_reasoning], 45, 0, "reasoning"),
+        *expand(rng, [_simple_word_problem], 50, 0, "math", difficulty=2),
+        *expand(rng, [_simple_explain], 45, 0, "chitchat"),
     ]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from gateway.app import create_app
 from gateway.settings import Settings
+from tests.conftest import delete_prefix
 from tests.servers import serve
 
 pytestmark = pytest.mark.redis
@@ -26,9 +26,7 @@ def gateway(policy_file: Path, tmp_path: Path) -> Iterator[str]:
                         redis_prefix=prefix, admin_key=ADMIN, home=tmp_path)
     with serve(create_app(settings)) as url:
         yield url
-    client = redis.Redis()
-    for key in client.scan_iter(match=prefix + "*"):
-        client.delete(key)
+    delete_prefix(prefix)
 
 
 def test_cost_page_needs_the_admin_key_and_shows_the_traffic(gateway: str) -> None:

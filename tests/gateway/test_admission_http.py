@@ -9,13 +9,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from gateway.app import create_app
 from gateway.auth import hash_key
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import delete_prefix, policy_yaml
 from tests.servers import serve
 
 pytestmark = pytest.mark.redis
@@ -37,9 +36,7 @@ def gateway(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
                         home=tmp_path)
     with serve(create_app(settings)) as url:
         yield url
-    client = redis.Redis()
-    for key in client.scan_iter(match=prefix + "*"):
-        client.delete(key)
+    delete_prefix(prefix)
 
 
 def _post(url: str, key: str, model: str = "flagship") -> httpx.Response:

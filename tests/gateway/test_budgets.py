@@ -12,8 +12,7 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,9 +23,9 @@ from gateway.budgets import BudgetGuard, StaticBudgets, evaluate
 from gateway.ledger import CostRecord, LedgerKeys, RedisLedger, record_to_fields
 from gateway.outbox import Outbox
 from policies.schema import Budget
+from tests.conftest import SHARED_URL
 from tests.gateway.test_ledger import free_port
 
-SHARED_URL = "redis://127.0.0.1:6379/0"
 JAN15 = 1_768_435_200.0  # 2026-01-15T00:00:00Z
 REPO = Path(__file__).resolve().parents[2]
 USD = 1_000_000  # micro-USD
@@ -63,18 +62,6 @@ def rec(i: int, cost: int, *, tenant: str = "acme", at: float = JAN15 + 3600.0) 
     )
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    value = f"test:{uuid.uuid4().hex}:"
-    yield value
-    import redis
-
-    client = redis.Redis.from_url(SHARED_URL)
-    try:
-        for key in client.scan_iter(match=f"{value}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
 
 
 @pytest.fixture

@@ -10,9 +10,7 @@ import io
 import json
 import shutil
 import subprocess
-import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
@@ -23,9 +21,9 @@ from gateway.costs_cli import register
 from gateway.costs_html import render_html
 from gateway.costs_report import GROUPINGS, Cell, CostReport, Counters, pct, render_csv, render_json, render_table, usd
 from gateway.ledger import CostRecord, LedgerKeys, RedisLedger
+from tests.conftest import SHARED_URL
 from tests.gateway.test_ledger import make_record
 
-SHARED_URL = "redis://127.0.0.1:6379/0"
 DAY0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 START, END = date(2026, 1, 1), date(2026, 1, 4)
 
@@ -105,16 +103,6 @@ def test_html_renders_an_empty_range() -> None:
 # --- against the shared Redis ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    value = f"test:{uuid.uuid4().hex}:"
-    yield value
-    client = redis.Redis.from_url(SHARED_URL)
-    try:
-        for key in client.scan_iter(match=f"{value}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -31,8 +30,9 @@ from gateway.ledger import (
     validate_record,
 )
 from gateway.outbox import Outbox, OutboxBusy
+from tests.conftest import SHARED_URL
+from tests.servers import free_port
 
-SHARED_URL = "redis://127.0.0.1:6379/0"
 DAY0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
@@ -80,25 +80,6 @@ async def assert_exact(url: str, keys: LedgerKeys, recs: list[CostRecord]) -> No
         await client.aclose()
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    """A unique key prefix on the shared Redis; its keys are deleted afterwards."""
-    value = f"test:{uuid.uuid4().hex}:"
-    yield value
-    import redis
-
-    client = redis.Redis.from_url(SHARED_URL)
-    try:
-        for key in client.scan_iter(match=f"{value}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisProcess:

@@ -12,8 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,9 @@ import redis.asyncio as aioredis
 from gateway.errors import RateLimited
 from gateway.limits import Limiter, MemoryRateLimiter, RateLimiter
 from policies.schema import RateLimits
+from tests.conftest import SHARED_URL
 from tests.gateway.test_ledger import RedisProcess, free_port
 
-SHARED_URL = "redis://127.0.0.1:6379/0"
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,18 +38,6 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    value = f"test:{uuid.uuid4().hex}:"
-    yield value
-    import redis
-
-    client = redis.Redis.from_url(SHARED_URL)
-    try:
-        for key in client.scan_iter(match=f"{value}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
 
 
 @pytest.fixture

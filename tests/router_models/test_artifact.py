@@ -19,7 +19,7 @@ from router_models.classifier import LinearRouter
 
 
 def _saved(tmp_path: Path) -> Path:
-    router = LinearRouter(weights=np.arange(5, dtype=np.float32) / 10, bias=-0.25)
+    router = LinearRouter(weights=(np.arange(5) / 10).astype(np.float32), bias=-0.25)
     art = RouterArtifact(router=router, embedder="fake:8", metadata={"metrics": {"auc": 0.7}})
     return save_artifact(art, tmp_path / "r.json")
 

@@ -57,7 +57,7 @@ async def test_duplicates_in_a_batch_are_scored_once() -> None:
     model = FakeModel()
     scorer = ClassifierScorer(model, BatchingConfig(max_wait_ms=10))
     out = await asyncio.gather(scorer.score(["same", "other"]), scorer.score(["same"]))
-    assert out == [[0.04, 0.05], [0.04]]
+    assert list(out) == [[0.04, 0.05], [0.04]]
     assert model.calls == [["same", "other"]]
     await scorer.aclose()
 
