@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,10 @@ __all__ = [
     "load_routing_examples",
 ]
 
-DEFAULT_ROUTING_DIR = Path("/work/shared/data/routing")
+# The RouteLLM label sets live beside the checkout (../shared/data/routing); CASCADE_ROUTING_DATA overrides.
+DEFAULT_ROUTING_DIR = Path(
+    os.environ.get("CASCADE_ROUTING_DATA", Path(__file__).resolve().parents[2] / "shared" / "data" / "routing")
+)
 PACKAGE_DATA = Path(__file__).parent / "data"
 WEAK = "mistralai/Mixtral-8x7B-Instruct-v0.1"
 STRONG = "gpt-4-1106-preview"
