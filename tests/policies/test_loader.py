@@ -206,3 +206,11 @@ def test_gpu_hour_price_derives_equal_per_token_prices() -> None:
     assert problem.startswith(f"p.yaml:{_line(both, 'gpu_hour_usd')}: pools.micro.price:") and "not both" in problem
     (problem,) = _problems(GOOD.replace('{input_per_mtok: "0.20", output_per_mtok: "0.20"}', "{gpu_hour_usd: 1}"))
     assert "needs tokens_per_second > 0" in problem
+
+
+def test_malformed_budget_rejected_at_load() -> None:
+    bad = GOOD + "tenants:\n  acme: {budget: {daily_usd: \"-5\"}}\n"
+    assert any("tenants.acme.budget.daily_usd" in p for p in _problems(bad))
+    bad = GOOD + "tenants:\n  acme: {budget: {monthly_usd: \"lots\", on_exceed: explode}}\n"
+    problems = "\n".join(_problems(bad))
+    assert "monthly_usd" in problems and "on_exceed" in problems
