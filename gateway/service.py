@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from backends.pool import Pool
@@ -21,7 +22,7 @@ from gateway.policy_holder import PolicyHolder
 from gateway.router import RequestRouter
 from gateway.schema import ChatRequest
 from policies.context import estimate_tokens
-from policies.decide import RouteDecision
+from policies.decide import RouteDecision, served_model
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.truncate import truncate_messages
@@ -64,16 +65,41 @@ class ChatService:
         upstream, extra = _prepare(raw, decision, request, ladder)
         kept = raw if self._keep_requests else None
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept)
-        pool = self._pool(decision.pool)
         self._metrics.overhead.observe(time.monotonic() - started)
-        if cascades(loaded, decision):
+        try:
+            return await self._forward(upstream, request, facts, loaded, ladder, extra)
+        except NoReplicaAvailable:
+            other = _failover_pool(loaded, decision, tenant)
+            if other is None:
+                raise
+            moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
+                            reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
+            upstream = dict(upstream, model=moved.model)
+            return await self._forward(upstream, request, replace(facts, decision=moved), loaded, ladder, extra)
+
+    async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
+                       loaded: LoadedPolicy, ladder: LadderState, extra: dict[str, str]) -> JSONReply | StreamReply:
+        pool = self._pool(facts.decision.pool)
+        if cascades(loaded, facts.decision):
             return await self._cascade.run(pool, upstream, request, facts, loaded)
         if request.stream:
             return await self._fw.stream(pool, upstream, request, facts, loaded, extra)
         if ladder.force_stream:
-            extra["x-cascade-degraded"] = ",".join(ladder.names)
             return await self._fw.json_via_stream(pool, upstream, facts, loaded, extra)
         return await self._fw.json(pool, upstream, facts, loaded, extra)
+
+
+def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str) -> str | None:
+    """The other tier, when the policy allows failing over to it and the tenant may use it. A pinned model
+    is never swapped for another: its caller asked for that model."""
+    routing = loaded.policy.routing
+    if not routing.failover or decision.rule == "pinned" or decision.pool not in (routing.micro_pool,
+                                                                                      routing.flagship_pool):
+        return None
+    other = routing.flagship_pool if decision.pool == routing.micro_pool else routing.micro_pool
+    spec = loaded.policy.tenants.get(tenant)
+    allowed = spec.allowed_pools if spec is not None else None
+    return other if allowed is None or other in allowed else None
 
 
 def _prepare(raw: dict[str, Any], decision: RouteDecision, request: ChatRequest,

@@ -76,6 +76,11 @@ class Routing(Frozen):
     threshold: float = Field(default=0.5, ge=0, le=1)
     rules: tuple[Rule, ...] = ()
     cascade: Cascade = Cascade()
+    failover: bool = Field(
+        default=False,
+        description="when no replica of the chosen pool can take a request (before any byte was sent), try the "
+        "other tier (micro <-> flagship), within the tenant's allowed pools",
+    )
 
 
 class Policy(Frozen):

@@ -226,3 +226,18 @@ def test_metrics_count_what_the_ledger_records(gateway: tuple[str, Any]) -> None
     assert 'cascade_ttft_seconds_count{pool="flagship"} 1.0' in text
     assert 'cascade_inter_token_seconds_count{pool="flagship"} 15.0' in text
     assert "cascade_replica_healthy{" in text and "cascade_gateway_overhead_seconds_bucket" in text
+
+
+def test_failover_to_the_other_tier_when_the_policy_allows(tmp_path: Path, upstreams: Upstreams) -> None:
+    _, micro_url, _, _ = upstreams
+    dead = f"http://127.0.0.1:{free_port()}"
+    path = tmp_path / "p.yaml"
+    path.write_text(policy_yaml(micro_url, dead).replace("threshold: 0.5", "threshold: 0.5\n  failover: true"))
+    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp_path)
+    with serve(create_app(settings)) as url:
+        hard = {"model": "auto", "messages": [{"role": "user", "content": "explain " * 150}]}
+        r = httpx.post(url + "/v1/chat/completions", json=hard)
+        assert r.status_code == 200
+        assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "failover")
+        pinned = httpx.post(url + "/v1/chat/completions", json={**hard, "model": "flagship"})
+        assert pinned.status_code == 503  # a pinned model is never swapped
