@@ -108,7 +108,7 @@ def _send_prompts(base: str, max_tokens: int) -> None:
     import openai
 
     client = openai.OpenAI(base_url=base + "/v1", api_key=os.environ.get("CASCADE_API_KEY", "demo"))
-    print(f"\n{'prompt':<52} {'stream':>6} {'pool':>9} {'score':>6} {'in':>4} {'out':>4} {'ttft ms':>8}")
+    print(f"\n{'prompt':<52} {'stream':>6} {'pool':>9} {'score':>6} {'in':>4} {'out':>4} {'ttft ms*':>8}")
     for prompt, stream in SAMPLE_PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         started = time.monotonic()
@@ -133,6 +133,7 @@ def _send_prompts(base: str, max_tokens: int) -> None:
         short = prompt if len(prompt) <= 50 else prompt[:47] + "..."
         print(f"{short:<52} {'yes' if stream else 'no':>6} {headers['x-cascade-pool']:>9} "
               f"{headers['x-cascade-score']:>6} {tokens[0]:>4} {tokens[1]:>4} {ttft or 0:8.1f}")
+    print("* streaming: time to the first token; non-streaming: time to the whole answer")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -176,5 +177,5 @@ def run_demo(args: argparse.Namespace) -> int:
 def _print_costs(redis_url: str) -> int:
     from gateway.cli import main
 
-    print("cost totals in the ledger (today, all runs so far):")
+    print("cost totals in the ledger (last 7 days, every run so far):")
     return main(["costs", "report", "--by", "pool", "--redis-url", redis_url])
