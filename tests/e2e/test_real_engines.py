@@ -38,7 +38,11 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     port = free_port()
     log_path = tmp_path_factory.mktemp("e2e") / "gateway.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(ROOT / "policies" / "default.yaml"),
+    # The demo policy with the true cascade on: micro answers first, unsure answers escalate to the flagship.
+    policy = log_path.parent / "policy.yaml"
+    policy.write_text((ROOT / "policies" / "default.yaml").read_text().replace(
+        "  threshold: 0.5", "  threshold: 0.5\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"))
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
            "--port", str(port), "--redis-prefix", prefix]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
@@ -84,23 +88,50 @@ def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, st
     raise AssertionError(f"no ledger record for {request_id}")
 
 
-def test_non_streaming_through_openai_sdk_is_routed_served_and_priced(gateway: str, prefix: str) -> None:
+def test_hard_prompt_is_routed_to_the_flagship_and_priced(gateway: str, prefix: str) -> None:
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    prompt = ("Prove that the square root of 2 is irrational, then generalise the argument to every integer "
+              "that is not a perfect square, step by step.")
     raw = client.chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": "Hi! How are you?"}], max_tokens=12,
+        model="auto", messages=[{"role": "user", "content": prompt}], max_tokens=12,
     )
     resp = raw.parse()
-    pool = raw.headers["x-cascade-pool"]
-    assert pool in ("micro", "flagship")
-    assert 0.0 <= float(raw.headers["x-cascade-score"]) <= 1.0
-    assert raw.headers["x-cascade-rule"] == "threshold"
-    assert resp.model == pool  # the demo engines serve their pool's name
+    assert (raw.headers["x-cascade-pool"], raw.headers["x-cascade-rule"]) == ("flagship", "threshold")
+    assert float(raw.headers["x-cascade-score"]) >= 0.5
+    assert resp.model == "flagship"  # the demo engines serve their pool's name
     assert resp.usage is not None and resp.usage.completion_tokens > 0
     rec = _record(prefix, raw.headers["x-request-id"])
-    assert rec["pool"] == pool
+    assert rec["pool"] == "flagship"
     assert int(rec["prompt_tokens"]) == resp.usage.prompt_tokens
     assert int(rec["completion_tokens"]) == resp.usage.completion_tokens
-    assert int(rec["cost_micro_usd"]) >= 0
+    assert int(rec["cost_micro_usd"]) > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_easy_prompt_goes_to_micro_and_the_unsure_answer_escalates(gateway: str, prefix: str, stream: bool) -> None:
+    """The demo models are random: their answers are near-uniform guesses (confidence ~1/vocab), so the
+    cascade must escalate every one, before any byte reaches the client, and charge both calls."""
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Hi! How are you?"}]
+    if stream:
+        with client.chat.completions.with_streaming_response.create(
+            model="auto", messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True},
+        ) as raw:
+            chunks = list(raw.parse())
+        headers, models = raw.headers, {c.model for c in chunks}
+    else:
+        resp = client.chat.completions.with_raw_response.create(model="auto", messages=messages, max_tokens=12)
+        headers, models = resp.headers, {resp.parse().model}
+    assert float(headers["x-cascade-score"]) < 0.5
+    assert (headers["x-cascade-escalated"], headers["x-cascade-rule"]) == ("true", "cascade")
+    assert float(headers["x-cascade-confidence"]) < 0.5
+    assert models == {"flagship"}  # nothing of the micro answer reached the client
+    probe = _record(prefix, headers["x-request-id"] + "-probe")
+    final = _record(prefix, headers["x-request-id"])
+    assert (probe["pool"], probe["status"]) == ("micro", "escalated")
+    assert int(probe["completion_tokens"]) > 0 and int(probe["cost_micro_usd"]) >= 0
+    assert (final["pool"], final["rule"], final["status"]) == ("flagship", "cascade", "ok")
+    print(f"cascade confidence of the demo micro model: {headers['x-cascade-confidence']}")
 
 
 @pytest.mark.parametrize("pool", ["micro", "flagship"])
