@@ -90,3 +90,31 @@ def test_file_change_adds_a_pool_live_and_a_broken_edit_is_ignored(policy_file: 
                                                                                             "content": "x"}]})
         assert r.status_code == 200 and r.headers["x-cascade-pool"] == "spare"
         assert r.headers["x-cascade-policy-version"] != before
+
+
+async def test_reloads_under_load_lose_no_request(policy_file: Path, tmp_path: Path) -> None:
+    import asyncio
+
+    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory",
+                        admin_key=ADMIN, home=tmp_path, policy_watch_interval_s=0.05)
+    good = policy_file.read_text()
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    with serve(create_app(settings)) as url:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def request(i: int) -> int:
+                body = {"model": "auto", "stream": i % 2 == 0,
+                        "messages": [{"role": "user", "content": "w " * (i % 300)}]}
+                return (await client.post(url + "/v1/chat/completions", json=body)).status_code
+
+            async def churn() -> list[int]:
+                codes = []
+                for i in range(20):
+                    text = good + "\nrouting: [broken\n" if i % 2 == 0 else good.replace("0.5", f"0.{i + 10}")
+                    await asyncio.to_thread(policy_file.write_text, text)
+                    codes.append((await client.post(url + "/admin/policy/reload", headers=auth)).status_code)
+                    await asyncio.sleep(0.02)
+                return codes
+
+            results, codes = await asyncio.gather(asyncio.gather(*(request(i) for i in range(300))), churn())
+        assert set(results) == {200}, f"lost requests: {[c for c in results if c != 200]}"
+        assert set(codes) == {200, 422}
