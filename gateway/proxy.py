@@ -7,8 +7,9 @@ since another replica would answer the same.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -52,14 +53,19 @@ def _upstream_error(exc: EngineHTTPError, pool: str) -> UpstreamError:
 class Proxy:
     """Forwards chat requests to pool replicas. Owns nothing; counts in-flight per replica."""
 
-    def __init__(self, client: EngineClient, max_attempts: int = 3) -> None:
+    def __init__(self, client: EngineClient, max_attempts: int = 3, backoff_s: float = 0.025) -> None:
         self._client = client
         self._max_attempts = max_attempts
+        self._backoff = backoff_s
 
-    def _replicas(self, pool: Pool) -> Callable[[], Replica]:
+    def _replicas(self, pool: Pool) -> Callable[[], Awaitable[Replica]]:
+        """Yields the least-loaded untried replica per attempt, backing off (25, 50 ms...) between
+        attempts; raises `NoReplicaAvailable` when none is left or `max_attempts` were made."""
         tried: set[str] = set()
 
-        def next_replica() -> Replica:
+        async def next_replica() -> Replica:
+            if tried:
+                await asyncio.sleep(self._backoff * 2 ** (len(tried) - 1))
             replica = pool.choose(frozenset(tried)) if len(tried) < self._max_attempts else None
             if replica is None:
                 raise NoReplicaAvailable(
@@ -74,7 +80,7 @@ class Proxy:
         """Non-streaming call. Returns the replica that answered and the engine's JSON body."""
         next_replica = self._replicas(pool)
         while True:
-            replica = next_replica()
+            replica = await next_replica()
             replica.in_flight += 1
             try:
                 return replica, await self._client.post_json(replica.url, _CHAT, body)
@@ -92,7 +98,7 @@ class Proxy:
         """
         next_replica = self._replicas(pool)
         while True:
-            replica = next_replica()
+            replica = await next_replica()
             stack = AsyncExitStack()
             replica.in_flight += 1
             stack.callback(_decrement, replica)
