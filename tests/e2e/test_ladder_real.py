@@ -1,0 +1,292 @@
+"""The degradation ladder under REAL load: the demo vLLM engines, the gateway as a separate process, and
+long streaming requests sent straight to the flagship engine until its KV cache fills up.
+
+The demo models are tiny (2 KiB of KV cache per token) and vLLM's CPU KV space is set in whole GiB, so with
+defaults the cache never fills. The flagship engine therefore gets a cache of 64 blocks of 32 tokens
+(`--block-size 32 --num-gpu-blocks-override 64`: 2048 tokens, two max-length requests): ten concurrent
+requests of ~200 prompt + 600 generated tokens keep `vllm:kv_cache_usage_perc` between ~0.6 and 1.0 (vLLM
+preempts and recomputes when it is full) and it falls to 0 as soon as they are cancelled.
+
+The ladder watches the flagship's `kv_cache_usage`: a `truncate_context` step and a `fallback_pool` step to
+micro. The fallback remaps the flagship pool for every request, pinned ones included (`policies.decide`:
+the ladder's remap comes after the pinned pool is chosen), so a request pinned to `flagship` shows it.
+
+Slow (engine start-up is minutes on 2 CPU cores): one gateway and its two engines, one test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import delete_prefix
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.engines, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
+ENGAGE_TIMEOUT_S = 120.0
+RELEASE_TIMEOUT_S = 90.0
+
+TRUNCATE, FALLBACK = "flagship-kv-truncate", "flagship-kv-fallback"
+# A KV cache the load below fills: 64 blocks x 32 tokens = 2048 tokens (the CPU backend wants blocks of 32k).
+FLAGSHIP_ARGS = ["--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64"]
+LADDER = {
+    "steps": [
+        {"name": TRUNCATE, "signal": "kv_cache_usage", "pool": "flagship", "enter_above": 0.6, "exit_below": 0.15,
+         "hold_s": 2, "action": {"type": "truncate_context", "max_tokens": 64}},
+        {"name": FALLBACK, "signal": "kv_cache_usage", "pool": "flagship", "enter_above": 0.75,
+         "exit_below": 0.15, "hold_s": 2, "action": {"type": "fallback_pool", "to_pool": "micro"}},
+    ]
+}
+LOAD_WORKERS = 10
+LOAD_PROMPT_WORDS = 50  # ~4 demo-tokenizer tokens per word: ~200 prompt tokens, + 600 generated < 1024
+LOAD_MAX_TOKENS = 600
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+         "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor")
+
+
+@dataclass
+class Gateway:
+    url: str
+    log_path: Path
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-limit:]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    prefix = f"test:ladder:{uuid.uuid4().hex[:8]}:"
+    port = free_port()
+    work = tmp_path_factory.mktemp("ladder")
+    log_path = work / "gateway.log"
+    policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+    policy["pools"]["flagship"]["engine"]["extra_args"] = FLAGSHIP_ARGS
+    policy["degradation"] = LADDER
+    policy_path = work / "policy.yaml"
+    policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    # Only pinned requests are sent: the length scorer spares loading the classifier.
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port),
+           "--redis-prefix", prefix, "--scorer", "length"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                                cwd=ROOT, start_new_session=True)
+    gw = Gateway(f"http://127.0.0.1:{port}", log_path)
+    try:
+        _wait_ready(gw, proc)
+        yield gw
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        delete_prefix(prefix)
+
+
+def _wait_ready(gw: Gateway, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"gateway exited early ({proc.returncode}):\n{gw.log_tail()}")
+        try:
+            if httpx.get(gw.url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    pytest.fail(f"gateway not ready in {READY_TIMEOUT_S} s:\n{gw.log_tail()}")
+
+
+_GAUGE = re.compile(r"^(cascade_replica_kv_cache_usage|cascade_degradation_active)\{([^}]*)\}\s+(\S+)$", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # seconds since the load started
+    kv: float  # the flagship's KV-cache use as the gateway scraped it
+    active: frozenset[str]  # ladder steps whose cascade_degradation_active gauge is 1
+
+
+def _scrape(url: str) -> tuple[dict[str, float], frozenset[str]]:
+    """Flagship KV use per replica URL, and the active ladder steps, from the gateway's /metrics."""
+    kv: dict[str, float] = {}
+    active: set[str] = set()
+    for name, labels, value in _GAUGE.findall(httpx.get(url + "/metrics", timeout=10).text):
+        tags = dict(_LABEL.findall(labels))
+        if name == "cascade_replica_kv_cache_usage" and tags.get("pool") == "flagship":
+            kv[tags["replica"]] = float(value)
+        elif name == "cascade_degradation_active" and float(value) == 1.0:
+            active.add(tags["step"])
+    return kv, frozenset(active)
+
+
+@dataclass
+class Load:
+    """Workers streaming long completions straight at one engine, each starting a new one when its last
+    ends, until `stop` (which drops the connections: vLLM aborts the requests and frees their blocks)."""
+
+    engine_url: str
+    workers: int = LOAD_WORKERS
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+    started: int = 0
+    failures: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        for i in range(self.workers):
+            thread = threading.Thread(target=self._work, args=(i,), name=f"kv-load-{i}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+    def _work(self, worker: int) -> None:
+        rnd = random.Random(worker)
+        with httpx.Client(timeout=httpx.Timeout(60, connect=10)) as client:
+            while not self.stop_event.is_set():
+                # distinct prompts: vLLM's prefix cache must not share their blocks
+                prompt = f"{rnd.random()} " + " ".join(rnd.choice(WORDS) for _ in range(LOAD_PROMPT_WORDS))
+                body = {"model": "flagship", "messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": LOAD_MAX_TOKENS, "ignore_eos": True, "stream": True}
+                with self.lock:
+                    self.started += 1
+                try:
+                    with client.stream("POST", self.engine_url + "/v1/chat/completions", json=body) as resp:
+                        if resp.status_code != 200:
+                            self._failed(f"HTTP {resp.status_code}: {resp.read()[:300]!r}")
+                            continue
+                        for _ in resp.iter_lines():
+                            if self.stop_event.is_set():
+                                break
+                except httpx.HTTPError as exc:
+                    if not self.stop_event.is_set():
+                        self._failed(repr(exc))
+
+    def _failed(self, what: str) -> None:
+        with self.lock:
+            self.failures.append(what)
+        time.sleep(1)  # never spin on a refusing engine
+
+
+class Watch:
+    """Samples the gateway's view (flagship KV use, active steps) while waiting for a condition."""
+
+    def __init__(self, gw: Gateway, replica: str) -> None:
+        self.gw, self.replica = gw, replica
+        self.t0 = time.monotonic()
+        self.samples: list[Sample] = []
+
+    def sample(self) -> Sample:
+        kv, active = _scrape(self.gw.url)
+        s = Sample(round(time.monotonic() - self.t0, 1), kv.get(self.replica, float("nan")), active)
+        self.samples.append(s)
+        return s
+
+    def until(self, what: str, check: Callable[[Sample], bool], timeout: float, load: Load | None = None) -> Sample:
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.sample()
+            if check(s):
+                return s
+            if time.monotonic() > deadline:
+                pytest.fail(self.report(f"{what}: not reached in {timeout:.0f} s", load))
+            time.sleep(0.5)
+
+    def curve(self) -> str:
+        return " ".join(f"{s.t:.1f}s:{s.kv:.2f}{'*' * len(s.active)}" for s in self.samples)
+
+    def report(self, headline: str, load: Load | None = None) -> str:
+        load_info = "" if load is None else f"\nload: {load.started} requests, failures: {load.failures[-5:]}"
+        return (f"{headline}\nKV curve (t: use, * per active step): {self.curve()}{load_info}\n"
+                f"gateway log tail:\n{self.gw.log_tail()}")
+
+
+def _chat(gw: Gateway, messages: list[dict[str, str]]) -> httpx.Response:
+    body: dict[str, Any] = {"model": "flagship", "messages": messages, "max_tokens": 8}
+    resp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, f"{resp.status_code} {resp.text}\n{gw.log_tail()}"
+    return resp
+
+
+def _conversation(turns: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": "You are terse."}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Question {i}: " + "tell me more about lighthouses " * 4})
+        messages.append({"role": "assistant", "content": f"Answer {i}: " + "they guide ships at night " * 4})
+    messages.append({"role": "user", "content": "And the last one?"})
+    return messages
+
+
+def test_kv_pressure_engages_truncation_and_fallback_then_recedes(gateway: Gateway) -> None:
+    hello = [{"role": "user", "content": "hello there"}]
+    kv, active = _scrape(gateway.url)
+    assert len(kv) == 1, f"expected one flagship replica in the gateway's /metrics, got {kv}"
+    engine_url = next(iter(kv))
+    assert not active, f"ladder steps active before any load: {active}"
+
+    # (a) unloaded: a request pinned to the flagship is served there, undegraded
+    r = _chat(gateway, hello)
+    assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("flagship", "pinned")
+    assert "x-cascade-degraded" not in r.headers and r.json()["model"] == "flagship"
+
+    # (b) fill the flagship's KV cache with real requests straight at its engine
+    watch = Watch(gateway, engine_url)
+    load = Load(engine_url)
+    try:
+        load.start()
+        engaged = watch.until("both ladder steps engaged", lambda s: s.active >= {TRUNCATE, FALLBACK},
+                              ENGAGE_TIMEOUT_S, load)
+        # (c) degraded: the pinned flagship request goes to micro, long conversations are cut
+        r = _chat(gateway, hello)
+        steps = set(r.headers.get("x-cascade-degraded", "").split(","))
+        assert steps == {TRUNCATE, FALLBACK}, watch.report(f"x-cascade-degraded: {steps}", load)
+        assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", f"ladder:{FALLBACK}")
+        assert r.json()["model"] == "micro"
+        r = _chat(gateway, _conversation(turns=3))
+        assert r.headers["x-cascade-pool"] == "micro"
+        assert int(r.headers.get("x-cascade-truncated", "0")) > 0, watch.report(f"not truncated: {r.headers}", load)
+        cut_tokens = r.json()["usage"]["prompt_tokens"]
+        peak_loaded = max(s.kv for s in watch.samples)
+        assert not load.failures, f"load requests failed: {load.failures[:5]}"
+    finally:
+        stopped_at = round(time.monotonic() - watch.t0, 1)
+        load.stop()
+
+    # (d) the load is gone: the steps release, the flagship serves again
+    released = watch.until("both ladder steps released", lambda s: not s.active, RELEASE_TIMEOUT_S)
+    r = _chat(gateway, hello)
+    assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("flagship", "pinned"), r.headers
+    assert "x-cascade-degraded" not in r.headers
+    r = _chat(gateway, _conversation(turns=3))
+    assert "x-cascade-truncated" not in r.headers and r.headers["x-cascade-pool"] == "flagship"
+    full_tokens = r.json()["usage"]["prompt_tokens"]
+    assert cut_tokens < full_tokens / 2, f"truncated prompt {cut_tokens} tokens vs {full_tokens} in full"
+
+    print(f"\nflagship KV under load: peak {peak_loaded:.2f}, both steps engaged {engaged.t:.1f} s after the load "
+          f"started, load stopped at {stopped_at:.1f} s, released {released.t - stopped_at:.1f} s later "
+          f"({load.started} load requests); prompt {full_tokens} tokens, {cut_tokens} truncated\n"
+          f"KV curve (t: use, * per active step): {watch.curve()}")
