@@ -33,7 +33,7 @@ from gateway.metrics import CONTENT_TYPE
 from gateway.policy_watch import PolicyWatcher
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import Settings
-from policies.decide import AUTO_MODEL
+from policies.decide import AUTO_MODEL, rule_models
 from policies.loader import PolicyError
 
 __all__ = ["create_app"]
@@ -59,7 +59,7 @@ def _runtime(request: Request) -> Runtime:
 
 async def list_models(request: Request) -> Response:
     loaded = _runtime(request).policies.current
-    names = [AUTO_MODEL, *loaded.policy.pools, *loaded.policy.aliases]
+    names = [AUTO_MODEL, *loaded.policy.pools, *loaded.policy.aliases, *rule_models(loaded.policy)]
     now = int(time.time())
     data = [{"id": n, "object": "model", "created": now, "owned_by": "cascade"} for n in names]
     return _json({"object": "list", "data": data})

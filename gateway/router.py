@@ -20,8 +20,9 @@ from policies.decide import (
     RouteContext,
     RouteDecision,
     decide,
+    known_model,
     needs_score,
-    pinned_pool,
+    rule_models,
     served_model,
 )
 from policies.ladder import LadderState
@@ -57,8 +58,8 @@ class RequestRouter:
     ) -> RouteDecision:
         """Raises ModelNotFound (404), PermissionDenied (403), TooManyRequests (429, shed by the ladder)."""
         policy = loaded.policy
-        if request.model != AUTO_MODEL and pinned_pool(policy, request.model) is None:
-            names = sorted({AUTO_MODEL, *policy.pools, *policy.aliases})
+        if not known_model(policy, request.model):
+            names = sorted({AUTO_MODEL, *policy.pools, *policy.aliases, *rule_models(policy)})
             raise ModelNotFound(f"model {request.model!r} is not served here; use one of {names}", param="model")
         tenant_spec = policy.tenants.get(tenant)
         retry = ladder.shed_retry_after(tenant_spec.priority if tenant_spec else 0)

@@ -83,11 +83,34 @@ def rule_trace(policy: Policy, ctx: RouteContext, score: float | None) -> list[t
     return trace
 
 
+def rule_models(policy: Policy) -> list[str]:
+    """Model names that only rules route (listed in some rule's `match.models`, not a pool or alias)."""
+    names = {m for r in policy.routing.rules for m in (r.match.models or ())}
+    return sorted(n for n in names if n != AUTO_MODEL and pinned_pool(policy, n) is None)
+
+
+def known_model(policy: Policy, name: str) -> bool:
+    """Whether `name` may be requested: "auto", a pool, an alias, a served model name, or a rule's model."""
+    return name == AUTO_MODEL or pinned_pool(policy, name) is not None or name in rule_models(policy)
+
+
+def _model_rule(policy: Policy, ctx: RouteContext, score: float | None, check_score: bool = True) -> Rule | None:
+    """For a named model: the first rule that lists it in `match.models` and matches. Such rules come
+    before pinning, so ops can re-route an alias (or a name no pool serves) without touching clients."""
+    for rule in policy.routing.rules:
+        listed = ctx.requested_model in (rule.match.models or ())
+        if listed and rule.match.why_not(ctx, score, check_score=check_score) is None:
+            return rule
+    return None
+
+
 def needs_score(policy: Policy, ctx: RouteContext) -> bool:
     """Whether deciding this request needs the classifier: an `auto` request that reaches a rule with a
-    score range, a threshold rule, or no rule. Pinned models and `pool` rules before those do not."""
+    score range, a threshold rule, or no rule; a named model whose model rule needs one. Pinned models
+    and `pool` rules before those do not."""
     if ctx.requested_model != AUTO_MODEL:
-        return False
+        rule = _model_rule(policy, ctx, None, check_score=False)
+        return rule is not None and (rule.match.has_score_range or rule.pool is None)
     for rule in policy.routing.rules:
         if rule.match.why_not(ctx, None, check_score=False) is not None:
             continue
@@ -124,6 +147,11 @@ def _by_score(policy: Policy, ctx: RouteContext, rule: Rule | None, score: float
 
 
 def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState) -> tuple[str, str, str]:
+    model_rule = _model_rule(policy, ctx, score) if ctx.requested_model != AUTO_MODEL else None
+    if model_rule is not None:
+        if model_rule.pool is not None:
+            return model_rule.pool, model_rule.name, f"rule {model_rule.name!r} sends to {model_rule.pool!r}"
+        return _by_score(policy, ctx, model_rule, score, ladder)
     if ctx.requested_model != AUTO_MODEL:
         pool = pinned_pool(policy, ctx.requested_model)
         assert pool is not None, "caller must reject unknown models first"
