@@ -12,10 +12,10 @@ and body. `EngineStreamBroken` means a stream that had started broke off.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeAlias
 
 import aiohttp
 import httpx
@@ -31,6 +31,9 @@ __all__ = [
     "Timeouts",
     "make_engine_client",
 ]
+
+
+Headers: TypeAlias = Mapping[str, str]
 
 
 class EngineError(Exception):
@@ -65,9 +68,11 @@ class Timeouts:
 class EngineClient(Protocol):
     """What the gateway needs from an engine connection pool. The owner calls `aclose()`."""
 
-    async def post_json(self, base_url: str, path: str, body: bytes) -> bytes: ...
+    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes: ...
 
-    def stream(self, base_url: str, path: str, body: bytes) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+    def stream(
+        self, base_url: str, path: str, body: bytes, headers: Headers | None = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """Open a streaming POST; yields the chunk iterator once the engine sent 2xx headers. Leaving the
         context early drops the connection, which makes vLLM abort the request and free its KV cache."""
         ...
@@ -78,6 +83,10 @@ class EngineClient(Protocol):
 
 
 _JSON = {"content-type": "application/json"}
+
+
+def _with_json(headers: Headers | None) -> Headers:
+    return _JSON if not headers else {**_JSON, **headers}
 _AIO_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
@@ -99,9 +108,9 @@ class AiohttpEngineClient:
             )
         return self._session
 
-    async def post_json(self, base_url: str, path: str, body: bytes) -> bytes:
+    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes:
         try:
-            async with self._s().post(base_url + path, data=body, headers=_JSON) as resp:
+            async with self._s().post(base_url + path, data=body, headers=_with_json(headers)) as resp:
                 data = await resp.read()
         except _AIO_ERRORS as exc:
             raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
@@ -110,9 +119,11 @@ class AiohttpEngineClient:
         return data
 
     @asynccontextmanager
-    async def stream(self, base_url: str, path: str, body: bytes) -> AsyncIterator[AsyncIterator[bytes]]:
+    async def stream(
+        self, base_url: str, path: str, body: bytes, headers: Headers | None = None
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
         try:
-            resp = await self._s().post(base_url + path, data=body, headers=_JSON)
+            resp = await self._s().post(base_url + path, data=body, headers=_with_json(headers))
         except _AIO_ERRORS as exc:
             raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
         try:
@@ -157,9 +168,9 @@ class HttpxEngineClient:
         timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect, pool=timeouts.connect)
         self._http = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
 
-    async def post_json(self, base_url: str, path: str, body: bytes) -> bytes:
+    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes:
         try:
-            resp = await self._http.post(base_url + path, content=body, headers=_JSON)
+            resp = await self._http.post(base_url + path, content=body, headers=_with_json(headers))
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 400:
@@ -167,8 +178,10 @@ class HttpxEngineClient:
         return resp.content
 
     @asynccontextmanager
-    async def stream(self, base_url: str, path: str, body: bytes) -> AsyncIterator[AsyncIterator[bytes]]:
-        request = self._http.build_request("POST", base_url + path, content=body, headers=_JSON)
+    async def stream(
+        self, base_url: str, path: str, body: bytes, headers: Headers | None = None
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        request = self._http.build_request("POST", base_url + path, content=body, headers=_with_json(headers))
         try:
             resp = await self._http.send(request, stream=True)
         except httpx.TransportError as exc:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backends.engine_client import EngineClient, EngineUnavailable
@@ -76,8 +76,11 @@ class Pool:
         client: EngineClient,
         probe_interval_s: float = 1.0,
         health_path: str = "/health",
+        headers: Mapping[str, str] | None = None,
     ) -> None:
+        """`headers` go with every request to this pool's replicas (e.g. a remote API key)."""
         self.name = name
+        self.headers: Mapping[str, str] = headers or {}
         self.replicas = [Replica(url=u.rstrip("/")) for u in urls]
         self._client = client
         self._interval = probe_interval_s

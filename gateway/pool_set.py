@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -53,8 +54,21 @@ class PoolSet:
             return []  # filled in once the supervisor has them up
         return [f"http://127.0.0.1:{spec.engine.base_port + i}" for i in range(spec.engine.replicas)]
 
+    @staticmethod
+    def _headers(name: str, spec: LocalPool | RemotePool) -> dict[str, str]:
+        """A remote pool's API key, read from the environment variable the policy names (never stored)."""
+        if isinstance(spec, LocalPool) or spec.api_key_env is None:
+            return {}
+        key = os.environ.get(spec.api_key_env)
+        if not key:
+            log.warning("pool %s: environment variable %s is not set; calling it without an API key",
+                        name, spec.api_key_env)
+            return {}
+        return {"authorization": f"Bearer {key}"}
+
     async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
-        pool = Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s)
+        pool = Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s,
+                    headers=self._headers(name, spec))
         await pool.probe_once()
         pool.start()
         self.pools[name], self.specs[name] = pool, spec

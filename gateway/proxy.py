@@ -83,7 +83,7 @@ class Proxy:
             replica = await next_replica()
             replica.in_flight += 1
             try:
-                return replica, await self._client.post_json(replica.url, _CHAT, body)
+                return replica, await self._client.post_json(replica.url, _CHAT, body, pool.headers)
             except EngineUnavailable as exc:
                 pool.mark_failed(replica, str(exc))
             except EngineHTTPError as exc:
@@ -103,7 +103,7 @@ class Proxy:
             replica.in_flight += 1
             stack.callback(_decrement, replica)
             try:
-                chunks = await stack.enter_async_context(self._client.stream(replica.url, _CHAT, body))
+                chunks = await stack.enter_async_context(self._client.stream(replica.url, _CHAT, body, pool.headers))
                 first = await anext(aiter(chunks), b"")
                 return OpenStream(replica, first, chunks, stack)
             except (EngineUnavailable, EngineStreamBroken) as exc:

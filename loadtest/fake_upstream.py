@@ -39,6 +39,7 @@ class FakeUpstream:
         self.running = 0
         self.kv_cache_usage = 0.0  # what /metrics reports; tests raise it to drive the degradation ladder
         self.waiting = 0.0
+        self.last_authorization: str | None = None  # the Authorization header of the last chat request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -55,6 +56,8 @@ class FakeUpstream:
         if path == "/tokenize":
             return await self._tokenize(send, body)
         if path == "/v1/chat/completions":
+            auth = dict(scope["headers"]).get(b"authorization")
+            self.last_authorization = auth.decode() if auth else None
             return await self._chat(send, receive, body)
         await self._reply(send, 404, b'{"error":{"message":"not found","type":"not_found"}}')
 

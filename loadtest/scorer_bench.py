@@ -9,6 +9,7 @@ hide its queueing delay (no coordinated omission). Prompts are made unique by de
 sets how many arrivals reuse a recent prompt and may hit the cache).
 
     python -m loadtest.scorer_bench --rates 100,200,250 --duration 10 --threads 2
+    python -m loadtest.scorer_bench --artifacts OLD.json,NEW.json --repeats 3   # side by side, interleaved
 """
 
 from __future__ import annotations
@@ -93,23 +94,28 @@ async def offer_load(score_one: ScoreOne, prompts: Iterator[str], rate: float, d
                   lat[min(len(lat) - 1, int(0.99 * len(lat)))], errors[0], cpu_ms)
 
 
-def _in_process(args: argparse.Namespace) -> tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]:
+Scorer = tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]
+
+
+def _in_process(args: argparse.Namespace, artifact: str | None, threads: int) -> Scorer:
     from router_models.serving import BatchingConfig, load_scorer
 
-    scorer = load_scorer(config=BatchingConfig(max_wait_ms=args.max_wait_ms, max_batch=args.max_batch),
-                         torch_threads=args.threads)
+    scorer = load_scorer(artifact, BatchingConfig(max_wait_ms=args.max_wait_ms, max_batch=args.max_batch),
+                         torch_threads=threads)
 
     async def score_one(text: str) -> float:
         return (await scorer.score([text]))[0]
 
     def stats() -> str:
         sizes = scorer.batch_sizes or [0]
-        return f"batches={len(sizes)} mean_batch={statistics.mean(sizes):.1f} max_batch={max(sizes)}"
+        line = f"batches={len(sizes)} mean_batch={statistics.mean(sizes):.1f} max_batch={max(sizes)}"
+        scorer.batch_sizes.clear()
+        return line
 
     return score_one, scorer.aclose, stats
 
 
-def _via_gateway(args: argparse.Namespace) -> tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]:
+def _via_gateway(args: argparse.Namespace, artifact: str | None, threads: int) -> Scorer:
     import aiohttp
 
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
@@ -127,20 +133,48 @@ def _via_gateway(args: argparse.Namespace) -> tuple[ScoreOne, Callable[[], Await
     return score_one, session.close, lambda: "via gateway"
 
 
+def _label(artifact: str | None) -> str:
+    from router_models.artifact import load_artifact
+
+    return load_artifact(artifact).embedder if artifact else "shipped:" + load_artifact().embedder
+
+
+def _med(results: list[Result], key: str) -> str:
+    vals = sorted(float(getattr(r, key)) for r in results)
+    return f"{statistics.median(vals):7.1f} ({vals[0]:.1f}-{vals[-1]:.1f})"
+
+
+def _summary(rows: dict[tuple[str, float], list[Result]]) -> None:
+    print("\nmedian over repeats (min-max):")
+    for (label, rate), res in rows.items():
+        print(f"{label:38} offered {rate:5.0f}: scored/s {_med(res, 'throughput')}  p50 ms {_med(res, 'p50_ms')}  "
+              f"p99 ms {_med(res, 'p99_ms')}  CPU ms/req {_med(res, 'cpu_ms')}")
+
+
 async def _run(args: argparse.Namespace) -> None:
-    score_one, close, stats = (_via_gateway if args.gateway_url else _in_process)(args)
-    prompts = realistic_prompts(args.seed)
+    artifacts: list[str | None] = list(args.artifacts.split(",")) if args.artifacts else [None]
+    make = _via_gateway if args.gateway_url else _in_process
+    threads = [int(t) for t in args.threads.split(",")]
+    scorers = [(f"{_label(a)}@t{t}" if not args.gateway_url else "gateway", make(args, a, t))
+               for a, t in itertools.product(artifacts, threads)]
+    prompts = {label: realistic_prompts(args.seed) for label, _ in scorers}  # every scorer sees the same prompts
+    rows: dict[tuple[str, float], list[Result]] = {}
     try:
-        await offer_load(score_one, prompts, 20, 1.0, 0.0, args.seed)  # warm-up
-        for k, rate in enumerate(float(r) for r in args.rates.split(",")):
-            res = await offer_load(score_one, prompts, rate, args.duration,
-                                   args.repeat_share, args.seed + k)
-            print(f"offered {res.offered:6.0f} req/s -> {res.throughput:6.1f} scored/s, "
-                  f"p50 {res.p50_ms:6.1f} ms, p99 {res.p99_ms:7.1f} ms, errors {res.errors}, "
-                  f"process CPU {res.cpu_ms:.1f} ms/req ({stats()})",
-                  flush=True)
+        for label, (score_one, _, _) in scorers:
+            await offer_load(score_one, prompts[label], 20, 1.0, 0.0, args.seed)  # warm-up
+        rates = [float(r) for r in args.rates.split(",")]
+        for rep, (k, rate) in itertools.product(range(args.repeats), enumerate(rates)):
+            for label, (score_one, _, stats) in scorers:
+                res = await offer_load(score_one, prompts[label], rate, args.duration, args.repeat_share,
+                                       args.seed + 100 * rep + k)
+                rows.setdefault((label, rate), []).append(res)
+                print(f"[{rep}] {label}: offered {res.offered:4.0f} req/s -> {res.throughput:6.1f} scored/s, "
+                      f"p50 {res.p50_ms:6.1f} ms, p99 {res.p99_ms:7.1f} ms, errors {res.errors}, "
+                      f"process CPU {res.cpu_ms:.1f} ms/req ({stats()}) load {os.getloadavg()[0]:.2f}", flush=True)
     finally:
-        await close()
+        for _, (_, close, _) in scorers:
+            await close()
+    _summary(rows)
 
 
 def main() -> None:
@@ -148,7 +182,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="100,200,250", help="comma-separated offered rates, req/s")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads of the embedder")
+    p.add_argument("--threads", default="2", help="intra-op threads of the embedder (torch or ONNX); a comma "
+                   "list compares ONNX sessions side by side (torch's thread count is process-wide: last wins)")
+    p.add_argument("--artifacts", default=None,
+                   help="comma-separated artifact .json paths, benchmarked side by side (default: the shipped one)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds; each round runs every rate on every scorer")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="micro-batch collection window")
     p.add_argument("--max-batch", type=int, default=32, help="largest micro-batch")
     p.add_argument("--repeat-share", type=float, default=0.0, help="share of arrivals reusing a recent prompt")

@@ -145,3 +145,36 @@ def test_raise_threshold_sends_borderline_requests_to_micro(raising: str, upstre
     upstreams[2].kv_cache_usage = 0.9
     _until(lambda: _post(raising, messages=long_prompt).headers["x-cascade-pool"] == "micro")
     assert _post(raising, messages=long_prompt).headers["x-cascade-rule"] == "ladder:raise"
+
+
+@pytest.fixture
+def overflowing(tmp_path: Path, upstreams: Upstreams, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("CASCADE_TEST_CLOUD_KEY", "sk-cloud-123")
+    cloud = f"""  cloud:
+    type: remote
+    urls: ["{upstreams[3]}"]
+    model: cloud-model
+    api_key_env: CASCADE_TEST_CLOUD_KEY
+    price: {{input_per_mtok: "5.00", output_per_mtok: "20.00"}}
+"""
+    _, micro_url, _, flagship_url = upstreams
+    path = tmp_path / "policy.yaml"
+    text = policy_yaml(micro_url, flagship_url).replace("pools:\n", "pools:\n" + cloud, 1)
+    step = STEP.format(name="burst", signal="queue_depth", enter=5, exit=1, action="{type: overflow, to_pool: cloud}")
+    path.write_text(text + "degradation:\n  steps:\n" + step)
+    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp_path,
+                        probe_interval_s=0.1)
+    with serve(create_app(settings)) as url:
+        yield url
+
+
+def test_overflow_bursts_to_the_remote_pool_and_back(overflowing: str, upstreams: Upstreams) -> None:
+    long_prompt = [{"role": "user", "content": "explain " * 150}]
+    assert _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "flagship"
+    upstreams[2].waiting = 10
+    _until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "cloud")
+    r = _post(overflowing, messages=long_prompt)
+    assert r.headers["x-cascade-rule"] == "ladder:burst" and r.json()["model"] == "cloud-model"
+    assert upstreams[2].last_authorization == "Bearer sk-cloud-123"  # the remote pool's key, from its env var
+    upstreams[2].waiting = 0
+    _until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "flagship")
