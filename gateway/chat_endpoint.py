@@ -85,8 +85,9 @@ class ChatEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self._runtime()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        given = headers.get("x-request-id", "")
-        request_id = given if _REQUEST_ID.match(given) else os.urandom(16).hex()
+        # Always our own id: it is the ledger's idempotency key, so a client must not be able to choose it
+        # (reusing one would make every later request free). The client's id is echoed for tracing.
+        request_id = "req_" + os.urandom(12).hex()
         tenant = "unknown"
         try:
             tenant = tenant_for(runtime.policies.current.policy, headers.get("authorization"))
@@ -101,6 +102,9 @@ class ChatEndpoint:
             body = error_body("internal gateway error; see the gateway log", "internal_error")
             return await _send(send, 500, body, {"x-request-id": request_id})
         out = {**route_headers(request_id, reply.decision), **reply.headers}
+        given = headers.get("x-request-id", "")
+        if _REQUEST_ID.match(given):
+            out["x-client-request-id"] = given
         if isinstance(reply, JSONReply):
             return await _send(send, 200, reply.body, out)
         await SSEResponse(reply.relay.body(), out)(scope, receive, send)

@@ -241,3 +241,15 @@ def test_failover_to_the_other_tier_when_the_policy_allows(tmp_path: Path, upstr
         assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "failover")
         pinned = httpx.post(url + "/v1/chat/completions", json={**hard, "model": "flagship"})
         assert pinned.status_code == 503  # a pinned model is never swapped
+
+
+def test_client_request_ids_cannot_make_requests_free(gateway: tuple[str, Any]) -> None:
+    url, app = gateway
+    body = {"model": "micro", "messages": [{"role": "user", "content": "x"}]}
+    ids = set()
+    for _ in range(3):
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-request-id": "same-id"})
+        assert r.headers["x-client-request-id"] == "same-id"
+        ids.add(r.headers["x-request-id"])
+    assert len(ids) == 3 and "same-id" not in ids
+    _wait_records(_ledger(app), 3)  # three records: each request is charged
