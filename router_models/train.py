@@ -73,7 +73,8 @@ def embed_cached(embedder: Embedder, texts: Sequence[str], cache_dir: Path = CAC
     from tqdm import tqdm
 
     keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
-    path = cache_dir / f"{embedder.name.replace(':', '_')}.npz"
+    tag = getattr(embedder, "cache_tag", "")  # e.g. the ONNX graph's hash: a re-export must not reuse vectors
+    path = cache_dir / f"{embedder.name.replace(':', '_')}{'_' + tag if tag else ''}.npz"
     cache: dict[str, FloatArray] = {}
     if path.exists():
         with np.load(path, allow_pickle=False) as npz:

