@@ -35,6 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
         policy_path=Path(args.policy), scorer=args.scorer, start_engines=not args.no_engines,
         ledger=args.ledger, transport=args.transport, redis_prefix=args.redis_prefix,
         request_log=Path(args.request_log) if args.request_log else None,
+        ledger_retention_days=args.ledger_retention_days,
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=30,
@@ -77,6 +78,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--ledger", choices=["redis", "memory"], default="redis",
                    help="where cost records go (memory: for experiments only, nothing is kept)")
     p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis")
+    p.add_argument("--ledger-retention-days", type=int, default=35,
+                   help="keep per-request cost records this long (rollups are kept for good)")
     p.add_argument("--transport", choices=["aiohttp", "httpx"], default="aiohttp",
                    help="upstream HTTP transport under the httpx API (see BENCHMARKS.md)")
     p.add_argument("--request-log", metavar="FILE",

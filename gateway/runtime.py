@@ -103,7 +103,8 @@ async def _make_ledger(settings: Settings) -> Ledger:
         return MemoryLedger()
     from gateway.ledger import RedisLedger
 
-    ledger = RedisLedger(settings.redis_url, settings.outbox_dir, key_prefix=settings.redis_prefix)
+    ledger = RedisLedger(settings.redis_url, settings.outbox_dir, key_prefix=settings.redis_prefix,
+                         retention_days=settings.ledger_retention_days)
     await ledger.start()
     return ledger
 

@@ -23,6 +23,7 @@ class Settings:
     scorer: Literal["classifier", "length", "none"] = "classifier"
     start_engines: bool = True
     ledger: Literal["redis", "memory"] = "redis"
+    ledger_retention_days: int = 35  # per-request records and idempotency keys; rollups are kept
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = 1 << 20
     max_messages: int = 1024
