@@ -22,7 +22,7 @@ import redis
 
 from gateway.settings import default_home
 
-__all__ = ["SAMPLE_PROMPTS", "add_arguments", "ensure_redis", "run_demo"]
+__all__ = ["SAMPLE_PROMPTS", "add_arguments", "ensure_redis", "run_demo", "stop_process_group"]
 
 SAMPLE_PROMPTS: tuple[tuple[str, bool], ...] = (
     ("Hi! How are you today?", False),
@@ -136,11 +136,13 @@ def _send_prompts(base: str, max_tokens: int) -> None:
     print("* streaming: time to the first token; non-streaming: time to the whole answer")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 90.0) -> None:
+    """Stop a process started with `start_new_session=True` and everything it spawned (engines): SIGTERM
+    to the group, SIGKILL after `grace_s`."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -171,7 +173,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     finally:
         print("stopping the gateway and its engines", flush=True)
-        _stop(proc)
+        stop_process_group(proc)
 
 
 def _print_costs(redis_url: str) -> int:

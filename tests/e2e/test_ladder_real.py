@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ import httpx
 import pytest
 import yaml
 
+from gateway.demo import stop_process_group
 from tests.conftest import delete_prefix
 from tests.servers import free_port
 
@@ -93,12 +93,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         _wait_ready(gw, proc)
         yield gw
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         delete_prefix(prefix)
 
 

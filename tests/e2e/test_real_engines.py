@@ -7,7 +7,6 @@ Slow (engine start-up is minutes on 2 CPU cores): one gateway, started once for 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import openai
 import pytest
 import redis
 
+from gateway.demo import stop_process_group
+from tests.conftest import delete_prefix
 from tests.servers import free_port
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
@@ -52,15 +53,8 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         _wait_ready(base, proc, log_path)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        client = redis.Redis()
-        for key in client.scan_iter(match=prefix + "*"):
-            client.delete(key)
+        stop_process_group(proc)
+        delete_prefix(prefix)
 
 
 def _wait_ready(base: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
