@@ -11,19 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
-from loadtest.overhead_bench import (
-    LITELLM_RPS,
-    build_parser,
-    chat_body,
-    lua_script,
-    parse_latency_ms,
-    parse_wrk,
-    summarise_nonstream,
-    summarise_stream,
-    top_frames,
-    verdicts,
-)
+from loadtest.bench_report import LITELLM_RPS, summarise_nonstream, summarise_stream, top_frames, verdicts
+from loadtest.overhead_bench import build_parser
 from loadtest.stream_client import StreamSample, percentile, scan_sse_line, stream_body
+from loadtest.wrk import chat_body, lua_script, parse_latency_ms, parse_wrk
 
 WRK_OUT = """Running 5s test @ http://127.0.0.1:9001/v1/chat/completions
   1 threads and 16 connections

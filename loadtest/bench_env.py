@@ -1,0 +1,210 @@
+"""Processes of the overhead benchmark: free ports, starting and stopping process groups, readiness polling,
+the gateway in front of an upstream, and cleaning the benchmark's Redis keys."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+__all__ = [
+    "Env",
+    "Procs",
+    "cleanup_redis",
+    "cpu_seconds",
+    "free_port",
+    "gateway_command",
+    "http_get",
+    "policy_text",
+    "post_json",
+    "start_gateway",
+    "wait_ready",
+]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (Linux /proc); 0.0 where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Procs:
+    """The processes this benchmark started. Each runs in its own session; `stop_all` ends the groups."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with (self._log_dir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **(env or {})}, start_new_session=True)
+        self._procs[name] = proc
+        return proc
+
+    def log_tail(self, name: str, limit: int = 3000) -> str:
+        path = self._log_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-limit:] if path.exists() else ""
+
+    def stop(self, name: str, grace_s: float = 15.0) -> None:
+        proc = self._procs.pop(name, None)
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group, if any
+        proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self._procs):
+            self.stop(name)
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str, tail: Callable[[], str]) -> None:
+    """Poll `url` until it answers 200; raise with the log tail if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}:\n{tail()}")
+        with contextlib.suppress(OSError):
+            if http_get(url)[0] == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready at {url} after {timeout_s:.0f} s:\n{tail()}")
+
+
+def post_json(url: str, body: bytes, timeout_s: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return int(resp.status), dict(resp.headers.items()), bytes(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers.items()), exc.read()
+
+
+# ------------------------------------------------------------------------------------------ gateway
+
+_FALLBACK_SERVE = (
+    "import sys; from pathlib import Path; import uvicorn; from gateway.app import create_app; "
+    "from gateway.logs import configure_logging; from gateway.settings import Settings; a = sys.argv[1:]; "
+    "configure_logging(a[4], json=False); "
+    "uvicorn.run(create_app(Settings(policy_path=Path(a[0]), scorer='none', start_engines=False, "
+    "transport=a[2], redis_prefix=a[3], ledger=a[5])), host='127.0.0.1', port=int(a[1]), loop='uvloop', "
+    "http='httptools', log_level='warning', access_log=False)"
+)
+
+
+def gateway_command(policy: Path, port: int, transport: str, prefix: str, log_level: str,
+                    ledger: str = "redis", launcher: str | None = None) -> tuple[list[str], str]:
+    """argv of one gateway worker; falls back to the same uvicorn call when `python -m gateway` cannot import
+    (the CLI needs `gateway.costs_cli`, which may not exist yet). `launcher` replaces `python -m gateway`
+    (A/B runs of a patched build). Returns (argv, launcher name)."""
+    serve = ["serve", "--policy", str(policy), "--port", str(port), "--scorer", "none", "--no-engines",
+             "--log-level", log_level, "--transport", transport, "--redis-prefix", prefix, "--ledger", ledger]
+    if launcher:
+        return [*shlex.split(launcher), *serve], launcher
+    if find_spec("gateway.costs_cli") is not None:
+        return [sys.executable, "-m", "gateway", *serve], "python -m gateway serve"
+    args = [str(policy), str(port), transport, prefix, log_level, ledger]
+    return [sys.executable, "-c", _FALLBACK_SERVE, *args], "uvicorn fallback (gateway.costs_cli missing)"
+
+
+def policy_text(micro_url: str, micro_model: str, flagship_url: str, flagship_model: str) -> str:
+    """Two `type: remote` pools (the format of tests/conftest.py)."""
+    return f"""version: 1
+pools:
+  micro:
+    type: remote
+    urls: ["{micro_url}"]
+    model: {micro_model}
+    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
+  flagship:
+    type: remote
+    urls: ["{flagship_url}"]
+    model: {flagship_model}
+    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
+routing:
+  micro_pool: micro
+  flagship_pool: flagship
+  threshold: 0.5
+"""
+
+
+@dataclass
+class Env:
+    """What both phases share: args, temp dir, processes, the Redis prefix, the gateway launcher used."""
+
+    args: argparse.Namespace
+    tmp: Path
+    procs: Procs
+    prefix: str
+    launcher: str = ""
+
+
+def start_gateway(env: Env, name: str, upstream_url: str, model: str, transport: str) -> tuple[str, int]:
+    """Start one gateway in front of `upstream_url`; returns (base URL, pid) once /readyz is 200."""
+    policy = env.tmp / f"{name}.yaml"
+    policy.write_text(policy_text(upstream_url, model, upstream_url, model))
+    port = free_port()
+    args = env.args
+    cmd, env.launcher = gateway_command(policy, port, transport, env.prefix, args.gateway_log_level, args.ledger,
+                                        args.gateway_cmd)
+    extra = {"CASCADE_HOME": str(env.tmp / f"{name}-home"), "CASCADE_REDIS_URL": args.redis_url}
+    proc = env.procs.start(name, cmd, extra)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/readyz", proc, args.ready_timeout, f"gateway {name}", lambda: env.procs.log_tail(name))
+    return base, proc.pid
+
+
+def cleanup_redis(url: str, prefix: str) -> int:
+    """Delete the keys under `prefix` (SCAN + DEL, that prefix only). Returns how many were deleted."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += int(client.delete(*batch))
+                batch = []
+        if batch:
+            deleted += int(client.delete(*batch))
+    finally:
+        client.close()
+    return deleted
