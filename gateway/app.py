@@ -26,7 +26,6 @@ from gateway.errors import (
     AuthenticationError,
     BadRequest,
     GatewayError,
-    TooManyRequests,
     error_body,
 )
 from gateway.metrics import CONTENT_TYPE
@@ -47,9 +46,7 @@ def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None
 
 def _error(exc: GatewayError, request_id: str | None = None) -> Response:
     headers = {"x-request-id": request_id} if request_id else {}
-    if isinstance(exc, TooManyRequests):
-        headers["retry-after"] = str(exc.retry_after_s)
-    return Response(exc.body(), exc.status, headers, media_type="application/json")
+    return Response(exc.body(), exc.status, {**headers, **exc.headers()}, media_type="application/json")
 
 
 def _runtime(request: Request) -> Runtime:

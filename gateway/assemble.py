@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
-
 from gateway.proxy import OpenStream
+from gateway.streaming import sse_json
 from gateway.usage import Usage, usage_from_json
 
 __all__ = ["assemble_stream"]
@@ -45,9 +44,7 @@ async def assemble_stream(opened: OpenStream, started: float) -> tuple[dict[str,
             ttft = time.monotonic() - started
         chunks.append(chunk)
     for event in b"".join(chunks).split(b"\n\n"):
-        line = event.strip()
-        if line.startswith(b"data: {"):
-            data = orjson.loads(line[6:])
+        for data in sse_json(event):
             _apply(data, answer, parts)
             usage = usage_from_json(data) or usage
     message = {"role": "assistant", "content": "".join(parts)}

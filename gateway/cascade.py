@@ -8,7 +8,6 @@ discarded answer.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 import orjson
 
 from gateway.proxy import OpenStream
+from gateway.streaming import sse_json
 
 __all__ = ["StreamProbe", "confidence", "logprobs_of_choice", "probe_stream"]
 
@@ -53,15 +53,12 @@ class StreamProbe:
 
 
 def _scan(event: bytes, probe: StreamProbe) -> None:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data: {"):
-            with contextlib.suppress(orjson.JSONDecodeError):
-                chunk = orjson.loads(line[6:])
-                for choice in chunk.get("choices") or ():
-                    probe.logprobs.extend(logprobs_of_choice(choice))
-                    probe.text += (choice.get("delta") or {}).get("content") or ""
-        elif line.startswith(b"data: [DONE]"):
-            probe.ended = True
+    for chunk in sse_json(event):
+        for choice in chunk.get("choices") or ():
+            probe.logprobs.extend(logprobs_of_choice(choice))
+            probe.text += (choice.get("delta") or {}).get("content") or ""
+    if b"data: [DONE]" in event:
+        probe.ended = True
 
 
 async def probe_stream(opened: OpenStream, first_tokens: int) -> StreamProbe:

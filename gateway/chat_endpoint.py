@@ -16,7 +16,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import tenant_for
-from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, TooManyRequests, error_body
+from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, error_body
 from gateway.forwarding import JSONReply, StreamReply
 from gateway.runtime import Runtime
 from gateway.schema import parse_chat_request
@@ -70,10 +70,7 @@ async def _send(send: Send, status: int, body: bytes, headers: dict[str, str]) -
 
 
 async def _send_error(send: Send, exc: GatewayError, request_id: str) -> None:
-    headers = {"x-request-id": request_id}
-    if isinstance(exc, TooManyRequests):
-        headers["retry-after"] = str(exc.retry_after_s)
-    await _send(send, exc.status, exc.body(), headers)
+    await _send(send, exc.status, exc.body(), {"x-request-id": request_id, **exc.headers()})
 
 
 class ChatEndpoint:

@@ -45,6 +45,10 @@ class GatewayError(Exception):
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.param, self.code)
 
+    def headers(self) -> dict[str, str]:
+        """Response headers this error needs besides the body (none, unless a subclass says so)."""
+        return {}
+
 
 class BadRequest(GatewayError):
     status = 400
@@ -115,6 +119,9 @@ class TooManyRequests(GatewayError):
         self.retry_after_s = max(1, retry_after_s)
         if type_ is not None:
             self.type = type_
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
 
 
 class RateLimited(TooManyRequests):

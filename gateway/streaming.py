@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -23,7 +23,7 @@ from backends.engine_client import EngineError
 from gateway.errors import error_body
 from gateway.usage import Usage, usage_from_json
 
-__all__ = ["SSEResponse", "StreamRelay"]
+__all__ = ["SSEResponse", "StreamRelay", "sse_json"]
 
 _CONTENT = b'"content":"'
 _EMPTY_CONTENT = b'"content":""'
@@ -109,13 +109,7 @@ class StreamRelay:
 
     def generated_text(self) -> str:
         """The content generated so far, from the relayed events (parsed only when needed)."""
-        parts: list[str] = []
-        for event in self._events:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data: {"):
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        parts.extend(_delta_texts(orjson.loads(line[6:])))
-        return "".join(parts)
+        return "".join(text for event in self._events for chunk in sse_json(event) for text in _delta_texts(chunk))
 
 
 def _delta_texts(chunk: dict[str, Any]) -> list[str]:
@@ -127,12 +121,17 @@ def _delta_texts(chunk: dict[str, Any]) -> list[str]:
     return texts
 
 
-def _parse_usage(event: bytes) -> Usage | None:
+def sse_json(event: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects carried by the `data:` lines of one SSE event (malformed ones are skipped)."""
     for line in event.split(b"\n"):
+        line = line.strip()
         if line.startswith(b"data: {"):
             with contextlib.suppress(orjson.JSONDecodeError):
-                return usage_from_json(orjson.loads(line[6:]))
-    return None
+                yield orjson.loads(line[6:])
+
+
+def _parse_usage(event: bytes) -> Usage | None:
+    return next((usage_from_json(chunk) for chunk in sse_json(event)), None)
 
 
 class SSEResponse:
