@@ -12,6 +12,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from gateway.errors import BadRequest
+from policies.loader import dotted_path
 
 __all__ = ["ChatMessage", "ChatRequest", "parse_chat_request"]
 
@@ -68,13 +69,6 @@ class ChatRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-def _param(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def _apply_limits(request: ChatRequest, raw: dict[str, Any], max_messages: int, max_tokens_cap: int | None) -> None:
     if len(request.messages) > max_messages:
         raise BadRequest(f"messages: {len(request.messages)} messages; the limit is {max_messages}",
@@ -104,7 +98,7 @@ def parse_chat_request(
         request = ChatRequest.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        param = _param(tuple(first["loc"]))
+        param = dotted_path(tuple(first["loc"]))
         raise BadRequest(f"{param}: {first['msg']}", param=param, code="invalid_value") from exc
     _apply_limits(request, raw, max_messages, max_tokens_cap)
     return request, raw

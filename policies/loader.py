@@ -8,7 +8,7 @@ running policy.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from policies.checks import Loc, reference_problems
 from policies.schema import Policy
 
-__all__ = ["LoadedPolicy", "PolicyError", "load_policy", "parse_policy"]
+__all__ = ["LoadedPolicy", "PolicyError", "dotted_path", "load_policy", "parse_policy"]
 
 
 class PolicyError(Exception):
@@ -40,11 +40,17 @@ class LoadedPolicy:
     source: str
 
 
-def _yaml_path(loc: Loc) -> str:
+def dotted_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a path: ("pools", "micro", "engine") -> "pools.micro.engine",
+    list indexes as [i]. Empty for the top level."""
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
+    return out
+
+
+def _yaml_path(loc: Loc) -> str:
+    return dotted_path(loc) or "(top level)"
 
 
 def _line_of(node: yaml.Node | None, loc: Loc) -> int | None:
