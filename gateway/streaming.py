@@ -28,6 +28,7 @@ __all__ = ["SSEResponse", "StreamRelay", "sse_json"]
 _CONTENT = b'"content":"'
 _EMPTY_CONTENT = b'"content":""'
 _USAGE = b'"usage":{'
+_DONE = b"data: [DONE]"
 
 
 class StreamRelay:
@@ -60,6 +61,7 @@ class StreamRelay:
         self.gaps_s: list[float] = []  # inter-token gaps between content events
         self._last_content: float | None = None
         self.completed = False
+        self._done_relayed = False  # the client has been handed `data: [DONE]`
         self.disconnected = False
         self.error: str | None = None
 
@@ -74,6 +76,8 @@ class StreamRelay:
                 self.usage = _parse_usage(event)
                 if not self._forward_usage:
                     continue
+            if event.startswith(_DONE):
+                self._done_relayed = True
             self._events.append(event)
             out.append(event)
         return b"\n\n".join(out) + b"\n\n" if out else b""
@@ -90,18 +94,25 @@ class StreamRelay:
             out = self._feed(self._first)
             if out:
                 yield out
-            async for chunk in self._chunks:
+            # Stop at `[DONE]`: the answer is whole, and waiting for the engine to close the connection
+            # would race a client that (rightly) leaves as soon as it has read `[DONE]`.
+            while not self._done_relayed:
+                chunk = await anext(self._chunks, None)
+                if chunk is None:
+                    break
                 out = self._feed(chunk)
                 if out:
                     yield out
-            if self._buffer.strip():
+            if self._buffer.strip() and not self._done_relayed:
                 yield self._buffer
             self.completed = True
         except EngineError as exc:
             self.error = f"engine stream failed: {type(exc).__name__}"
             yield b"data: " + error_body(self.error, "upstream_error", None, "engine_stream_failed") + b"\n\n"
         except (asyncio.CancelledError, GeneratorExit):
-            self.disconnected = True
+            # A client that leaves right after `[DONE]` got the whole answer: that is a completed request.
+            self.completed = self._done_relayed
+            self.disconnected = not self._done_relayed
             raise
         finally:
             await self._upstream.aclose()
