@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -30,7 +30,7 @@ async def _serve(relay: StreamRelay, leave_after_done: bool) -> list[bytes]:
     sent: list[bytes] = []
     done = asyncio.Event()
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message.get("body", b""))
         if _DONE in message.get("body", b""):
             done.set()
@@ -61,7 +61,7 @@ def test_a_client_leaving_mid_stream_is_a_disconnect() -> None:
     relay = _relay([_CHUNK], then_hang=True, finished=finished)
 
     async def run() -> None:
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             pass
 
         async def receive() -> dict[str, Any]:
