@@ -77,7 +77,7 @@ class EngineClient(Protocol):
         context early drops the connection, which makes vLLM abort the request and free its KV cache."""
         ...
 
-    async def get_text(self, url: str, timeout_s: float = 2.0) -> str: ...
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str: ...
 
     async def aclose(self) -> None: ...
 
@@ -136,9 +136,9 @@ class AiohttpEngineClient:
             else:
                 resp.close()  # cut short: drop the connection so the engine aborts the request
 
-    async def get_text(self, url: str, timeout_s: float = 2.0) -> str:
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
         try:
-            async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as resp:
                 text = await resp.text()
         except _AIO_ERRORS as exc:
             raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
@@ -193,9 +193,9 @@ class HttpxEngineClient:
         finally:
             await resp.aclose()
 
-    async def get_text(self, url: str, timeout_s: float = 2.0) -> str:
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
         try:
-            resp = await self._http.get(url, timeout=timeout_s)
+            resp = await self._http.get(url, timeout=timeout_s, headers=headers)
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
         if resp.status_code >= 400:

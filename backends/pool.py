@@ -2,7 +2,9 @@
 
 Load = the gateway's own in-flight count for the replica (exact, instant) plus what the engine itself
 reports on `/metrics` (running + waiting requests, KV-cache use), scraped every `probe_interval_s`.
-A replica that refuses connections is marked down at once and probed back to life by the loop.
+A replica that refuses connections is marked down at once and probed back to life by the loop. Each
+replica also has a circuit breaker (`backends.breaker`): `choose` skips replicas whose breaker is open
+and sends a half-open replica only its one probe request; the proxy reports each outcome to it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from backends.breaker import BreakerConfig, BreakerState, CircuitBreaker, Clock
 from backends.engine_client import EngineClient, EngineUnavailable
 
 __all__ = ["EngineLoad", "Pool", "Replica", "parse_vllm_metrics"]
@@ -59,6 +62,12 @@ class Replica:
     in_flight: int = 0
     load: EngineLoad = field(default_factory=EngineLoad)
     failures: int = 0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+
+    @property
+    def available(self) -> bool:
+        """Healthy at the last probe and its breaker lets a request through now."""
+        return self.healthy and self.breaker.available()
 
     def cost(self) -> float:
         """Lower is better. Our own in-flight count is exact; engine gauges lag by one scrape."""
@@ -77,11 +86,16 @@ class Pool:
         probe_interval_s: float = 1.0,
         health_path: str = "/health",
         headers: Mapping[str, str] | None = None,
+        breaker: BreakerConfig | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
-        """`headers` go with every request to this pool's replicas (e.g. a remote API key)."""
+        """`headers` go with every request to this pool's replicas (e.g. a remote API key); `breaker`
+        configures each replica's circuit breaker, `clock` is its time source (monotonic seconds)."""
         self.name = name
         self.headers: Mapping[str, str] = headers or {}
-        self.replicas = [Replica(url=u.rstrip("/")) for u in urls]
+        self._breaker = breaker or BreakerConfig()
+        self._clock = clock
+        self.replicas = [self._replica(u) for u in urls]
         self._client = client
         self._interval = probe_interval_s
         self._health_path = health_path
@@ -90,16 +104,24 @@ class Pool:
     def set_urls(self, urls: Iterable[str]) -> None:
         """Replace the replica set, keeping the state of replicas that stay."""
         known = {r.url: r for r in self.replicas}
-        self.replicas = [known.get(u.rstrip("/"), Replica(url=u.rstrip("/"))) for u in urls]
+        self.replicas = [known.get(u.rstrip("/")) or self._replica(u) for u in urls]
+
+    def _replica(self, url: str) -> Replica:
+        return Replica(url=url.rstrip("/"), breaker=CircuitBreaker(self._breaker, self._clock))
 
     def choose(self, exclude: frozenset[str] = frozenset()) -> Replica | None:
-        """The healthy replica with the least load, or None when none is available."""
-        candidates = [r for r in self.replicas if r.healthy and r.url not in exclude]
-        return min(candidates, key=Replica.cost, default=None)
+        """The available replica with the least load, or None. The caller now holds the replica's breaker
+        (its half-open probe slot, if it was half-open) and must report the outcome to it."""
+        candidates = [r for r in self.replicas if r.available and r.url not in exclude]
+        replica = min(candidates, key=Replica.cost, default=None)
+        if replica is not None:
+            replica.breaker.acquire()
+        return replica
 
     @property
     def ready(self) -> bool:
-        return any(r.healthy for r in self.replicas)
+        """Some replica is healthy and its breaker is not open (a half-open one counts: it can be probed)."""
+        return any(r.healthy and r.breaker.state is not BreakerState.OPEN for r in self.replicas)
 
     def mark_failed(self, replica: Replica, reason: str) -> None:
         if replica.healthy:
@@ -112,7 +134,7 @@ class Pool:
 
     async def _probe(self, replica: Replica) -> None:
         try:
-            await self._client.get_text(replica.url + self._health_path)
+            await self._client.get_text(replica.url + self._health_path, headers=self.headers or None)
         except EngineUnavailable as exc:
             if replica.healthy:
                 self.mark_failed(replica, str(exc))
@@ -121,7 +143,8 @@ class Pool:
             log.info("replica ready", extra={"pool": self.name, "replica": replica.url})
         replica.healthy = True
         with contextlib.suppress(EngineUnavailable):
-            replica.load = parse_vllm_metrics(await self._client.get_text(replica.url + "/metrics"))
+            replica.load = parse_vllm_metrics(await self._client.get_text(replica.url + "/metrics",
+                                                                          headers=self.headers or None))
 
     async def _loop(self) -> None:
         while True:

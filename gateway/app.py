@@ -29,6 +29,7 @@ from gateway.errors import (
     error_body,
 )
 from gateway.metrics import CONTENT_TYPE
+from gateway.openapi import build_openapi
 from gateway.policy_watch import PolicyWatcher
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import Settings
@@ -66,13 +67,17 @@ async def metrics(request: Request) -> Response:
     return Response(_runtime(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
+async def openapi(request: Request) -> Response:
+    return Response(request.app.state.openapi, media_type="application/json")
+
+
 async def healthz(request: Request) -> Response:
     return _json({"status": "ok"})
 
 
 async def readyz(request: Request) -> Response:
     runtime = _runtime(request)
-    pools = {name: pool.ready for name, pool in runtime.pools.items()}
+    pools = runtime.pool_set.readiness()  # a sleeping on-demand pool counts as ready
     redis_ok = await runtime.redis_ok()
     ready = all(pools.values()) and redis_ok
     body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools,
@@ -181,10 +186,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
     routes = [
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/admin/policy/reload", reload_policy, methods=["POST"]),
         Route("/admin/costs", admin_costs, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _unexpected}
-    return GatewayApp(Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers))
+    starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    starlette.state.openapi = orjson.dumps(build_openapi())
+    return GatewayApp(starlette)

@@ -2,7 +2,8 @@
 
 A replica that cannot be reached (or dies before its first chunk) is marked down and the next-least-
 loaded replica is tried; an engine's own HTTP error (a 400 for a bad parameter, say) is not retried,
-since another replica would answer the same.
+since another replica would answer the same. Every outcome goes to the replica's circuit breaker:
+unreachable, broken streams and 5xx answers count as failures, any other answer as a success.
 """
 
 from __future__ import annotations
@@ -83,11 +84,18 @@ class Proxy:
             replica = await next_replica()
             replica.in_flight += 1
             try:
-                return replica, await self._client.post_json(replica.url, _CHAT, body, pool.headers)
+                answer = await self._client.post_json(replica.url, _CHAT, body, pool.headers)
             except EngineUnavailable as exc:
-                pool.mark_failed(replica, str(exc))
+                _failed(pool, replica, exc)
             except EngineHTTPError as exc:
+                _answered(replica, exc.status)
                 raise _upstream_error(exc, pool.name) from exc
+            except BaseException:
+                replica.breaker.release()
+                raise
+            else:
+                replica.breaker.record_success()
+                return replica, answer
             finally:
                 replica.in_flight -= 1
 
@@ -105,16 +113,43 @@ class Proxy:
             try:
                 chunks = await stack.enter_async_context(self._client.stream(replica.url, _CHAT, body, pool.headers))
                 first = await anext(aiter(chunks), b"")
-                return OpenStream(replica, first, chunks, stack)
             except (EngineUnavailable, EngineStreamBroken) as exc:
                 await stack.aclose()
-                pool.mark_failed(replica, str(exc))
+                _failed(pool, replica, exc)
             except EngineHTTPError as exc:
                 await stack.aclose()
+                _answered(replica, exc.status)
                 raise _upstream_error(exc, pool.name) from exc
             except BaseException:
                 await stack.aclose()
+                replica.breaker.release()
                 raise
+            else:
+                replica.breaker.record_success()
+                return OpenStream(replica, first, _watched(chunks, replica), stack)
+
+
+def _failed(pool: Pool, replica: Replica, exc: Exception) -> None:
+    replica.breaker.record_failure()
+    pool.mark_failed(replica, str(exc))
+
+
+def _answered(replica: Replica, status: int) -> None:
+    """The engine answered with an error status: its own fault (5xx) or the request's (4xx)."""
+    if status >= 500:
+        replica.breaker.record_failure()
+    else:
+        replica.breaker.record_success()
+
+
+async def _watched(chunks: AsyncIterator[bytes], replica: Replica) -> AsyncIterator[bytes]:
+    """The rest of a stream; a break after the first chunk counts against the replica's breaker too."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except EngineStreamBroken:
+        replica.breaker.record_failure()
+        raise
 
 
 def _decrement(replica: Replica) -> None:

@@ -1,0 +1,36 @@
+"""Replica probes: the pool's health path, with the pool's headers (a remote API's key)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from backends.engine_client import EngineUnavailable, Headers
+from backends.pool import Pool
+
+
+class _Probed:
+    """An engine client that records GETs; `/v1/models` answers only with the right key."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Headers | None]] = []
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        self.calls.append((url, headers))
+        if url.endswith("/v1/models") and (headers or {}).get("authorization") == "Bearer k":
+            return '{"data": []}'
+        raise EngineUnavailable(f"{url}: HTTP 404")
+
+
+def test_a_remote_pool_is_probed_on_its_health_path_with_its_key() -> None:
+    client = _Probed()
+    pool = Pool("cloud", ["https://api.example"], client, health_path="/v1/models",  # type: ignore[arg-type]
+                headers={"authorization": "Bearer k"})
+    asyncio.run(pool.probe_once())
+    assert pool.ready
+    assert client.calls[0] == ("https://api.example/v1/models", {"authorization": "Bearer k"})
+
+
+def test_a_pool_whose_probe_fails_is_not_ready() -> None:
+    pool = Pool("cloud", ["https://api.example"], _Probed(), headers={"authorization": "Bearer k"})  # type: ignore[arg-type]
+    asyncio.run(pool.probe_once())  # /health does not exist there
+    assert not pool.ready
