@@ -113,8 +113,12 @@ def engine_command(spec: EngineSpec, port: int, models_dir: Path | None = None) 
         ("--speculative-config", spec_json),
         ("--tensor-parallel-size", spec.tensor_parallel_size if spec.tensor_parallel_size != 1 else None),
         ("--pipeline-parallel-size", spec.pipeline_parallel_size if spec.pipeline_parallel_size != 1 else None),
+        ("--data-parallel-size", spec.data_parallel_size if spec.data_parallel_size != 1 else None),
+        ("--distributed-executor-backend", spec.distributed_executor_backend),
     ]
     args = [part for flag, value in options if value is not None for part in (flag, str(value))]
+    if spec.enable_expert_parallel:
+        args.append("--enable-expert-parallel")
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, *spec.extra_args]
 
 
@@ -123,6 +127,10 @@ def engine_env(spec: EngineSpec) -> dict[str, str]:
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if spec.kv_cache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_space_gib)
+    if spec.ray is not None:
+        env["RAY_ADDRESS"] = spec.ray.address
+        if spec.ray.namespace is not None:
+            env["RAY_NAMESPACE"] = spec.ray.namespace
     return env | dict(spec.env)
 
 

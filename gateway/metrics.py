@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from backends.breaker import BreakerState
 from backends.pool import Pool
 from gateway.ledger import CostRecord
 
@@ -21,6 +22,7 @@ __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
+_BREAKER_LEVEL = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 
 
 class _PoolCollector(Collector):
@@ -36,6 +38,8 @@ class _PoolCollector(Collector):
                                labels=["pool", "replica"])
         queue = GaugeMetricFamily("cascade_replica_queue_depth", "engine waiting requests, as scraped",
                                   labels=["pool", "replica"])
+        breaker = GaugeMetricFamily("cascade_replica_breaker_open", "circuit breaker: 0 closed, 0.5 half-open "
+                                    "(probing), 1 open", labels=["pool", "replica"])
         for name, pool in self._pools().items():
             for r in pool.replicas:
                 labels = [name, r.url]
@@ -43,7 +47,8 @@ class _PoolCollector(Collector):
                 healthy.add_metric(labels, 1.0 if r.healthy else 0.0)
                 kv.add_metric(labels, r.load.kv_cache_usage)
                 queue.add_metric(labels, r.load.waiting)
-        return [in_flight, healthy, kv, queue]
+                breaker.add_metric(labels, _BREAKER_LEVEL[r.breaker.state])
+        return [in_flight, healthy, kv, queue, breaker]
 
 
 class GatewayMetrics:
@@ -71,6 +76,8 @@ class GatewayMetrics:
         self.ladder = Gauge("cascade_degradation_active", "1 while a degradation ladder step is engaged", ["step"],
                             registry=r)
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
+        self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         r.register(_PoolCollector(pools))
 
     def observe_record(self, rec: CostRecord) -> None:

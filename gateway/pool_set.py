@@ -20,6 +20,7 @@ from backends.engine_client import EngineClient
 from backends.pool import Pool
 from backends.supervisor import EngineSupervisor
 from gateway.settings import Settings
+from policies.parallelism import OnDemand
 from policies.schema import LocalPool, Policy, RemotePool
 
 __all__ = ["PoolSet"]
@@ -67,15 +68,64 @@ class PoolSet:
         return {"authorization": f"Bearer {key}"}
 
     async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
+        health = spec.health_path if isinstance(spec, RemotePool) else "/health"
         pool = Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s,
-                    headers=self._headers(name, spec))
+                    health_path=health, headers=self._headers(name, spec))
         await pool.probe_once()
         pool.start()
         self.pools[name], self.specs[name] = pool, spec
         self.status[name] = "remote" if isinstance(spec, RemotePool) else "external"
         if isinstance(spec, LocalPool) and self._settings.start_engines:
+            if spec.on_demand is not None:
+                self.status[name] = "sleeping (on demand: starts on the first request)"
+                return
             self.status[name] = "starting"
             self._spawn(self._start_engines(name, spec, pool), f"engines:{name}")
+
+    def on_demand(self, name: str) -> OnDemand | None:
+        """The scale-to-zero settings of pool `name` when this process starts its engines, else None."""
+        spec = self.specs.get(name)
+        if isinstance(spec, LocalPool) and self._settings.start_engines:
+            return spec.on_demand
+        return None
+
+    def readiness(self) -> dict[str, bool]:
+        """Per pool: can it take requests now? A sleeping on-demand pool counts as ready (it wakes on use)."""
+        return {name: pool.ready or (self.on_demand(name) is not None and name not in self.supervisors)
+                for name, pool in self.pools.items()}
+
+    async def wake(self, name: str) -> float:
+        """Start the engines of sleeping on-demand pool `name`; returns the cold-start seconds once they
+        are ready. Raises `EngineStartError` (the pool stays asleep; the next request tries again)."""
+        spec, pool = self.specs[name], self.pools[name]
+        assert isinstance(spec, LocalPool)
+        self.status[name] = "waking (cold start)"
+        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress)
+        self.supervisors[name] = sup
+        started = time.monotonic()
+        try:
+            await sup.start()
+        except BaseException as exc:
+            self.supervisors.pop(name, None)
+            self.status[name] = f"sleeping (the last cold start failed: {str(exc).splitlines()[0]})"
+            raise
+        pool.set_urls(sup.urls)
+        await pool.probe_once()
+        took = time.monotonic() - started
+        self.status[name] = f"awake (cold start took {took:.1f} s)"
+        log.info("pool %s woke up in %.1f s", name, took)
+        return took
+
+    async def sleep(self, name: str, idle_s: float) -> None:
+        """Stop the engines of on-demand pool `name` (call when it has nothing in flight)."""
+        sup = self.supervisors.pop(name, None)
+        pool = self.pools.get(name)
+        if pool is not None:
+            pool.set_urls([])
+        self.status[name] = f"sleeping (stopped after {idle_s:.0f} s idle)"
+        if sup is not None:
+            await sup.aclose()
+        log.info("pool %s stopped after %.0f s idle", name, idle_s)
 
     async def _start_engines(self, name: str, spec: LocalPool, pool: Pool) -> None:
         sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress)

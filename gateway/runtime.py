@@ -16,9 +16,11 @@ from gateway.admission import Admission
 from gateway.budgets import BudgetGuard
 from gateway.degradation import DegradationMonitor
 from gateway.forwarding import Forwarder
+from gateway.ladder_sync import LadderSync
 from gateway.ledger import Ledger, LedgerKeys, MemoryLedger
 from gateway.limits import MemoryRateLimiter, RateLimiter
 from gateway.metrics import GatewayMetrics
+from gateway.on_demand import OnDemandGate
 from gateway.policy_holder import PolicyHolder
 from gateway.pool_set import PoolSet
 from gateway.proxy import Proxy
@@ -28,6 +30,7 @@ from gateway.service import ChatService
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy, load_policy
 from router_models.scorer import LengthScorer, Scorer
+from router_models.serving import ClassifierScorer
 
 __all__ = ["Runtime", "build_runtime"]
 
@@ -50,6 +53,7 @@ class Runtime:
     metrics: GatewayMetrics
     degradation: DegradationMonitor
     request_log: RequestLog | None
+    on_demand: OnDemandGate
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -76,6 +80,7 @@ class Runtime:
 
     async def aclose(self) -> None:
         await self.degradation.aclose()
+        await self.on_demand.aclose()
         await self.accountant.drain()
         if self.request_log is not None:
             self.request_log.close()
@@ -137,6 +142,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         await engines.aclose()
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
+    if isinstance(scorer, ClassifierScorer):
+        scorer.on_batch = metrics.scoring_batch.observe
     accountant = Accountant(ledger, metrics)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
                                      on_change=metrics.ladder_changed)
@@ -145,8 +152,12 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     request_log = RequestLog(settings.request_log) if settings.request_log else None
     forwarder = Forwarder(Proxy(engines), engines, accountant, metrics, degradation, request_log)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
+    if redis is not None:  # one ladder for every gateway process on this Redis and prefix
+        degradation.share(LadderSync(redis, settings.redis_prefix))
     admission = _admission(redis, settings, metrics)
+    on_demand = OnDemandGate(pool_set)
+    on_demand.start()
     service = ChatService(policies, pool_set.pools, RequestRouter(scorer, metrics), forwarder, degradation, metrics,
-                          admission, keep_requests=request_log is not None)
+                          admission, keep_requests=request_log is not None, wake=on_demand.ensure)
     return Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
-                   degradation, request_log)
+                   degradation, request_log, on_demand)

@@ -6,7 +6,7 @@ HTTP-free: it takes a validated `ChatRequest` and returns a reply for `gateway.a
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -35,8 +35,10 @@ class ChatService:
 
     def __init__(self, policies: PolicyHolder, pools: dict[str, Pool], router: RequestRouter, forwarder: Forwarder,
                  degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
-                 keep_requests: bool = False) -> None:
+                 keep_requests: bool = False, wake: Callable[[str], Awaitable[str]] | None = None) -> None:
+        """`wake(pool)` (scale to zero, `gateway.on_demand`) returns the pool that serves now."""
         self._policies = policies
+        self._wake = wake
         self._pools = pools
         self._router = router
         self._fw = forwarder
@@ -61,6 +63,7 @@ class ChatService:
         verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
         downgrade = verdict is not None and verdict.downgrade
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
+        decision = await self._on_cold(decision, loaded)
         _check_limits(loaded, decision, request)
         upstream, extra = _prepare(raw, decision, request, ladder)
         kept = raw if self._keep_requests else None
@@ -76,6 +79,14 @@ class ChatService:
                             reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
             upstream = dict(upstream, model=moved.model)
             return await self._forward(upstream, request, replace(facts, decision=moved), loaded, ladder, extra)
+
+    async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy) -> RouteDecision:
+        """Wake an on-demand pool (or take its cold fallback pool)."""
+        target = decision.pool if self._wake is None else await self._wake(decision.pool)
+        if target == decision.pool:
+            return decision
+        return replace(decision, pool=target, model=served_model(loaded.policy, target), rule="on-demand-fallback",
+                       reason=f"pool {decision.pool!r} is starting on demand: served by {target!r} meanwhile")
 
     async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                        loaded: LoadedPolicy, ladder: LadderState, extra: dict[str, str]) -> JSONReply | StreamReply:

@@ -33,7 +33,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench_env import Env, Procs, cleanup_redis, cpu_seconds, free_port, post_json, start_gateway, wait_ready
+from loadtest.bench_env import (
+    Env,
+    Procs,
+    cleanup_redis,
+    cpu_seconds,
+    free_port,
+    gateway_command,
+    policy_text,
+    post_json,
+    start_gateway,
+    wait_ready,
+)
 from loadtest.bench_report import (
     LITELLM_RPS,
     TARGET_ADDED_P50_MS,
@@ -72,9 +83,9 @@ def _check_target(target: Target, body: bytes) -> None:
 
 def _measure(target: Target, lua: Path, conc: int, args: argparse.Namespace, rnd: int) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
-    cpu_before = cpu_seconds(target.pid)
+    cpu_before = _tree_cpu(target.pid)
     res = run_wrk(target.url, lua, conc, args.duration, args.wrk_threads, args.wrk_timeout)
-    cpu = cpu_seconds(target.pid) - cpu_before
+    cpu = _tree_cpu(target.pid) - cpu_before
     cell = {"round": rnd, "target": target.name, "concurrency": conc, **asdict(res),
             "server_cpu_ms_per_req": 1000.0 * cpu / res.requests if res.requests else None,
             "loadavg_1m": [load_before, os.getloadavg()[0]]}
@@ -83,6 +94,29 @@ def _measure(target: Target, lua: Path, conc: int, args: argparse.Namespace, rnd
     print(f"  round {rnd} c={conc:<3} {target.name:<12} {res.rps:9.0f} req/s  p50 {res.p50_ms:7.2f} ms  "
           f"p99 {res.p99_ms:7.2f} ms  cpu {cell['server_cpu_ms_per_req'] or 0:.2f} ms/req{errs}", flush=True)
     return cell
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and its direct children (the workers of `serve --workers N`)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return cpu_seconds(pid) + sum(cpu_seconds(int(child)) for child in children)
+
+
+def _start_workers(env: Env, name: str, upstream_url: str, model: str, transport: str, workers: int) -> tuple[str, int]:
+    """Like `bench_env.start_gateway`, with `serve --workers N`; returns (base URL, parent pid)."""
+    policy = env.tmp / f"{name}.yaml"
+    policy.write_text(policy_text(upstream_url, model, upstream_url, model))
+    port, args = free_port(), env.args
+    cmd, env.launcher = gateway_command(policy, port, transport, env.prefix, args.gateway_log_level, args.ledger,
+                                        args.gateway_cmd)
+    extra = {"CASCADE_HOME": str(env.tmp / f"{name}-home"), "CASCADE_REDIS_URL": args.redis_url}
+    proc = env.procs.start(name, [*cmd, "--workers", str(workers)], extra)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/readyz", proc, args.ready_timeout, f"gateway {name}", lambda: env.procs.log_tail(name))
+    return base, proc.pid
 
 
 def _nonstream_targets(env: Env) -> list[Target]:
@@ -95,9 +129,29 @@ def _nonstream_targets(env: Env) -> list[Target]:
     chat = "/v1/chat/completions"
     targets = [Target("direct", base + chat, proc.pid)]
     for transport in args.transports:
-        url, pid = start_gateway(env, f"gateway-{transport}", base, "fake-model", transport)
-        targets.append(Target(f"gw-{transport}", url + chat, pid))
+        for workers in args.workers:
+            if workers == 1:
+                url, pid = start_gateway(env, f"gateway-{transport}", base, "fake-model", transport)
+                targets.append(Target(f"gw-{transport}", url + chat, pid))
+            else:
+                name = f"gw-{transport}-w{workers}"
+                url, pid = _start_workers(env, f"gateway-{transport}-w{workers}", base, "fake-model", transport,
+                                          workers)
+                targets.append(Target(name, url + chat, pid))
     return targets
+
+
+def worker_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """requests/s of each `gw-<transport>-w<N>` over `gw-<transport>` (one worker), per concurrency."""
+    rps = {(r["target"], r["concurrency"]): r["rps"] for r in rows}
+    out = []
+    for (name, conc), value in rps.items():
+        base, _, workers = name.rpartition("-w")
+        one = rps.get((base, conc))
+        if name.startswith("gw-") and workers.isdigit() and one and value is not None:
+            out.append({"target": name, "workers": int(workers), "concurrency": conc, "rps": value,
+                        "rps_one_worker": one, "ratio": value / one})
+    return out
 
 
 def nonstream_phase(env: Env) -> dict[str, Any]:
@@ -115,7 +169,13 @@ def nonstream_phase(env: Env) -> dict[str, Any]:
             order = targets if rnd % 2 else [targets[0], *reversed(targets[1:])]
             cells.extend(_measure(t, lua, conc, args, rnd) for t in order)
     profile = profile_gateway(env, targets[1], lua) if args.profile else None
-    return {"cells": cells, "summary": summarise_nonstream(cells), "profile": profile}
+    summary = summarise_nonstream(cells)
+    scaling = worker_scaling(summary)
+    for row in scaling:
+        print(f"workers {row['workers']} vs 1 at c={row['concurrency']}: {row['rps']:.0f} / "
+              f"{row['rps_one_worker']:.0f} requests/s = {row['ratio']:.2f}x ({os.cpu_count()} CPUs, shared with "
+              "wrk and the fake upstream)", flush=True)
+    return {"cells": cells, "summary": summary, "profile": profile, "worker_scaling": scaling}
 
 
 # ---------------------------------------------------------------------------------------- profiling
@@ -236,6 +296,8 @@ def _add_nonstream_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--transports", type=_csv_words, default=["aiohttp", "httpx"],
                    help="gateways to measure, one per upstream transport (default aiohttp,httpx; the first is "
                    "judged against the targets)")
+    g.add_argument("--workers", type=_csv_ints, default=[1],
+                   help="gateway worker counts to compare, e.g. 1,2 (`serve --workers N`; default 1)")
     g.add_argument("--profile", action="store_true", help="also sample the first gateway with py-spy at c=64")
     g.add_argument("--profile-seconds", type=int, default=10, help="py-spy sampling time (default 10)")
 

@@ -116,6 +116,18 @@ def _ladder_problems(policy: Policy) -> Iterator[Problem]:
                 yield (*loc, "action"), f"pool moves form a cycle through {sorted(seen)}; break the cycle"
 
 
+def _on_demand_problems(policy: Policy) -> Iterator[Problem]:
+    for name, pool in policy.pools.items():
+        fallback = getattr(getattr(pool, "on_demand", None), "fallback_pool", None)
+        if fallback is None:
+            continue
+        loc: Loc = ("pools", name, "on_demand", "on_cold")
+        yield from _unknown_pool(policy, fallback, loc)
+        if fallback == name:
+            yield loc, "a pool cannot fall back to itself while cold; name another pool or use 'wait'"
+
+
 def reference_problems(policy: Policy) -> list[Problem]:
     """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
-    return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy)]
+    return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy),
+            *_on_demand_problems(policy)]

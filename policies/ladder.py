@@ -139,6 +139,18 @@ class Ladder:
         self._state = self._combine()
         return self._state
 
+    def active_since(self) -> dict[str, float]:
+        """Entry time (the caller's clock) of each active step, by name."""
+        return dict(self._since)
+
+    def restore(self, since: Mapping[str, float]) -> LadderState:
+        """Make exactly the steps in `since` (name -> entry time; unknown names ignored) active, e.g. the
+        state another process decided. Returns the new state."""
+        names = {s.name for s in self._steps}
+        self._since = {n: t for n, t in since.items() if n in names}
+        self._state = self._combine()
+        return self._state
+
     def _combine(self) -> LadderState:
         active = [
             ActiveStep(s.name, s.action, self._since[s.name], s.remap) for s in self._steps if s.name in self._since

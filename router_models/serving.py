@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,7 +63,8 @@ class ClassifierScorer:
     """`Scorer` over a `BatchModel`, with micro-batching and an LRU+TTL cache.
 
     Owns its executor thread and collector task; `aclose()` stops both and fails queued calls.
-    Use from one event loop. `batch_sizes` records the size of every batch sent to the model.
+    Use from one event loop. `batch_sizes` keeps the size of the latest batches sent to the model, and
+    `on_batch(size)`, when set, is called with each (e.g. a metrics histogram's `observe`).
     """
 
     def __init__(
@@ -76,7 +78,8 @@ class ClassifierScorer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-scorer")
         self._collector: asyncio.Task[None] | None = None
         self._closed = False
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=10_000)
+        self.on_batch: Callable[[int], None] | None = None
 
     async def score(self, texts: Sequence[str]) -> list[float]:
         """One P(micro falls short) per text, in order. Cached texts are answered without the model."""
@@ -124,6 +127,8 @@ class ClassifierScorer:
                 continue
             unique = list(dict.fromkeys(t for t, _ in live))
             self.batch_sizes.append(len(unique))
+            if self.on_batch is not None:
+                self.on_batch(len(unique))
             try:
                 values = await loop.run_in_executor(self._executor, self._model, unique)
             except Exception as exc:  # the model failed: every caller in this batch gets the error

@@ -93,6 +93,7 @@ def test_engine_command_with_every_option() -> None:
         speculative_config={"num_speculative_tokens": 4, "method": "ngram"},
         tensor_parallel_size=2,
         pipeline_parallel_size=2,
+        gpus_per_node=4,
         extra_args=("--enforce-eager", "--seed", "7"),
     )
     cmd = engine_command(spec, 9000)

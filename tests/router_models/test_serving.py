@@ -38,7 +38,7 @@ async def test_concurrent_calls_share_one_batch() -> None:
     assert [r[0] for r in results] == [len(t) / 100 for t in texts]
     assert len(model.calls) == 1
     assert sorted(model.calls[0]) == sorted(texts)
-    assert scorer.batch_sizes == [20]
+    assert list(scorer.batch_sizes) == [20]
     assert all(name.startswith("router-scorer") for name in model.threads)
     await scorer.aclose()
 

@@ -1,0 +1,126 @@
+"""Scale to zero with a real vLLM engine (demo micro model): the gateway starts with the on-demand pool
+asleep and ready, the first request cold-starts the engine and waits for it, the engine stops after the
+idle period, and the next request starts it again. Prints both cold-start times."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.demo import stop_process_group
+from loadtest.fake_upstream import FakeUpstream
+from tests.servers import free_port, serve
+
+pytestmark = [pytest.mark.engines, pytest.mark.redis]
+ROOT = Path(__file__).resolve().parents[2]
+IDLE_S = 10
+
+
+def _policy(engine_port: int, flagship_url: str) -> str:
+    return f"""
+version: 1
+pools:
+  micro:
+    type: local
+    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
+    engine: {{model: "demo:micro", served_name: micro, max_model_len: 1024, dtype: bfloat16, kv_cache_space_gib: 1,
+              base_port: {engine_port}, extra_args: ["--enforce-eager"]}}
+    on_demand: {{idle_stop_after_s: {IDLE_S}, cold_start_timeout_s: 600, on_cold: wait}}
+  flagship:
+    type: remote
+    urls: ["{flagship_url}"]
+    model: flagship-model
+    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
+routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
+"""
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, prefix: str) -> Iterator[tuple[str, int]]:
+    engine_port, port = free_port(), free_port()
+    with serve(FakeUpstream("flagship-model")) as flagship_url:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(_policy(engine_port, flagship_url))
+        cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port),
+               "--scorer", "none", "--redis-prefix", prefix, "--log-format", "plain"]
+        log_path = tmp_path / "gateway.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        try:
+            yield f"http://127.0.0.1:{port}", engine_port
+        finally:
+            stop_process_group(proc)
+            print(log_path.read_text()[-3000:])
+
+
+def _readyz(base: str, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(base + "/readyz", timeout=2)
+            if r.status_code == 200:
+                body: dict[str, Any] = r.json()
+                return body
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("gateway never became ready")
+
+
+def _engine_up(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _cold_request(base: str) -> float:
+    body = {"model": "micro", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    started = time.monotonic()
+    r = httpx.post(base + "/v1/chat/completions", json=body, timeout=700)
+    took = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    assert r.headers["x-cascade-pool"] == "micro" and r.json()["usage"]["completion_tokens"] > 0
+    return took
+
+
+def _wait_asleep(base: str, engine_port: int) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < IDLE_S + 60:
+        status = _readyz(base)["engines"]["micro"]
+        if status.startswith("sleeping (stopped after") and not _engine_up(engine_port):
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise AssertionError(f"engine not stopped after idle: {_readyz(base)}")
+
+
+def test_on_demand_pool_sleeps_when_idle_and_cold_starts_on_the_next_request(gateway: tuple[str, int]) -> None:
+    base, engine_port = gateway
+    first = _readyz(base, 120)
+    assert first["ready"] and first["pools"]["micro"] and first["engines"]["micro"].startswith("sleeping")
+    assert not _engine_up(engine_port)
+
+    cold1 = _cold_request(base)
+    assert _engine_up(engine_port)
+    warm_started = time.monotonic()
+    _cold_request(base)
+    warm = time.monotonic() - warm_started
+    asleep_after = _wait_asleep(base, engine_port)
+    assert _readyz(base)["pools"]["micro"]  # asleep and still ready
+    cold2 = _cold_request(base)
+    status = _readyz(base)["engines"]["micro"]
+    print(f"\nCOLD START: first {cold1:.1f} s, after idle stop {cold2:.1f} s (request latency, demo micro engine); "
+          f"warm request {warm * 1000:.0f} ms; stopped {asleep_after:.1f} s after the last request "
+          f"(idle_stop_after_s {IDLE_S}); status: {status}")
+    assert status.startswith("awake (cold start took")
+    assert warm < 5 < cold1 and cold2 > 5
+    assert asleep_after <= IDLE_S + 30
