@@ -1,0 +1,167 @@
+"""The Kubernetes manifests: rendered from deploy/k8s/values.yaml, validated offline against the bundled
+Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields fail), and cross-checked where a schema
+cannot see (selectors, names, the policy the gateway will read)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gateway.cli import main
+from gateway.k8s_render import render, render_file, to_yaml
+from gateway.k8s_values import ValuesError, load_values
+from policies.loader import load_policy, parse_policy
+from policies.schema import LocalPool, RemotePool
+
+ROOT = Path(__file__).resolve().parents[2]
+VALUES = ROOT / "deploy" / "k8s" / "values.yaml"
+K8S_VERSION = "1.33"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation must not reach the network (CI and air-gapped hosts): any connect attempt fails the test."""
+
+    def refuse(*_: Any) -> None:
+        raise AssertionError("tried to connect while validating")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[dict[str, Any]]:
+    return render_file(VALUES)
+
+
+def by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def named(manifests: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(m for m in by_kind(manifests, kind) if m["metadata"]["name"] == name)
+
+
+def test_every_manifest_passes_the_kubernetes_schema(manifests: list[dict[str, Any]]) -> None:
+    # through the YAML text, as kubectl would read it
+    docs = list(yaml.safe_load_all(to_yaml(manifests)))
+    assert docs == manifests
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_validator_rejects_a_broken_manifest(manifests: list[dict[str, Any]]) -> None:
+    deployment = yaml.safe_load(to_yaml([named(manifests, "Deployment", "cascade-gateway")]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"] = [8080]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    deployment = yaml.safe_load(to_yaml([named(manifests, "Deployment", "cascade-gateway")]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}  # a typo: strict mode
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_one_engine_statefulset_per_local_pool_with_its_gpus(manifests: list[dict[str, Any]]) -> None:
+    values, policy_path = load_values(VALUES)
+    policy = load_policy(policy_path).policy
+    local = {n: p for n, p in policy.pools.items() if isinstance(p, LocalPool)}
+    engines = {m["metadata"]["labels"]["cascade/pool"]: m for m in by_kind(manifests, "StatefulSet")
+               if m["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
+    assert set(engines) == set(local)
+    for name, pool in local.items():
+        sts = engines[name]
+        assert sts["spec"]["replicas"] == pool.engine.replicas
+        container = sts["spec"]["template"]["spec"]["containers"][0]
+        e = pool.engine
+        expected = e.gpus_per_node if e.nodes > 1 else e.tensor_parallel_size * e.pipeline_parallel_size
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == str(expected)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"]["path"] == "/health"
+        args = container["args"]
+        assert args[args.index("--served-model-name") + 1] == e.served_name
+        assert args[args.index("--host") + 1] == "0.0.0.0"
+        assert args[args.index("--port") + 1] == str(values.engines.port)
+        if e.tensor_parallel_size > 1:
+            assert args[args.index("--tensor-parallel-size") + 1] == str(e.tensor_parallel_size)
+        service = named(manifests, "Service", sts["spec"]["serviceName"])
+        assert service["spec"]["clusterIP"] == "None"
+        assert service["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
+    flagship = engines["flagship"]["spec"]["template"]["spec"]["containers"][0]
+    assert flagship["resources"]["limits"]["nvidia.com/gpu"] == "2"  # tensor_parallel_size 2 in gpu.yaml
+
+
+def test_the_gateway_policy_points_at_the_engine_pods(manifests: list[dict[str, Any]]) -> None:
+    config = named(manifests, "ConfigMap", "cascade-policy")
+    loaded = parse_policy(config["data"]["policy.yaml"], source="configmap")
+    _, policy_path = load_values(VALUES)
+    original = load_policy(policy_path).policy
+    assert set(loaded.policy.pools) == set(original.pools)
+    assert loaded.policy.routing == original.routing
+    for name, pool in original.pools.items():
+        cluster = loaded.policy.pools[name]
+        assert isinstance(cluster, RemotePool)
+        assert cluster.price == pool.price
+        if isinstance(pool, LocalPool):
+            assert cluster.model == pool.engine.served_name
+            assert len(cluster.urls) == pool.engine.replicas
+            sts = next(m for m in by_kind(manifests, "StatefulSet")
+                       if m["metadata"]["labels"].get("cascade/pool") == name)
+            assert cluster.urls[0].startswith(f"http://{sts['metadata']['name']}-0.{sts['spec']['serviceName']}.")
+
+
+def test_gateway_deployment_probes_secrets_and_autoscaler(manifests: list[dict[str, Any]]) -> None:
+    deployment = named(manifests, "Deployment", "cascade-gateway")
+    pod = deployment["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["requests"]["cpu"]
+    assert "--no-engines" in container["args"]
+    secret_keys = {e["name"] for e in container["env"] if "valueFrom" in e}
+    assert {"CASCADE_ADMIN_KEY", "OPENAI_API_KEY"} <= secret_keys  # the cloud pool's api_key_env
+    redis_url = next(e["value"] for e in container["env"] if e["name"] == "CASCADE_REDIS_URL")
+    assert redis_url.startswith("redis://cascade-redis.cascade.svc")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["policy"]["configMap"]["name"] == "cascade-policy"
+    service = named(manifests, "Service", "cascade-gateway")
+    assert service["spec"]["selector"] == pod["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    hpa = named(manifests, "HorizontalPodAutoscaler", "cascade-gateway")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "cascade-gateway"}
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "cascade_in_flight"
+    redis = named(manifests, "StatefulSet", "cascade-redis")
+    assert "--appendonly" in redis["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_bad_values_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "values.yaml"
+    bad.write_text(f"policy: {ROOT / 'policies' / 'gpu.yaml'}\ngateway: {{image: x, replicsa: 3}}\n")
+    with pytest.raises(ValuesError, match=r"gateway\.replicsa"):
+        load_values(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(f"policy: {ROOT / 'policies' / 'gpu.yaml'}\ngateway: {{image: x}}\n"
+                    "engines: {pools: {flagshp: {}}}\n")
+    with pytest.raises(ValuesError, match="flagshp"):
+        render_file(typo)
+    demo = tmp_path / "demo.yaml"
+    demo.write_text(f"policy: {ROOT / 'policies' / 'default.yaml'}\ngateway: {{image: x}}\n")
+    values, policy_path = load_values(demo)
+    with pytest.raises(ValuesError, match="demo model"):
+        render(values, policy_path)
+
+
+def test_cli_renders_to_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cascade.yaml"
+    assert main(["deploy", "render", "--values", str(VALUES), "--out", str(out)]) == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert [d["kind"] for d in docs][:2] == ["Namespace", "ConfigMap"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gateway: {image: x}\n")
+    assert main(["deploy", "render", "--values", str(bad)]) == 1
+    assert "policy" in capsys.readouterr().err
