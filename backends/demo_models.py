@@ -116,7 +116,9 @@ def models_root(home: Path | None = None) -> Path:
 
 def demo_model_dir(root: Path, name: str) -> Path:
     """Directory of demo model ``name`` under ``root``. Pure: does not build. Unknown names raise ValueError."""
-    if name not in {recipe.name for recipe in DEMO_RECIPES}:
+    # `cascade quantize --demo` writes quantized variants beside the originals, e.g. flagship-w8a8
+    base = next((name.removesuffix(s) for s in ("-w8a8", "-w4a16") if name.endswith(s)), name)
+    if base not in {recipe.name for recipe in DEMO_RECIPES}:
         known = ", ".join(recipe.name for recipe in DEMO_RECIPES)
         raise ValueError(f"unknown demo model {name!r}; known: {known}")
     return root / name

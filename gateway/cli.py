@@ -10,6 +10,10 @@ import argparse
 import sys
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 __all__ = ["default_policy_path", "main"]
 
@@ -25,6 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.logs import configure_logging
     from gateway.settings import Settings
+    from gateway.workers import UVICORN_OPTIONS
 
     configure_logging(args.log_level, json=args.log_format == "json")
     problem = _startup_problem(Path(args.policy), args.scorer)
@@ -37,10 +42,24 @@ def _serve(args: argparse.Namespace) -> int:
         request_log=Path(args.request_log) if args.request_log else None,
         ledger_retention_days=args.ledger_retention_days,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False, timeout_graceful_shutdown=30,
-                proxy_headers=False, server_header=False, date_header=False)
+    if args.workers > 1:
+        return _serve_workers(settings, args)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, **UVICORN_OPTIONS)
     return 0
+
+
+def _serve_workers(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.workers import run_workers, workers_problem
+
+    if args.ledger != "redis":
+        print("error: --workers > 1 needs the Redis ledger (workers share limits, budgets and the ladder "
+              "through Redis); drop --ledger memory", file=sys.stderr)
+        return 1
+    problem = workers_problem(settings)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    return run_workers(settings, args.host, args.port, args.workers, args.log_level, args.log_format == "json")
 
 
 def _startup_problem(policy: Path, scorer: str) -> str | None:
@@ -61,6 +80,13 @@ def _startup_problem(policy: Path, scorer: str) -> str | None:
     return None
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve", help="run the gateway (and the policy's local engines) until stopped",
@@ -70,6 +96,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--policy", default=str(default_policy_path()), help="policy YAML (default: the demo policy)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                   help="gateway processes sharing the port (SO_REUSEPORT) and one Redis; local engines are "
+                   "started once, by the parent process (default 1; rule of thumb: one per core)")
     p.add_argument("--scorer", choices=["classifier", "length", "none"], default="classifier",
                    help="complexity scorer: the trained classifier (default), a length heuristic, or none "
                    "(everything 'auto' goes to the micro pool)")
@@ -104,7 +133,10 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from backends.cli import register as register_models
+    from backends.quant_cli import register as register_quantize
     from gateway.costs_cli import register as register_costs
+    from gateway.deploy_cli import register as register_deploy
+    from gateway.plan_cli import register as register_plan
     from policies.cli import register as register_policy
     from router_models.cli import register as register_router
 
@@ -118,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     register_router(sub)
     register_costs(sub)
     register_models(sub)
+    register_quantize(sub)
+    register_deploy(sub)
+    register_plan(sub)
     return parser
 
 

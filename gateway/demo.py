@@ -148,6 +148,14 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 90.0) -> 
             proc.wait()
 
 
+def _needs_int8_demo(policy: Path) -> bool:
+    """Whether the policy has a pool serving the demo's calibrated int8 flagship (`cascade quantize --demo`)."""
+    try:
+        return "demo:flagship-w8a8" in policy.read_text(encoding="utf-8")
+    except OSError:
+        return False  # the gateway reports an unreadable policy itself
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
@@ -157,6 +165,11 @@ def run_demo(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if _needs_int8_demo(Path(args.policy)):
+        from gateway.cli import main
+
+        if main(["quantize", "--demo"]) != 0:
+            return 1
     log_path = default_home() / "logs" / "gateway.log"
     base = f"http://127.0.0.1:{args.port}"
     print(f"starting the gateway and its engines (log: {log_path}); on 2 CPU cores this takes a few minutes",

@@ -83,13 +83,18 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
 
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(engine_env(spec.engine).items()))
     command = shlex.join(engine_command(spec.engine, spec.engine.base_port))
-    return [f"engine:   replica 1 of {spec.engine.replicas} on port {spec.engine.base_port}:", f"  {env} {command}"]
+    lines = [f"engine:   replica 1 of {spec.engine.replicas} on port {spec.engine.base_port}:", f"  {env} {command}"]
+    if spec.on_demand is not None:
+        od = spec.on_demand
+        lines.append(f"on demand: starts on the first request (waits up to {od.cold_start_timeout_s:g} s, "
+                     f"on_cold {od.on_cold}), stops after {od.idle_stop_after_s:g} s idle")
+    return lines
 
 
 def _explain(args: argparse.Namespace) -> int:
     from policies.context import RouteContext
     from policies.decide import needs_score
-    from policies.explain import explain, render_explanation
+    from policies.explain import explain, quant_lines, render_explanation
 
     loaded = _load(args.file)
     if loaded is None:
@@ -108,7 +113,7 @@ def _explain(args: argparse.Namespace) -> int:
     if score is None and needs_score(loaded.policy, ctx):
         score, source = _classifier_score(body.get("messages") or []), "classifier"
     exp = explain(loaded, ctx, score)
-    lines = render_explanation(exp, source)
+    lines = render_explanation(exp, source) + quant_lines(loaded.policy)
     if exp.decision is not None:
         lines += _engine_lines(loaded, exp.decision.pool)
     print("\n".join(lines))

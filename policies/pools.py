@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from policies.frozen import Frozen
 from policies.money import Price
+from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 
-__all__ = ["EngineSpec", "LocalPool", "Pool", "RemotePool"]
+__all__ = ["EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool"]
 
 
 class EngineSpec(Frozen):
@@ -27,17 +28,58 @@ class EngineSpec(Frozen):
     speculative_config: dict[str, Any] | None = Field(default=None, description="vLLM --speculative-config")
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1, description="vLLM --data-parallel-size (engine-internal DP)")
+    enable_expert_parallel: bool = Field(default=False, description="vLLM --enable-expert-parallel (MoE only)")
+    moe: bool | None = Field(default=None, description="the model is a mixture of experts (demo:flagship is)")
+    gpus_per_node: int | None = Field(default=None, ge=1, description="GPUs one replica may use on each node")
+    nodes: int = Field(default=1, ge=1, description="nodes one replica spans (more than 1 needs Ray)")
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        default=None, description="vLLM --distributed-executor-backend")
+    ray: RaySettings | None = Field(default=None, description="the Ray cluster for multi-node replicas")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     base_port: int = Field(default=8100, ge=1024, le=65000)
     startup_timeout_s: float = Field(default=600, gt=0)
+
+    @model_validator(mode="after")
+    def _parallelism_fits(self) -> EngineSpec:
+        problems = parallelism_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class QuantCeiling(Frozen):
+    """The most loss a quantized pool may show (figures of `cascade quantize --evaluate`) to be allowed."""
+
+    max_disagreement: float | None = Field(default=None, ge=0, le=1,
+                                           description="greedy-token disagreement with the original, 0..1")
+    max_kl: float | None = Field(default=None, ge=0, description="mean next-token KL divergence, nats")
+    min_json_valid: float | None = Field(default=None, ge=0, le=1,
+                                         description="share of schema-constrained answers that stay valid JSON")
+
+    def problems(self, model: str) -> list[str]:
+        """Why the checkpoint of `model` breaks this ceiling (empty when it fits, or is not built yet)."""
+        from backends.quant_metadata import ceiling_problems
+
+        return ceiling_problems(model, self.max_disagreement, self.max_kl, self.min_json_valid)
 
 
 class LocalPool(Frozen):
     type: Literal["local"]
     price: Price
     engine: EngineSpec
+    on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
+    max_quant_loss: QuantCeiling | None = Field(
+        default=None, description="a quantized pool is refused unless its measured loss is within this ceiling")
     description: str = ""
+
+    @model_validator(mode="after")
+    def _quant_loss_fits(self) -> LocalPool:
+        problems = [] if self.max_quant_loss is None else self.max_quant_loss.problems(self.engine.model)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class RemotePool(Frozen):
@@ -46,6 +88,9 @@ class RemotePool(Frozen):
     urls: tuple[str, ...] = Field(min_length=1, description="base URLs of OpenAI-compatible servers")
     model: str = Field(description="model name sent to the remote servers")
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
+    health_path: str = Field(default="/health", pattern=r"^/", description=(
+        "path probed (with the API key) to decide a replica is up: vLLM serves /health; for other "
+        "OpenAI-compatible APIs use /v1/models"))
     description: str = ""
 
 
