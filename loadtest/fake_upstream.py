@@ -4,7 +4,8 @@ Raw ASGI (no framework) so that it costs as little as possible. It serves `/heal
 gauge names), `/tokenize` (1 token per whitespace-separated word, plus 3 per message), and
 `/v1/chat/completions` streaming and not, with `usage` (and `stream_options.include_usage`).
 Knobs (per request, in the body's `metadata`): `fake_tokens` (completion length, default 16),
-`fake_delay_ms` (sleep between streamed tokens). Run: `python -m loadtest.fake_upstream --port 9001`.
+`fake_delay_ms` (sleep between streamed tokens); per server: `delay_ms`, `max_running`.
+Run: `python -m loadtest.fake_upstream --port 9001`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,15 @@ def _prompt_tokens(messages: Any) -> int:
 class FakeUpstream:
     """The ASGI app. `requests` counts chat requests; `aborted` counts streams the client left."""
 
-    def __init__(self, model: str = "fake") -> None:
+    def __init__(self, model: str = "fake", delay_ms: float = 0.0, max_running: int | None = None) -> None:
+        """`delay_ms`: default `fake_delay_ms` (a slow engine; may be changed while serving). `max_running`:
+        requests served at once; more wait in a queue that /metrics reports as `num_requests_waiting`, as
+        a saturated engine's would (None: no limit, and `waiting` is whatever a test sets)."""
         self.model = model
+        self.delay_ms = delay_ms
+        self.max_running = max_running
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None  # a restarted server runs on a new loop
         self.requests = 0
         self.aborted = 0
         self.running = 0
@@ -90,6 +98,21 @@ class FakeUpstream:
 
     async def _chat(self, send: Send, receive: Receive, body: bytes) -> None:
         self.requests += 1
+        if not self.max_running:
+            return await self._answer(send, receive, body)
+        if self._slots is None or self._slots_loop is not asyncio.get_running_loop():
+            self._slots, self._slots_loop = asyncio.Semaphore(self.max_running), asyncio.get_running_loop()
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            await self._answer(send, receive, body)
+        finally:
+            self._slots.release()
+
+    async def _answer(self, send: Send, receive: Receive, body: bytes) -> None:
         req = orjson.loads(body)
         meta = req.get("metadata") or {}
         n = int(meta.get("fake_tokens", 16))
@@ -98,7 +121,7 @@ class FakeUpstream:
         usage = {"prompt_tokens": _prompt_tokens(req.get("messages")), "completion_tokens": n}
         usage["total_tokens"] = usage["prompt_tokens"] + n
         logprob = float(meta.get("fake_logprob", -0.1))
-        delay = float(meta.get("fake_delay_ms", 0)) / 1000
+        delay = float(meta.get("fake_delay_ms", self.delay_ms)) / 1000
         if not req.get("stream"):
             if delay:
                 await asyncio.sleep(delay * n)
@@ -163,10 +186,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9001)
     parser.add_argument("--model", default="fake")
+    parser.add_argument("--delay-ms", type=float, default=0.0,
+                        help="sleep before each streamed token (whole answer: per token) unless the request says")
+    parser.add_argument("--max-running", type=int, default=None, help="requests served at once; more queue")
     args = parser.parse_args(argv)
     import uvicorn
 
-    uvicorn.run(FakeUpstream(args.model), host=args.host, port=args.port, log_level="warning",
+    app = FakeUpstream(args.model, args.delay_ms, args.max_running)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 loop="uvloop", http="httptools", access_log=False)
 
 
