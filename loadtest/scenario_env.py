@@ -75,10 +75,12 @@ def fake_policy(micro_urls: Sequence[str], flagship_urls: Sequence[str], steps: 
             + pool("flagship", flagship_urls, ("3.00", "15.00")) + _ROUTING + tenants_yaml() + ladder_yaml(steps))
 
 
-def real_policy(steps: Sequence[ShedStep]) -> str:
+def real_policy(steps: Sequence[ShedStep], max_num_seqs: int | None = None) -> str:
     """The demo pools (local vLLM engines with the tiny demo models, as `policies/demo-ladder.yaml`), the
-    scenario tenants, the ladder."""
+    scenario tenants, the ladder. `max_num_seqs`: cap both engines' batch (a surge then queues)."""
     engine = "max_model_len: 1024, dtype: bfloat16, kv_cache_space_gib: 1"
+    if max_num_seqs is not None:
+        engine += f', extra_args: ["--max-num-seqs", "{max_num_seqs}"]'
     return f"""version: 1
 pools:
   micro:

@@ -26,6 +26,11 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scorer", choices=["classifier", "length", "none"], default="classifier")
     p.add_argument("--shed-ttft-s", type=float, default=0.5,
                    help="ladder: shed priority < 1 while a pool's p95 TTFT is above this (exit at half)")
+    p.add_argument("--shed-queue", type=float, default=None, metavar="N",
+                   help="ladder: shed on the engines' waiting queue instead (> N, exit below N/4): it sees a "
+                   "backlog at once, where p95 TTFT of finished requests lags it; use with --max-num-seqs")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="vLLM batch cap of both engines, so that a surge queues (shows in queue_depth)")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the engines")
     p.add_argument("--routing-rate", type=float, default=1.5, help="routed vs all-flagship: requests/s")
     p.add_argument("--routing-s", type=float, default=30.0, help="routed vs all-flagship: seconds per run")
@@ -36,6 +41,10 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _steps(args: argparse.Namespace) -> list[ShedStep]:
+    if args.shed_queue is not None:
+        q = args.shed_queue
+        return [ShedStep(f"{pool}-queue-shed", "queue_depth", pool, enter=q, exit=q / 4, hold_s=10, retry_after_s=5)
+                for pool in ("micro", "flagship")]
     t = args.shed_ttft_s
     return [ShedStep(f"{pool}-slow-shed", "ttft_p95_s", pool, enter=t, exit=t / 2, hold_s=10, retry_after_s=5)
             for pool in ("micro", "flagship")]
@@ -88,7 +97,7 @@ def _pair(p: dict[str, float | None]) -> str:
 
 def _gateway(procs: Procs, tmp: Path, args: argparse.Namespace) -> str:
     policy = tmp / "policy.yaml"
-    policy.write_text(real_policy(_steps(args)))
+    policy.write_text(real_policy(_steps(args), args.max_num_seqs))
     print(f"starting the gateway with both demo engines (policy {policy}); this takes minutes", flush=True)
     url = start_gateway(procs, policy, None, engines=True, scorer=args.scorer, redis_prefix=args.redis_prefix,
                         ready_timeout_s=args.ready_timeout)
