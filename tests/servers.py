@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -38,3 +45,41 @@ def serve(app: Any, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Callable[[], str],
+               poll_s: float = 0.3) -> None:
+    """Poll `base`/readyz until it answers 200. Fails the test with `log()` (the process's output) if the
+    process exits first or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway exited early ({proc.returncode}):\n{log()[-4000:]}")
+        try:
+            if httpx.get(base + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll_s)
+    raise AssertionError(f"gateway not ready in {timeout_s:.0f} s:\n{log()[-4000:]}")
+
+
+def start_gateway(policy: Path, port: int, prefix: str, home: Path, env: Mapping[str, str] | None = None,
+                  timeout_s: float = 60) -> subprocess.Popen[bytes]:
+    """`cascade serve` in a subprocess on `port` (no engines, no scorer, the ledger under `prefix`), returned once
+    ready; its stderr is a pipe (read on failure)."""
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--scorer",
+           "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CASCADE_HOME": str(home), **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def log() -> str:
+        proc.kill()
+        return proc.stderr.read().decode() if proc.stderr else ""
+
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, timeout_s, log, poll_s=0.2)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc

@@ -5,40 +5,19 @@ client saw completed."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.chaos.traffic import Kind, Traffic, reconcile
 from tests.conftest import SHARED_URL
-from tests.servers import free_port
+from tests.servers import free_port, start_gateway
 
 pytestmark = pytest.mark.redis
-ROOT = Path(__file__).resolve().parents[2]
 STREAM_S = 1.2  # how long each streamed answer takes (fake engine: 40 tokens, 30 ms apart)
-
-
-def _start_gateway(policy: Path, port: int, prefix: str, home: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--scorer",
-           "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "WARNING"]
-    env = {**os.environ, "CASCADE_HOME": str(home), "CASCADE_REDIS_URL": SHARED_URL}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"gateway did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
 
 
 def _body(i: int) -> dict[str, Any]:
@@ -53,7 +32,8 @@ async def test_sigterm_under_load_drains_streams_refuses_new_and_flushes_the_led
     policy_file: Path, prefix: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    proc = await asyncio.to_thread(_start_gateway, policy_file, port, prefix, tmp_path)
+    env = {"CASCADE_REDIS_URL": SHARED_URL}
+    proc = await asyncio.to_thread(start_gateway, policy_file, port, prefix, tmp_path, env)
     traffic = Traffic(f"http://127.0.0.1:{port}", _body, concurrency=8, timeout_s=30, pause_s=0.02)
     try:
         traffic.start()

@@ -35,7 +35,7 @@ import yaml
 
 from gateway.demo import stop_process_group
 from tests.conftest import delete_prefix
-from tests.servers import free_port
+from tests.servers import free_port, wait_ready
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
@@ -90,25 +90,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
                                 cwd=ROOT, start_new_session=True)
     gw = Gateway(f"http://127.0.0.1:{port}", log_path)
     try:
-        _wait_ready(gw, proc)
+        wait_ready(gw.url, proc, READY_TIMEOUT_S, gw.log_tail, poll_s=2)
         yield gw
     finally:
         stop_process_group(proc)
         delete_prefix(prefix)
-
-
-def _wait_ready(gw: Gateway, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"gateway exited early ({proc.returncode}):\n{gw.log_tail()}")
-        try:
-            if httpx.get(gw.url + "/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    pytest.fail(f"gateway not ready in {READY_TIMEOUT_S} s:\n{gw.log_tail()}")
 
 
 _GAUGE = re.compile(r"^(cascade_replica_kv_cache_usage|cascade_degradation_active)\{([^}]*)\}\s+(\S+)$", re.MULTILINE)

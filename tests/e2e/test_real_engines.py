@@ -21,7 +21,7 @@ import redis
 
 from gateway.demo import stop_process_group
 from tests.conftest import delete_prefix
-from tests.servers import free_port
+from tests.servers import free_port, wait_ready
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
@@ -50,25 +50,11 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
                                 start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base, proc, log_path)
+        wait_ready(base, proc, READY_TIMEOUT_S, log_path.read_text, poll_s=2)
         yield base
     finally:
         stop_process_group(proc)
         delete_prefix(prefix)
-
-
-def _wait_ready(base: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"gateway exited early ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(base + "/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    pytest.fail(f"gateway not ready in {READY_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
 
 
 def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:

@@ -3,11 +3,7 @@ cost records to the ledger; new connections are refused."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,31 +11,14 @@ import pytest
 import redis
 
 from tests.conftest import SHARED_URL
-from tests.servers import free_port
+from tests.servers import free_port, start_gateway
 
 pytestmark = pytest.mark.redis
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _start(policy: Path, port: int, prefix: str, tmp: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--scorer",
-           "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "WARNING"]
-    env = {**os.environ, "CASCADE_HOME": str(tmp)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"gateway did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
 
 
 def test_sigterm_finishes_streams_in_flight_and_records_them(policy_file: Path, prefix: str, tmp_path: Path) -> None:
     port = free_port()
-    proc = _start(policy_file, port, prefix, tmp_path)
+    proc = start_gateway(policy_file, port, prefix, tmp_path)
     body = {"model": "flagship", "stream": True, "messages": [{"role": "user", "content": "hi"}],
             "metadata": {"fake_tokens": "60", "fake_delay_ms": "20"}, "stream_options": {"include_usage": True}}
     try:

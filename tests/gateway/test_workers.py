@@ -21,7 +21,7 @@ from gateway.settings import Settings
 from gateway.workers import workers_problem
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
-from tests.servers import free_port, serve
+from tests.servers import free_port, serve, wait_ready
 
 pytestmark = pytest.mark.redis
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,26 +63,13 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
                                 stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_ready(url, proc, tmp / "gateway.log")
+            wait_ready(url, proc, 90, (tmp / "gateway.log").read_text)
             yield Workers(url, proc, micro, prefix)
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
             log.close()
             delete_prefix(prefix)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"workers not ready: {log.read_text()}")
 
 
 def _post(url: str, key: str = "sk-open", model: str = "flagship") -> httpx.Response:
