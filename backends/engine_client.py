@@ -44,6 +44,10 @@ class EngineUnavailable(EngineError):
     """No response came back (connect refused, reset, timeout before headers). Safe to fail over."""
 
 
+class EngineTimeout(EngineUnavailable):
+    """The engine did not answer in time: it may be alive but saturated (unlike a refused connection)."""
+
+
 class EngineStreamBroken(EngineError):
     """A stream that had started to arrive broke off (connection lost or too long a gap)."""
 
@@ -140,6 +144,8 @@ class AiohttpEngineClient:
         try:
             async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as resp:
                 text = await resp.text()
+        except TimeoutError as exc:
+            raise EngineTimeout(f"{url}: no answer in {timeout_s:g} s") from exc
         except _AIO_ERRORS as exc:
             raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
         if resp.status >= 400:
@@ -196,6 +202,8 @@ class HttpxEngineClient:
     async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
         try:
             resp = await self._http.get(url, timeout=timeout_s, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"{url}: no answer in {timeout_s:g} s") from exc
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
         if resp.status_code >= 400:

@@ -2,7 +2,9 @@
 
 Load = the gateway's own in-flight count for the replica (exact, instant) plus what the engine itself
 reports on `/metrics` (running + waiting requests, KV-cache use), scraped every `probe_interval_s`.
-A replica that refuses connections is marked down at once and probed back to life by the loop. Each
+A replica that refuses connections is marked down at once and probed back to life by the loop; one whose
+health check times out is marked down only after `SLOW_PROBES_DOWN` timeouts in a row (a saturated engine
+answers slowly but is still serving its batch: taking it out on one slow probe empties a busy pool). Each
 replica also has a circuit breaker (`backends.breaker`): `choose` skips replicas whose breaker is open
 and sends a half-open replica only its one probe request; the proxy reports each outcome to it.
 """
@@ -18,9 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backends.breaker import BreakerConfig, BreakerState, CircuitBreaker, Clock
-from backends.engine_client import EngineClient, EngineUnavailable
+from backends.engine_client import EngineClient, EngineTimeout, EngineUnavailable
 
-__all__ = ["EngineLoad", "Pool", "Replica", "parse_vllm_metrics"]
+__all__ = ["SLOW_PROBES_DOWN", "EngineLoad", "Pool", "Replica", "parse_vllm_metrics"]
+
+SLOW_PROBES_DOWN = 3
+"""Health checks in a row that must time out before a replica that still accepts connections is marked down."""
 
 log = logging.getLogger("cascade.pool")
 
@@ -62,6 +67,7 @@ class Replica:
     in_flight: int = 0
     load: EngineLoad = field(default_factory=EngineLoad)
     failures: int = 0
+    slow_probes: int = 0  # health checks in a row that timed out
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
@@ -135,10 +141,16 @@ class Pool:
     async def _probe(self, replica: Replica) -> None:
         try:
             await self._client.get_text(replica.url + self._health_path, headers=self.headers or None)
+        except EngineTimeout as exc:
+            replica.slow_probes += 1
+            if replica.healthy and replica.slow_probes >= SLOW_PROBES_DOWN:
+                self.mark_failed(replica, f"{exc} ({replica.slow_probes} health checks in a row)")
+            return
         except EngineUnavailable as exc:
             if replica.healthy:
                 self.mark_failed(replica, str(exc))
             return
+        replica.slow_probes = 0
         if not replica.healthy:
             log.info("replica ready", extra={"pool": self.name, "replica": replica.url})
         replica.healthy = True

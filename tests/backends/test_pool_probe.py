@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from backends.engine_client import EngineUnavailable, Headers
-from backends.pool import Pool
+from backends.engine_client import EngineTimeout, EngineUnavailable, Headers
+from backends.pool import SLOW_PROBES_DOWN, Pool
 
 
 class _Probed:
@@ -34,3 +34,34 @@ def test_a_pool_whose_probe_fails_is_not_ready() -> None:
     pool = Pool("cloud", ["https://api.example"], _Probed(), headers={"authorization": "Bearer k"})  # type: ignore[arg-type]
     asyncio.run(pool.probe_once())  # /health does not exist there
     assert not pool.ready
+
+
+class _Slow:
+    """An engine client whose health check times out `slow` times, then answers."""
+
+    def __init__(self, slow: int) -> None:
+        self.slow = slow
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        if url.endswith("/health") and self.slow > 0:
+            self.slow -= 1
+            raise EngineTimeout(f"{url}: no answer in {timeout_s:g} s")
+        return ""
+
+
+def test_a_saturated_engine_stays_in_rotation_until_several_health_checks_in_a_row_time_out() -> None:
+    client = _Slow(slow=0)
+    pool = Pool("micro", ["http://engine"], client)  # type: ignore[arg-type]
+    asyncio.run(pool.probe_once())
+    assert pool.ready
+    client.slow = SLOW_PROBES_DOWN - 1
+    for _ in range(SLOW_PROBES_DOWN - 1):  # slow, but it answers the next one: still serving
+        asyncio.run(pool.probe_once())
+        assert pool.ready
+    asyncio.run(pool.probe_once())
+    client.slow = SLOW_PROBES_DOWN
+    for _ in range(SLOW_PROBES_DOWN):
+        asyncio.run(pool.probe_once())
+    assert not pool.ready  # that many in a row: down
+    asyncio.run(pool.probe_once())
+    assert pool.ready  # and back at the first answer
