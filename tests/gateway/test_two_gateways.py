@@ -14,8 +14,7 @@ import redis
 from gateway.auth import hash_key
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import SHARED_URL, policy_yaml
-from tests.gateway.test_shutdown import _start
-from tests.servers import free_port
+from tests.servers import free_port, start_gateway
 
 pytestmark = pytest.mark.redis
 Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
@@ -34,7 +33,7 @@ def two(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[list[str]
     try:
         for i in range(2):
             port = free_port()
-            procs.append(_start(policy, port, prefix, tmp_path / f"gw{i}"))
+            procs.append(start_gateway(policy, port, prefix, tmp_path / f"gw{i}"))
             urls.append(f"http://127.0.0.1:{port}")
         yield urls
     finally:
