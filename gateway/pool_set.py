@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from backends.breaker import BreakerConfig
 from backends.engine_client import EngineClient
 from backends.pool import Pool
 from backends.supervisor import EngineSupervisor
@@ -69,8 +70,9 @@ class PoolSet:
 
     async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
         health = spec.health_path if isinstance(spec, RemotePool) else "/health"
+        breaker = BreakerConfig(**spec.breaker.model_dump())
         pool = Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s,
-                    health_path=health, headers=self._headers(name, spec))
+                    health_path=health, headers=self._headers(name, spec), breaker=breaker)
         await pool.probe_once()
         pool.start()
         self.pools[name], self.specs[name] = pool, spec

@@ -65,11 +65,22 @@ class QuantCeiling(Frozen):
         return ceiling_problems(model, self.max_disagreement, self.max_kl, self.min_json_valid)
 
 
+class Breaker(Frozen):
+    """Each replica's circuit breaker (`backends.breaker`): when it opens, and for how long."""
+
+    failure_threshold: int = Field(default=5, ge=1, description="consecutive failures that open it")
+    error_rate: float = Field(default=0.5, gt=0, le=1, description="or this share of failures in the window...")
+    min_requests: int = Field(default=20, ge=1, description="...over at least this many requests")
+    window_s: float = Field(default=10.0, gt=0, description="the error-rate window, seconds")
+    cooldown_s: float = Field(default=5.0, ge=0, description="open this long, then one half-open probe")
+
+
 class LocalPool(Frozen):
     type: Literal["local"]
     price: Price
     engine: EngineSpec
     on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
+    breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     max_quant_loss: QuantCeiling | None = Field(
         default=None, description="a quantized pool is refused unless its measured loss is within this ceiling")
     description: str = ""
@@ -88,6 +99,7 @@ class RemotePool(Frozen):
     urls: tuple[str, ...] = Field(min_length=1, description="base URLs of OpenAI-compatible servers")
     model: str = Field(description="model name sent to the remote servers")
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
+    breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     health_path: str = Field(default="/health", pattern=r"^/", description=(
         "path probed (with the API key) to decide a replica is up: vLLM serves /health; for other "
         "OpenAI-compatible APIs use /v1/models"))

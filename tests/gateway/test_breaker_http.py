@@ -54,15 +54,16 @@ def test_breaker_opens_on_a_failing_replica_then_a_probe_closes_it(tmp_path: Pat
     flaky = Flaky()
     with serve(flaky) as flaky_url:
         path = tmp_path / "p.yaml"
-        path.write_text(policy_yaml(good_url, flagship_url).replace(f'urls: ["{good_url}"]',
-                                                                    f'urls: ["{flaky_url}", "{good_url}"]'))
+        breaker = f"breaker: {{failure_threshold: 3, cooldown_s: {COOLDOWN_S}}}"  # the policy sets it
+        path.write_text(policy_yaml(good_url, flagship_url).replace(
+            f'urls: ["{good_url}"]', f'urls: ["{flaky_url}", "{good_url}"]\n    {breaker}'))
         settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="memory", home=tmp_path,
                             probe_interval_s=0.05, policy_watch_interval_s=0)
         app = create_app(settings)
         with serve(app) as url:
             runtime: Runtime = app.state.runtime
             bad = runtime.pools["micro"].replicas[0]
-            bad.breaker = CircuitBreaker(BreakerConfig(failure_threshold=3, cooldown_s=COOLDOWN_S))
+            assert bad.breaker.config == BreakerConfig(failure_threshold=3, cooldown_s=COOLDOWN_S)
             bad.in_flight = -100  # always the least loaded: chosen first whenever it is available
 
             # Every failed attempt fails over to the good replica: the client never sees the broken one.
