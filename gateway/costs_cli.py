@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.cli_output import write_output
 from gateway.costs_html import render_html
 from gateway.costs_report import (
     GROUPINGS,
@@ -97,10 +98,7 @@ def _run_report(args: argparse.Namespace) -> int:
     if report is None:
         return 2
     text = render(report, args.by, args.format)
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        args.out.write_text(text, encoding="utf-8")
+    write_output(text, args.out)
     return 0
 
 

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from gateway.cli_output import write_output
+
 __all__ = ["register"]
 
 
@@ -21,10 +23,7 @@ def _render(args: argparse.Namespace) -> int:
     except ValuesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        Path(args.out).write_text(text, encoding="utf-8")
+    write_output(text, args.out)
     return 0
 
 

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.cli_output import write_output
+
 if TYPE_CHECKING:
     from gateway.plan_schema import Forecast
     from policies.schema import Policy
@@ -44,10 +46,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     text = json.dumps(plan_json(plan), indent=2) + "\n" if args.format == "json" else render_table(plan)
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        Path(args.out).write_text(text, encoding="utf-8")
+    write_output(text, args.out)
     return 0
 
 
