@@ -102,18 +102,12 @@ class PoolSet:
         spec, pool = self.specs[name], self.pools[name]
         assert isinstance(spec, LocalPool)
         self.status[name] = "waking (cold start)"
-        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress)
-        self.supervisors[name] = sup
-        started = time.monotonic()
         try:
-            await sup.start()
+            took = await self._launch(name, spec, pool)
         except BaseException as exc:
             self.supervisors.pop(name, None)
             self.status[name] = f"sleeping (the last cold start failed: {str(exc).splitlines()[0]})"
             raise
-        pool.set_urls(sup.urls)
-        await pool.probe_once()
-        took = time.monotonic() - started
         self.status[name] = f"awake (cold start took {took:.1f} s)"
         log.info("pool %s woke up in %.1f s", name, took)
         return took
@@ -129,19 +123,25 @@ class PoolSet:
             await sup.aclose()
         log.info("pool %s stopped after %.0f s idle", name, idle_s)
 
-    async def _start_engines(self, name: str, spec: LocalPool, pool: Pool) -> None:
+    async def _launch(self, name: str, spec: LocalPool, pool: Pool) -> float:
+        """Start the pool's engines under a (registered) supervisor, point the pool at them and probe them;
+        returns the seconds it took. Raises what the supervisor's start raised."""
         sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress)
         self.supervisors[name] = sup
         started = time.monotonic()
+        await sup.start()
+        pool.set_urls(sup.urls)
+        await pool.probe_once()
+        return time.monotonic() - started
+
+    async def _start_engines(self, name: str, spec: LocalPool, pool: Pool) -> None:
         try:
-            await sup.start()
+            took = await self._launch(name, spec, pool)
         except Exception as exc:
             self.status[name] = f"failed: {exc}"
             log.error("engines of pool %s failed to start: %s", name, exc)
             return
-        pool.set_urls(sup.urls)
-        await pool.probe_once()
-        self.status[name] = f"ready after {time.monotonic() - started:.0f} s"
+        self.status[name] = f"ready after {took:.0f} s"
 
     def remove(self, name: str) -> None:
         """Take the pool out of routing now; stop it once idle (or after the grace period)."""
