@@ -113,7 +113,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="upstream HTTP transport under the httpx API (see BENCHMARKS.md)")
     p.add_argument("--request-log", metavar="FILE",
                    help="append each request (with its prompt) as JSONL for `cascade policy replay`; off by default")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="default INFO (any case)")
     p.add_argument("--log-format", choices=["json", "plain"], default="json")
     p.set_defaults(func=_serve)
 
