@@ -28,7 +28,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.ledger_keys import RECORD_LUA, SPEND_TTL_EXTRA_S, LedgerKeys, rollup_slot
 from gateway.ledger_record import (
@@ -213,10 +213,7 @@ class RedisLedger:
             try:
                 if not self._redis_up:
                     raise ConnectionError("Redis marked down")
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for rec, _ in batch:
-                        await self._apply(rec, pipe)
-                    results = await pipe.execute()
+                results = await self._apply_all([rec for rec, _ in batch])
             except Exception as exc:  # Redis down, or anything else: the outbox keeps every record
                 self._mark_down(exc)
                 for rec, _ in batch:
@@ -228,8 +225,26 @@ class RedisLedger:
                 if not done.done():
                     done.set_result(None)
 
-    def _apply(self, rec: CostRecord, client: Any) -> Any:
-        """Queue (pipeline) or run (client) the record script; the result is 1 if new, 0 if a duplicate."""
+    async def _apply_all(self, recs: list[CostRecord]) -> list[Any]:
+        """Run the record script for each of `recs` in one pipeline (one round trip); each result is 1 if the
+        record is new, 0 if a duplicate. Calls EVALSHA directly: redis-py's Script in a pipeline would ask
+        SCRIPT EXISTS first, a second round trip per batch. If Redis lost the script (a restart, SCRIPT
+        FLUSH), every call of the batch failed alike: load it and run the batch once more."""
+        for attempt in (1, 2):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for rec in recs:
+                    keys, args = self._script_call(rec)
+                    pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                try:
+                    return list(await pipe.execute())
+                except NoScriptError:
+                    if attempt == 2:
+                        raise
+                    await self._client.script_load(RECORD_LUA)
+        raise AssertionError("unreachable")
+
+    def _script_call(self, rec: CostRecord) -> tuple[list[str], list[str | int]]:
+        """The record script's keys and arguments for `rec`."""
         day, member, hour_member = rollup_slot(rec)
         k = self.keys
         keys = [k.request(rec.request_id), k.stream, k.day(day, member), k.hour(day, hour_member)]
@@ -239,7 +254,7 @@ class RedisLedger:
         keys.append(k.spend(rec.tenant, day[:7]))
         args: list[str | int] = [self._ttl_s, self._ttl_s * 1000, *counters, member, hour_member]
         args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, *flat]
-        return self._script(keys=keys, args=args, client=client)
+        return keys, args
 
     async def _spill(self, rec: CostRecord) -> None:
         fields = record_to_fields(rec)
@@ -254,11 +269,8 @@ class RedisLedger:
     async def _replay(self) -> None:
         while (good := await self._outbox.claim(record_from_fields)) is not None:
             for start in range(0, len(good), self._batch):
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for rec in good[start : start + self._batch]:
-                        await self._apply(rec, pipe)
-                    for applied in await pipe.execute():
-                        self._count(applied, replay=True)
+                for applied in await self._apply_all(good[start : start + self._batch]):
+                    self._count(applied, replay=True)
             await self._outbox.release()
 
     async def _drain_loop(self) -> None:

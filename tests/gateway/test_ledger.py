@@ -266,6 +266,24 @@ async def test_same_request_id_counts_once(ledger: RedisLedger) -> None:
 
 
 @pytest.mark.redis
+async def test_records_after_redis_forgot_the_script(tmp_path: Path, private_redis: RedisProcess) -> None:
+    """The batch runs the record script by its SHA; a Redis that lost it (restart, SCRIPT FLUSH) gets it
+    loaded again and the batch still counts once, not spilled and not doubled."""
+    private_redis.start()
+    led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
+    await led.start()
+    await asyncio.gather(*(led.record(make_record(i)) for i in range(5)))
+    client = aioredis.Redis.from_url(private_redis.url)
+    await client.script_flush()
+    await client.aclose()
+    recs = [make_record(i) for i in range(5, 40)]
+    await asyncio.gather(*(led.record(r) for r in recs))
+    assert led.counts.recorded == 40 and led.counts.spilled == 0
+    await led.aclose()
+    await assert_exact(private_redis.url, LedgerKeys("t:"), [make_record(i) for i in range(40)])
+
+
+@pytest.mark.redis
 async def test_outbox_replay_does_not_double_count(tmp_path: Path, prefix: str) -> None:
     recs = [make_record(i) for i in range(10)]
     first = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
