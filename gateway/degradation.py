@@ -2,7 +2,8 @@
 
 Signals per pool, refreshed every `interval_s`: `kv_cache_usage` (the highest replica's, as scraped
 from vLLM), `queue_depth` (waiting requests summed over replicas, as scraped), `ttft_p95_s` and
-`error_rate` over the last `window_s` seconds of this gateway's own requests. The ladder itself
+`error_rate` over the last `window_s` seconds of this gateway's own requests, and `in_flight` (this
+gateway's open requests to the pool, now). The ladder itself
 (hysteresis, hold times, combined effect) is `policies.ladder`; this module only measures and logs.
 With `share(LadderSync)` the state is one for every process on the same Redis: a leader decides on the
 merged signals of all of them and the others adopt its decision (see `gateway.ladder_sync`).
@@ -96,6 +97,7 @@ class DegradationMonitor:
             out[("ttft_p95_s", name)] = _p95([v for _, v in self._ttft.get(name, ())])
             outcomes = self._outcomes.get(name, ())
             out[("error_rate", name)] = sum(e for _, e in outcomes) / len(outcomes) if outcomes else math.nan
+            out[("in_flight", name)] = float(sum(r.in_flight for r in pool.replicas))
         return self._idle_is_calm(out)
 
     def _idle_is_calm(self, signals: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
@@ -119,7 +121,8 @@ class DegradationMonitor:
     def _report(self) -> Report:
         ttft = {p: [v for _, v in q][-MAX_SAMPLES:] for p, q in self._ttft.items() if q}
         outcomes = {p: (sum(e for _, e in q), len(q)) for p, q in self._outcomes.items() if q}
-        return Report(ttft, outcomes)
+        in_flight = {name: sum(r.in_flight for r in pool.replicas) for name, pool in self._pools().items()}
+        return Report(ttft, outcomes, in_flight)
 
     async def shared_tick(self, now: float | None = None) -> LadderState:
         """One tick of the shared ladder: publish this process's report; the leader decides on everyone's

@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 import redis.asyncio as aioredis
@@ -45,13 +45,15 @@ MAX_SAMPLES = 256  # newest TTFTs per pool per report: exact p95 at low rates, a
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One process's own view of the last window, per pool: TTFT samples (s) and (errors, requests)."""
+    """One process's own view, per pool: TTFT samples (s) and (errors, requests) of the last window, and the
+    requests it has in flight now."""
 
     ttft: Mapping[str, list[float]]
     outcomes: Mapping[str, tuple[int, int]]
+    in_flight: Mapping[str, int] = field(default_factory=dict)
 
     def dumps(self, at: float) -> bytes:
-        return orjson.dumps({"at": at, "ttft": self.ttft, "outcomes": self.outcomes})
+        return orjson.dumps({"at": at, "ttft": self.ttft, "outcomes": self.outcomes, "in_flight": self.in_flight})
 
 
 def _p95(values: list[float]) -> float:
@@ -62,10 +64,14 @@ def _p95(values: list[float]) -> float:
 
 
 def merge_reports(reports: Iterable[Report]) -> dict[tuple[str, str], float]:
-    """`ttft_p95_s` over the union of the samples and `error_rate` over all requests, per pool."""
+    """`ttft_p95_s` over the union of the samples, `error_rate` over all requests and `in_flight` summed over
+    the processes, per pool."""
     samples: dict[str, list[float]] = {}
     outcomes: dict[str, tuple[int, int]] = {}
+    in_flight: dict[str, int] = {}
     for report in reports:
+        for pool, count in report.in_flight.items():
+            in_flight[pool] = in_flight.get(pool, 0) + count
         for pool, values in report.ttft.items():
             samples.setdefault(pool, []).extend(values)
         for pool, (errors, total) in report.outcomes.items():
@@ -73,6 +79,7 @@ def merge_reports(reports: Iterable[Report]) -> dict[tuple[str, str], float]:
             outcomes[pool] = (e + errors, t + total)
     out: dict[tuple[str, str], float] = {("ttft_p95_s", p): _p95(v) for p, v in samples.items()}
     out |= {("error_rate", p): (e / t if t else math.nan) for p, (e, t) in outcomes.items()}
+    out |= {("in_flight", p): float(n) for p, n in in_flight.items()}
     return out
 
 
@@ -105,7 +112,9 @@ class LadderSync:
             if now - float(data["at"]) > self._stale_s:
                 stale.append(key)
                 continue
-            fresh.append(Report(data["ttft"], {p: (int(e), int(t)) for p, (e, t) in data["outcomes"].items()}))
+            outcomes = {p: (int(e), int(t)) for p, (e, t) in data["outcomes"].items()}
+            in_flight = {p: int(n) for p, n in (data.get("in_flight") or {}).items()}  # absent: an older worker
+            fresh.append(Report(data["ttft"], outcomes, in_flight))
         if stale:
             await self._redis.hdel(self._reports_key, *stale)
         return fresh

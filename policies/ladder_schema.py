@@ -7,7 +7,11 @@ A step enters when its signal goes above `enter_above`, and leaves when the sign
 - `kv_cache_usage`: fraction 0..1 of the pool's KV cache in use (vLLM `kv_cache_usage_perc`, highest replica);
 - `queue_depth`: requests waiting in the pool (vLLM `num_requests_waiting`, summed over replicas);
 - `ttft_p95_s`: 95th percentile time to first token in seconds, as the gateway measured it;
-- `error_rate`: fraction 0..1 of the pool's recent requests that failed.
+- `error_rate`: fraction 0..1 of the pool's recent requests that failed;
+- `in_flight`: requests this gateway (every worker, with a shared ladder) has open to the pool right now.
+  By Little's law it is arrival rate x latency, so it rises at once when the pool slows down for any
+  reason (its own queue, or engines sharing a machine), where `queue_depth` sees only the engine's queue and
+  `ttft_p95_s` only requests that already finished.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ __all__ = [
     "TruncateContext",
 ]
 
-Signal = Literal["kv_cache_usage", "queue_depth", "ttft_p95_s", "error_rate"]
+Signal = Literal["kv_cache_usage", "queue_depth", "ttft_p95_s", "error_rate", "in_flight"]
 FRACTION_SIGNALS = frozenset({"kv_cache_usage", "error_rate"})
 
 

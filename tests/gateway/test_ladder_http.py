@@ -4,6 +4,7 @@ KV-cache use and queue depth we set), engaging and receding with hysteresis."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,33 @@ def test_shedding_rejects_low_priority_with_retry_after(shedding: str, upstreams
     assert _post(shedding, headers=gold).status_code == 200
     upstreams[2].waiting = 0
     _until(lambda: _post(shedding, headers=free).status_code == 200)
+
+
+@pytest.fixture
+def shedding_on_in_flight(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: shed, below_priority: 1, retry_after_s: 3}"
+    tenants = f"""tenants:
+  gold: {{api_key_sha256: ['{hash_key("sk-gold")}'], priority: 5}}
+  free: {{api_key_sha256: ['{hash_key("sk-free")}'], priority: 0}}
+"""
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="busy", signal="in_flight", enter=3, exit=1,
+                                                         action=action), tenants)
+
+
+def test_shedding_on_the_gateways_own_in_flight_requests(shedding_on_in_flight: str) -> None:
+    """No engine gauge moves here: the step sees the slow requests the gateway itself has open."""
+    url = shedding_on_in_flight
+    gold, free = {"authorization": "Bearer sk-gold"}, {"authorization": "Bearer sk-free"}
+    assert _post(url, headers=free).status_code == 200
+    slow = {"model": "flagship", "metadata": {"fake_delay_ms": "150"}, "headers": gold}
+    with ThreadPoolExecutor(5) as pool:
+        running = [pool.submit(_post, url, **slow) for _ in range(5)]  # 16 tokens x 150 ms each
+        _until(lambda: _post(url, headers=free).status_code == 429)
+        r = _post(url, headers=free)
+        assert r.headers["retry-after"] == "3" and r.json()["error"]["code"] == "load_shed"
+        assert _post(url, headers=gold).status_code == 200  # higher priority is still served
+        assert all(f.result().status_code == 200 for f in running)
+    _until(lambda: _post(url, headers=free).status_code == 200)
 
 
 @pytest.fixture

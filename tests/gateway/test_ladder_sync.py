@@ -58,6 +58,19 @@ def test_merge_reports_pools_samples_and_counts() -> None:
     assert merge_reports([Report({"f": [0.1] * 18 + [2.0, 2.0]}, {})])[("ttft_p95_s", "f")] == 2.0
 
 
+def test_merge_reports_adds_up_in_flight_over_the_processes() -> None:
+    merged = merge_reports([Report({}, {}, {"f": 3, "m": 1}), Report({}, {}, {"f": 4}), Report({}, {})])
+    assert merged[("in_flight", "f")] == 7.0 and merged[("in_flight", "m")] == 1.0
+
+
+async def test_reports_of_an_older_worker_without_in_flight_still_count(client: aioredis.Redis, prefix: str) -> None:
+    sync = LadderSync(client, prefix)
+    await client.hset(f"{prefix}ladder:reports", "old-worker", b'{"at": 9e12, "ttft": {}, "outcomes": {"f": [1, 2]}}')
+    await sync.publish(Report({}, {"f": (0, 2)}, {"f": 2}))
+    merged = merge_reports(await sync.reports())
+    assert merged[("in_flight", "f")] == 2.0 and merged[("error_rate", "f")] == 0.25
+
+
 async def test_one_leader_decides_on_both_processes_signals_and_the_follower_adopts(
         client: aioredis.Redis, prefix: str) -> None:
     a, b = _monitor(client, prefix, hold_s=0), _monitor(client, prefix, hold_s=0)
