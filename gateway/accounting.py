@@ -47,9 +47,14 @@ class Accountant:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def cost_record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
+        """The priced record. `flagship_cost_micro_usd` is what the request would have cost on the flagship
+        pool at its prices; a discarded cascade probe (status "escalated") gets 0 there: with every request
+        on the flagship it would not exist, and the flagship call that replaced it carries the counterfactual.
+        """
         decision = facts.decision
         price = policy.pools[decision.pool].price
         flagship_price = policy.pools[policy.routing.flagship_pool].price
+        flagship_cost = flagship_price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens)
         return CostRecord(
             request_id=facts.request_id,
             tenant=facts.tenant,
@@ -58,7 +63,7 @@ class Accountant:
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             cost_micro_usd=price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens),
-            flagship_cost_micro_usd=flagship_price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens),
+            flagship_cost_micro_usd=0 if facts.status == "escalated" else flagship_cost,
             rule=decision.rule,
             policy_version=decision.policy_version,
             started_at=facts.started_wall,

@@ -120,7 +120,7 @@ def _verify_text(result: Reconciliation, start: date, end: date) -> str:
     ]
     if result.trimmed_through is not None:
         lines.append(
-            f"warning: stream trimmed by retention through id {result.trimmed_through}; "
+            f"warning: stream trimmed by retention, the oldest record kept is id {result.trimmed_through}; "
             "rollups of earlier records cannot be recomputed"
         )
     lines += [

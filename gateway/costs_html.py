@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from gateway.costs_report import TABLE_COLUMNS, CostReport, Counters, pct, row_fields, usd
+from gateway.costs_report import TABLE_COLUMNS, CostReport, Counters, display, pct, row_fields, usd
 
 __all__ = ["render_html"]
 
@@ -52,7 +52,8 @@ def render_html(report: CostReport, by: str) -> str:
         _section("Top tenants by spend", _tenants_chart(report)),
         _section(f"By {by}", _table(report, by)),
         "<footer>All amounts in USD, computed from integer micro-USD rollups. Savings = cost had every "
-        "request run on the flagship pool at its prices, minus actual cost.</footer>",
+        "request run on the flagship pool at its prices, minus actual cost. % &lt;pool&gt; = share of the requests "
+        "routed to that pool.</footer>",
         "</main></body></html>\n",
     ]
     return "\n".join(parts)
@@ -99,14 +100,22 @@ def _nice_ceiling(value: int) -> int:
         step *= 10
 
 
+def _tick_labels(top: int) -> list[str]:
+    """USD labels of the 6 y ticks from 0 to `top` micro-USD, all with the same number of decimals (2 to
+    6): as few as every tick needs, so an axis reads $0.00, $0.20 ... $1.00, not $0, $0.200000 ... $1.00."""
+    ticks = [top * i // 5 for i in range(6)]
+    decimals = next(d for d in range(2, 7) if all(t % 10 ** (6 - d) == 0 for t in ticks))
+    unit = 10 ** (6 - decimals)
+    return [f"${t // 1_000_000:,}.{t % 1_000_000 // unit:0{decimals}d}" for t in ticks]
+
+
 def _frame(top: int, days: list[str]) -> list[str]:
     """Y grid with 5 USD ticks up to `top` micro-USD, and day labels under the x axis."""
     plot_h, plot_w = _H - _TOP - _BOTTOM, _W - _LEFT - _RIGHT
     out = []
-    for i in range(6):
+    for i, label in enumerate(_tick_labels(top)):
         y = _TOP + plot_h - plot_h * i / 5
         out.append(f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e7eb" />')
-        label = _money(top * i // 5)
         out.append(f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(label)}</text>')
     every = max(1, len(days) // 12)
     for i, day in enumerate(days):
@@ -211,7 +220,7 @@ def _table(report: CostReport, by: str) -> str:
     head = "".join(f"<th>{escape(title)}</th>" for _, title in columns)
 
     def tr(row: dict[str, object], css: str = "") -> str:
-        cells = "".join(f"<td>{escape('-' if row[k] is None else str(row[k]))}</td>" for k, _ in columns)
+        cells = "".join(f"<td>{escape(display(row[k]))}</td>" for k, _ in columns)
         return f'<tr class="{css}">{cells}</tr>' if css else f"<tr>{cells}</tr>"
 
     body = "".join(tr(row_fields(r, pools)) for r in report.rows(by))

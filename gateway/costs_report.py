@@ -34,6 +34,7 @@ __all__ = [
     "Reconciliation",
     "ReportRow",
     "days_between",
+    "display",
     "load_report",
     "pct",
     "render_csv",
@@ -61,6 +62,15 @@ def pct(part: int, whole: int) -> str:
     tenths = (abs(part) * 2000 + whole) // (2 * whole)
     sign = "-" if part < 0 and tenths else ""
     return f"{sign}{tenths // 10}.{tenths % 10}%"
+
+
+def display(value: object) -> str:
+    """A report cell for people (table, HTML): "-" for None, integers with thousands separators."""
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +262,7 @@ def render_table(report: CostReport, by: str) -> str:
     columns = [("key", by), *TABLE_COLUMNS, *((f"share_{p}", f"% {p}") for p in pools)]
     body = [row_fields(r, pools) for r in report.rows(by)]
     total = row_fields(report.total(), pools)
-    cells = [[("-" if r[k] is None else str(r[k])) for k, _ in columns] for r in [*body, total]]
+    cells = [[display(r[k]) for k, _ in columns] for r in [*body, total]]
     widths = [max(len(title), *(len(row[i]) for row in cells)) for i, (_, title) in enumerate(columns)]
 
     def line(values: list[str]) -> str:
@@ -277,8 +287,9 @@ class Difference:
 
 @dataclass(frozen=True, slots=True)
 class Reconciliation:
-    """Outcome of `verify`. `trimmed_through` is the last stream id removed by retention, when that
-    reaches into the range (rollups of those days cannot be recomputed and will show differences)."""
+    """Outcome of `verify`. `trimmed_through` is the oldest stream id kept after retention removed older
+    entries, when it is later than the range's start (rollups of those days cannot be fully recomputed
+    and will show differences)."""
 
     records: int
     rollups_checked: int
@@ -362,13 +373,19 @@ async def _read_rollups(client: Redis, keys: LedgerKeys, days: list[str]) -> dic
 
 
 async def _trimmed_through(client: Redis, keys: LedgerKeys, start: date) -> str | None:
+    """The oldest stream id kept, when older entries were removed and it is later than the range's start
+    (records of the range added before it are gone). Redis trims by MINID without updating
+    `max-deleted-entry-id` (only XDEL does), so removal is told by `entries-added` > `length`."""
     try:
         info = await client.xinfo_stream(keys.stream)
     except ResponseError:  # no stream yet
         return None
-    last = _text(info.get("max-deleted-entry-id", b"0-0"))
+    if int(info.get("entries-added") or 0) <= int(info.get("length") or 0):
+        return None  # nothing removed (or Redis < 7: no `entries-added`)
+    first = info.get("first-entry")
+    oldest = _text(first[0] if first else info.get("last-generated-id"))
     start_ms = int(datetime.combine(start, datetime.min.time(), UTC).timestamp() * 1000)
-    return last if int(last.split("-")[0]) >= start_ms else None
+    return oldest if int(oldest.split("-")[0]) > start_ms else None
 
 
 def _text(value: bytes | str | None) -> str:

@@ -53,7 +53,7 @@ class CostRecord:
     prompt_tokens: int
     completion_tokens: int
     cost_micro_usd: int
-    flagship_cost_micro_usd: int  # what the same tokens would have cost on the flagship pool
+    flagship_cost_micro_usd: int  # the same tokens at the flagship's prices (0 for an escalated probe)
     rule: str
     policy_version: str
     started_at: float

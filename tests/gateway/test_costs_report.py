@@ -8,8 +8,6 @@ import asyncio
 import csv
 import io
 import json
-import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 from datetime import date
 from pathlib import Path
@@ -23,6 +21,7 @@ from gateway.costs_report import GROUPINGS, Cell, CostReport, Counters, pct, ren
 from gateway.ledger import CostRecord, LedgerKeys, RedisLedger
 from tests.conftest import SHARED_URL
 from tests.gateway.test_ledger import make_record
+from tests.gateway.test_ledger_audit_http import FLAGSHIP_RGB, MICRO_RGB, pixels_of, render_in_chromium
 
 DAY0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 START, END = date(2026, 1, 1), date(2026, 1, 4)
@@ -191,12 +190,9 @@ def test_cli_rejects_bad_dates() -> None:
 
 
 def test_html_screenshot_with_chromium(tmp_path: Path) -> None:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("chromium not installed")
     page = tmp_path / "costs.html"
     page.write_text(render_html(sample_report(), "tenant"))
     shot = tmp_path / "costs.png"
-    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}"]
-    subprocess.run([*args, "--window-size=1200,1600", page.as_uri()], check=True, timeout=120, capture_output=True)
-    assert shot.stat().st_size > 10_000
+    dom = render_in_chromium(page, shot)
+    assert dom.count("<svg") == 3 and "beta&lt;&amp;&gt;" in dom
+    assert pixels_of(shot, MICRO_RGB) > 2_000 and pixels_of(shot, FLAGSHIP_RGB) > 2_000, "stacked bars drawn"

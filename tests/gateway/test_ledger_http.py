@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from gateway.app import create_app
+from gateway.costs_report import verify
+from gateway.ledger import LedgerKeys
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import SHARED_URL
@@ -42,7 +46,7 @@ def _records(prefix: str, n: int, timeout: float = 10.0) -> list[dict[str, str]]
 
 async def test_concurrent_requests_record_exactly_their_usage(gateway: str, prefix: str) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
-        async def one(i: int) -> tuple[int, int]:
+        async def one(i: int) -> tuple[str, str, int, int]:
             body = {"model": "micro" if i % 2 else "flagship", "stream": i % 3 == 0,
                     "messages": [{"role": "user", "content": "w " * (i % 7)}],
                     "max_tokens": 1 + i % 9, "stream_options": {"include_usage": True}}
@@ -53,17 +57,36 @@ async def test_concurrent_requests_record_exactly_their_usage(gateway: str, pref
                 u = httpx.Response(200, content=usage[6:]).json()["usage"]
             else:
                 u = r.json()["usage"]
-            return u["prompt_tokens"], u["completion_tokens"]
+            return r.headers["x-request-id"], r.headers["x-cascade-pool"], u["prompt_tokens"], u["completion_tokens"]
 
         usages = await asyncio.gather(*(one(i) for i in range(200)))
     records = await asyncio.to_thread(_records, prefix, 200)
     assert len(records) == 200
-    assert sum(int(r["prompt_tokens"]) for r in records) == sum(p for p, _ in usages)
-    assert sum(int(r["completion_tokens"]) for r in records) == sum(c for _, c in usages)
+    # each request exactly once, with the usage its client saw, priced in integer micro-USD (tests.conftest)
+    prices = {"micro": (200_000, 200_000), "flagship": (3_000_000, 15_000_000)}
+
+    def cost(pool: str, prompt: int, completion: int) -> int:
+        return (prompt * prices[pool][0] + completion * prices[pool][1] + 500_000) // 1_000_000
+
+    by_id = {r["request_id"]: r for r in records}
+    for request_id, pool, prompt, completion in usages:
+        rec = by_id[request_id]
+        assert (rec["pool"], int(rec["prompt_tokens"]), int(rec["completion_tokens"])) == (pool, prompt, completion)
+        assert int(rec["cost_micro_usd"]) == cost(pool, prompt, completion)
+        assert int(rec["flagship_cost_micro_usd"]) == cost("flagship", prompt, completion)
     day = redis.Redis.from_url(SHARED_URL, decode_responses=True)
     rollups = [day.hgetall(k) for k in day.scan_iter(match=prefix + "rollup:day:*")]
-    assert sum(int(h["completion_tokens"]) for h in rollups) == sum(c for _, c in usages)
+    assert sum(int(h["completion_tokens"]) for h in rollups) == sum(u[3] for u in usages)
+    assert sum(int(h["prompt_tokens"]) for h in rollups) == sum(u[2] for u in usages)
+    assert sum(int(h["cost_micro_usd"]) for h in rollups) == sum(cost(*u[1:]) for u in usages)
     assert sum(int(h["requests"]) for h in rollups) == 200
+    client = aioredis.Redis.from_url(SHARED_URL)
+    try:
+        today = datetime.now(UTC).date()
+        result = await verify(client, LedgerKeys(prefix), today - timedelta(days=1), today)
+    finally:
+        await client.aclose()
+    assert result.ok and result.records == 200, result
 
 
 async def test_client_gone_mid_stream_is_charged_in_redis(gateway: str, prefix: str) -> None:
