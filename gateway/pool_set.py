@@ -163,13 +163,22 @@ class PoolSet:
         await asyncio.gather(*(self.add(name, spec) for name, spec in policy.pools.items()))
 
     async def reconcile(self, policy: Policy) -> None:
-        """Make the running pools match `policy` (call before the new policy becomes current)."""
-        for name in [n for n in self.pools if n not in policy.pools or policy.pools[n] != self.specs[n]]:
-            changed = name in policy.pools
-            self.remove(name)
-            if changed:
+        """Start the pools `policy` adds and restart those whose engines or endpoints it changes (call before
+        the new policy becomes current, then `retire_unused`). A change that only touches what the gateway
+        reads from the policy itself (price, description, quantization ceiling) restarts nothing."""
+        for name in [n for n in self.pools if n in policy.pools and policy.pools[n] != self.specs[n]]:
+            if _runtime(policy.pools[name]) == _runtime(self.specs[name]):
+                self.specs[name] = policy.pools[name]
+            else:
                 log.info("pool %s changed: restarting it", name)
+                self.remove(name)
         await asyncio.gather(*(self.add(n, s) for n, s in policy.pools.items() if n not in self.pools))
+
+    def retire_unused(self, policy: Policy) -> None:
+        """Stop the pools `policy` no longer has (call once it is current: requests deciding on the old
+        policy found their pool until then)."""
+        for name in [n for n in self.pools if n not in policy.pools]:
+            self.remove(name)
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
@@ -180,3 +189,8 @@ class PoolSet:
             await pool.aclose()
         for sup in self.supervisors.values():
             await sup.aclose()
+
+
+def _runtime(spec: LocalPool | RemotePool) -> dict[str, object]:
+    """What the pool's engines and replicas are built from (not its price or description)."""
+    return spec.model_dump(exclude={"price", "description", "max_quant_loss"})

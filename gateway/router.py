@@ -16,6 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.schema import ChatRequest
 from policies.decide import (
     AUTO_MODEL,
+    ModelNotRouted,
     PoolNotAllowed,
     RouteContext,
     RouteDecision,
@@ -72,6 +73,8 @@ class RequestRouter:
             decision = decide(policy, loaded.version, ctx, score, ladder)
         except PoolNotAllowed as exc:
             raise PermissionDenied(str(exc), param="model") from exc
+        except ModelNotRouted as exc:
+            raise ModelNotFound(str(exc), param="model") from exc
         micro = policy.routing.micro_pool
         if downgrade and decision.pool != micro:
             reason = f"tenant {tenant!r} is over budget (policy: downgrade); {decision.reason}"

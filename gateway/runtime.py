@@ -68,6 +68,8 @@ class Runtime:
             if fresh.version != self.policies.current.version:
                 await self.pool_set.reconcile(fresh.policy)
                 self.policies.swap(fresh)
+                self.pool_set.retire_unused(fresh.policy)
+                self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not
             return fresh
 
     async def redis_ok(self) -> bool:

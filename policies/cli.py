@@ -53,11 +53,25 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     if args.request is not None:
-        body = json.loads(Path(args.request).read_text(encoding="utf-8"))
+        try:
+            body = json.loads(Path(args.request).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{args.request}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
         if not isinstance(body, dict):
-            raise ValueError("the request file must hold a JSON object (a chat-completions body)")
+            raise ValueError(f"{args.request}: must hold a JSON object (a chat-completions body)")
         return body
     return {"model": args.model, "messages": [{"role": "user", "content": args.prompt}]}
+
+
+def _headers(given: list[str]) -> dict[str, str]:
+    """`--header NAME:VALUE` options as a dict (names and values stripped)."""
+    headers = {}
+    for item in given:
+        name, colon, value = item.partition(":")
+        if not colon or not name.strip():
+            raise ValueError(f"--header {item!r}: write it as NAME:VALUE, e.g. --header 'x-plan: premium'")
+        headers[name.strip()] = value.strip()
+    return headers
 
 
 def _classifier_score(messages: Any) -> float:
@@ -101,14 +115,14 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
     try:
         body = _request_body(args)
-        headers = dict(h.split(":", 1) for h in args.header)
+        headers = _headers(args.header)
     except (OSError, ValueError) as exc:
         print(f"bad request: {exc}", file=sys.stderr)
         return 1
     if args.score is not None and not 0 <= args.score <= 1:
         print(f"--score must be within [0, 1], got {args.score}", file=sys.stderr)
         return 1
-    ctx = RouteContext.from_request(body, args.tenant, {k.strip(): v.strip() for k, v in headers.items()})
+    ctx = RouteContext.from_request(body, args.tenant, headers)
     score, source = args.score, "given"
     if score is None and needs_score(loaded.policy, ctx):
         score, source = _classifier_score(body.get("messages") or []), "classifier"

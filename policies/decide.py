@@ -23,12 +23,15 @@ from policies.schema import Policy
 
 __all__ = [
     "AUTO_MODEL",
+    "ModelNotRouted",
     "PoolNotAllowed",
     "RouteContext",
     "RouteDecision",
     "decide",
+    "known_model",
     "needs_score",
     "pinned_pool",
+    "rule_models",
     "rule_trace",
     "served_model",
 ]
@@ -40,6 +43,16 @@ class PoolNotAllowed(Exception):
     def __init__(self, tenant: str, pool: str, allowed: tuple[str, ...]) -> None:
         self.tenant, self.pool, self.allowed = tenant, pool, allowed
         super().__init__(f"tenant {tenant!r} may not use pool {pool!r}; allowed: {list(allowed)}")
+
+
+class ModelNotRouted(Exception):
+    """A model name that only rules know (no pool, alias or served name), and none of those rules matches
+    this request: there is no pool to send it to (the gateway answers 404)."""
+
+    def __init__(self, model: str, rules: tuple[str, ...]) -> None:
+        self.model, self.rules = model, rules
+        super().__init__(f"model {model!r} is routed only by rules {list(rules)}, and none of them matches this "
+                         "request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +86,13 @@ def served_model(policy: Policy, pool: str) -> str:
 
 
 def rule_trace(policy: Policy, ctx: RouteContext, score: float | None) -> list[tuple[Rule, str | None]]:
-    """Each rule tried, in order, with why it did not match (None: it matched); stops at the first match."""
+    """Each rule tried, in order, with why it did not match (None: it matched); stops at the first match.
+    For a named model only the rules listing it in `match.models` are tried (see `_model_rule`)."""
+    named = ctx.requested_model != AUTO_MODEL
     trace: list[tuple[Rule, str | None]] = []
     for rule in policy.routing.rules:
+        if named and ctx.requested_model not in (rule.match.models or ()):
+            continue
         why = rule.match.why_not(ctx, score)
         trace.append((rule, why))
         if why is None:
@@ -154,7 +171,8 @@ def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: Ladder
         return _by_score(policy, ctx, model_rule, score, ladder)
     if ctx.requested_model != AUTO_MODEL:
         pool = pinned_pool(policy, ctx.requested_model)
-        assert pool is not None, "caller must reject unknown models first"
+        if pool is None:
+            raise ModelNotRouted(ctx.requested_model, tuple(r.name for r, _ in rule_trace(policy, ctx, score)))
         allowed = _allowed(policy, ctx.tenant)
         if allowed is not None and pool not in allowed:
             raise PoolNotAllowed(ctx.tenant, pool, allowed)
@@ -169,8 +187,9 @@ def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: Ladder
 def decide(
     policy: Policy, version: str, ctx: RouteContext, score: float | None, ladder: LadderState | None = None
 ) -> RouteDecision:
-    """Decide the pool (see the module docstring for the order). The caller has checked that a pinned
-    model exists (`pinned_pool`). Raises `PoolNotAllowed` for a pinned pool the tenant may not use."""
+    """Decide the pool (see the module docstring for the order). The caller has checked that the model is
+    known (`known_model`). Raises `PoolNotAllowed` for a pinned pool the tenant may not use, and
+    `ModelNotRouted` for a rule-only model name none of whose rules matches."""
     ladder = ladder or LadderState()
     pool, rule, reason = _base(policy, ctx, score, ladder)
     allowed = _allowed(policy, ctx.tenant)

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.context import AUTO_MODEL, RouteContext
-from policies.decide import PoolNotAllowed, RouteDecision, decide, needs_score, pinned_pool, rule_trace
+from policies.context import RouteContext
+from policies.decide import (
+    ModelNotRouted,
+    PoolNotAllowed,
+    RouteDecision,
+    decide,
+    known_model,
+    needs_score,
+    rule_trace,
+)
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.schema import LocalPool, Policy
@@ -43,21 +51,22 @@ class Explanation:
 
 def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
             ladder: LadderState | None = None) -> Explanation:
-    """Decide `ctx` under `loaded` and record each rule tried (no rules are tried for pinned models)."""
+    """Decide `ctx` under `loaded` and record each rule tried (for a named model: the rules listing it)."""
     policy = loaded.policy
-    auto = ctx.requested_model == AUTO_MODEL
-    trace = rule_trace(policy, ctx, score) if auto else []
+    trace = rule_trace(policy, ctx, score)
     rules = tuple(
         RuleOutcome(r.name, f"pool {r.pool!r}" if r.pool else f"threshold {r.threshold}", why) for r, why in trace
     )
     decision, refusal = None, None
-    if not auto and pinned_pool(policy, ctx.requested_model) is None:
+    if not known_model(policy, ctx.requested_model):
         refusal = f"404: model {ctx.requested_model!r} is not served by this policy"
     else:
         try:
             decision = decide(policy, loaded.version, ctx, score, ladder)
         except PoolNotAllowed as exc:
             refusal = f"403: {exc}"
+        except ModelNotRouted as exc:
+            refusal = f"404: {exc}"
     return Explanation(loaded.source, loaded.version, ctx, score, needs_score(policy, ctx), rules, decision, refusal)
 
 

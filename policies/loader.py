@@ -15,8 +15,10 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from policies.checks import Loc, reference_problems
+from policies.fields import did_you_mean, keys_at
 from policies.schema import Policy
 
 __all__ = ["LoadedPolicy", "PolicyError", "dotted_path", "load_policy", "parse_policy"]
@@ -90,19 +92,31 @@ def _duplicate_keys(node: yaml.Node | None, loc: Loc = ()) -> Iterator[tuple[Loc
             yield from _duplicate_keys(item, (*loc, i))
 
 
+_CUSTOM_MESSAGES = frozenset({"value_error", "assertion_error", "missing", "extra_forbidden"})
+"""Error types whose message already names the value (ours) or where there is no value to show."""
+
+
+def _hint(err: ErrorDetails) -> str:
+    """How to fix one schema error, as ops read it."""
+    if err["type"] == "extra_forbidden":
+        guess = did_you_mean(str(err["loc"][-1]), keys_at(Policy, err["loc"][:-1]))
+        fix = f"did you mean `{guess}`?" if guess else "check its spelling or remove it;"
+        return f" (unknown key: {fix} `cascade policy schema` lists the keys)"
+    if err["type"] == "missing":
+        return " (add this key)"
+    if err["type"].startswith("union_tag"):
+        return " (fix the `type`)"
+    if err["type"] not in _CUSTOM_MESSAGES and isinstance(err["input"], str | int | float | bool):
+        return f" (got {err['input']!r})"
+    return ""
+
+
 def _schema_problems(source: str, exc: ValidationError, root: yaml.Node | None) -> list[str]:
     problems = []
     for err in exc.errors(include_url=False):
         # drop pydantic's discriminator tags ("local", "raise_threshold", ...) from the path shown to ops
         loc = tuple(p for i, p in enumerate(err["loc"]) if not _is_tag(err["loc"], i))
-        hint = ""
-        if err["type"] == "extra_forbidden":
-            hint = " (unknown key: check its spelling or remove it; `cascade policy schema` lists the keys)"
-        elif err["type"] == "missing":
-            hint = " (add this key)"
-        elif err["type"] == "union_tag_invalid":
-            hint = " (fix the `type`)"
-        problems.append(_at(source, root, loc, f"{err['msg']}{hint}"))
+        problems.append(_at(source, root, loc, f"{err['msg']}{_hint(err)}"))
     return problems
 
 
@@ -116,10 +130,20 @@ def _compose(text: str, source: str) -> tuple[yaml.Node | None, Any]:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise PolicyError(source, [f"{where}: not valid YAML: {exc}"]) from exc
+        raise PolicyError(source, [_yaml_problem(source, exc)]) from exc
     return root, data
+
+
+def _yaml_problem(source: str, exc: yaml.YAMLError) -> str:
+    """One line: where the parser stopped, what it found, where the construct it was reading began."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return f"{source}: not valid YAML: {' '.join(str(exc).split())}"
+    mark = exc.problem_mark
+    began = exc.context_mark
+    context = f" ({exc.context} that starts at line {began.line + 1})" if exc.context and began is not None else ""
+    fix = "indent with spaces, not tabs" if "\\t" in str(exc.problem) else (
+        "check the indentation, quotes and brackets here and on the lines above")
+    return f"{source}:{mark.line + 1}: column {mark.column + 1}: not valid YAML: {exc.problem}{context} ({fix})"
 
 
 def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:

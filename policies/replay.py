@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from policies.context import AUTO_MODEL, RouteContext
-from policies.decide import PoolNotAllowed, decide, needs_score, pinned_pool
+from policies.context import RouteContext
+from policies.decide import ModelNotRouted, PoolNotAllowed, decide, known_model, needs_score
 from policies.loader import LoadedPolicy
 
 __all__ = ["LogEntry", "LogError", "ReplayResult", "parse_log", "render_replay", "replay", "usd"]
@@ -100,11 +100,11 @@ def _route(loaded: LoadedPolicy, entry: LogEntry) -> tuple[str, bool]:
     """(pool or REFUSED, whether a needed score was missing) for one entry under `loaded`."""
     ctx = RouteContext.from_request(entry.request, entry.tenant, entry.headers, entry.prompt_tokens)
     policy = loaded.policy
-    if ctx.requested_model != AUTO_MODEL and pinned_pool(policy, ctx.requested_model) is None:
+    if not known_model(policy, ctx.requested_model):
         return REFUSED, False
     try:
         decision = decide(policy, loaded.version, ctx, entry.score)
-    except PoolNotAllowed:
+    except (PoolNotAllowed, ModelNotRouted):
         return REFUSED, False
     return decision.pool, entry.score is None and needs_score(policy, ctx)
 

@@ -19,11 +19,16 @@ class RateLimits(Frozen):
     tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + max completion tokens")
 
 
+_USD: dict[str, Any] = {"anyOf": [{"type": ["string", "number"]}, {"type": "null"}]}
+"""JSON Schema of a USD amount as ops write it ("25.00" or 25); stored as integer micro-USD."""
+
+
 class Budget(Frozen):
     """Spend limits in USD (stored as integer micro-USD). Days and months are UTC."""
 
-    daily_usd: int | None = Field(default=None, description="USD per UTC day, e.g. 25.00")
-    monthly_usd: int | None = Field(default=None, description="USD per UTC month, e.g. 500.00")
+    daily_usd: int | None = Field(default=None, description="USD per UTC day, e.g. 25.00", json_schema_extra=_USD)
+    monthly_usd: int | None = Field(default=None, description="USD per UTC month, e.g. 500.00",
+                                    json_schema_extra=_USD)
     soft_limit_pct: int = Field(default=80, ge=1, le=100, description="warn (logs, metrics) past this share")
     on_exceed: Literal["reject", "downgrade"] = Field(
         default="reject", description="reject with 429, or downgrade every request to the micro pool"

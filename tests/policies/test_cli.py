@@ -84,6 +84,39 @@ def test_explain_refusals_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert "404: model 'gpt-5'" in capsys.readouterr().out
 
 
+RULE_MODELS = """  rules:
+    - {name: vip-gpt4o, match: {models: [gpt-4o], tenants: [vip]}, pool: flagship}
+    - {name: cheap-mini, match: {models: [gpt-4o-mini]}, pool: micro}
+"""
+
+
+def _rule_models(tmp_path: Path) -> Path:
+    path = tmp_path / "rule-models.yaml"
+    path.write_text(DEFAULT.read_text().replace("  threshold: 0.5\n", "  threshold: 0.5\n" + RULE_MODELS))
+    return path
+
+
+def test_explain_a_model_only_rules_know(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = str(_rule_models(tmp_path))
+    assert run("explain", policy, "--prompt", "x", "--model", "gpt-4o-mini", "--score", "0.9") == 0
+    out = capsys.readouterr().out
+    assert "1. cheap-mini -> pool 'micro': MATCH" in out
+    assert "decision: pool 'micro' (model 'micro'), rule 'cheap-mini'" in out
+    assert run("explain", policy, "--prompt", "x", "--model", "gpt-4o", "--tenant", "std", "--score", "0.9") == 1
+    out = capsys.readouterr().out
+    assert "1. vip-gpt4o -> pool 'flagship': no: tenant 'std' not in ['vip']" in out
+    assert "refused:  404: model 'gpt-4o' is routed only by rules ['vip-gpt4o']" in out
+
+
+def test_explain_bad_header_and_bad_request_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("explain", str(DEFAULT), "--prompt", "x", "--score", "0.1", "--header", "x-plan") == 1
+    assert "--header 'x-plan': write it as NAME:VALUE" in capsys.readouterr().err
+    body = tmp_path / "body.json"
+    body.write_text("{\n  oops\n}")
+    assert run("explain", str(DEFAULT), "--request", str(body), "--score", "0.1") == 1
+    assert f"{body}:2: not valid JSON" in capsys.readouterr().err
+
+
 def _line(model: str, score: float | None, pool: str, prompt: int, completion: int) -> str:
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}]}
     return json.dumps({"request": body, "tenant": "default", "score": score, "pool": pool,
@@ -130,3 +163,11 @@ def test_bad_log_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     log, _ = _files(tmp_path, [LOG[0], "not json"])
     assert run("replay", str(DEFAULT), "--log", str(log)) == 1
     assert f"{log}:2:" in capsys.readouterr().err
+
+
+def test_replay_routes_models_only_rules_know(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log, _ = _files(tmp_path, [_line("gpt-4o-mini", None, "micro", 10, 10), _line("gpt-4o", None, "micro", 10, 10)])
+    assert run("replay", str(_rule_models(tmp_path)), "--log", str(log)) == 0
+    out = capsys.readouterr().out
+    assert "2 requests; 1 move pools" in out  # gpt-4o from tenant 'default' matches no rule: refused
+    assert "1 requests would be refused" in out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from policies.decide import PoolNotAllowed, RouteContext, decide, needs_score, pinned_pool
+from policies.decide import ModelNotRouted, PoolNotAllowed, RouteContext, decide, needs_score, pinned_pool
 from policies.ladder import ActiveStep, LadderState
 from policies.loader import parse_policy
 from policies.schema import LadderStep
@@ -110,3 +110,15 @@ def test_ladder_remap_moves_traffic_unless_the_tenant_may_not_use_the_target() -
     loaded = parse_policy(TENANTS.replace("allowed_pools: [micro, flagship]", "allowed_pools: [flagship]"))
     d = decide(loaded.policy, loaded.version, RouteContext("initech", "auto", "x"), 0.9, state)
     assert d.pool == "flagship" and "may not use" in d.reason
+
+
+RULE_ONLY = parse_policy(TEXT.replace("  rules:\n", """  rules:
+    - {name: vip-gpt4o, match: {models: [gpt-4o], tenants: [vip]}, pool: flagship}
+""", 1))
+
+
+def test_a_rule_only_model_whose_rules_do_not_match_is_not_routed() -> None:
+    policy, version = RULE_ONLY.policy, RULE_ONLY.version
+    assert decide(policy, version, RouteContext("vip", "gpt-4o", "x"), None).rule == "vip-gpt4o"
+    with pytest.raises(ModelNotRouted, match=r"'gpt-4o' is routed only by rules \['vip-gpt4o'\]"):
+        decide(policy, version, RouteContext("other", "gpt-4o", "x"), None)

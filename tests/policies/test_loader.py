@@ -35,7 +35,28 @@ def test_unknown_key_names_line_path_and_fix() -> None:
     line = bad.splitlines().index("      kv_cache_space_gb: 1") + 1
     (problem,) = _problems(bad)
     assert problem.startswith(f"p.yaml:{line}: pools.micro.engine.kv_cache_space_gb")
-    assert "unknown key" in problem
+    assert "unknown key: did you mean `kv_cache_space_gib`?" in problem
+    (problem,) = _problems(GOOD.replace("threshold: 0.5", "treshold: 0.5"))
+    assert "routing.treshold:" in problem and "did you mean `threshold`?" in problem
+    (problem,) = _problems(GOOD.replace("served_name: micro", "served_name: micro\n      colour: blue"))
+    assert "unknown key: check its spelling or remove it" in problem  # nothing close: no guess
+
+
+def test_yaml_syntax_error_is_one_line_with_line_column_and_fix() -> None:
+    bad = GOOD.replace("routing:\n", "routing: {\n", 1)
+    (problem,) = _problems(bad)
+    assert "\n" not in problem and "not valid YAML" in problem
+    assert problem.startswith("p.yaml:") and "column" in problem and "check the indentation" in problem
+    (problem,) = _problems(GOOD.replace("routing:\n  micro_pool", "routing:\n\tmicro_pool"))
+    assert problem.startswith(f"p.yaml:{_line(GOOD, 'micro_pool')}: column 1: not valid YAML")
+    assert "indent with spaces, not tabs" in problem
+
+
+def test_a_bad_value_is_shown() -> None:
+    (problem,) = _problems(GOOD.replace("threshold: 0.5", "threshold: high"))
+    assert "routing.threshold: Input should be a valid number" in problem and "(got 'high')" in problem
+    (problem,) = _problems(GOOD.replace("threshold: 0.5", "threshold: 1.5"))
+    assert problem.endswith("less than or equal to 1 (got 1.5)")
 
 
 def test_bad_price_and_bad_yaml_and_unknown_pool() -> None:
