@@ -109,7 +109,7 @@ async def reload_policy(request: Request) -> Response:
 
 async def admin_costs(request: Request) -> Response:
     """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by."""
-    from datetime import date, timedelta
+    from datetime import UTC, date, datetime, timedelta
 
     from gateway.costs_html import render_html
     from gateway.costs_report import load_report
@@ -118,7 +118,7 @@ async def admin_costs(request: Request) -> Response:
     runtime = _runtime(request)
     try:
         _require_admin(request)
-        today = date.today()
+        today = datetime.now(UTC).date()  # the ledger's days are UTC days
         start = date.fromisoformat(request.query_params.get("from", str(today - timedelta(days=6))))
         end = date.fromisoformat(request.query_params.get("to", str(today)))
         by = request.query_params.get("by", "tenant")

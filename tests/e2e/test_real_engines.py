@@ -133,6 +133,27 @@ def test_streaming_pinned_pool_counts_usage_exactly(gateway: str, prefix: str, p
     assert rec["usage_source"] == "engine" and rec["status"] == "ok"
 
 
+def test_client_leaving_mid_stream_is_charged_for_what_was_generated(gateway: str, prefix: str) -> None:
+    """The SDK client closes a long stream after a few chunks: the engine request is aborted, and the record
+    counts the prompt and the tokens generated so far with the engine's own tokenizer."""
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    with client.chat.completions.with_streaming_response.create(
+        model="micro", messages=[{"role": "user", "content": "Write a very long story about a lighthouse."}],
+        max_tokens=400, stream=True, extra_body={"ignore_eos": True},
+    ) as raw:
+        request_id = raw.headers["x-request-id"]
+        seen = 0
+        for chunk in raw.parse():
+            seen += bool(chunk.choices and chunk.choices[0].delta.content)
+            if seen >= 5:
+                break  # leaving the block closes the connection mid-stream
+    rec = _record(prefix, request_id)
+    assert rec["status"] == "client_disconnect" and rec["usage_source"] == "tokenizer"
+    assert int(rec["prompt_tokens"]) > 0
+    assert 4 <= int(rec["completion_tokens"]) < 400, rec
+    assert int(rec["cost_micro_usd"]) > 0
+
+
 def test_errors_from_real_engine_path(gateway: str) -> None:
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
     with pytest.raises(openai.NotFoundError):
