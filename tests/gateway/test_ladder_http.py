@@ -4,8 +4,8 @@ KV-cache use and queue depth we set), engaging and receding with hysteresis."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
