@@ -1,8 +1,9 @@
 """Talk to OpenAI-compatible engines (vLLM): one shared, keep-alive client per gateway process.
 
-Two transports behind one small protocol, chosen by measurement (BENCHMARKS.md): raw aiohttp (default:
-its connection pool holds up under concurrency and costs the least CPU per request) and httpx (its own
-pool; slower under load on small machines, kept for comparison and for environments that need it).
+Three transports behind one small protocol, chosen by measurement (BENCHMARKS.md): raw aiohttp (its
+connection pool holds up under concurrency), `h1` (`backends.h1_client`: asyncio Protocols and the C parser
+httptools; the least CPU per relayed token) and httpx (its own pool; slower under load on small machines,
+kept for comparison and for environments that need it).
 Streams pass through chunk by chunk; nothing buffers a whole answer.
 
 Error contract: `EngineUnavailable` means no usable response came back (connect refused, reset, timeout
@@ -222,9 +223,14 @@ async def _httpx_chunks(resp: httpx.Response) -> AsyncIterator[bytes]:
         raise EngineStreamBroken(f"{type(exc).__name__}: {exc}") from exc
 
 
-def make_engine_client(transport: Literal["aiohttp", "httpx"] = "aiohttp", timeouts: Timeouts = Timeouts(),
+def make_engine_client(transport: Literal["aiohttp", "httpx", "h1"] = "aiohttp", timeouts: Timeouts = Timeouts(),
                        max_connections: int = 512) -> EngineClient:
-    """One client for all engines; the caller owns it and closes it (`aclose`)."""
+    """One client for all engines; the caller owns it and closes it (`aclose`). `h1` is the lean client of
+    `backends.h1_client` (asyncio Protocols and httptools)."""
     if transport == "aiohttp":
         return AiohttpEngineClient(timeouts, max_connections)
+    if transport == "h1":
+        from backends.h1_client import H1EngineClient  # it imports this module's errors
+
+        return H1EngineClient(timeouts, max_connections)
     return HttpxEngineClient(timeouts, max_connections)

@@ -66,18 +66,25 @@ def summarise_nonstream(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarise_stream(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over rounds; `ratio` = median of per-round gateway/direct tokens/s; `pooled_ratio` = sums."""
-    by = {name: {c["round"]: c for c in cells if c["target"] == name} for name in ("direct", "gateway")}
-    rounds = sorted(set(by["direct"]) & set(by["gateway"]))
-    ratios = [by["gateway"][r]["tokens_per_s"] / by["direct"][r]["tokens_per_s"]
-              for r in rounds if by["direct"][r]["tokens_per_s"] > 0]
+    """Medians over rounds per target. `ratio` = median of per-round gateway/direct tokens/s; `pooled_ratio` =
+    sums; `ratios_to_direct` gives the same median for every other target (another transport, the bare relay)."""
+    names = list(dict.fromkeys(c["target"] for c in cells))
+    by = {name: {c["round"]: c for c in cells if c["target"] == name} for name in names}
+    direct = by.get("direct", {})
+
+    def per_round(name: str) -> list[float]:
+        rounds = sorted(set(direct) & set(by[name]))
+        return [by[name][r]["tokens_per_s"] / direct[r]["tokens_per_s"] for r in rounds
+                if direct[r]["tokens_per_s"] > 0]
 
     def pooled(name: str) -> float:
         wall = sum(c["wall_s"] for c in by[name].values())
         return sum(c["tokens"] for c in by[name].values()) / wall if wall else 0.0
 
-    out: dict[str, Any] = {"rounds": len(rounds), "ratio": _median(ratios), "ratios": ratios}
-    out["pooled_ratio"] = pooled("gateway") / pooled("direct") if pooled("direct") else None
+    ratios = per_round("gateway") if "gateway" in by else []
+    out: dict[str, Any] = {"rounds": len(ratios), "ratio": _median(ratios), "ratios": ratios, "targets": names}
+    out["pooled_ratio"] = pooled("gateway") / pooled("direct") if "gateway" in by and pooled("direct") else None
+    out["ratios_to_direct"] = {n: _median(per_round(n)) for n in names if n != "direct" and direct}
     for name, cs in by.items():
         vals = list(cs.values())
         out[name] = {"tokens_per_s": _median([c["tokens_per_s"] for c in vals]),
@@ -147,7 +154,8 @@ def verdicts(nonstream: dict[str, Any] | None, stream: dict[str, Any] | None, ga
     if stream:
         s = stream["summary"]
         out.append(_verdict("streaming tokens/s gateway/direct", s["ratio"], ">=", TARGET_STREAM_RATIO, "x"))
-        out.append(_verdict("streaming errors", float(s["direct"]["errors"] + s["gateway"]["errors"]), "<", 0.5))
+        errors = sum(s[name]["errors"] for name in s.get("targets", ("direct", "gateway")))
+        out.append(_verdict("streaming errors", float(errors), "<", 0.5))
     return out
 
 
@@ -168,12 +176,14 @@ def print_stream(result: dict[str, Any], args: argparse.Namespace) -> None:
     s = result["summary"]
     print(f"\nStreaming, c={args.stream_concurrency}, max_tokens={args.stream_max_tokens} (ignore_eos), "
           f"medians of {s['rounds']} rounds x {args.stream_duration:g} s, engine {result['engine_url']}")
-    print(f"{'target':<9} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'errors':>6}  tok/s per round")
-    for name in ("direct", "gateway"):
+    print(f"{'target':<16} {'tok/s':>8} {'/direct':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'errors':>6}  tok/s per round")
+    for name in s.get("targets", ("direct", "gateway")):
         row = s[name]
         per_round = " ".join(f"{v:.0f}" for v in row["tokens_per_s_all"])
-        print(f"{name:<9} {_fmt(row['tokens_per_s'], '.1f'):>8} {_fmt(row['ttft_p50_ms'], '.1f'):>9} "
-              f"{_fmt(row['ttft_p99_ms'], '.1f'):>9} {row['errors']:>6}  {per_round}")
+        ratio = s.get("ratios_to_direct", {}).get(name)
+        print(f"{name:<16} {_fmt(row['tokens_per_s'], '.1f'):>8} {_fmt(ratio, '.3f'):>8} "
+              f"{_fmt(row['ttft_p50_ms'], '.1f'):>9} {_fmt(row['ttft_p99_ms'], '.1f'):>9} {row['errors']:>6}  "
+              f"{per_round}")
     ratios = " ".join(f"{r:.3f}" for r in s["ratios"])
     print(f"gateway/direct: median {_fmt(s['ratio'], '.3f')}, pooled {_fmt(s['pooled_ratio'], '.3f')}; "
           f"per round {ratios}")

@@ -246,25 +246,43 @@ async def _stream_cell(name: str, url: str, env: Env, rnd: int) -> dict[str, Any
     return cell
 
 
+def _start_bare_relay(env: Env, engine: str) -> str:
+    """`loadtest.bare_relay` in front of the engine: what any extra Python hop costs on this machine."""
+    port = free_port()
+    proc = env.procs.start("bare-relay", [sys.executable, "-m", "loadtest.bare_relay", "--upstream", engine,
+                                          "--port", str(port)])
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/health", proc, env.args.ready_timeout, "bare relay", lambda: env.procs.log_tail("bare-relay"))
+    return base
+
+
 async def stream_phase(env: Env) -> dict[str, Any]:
-    """Closed-loop streaming at `--stream-concurrency`, engine direct vs through the gateway, interleaved."""
+    """Closed-loop streaming at `--stream-concurrency`: the engine directly, the bare relay and one gateway per
+    `--stream-transport` (the first is `gateway`, the others `gateway-<transport>`), round-robin per round."""
     from loadtest.stream_client import run_closed_loop
 
     args = env.args
     async with contextlib.AsyncExitStack() as stack:
         engine = await _engine_url(env, stack)
-        gateway, _ = await asyncio.to_thread(start_gateway, env, "gateway-stream", engine, args.engine_model,
-                                             args.stream_transport)
-        targets = [("direct", engine), ("gateway", gateway)]
+        targets = [("direct", engine)]
+        if not args.no_bare_relay:
+            targets.append(("bare-relay", await asyncio.to_thread(_start_bare_relay, env, engine)))
+        for i, transport in enumerate(args.stream_transport):
+            name = "gateway" if i == 0 else f"gateway-{transport}"
+            url, _ = await asyncio.to_thread(start_gateway, env, f"stream-{name}", engine, args.engine_model,
+                                             transport)
+            targets.append((name, url))
         for _, url in targets:  # warm-up: not recorded
             res = await run_closed_loop(url, args.engine_model, args.stream_concurrency, args.warmup, 8)
             if res.errors or not res.requests:
                 raise RuntimeError(f"streaming warm-up against {url} failed: {res.error_examples}")
         cells: list[dict[str, Any]] = []
         for rnd in range(1, args.stream_rounds + 1):
-            for name, url in targets if rnd % 2 else targets[::-1]:
+            shift = (rnd - 1) % len(targets)  # each target takes each position in the order over the rounds
+            for name, url in targets[shift:] + targets[:shift]:
                 cells.append(await _stream_cell(name, url, env, rnd))
-        env.procs.stop("gateway-stream")
+        for name, _ in targets[1:]:
+            env.procs.stop(name if name == "bare-relay" else f"stream-{name}")
     return {"engine_url": engine, "cells": cells, "summary": summarise_stream(cells)}
 
 
@@ -277,9 +295,9 @@ def _csv_ints(text: str) -> list[int]:
 
 def _csv_words(text: str) -> list[str]:
     words = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [w for w in words if w not in ("aiohttp", "httpx")]
+    bad = [w for w in words if w not in ("aiohttp", "httpx", "h1")]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown transport(s) {bad}; use aiohttp and/or httpx")
+        raise argparse.ArgumentTypeError(f"unknown transport(s) {bad}; use aiohttp, httpx and/or h1")
     return words
 
 
@@ -313,8 +331,11 @@ def _add_stream_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stream-duration", type=float, default=15.0, help="seconds per streaming cell (default 15)")
     g.add_argument("--stream-rounds", type=int, default=3, help="interleaved rounds (default 3)")
     g.add_argument("--stream-max-tokens", type=int, default=64, help="tokens per answer (default 64)")
-    g.add_argument("--stream-transport", choices=["aiohttp", "httpx"], default="aiohttp",
-                   help="gateway transport for the streaming phase (default aiohttp)")
+    g.add_argument("--stream-transport", type=_csv_words, default=["aiohttp"], metavar="LIST",
+                   help="gateways for the streaming phase, one per upstream transport (aiohttp, httpx, h1; default "
+                   "aiohttp); the first is the one the target is checked on")
+    g.add_argument("--no-bare-relay", action="store_true",
+                   help="skip the reference relay (loadtest.bare_relay: the least any Python hop costs)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,9 +29,13 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shed-queue", type=float, default=None, metavar="N",
                    help="ladder: shed on the engines' waiting queue instead (> N, exit below N/4): it sees a "
                    "backlog at once, where p95 TTFT of finished requests lags it; use with --max-num-seqs")
-    p.add_argument("--shed-in-flight", type=float, default=None, metavar="N",
-                   help="ladder: shed on the gateway's own open requests per pool instead (> N, exit below N/4): "
-                   "arrival rate x latency, so it also sees engines slowed by a shared CPU")
+    p.add_argument("--shed-in-flight", default=None, metavar="N[,M]",
+                   help="ladder: shed on the gateway's own open requests per pool instead (micro > N, flagship > "
+                   "M, default M = N; exit below a quarter): arrival rate x latency, so it also sees engines "
+                   "slowed by a shared CPU")
+    p.add_argument("--shed-hold-s", type=float, default=10.0,
+                   help="ladder: a shed step stays engaged at least this long (hysteresis: shed at once, let "
+                   "traffic back only once the surge has been over for a while)")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="vLLM batch cap of both engines, so that a surge queues (shows in queue_depth)")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the engines")
@@ -44,16 +48,18 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _steps(args: argparse.Namespace) -> list[ShedStep]:
+    hold = args.shed_hold_s
     if args.shed_in_flight is not None:
-        n = args.shed_in_flight
-        return [ShedStep(f"{pool}-busy-shed", "in_flight", pool, enter=n, exit=n / 4, hold_s=10, retry_after_s=5)
-                for pool in ("micro", "flagship")]
+        limits = [float(x) for x in str(args.shed_in_flight).split(",")]
+        pools = {"micro": limits[0], "flagship": limits[-1]}
+        return [ShedStep(f"{pool}-busy-shed", "in_flight", pool, enter=n, exit=n / 4, hold_s=hold, retry_after_s=5)
+                for pool, n in pools.items()]
     if args.shed_queue is not None:
         q = args.shed_queue
-        return [ShedStep(f"{pool}-queue-shed", "queue_depth", pool, enter=q, exit=q / 4, hold_s=10, retry_after_s=5)
+        return [ShedStep(f"{pool}-queue-shed", "queue_depth", pool, enter=q, exit=q / 4, hold_s=hold, retry_after_s=5)
                 for pool in ("micro", "flagship")]
     t = args.shed_ttft_s
-    return [ShedStep(f"{pool}-slow-shed", "ttft_p95_s", pool, enter=t, exit=t / 2, hold_s=10, retry_after_s=5)
+    return [ShedStep(f"{pool}-slow-shed", "ttft_p95_s", pool, enter=t, exit=t / 2, hold_s=hold, retry_after_s=5)
             for pool in ("micro", "flagship")]
 
 
