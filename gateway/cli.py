@@ -109,8 +109,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis")
     p.add_argument("--ledger-retention-days", type=int, default=35,
                    help="keep per-request cost records this long (rollups are kept for good)")
-    p.add_argument("--transport", choices=["aiohttp", "httpx", "h1"], default="aiohttp",
-                   help="upstream HTTP transport under the httpx API (see BENCHMARKS.md)")
+    p.add_argument("--transport", choices=["h1", "aiohttp", "httpx"], default="h1",
+                   help="upstream HTTP client: h1 (lean, least CPU per token; default), aiohttp or httpx "
+                   "(see BENCHMARKS.md)")
     p.add_argument("--request-log", metavar="FILE",
                    help="append each request (with its prompt) as JSONL for `cascade policy replay`; off by default")
     p.add_argument("--log-level", default="INFO", type=str.upper,

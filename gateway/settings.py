@@ -24,7 +24,7 @@ class Settings:
     start_engines: bool = True
     ledger: Literal["redis", "memory"] = "redis"
     ledger_retention_days: int = 35  # per-request records and idempotency keys; rollups are kept
-    transport: Literal["aiohttp", "httpx", "h1"] = "aiohttp"
+    transport: Literal["aiohttp", "httpx", "h1"] = "h1"
     max_body_bytes: int = 1 << 20
     max_messages: int = 1024
     max_tokens_cap: int | None = None  # clamp on max_tokens / max_completion_tokens (None: pool context)

@@ -311,8 +311,8 @@ def _add_nonstream_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wrk-timeout", type=float, default=10.0,
                    help="wrk per-request timeout in s; slower requests count as t/o, not in p99 (default 10)")
     g.add_argument("--max-tokens", type=int, default=16, help="max_tokens of the request body (default 16)")
-    g.add_argument("--transports", type=_csv_words, default=["aiohttp", "httpx"],
-                   help="gateways to measure, one per upstream transport (default aiohttp,httpx; the first is "
+    g.add_argument("--transports", type=_csv_words, default=["h1", "aiohttp"],
+                   help="gateways to measure, one per upstream transport (default h1,aiohttp; the first is "
                    "judged against the targets)")
     g.add_argument("--workers", type=_csv_ints, default=[1],
                    help="gateway worker counts to compare, e.g. 1,2 (`serve --workers N`; default 1)")
@@ -331,9 +331,9 @@ def _add_stream_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stream-duration", type=float, default=15.0, help="seconds per streaming cell (default 15)")
     g.add_argument("--stream-rounds", type=int, default=3, help="interleaved rounds (default 3)")
     g.add_argument("--stream-max-tokens", type=int, default=64, help="tokens per answer (default 64)")
-    g.add_argument("--stream-transport", type=_csv_words, default=["aiohttp"], metavar="LIST",
-                   help="gateways for the streaming phase, one per upstream transport (aiohttp, httpx, h1; default "
-                   "aiohttp); the first is the one the target is checked on")
+    g.add_argument("--stream-transport", type=_csv_words, default=["h1", "aiohttp"], metavar="LIST",
+                   help="gateways for the streaming phase, one per upstream transport (h1, aiohttp, httpx; default "
+                   "h1,aiohttp); the first is the one the target is checked on")
     g.add_argument("--no-bare-relay", action="store_true",
                    help="skip the reference relay (loadtest.bare_relay: the least any Python hop costs)")
 

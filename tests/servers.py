@@ -67,15 +67,18 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float, log: 
 def start_gateway(policy: Path, port: int, prefix: str, home: Path, env: Mapping[str, str] | None = None,
                   timeout_s: float = 60) -> subprocess.Popen[bytes]:
     """`cascade serve` in a subprocess on `port` (no engines, no scorer, the ledger under `prefix`), returned once
-    ready; its stderr is a pipe (read on failure)."""
+    ready; its log is `home/gateway.log` (a file, not a pipe: an unread pipe that fills up blocks the gateway)."""
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--scorer",
            "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CASCADE_HOME": str(home), **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "gateway.log"
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CASCADE_HOME": str(home), **(env or {})},
+                                stdout=subprocess.DEVNULL, stderr=log_file)
 
     def log() -> str:
         proc.kill()
-        return proc.stderr.read().decode() if proc.stderr else ""
+        return log_path.read_text(errors="replace")
 
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc, timeout_s, log, poll_s=0.2)

@@ -141,7 +141,7 @@ def test_stream_body_and_percentile() -> None:
 
 def test_parser_defaults() -> None:
     args = build_parser().parse_args([])
-    assert args.concurrency == [1, 16, 64] and args.transports == ["aiohttp", "httpx"]
+    assert args.concurrency == [1, 16, 64] and args.transports == ["h1", "aiohttp"]
     assert args.stream_concurrency == 16 and args.ledger == "redis"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--transports", "curl"])
