@@ -20,6 +20,10 @@ from tests.conftest import policy_yaml
 from tests.servers import serve
 
 Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
+TENANTS = f"""tenants:
+  gold: {{api_key_sha256: ['{hash_key("sk-gold")}'], priority: 5}}
+  free: {{api_key_sha256: ['{hash_key("sk-free")}'], priority: 0}}
+"""
 STEP = """  - name: {name}
     signal: {signal}
     pool: flagship
@@ -97,12 +101,8 @@ def test_truncation_keeps_system_and_latest_turns(truncating: str, upstreams: Up
 @pytest.fixture
 def shedding(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
     action = "{type: shed, below_priority: 1, retry_after_s: 7}"
-    tenants = f"""tenants:
-  gold: {{api_key_sha256: ['{hash_key("sk-gold")}'], priority: 5}}
-  free: {{api_key_sha256: ['{hash_key("sk-free")}'], priority: 0}}
-"""
     yield from _gateway(tmp_path, upstreams, STEP.format(name="shed", signal="queue_depth", enter=5, exit=1,
-                                                         action=action), tenants)
+                                                         action=action), TENANTS)
 
 
 def test_shedding_rejects_low_priority_with_retry_after(shedding: str, upstreams: Upstreams) -> None:
@@ -120,12 +120,8 @@ def test_shedding_rejects_low_priority_with_retry_after(shedding: str, upstreams
 @pytest.fixture
 def shedding_on_in_flight(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
     action = "{type: shed, below_priority: 1, retry_after_s: 3}"
-    tenants = f"""tenants:
-  gold: {{api_key_sha256: ['{hash_key("sk-gold")}'], priority: 5}}
-  free: {{api_key_sha256: ['{hash_key("sk-free")}'], priority: 0}}
-"""
     yield from _gateway(tmp_path, upstreams, STEP.format(name="busy", signal="in_flight", enter=3, exit=1,
-                                                         action=action), tenants)
+                                                         action=action), TENANTS)
 
 
 def test_shedding_on_the_gateways_own_in_flight_requests(shedding_on_in_flight: str) -> None:

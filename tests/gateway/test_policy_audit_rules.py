@@ -10,12 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
 from gateway.auth import hash_key
-from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.gateway.test_rules_http import serve_with_rules
 
 RULES = f"""  rules:
     - {{name: vip-gpt4o, match: {{models: [gpt-4o], tenants: [vip]}}, pool: flagship}}
@@ -33,13 +29,7 @@ tenants:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("audit-rules")
-    with serve(FakeUpstream("micro-model")) as micro, serve(FakeUpstream("flagship-model")) as flagship:
-        path = tmp / "policy.yaml"
-        path.write_text(policy_yaml(micro, flagship).replace("  threshold: 0.5\n", "  threshold: 0.5\n" + RULES))
-        settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
-        with serve(create_app(settings)) as url:
-            yield url
+    yield from serve_with_rules(tmp_path_factory.mktemp("audit-rules"), RULES)
 
 
 def _post(url: str, key: str, **body: Any) -> httpx.Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,15 +37,19 @@ tenants:
 """
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("rules")
+def serve_with_rules(tmp: Path, rules: str) -> Iterator[str]:
+    """A gateway (length scorer, memory ledger) over two fake engines, with `rules` after the threshold."""
     with serve(FakeUpstream("micro-model")) as micro, serve(FakeUpstream("flagship-model")) as flagship:
         path = tmp / "policy.yaml"
-        path.write_text(policy_yaml(micro, flagship).replace("  threshold: 0.5\n", "  threshold: 0.5\n" + RULES))
+        path.write_text(policy_yaml(micro, flagship).replace("  threshold: 0.5\n", "  threshold: 0.5\n" + rules))
         settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
         with serve(create_app(settings)) as url:
             yield url
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from serve_with_rules(tmp_path_factory.mktemp("rules"), RULES)
 
 
 def _msg(text: str) -> list[dict[str, str]]:
