@@ -77,8 +77,10 @@ routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
         assert not Path(f"/proc/{engine_pid}").exists()  # the engine stopped with the parent
 
 
-def _ready(base: str) -> bool:
+def _ready(base: str, answers: int = 12) -> bool:
+    """Ready on `answers` fresh connections in a row. The kernel spreads connections over the workers, and each
+    worker probes the engine on its own schedule: one ready worker does not make the other ready yet."""
     try:
-        return httpx.get(base + "/readyz", timeout=2).status_code == 200
+        return all(httpx.get(base + "/readyz", timeout=2).status_code == 200 for _ in range(answers))
     except httpx.HTTPError:
         return False
