@@ -61,6 +61,7 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._probing = False
         self.opened = 0  # times this breaker opened (for logs and tests)
+        self.last_success: float | None = None  # clock time of the last request the replica answered
 
     @property
     def state(self) -> BreakerState:
@@ -82,12 +83,17 @@ class CircuitBreaker:
             self._probing = True
         return True
 
+    def answered_within(self, seconds: float) -> bool:
+        """True if the replica answered a request in the last `seconds`."""
+        return self.last_success is not None and self._clock() - self.last_success < seconds
+
     def release(self) -> None:
         """An acquired request ended without saying anything about the replica."""
         self._probing = False
 
     def record_success(self) -> None:
         self._consecutive = 0
+        self.last_success = self._clock()
         if self._state is not BreakerState.CLOSED:
             self._close()
             return

@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from backends.breaker import BreakerConfig, BreakerState, CircuitBreaker, Clock
 from backends.engine_client import EngineClient, EngineTimeout, EngineUnavailable
 
-__all__ = ["SLOW_PROBES_DOWN", "EngineLoad", "Pool", "Replica", "parse_vllm_metrics"]
+__all__ = ["BUSY_GRACE_S", "SLOW_PROBES_DOWN", "EngineLoad", "Pool", "Replica", "parse_vllm_metrics"]
 
 SLOW_PROBES_DOWN = 3
 """Health checks in a row that must time out before a replica that still accepts connections is marked down."""
+BUSY_GRACE_S = 10.0
+"""A health check that times out does not count while the replica answered a real request this recently: a
+saturated vLLM answers its health endpoint late, and taking a serving replica out only adds to the load."""
 
 log = logging.getLogger("cascade.pool")
 
@@ -142,6 +145,8 @@ class Pool:
         try:
             await self._client.get_text(replica.url + self._health_path, headers=self.headers or None)
         except EngineTimeout as exc:
+            if replica.healthy and replica.breaker.answered_within(BUSY_GRACE_S):
+                return  # busy, not down: it is answering traffic
             replica.slow_probes += 1
             if replica.healthy and replica.slow_probes >= SLOW_PROBES_DOWN:
                 self.mark_failed(replica, f"{exc} ({replica.slow_probes} health checks in a row)")

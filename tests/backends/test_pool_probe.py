@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from backends.engine_client import EngineTimeout, EngineUnavailable, Headers
-from backends.pool import SLOW_PROBES_DOWN, Pool
+from backends.pool import BUSY_GRACE_S, SLOW_PROBES_DOWN, Pool
 
 
 class _Probed:
@@ -65,3 +65,20 @@ def test_a_saturated_engine_stays_in_rotation_until_several_health_checks_in_a_r
     assert not pool.ready  # that many in a row: down
     asyncio.run(pool.probe_once())
     assert pool.ready  # and back at the first answer
+
+
+def test_slow_health_checks_do_not_take_out_a_replica_that_answers_traffic() -> None:
+    now = [1000.0]
+    client = _Slow(slow=0)
+    pool = Pool("micro", ["http://engine"], client, clock=lambda: now[0])  # type: ignore[arg-type]
+    asyncio.run(pool.probe_once())
+    replica = pool.replicas[0]
+    replica.breaker.record_success()  # a request just got its answer
+    client.slow = 3 * SLOW_PROBES_DOWN
+    for _ in range(2 * SLOW_PROBES_DOWN):
+        asyncio.run(pool.probe_once())
+    assert pool.ready  # saturated: /health is late, but real requests are answered
+    now[0] += BUSY_GRACE_S  # no answered request since: the slow checks count again
+    for _ in range(SLOW_PROBES_DOWN):
+        asyncio.run(pool.probe_once())
+    assert not pool.ready

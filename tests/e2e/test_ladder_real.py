@@ -147,6 +147,7 @@ class Load:
 
     def _work(self, worker: int) -> None:
         rnd = random.Random(worker)
+        stale = 0  # keep-alive connections the engine closed just as this worker reused them, in a row
         with httpx.Client(timeout=httpx.Timeout(60, connect=10)) as client:
             while not self.stop_event.is_set():
                 # distinct prompts: vLLM's prefix cache must not share their blocks
@@ -163,6 +164,11 @@ class Load:
                         for _ in resp.iter_lines():
                             if self.stop_event.is_set():
                                 break
+                    stale = 0
+                except httpx.RemoteProtocolError as exc:  # a reused connection the engine had closed: retry anew
+                    stale += 1
+                    if stale >= 3 and not self.stop_event.is_set():
+                        self._failed(repr(exc))
                 except httpx.HTTPError as exc:
                     if not self.stop_event.is_set():
                         self._failed(repr(exc))

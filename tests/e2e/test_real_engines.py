@@ -134,23 +134,22 @@ def test_streaming_pinned_pool_counts_usage_exactly(gateway: str, prefix: str, p
 
 
 def test_client_leaving_mid_stream_is_charged_for_what_was_generated(gateway: str, prefix: str) -> None:
-    """The SDK client closes a long stream after a few chunks: the engine request is aborted, and the record
-    counts the prompt and the tokens generated so far with the engine's own tokenizer."""
+    """The SDK client closes a long stream after its first words: the engine request is aborted, and the record
+    counts the prompt and the tokens generated so far with the engine's own tokenizer. (The demo model writes
+    hundreds of tokens a second; the long answer keeps the whole of it from being sent before the client goes.)"""
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
     with client.chat.completions.with_streaming_response.create(
         model="micro", messages=[{"role": "user", "content": "Write a very long story about a lighthouse."}],
-        max_tokens=400, stream=True, extra_body={"ignore_eos": True},
+        max_tokens=900, stream=True, extra_body={"ignore_eos": True},
     ) as raw:
         request_id = raw.headers["x-request-id"]
-        seen = 0
         for chunk in raw.parse():
-            seen += bool(chunk.choices and chunk.choices[0].delta.content)
-            if seen >= 5:
+            if chunk.choices and chunk.choices[0].delta.content:
                 break  # leaving the block closes the connection mid-stream
     rec = _record(prefix, request_id)
     assert rec["status"] == "client_disconnect" and rec["usage_source"] == "tokenizer"
     assert int(rec["prompt_tokens"]) > 0
-    assert 4 <= int(rec["completion_tokens"]) < 400, rec
+    assert 1 <= int(rec["completion_tokens"]) < 900, rec
     assert int(rec["cost_micro_usd"]) > 0
 
 
