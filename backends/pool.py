@@ -128,6 +128,11 @@ class Pool:
         return replica
 
     @property
+    def in_flight(self) -> int:
+        """Requests this gateway has open to the pool's replicas now."""
+        return sum(r.in_flight for r in self.replicas)
+
+    @property
     def ready(self) -> bool:
         """Some replica is healthy and its breaker is not open (a half-open one counts: it can be probed)."""
         return any(r.healthy and r.breaker.state is not BreakerState.OPEN for r in self.replicas)

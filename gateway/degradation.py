@@ -97,14 +97,14 @@ class DegradationMonitor:
             out[("ttft_p95_s", name)] = _p95([v for _, v in self._ttft.get(name, ())])
             outcomes = self._outcomes.get(name, ())
             out[("error_rate", name)] = sum(e for _, e in outcomes) / len(outcomes) if outcomes else math.nan
-            out[("in_flight", name)] = float(sum(r.in_flight for r in pool.replicas))
+            out[("in_flight", name)] = float(pool.in_flight)
         return self._idle_is_calm(out)
 
     def _idle_is_calm(self, signals: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
         """A pool with no request finished in the window and none in flight is idle: its TTFT and error
         signals read 0, not "no data", so a step engaged on them can release once traffic has gone."""
         for name, pool in self._pools().items():
-            if any(r.in_flight for r in pool.replicas):
+            if pool.in_flight:
                 continue
             for signal in _REQUEST_SIGNALS:
                 if math.isnan(signals.get((signal, name), math.nan)):
@@ -121,7 +121,7 @@ class DegradationMonitor:
     def _report(self) -> Report:
         ttft = {p: [v for _, v in q][-MAX_SAMPLES:] for p, q in self._ttft.items() if q}
         outcomes = {p: (sum(e for _, e in q), len(q)) for p, q in self._outcomes.items() if q}
-        in_flight = {name: sum(r.in_flight for r in pool.replicas) for name, pool in self._pools().items()}
+        in_flight = {name: pool.in_flight for name, pool in self._pools().items()}
         return Report(ttft, outcomes, in_flight)
 
     async def shared_tick(self, now: float | None = None) -> LadderState:

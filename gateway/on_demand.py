@@ -127,7 +127,7 @@ class OnDemandGate:
         stopped: list[str] = []
         for name, pool in list(self._pools.pools.items()):
             settings = self._pools.on_demand(name)
-            if settings is None or self._asleep(name) or any(r.in_flight for r in pool.replicas):
+            if settings is None or self._asleep(name) or pool.in_flight:
                 continue
             idle = now - self._last_used.setdefault(name, now)
             if idle >= settings.idle_stop_after_s:

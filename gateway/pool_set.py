@@ -152,7 +152,7 @@ class PoolSet:
 
     async def _retire(self, name: str, pool: Pool, sup: EngineSupervisor | None) -> None:
         deadline = time.monotonic() + self._grace
-        while any(r.in_flight for r in pool.replicas) and time.monotonic() < deadline:  # noqa: ASYNC110
+        while pool.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.2)  # polling a counter the request path owns; no event to wait on
         await pool.aclose()
         if sup is not None:
