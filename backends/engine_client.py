@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeAlias
+from typing import Protocol, TypeAlias
 
 import aiohttp
 import httpx
+
+from backends.transports import DEFAULT_TRANSPORT, Transport
 
 __all__ = [
     "AiohttpEngineClient",
@@ -223,7 +225,7 @@ async def _httpx_chunks(resp: httpx.Response) -> AsyncIterator[bytes]:
         raise EngineStreamBroken(f"{type(exc).__name__}: {exc}") from exc
 
 
-def make_engine_client(transport: Literal["aiohttp", "httpx", "h1"] = "h1", timeouts: Timeouts = Timeouts(),
+def make_engine_client(transport: Transport = DEFAULT_TRANSPORT, timeouts: Timeouts = Timeouts(),
                        max_connections: int = 512) -> EngineClient:
     """One client for all engines; the caller owns it and closes it (`aclose`). `h1` is the lean client of
     `backends.h1_client` (asyncio Protocols and httptools)."""

@@ -12,6 +12,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.transports import DEFAULT_TRANSPORT, TRANSPORTS
+
 if TYPE_CHECKING:
     from gateway.settings import Settings
 
@@ -109,9 +111,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis")
     p.add_argument("--ledger-retention-days", type=int, default=35,
                    help="keep per-request cost records this long (rollups are kept for good)")
-    p.add_argument("--transport", choices=["h1", "aiohttp", "httpx"], default="h1",
-                   help="upstream HTTP client: h1 (lean, least CPU per token; default), aiohttp or httpx "
-                   "(see BENCHMARKS.md)")
+    p.add_argument("--transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
+                   help=f"upstream HTTP client (default {DEFAULT_TRANSPORT}: lean, least CPU per token; "
+                   "see BENCHMARKS.md)")
     p.add_argument("--request-log", metavar="FILE",
                    help="append each request (with its prompt) as JSONL for `cascade policy replay`; off by default")
     p.add_argument("--log-level", default="INFO", type=str.upper,

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from backends.transports import DEFAULT_TRANSPORT, Transport
+
 __all__ = ["Settings", "default_home"]
 
 
@@ -24,7 +26,7 @@ class Settings:
     start_engines: bool = True
     ledger: Literal["redis", "memory"] = "redis"
     ledger_retention_days: int = 35  # per-request records and idempotency keys; rollups are kept
-    transport: Literal["aiohttp", "httpx", "h1"] = "h1"
+    transport: Transport = DEFAULT_TRANSPORT
     max_body_bytes: int = 1 << 20
     max_messages: int = 1024
     max_tokens_cap: int | None = None  # clamp on max_tokens / max_completion_tokens (None: pool context)

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.transports import TRANSPORTS
 from loadtest.bench_env import (
     Env,
     Procs,
@@ -295,9 +296,9 @@ def _csv_ints(text: str) -> list[int]:
 
 def _csv_words(text: str) -> list[str]:
     words = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [w for w in words if w not in ("aiohttp", "httpx", "h1")]
+    bad = [w for w in words if w not in TRANSPORTS]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown transport(s) {bad}; use aiohttp, httpx and/or h1")
+        raise argparse.ArgumentTypeError(f"unknown transport(s) {bad}; use any of {', '.join(TRANSPORTS)}")
     return words
 
 
