@@ -249,11 +249,11 @@ async def _stream_cell(name: str, url: str, env: Env, rnd: int) -> dict[str, Any
 
 def _start_bare_relay(env: Env, engine: str) -> str:
     """`loadtest.bare_relay` in front of the engine: what any extra Python hop costs on this machine."""
-    port = free_port()
-    proc = env.procs.start("bare-relay", [sys.executable, "-m", "loadtest.bare_relay", "--upstream", engine,
-                                          "--port", str(port)])
+    port, name = free_port(), "stream-bare-relay"
+    proc = env.procs.start(name, [sys.executable, "-m", "loadtest.bare_relay", "--upstream", engine,
+                                  "--port", str(port)])
     base = f"http://127.0.0.1:{port}"
-    wait_ready(base + "/health", proc, env.args.ready_timeout, "bare relay", lambda: env.procs.log_tail("bare-relay"))
+    wait_ready(base + "/health", proc, env.args.ready_timeout, "bare relay", lambda: env.procs.log_tail(name))
     return base
 
 
@@ -282,8 +282,8 @@ async def stream_phase(env: Env) -> dict[str, Any]:
             shift = (rnd - 1) % len(targets)  # each target takes each position in the order over the rounds
             for name, url in targets[shift:] + targets[:shift]:
                 cells.append(await _stream_cell(name, url, env, rnd))
-        for name, _ in targets[1:]:
-            env.procs.stop(name if name == "bare-relay" else f"stream-{name}")
+        for name, _ in targets[1:]:  # each started as process "stream-<name>"
+            env.procs.stop(f"stream-{name}")
     return {"engine_url": engine, "cells": cells, "summary": summarise_stream(cells)}
 
 
