@@ -48,19 +48,16 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _steps(args: argparse.Namespace) -> list[ShedStep]:
-    hold = args.shed_hold_s
+    """One shed step per pool on the chosen signal: (micro, flagship) thresholds, exit at a fraction of them."""
     if args.shed_in_flight is not None:
         limits = [float(x) for x in str(args.shed_in_flight).split(",")]
-        pools = {"micro": limits[0], "flagship": limits[-1]}
-        return [ShedStep(f"{pool}-busy-shed", "in_flight", pool, enter=n, exit=n / 4, hold_s=hold, retry_after_s=5)
-                for pool, n in pools.items()]
-    if args.shed_queue is not None:
-        q = args.shed_queue
-        return [ShedStep(f"{pool}-queue-shed", "queue_depth", pool, enter=q, exit=q / 4, hold_s=hold, retry_after_s=5)
-                for pool in ("micro", "flagship")]
-    t = args.shed_ttft_s
-    return [ShedStep(f"{pool}-slow-shed", "ttft_p95_s", pool, enter=t, exit=t / 2, hold_s=hold, retry_after_s=5)
-            for pool in ("micro", "flagship")]
+        suffix, signal, enter, exit_share = "busy", "in_flight", (limits[0], limits[-1]), 1 / 4
+    elif args.shed_queue is not None:
+        suffix, signal, enter, exit_share = "queue", "queue_depth", (args.shed_queue, args.shed_queue), 1 / 4
+    else:
+        suffix, signal, enter, exit_share = "slow", "ttft_p95_s", (args.shed_ttft_s, args.shed_ttft_s), 1 / 2
+    return [ShedStep(f"{pool}-{suffix}-shed", signal, pool, enter=n, exit=n * exit_share, hold_s=args.shed_hold_s,
+                     retry_after_s=5) for pool, n in zip(("micro", "flagship"), enter, strict=True)]
 
 
 def engine_url(gateway: str, pool: str) -> str:
