@@ -198,7 +198,6 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.ex: _Exchange | None = None
         self.closed = False
-        self.counted = True  # holds one of the pool's slots until discarded
         self.reused = False
         self.idle_since = 0.0
         self._pool = pool
@@ -266,9 +265,8 @@ class _Pool:
         self.timeouts = timeouts
         self._limit = limit
         self._keepalive_s = keepalive_s
-        self._count = 0
         self._idle: dict[_Key, list[_Conn]] = {}
-        self._conns: set[_Conn] = set()
+        self._conns: set[_Conn] = set()  # open or connecting: each holds one of the `limit` slots
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._tls: ssl.SSLContext | None = None
         self.closed = False
@@ -279,7 +277,7 @@ class _Pool:
             conn = None if fresh else self._pop_idle(origin.key)
             if conn is not None:
                 return conn
-            if self._count < self._limit or self._evict_idle():
+            if len(self._conns) < self._limit or self._evict_idle():
                 return await self._connect(origin)
             await self._wait_slot()
         raise EngineUnavailable("engine client closed")
@@ -300,10 +298,8 @@ class _Pool:
         if conn.transport is not None and not conn.closed:
             conn.closed = True
             conn.transport.close()
-        if conn.counted:
-            conn.counted = False
-            self._count -= 1
-            self._conns.discard(conn)
+        if conn in self._conns:
+            self._conns.remove(conn)
             idle = self._idle.get(conn.key)
             if idle and conn in idle:
                 idle.remove(conn)
@@ -335,7 +331,6 @@ class _Pool:
 
     async def _connect(self, origin: _Origin) -> _Conn:
         conn = _Conn(self, origin.key)
-        self._count += 1
         self._conns.add(conn)
         host, port, tls = origin.key
         try:
