@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from backends.cpu_pinning import pin_engine_core
 from backends.demo_models import default_home, demo_model_dir, ensure_demo_models, models_root
 from policies.schema import EngineSpec
 
@@ -311,6 +312,8 @@ class EngineSupervisor:
             if await self._healthy(replica):
                 replica.ready = True
                 self._say(f"pool {self.pool}: replica {replica.index} healthy after {elapsed:.0f} s")
+                if self.spec.pin_engine_core:
+                    self._pin(replica)
                 return
             if elapsed > timeout:
                 await self._stop_replica(replica)
@@ -322,6 +325,20 @@ class EngineSupervisor:
                 )
                 next_note += 15.0
             await asyncio.sleep(0.5)
+
+    def _pin(self, replica: Replica) -> None:
+        """Keep the replica's engine core on its worker's cores (see backends.cpu_pinning); never fatal."""
+        if replica.pid is None:
+            return
+        try:
+            pinned = pin_engine_core(replica.pid)
+        except OSError as exc:
+            _log.warning("pool %s: replica %d: could not pin the engine core: %s", self.pool, replica.index, exc)
+            return
+        if pinned is not None:
+            procs, cpus = pinned
+            self._say(f"pool {self.pool}: replica {replica.index}: engine core (pid "
+                      f"{', '.join(map(str, procs.engine_cores))}) pinned to its worker's CPUs {sorted(cpus)}")
 
     def _start_error(self, replica: Replica, what: str) -> EngineStartError:
         where = f"pool {self.pool}: engine replica {replica.index} on port {replica.port}"

@@ -173,9 +173,15 @@ def print_nonstream(result: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def print_stream(result: dict[str, Any], args: argparse.Namespace) -> None:
-    s = result["summary"]
-    print(f"\nStreaming, c={args.stream_concurrency}, max_tokens={args.stream_max_tokens} (ignore_eos), "
-          f"medians of {s['rounds']} rounds x {args.stream_duration:g} s, engine {result['engine_url']}")
+    layouts = result.get("by_engine_core") or {"pinned": result["summary"]}
+    for layout, s in layouts.items():
+        print(f"\nStreaming, c={args.stream_concurrency}, max_tokens={args.stream_max_tokens} (ignore_eos), "
+              f"medians of {s['rounds']} rounds x {args.stream_duration:g} s, engine {result['engine_url']}, "
+              f"engine core {layout}")
+        _print_stream_table(s)
+
+
+def _print_stream_table(s: dict[str, Any]) -> None:
     print(f"{'target':<16} {'tok/s':>8} {'/direct':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'errors':>6}  tok/s per round")
     for name in s.get("targets", ("direct", "gateway")):
         row = s[name]

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.cpu_pinning import engine_processes, set_affinity, thread_affinity
 from backends.transports import TRANSPORTS
 from loadtest.bench_env import (
     Env,
@@ -215,11 +216,12 @@ def profile_gateway(env: Env, target: Target, lua: Path) -> dict[str, Any] | Non
 # -------------------------------------------------------------------------------------- streaming phase
 
 
-async def _engine_url(env: Env, stack: contextlib.AsyncExitStack) -> str:
-    """The engine to stream from: `--engine-url`, or one replica of the demo micro model started here."""
+async def _engine(env: Env, stack: contextlib.AsyncExitStack) -> tuple[str, int | None]:
+    """The engine to stream from and its API server's pid: `--engine-url` (pid None), or one replica of the
+    demo micro model started here (the supervisor pins its engine core, as in production)."""
     args = env.args
     if args.engine_url:
-        return str(args.engine_url).rstrip("/")
+        return str(args.engine_url).rstrip("/"), None
     from backends.supervisor import EngineSupervisor
     from policies.schema import EngineSpec
 
@@ -230,7 +232,21 @@ async def _engine_url(env: Env, stack: contextlib.AsyncExitStack) -> str:
     stack.push_async_callback(sup.aclose)
     print("starting a vLLM engine with the demo micro model (1-2 minutes)...", flush=True)
     await sup.start()
-    return sup.urls[0]
+    return sup.urls[0], sup.replicas[0].pid
+
+
+def _place_engine_core(api_pid: int, layout: str) -> None:
+    """`pinned`: the engine core on its worker's cores (what the supervisor does); `unpinned`: free to run on
+    any core of this machine (vLLM's own default)."""
+    procs = engine_processes(api_pid)
+    if layout == "pinned":
+        cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.workers))
+    else:
+        cpus = frozenset(os.sched_getaffinity(0))
+    if not procs.engine_cores or not cpus:
+        raise RuntimeError(f"no vLLM engine core or worker found under pid {api_pid}")
+    for pid in procs.engine_cores:
+        set_affinity(pid, cpus)
 
 
 async def _stream_cell(name: str, url: str, env: Env, rnd: int) -> dict[str, Any]:
@@ -263,8 +279,11 @@ async def stream_phase(env: Env) -> dict[str, Any]:
     from loadtest.stream_client import run_closed_loop
 
     args = env.args
+    layouts = args.engine_core
+    if args.engine_url and layouts != ["pinned"]:
+        raise RuntimeError("--engine-core places the engine started here; it cannot move one given by --engine-url")
     async with contextlib.AsyncExitStack() as stack:
-        engine = await _engine_url(env, stack)
+        engine, api_pid = await _engine(env, stack)
         targets = [("direct", engine)]
         if not args.no_bare_relay:
             targets.append(("bare-relay", await asyncio.to_thread(_start_bare_relay, env, engine)))
@@ -280,11 +299,15 @@ async def stream_phase(env: Env) -> dict[str, Any]:
         cells: list[dict[str, Any]] = []
         for rnd in range(1, args.stream_rounds + 1):
             shift = (rnd - 1) % len(targets)  # each target takes each position in the order over the rounds
-            for name, url in targets[shift:] + targets[:shift]:
-                cells.append(await _stream_cell(name, url, env, rnd))
+            for layout in layouts:
+                if api_pid is not None:
+                    _place_engine_core(api_pid, layout)
+                for name, url in targets[shift:] + targets[:shift]:
+                    cells.append(await _stream_cell(name, url, env, rnd) | {"engine_core": layout})
         for name, _ in targets[1:]:  # each started as process "stream-<name>"
             env.procs.stop(f"stream-{name}")
-    return {"engine_url": engine, "cells": cells, "summary": summarise_stream(cells)}
+    by_layout = {layout: summarise_stream([c for c in cells if c["engine_core"] == layout]) for layout in layouts}
+    return {"engine_url": engine, "cells": cells, "summary": by_layout[layouts[0]], "by_engine_core": by_layout}
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -292,6 +315,13 @@ async def stream_phase(env: Env) -> dict[str, Any]:
 
 def _csv_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _layouts(text: str) -> list[str]:
+    words = [x.strip() for x in text.split(",") if x.strip()]
+    if not words or any(w not in ("pinned", "unpinned") for w in words):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected pinned, unpinned or both, comma-separated")
+    return list(dict.fromkeys(words))
 
 
 def _csv_words(text: str) -> list[str]:
@@ -335,6 +365,10 @@ def _add_stream_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stream-transport", type=_csv_words, default=["h1", "aiohttp"], metavar="LIST",
                    help="gateways for the streaming phase, one per upstream transport (h1, aiohttp, httpx; default "
                    "h1,aiohttp); the first is the one the target is checked on")
+    g.add_argument("--engine-core", type=_layouts, default=["pinned"], metavar="LIST",
+                   help="where vLLM's engine-core process may run, measured interleaved per round: pinned (on its "
+                        "worker's cores, what the supervisor does) and/or unpinned (any core, vLLM's default); the "
+                        "first is the one judged (default pinned)")
     g.add_argument("--no-bare-relay", action="store_true",
                    help="skip the reference relay (loadtest.bare_relay: the least any Python hop costs)")
 

