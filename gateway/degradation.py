@@ -12,7 +12,6 @@ merged signals of all of them and the others adopt its decision (see `gateway.la
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -21,6 +20,7 @@ from collections.abc import Callable, Mapping
 
 import redis.asyncio as aioredis
 
+from backends.background import cancel_requested, stop
 from backends.pool import Pool
 from gateway.ladder_sync import MAX_SAMPLES, LadderSync, Report, merge_reports
 from policies.ladder import Ladder, LadderState
@@ -157,7 +157,7 @@ class DegradationMonitor:
             self._on_change(set(state.names) - before, before - set(state.names))
 
     async def _loop(self) -> None:
-        while True:
+        while not cancel_requested():  # redis-py may turn our cancellation into an error we catch below
             await asyncio.sleep(self._interval)
             try:
                 if self._sync is None:
@@ -176,7 +176,5 @@ class DegradationMonitor:
             self._task = asyncio.create_task(self._loop(), name="degradation")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop(self._task)  # not a bare cancel: redis-py may swallow one mid-command (backends.background)
+        self._task = None

@@ -18,7 +18,6 @@ write fails (then it is logged at ERROR as JSON). Replays never double-count wit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from backends.background import cancel_requested, stop
 from gateway.ledger_keys import RECORD_LUA, SPEND_TTL_EXTRA_S, LedgerKeys, rollup_slot
 from gateway.ledger_record import (
     ROLLUP_FIELDS,
@@ -189,11 +189,8 @@ class RedisLedger:
 
     async def aclose(self) -> None:
         """Stop draining, finish in-flight records, release the outbox, close the pool. Idempotent."""
-        if self._drain_task is not None:
-            self._drain_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain_task
-            self._drain_task = None
+        await stop(self._drain_task)  # not a bare cancel: redis-py may swallow one mid-command
+        self._drain_task = None
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         await asyncio.gather(*self._inflight, return_exceptions=True)
@@ -274,7 +271,7 @@ class RedisLedger:
             await self._outbox.release()
 
     async def _drain_loop(self) -> None:
-        while True:
+        while not cancel_requested():  # redis-py may turn our cancellation into an error we catch below
             await asyncio.sleep(self._interval)
             try:
                 if not self._redis_up or self._outbox.has_lines:

@@ -9,6 +9,8 @@ direct, paired per round), gateway CPU per request, errors; and the ratio to Lit
 Part 2, streaming: a real vLLM engine with the tiny demo "micro" model (started here, or `--engine-url`)
 is called with closed-loop streaming requests (`loadtest.stream_client`) directly and through a gateway
 with a pinned model name (no scoring), interleaved; reported: tokens/s, TTFT p50/p99, gateway/direct.
+`--engine-core pinned,unpinned` measures that twice per round: with vLLM's engine-core process on its
+worker's cores (what the supervisor does, `backends.cpu_pinning`) and free to run anywhere (vLLM's default).
 
 Targets (issue 2): gateway >= 850 requests/s (10x LiteLLM's 85) at concurrency 16 and 64; added p50
 < 1.5 ms at concurrency 1; streaming tokens/s through the gateway >= 95% of direct. Results go to
