@@ -17,12 +17,14 @@ elsewhere, and for processes that are gone, the functions do nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["EngineProcesses", "engine_processes", "pin_engine_core", "set_affinity", "thread_affinity"]
 
+_log = logging.getLogger(__name__)
 _PROC = Path("/proc")
 _WORKER = "VLLM::Worker"  # the names vLLM gives its processes (`comm` keeps 15 characters)
 _ENGINE_CORE = "VLLM::EngineCor"
@@ -92,17 +94,55 @@ def set_affinity(pid: int, cpus: frozenset[int]) -> None:
             continue
 
 
+def _workers_elsewhere(procs: EngineProcesses, cpus: frozenset[int]) -> list[int]:
+    """Workers of other engines on this host that may run on any of `cpus`."""
+    ours = set(procs.workers)
+    return [pid for pid in _all_named(_WORKER) if pid not in ours and thread_affinity(pid) & cpus]
+
+
+def _all_named(prefix: str) -> list[int]:
+    found = (
+        (int(e.name), _comm_and_ppid(int(e.name))) for e in (_PROC.iterdir() if _PROC.is_dir() else ())
+        if e.name.isdigit()
+    )
+    return [pid for pid, got in found if got is not None and got[0].startswith(prefix)]
+
+
+def _release(worker: int) -> None:
+    """Let the engine core that started `worker` (its parent) run wherever its API server (the grandparent)
+    may."""
+    found = _comm_and_ppid(worker)
+    core = None if found is None else _comm_and_ppid(found[1])
+    if found is None or core is None or not core[0].startswith(_ENGINE_CORE):
+        return
+    set_affinity(found[1], thread_affinity(core[1]) or frozenset(os.sched_getaffinity(0)))
+
+
 def pin_engine_core(api_pid: int) -> tuple[EngineProcesses, frozenset[int]] | None:
     """Bind the engine-core process(es) under `api_pid` to the cores its workers are bound to.
 
     Returns the processes and the cores, or None when there is nothing to do: no worker found, or the
-    workers may run on every core the engine core may (not a CPU-bound engine). Raises OSError when the
-    kernel refuses (another user's process).
+    workers may run on every core the engine core may (not a CPU-bound engine). Nor when another engine's
+    worker shares those cores (two engines on one small host, as vLLM binds both workers to the same first
+    cores): then the engine cores of both stay unbound, vLLM's default, and any this function pinned
+    before is released. Four busy processes held on one core left a request to the quiet engine without
+    an answer for 120 s in one test run of two.
+
+    Raises OSError when the kernel refuses (another user's process).
     """
     procs = engine_processes(api_pid)
     worker_cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.workers))
     core_cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.engine_cores))
-    if not worker_cpus or not core_cpus or core_cpus <= worker_cpus:
+    if not worker_cpus or not core_cpus:
+        return None
+    others = _workers_elsewhere(procs, worker_cpus)
+    if others:
+        for worker in others:
+            _release(worker)
+        _log.info("engine core of pid %d left unbound: its worker's CPUs %s also run the worker of another "
+                  "engine (pid %s)", api_pid, sorted(worker_cpus), ", ".join(map(str, others)))
+        return None
+    if core_cpus <= worker_cpus:
         return None
     for pid in procs.engine_cores:
         set_affinity(pid, worker_cpus)

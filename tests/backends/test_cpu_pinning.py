@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,25 +20,28 @@ ALL_CPUS = frozenset(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(ALL_CPUS) < 2 or not Path("/proc/self/task").is_dir(),
                                     reason="needs Linux and at least 2 usable CPUs")
 
-# A stand-in for vLLM's API server: two children renamed like vLLM's, the worker bound to `worker_cpus`
-# (as vLLM binds its OpenMP threads), the engine core unbound and with a second thread.
+# A stand-in for vLLM's API server: it starts an engine core (unbound, with a second thread), which starts a
+# worker bound to `worker_cpus` (as vLLM binds its OpenMP threads); each renamed like vLLM's.
 FAKE_API_SERVER = r"""
 import subprocess, sys, time
 worker_cpus = sys.argv[1]
 child = r'''
-import os, sys, threading, time
-name, cpus = sys.argv[1], sys.argv[2]
+import os, subprocess, sys, threading, time
+name, cpus, grandchild = sys.argv[1], sys.argv[2], sys.argv[3:]
 open("/proc/self/comm", "w").write(name)
 if cpus != "-":
     os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+if grandchild:
+    kid = subprocess.Popen([sys.executable, "-c", sys.argv[0] if False else CODE, *grandchild], stdout=subprocess.PIPE)
+    kid.stdout.readline()
 print("ready", flush=True)
 time.sleep(600)
 '''
-kids = [subprocess.Popen([sys.executable, "-c", child, name, cpus], stdout=subprocess.PIPE)
-        for name, cpus in (("VLLM::EngineCore", "-"), ("VLLM::Worker", worker_cpus))]
-for kid in kids:
-    kid.stdout.readline()
+code = "CODE = " + repr(child) + "\n" + child
+core = subprocess.Popen([sys.executable, "-c", code, "VLLM::EngineCore", "-", "VLLM::Worker", worker_cpus],
+                        stdout=subprocess.PIPE)
+core.stdout.readline()
 print("up", flush=True)
 time.sleep(600)
 """
@@ -57,6 +62,18 @@ def api_server() -> Iterator[object]:
     for proc in started:
         os.killpg(proc.pid, 9)
         proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_group_alive(proc.pid) for proc in started):  # the next test must not see these workers
+        assert time.monotonic() < deadline, "the fake engine processes outlived SIGKILL"
+        time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @needs_two_cpus
@@ -74,6 +91,20 @@ def test_the_engine_core_moves_to_its_workers_cores(api_server: object) -> None:
     assert len(os.listdir(f"/proc/{procs.engine_cores[0]}/task")) == 2  # every thread, not just the main one
     assert all(os.sched_getaffinity(int(t)) == {first} for t in os.listdir(f"/proc/{procs.engine_cores[0]}/task"))
     assert pin_engine_core(pid) is None  # already there: nothing more to do
+
+
+@needs_two_cpus
+def test_two_engines_on_the_same_cores_leave_both_engine_cores_unbound(api_server: object) -> None:
+    first = min(ALL_CPUS)
+    one = api_server(str(first))  # type: ignore[operator]
+    assert pin_engine_core(one) is not None
+    assert thread_affinity(engine_processes(one).engine_cores[0]) == {first}
+
+    two = api_server(str(first))  # type: ignore[operator]  # vLLM binds the second engine's worker there too
+    assert pin_engine_core(two) is None
+    assert thread_affinity(engine_processes(two).engine_cores[0]) == ALL_CPUS
+    assert thread_affinity(engine_processes(one).engine_cores[0]) == ALL_CPUS  # the first one is released
+    assert pin_engine_core(one) is None  # and stays so while the other is there
 
 
 @needs_two_cpus
@@ -117,3 +148,7 @@ async def test_the_supervisor_pins_a_started_replica_unless_told_not_to(tmp_path
         assert thread_affinity(cores[0]) == ({first} if pin else ALL_CPUS)
         said = any(f"engine core (pid {cores[0]}) pinned to its worker's CPUs [{first}]" in m for m in messages)
         assert said is pin
+    deadline = time.monotonic() + 10
+    while _group_alive(pid):  # the next test must not see these workers
+        assert time.monotonic() < deadline, "the fake engine processes outlived the supervisor"
+        await asyncio.sleep(0.05)
