@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EngineProcesses", "engine_processes", "pin_engine_core", "set_affinity", "thread_affinity"]
+__all__ = ["EngineProcesses", "cpus_of", "engine_processes", "pin_engine_core", "set_affinity", "thread_affinity"]
 
 _log = logging.getLogger(__name__)
 _PROC = Path("/proc")
@@ -48,23 +48,33 @@ def _comm_and_ppid(pid: int) -> tuple[str, int] | None:
     return head.partition("(")[2], int(tail.split()[1])
 
 
-def engine_processes(api_pid: int) -> EngineProcesses:
-    """The engine-core and worker processes descended from `api_pid` (empty where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
+def _process_table() -> dict[int, tuple[str, int]]:
+    """Every process on the host: pid -> (name, parent pid). Empty where there is no /proc."""
+    table = {}
     for entry in _PROC.iterdir() if _PROC.is_dir() else ():
         if entry.name.isdigit() and (found := _comm_and_ppid(int(entry.name))) is not None:
-            names[int(entry.name)] = found[0]
-            children.setdefault(found[1], []).append(int(entry.name))
+            table[int(entry.name)] = found
+    return table
+
+
+def _engine_processes(api_pid: int, table: dict[int, tuple[str, int]]) -> EngineProcesses:
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid) in table.items():
+        children.setdefault(ppid, []).append(pid)
     descendants, todo = [], list(children.get(api_pid, ()))
     while todo:
         pid = todo.pop()
         descendants.append(pid)
         todo.extend(children.get(pid, ()))
     return EngineProcesses(
-        engine_cores=tuple(sorted(p for p in descendants if names[p].startswith(_ENGINE_CORE))),
-        workers=tuple(sorted(p for p in descendants if names[p].startswith(_WORKER))),
+        engine_cores=tuple(sorted(p for p in descendants if table[p][0].startswith(_ENGINE_CORE))),
+        workers=tuple(sorted(p for p in descendants if table[p][0].startswith(_WORKER))),
     )
+
+
+def engine_processes(api_pid: int) -> EngineProcesses:
+    """The engine-core and worker processes descended from `api_pid` (empty where there is no /proc)."""
+    return _engine_processes(api_pid, _process_table())
 
 
 def _threads(pid: int) -> list[int]:
@@ -94,28 +104,18 @@ def set_affinity(pid: int, cpus: frozenset[int]) -> None:
             continue
 
 
-def _workers_elsewhere(procs: EngineProcesses, cpus: frozenset[int]) -> list[int]:
-    """Workers of other engines on this host that may run on any of `cpus`."""
-    ours = set(procs.workers)
-    return [pid for pid in _all_named(_WORKER) if pid not in ours and thread_affinity(pid) & cpus]
+def cpus_of(pids: tuple[int, ...]) -> frozenset[int]:
+    """The cores any thread of any of `pids` may run on."""
+    return frozenset().union(*(thread_affinity(pid) for pid in pids))
 
 
-def _all_named(prefix: str) -> list[int]:
-    found = (
-        (int(e.name), _comm_and_ppid(int(e.name))) for e in (_PROC.iterdir() if _PROC.is_dir() else ())
-        if e.name.isdigit()
-    )
-    return [pid for pid, got in found if got is not None and got[0].startswith(prefix)]
-
-
-def _release(worker: int) -> None:
+def _release(worker: int, table: dict[int, tuple[str, int]]) -> None:
     """Let the engine core that started `worker` (its parent) run wherever its API server (the grandparent)
     may."""
-    found = _comm_and_ppid(worker)
-    core = None if found is None else _comm_and_ppid(found[1])
-    if found is None or core is None or not core[0].startswith(_ENGINE_CORE):
-        return
-    set_affinity(found[1], thread_affinity(core[1]) or frozenset(os.sched_getaffinity(0)))
+    engine_core = table[worker][1]
+    name, api_server = table.get(engine_core, ("", 0))
+    if name.startswith(_ENGINE_CORE):
+        set_affinity(engine_core, thread_affinity(api_server) or frozenset(os.sched_getaffinity(0)))
 
 
 def pin_engine_core(api_pid: int) -> tuple[EngineProcesses, frozenset[int]] | None:
@@ -130,15 +130,16 @@ def pin_engine_core(api_pid: int) -> tuple[EngineProcesses, frozenset[int]] | No
 
     Raises OSError when the kernel refuses (another user's process).
     """
-    procs = engine_processes(api_pid)
-    worker_cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.workers))
-    core_cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.engine_cores))
+    table = _process_table()
+    procs = _engine_processes(api_pid, table)
+    worker_cpus, core_cpus = cpus_of(procs.workers), cpus_of(procs.engine_cores)
     if not worker_cpus or not core_cpus:
         return None
-    others = _workers_elsewhere(procs, worker_cpus)
+    others = [pid for pid, (name, _) in table.items()  # workers of other engines on the same cores
+              if name.startswith(_WORKER) and pid not in procs.workers and thread_affinity(pid) & worker_cpus]
     if others:
         for worker in others:
-            _release(worker)
+            _release(worker, table)
         _log.info("engine core of pid %d left unbound: its worker's CPUs %s also run the worker of another "
                   "engine (pid %s)", api_pid, sorted(worker_cpus), ", ".join(map(str, others)))
         return None

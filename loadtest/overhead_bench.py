@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.cpu_pinning import engine_processes, set_affinity, thread_affinity
+from backends.cpu_pinning import cpus_of, engine_processes, set_affinity
 from backends.transports import TRANSPORTS
 from loadtest.bench_env import (
     Env,
@@ -241,10 +241,7 @@ def _place_engine_core(api_pid: int, layout: str) -> None:
     """`pinned`: the engine core on its worker's cores (what the supervisor does); `unpinned`: free to run on
     any core of this machine (vLLM's own default)."""
     procs = engine_processes(api_pid)
-    if layout == "pinned":
-        cpus = frozenset().union(*(thread_affinity(pid) for pid in procs.workers))
-    else:
-        cpus = frozenset(os.sched_getaffinity(0))
+    cpus = cpus_of(procs.workers) if layout == "pinned" else frozenset(os.sched_getaffinity(0))
     if not procs.engine_cores or not cpus:
         raise RuntimeError(f"no vLLM engine core or worker found under pid {api_pid}")
     for pid in procs.engine_cores:

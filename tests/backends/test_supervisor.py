@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.cpu_pinning import engine_processes, thread_affinity
+from backends.cpu_pinning import cpus_of, engine_processes, thread_affinity
 from backends.supervisor import (
     Backoff,
     EngineStartError,
@@ -272,7 +272,7 @@ def _assert_engine_cores_placed(pools: dict[str, EngineSupervisor]) -> None:
         assert pid is not None
         procs = engine_processes(pid)
         assert len(procs.engine_cores) == 1 and procs.workers, (name, procs)
-        found[name] = (procs.engine_cores[0], frozenset().union(*(thread_affinity(w) for w in procs.workers)))
+        found[name] = (procs.engine_cores[0], cpus_of(procs.workers))
     everything = frozenset(os.sched_getaffinity(0))
     for name, (core, cpus) in found.items():
         shared = any(cpus & other for n, (_, other) in found.items() if n != name)
