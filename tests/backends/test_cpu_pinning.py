@@ -47,8 +47,25 @@ time.sleep(600)
 """
 
 
+def _no_other_vllm_workers() -> None:
+    """Wait (10 s at most) until no vLLM worker is left on the host, e.g. a real engine of an earlier test still
+    dying: the pinning rightly leaves an engine core alone when another worker shares its cores."""
+    deadline = time.monotonic() + 10
+    while any(_comm(p).startswith("VLLM::Worker") for p in Path("/proc").glob("[0-9]*/comm")):
+        assert time.monotonic() < deadline, "another vLLM worker runs on this host"
+        time.sleep(0.1)
+
+
+def _comm(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""  # the process ended meanwhile
+
+
 @pytest.fixture
 def api_server() -> Iterator[object]:
+    _no_other_vllm_workers()
     started: list[subprocess.Popen[bytes]] = []
 
     def start(worker_cpus: str) -> int:
@@ -126,6 +143,7 @@ def test_no_such_process_finds_nothing() -> None:
 async def test_the_supervisor_pins_a_started_replica_unless_told_not_to(tmp_path: Path, pin: bool) -> None:
     from tests.backends.test_supervisor import FAKE_ENGINE, _free_port
 
+    _no_other_vllm_workers()
     first = min(ALL_CPUS)
     # the fake engine answers /health; its child is the fake API server's process tree
     engine = FAKE_ENGINE.replace(
