@@ -138,6 +138,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from backends.cli import register as register_models
     from backends.quant_cli import register as register_quantize
+    from gateway.calibrate_cli import register as register_calibrate
     from gateway.costs_cli import register as register_costs
     from gateway.deploy_cli import register as register_deploy
     from gateway.plan_cli import register as register_plan
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     register_policy(sub)
     register_router(sub)
+    register_calibrate(sub)  # `router calibrate`: needs policy prices, which router_models may not import
     register_costs(sub)
     register_models(sub)
     register_quantize(sub)

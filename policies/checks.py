@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from policies.ladder_schema import FRACTION_SIGNALS, LadderStep, Overflow, RaiseThreshold
 from policies.rules import RuleMatch
 from policies.schema import Policy, RemotePool
+from policies.threshold import base_threshold
 
 __all__ = ["Loc", "Problem", "reference_problems"]
 
@@ -83,9 +84,10 @@ def _step_problems(policy: Policy, step: LadderStep, loc: Loc) -> Iterator[Probl
     if step.signal in FRACTION_SIGNALS and step.enter_above > 1:
         yield (*loc, "enter_above"), f"{step.signal} is a fraction 0..1; {step.enter_above} is never reached"
     action = step.action
-    if isinstance(action, RaiseThreshold) and action.threshold <= policy.routing.threshold:
+    base = base_threshold(policy.routing.threshold)  # a share form is checked against its `initial`
+    if isinstance(action, RaiseThreshold) and action.threshold <= base:
         yield (*loc, "action", "threshold"), (f"raise_threshold {action.threshold} is not above routing.threshold "
-                                              f"{policy.routing.threshold}; use a higher value")
+                                              f"{base}; use a higher value")
     if step.remap is not None:
         source, target = step.remap
         yield from _unknown_pool(policy, source, (*loc, "action", "from_pool"))

@@ -2,10 +2,13 @@
 
 - `validate FILE`: exit 0 and a summary, or exit 1 with every problem on stderr;
 - `schema`: the JSON Schema of the policy file (for editors);
-- `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]`:
+- `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]
+  [--threshold T]`:
   the score (the shipped classifier unless --score), every rule tried and why it did or did not match,
   the decision, and for a local pool the engine command of its first replica;
-- `replay FILE --log requests.jsonl [--against OTHER.yaml]`: see `policies.replay` for the log format.
+- `replay FILE --log requests.jsonl [--against OTHER.yaml] [--threshold T]`: see `policies.replay` for the log
+  format. A `flagship_share` threshold is live only in the gateway: offline, its `initial` (or `--threshold`)
+  is used, and the output says so.
 
 Exit codes: 0 ok, 1 invalid input (policy, log, request) or a refused request.
 """
@@ -109,6 +112,7 @@ def _explain(args: argparse.Namespace) -> int:
     from policies.context import RouteContext
     from policies.decide import needs_score
     from policies.explain import explain, quant_lines, render_explanation
+    from policies.threshold import offline_note
 
     loaded = _load(args.file)
     if loaded is None:
@@ -126,8 +130,9 @@ def _explain(args: argparse.Namespace) -> int:
     score, source = args.score, "given"
     if score is None and needs_score(loaded.policy, ctx):
         score, source = _classifier_score(body.get("messages") or []), "classifier"
-    exp = explain(loaded, ctx, score)
-    lines = render_explanation(exp, source) + quant_lines(loaded.policy)
+    exp = explain(loaded, ctx, score, threshold=args.threshold)
+    note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold)
+    lines = render_explanation(exp, source) + ([note] if note else []) + quant_lines(loaded.policy)
     if exp.decision is not None:
         lines += _engine_lines(loaded, exp.decision.pool)
     print("\n".join(lines))
@@ -136,6 +141,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from policies.replay import LogError, parse_log, render_replay, replay
+    from policies.threshold import offline_note
 
     loaded = _load(args.file)
     against = _load(args.against) if args.against else None
@@ -148,11 +154,25 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"bad log: {exc}", file=sys.stderr)
         return 1
     if against is None:
-        result, names = replay(entries, loaded), ("recorded", args.file)
+        result, names = replay(entries, loaded, thresholds=(args.threshold, None)), ("recorded", args.file)
     else:
-        result, names = replay(entries, against, baseline=loaded), (args.file, args.against)
-    print("\n".join(render_replay(result, *names)))
+        result = replay(entries, against, baseline=loaded, thresholds=(None, args.threshold))
+        names = (args.file, args.against)
+    notes = [offline_note(args.file, loaded.policy.routing.threshold, args.threshold)]
+    if against is not None:
+        notes.append(offline_note(args.against, against.policy.routing.threshold, None))
+    print("\n".join(render_replay(result, *names) + [n for n in notes if n]))
     return 0
+
+
+def _unit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,9 +192,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     e.add_argument("--model", default="auto", help="requested model with --prompt (default: auto)")
     e.add_argument("--score", type=float, help="use this score instead of running the classifier")
     e.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header")
+    e.add_argument("--threshold", type=_unit, help="routing threshold to use (default: the policy's float, or "
+                   "its flagship-share form's `initial`)")
     e.set_defaults(func=_explain)
     r = sub.add_parser("replay", help="replay a request log: pool moves (from -> to) and cost difference")
     r.add_argument("file")
     r.add_argument("--log", required=True, help="JSON Lines request log (format: policies/replay.py)")
     r.add_argument("--against", help="compare FILE with this policy instead of with the recorded pools")
+    r.add_argument("--threshold", type=_unit, help="route FILE with this routing threshold (default: its float, "
+                   "or its flagship-share form's `initial`)")
     r.set_defaults(func=_replay)

@@ -4,7 +4,9 @@ Order of a decision (each step says what it did in `reason`; `rule` names the la
 
 1. a pinned model (pool name, alias or served name) picks its pool — `PoolNotAllowed` if the tenant may
    not use it; otherwise rules are tried in order and the first match wins: a `pool` rule sends there, a
-   `threshold` rule (or no match: the tenant's threshold, else the routing threshold) splits by score;
+   `threshold` rule (or no match: the tenant's threshold, else the routing threshold) splits by score; the
+   routing threshold is the caller's live value when given (a `flagship_share` policy), else the policy's
+   float or the share form's `initial` (`policies.threshold.base_threshold`);
 2. an active `raise_threshold` ladder step raises that threshold (never lowers it); when that changes the
    pool, `rule` is ``ladder:<step>``;
 3. a pool the tenant may not use (`allowed_pools`) becomes the first of its allowed pools;
@@ -20,6 +22,7 @@ from policies.context import AUTO_MODEL, RouteContext
 from policies.ladder import LadderState
 from policies.rules import Rule
 from policies.schema import Policy
+from policies.threshold import base_threshold
 
 __all__ = [
     "AUTO_MODEL",
@@ -141,11 +144,11 @@ def _allowed(policy: Policy, tenant: str) -> tuple[str, ...] | None:
 
 
 def _by_score(policy: Policy, ctx: RouteContext, rule: Rule | None, score: float | None,
-              ladder: LadderState) -> tuple[str, str, str]:
+              ladder: LadderState, live: float | None) -> tuple[str, str, str]:
     """(pool, rule, reason) of a threshold decision, with the ladder's raised threshold applied."""
     routing = policy.routing
     tenant = policy.tenants.get(ctx.tenant)
-    threshold, name = routing.threshold, "threshold"
+    threshold, name = (base_threshold(routing.threshold) if live is None else live), "threshold"
     if tenant is not None and tenant.threshold is not None:
         threshold, name = tenant.threshold, "tenant-threshold"
     if rule is not None and rule.threshold is not None:
@@ -163,12 +166,13 @@ def _by_score(policy: Policy, ctx: RouteContext, rule: Rule | None, score: float
     return raised, f"ladder:{ladder.threshold_step}", f"{reason} ({name}); {note}: score {score:.3f} < it"
 
 
-def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState) -> tuple[str, str, str]:
+def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState,
+          live: float | None) -> tuple[str, str, str]:
     model_rule = _model_rule(policy, ctx, score) if ctx.requested_model != AUTO_MODEL else None
     if model_rule is not None:
         if model_rule.pool is not None:
             return model_rule.pool, model_rule.name, f"rule {model_rule.name!r} sends to {model_rule.pool!r}"
-        return _by_score(policy, ctx, model_rule, score, ladder)
+        return _by_score(policy, ctx, model_rule, score, ladder, live)
     if ctx.requested_model != AUTO_MODEL:
         pool = pinned_pool(policy, ctx.requested_model)
         if pool is None:
@@ -181,17 +185,19 @@ def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: Ladder
     rule = trace[-1][0] if trace and trace[-1][1] is None else None
     if rule is not None and rule.pool is not None:
         return rule.pool, rule.name, f"rule {rule.name!r} sends to {rule.pool!r}"
-    return _by_score(policy, ctx, rule, score, ladder)
+    return _by_score(policy, ctx, rule, score, ladder, live)
 
 
 def decide(
-    policy: Policy, version: str, ctx: RouteContext, score: float | None, ladder: LadderState | None = None
+    policy: Policy, version: str, ctx: RouteContext, score: float | None, ladder: LadderState | None = None,
+    threshold: float | None = None,
 ) -> RouteDecision:
-    """Decide the pool (see the module docstring for the order). The caller has checked that the model is
-    known (`known_model`). Raises `PoolNotAllowed` for a pinned pool the tenant may not use, and
-    `ModelNotRouted` for a rule-only model name none of whose rules matches."""
+    """Decide the pool (see the module docstring for the order). `threshold` replaces the routing threshold
+    (the gateway's live value for a `flagship_share` policy); tenant and rule thresholds still take precedence.
+    The caller has checked that the model is known (`known_model`). Raises `PoolNotAllowed` for a pinned pool
+    the tenant may not use, and `ModelNotRouted` for a rule-only model name none of whose rules matches."""
     ladder = ladder or LadderState()
-    pool, rule, reason = _base(policy, ctx, score, ladder)
+    pool, rule, reason = _base(policy, ctx, score, ladder, threshold)
     allowed = _allowed(policy, ctx.tenant)
     if allowed is not None and pool not in allowed:
         reason += f"; tenant {ctx.tenant!r} may not use {pool!r}: sent to {allowed[0]!r} (first allowed pool)"

@@ -50,8 +50,9 @@ class Explanation:
 
 
 def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
-            ladder: LadderState | None = None) -> Explanation:
-    """Decide `ctx` under `loaded` and record each rule tried (for a named model: the rules listing it)."""
+            ladder: LadderState | None = None, threshold: float | None = None) -> Explanation:
+    """Decide `ctx` under `loaded` and record each rule tried (for a named model: the rules listing it).
+    `threshold` replaces the routing threshold (see `policies.decide.decide`)."""
     policy = loaded.policy
     trace = rule_trace(policy, ctx, score)
     rules = tuple(
@@ -62,7 +63,7 @@ def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
         refusal = f"404: model {ctx.requested_model!r} is not served by this policy"
     else:
         try:
-            decision = decide(policy, loaded.version, ctx, score, ladder)
+            decision = decide(policy, loaded.version, ctx, score, ladder, threshold)
         except PoolNotAllowed as exc:
             refusal = f"403: {exc}"
         except ModelNotRouted as exc:

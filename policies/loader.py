@@ -20,6 +20,7 @@ from pydantic_core import ErrorDetails
 from policies.checks import Loc, reference_problems
 from policies.fields import did_you_mean, keys_at
 from policies.schema import Policy
+from policies.threshold import THRESHOLD_TAGS
 
 __all__ = ["LoadedPolicy", "PolicyError", "dotted_path", "load_policy", "parse_policy"]
 
@@ -121,7 +122,9 @@ def _schema_problems(source: str, exc: ValidationError, root: yaml.Node | None) 
 
 
 def _is_tag(loc: tuple[int | str, ...], i: int) -> bool:
-    """Whether loc[i] is a discriminator tag pydantic inserts (after pools.NAME, or after `action`)."""
+    """Whether loc[i] is a discriminator tag pydantic inserts (after pools.NAME, `action` or routing.threshold)."""
+    if i > 0 and loc[i - 1] == "threshold" and loc[:1] == ("routing",) and loc[i] in THRESHOLD_TAGS:
+        return True
     return (loc[:1] == ("pools",) and i == 2) or (i > 0 and loc[i - 1] == "action" and isinstance(loc[i], str))
 
 

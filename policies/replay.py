@@ -29,7 +29,7 @@ from policies.context import RouteContext
 from policies.decide import ModelNotRouted, PoolNotAllowed, decide, known_model, needs_score
 from policies.loader import LoadedPolicy
 
-__all__ = ["LogEntry", "LogError", "ReplayResult", "parse_log", "render_replay", "replay", "usd"]
+__all__ = ["LogEntry", "LogError", "ReplayResult", "parse_line", "parse_log", "render_replay", "replay", "usd"]
 
 REFUSED = "(refused)"
 
@@ -64,6 +64,11 @@ def _entry(obj: Any) -> LogEntry:
                     {str(k): str(v) for k, v in headers.items()})
 
 
+def parse_line(line: str) -> LogEntry:
+    """One log line as an entry. Raises ValueError (bad JSON or a field not in the format above)."""
+    return _entry(json.loads(line))
+
+
 def parse_log(lines: Iterable[str], source: str = "<log>") -> list[LogEntry]:
     """Entries of a JSON Lines log (blank lines skipped). Raises `LogError` naming source:line."""
     entries = []
@@ -96,14 +101,15 @@ class ReplayResult:
         return sum(n for (a, b), n in self.moves.items() if a != b)
 
 
-def _route(loaded: LoadedPolicy, entry: LogEntry) -> tuple[str, bool]:
-    """(pool or REFUSED, whether a needed score was missing) for one entry under `loaded`."""
+def _route(loaded: LoadedPolicy, entry: LogEntry, threshold: float | None = None) -> tuple[str, bool]:
+    """(pool or REFUSED, whether a needed score was missing) for one entry under `loaded` (`threshold`:
+    the routing threshold to use instead of the policy's, see `policies.decide.decide`)."""
     ctx = RouteContext.from_request(entry.request, entry.tenant, entry.headers, entry.prompt_tokens)
     policy = loaded.policy
     if not known_model(policy, ctx.requested_model):
         return REFUSED, False
     try:
-        decision = decide(policy, loaded.version, ctx, entry.score)
+        decision = decide(policy, loaded.version, ctx, entry.score, threshold=threshold)
     except (PoolNotAllowed, ModelNotRouted):
         return REFUSED, False
     return decision.pool, entry.score is None and needs_score(policy, ctx)
@@ -114,14 +120,15 @@ def _cost(loaded: LoadedPolicy, pool: str, entry: LogEntry) -> int:
     return 0 if spec is None else spec.price.cost_micro_usd(entry.prompt_tokens, entry.completion_tokens)
 
 
-def replay(entries: Iterable[LogEntry], candidate: LoadedPolicy, baseline: LoadedPolicy | None = None) -> ReplayResult:
+def replay(entries: Iterable[LogEntry], candidate: LoadedPolicy, baseline: LoadedPolicy | None = None,
+           thresholds: tuple[float | None, float | None] = (None, None)) -> ReplayResult:
     """Route each entry under `candidate` and compare with `baseline`'s routing, or with the pool recorded in
     the log when `baseline` is None (then priced with `candidate`'s prices). A pool a policy does not define,
-    and a refused request, cost 0."""
+    and a refused request, cost 0. `thresholds`: routing thresholds replacing (candidate's, baseline's)."""
     result = ReplayResult()
     for entry in entries:
-        before = entry.pool if baseline is None else _route(baseline, entry)[0]
-        after, unscored = _route(candidate, entry)
+        before = entry.pool if baseline is None else _route(baseline, entry, thresholds[1])[0]
+        after, unscored = _route(candidate, entry, thresholds[0])
         result.moves[(before, after)] += 1
         result.unscored += unscored
         result.refused += after == REFUSED

@@ -26,6 +26,7 @@ from policies.money import Price
 from policies.pools import EngineSpec, LocalPool, Pool, RemotePool
 from policies.rules import Rule, RuleMatch
 from policies.tenants import Budget, RateLimits, Tenant
+from policies.threshold import ShareThreshold, Threshold
 
 __all__ = [
     "Action",
@@ -47,6 +48,7 @@ __all__ = [
     "Routing",
     "Rule",
     "RuleMatch",
+    "ShareThreshold",
     "Shed",
     "Signal",
     "Tenant",
@@ -69,11 +71,13 @@ class Cascade(Frozen):
 
 
 class Routing(Frozen):
-    """The default split by score (`threshold`), then `rules` tried in order: the first match wins."""
+    """The default split by score (`threshold`, a float or a target flagship share: `policies.threshold`), then
+    `rules` tried in order: the first match wins."""
 
     micro_pool: str = Field(description="pool for requests scored below the threshold")
     flagship_pool: str = Field(description="pool for requests scored at or above the threshold")
-    threshold: float = Field(default=0.5, ge=0, le=1)
+    threshold: Threshold = Field(default=0.5, description="score at or above it goes to the flagship, or "
+                                 "{flagship_share: X} to keep that share of scored auto requests on the flagship")
     rules: tuple[Rule, ...] = ()
     cascade: Cascade = Cascade()
     failover: bool = Field(
