@@ -129,7 +129,19 @@ def _on_demand_problems(policy: Policy) -> Iterator[Problem]:
             yield loc, "a pool cannot fall back to itself while cold; name another pool or use 'wait'"
 
 
+def _learning_problems(policy: Policy) -> Iterator[Problem]:
+    learning = policy.learning
+    shadow, loc = learning.shadow, ("learning", "shadow")
+    yield from _unknown_pool(policy, shadow.flagship_pool, (*loc, "flagship_pool"))
+    yield from _unknown_pool(policy, shadow.judge_pool, (*loc, "judge_pool"))
+    if shadow.sample > 0 and shadow.judge_pool is None:
+        yield (*loc, "judge_pool"), "shadow comparisons need a judge: name the pool that judges the two answers"
+    if shadow.sample > 0 and learning.keep_prompts.sample == 0:
+        yield (*loc, "sample"), ("shadow compares kept requests only, and learning.keep_prompts.sample is 0: "
+                                 "keep a share of prompts or set shadow.sample to 0")
+
+
 def reference_problems(policy: Policy) -> list[Problem]:
     """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
     return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy),
-            *_on_demand_problems(policy)]
+            *_on_demand_problems(policy), *_learning_problems(policy)]

@@ -22,6 +22,7 @@ from policies.ladder_schema import (
     Signal,
     TruncateContext,
 )
+from policies.learning import KeepPrompts, Learning, Shadow
 from policies.money import Price
 from policies.pools import EngineSpec, LocalPool, Pool, RemotePool
 from policies.rules import Rule, RuleMatch
@@ -36,7 +37,9 @@ __all__ = [
     "EngineSpec",
     "FallbackPool",
     "ForceStream",
+    "KeepPrompts",
     "LadderStep",
+    "Learning",
     "LocalPool",
     "Overflow",
     "Policy",
@@ -48,6 +51,7 @@ __all__ = [
     "Routing",
     "Rule",
     "RuleMatch",
+    "Shadow",
     "ShareThreshold",
     "Shed",
     "Signal",
@@ -94,3 +98,4 @@ class Policy(Frozen):
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     aliases: dict[str, str] = Field(default_factory=dict, description="extra model names that pin a pool")
     degradation: Degradation = Degradation()
+    learning: Learning = Learning()

@@ -1,0 +1,65 @@
+"""The policy's `learning:` section: off by default, USD budgets in micro-USD, cross-references with file:line."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.loader import PolicyError, parse_policy
+from policies.schema import Policy
+from tests.conftest import policy_yaml
+
+BASE = policy_yaml("http://127.0.0.1:1", "http://127.0.0.1:2")
+
+
+def _problems(text: str) -> list[str]:
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text, "p.yaml")
+    return err.value.problems
+
+
+def test_off_by_default() -> None:
+    learning = parse_policy(BASE).policy.learning
+    assert learning.keep_prompts.sample == 0 and learning.keep_prompts.ttl_days == 30
+    assert learning.shadow.sample == 0 and learning.shadow.daily_budget_usd == 0 and learning.shadow.judge_pool is None
+
+
+def test_a_full_section_parses_usd_into_micro_usd() -> None:
+    text = BASE + """learning:
+  keep_prompts: {sample: 0.1, ttl_days: 7}
+  shadow: {sample: 0.05, judge_pool: flagship, flagship_pool: flagship, daily_budget_usd: "2.50", max_tokens: 64}
+"""
+    learning = parse_policy(text).policy.learning
+    assert (learning.keep_prompts.sample, learning.keep_prompts.ttl_days) == (0.1, 7)
+    assert learning.shadow.daily_budget_usd == 2_500_000
+    assert (learning.shadow.judge_pool, learning.shadow.max_tokens) == ("flagship", 64)
+
+
+def test_unknown_pools_are_named_with_their_line() -> None:
+    text = BASE + "learning:\n  keep_prompts: {sample: 1}\n  shadow:\n    sample: 1\n    judge_pool: judgy\n"
+    (problem,) = _problems(text)
+    line = text.splitlines().index("    judge_pool: judgy") + 1
+    assert problem.startswith(f"p.yaml:{line}: learning.shadow.judge_pool: unknown pool 'judgy'")
+
+
+def test_shadow_needs_a_judge_and_kept_prompts() -> None:
+    problems = _problems(BASE + "learning:\n  shadow: {sample: 0.5}\n")
+    assert any("learning.shadow.judge_pool: shadow comparisons need a judge" in p for p in problems)
+    assert any("learning.shadow.sample: shadow compares kept requests only" in p for p in problems)
+    assert len(problems) == 2
+
+
+@pytest.mark.parametrize("bad, where", [
+    ("learning:\n  keep_prompts: {sample: 1.5}\n", "learning.keep_prompts.sample"),
+    ("learning:\n  shadow: {daily_budget_usd: '-1'}\n", "learning.shadow.daily_budget_usd"),
+    ("learning:\n  keep_prompt: {sample: 0.1}\n", "learning.keep_prompt"),
+])
+def test_schema_errors_name_the_field(bad: str, where: str) -> None:
+    (problem,) = _problems(BASE + bad)
+    assert f": {where}:" in problem
+
+
+def test_json_schema_lists_the_section() -> None:
+    schema = Policy.model_json_schema()
+    assert "learning" in schema["properties"]
+    shadow = schema["$defs"]["Shadow"]["properties"]
+    assert {"sample", "judge_pool", "flagship_pool", "daily_budget_usd", "max_tokens"} <= set(shadow)
