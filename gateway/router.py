@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
+from gateway.live_threshold import LiveThreshold
 from gateway.metrics import GatewayMetrics
 from gateway.schema import ChatRequest
 from policies.decide import (
@@ -36,11 +37,13 @@ log = logging.getLogger("cascade.router")
 
 
 class RequestRouter:
-    """Routes requests under a given policy and ladder state. Shares, does not own, the scorer."""
+    """Routes requests under a given policy and ladder state. Shares, does not own, the scorer and the live
+    threshold (a `flagship_share` policy's routing threshold, fed with each decision)."""
 
-    def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics) -> None:
+    def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics, live: LiveThreshold | None = None) -> None:
         self._scorer = scorer
         self._metrics = metrics
+        self._live = live
 
     async def _score(self, raw: Mapping[str, Any]) -> float | None:
         assert self._scorer is not None
@@ -70,11 +73,14 @@ class RequestRouter:
         ctx = RouteContext.from_request(raw, tenant, headers)
         score = await self._score(raw) if self._scorer is not None and needs_score(policy, ctx) else None
         try:
-            decision = decide(policy, loaded.version, ctx, score, ladder)
+            threshold = self._live.threshold(policy) if self._live is not None else None
+            decision = decide(policy, loaded.version, ctx, score, ladder, threshold)
         except PoolNotAllowed as exc:
             raise PermissionDenied(str(exc), param="model") from exc
         except ModelNotRouted as exc:
             raise ModelNotFound(str(exc), param="model") from exc
+        if self._live is not None:
+            self._live.observe(policy, ctx, decision)
         micro = policy.routing.micro_pool
         if downgrade and decision.pool != micro:
             reason = f"tenant {tenant!r} is over budget (policy: downgrade); {decision.reason}"

@@ -19,6 +19,7 @@ from gateway.forwarding import Forwarder
 from gateway.ladder_sync import LadderSync
 from gateway.ledger import Ledger, LedgerKeys, MemoryLedger
 from gateway.limits import MemoryRateLimiter, RateLimiter
+from gateway.live_threshold import LiveThreshold, start_live_threshold
 from gateway.metrics import GatewayMetrics
 from gateway.on_demand import OnDemandGate
 from gateway.policy_holder import PolicyHolder
@@ -54,6 +55,7 @@ class Runtime:
     degradation: DegradationMonitor
     request_log: RequestLog | None
     on_demand: OnDemandGate
+    live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -81,6 +83,8 @@ class Runtime:
             return False
 
     async def aclose(self) -> None:
+        if self.live_threshold is not None:
+            await self.live_threshold.aclose()
         await self.degradation.aclose()
         await self.on_demand.aclose()
         await self.accountant.drain()
@@ -159,7 +163,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     admission = _admission(redis, settings, metrics)
     on_demand = OnDemandGate(pool_set)
     on_demand.start()
-    service = ChatService(policies, pool_set.pools, RequestRouter(scorer, metrics), forwarder, degradation, metrics,
+    live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
+    router = RequestRouter(scorer, metrics, live)
+    service = ChatService(policies, pool_set.pools, router, forwarder, degradation, metrics,
                           admission, keep_requests=request_log is not None, wake=on_demand.ensure)
     return Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
-                   degradation, request_log, on_demand)
+                   degradation, request_log, on_demand, live_threshold=live)
