@@ -50,6 +50,7 @@ class Accountant:
         """The priced record. `flagship_cost_micro_usd` is what the request would have cost on the flagship
         pool at its prices; a discarded cascade probe (status "escalated") gets 0 there: with every request
         on the flagship it would not exist, and the flagship call that replaced it carries the counterfactual.
+        A shadow call (status "shadow") gets 0 too: it is the price of measuring quality, not of an answer.
         """
         decision = facts.decision
         price = policy.pools[decision.pool].price
@@ -63,7 +64,7 @@ class Accountant:
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             cost_micro_usd=price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens),
-            flagship_cost_micro_usd=0 if facts.status == "escalated" else flagship_cost,
+            flagship_cost_micro_usd=0 if facts.status in ("escalated", "shadow") else flagship_cost,
             rule=decision.rule,
             policy_version=decision.policy_version,
             started_at=facts.started_wall,

@@ -28,6 +28,7 @@ from gateway.errors import (
     GatewayError,
     error_body,
 )
+from gateway.feedback_endpoint import post_feedback
 from gateway.metrics import CONTENT_TYPE
 from gateway.openapi import build_openapi
 from gateway.policy_watch import PolicyWatcher
@@ -191,6 +192,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
         Route("/readyz", readyz, methods=["GET"]),
         Route("/admin/policy/reload", reload_policy, methods=["POST"]),
         Route("/admin/costs", admin_costs, methods=["GET"]),
+        Route("/v1/feedback", post_feedback, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _unexpected}
     starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

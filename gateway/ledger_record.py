@@ -30,7 +30,7 @@ _EPOCH_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+\-]{0,127}")  # no ":" (key separator), no "{}" (hash tags)
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
-_STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated"})
+_STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS)  # the counters of every rollup hash
@@ -42,8 +42,9 @@ class CostRecord:
     """What one finished request used and cost. Money is integer micro-USD; times are UTC epoch seconds.
 
     `status` is "ok" (answer complete), "escalated" (a cascade probe replaced by the flagship),
-    "client_disconnect" (charged for what was generated) or
-    "upstream_error" (charged for what the engine reported before failing).
+    "client_disconnect" (charged for what was generated),
+    "upstream_error" (charged for what the engine reported before failing) or
+    "shadow" (a shadow comparison's flagship or judge call, `gateway.shadow`: tenant "cascade.shadow").
     """
 
     request_id: str
@@ -53,7 +54,7 @@ class CostRecord:
     prompt_tokens: int
     completion_tokens: int
     cost_micro_usd: int
-    flagship_cost_micro_usd: int  # the same tokens at the flagship's prices (0 for an escalated probe)
+    flagship_cost_micro_usd: int  # the same tokens at the flagship's prices (0 for an escalated probe, a shadow call)
     rule: str
     policy_version: str
     started_at: float

@@ -78,6 +78,10 @@ class GatewayMetrics:
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.feedback = Counter("cascade_feedback", "POST /v1/feedback by outcome: score, thumbs (stored), "
+                                "not_found, invalid", ["outcome"], registry=r)
+        self.learning = Counter("cascade_learning_events", "learning loop: prompts kept, shadow comparisons "
+                                "judged or skipped (and why)", ["event"], registry=r)
         r.register(_PoolCollector(pools))
 
     def observe_record(self, rec: CostRecord) -> None:

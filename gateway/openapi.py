@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.feedback import Feedback
 from gateway.schema import ChatRequest
 
 __all__ = ["ERROR_SCHEMA", "build_openapi"]
@@ -134,6 +135,35 @@ def _chat_operation() -> dict[str, Any]:
     }
 
 
+_FEEDBACK_RESULT: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "request_id", "score", "stored"],
+    "properties": {"object": {"const": "feedback"}, "request_id": {"type": "string"},
+                   "score": {"type": "number", "minimum": 0, "maximum": 1}, "stored": {"const": True}},
+}
+
+_FEEDBACK_ERRORS = {
+    "400": "invalid body (see `param`), or a gateway without the Redis ledger",
+    "401": "missing or invalid API key",
+    "404": "no request with this id from the caller's tenant (unknown, expired or another tenant's)",
+    "413": "request body too large",
+}
+
+
+def _feedback_operation() -> dict[str, Any]:
+    return {
+        "operationId": "createFeedback",
+        "summary": "Rate one of your own answers (by its x-request-id): a score in [0, 1] or thumbs up/down",
+        "security": [{"bearer": []}, {}],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/FeedbackRequest"}}},
+        },
+        "responses": {"200": _json({"$ref": "#/components/schemas/FeedbackResult"}, "stored (last feedback wins)"),
+                      **{code: _error(why) for code, why in _FEEDBACK_ERRORS.items()}},
+    }
+
+
 def _get(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[str, Any]:
     return {"get": {"operationId": operation_id, "summary": summary, "responses": responses}}
 
@@ -146,6 +176,7 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
                  "description": "OpenAI-compatible gateway that routes each request to a model pool."},
         "paths": {
             "/v1/chat/completions": {"post": _chat_operation()},
+            "/v1/feedback": {"post": _feedback_operation()},
             "/v1/models": _get("listModels", "Models a client may ask for",
                                {"200": _json({"$ref": "#/components/schemas/ModelList"}, "the models")}),
             "/healthz": _get("healthz", "Liveness", {"200": _json(
@@ -157,7 +188,9 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
         },
         "components": {
             "schemas": {**_request_schemas(), "ChatCompletion": _COMPLETION, "ModelList": _MODELS,
-                        "Readiness": _READY, "Error": ERROR_SCHEMA},
+                        "Readiness": _READY, "Error": ERROR_SCHEMA,
+                        "FeedbackRequest": Feedback.model_json_schema(ref_template=_REF),
+                        "FeedbackResult": _FEEDBACK_RESULT},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "tenant API key (optional when no tenants have keys)"}},
         },

@@ -15,8 +15,11 @@ from gateway.accounting import Accountant
 from gateway.admission import Admission
 from gateway.budgets import BudgetGuard
 from gateway.degradation import DegradationMonitor
+from gateway.feedback import FeedbackService
 from gateway.forwarding import Forwarder
 from gateway.ladder_sync import LadderSync
+from gateway.learning import LearningTap
+from gateway.learning_store import LearningStore
 from gateway.ledger import Ledger, LedgerKeys, MemoryLedger
 from gateway.limits import MemoryRateLimiter, RateLimiter
 from gateway.live_threshold import LiveThreshold, start_live_threshold
@@ -29,6 +32,7 @@ from gateway.request_log import RequestLog
 from gateway.router import RequestRouter
 from gateway.service import ChatService
 from gateway.settings import Settings
+from gateway.shadow import ShadowComparison
 from policies.loader import LoadedPolicy, load_policy
 from router_models.scorer import LengthScorer, Scorer
 from router_models.serving import ClassifierScorer
@@ -55,6 +59,7 @@ class Runtime:
     degradation: DegradationMonitor
     request_log: RequestLog | None
     on_demand: OnDemandGate
+    feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -120,6 +125,19 @@ async def _make_ledger(settings: Settings) -> Ledger:
     return ledger
 
 
+def _learning(redis: aioredis.Redis | None, settings: Settings, forwarder: Forwarder, pool_set: PoolSet,
+              engines: EngineClient, accountant: Accountant,
+              metrics: GatewayMetrics) -> tuple[LearningTap | None, FeedbackService | None]:
+    """Kept prompts, feedback and shadow verdicts live in Redis beside the ledger: none without it."""
+    if redis is None:
+        return None, None
+    store = LearningStore(redis, settings.redis_prefix)
+    shadow = ShadowComparison(forwarder, pool_set.pools, engines, accountant, store, redis, settings.redis_prefix,
+                              metrics)
+    feedback = FeedbackService(store, settings.ledger_retention_days * 86_400, metrics)
+    return LearningTap(store, accountant, metrics, shadow), feedback
+
+
 def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: GatewayMetrics) -> Admission:
     """Rate limits and budgets live in Redis; without it (memory ledger) they are in-process only."""
     if redis is None:
@@ -165,7 +183,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     on_demand.start()
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
     router = RequestRouter(scorer, metrics, live)
+    learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
     service = ChatService(policies, pool_set.pools, router, forwarder, degradation, metrics,
-                          admission, keep_requests=request_log is not None, wake=on_demand.ensure)
+                          admission, keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning)
     return Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
-                   degradation, request_log, on_demand, live_threshold=live)
+                   degradation, request_log, on_demand, feedback, live_threshold=live)

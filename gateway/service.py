@@ -17,6 +17,7 @@ from gateway.cascade_flow import CascadeFlow, cascades
 from gateway.degradation import DegradationMonitor
 from gateway.errors import BadRequest, NoReplicaAvailable
 from gateway.forwarding import Forwarder, JSONReply, StreamReply
+from gateway.learning import LearningTap
 from gateway.metrics import GatewayMetrics
 from gateway.policy_holder import PolicyHolder
 from gateway.router import RequestRouter
@@ -35,8 +36,10 @@ class ChatService:
 
     def __init__(self, policies: PolicyHolder, pools: dict[str, Pool], router: RequestRouter, forwarder: Forwarder,
                  degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
-                 keep_requests: bool = False, wake: Callable[[str], Awaitable[str]] | None = None) -> None:
-        """`wake(pool)` (scale to zero, `gateway.on_demand`) returns the pool that serves now."""
+                 keep_requests: bool = False, wake: Callable[[str], Awaitable[str]] | None = None,
+                 learning: LearningTap | None = None) -> None:
+        """`wake(pool)` (scale to zero, `gateway.on_demand`) returns the pool that serves now. `learning`
+        sees every answered request (policy `learning:`)."""
         self._policies = policies
         self._wake = wake
         self._pools = pools
@@ -47,6 +50,7 @@ class ChatService:
         self._keep_requests = keep_requests
         self._admission = admission
         self._cascade = CascadeFlow(forwarder, self._pool)
+        self._learning = learning
 
     def _pool(self, name: str) -> Pool:
         pool = self._pools.get(name)
@@ -56,6 +60,13 @@ class ChatService:
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None) -> JSONReply | StreamReply:
+        reply = await self._handle(request, raw, tenant, request_id, headers)
+        if self._learning is not None:
+            self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
+        return reply
+
+    async def _handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
+                      headers: Mapping[str, str] | None) -> JSONReply | StreamReply:
         started, started_wall = time.monotonic(), time.time()
         loaded = self._policies.current
         self._degradation.use_policy(loaded)

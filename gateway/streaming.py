@@ -65,6 +65,17 @@ class StreamRelay:
         self.disconnected = False
         self.error: str | None = None
 
+    def add_finish_callback(self, callback: Callable[[StreamRelay], None]) -> None:
+        """Also call `callback(relay)` when the body ends, after `on_finish`; the same rules apply (once,
+        must not block, must not raise)."""
+        first = self._on_finish
+
+        def both(relay: StreamRelay) -> None:
+            first(relay)
+            callback(relay)
+
+        self._on_finish = both
+
     def _feed(self, chunk: bytes) -> bytes:
         parts = (self._buffer + chunk).split(b"\n\n")
         self._buffer = parts.pop()
