@@ -113,6 +113,7 @@ async def admin_costs(request: Request) -> Response:
     from datetime import UTC, date, datetime, timedelta
 
     from gateway.costs_html import render_html
+    from gateway.costs_quality import served_with_quality
     from gateway.costs_report import load_report
     from gateway.ledger import LedgerKeys
 
@@ -132,6 +133,8 @@ async def admin_costs(request: Request) -> Response:
     if runtime.redis is None:
         return _error(BadRequest("this gateway runs without the Redis ledger; no report to show"))
     report = await load_report(runtime.redis, LedgerKeys(runtime.settings.redis_prefix), start, end)
+    report = await served_with_quality(report, runtime.policies.current.policy, runtime.settings.redis_url,
+                                       runtime.settings.redis_prefix)
     return Response(render_html(report, by), media_type="text/html; charset=utf-8")
 
 

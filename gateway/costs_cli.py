@@ -59,6 +59,10 @@ def register(subparsers: Any) -> None:
     report.add_argument("--by", choices=GROUPINGS, default="tenant")
     report.add_argument("--format", choices=sorted(_RENDERERS), default="table")
     report.add_argument("--out", type=Path, help="write here instead of stdout")
+    report.add_argument("--policy", type=Path, help="policy naming the micro and flagship pools, for the quality "
+                        "kept (default: the demo policy)")
+    report.add_argument("--artifact", type=Path, help="router artifact .json whose evaluation curve estimates the "
+                        "quality kept (default: the shipped one)")
     report.set_defaults(func=_run_report)
     check = leaves.add_parser("verify", help="recompute rollups from the per-request records and compare")
     _common(check)
@@ -97,9 +101,23 @@ def _run_report(args: argparse.Namespace) -> int:
     report = _with_redis(args.redis_url, lambda client: load_report(client, keys, args.start, args.end))
     if report is None:
         return 2
-    text = render(report, args.by, args.format)
+    text = render(_with_quality(report, args), args.by, args.format)
     write_output(text, args.out)
     return 0
+
+
+def _with_quality(report: CostReport, args: argparse.Namespace) -> CostReport:
+    """`report` with the quality routing kept (`gateway.costs_quality`); never fails the report."""
+    from gateway.cli import default_policy_path
+    from gateway.costs_quality import read_label_estimate, with_quality
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        policy = load_policy(args.policy or default_policy_path()).policy
+    except PolicyError as exc:
+        return with_quality(report, None, policy_problem=str(exc).splitlines()[-1].strip())
+    labels = read_label_estimate(args.redis_url, args.prefix, policy.routing.micro_pool)
+    return with_quality(report, policy, args.artifact, labels)
 
 
 def _run_verify(args: argparse.Namespace) -> int:

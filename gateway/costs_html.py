@@ -47,6 +47,7 @@ def render_html(report: CostReport, by: str) -> str:
         f'<h1>Cascade costs</h1><p class="sub">{escape(report.start.isoformat())} to '
         f"{escape(report.end.isoformat())} (UTC days) · table grouped by {escape(by)}</p>",
         _cards(total),
+        *([] if report.quality is None else [_quality(report.quality.lines())]),
         _section("Spend per day, stacked by pool", _spend_chart(report)),
         _section("Savings over time (flagship counterfactual vs. actual spend)", _savings_chart(report)),
         _section("Top tenants by spend", _tenants_chart(report)),
@@ -57,6 +58,12 @@ def render_html(report: CostReport, by: str) -> str:
         "</main></body></html>\n",
     ]
     return "\n".join(parts)
+
+
+def _quality(lines: list[str]) -> str:
+    """The quality kept, right under the savings: a saving is never shown without its price in quality."""
+    items = "".join(f"<p>{escape(line)}</p>" for line in lines)
+    return f'<section class="quality"><h2>Quality kept by routing</h2>{items}</section>'
 
 
 def _section(title: str, body: str) -> str:

@@ -16,13 +16,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from gateway.ledger import ROLLUP_FIELDS, InvalidCostRecord, LedgerKeys, record_from_fields, rollup_slot
+
+if TYPE_CHECKING:
+    from gateway.costs_quality import QualityEstimate
 
 __all__ = [
     "GROUPINGS",
@@ -136,11 +139,13 @@ def days_between(start: date, end: date) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class CostReport:
-    """The day rollups of `start..end` (inclusive, UTC)."""
+    """The day rollups of `start..end` (inclusive, UTC), and the quality routing kept (`gateway.costs_quality`,
+    shown beside the savings when set)."""
 
     start: date
     end: date
     cells: tuple[Cell, ...]
+    quality: QualityEstimate | None = None
 
     @property
     def pools(self) -> list[str]:
@@ -228,6 +233,7 @@ def render_json(report: CostReport, by: str) -> str:
         "pools": pools,
         "rows": [row_fields(r, pools) for r in report.rows(by)],
         "total": row_fields(report.total(), pools),
+        "quality": None if report.quality is None else report.quality.fields(),
     }
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
 
@@ -236,6 +242,7 @@ def render_csv(report: CostReport, by: str) -> str:
     """CSV with a header row, one row per group and a final TOTAL row."""
     pools = report.pools
     rows = [row_fields(r, pools) for r in [*report.rows(by), report.total()]]
+    rows[-1].update(report.quality.fields() if report.quality is not None else {})  # on the TOTAL row only
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[-1]), lineterminator="\n")
     writer.writeheader()
@@ -272,7 +279,8 @@ def render_table(report: CostReport, by: str) -> str:
     header = f"Costs {report.start.isoformat()} .. {report.end.isoformat()} (UTC) by {by}"
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
     lines = [header, "", line([t for _, t in columns]), rule, *(line(c) for c in cells[:-1]), rule]
-    return "\n".join([*lines, line(cells[-1])]) + "\n"
+    quality = [] if report.quality is None else ["", *report.quality.lines()]
+    return "\n".join([*lines, line(cells[-1]), *quality]) + "\n"
 
 
 @dataclass(frozen=True, slots=True)
