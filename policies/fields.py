@@ -10,13 +10,15 @@ import difflib
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Tag
 
 __all__ = ["did_you_mean", "keys_at"]
 
 
 def _member_with_tag(members: tuple[Any, ...], tag: str) -> Any:
     for member in members:
+        if get_origin(member) is Annotated and any(isinstance(m, Tag) and m.tag == tag for m in get_args(member)):
+            return get_args(member)[0]  # a member of a callable-discriminated union (pydantic `Tag`)
         field = member.model_fields.get("type") if isinstance(member, type) and issubclass(member, BaseModel) else None
         if field is not None and get_origin(field.annotation) is Literal and tag in get_args(field.annotation):
             return member

@@ -45,7 +45,8 @@ def test_float_and_share_forms_load() -> None:
     ("{flagship_share: 0.3, initial: 2}", "routing.threshold.initial: Input should be less than or equal to 1"),
     ("{flagship_share: 0.3, window: 5}", "routing.threshold.window: Input should be greater than or equal to 10"),
     ("{flagship_share: 0.3, window: 50, min_samples: 100}", "min_samples 100 exceeds window 50"),
-    ("{flagship_share: 0.3, windw: 50}", "routing.threshold.windw: Extra inputs are not permitted"),
+    ("{flagship_share: 0.3, windw: 50}", "routing.threshold.windw: Extra inputs are not permitted (unknown key: did "
+     "you mean `window`?"),
     ("{share: 0.3}", "routing.threshold.flagship_share: Field required"),
     ("high", "routing.threshold: Input should be a valid number"),
 ])
