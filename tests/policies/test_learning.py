@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from policies.loader import PolicyError, parse_policy
@@ -63,3 +65,11 @@ def test_json_schema_lists_the_section() -> None:
     assert "learning" in schema["properties"]
     shadow = schema["$defs"]["Shadow"]["properties"]
     assert {"sample", "judge_pool", "flagship_pool", "daily_budget_usd", "max_tokens"} <= set(shadow)
+
+
+def test_the_commented_example_in_the_default_policy_is_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text()
+    assert parse_policy(text).policy.learning.keep_prompts.sample == 0  # shipped: off
+    example = text[text.index("# learning:"):].splitlines()
+    learning = parse_policy(text + "\n" + "\n".join(line[2:] for line in example if line.startswith("# "))).policy
+    assert learning.learning.shadow.judge_pool == "flagship" and learning.learning.keep_prompts.sample == 0.05
