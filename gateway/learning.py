@@ -8,7 +8,8 @@ in the background (tracked by the `Accountant`, so shutdown waits for it):
   the time, living `keep_prompts.ttl_days`;
 - for a true-cascade request, the micro answer's confidence and whether it escalated (`LabelKeys.cascade`);
 - with probability `learning.shadow.sample`, when the micro pool answered in full, a shadow comparison
-  (`gateway.shadow`), started only once the client's answer is complete.
+  (`gateway.shadow`), started once the client's answer is whole: a JSON answer when it is built (sending it
+  does not wait for the comparison), a stream when the client has read all of it (a cut stream: none).
 
 Only scored requests are kept (the loop teaches the scorer). Nothing here raises into the request: a Redis
 failure is logged and the label is lost. Prompts are user data: the whole section is off by default.
