@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ DEFAULT_EMBEDDER = "all-MiniLM-L6-v2:int8:t64:l3"
 
 
 class Embedder(Protocol):
-    """Turns texts into an (n, dim) float32 array, row i for texts[i]. Synchronous, CPU-bound."""
+    """Turns texts into an (n, dim) float32 array, row i for texts[i]. Synchronous, CPU-bound, and safe to
+    call from several threads at once (the scorer's workers do)."""
 
     name: str
     dim: int
@@ -78,7 +80,8 @@ class MiniLMEmbedder:
     Texts are sorted by length and embedded in sub-batches of `batch_size` (8 measured fastest: little
     padding, still vectorised); each text is truncated to `max_tokens` word pieces (the start of a prompt
     carries its kind and most of its difficulty). Loading takes about a second: do it at start-up, never
-    at import time.
+    at import time. Calls are serialised by a lock (torch already spreads one call over its intra-op threads,
+    and the Hugging Face tokenizer wrapper is not safe to share between threads).
     """
 
     def __init__(self, name: str = DEFAULT_EMBEDDER, batch_size: int = 8) -> None:
@@ -107,6 +110,7 @@ class MiniLMEmbedder:
         self._model: Any = model
         self._max_tokens = max_tokens
         self._batch_size = batch_size
+        self._lock = threading.Lock()
         self.name = name
         self.dim = int(st.get_embedding_dimension() or 384)
 
@@ -117,9 +121,10 @@ class MiniLMEmbedder:
     def embed(self, texts: Sequence[str]) -> FloatArray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), self._batch_size):
-            idx = order[start : start + self._batch_size]
-            out[idx] = self._embed_batch([texts[i] or " " for i in idx])
+        with self._lock:
+            for start in range(0, len(order), self._batch_size):
+                idx = order[start : start + self._batch_size]
+                out[idx] = self._embed_batch([texts[i] or " " for i in idx])
         return out
 
     def _embed_batch(self, texts: list[str]) -> FloatArray:

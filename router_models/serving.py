@@ -1,10 +1,14 @@
 """The serving-side scorer: a micro-batcher and a TTL cache in front of embedder + classifier.
 
-Concurrent `score` calls put their cache misses on one queue. A single collector task takes the first
-waiting text, gathers more for up to `max_wait_ms` (or until `max_batch`), de-duplicates them and scores
-the batch in ONE call on a dedicated single-thread executor, so the event loop never runs model code and
-batches never compete with each other for the CPU. While a batch runs, new texts queue up and form the
-next batch: under load, batches grow by themselves.
+Concurrent `score` calls put their cache misses on one queue. `workers` collector tasks take whatever is
+waiting, up to `max_batch` texts, optionally wait up to `max_wait_ms` for more, de-duplicate them and score the
+batch in ONE model call on one of `workers` executor threads, so the event loop never runs model code and at
+most `workers` batches run at once. While the workers are busy, new texts queue up and form the next batches:
+under load, batches grow by themselves, and at low load a text is scored the moment it arrives (no collection
+window by default).
+
+The model must tolerate `workers` concurrent calls (the ONNX embedder does: one session, one intra-op thread
+per call; the torch fallback serialises itself).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class BatchModel(Protocol):
 
 
 class EmbeddingClassifier:
-    """`BatchModel` of an embedder and a trained `LinearRouter`."""
+    """`BatchModel` of an embedder and a trained `LinearRouter`. Thread-safe when its embedder is."""
 
     def __init__(self, embedder: Embedder, router: LinearRouter) -> None:
         self._embedder = embedder
@@ -48,12 +52,20 @@ class EmbeddingClassifier:
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """Micro-batching and cache knobs. Times in milliseconds / seconds as named."""
+    """Micro-batching and cache knobs. Times in milliseconds / seconds as named.
 
-    max_wait_ms: float = 2.0
-    max_batch: int = 32
+    `workers`: model calls in flight at once (threads). Measured with loadtest/scorer_bench.py on 2 cores
+    (BENCHMARKS.md, "Scorer speed"): two workers on one-thread ONNX sessions beat one worker on a two-thread
+    session. A collection window (`max_wait_ms` > 0) adds its length to every lone request's latency and buys
+    little: a batch of 8 costs only ~20% less per text than 8 singles, and under load batches form by themselves
+    while the workers are busy.
+    """
+
+    max_wait_ms: float = 0.0
+    max_batch: int = 16
     cache_entries: int = 10_000
     cache_ttl_s: float = 300.0
+    workers: int = 2
 
 
 _Item = tuple[str, "asyncio.Future[float]"]
@@ -62,7 +74,7 @@ _Item = tuple[str, "asyncio.Future[float]"]
 class ClassifierScorer:
     """`Scorer` over a `BatchModel`, with micro-batching and an LRU+TTL cache.
 
-    Owns its executor thread and collector task; `aclose()` stops both and fails queued calls.
+    Owns its executor threads and collector tasks; `aclose()` stops them and fails queued calls.
     Use from one event loop. `batch_sizes` keeps the size of the latest batches sent to the model, and
     `on_batch(size)`, when set, is called with each (e.g. a metrics histogram's `observe`).
     """
@@ -73,10 +85,12 @@ class ClassifierScorer:
     ) -> None:
         self._model = model
         self._config = config or BatchingConfig()
+        if self._config.workers < 1 or self._config.max_batch < 1:
+            raise ValueError(f"workers and max_batch must be >= 1, got {self._config}")
         self.cache = TTLCache(self._config.cache_entries, self._config.cache_ttl_s, clock)
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-scorer")
-        self._collector: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=self._config.workers, thread_name_prefix="router-scorer")
+        self._collectors: list[asyncio.Task[None]] = []
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=10_000)
         self.on_batch: Callable[[int], None] | None = None
@@ -85,6 +99,9 @@ class ClassifierScorer:
         """One P(micro falls short) per text, in order. Cached texts are answered without the model."""
         if self._closed:
             raise RuntimeError("scorer is closed")
+        if len(texts) == 1:  # the gateway's case: one future, no gather
+            cached = self.cache.get(texts[0])
+            return [cached if cached is not None else await self._enqueue(texts[0])]
         results: list[float | None] = [self.cache.get(t) for t in texts]
         pending = [(i, self._enqueue(t)) for i, t in enumerate(texts) if results[i] is None]
         if pending:
@@ -95,27 +112,30 @@ class ClassifierScorer:
 
     def _enqueue(self, text: str) -> asyncio.Future[float]:
         loop = asyncio.get_running_loop()
-        if self._collector is None:
-            self._collector = loop.create_task(self._collect(), name="router-scorer-collector")
+        if not self._collectors:
+            self._collectors = [loop.create_task(self._collect(), name=f"router-scorer-collector-{k}")
+                                for k in range(self._config.workers)]
         fut: asyncio.Future[float] = loop.create_future()
         self._queue.put_nowait((text, fut))
         return fut
 
+    def _drain(self, batch: list[_Item]) -> None:
+        while len(batch) < self._config.max_batch and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+
     async def _next_batch(self) -> list[_Item]:
-        loop = asyncio.get_running_loop()
         batch = [await self._queue.get()]
+        self._drain(batch)
+        if self._config.max_wait_ms <= 0 or len(batch) >= self._config.max_batch:
+            return batch
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.max_wait_ms / 1000.0
-        while len(batch) < self._config.max_batch:
-            if not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-                continue
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
+        while len(batch) < self._config.max_batch and (remaining := deadline - loop.time()) > 0:
             try:
                 batch.append(await asyncio.wait_for(self._queue.get(), remaining))
             except TimeoutError:
                 break
+            self._drain(batch)
         return batch
 
     async def _collect(self) -> None:
@@ -131,6 +151,11 @@ class ClassifierScorer:
                 self.on_batch(len(unique))
             try:
                 values = await loop.run_in_executor(self._executor, self._model, unique)
+            except asyncio.CancelledError:  # closing: callers of the batch in flight are not left waiting
+                for _, fut in live:
+                    if not fut.done():
+                        fut.set_exception(RuntimeError("scorer closed"))
+                raise
             except Exception as exc:  # the model failed: every caller in this batch gets the error
                 for _, fut in live:
                     if not fut.done():
@@ -144,14 +169,15 @@ class ClassifierScorer:
                     fut.set_result(by_text[text])
 
     async def aclose(self) -> None:
-        """Stop the collector, fail queued calls, release the worker thread. Idempotent."""
+        """Stop the collectors, fail queued calls, release the worker threads. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._collector is not None:
-            self._collector.cancel()
+        for task in self._collectors:
+            task.cancel()
+        for task in self._collectors:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._collector
+                await task
         while not self._queue.empty():
             _, fut = self._queue.get_nowait()
             if not fut.done():
@@ -195,9 +221,12 @@ def load_model(
 
 
 def load_scorer(
-    artifact_path: str | None = None, config: BatchingConfig | None = None, torch_threads: int | None = 2
+    artifact_path: str | None = None, config: BatchingConfig | None = None, torch_threads: int | None = 1
 ) -> ClassifierScorer:
     """The gateway's scorer: `load_model` behind a micro-batcher and cache. Takes seconds: call it at
     start-up (the gateway's lifespan), never at import time. Raises `ArtifactError` for a missing, corrupt
-    or incompatible artifact. The caller owns the scorer and must `await scorer.aclose()`."""
+    or incompatible artifact. The caller owns the scorer and must `await scorer.aclose()`.
+
+    Parallelism comes from `config.workers` concurrent calls, each on `torch_threads` intra-op threads (one
+    by default: on small batches a second intra-op thread mostly adds wake-up costs, see BENCHMARKS.md)."""
     return ClassifierScorer(load_model(artifact_path, torch_threads), config)

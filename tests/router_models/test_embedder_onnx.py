@@ -117,3 +117,12 @@ def test_training_cache_is_keyed_by_the_graph(tmp_path: Path) -> None:
 
     assert embed_cached(Fake(), ["a", "b"], tmp_path).shape == (2, 3)
     assert [p.name for p in tmp_path.iterdir()] == ["fake_onnx_graph-abc.npz"]
+
+
+def test_concurrent_calls_give_the_serial_vectors(onnx_embedder: OnnxMiniLMEmbedder) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    serial = [onnx_embedder.embed([t]) for t in TEXTS * 4]
+    with ThreadPoolExecutor(max_workers=3) as pool:  # the scorer's workers share one session
+        parallel = list(pool.map(lambda t: onnx_embedder.embed([t]), TEXTS * 4))
+    assert all(np.array_equal(a, b) for a, b in zip(serial, parallel, strict=True))

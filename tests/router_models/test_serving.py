@@ -122,3 +122,74 @@ async def test_aclose_is_idempotent_and_final() -> None:
     await scorer.aclose()
     with pytest.raises(RuntimeError, match="closed"):
         await scorer.score(["y"])
+
+
+class ConcurrencyProbe(FakeModel):
+    """FakeModel that records how many calls ran at the same time."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay)
+        self._lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+
+    def __call__(self, texts: Sequence[str]) -> list[float]:
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            return super().__call__(texts)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+async def test_workers_bound_the_model_calls_in_flight(workers: int) -> None:
+    model = ConcurrencyProbe(delay=0.05)
+    scorer = ClassifierScorer(model, BatchingConfig(max_batch=1, workers=workers))
+    texts = [f"text {i}" for i in range(6)]
+    assert await asyncio.gather(*(scorer.score([t]) for t in texts)) == [[len(t) / 100] for t in texts]
+    assert model.most == workers
+    assert len(model.threads) == workers
+    await scorer.aclose()
+
+
+async def test_without_a_window_a_lone_text_is_scored_at_once() -> None:
+    model = FakeModel()
+    scorer = ClassifierScorer(model, BatchingConfig(max_wait_ms=0))
+    await scorer.score(["warm"])  # starts the workers
+    start = time.perf_counter()
+    assert await scorer.score(["now"]) == [0.03]
+    assert time.perf_counter() - start < 0.05
+    windowed = ClassifierScorer(FakeModel(), BatchingConfig(max_wait_ms=200))
+    start = time.perf_counter()
+    await windowed.score(["later"])
+    assert time.perf_counter() - start >= 0.15  # the window is what delayed it
+    await scorer.aclose()
+    await windowed.aclose()
+
+
+async def test_a_busy_worker_leaves_the_queue_to_form_the_next_batch() -> None:
+    model = FakeModel(delay=0.1)
+    scorer = ClassifierScorer(model, BatchingConfig(workers=1, max_batch=16))
+    first = asyncio.create_task(scorer.score(["first"]))
+    await asyncio.sleep(0.02)  # the worker is busy with "first"
+    rest = await asyncio.gather(*(scorer.score([f"q{i}"]) for i in range(5)))
+    assert await first == [0.05] and rest == [[0.02]] * 5
+    assert model.calls == [["first"], [f"q{i}" for i in range(5)]]
+    await scorer.aclose()
+
+
+async def test_aclose_fails_the_batch_in_flight() -> None:
+    scorer = ClassifierScorer(FakeModel(delay=0.2))
+    call = asyncio.create_task(scorer.score(["slow"]))
+    await asyncio.sleep(0.05)
+    await scorer.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(call, 1.0)
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        ClassifierScorer(FakeModel(), BatchingConfig(workers=0))
