@@ -1,6 +1,6 @@
 """The prompt mix of the load generator: short/long x easy/hard chat prompts, drawn with fixed weights.
 
-Prompts come from `router_models/data/mixed_eval.jsonl` (label 0: the micro pool's answer is good enough,
+Prompts come from `loadtest/data/synthetic_prompts.jsonl` (label 0: the micro pool's answer is good enough,
 "easy"; label 1: it needs the flagship, "hard"). A "long" prompt is one of them preceded by a block of
 other prompts as pasted context, so it is several hundred tokens while staying under the demo engines'
 1,024-token context with the answer.
@@ -16,7 +16,7 @@ import orjson
 
 __all__ = ["DEFAULT_MIX", "MIXED_EVAL", "MixItem", "PromptMix", "parse_mix"]
 
-MIXED_EVAL = Path(__file__).resolve().parent.parent / "router_models" / "data" / "mixed_eval.jsonl"
+MIXED_EVAL = Path(__file__).resolve().parent / "data" / "synthetic_prompts.jsonl"
 DEFAULT_MIX = "short-easy:4,short-hard:2,long-easy:1,long-hard:1"
 _KINDS = ("short-easy", "short-hard", "long-easy", "long-hard")
 _LONG_CONTEXT_WORDS = 260

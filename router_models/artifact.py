@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_ARTIFACT",
     "ArtifactError",
     "RouterArtifact",
+    "current_artifact_path",
     "load_artifact",
     "save_artifact",
 ]
@@ -133,13 +134,24 @@ def _read_payload(meta: dict[str, Any], meta_path: Path) -> LinearRouter:
     return LinearRouter(weights=weights, bias=bias)
 
 
+def current_artifact_path() -> Path:
+    """The artifact served when none is named: `$CASCADE_ROUTER_ARTIFACT`, else the last one promoted into
+    the versioned store (`artifact_store`), else the one shipped in the package."""
+    import os
+
+    from router_models.artifact_store import ArtifactStore
+
+    named = os.environ.get("CASCADE_ROUTER_ARTIFACT")
+    return Path(named) if named else ArtifactStore().current_artifact()
+
+
 def load_artifact(path: str | Path | None = None, embedder: str | None = None) -> RouterArtifact:
-    """Load and verify an artifact (default: the one shipped in the package).
+    """Load and verify an artifact (default: `current_artifact_path()`).
 
     `path` is the `.json` metadata, the `.npz` payload or a folder holding `complexity-router.json`.
     If `embedder` is given it must equal the one the artifact was trained with. Raises `ArtifactError`.
     """
-    meta_path, _ = _paths(path if path is not None else DEFAULT_ARTIFACT)
+    meta_path, _ = _paths(path if path is not None else current_artifact_path())
     meta = _read_metadata(meta_path)
     _check_compatible(meta, meta_path, embedder)
     router = _read_payload(meta, meta_path)

@@ -1,84 +1,53 @@
-"""`cascade router {train,eval,score}`: offline tooling around the complexity router.
+"""`cascade router {train,eval,score,versions,rollback}`: offline tooling around the complexity router.
 
 `register(subparsers)` adds the `router` command to the gateway's `cascade` CLI; every subcommand sets
 `func(args) -> int` (the exit code). Heavy imports happen inside the handlers, not at import time.
+(`cascade router calibrate` needs policy prices, so the gateway's CLI adds it to the same sub-command.)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError
-from router_models.data import DEFAULT_ROUTING_DIR, PACKAGE_DATA
-from router_models.embedder import DEFAULT_EMBEDDER
+from router_models.artifact import ArtifactError
+from router_models.outcomes import DEFAULT_ROUTING_DIR
+from router_models.targets import TARGETS
 
 __all__ = ["register"]
 
 DEFAULT_EVAL_DIR = Path(".cascade/router-eval")
 
 
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def _train(args: argparse.Namespace) -> int:
-    from router_models.artifact import save_artifact
-    from router_models.embedder import make_embedder
-    from router_models.report import heldout_report, mixed_report
-    from router_models.train import TrainConfig, train
+    from router_models.labels import LabelError
+    from router_models.retrain import TrainRequest, run_training
 
-    cfg = TrainConfig(routing_dir=args.routing_dir, labelled=args.labelled, seed=args.seed, folds=args.folds)
-    embedder = make_embedder(args.embedder)
-    art = train(cfg, embedder)
-    art.metadata["metrics"] = {
-        "heldout": heldout_report(art, embedder, cfg),
-        "mixed": mixed_report(art, embedder),
-    }
-    path = save_artifact(art, args.out)
-    _print_summary(art.metadata["metrics"])
-    print(f"wrote {path} (+ {path.with_suffix('.npz').name})")
-    return 0
-
-
-def _print_summary(m: dict[str, Any]) -> None:
-    for source, row in m["heldout"].items():
-        print(f"held-out {source:>9}: n={row['n']:5} AUC={row['auc']:.3f} APGR={row['apgr']:.3f} "
-              f"CPT50={row['cpt50']:.3f} CPT80={row['cpt80']:.3f}  (random: 0.5/0.5/0.8)")
-    for kind, row in m["mixed"]["by_kind"].items():
-        print(f"mixed {kind:>12}: n={row['n']:4} AUC={row['auc']:.3f} APGR={row['apgr']:.3f} "
-              f"CPT50={row['cpt50']:.3f} CPT80={row['cpt80']:.3f}")
-    print(f"mixed math Spearman(score, difficulty) = {m['mixed']['math_spearman']:.3f}; mean score by level "
-          f"{m['mixed']['math_mean_score_by_difficulty']}")
+    request = TrainRequest(routing_dir=args.routing_dir, target=args.target, feature_set=args.feature_set,
+                           embedder=args.embedder, labels=tuple(args.labels), from_ledger=args.from_ledger,
+                           redis_url=args.redis_url, out=args.out, promote=not args.no_promote,
+                           held_back=args.held_back, max_per_source=args.max_per_source)
+    try:
+        return run_training(request)
+    except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from router_models.artifact import load_artifact
-    from router_models.embedder import make_embedder
-    from router_models.report import cross_source_report, heldout_report, mixed_report
-    from router_models.train import TrainConfig
+    from router_models.retrain import EvalRequest, run_eval
 
     try:
-        art = load_artifact(args.artifact)
-    except ArtifactError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    embedder = make_embedder(art.embedder)
-    cfg = TrainConfig(routing_dir=args.routing_dir, labelled=args.labelled, seed=int(art.metadata["split"]["seed"]),
-                      holdout=float(art.metadata["split"]["holdout"]))
-    out: Path = args.out_dir
-    report: dict[str, Any] = {
-        "heldout": heldout_report(art, embedder, cfg, plot=out / "curve_heldout.png"),
-        "mixed": mixed_report(art, embedder, plot=out / "curve_mixed.png"),
-    }
-    _print_summary(report)
-    if not args.no_cross:
-        report["cross_source_apgr"] = cross_source_report(embedder, cfg, float(art.metadata["model"]["C"]))
-        for src, row in report["cross_source_apgr"].items():
-            print(f"trained on {src:>8} only -> " + " ".join(f"{k}={v:.3f}" for k, v in row.items()))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out / 'eval.json'}, {out / 'curve_heldout.png'}, {out / 'curve_mixed.png'}")
-    return 0
+        return run_eval(EvalRequest(artifact=args.artifact, routing_dir=args.routing_dir, target=args.target,
+                                    feature_set=args.feature_set, embedder=args.embedder, out_dir=args.out_dir,
+                                    compare=args.compare, max_per_source=args.max_per_source))
+    except (ArtifactError, FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -88,35 +57,78 @@ def _score(args: argparse.Namespace) -> int:
         return score_file(args.input, args.output, args.artifact, args.threshold,
                           (args.micro_pool, args.flagship_pool), args.batch_size)
     except ArtifactError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
+
+
+def _versions(args: argparse.Namespace) -> int:
+    from router_models.artifact_store import ArtifactStore
+
+    store = ArtifactStore(args.store)
+    try:
+        entries = store.history()
+        current = store.current_artifact()
+    except ArtifactError as exc:
+        return _fail(str(exc))
+    print(f"store: {store.root}")
+    for entry in entries:
+        print(f"  {entry.version}{'  (current)' if entry.path == current else ''}")
+    print(f"serving: {current}{'  (shipped with the package)' if not entries else ''}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from router_models.artifact_store import ArtifactStore
+
+    try:
+        current = ArtifactStore(args.store).rollback()
+    except ArtifactError as exc:
+        return _fail(str(exc))
+    print(f"rolled back; current artifact: {current} (restart the gateway or reload to serve it)")
+    return 0
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR,
+                   help="folder of real model outcomes (../shared/data/routing; env CASCADE_ROUTING_DATA)")
+    p.add_argument("--target", choices=TARGETS, default=None,
+                   help="what the router learns (default: the artifact's, else irt-fail); see router_models/targets.py")
+    p.add_argument("--feature-set", choices=("embedding+structure", "embedding", "structure"), default=None,
+                   help="inputs of the classifier (default: the artifact's, else embedding+structure)")
+    p.add_argument("--embedder", default=None, help="embedder name (default: the artifact's, else "
+                   "all-MiniLM-L6-v2:onnx-int8:t64:l3)")
+    p.add_argument("--max-per-source", type=int, default=None,
+                   help="use at most N evenly spaced prompts per source (quick runs; the figures then differ)")
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("train", help="train the complexity classifier and write the artifact",
-                       description="Embed MMLU/GSM8K + our labelled prompts, cross-validate, fit, evaluate "
-                       "on the held-out split and mixed set, and write the versioned artifact.")
-    p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR, help="RouteLLM data folder")
-    p.add_argument("--labelled", type=Path, default=PACKAGE_DATA / "labelled_prompts.jsonl",
-                   help="our labelled prompts (JSONL: prompt|messages, label, kind)")
-    p.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact metadata path (.json)")
-    p.add_argument("--embedder", default=DEFAULT_EMBEDDER,
-                   help="embedder name, all-MiniLM-L6-v2:<int8|fp32>:t<tokens>[:l<layers>] (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and CV folds")
-    p.add_argument("--folds", type=int, default=5, help="cross-validation folds")
+    p = sub.add_parser(
+        "train", help="train on real outcomes (+ your labels), evaluate, promote only if better",
+        description="Fit the router on the six public outcome sources (and, with --labels / --from-ledger, "
+        "your own labels), evaluate it leave-one-source-out, compare it with the current artifact on "
+        "held-back traffic, and promote it only if it is better. Label file format: router_models/labels.py.")
+    _add_common(p)
+    p.add_argument("--labels", type=Path, action="append", default=[],
+                   help="JSONL label file of your own traffic (repeatable)")
+    p.add_argument("--from-ledger", action="store_true",
+                   help="also train on the gateway's own labels in Redis (feedback, shadow, escalations)")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis of the ledger (--from-ledger)")
+    p.add_argument("--held-back", type=float, default=0.3, help="share of your labels kept for the comparison")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the artifact here instead of the versioned store (e.g. the package's own)")
+    p.add_argument("--no-promote", action="store_true", help="write the candidate, never make it current")
     p.set_defaults(func=_train)
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("eval", help="evaluate an artifact: AUC, APGR, CPT(50/80%%) vs random; PNG curves",
-                       description="Held-out split per source, the mixed-traffic set with its math-difficulty "
-                       "Spearman, and cross-source generalisation (fit on one source, test on the others).")
-    p.add_argument("--artifact", type=Path, default=None, help="artifact .json (default: the shipped one)")
-    p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR, help="RouteLLM data folder")
-    p.add_argument("--labelled", type=Path, default=PACKAGE_DATA / "labelled_prompts.jsonl",
-                   help="our labelled prompts (must be the training file, to rebuild the same split)")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_EVAL_DIR, help="where eval.json and PNGs go")
-    p.add_argument("--no-cross", action="store_true", help="skip the cross-source runs (they refit 3 models)")
+    p = sub.add_parser(
+        "eval", help="leave-one-source-out table (APGR, CPT50/80, AUC, Brier, ECE) and the cost-quality PNG",
+        description="For each source: fit on the others, score it, measure it; the mean row is the headline. "
+        "--compare tries every target and feature set (the evidence for the shipped choice).")
+    _add_common(p)
+    p.add_argument("--artifact", type=Path, default=None, help="artifact whose configuration to evaluate "
+                   "(default: the current one)")
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_EVAL_DIR, help="where eval.json and the PNG go")
+    p.add_argument("--compare", action="store_true", help="also compare every target x feature set")
     p.set_defaults(func=_eval)
 
 
@@ -127,7 +139,7 @@ def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                        "on stderr and skipped; the exit code is 1 if any line was bad.")
     p.add_argument("--in", dest="input", type=Path, required=True, help="input JSONL ('-' for stdin)")
     p.add_argument("--out", dest="output", type=Path, required=True, help="output JSONL ('-' for stdout)")
-    p.add_argument("--artifact", type=Path, default=None, help="artifact .json (default: the shipped one)")
+    p.add_argument("--artifact", type=Path, default=None, help="artifact .json (default: the current one)")
     p.add_argument("--threshold", type=float, default=0.5, help="score >= threshold goes to the flagship pool")
     p.add_argument("--micro-pool", default="micro", help="pool name for scores below the threshold")
     p.add_argument("--flagship-pool", default="flagship", help="pool name at or above the threshold")
@@ -135,11 +147,21 @@ def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=_score)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add `router` with subcommands train/eval/score; each sets `func(args) -> int`."""
-    router = subparsers.add_parser("router", help="train, evaluate and run the complexity router",
+def _add_store(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    for name, func, text in (("versions", _versions, "list promoted artifacts and the one served"),
+                             ("rollback", _rollback, "make the previously promoted artifact current again")):
+        p = sub.add_parser(name, help=text, description=text + " (store: $CASCADE_HOME/router).")
+        p.add_argument("--store", type=Path, default=None, help="artifact store folder (default $CASCADE_HOME/router)")
+        p.set_defaults(func=func)
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """Add `router` with its subcommands; each sets `func(args) -> int`. Returns the router's subparsers."""
+    router = subparsers.add_parser("router", help="train, evaluate, version and run the complexity router",
                                    description="The complexity router: P(micro pool's answer falls short).")
-    sub = router.add_subparsers(dest="router_cmd", required=True)
+    sub: argparse._SubParsersAction = router.add_subparsers(dest="router_cmd", required=True)  # type: ignore[type-arg]
     _add_train(sub)
     _add_eval(sub)
     _add_score(sub)
+    _add_store(sub)
+    return sub

@@ -5,6 +5,8 @@ q(k) = (sum(weak) + sum of (strong - weak) over the routed k) / n. With `k/n` th
 - PGR(k) = (q(k) - q_weak) / (q_strong - q_weak): performance gap recovered (0 all-micro, 1 all-flagship).
 - APGR: the mean of PGR over shares 0..1 (trapezoid over k = 0..n). Random routing scores 0.5.
 - CPT(x): the smallest flagship share whose PGR reaches x. Random routing: CPT(x) = x.
+- Brier and ECE (10 equal-width bins) compare the score, read as P(micro falls short), with the observed
+  event rate (a soft target in [0, 1] where several models' outcomes are averaged).
 Tied scores are routed in expectation (their gains averaged), so a constant scorer earns exactly random.
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RoutingMetrics", "apgr", "cpt", "metrics", "pgr_curve", "plot_curves"]
+__all__ = ["RoutingMetrics", "apgr", "brier", "cpt", "ece", "metrics", "pgr_curve", "plot_curves"]
 
 Floats = npt.NDArray[np.float64]
 Values = Sequence[float] | npt.NDArray[np.float64]
@@ -74,6 +76,10 @@ class RoutingMetrics:
     apgr: float
     cpt50: float
     cpt80: float
+    brier: float = float("nan")
+    ece: float = float("nan")
+    mean_score: float = float("nan")
+    event_rate: float = float("nan")
     apgr_random: float = 0.5
     cpt50_random: float = 0.5
     cpt80_random: float = 0.8
@@ -90,19 +96,46 @@ def _auc(scores: Floats, labels: npt.NDArray[np.int64]) -> float:
     return float(roc_auc_score(labels, scores))
 
 
+def brier(scores: Values, event: Values) -> float:
+    """Mean squared difference between the predicted probability and the (soft) observed event."""
+    sc, ev = np.asarray(scores, dtype=np.float64), np.asarray(event, dtype=np.float64)
+    return float(np.mean((sc - ev) ** 2)) if len(sc) else float("nan")
+
+
+def ece(scores: Values, event: Values, bins: int = 10) -> float:
+    """Expected calibration error: sum over equal-width score bins of share x |mean score - mean event|."""
+    sc, ev = np.asarray(scores, dtype=np.float64), np.asarray(event, dtype=np.float64)
+    if not len(sc):
+        return float("nan")
+    which = np.minimum((sc * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        inside = which == b
+        if inside.any():
+            total += inside.mean() * abs(sc[inside].mean() - ev[inside].mean())
+    return float(total)
+
+
 def metrics(
-    scores: Values, labels: Sequence[int], weak: Values, strong: Values
+    scores: Values, labels: Sequence[int], weak: Values, strong: Values, event: Values | None = None
 ) -> RoutingMetrics:
-    """AUC of score vs label, APGR and CPT(50%)/CPT(80%) of the cost-quality curve."""
+    """AUC of score vs label, APGR and CPT(50%)/CPT(80%) of the cost-quality curve; with `event` (the
+    observed P(micro falls short) per prompt) also Brier, ECE and the mean score against the event rate."""
     shares, pgr = pgr_curve(scores, weak, strong)
     lab = np.asarray(labels, dtype=np.int64)
+    sc = np.asarray(scores, dtype=np.float64)
+    calibration = {}
+    if event is not None:
+        calibration = {"brier": brier(sc, event), "ece": ece(sc, event), "mean_score": float(sc.mean()),
+                       "event_rate": float(np.mean(np.asarray(event, dtype=np.float64)))}
     return RoutingMetrics(
         n=len(lab),
         positives=int(lab.sum()),
-        auc=_auc(np.asarray(scores, dtype=np.float64), lab),
+        auc=_auc(sc, lab),
         apgr=apgr(shares, pgr),
         cpt50=cpt(shares, pgr, 0.5),
         cpt80=cpt(shares, pgr, 0.8),
+        **calibration,
     )
 
 

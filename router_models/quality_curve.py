@@ -65,12 +65,12 @@ def parse_quality_curve(metadata: Mapping[str, Any]) -> QualityCurve | None:
 
 
 def artifact_quality_curve(path: Path | None = None) -> QualityCurve | None:
-    """The curve of the artifact whose metadata is `path` (default: the shipped artifact's .json), or None
-    when the artifact has none. Raises OSError (unreadable) or ValueError (not JSON, malformed curve)."""
+    """The curve of the artifact whose metadata is `path` (default: the one served, `current_artifact_path`),
+    or None when the artifact has none. Raises OSError (unreadable) or ValueError (not JSON, malformed curve)."""
     if path is None:
-        from router_models.artifact import DEFAULT_ARTIFACT
+        from router_models.artifact import current_artifact_path
 
-        path = DEFAULT_ARTIFACT
+        path = current_artifact_path()
     meta = json.loads(Path(path).with_suffix(".json").read_text(encoding="utf-8"))
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: artifact metadata must be a JSON object")

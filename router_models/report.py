@@ -1,113 +1,110 @@
-"""Evaluation reports of a trained router (`cascade router eval`, and the metrics stored at train time).
+"""Leave-one-source-out evaluation of the router (`cascade router eval`, and the figures stored at train time).
 
-- held-out split, per source and overall: AUC, APGR, CPT(50%), CPT(80%) against random routing;
-- the separately written mixed-traffic set (`data/mixed_eval.jsonl`), per kind, and the Spearman
-  correlation of scores with the graded math difficulty (1..4) in it;
-- cross-source generalisation: fit on one source's training split, evaluate on every other source.
+For each source S: fit on every other source, with every copy of S's prompts (same `prompt_key`) removed
+from training, and score S. That is how production meets the router: a user's traffic is a kind it never
+saw. Per held-out source: APGR, CPT(50%), CPT(80%), AUC, Brier, ECE (`evaluate.metrics`); the headline
+is their mean over sources. The pooled quality curve (mean PGR over held-out sources at 21 flagship shares)
+is what the gateway's cost report and `cascade router calibrate` read as "quality kept at this share".
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from router_models.artifact import RouterArtifact
-from router_models.classifier import LinearRouter, feature_matrix
-from router_models.data import PACKAGE_DATA, Example, load_jsonl_examples
-from router_models.embedder import Embedder
-from router_models.evaluate import metrics, pgr_curve, plot_curves
-from router_models.train import TrainConfig, embed_cached, fit_router, load_training_data, sample_weights, split
+from router_models.evaluate import RoutingMetrics, metrics, pgr_curve, plot_curves
+from router_models.outcomes import Example
+from router_models.train import TrainConfig, fit_router
 
-__all__ = ["MIXED_EVAL", "cross_source_report", "heldout_report", "mixed_report", "score_examples"]
+__all__ = ["CURVE_SHARES", "LosoResult", "leave_one_source_out", "print_table", "quality_curve"]
 
-MIXED_EVAL = PACKAGE_DATA / "mixed_eval.jsonl"
 Floats = npt.NDArray[np.float64]
+CURVE_SHARES = np.linspace(0.0, 1.0, 21)
+_COLUMNS = ("n", "apgr", "cpt50", "cpt80", "auc", "brier", "ece", "mean_score", "event_rate")
 
 
-def score_examples(router: LinearRouter, embedder: Embedder, examples: Sequence[Example]) -> Floats:
-    """Router scores for examples (embeddings cached on disk)."""
-    texts = [ex.text for ex in examples]
-    return router.predict_proba(feature_matrix(embed_cached(embedder, texts), texts))
+@dataclass(frozen=True)
+class LosoResult:
+    """Held-out scores and metrics per source, in the order the sources were given."""
+
+    scores: dict[str, Floats]
+    examples: dict[str, list[Example]]
+    metrics: dict[str, RoutingMetrics]
+    alphas: dict[str, float]
+
+    def mean(self) -> dict[str, float]:
+        """Unweighted mean over held-out sources of each metric (each source counts once)."""
+        rows = [m.as_dict() for m in self.metrics.values()]
+        return {k: round(float(np.nanmean([float(r[k]) for r in rows])), 4) for k in _COLUMNS if k != "n"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"per_source": {s: {**m.as_dict(), "alpha": self.alphas[s]} for s, m in self.metrics.items()},
+                "mean": self.mean(), "quality_curve": quality_curve(self)}
 
 
-def _grouped(examples: Sequence[Example], scores: Floats, key: str) -> dict[str, dict[str, float | int]]:
-    groups: dict[str, list[int]] = {"all": list(range(len(examples)))}
-    for i, ex in enumerate(examples):
-        groups.setdefault(str(getattr(ex, key)), []).append(i)
-    out = {}
-    for name, idx in sorted(groups.items()):
-        sub = [examples[i] for i in idx]
-        out[name] = metrics(
-            scores[idx], [e.label for e in sub], [e.weak for e in sub], [e.strong for e in sub]
-        ).as_dict()
-    return out
+def _metrics(scores: Floats, examples: Sequence[Example]) -> RoutingMetrics:
+    return metrics(scores, [e.label for e in examples], [e.weak for e in examples], [e.strong for e in examples],
+                   [e.target for e in examples])
 
 
-def _curve(examples: Sequence[Example], scores: Floats) -> tuple[Floats, Floats]:
-    return pgr_curve(scores, [e.weak for e in examples], [e.strong for e in examples])
+def leave_one_source_out(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig,
+                         sources: Sequence[str] | None = None) -> LosoResult:
+    """Fit without each source (and without its prompts' copies elsewhere), score it, measure it."""
+    held = list(sources) if sources is not None else list(dict.fromkeys(ex.source for ex in examples))
+    scores: dict[str, Floats] = {}
+    kept: dict[str, list[Example]] = {}
+    result: dict[str, RoutingMetrics] = {}
+    alphas: dict[str, float] = {}
+    for source in held:
+        test = [i for i, ex in enumerate(examples) if ex.source == source]
+        keys = {examples[i].key for i in test}
+        train = [i for i, ex in enumerate(examples) if ex.source != source and ex.key not in keys]
+        fitted = fit_router(x[train], [examples[i] for i in train], cfg)
+        scores[source] = fitted.router.predict_proba(x[test])
+        kept[source] = [examples[i] for i in test]
+        result[source] = _metrics(scores[source], kept[source])
+        alphas[source] = fitted.alpha
+    return LosoResult(scores, kept, result, alphas)
 
 
-def heldout_report(
-    art: RouterArtifact, embedder: Embedder, cfg: TrainConfig, plot: Path | None = None
-) -> dict[str, Any]:
-    """Metrics per source on the held-out split `train` kept aside (same data, seed and fraction)."""
-    examples = load_training_data(cfg)
-    _, test_idx = split(examples, cfg.holdout, cfg.seed)
-    test = [examples[i] for i in test_idx]
-    scores = score_examples(art.router, embedder, test)
-    if plot is not None:
-        curves = {s: _curve([e for e in test if e.source == s], scores[[e.source == s for e in test]])
-                  for s in sorted({e.source for e in test})}
-        plot_curves(curves, plot, "router on the held-out split")
-    return _grouped(test, scores, "source")
+def quality_curve(result: LosoResult) -> dict[str, Any]:
+    """Mean PGR over held-out sources at `CURVE_SHARES` flagship shares (the router's cost-quality curve)."""
+    curves = []
+    for source, scores in result.scores.items():
+        ex = result.examples[source]
+        shares, pgr = pgr_curve(scores, [e.weak for e in ex], [e.strong for e in ex])
+        if not np.isnan(pgr).all():
+            curves.append(np.interp(CURVE_SHARES, shares, pgr))
+    pgr_mean = np.mean(curves, axis=0) if curves else np.full(len(CURVE_SHARES), np.nan)
+    return {"flagship_share": [round(float(s), 4) for s in CURVE_SHARES],
+            "pgr": [round(float(p), 4) for p in pgr_mean],
+            "basis": f"leave-one-source-out, mean over {len(curves)} held-out sources of real model outcomes"}
 
 
-def mixed_report(
-    art: RouterArtifact, embedder: Embedder, path: Path = MIXED_EVAL, plot: Path | None = None
-) -> dict[str, Any]:
-    """Metrics per kind on the mixed-traffic set, plus Spearman(score, difficulty) on its math ladder."""
-    from scipy.stats import spearmanr
-
-    examples = load_jsonl_examples(path, "mixed")
-    scores = score_examples(art.router, embedder, examples)
-    report: dict[str, Any] = {"by_kind": _grouped(examples, scores, "group")}
-    math_idx = [i for i, e in enumerate(examples) if e.difficulty > 0]
-    rho = spearmanr([examples[i].difficulty for i in math_idx], scores[math_idx]).statistic
-    report["math_spearman"] = round(float(rho), 4)
-    report["math_mean_score_by_difficulty"] = {
-        str(d): round(float(np.mean([scores[i] for i in math_idx if examples[i].difficulty == d])), 4)
-        for d in sorted({examples[i].difficulty for i in math_idx})
-    }
-    if plot is not None:
-        plot_curves({"mixed traffic": _curve(examples, scores)}, plot, "router on held-out mixed traffic")
-    return report
+def plot_loso(result: LosoResult, path: Path) -> Path:
+    """The cost-quality curve of every held-out source, plus their mean, as a PNG."""
+    curves: dict[str, tuple[Floats, Floats]] = {}
+    for source, scores in result.scores.items():
+        ex = result.examples[source]
+        curves[f"{source} held out"] = pgr_curve(scores, [e.weak for e in ex], [e.strong for e in ex])
+    mean = quality_curve(result)
+    curves["mean over sources"] = (np.asarray(mean["flagship_share"]), np.asarray(mean["pgr"]))
+    return plot_curves(curves, path, "router on sources it never saw (leave one source out)")
 
 
-def cross_source_report(embedder: Embedder, cfg: TrainConfig, c: float) -> dict[str, dict[str, float]]:
-    """APGR/AUC when fitting on one source's training split only, evaluated on each source's held-out
-    split and on the mixed set: {train_source: {eval_source: apgr}} plus AUC under 'auc:<eval_source>'."""
-    examples = load_training_data(cfg)
-    train_idx, test_idx = split(examples, cfg.holdout, cfg.seed)
-    mixed = load_jsonl_examples(MIXED_EVAL, "mixed")
-    evals = {s: [examples[i] for i in test_idx if examples[i].source == s] for s in SOURCES}
-    evals["mixed"] = mixed
-    out: dict[str, dict[str, float]] = {}
-    for source in SOURCES:
-        tr = [examples[i] for i in train_idx if examples[i].source == source]
-        texts = [e.text for e in tr]
-        router = fit_router(feature_matrix(embed_cached(embedder, texts), texts), [e.label for e in tr],
-                            sample_weights(tr), c)
-        row: dict[str, float] = {}
-        for name, ev in evals.items():
-            m = metrics(score_examples(router, embedder, ev), [e.label for e in ev],
-                        [e.weak for e in ev], [e.strong for e in ev])
-            row[name], row[f"auc:{name}"] = round(m.apgr, 4), round(m.auc, 4)
-        out[source] = row
-    return out
-
-
-SOURCES = ("mmlu", "gsm8k", "labelled")
+def print_table(result: LosoResult, title: str) -> None:
+    """The per-source table and the mean row, on stdout."""
+    print(title)
+    print(f"{'held-out source':<20}" + "".join(f"{c:>11}" for c in _COLUMNS))
+    for source, m in result.metrics.items():
+        row = m.as_dict()
+        print(f"{source:<20}" + "".join(f"{row[c]:>11}" if c == "n" else f"{float(row[c]):>11.3f}"
+                                        for c in _COLUMNS))
+    mean = result.mean()
+    print(f"{'mean':<20}{'':>11}" + "".join(f"{mean[c]:>11.3f}" for c in _COLUMNS if c != "n"))
+    print(f"{'random routing':<20}{'':>11}{0.5:>11.3f}{0.5:>11.3f}{0.8:>11.3f}{0.5:>11.3f}")

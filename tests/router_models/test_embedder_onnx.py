@@ -107,7 +107,7 @@ def test_falls_back_to_torch_without_onnxruntime(
 
 
 def test_training_cache_is_keyed_by_the_graph(tmp_path: Path) -> None:
-    from router_models.train import embed_cached
+    from router_models.embed_cache import embed_cached
 
     class Fake:
         name, dim, cache_tag = "fake:onnx", 3, "graph-abc"

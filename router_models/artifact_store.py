@@ -1,0 +1,100 @@
+"""Versioned router artifacts: which one the gateway serves, the ones promoted before it, and rollback.
+
+Layout under `<home>/router/` (home: `$CASCADE_HOME`, else `./.cascade`):
+
+    versions/<version>/complexity-router.json + .npz    one folder per promoted artifact, never rewritten
+    history.json                                        {"promoted": [<version>, ...]}: the last is current
+
+`current_artifact()` is what the gateway loads when no artifact is named: the last promoted version, or the
+artifact shipped in the package when nothing was promoted (or everything was rolled back). `promote` copies
+a verified artifact in and appends it; `rollback` drops the last entry (the files stay, for the record).
+`history.json` is replaced atomically (write, fsync, rename), so a crash leaves the old or the new history.
+A running gateway picks a new current artifact up on restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact
+
+__all__ = ["ArtifactStore", "StoreEntry", "default_store_dir"]
+
+
+def default_store_dir() -> Path:
+    """`$CASCADE_HOME/router`, else `./.cascade/router` (resolved against the current directory)."""
+    return Path(os.environ.get("CASCADE_HOME", ".cascade")).expanduser().resolve() / "router"
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """One promoted artifact: its version id and metadata path."""
+
+    version: str
+    path: Path
+
+
+class ArtifactStore:
+    """The promoted artifacts under `root` (see the module docstring). Single writer at a time."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_store_dir()
+
+    @property
+    def _history_path(self) -> Path:
+        return self.root / "history.json"
+
+    def history(self) -> list[StoreEntry]:
+        """Promoted versions, oldest first. Raises ArtifactError when history.json is unreadable."""
+        if not self._history_path.exists():
+            return []
+        try:
+            versions = json.loads(self._history_path.read_text())["promoted"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ArtifactError(f"router history {self._history_path} is unreadable ({exc}); fix or remove it "
+                                "(the shipped artifact is served when it is absent)") from exc
+        return [StoreEntry(str(v), self.root / "versions" / str(v) / DEFAULT_ARTIFACT.name) for v in versions]
+
+    def current_artifact(self) -> Path:
+        """The artifact to serve: the last promoted one, else the package's shipped artifact."""
+        entries = self.history()
+        return entries[-1].path if entries else DEFAULT_ARTIFACT
+
+    def promote(self, artifact: Path) -> StoreEntry:
+        """Verify `artifact` (metadata .json), copy it in as a new version and make it current."""
+        art = load_artifact(artifact)
+        meta_path = artifact.with_suffix(".json") if not artifact.is_dir() else artifact / DEFAULT_ARTIFACT.name
+        digest = str(art.metadata.get("payload_sha256", ""))[:12]
+        created = str(art.metadata.get("created", "unknown")).replace(":", "").replace("-", "").replace("+", "p")
+        version = f"{created}-{digest}"
+        target = self.root / "versions" / version
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(meta_path.with_suffix(".npz"), target / DEFAULT_ARTIFACT.with_suffix(".npz").name)
+        shutil.copyfile(meta_path, target / DEFAULT_ARTIFACT.name)
+        load_artifact(target / DEFAULT_ARTIFACT.name)  # the copy verifies too, before it becomes current
+        versions = [e.version for e in self.history() if e.version != version] + [version]
+        self._write_history(versions)
+        return StoreEntry(version, target / DEFAULT_ARTIFACT.name)
+
+    def rollback(self) -> Path:
+        """Drop the current version; returns the artifact now current. Raises ArtifactError if none was
+        promoted (the shipped artifact is already current)."""
+        versions = [e.version for e in self.history()]
+        if not versions:
+            raise ArtifactError(f"nothing to roll back: no artifact was promoted in {self.root}; "
+                                f"the shipped artifact {DEFAULT_ARTIFACT} is current")
+        self._write_history(versions[:-1])
+        return self.current_artifact()
+
+    def _write_history(self, versions: list[str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self._history_path.with_suffix(".tmp")
+        with tmp.open("w") as fh:
+            fh.write(json.dumps({"promoted": versions}, indent=2) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(self._history_path)

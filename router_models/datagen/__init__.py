@@ -1,1 +1,0 @@
-"""Generators of the labelled prompt sets shipped under `router_models/data/` (deterministic, seeded)."""
