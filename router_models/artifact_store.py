@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact
+from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact, save_artifact
 
 __all__ = ["ArtifactStore", "StoreEntry", "default_store_dir"]
 
@@ -65,16 +64,13 @@ class ArtifactStore:
         return entries[-1].path if entries else DEFAULT_ARTIFACT
 
     def promote(self, artifact: Path) -> StoreEntry:
-        """Verify `artifact` (metadata .json), copy it in as a new version and make it current."""
+        """Verify `artifact` (metadata .json), write it in as a new version and make it current."""
         art = load_artifact(artifact)
-        meta_path = artifact.with_suffix(".json") if not artifact.is_dir() else artifact / DEFAULT_ARTIFACT.name
         digest = str(art.metadata.get("payload_sha256", ""))[:12]
         created = str(art.metadata.get("created", "unknown")).replace(":", "").replace("-", "").replace("+", "p")
         version = f"{created}-{digest}"
         target = self.root / "versions" / version
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(meta_path.with_suffix(".npz"), target / DEFAULT_ARTIFACT.with_suffix(".npz").name)
-        shutil.copyfile(meta_path, target / DEFAULT_ARTIFACT.name)
+        save_artifact(art, target / DEFAULT_ARTIFACT.name)  # payload first, metadata last
         load_artifact(target / DEFAULT_ARTIFACT.name)  # the copy verifies too, before it becomes current
         versions = [e.version for e in self.history() if e.version != version] + [version]
         self._write_history(versions)
