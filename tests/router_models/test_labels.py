@@ -50,7 +50,8 @@ def test_not_json_and_empty_file(tmp_path: Path) -> None:
 
 
 def test_ledger_rows_and_a_stable_split() -> None:
-    rows = [{"id": str(i), "prompt": f"question {i}", "needs_flagship": i % 2, "source": "feedback"} for i in range(200)]
+    rows = [{"id": str(i), "prompt": f"question {i}", "needs_flagship": i % 2, "source": "feedback"}
+            for i in range(200)]
     ex = examples_from_rows(rows, default_source="ledger")
     train, held = split_held_back(ex, 0.3)
     assert len(train) + len(held) == 200 and 30 < len(held) < 90

@@ -27,7 +27,8 @@ def _mini(root: Path) -> Path:
         w = csv.writer(fh)
         w.writerow(["prompt", "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"])
         w.writerows([["What is X?\nA. a\nAnswer:", "False", "True"], ["Dropped?\nAnswer:", "True", "True"]])
-    (root / "routellm-mmlu" / "contaminated_prompts.jsonl").write_text(json.dumps({"eval_prompt": "Dropped?\nAnswer:"}) + "\n")
+    contaminated = json.dumps({"eval_prompt": "Dropped?\nAnswer:"})
+    (root / "routellm-mmlu" / "contaminated_prompts.jsonl").write_text(contaminated + "\n")
     gsm = root / "routellm-gsm8k"
     gsm.mkdir()
     with (gsm / "gsm8k_responses.csv").open("w", newline="") as fh:
@@ -46,7 +47,8 @@ def _mini(root: Path) -> Path:
 def test_each_format_is_read_with_its_models_and_keys(tmp_path: Path) -> None:
     ex = load_outcomes(_mini(tmp_path), sources=["routellm-mmlu", "routellm-gsm8k", "zeroeval"])
     by_source = {e.source: e for e in ex}
-    assert [e.source for e in ex] == ["routellm-mmlu", "routellm-gsm8k", "zeroeval"]  # contaminated + no-outcome dropped
+    # the contaminated prompt and the one without a micro-class outcome are dropped
+    assert [e.source for e in ex] == ["routellm-mmlu", "routellm-gsm8k", "zeroeval"]
     mmlu = by_source["routellm-mmlu"]
     assert (mmlu.weak, mmlu.strong, mmlu.target, mmlu.label, mmlu.group) == (0.0, 1.0, 1.0, 1, "anatomy")
     assert by_source["routellm-gsm8k"].target == 0.0

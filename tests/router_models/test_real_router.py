@@ -1,40 +1,60 @@
-"""The shipped artifact with the real embedder: obviously easy prompts score below obviously hard ones."""
+"""The shipped artifact with the real embedder: scoring runs (smoke test on prompts written here), and on real
+prompts with real model outcomes it ranks them better than random routing."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
+import pytest
+
+from router_models.artifact import DEFAULT_ARTIFACT
+from router_models.evaluate import metrics
+from router_models.outcomes import DEFAULT_ROUTING_DIR, load_outcomes
 from router_models.scorer import conversation_text
 from router_models.serving import BatchingConfig, load_scorer
 
-EASY = [
+# Written here, without outcomes: they only show that scoring runs, never which prompt is harder.
+SMOKE_PROMPTS = [
     "hi there!",
-    "thanks, that's all",
     "Translate to French: good morning",
-    "Classify the sentiment of this review: 'Great product, works fine.'",
     "Extract the date from: 'See you on 12 June.'",
-]
-HARD = [
-    "Prove that there are infinitely many primes p such that p + 2 is not prime, and give a rigorous argument.",
+    "Prove that there are infinitely many primes p such that p + 2 is not prime.",
     "Design a multi-region, exactly-once payment processing system with a 99.99% SLO; discuss consistency, "
     "failure modes and the data model, then implement the idempotency layer in Go.",
-    "Our service deadlocks under load about once a day. Walk through a root-cause analysis step by step "
-    "and propose a fix that keeps latency under 50 ms.",
-    "Find all functions f: R -> R such that f(x + f(y)) = f(x) + y for all real x and y.",
+    conversation_text([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello, how are you?"}]),
 ]
 
 
-
-
-async def test_easy_below_hard() -> None:
+async def _scores(texts: list[str]) -> list[float]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    scorer = load_scorer(config=BatchingConfig(max_wait_ms=2), torch_threads=1)
+    scorer = load_scorer(str(DEFAULT_ARTIFACT), config=BatchingConfig(max_wait_ms=2), torch_threads=1)
     try:
-        easy = await scorer.score(EASY)
-        hard = await scorer.score(HARD)
-        chat = await scorer.score([conversation_text([{"role": "user", "content": "hello, how are you?"}])])
+        return list(await scorer.score(texts))
     finally:
         await scorer.aclose()
-    assert all(0.0 <= s <= 1.0 for s in easy + hard)
-    assert max(easy) < min(hard), (easy, hard)
-    assert chat[0] < 0.5
+
+
+async def test_scoring_smoke_is_finite_bounded_and_deterministic() -> None:
+    first = await _scores(SMOKE_PROMPTS)
+    second = await _scores(list(reversed(SMOKE_PROMPTS)))
+    assert len(first) == len(SMOKE_PROMPTS)
+    assert all(np.isfinite(s) and 0.0 <= s <= 1.0 for s in first), first
+    assert list(reversed(second)) == pytest.approx(first, abs=1e-6)  # same text, same score, whatever the batch
+    assert len(set(round(s, 6) for s in first)) > 1  # not a constant
+
+
+@pytest.mark.skipif(not DEFAULT_ROUTING_DIR.is_dir(),
+                    reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR} (set CASCADE_ROUTING_DATA)")
+async def test_real_prompts_rank_better_than_random_routing() -> None:
+    """In-sample regression guard, not a quality figure: the shipped artifact was trained on every source, so
+    this sample (100 evenly spaced prompts per source) was seen in training. It catches a scorer that
+    serves a different model than the one trained (features, embedder, truncation), which drops to ~0.5.
+    The held-out figures are the artifact's leave-one-source-out evaluation (`test_artifact.py`)."""
+    sample = load_outcomes(max_per_source=100)
+    assert len({ex.source for ex in sample}) >= 2 and len(sample) >= 300
+    scores = await _scores([ex.text for ex in sample])
+    m = metrics(scores, [ex.label for ex in sample], [ex.weak for ex in sample], [ex.strong for ex in sample],
+                [ex.target for ex in sample])
+    assert m.apgr > 0.5, m
+    assert m.auc > 0.5, m
