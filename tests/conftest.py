@@ -13,6 +13,14 @@ from loadtest.fake_upstream import FakeUpstream
 from tests.servers import serve
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
+SHIPPED_THRESHOLD = "  threshold: {flagship_share: 0.3, initial: 0.28}\n"
+
+
+def with_fixed_threshold(text: str, threshold: str = "0.5") -> str:
+    """A shipped policy's text with its flagship-share threshold replaced by a fixed cut, for tests of rules and
+    decisions that need a known threshold. Fails if the shipped line changed, so the edit cannot silently miss."""
+    assert text.count(SHIPPED_THRESHOLD) == 1, "the shipped routing threshold line changed; update SHIPPED_THRESHOLD"
+    return text.replace(SHIPPED_THRESHOLD, f"  threshold: {threshold}\n")
 
 
 def delete_prefix(prefix: str, url: str = SHARED_URL) -> None:

@@ -129,9 +129,10 @@ def test_shares_from_a_sample_follow_the_policy(tmp_path: Path) -> None:
     assert prompts == ["hi", "prove it", "plain text", "diff --git a/x b/x"]
 
     def score(texts: Sequence[str]) -> list[float]:
-        return [{"hi": 0.1, "prove it": 0.9, "plain text": 0.4, "diff --git a/x b/x": 0.35}[t] for t in texts]
+        return [{"hi": 0.1, "prove it": 0.9, "plain text": 0.25, "diff --git a/x b/x": 0.27}[t] for t in texts]
 
-    # 0.1: clearly-easy -> micro; 0.9 -> flagship; 0.4 < 0.5 -> micro; the code-review rule lowers the threshold
+    # gpu.yaml routes by flagship share, starting at 0.28: 0.1 is clearly-easy (max_score 0.2) -> micro;
+    # 0.9 -> flagship; 0.25 < 0.28 -> micro; 0.27 < 0.28, but the code-review rule's threshold 0.26 -> flagship
     assert shares_from_sample(policy, prompts, score) == {"flagship": 0.5, "micro": 0.5}
 
 
@@ -155,4 +156,4 @@ def test_cli_shares_from_the_shipped_classifier_on_a_sample(capsys: pytest.Captu
     data = json.loads(capsys.readouterr().out)
     shares = {p["name"]: p["share"] for p in data["pools"]}
     assert set(shares) == {"micro", "flagship"} and sum(shares.values()) == pytest.approx(1)
-    assert 0.05 < shares["flagship"] < 0.95  # the evaluation set mixes easy and hard prompts
+    assert 0.05 < shares["flagship"] < 0.95  # some of a synthetic traffic mix on each pool (no quality claim)

@@ -11,6 +11,7 @@ import pytest
 
 from policies import cli
 from policies.replay import LogError, parse_log
+from tests.conftest import with_fixed_threshold
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "policies" / "default.yaml"
@@ -51,8 +52,8 @@ def test_explain_shows_rules_decision_and_engine(capsys: pytest.CaptureFixture[s
     assert code == 0
     assert "score:    0.4000 (given)" in out
     assert "1. acme-ci -> pool 'micro': no: tenant 'globex' not in ['acme']" in out
-    assert "2. globex-premium -> threshold 0.3: no: header 'x-plan' value 'free' does not match" in out
-    assert "3. contracts -> threshold 0.35: MATCH" in out
+    assert "2. globex-premium -> threshold 0.25: no: header 'x-plan' value 'free' does not match" in out
+    assert "3. contracts -> threshold 0.26: MATCH" in out
     assert "decision: pool 'flagship' (model 'flagship'), rule 'contracts'" in out
     assert "--served-model-name flagship" in out and "--port 8201" in out and "VLLM_CPU_KVCACHE_SPACE=1" in out
 
@@ -92,7 +93,7 @@ RULE_MODELS = """  rules:
 
 def _rule_models(tmp_path: Path) -> Path:
     path = tmp_path / "rule-models.yaml"
-    path.write_text(DEFAULT.read_text().replace("  threshold: 0.5\n", "  threshold: 0.5\n" + RULE_MODELS))
+    path.write_text(with_fixed_threshold(DEFAULT.read_text(), "0.5\n" + RULE_MODELS.rstrip("\n")))
     return path
 
 
@@ -135,7 +136,7 @@ def _files(tmp_path: Path, lines: list[str]) -> tuple[Path, Path]:
     log = tmp_path / "requests.jsonl"
     log.write_text("\n".join(lines) + "\n\n")
     strict = tmp_path / "strict.yaml"
-    strict.write_text(DEFAULT.read_text().replace("threshold: 0.5", "threshold: 0.7"))
+    strict.write_text(with_fixed_threshold(DEFAULT.read_text(), "0.7"))
     return log, strict
 
 

@@ -8,9 +8,10 @@ import pytest
 
 from policies.loader import PolicyError, load_policy, parse_policy
 from policies.schema import Price
+from tests.conftest import with_fixed_threshold
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = (ROOT / "policies" / "default.yaml").read_text()
+GOOD = with_fixed_threshold((ROOT / "policies" / "default.yaml").read_text())
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "policies").glob("*.yaml")), ids=lambda p: p.name)
