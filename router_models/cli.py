@@ -31,8 +31,9 @@ def _train(args: argparse.Namespace) -> int:
 
     request = TrainRequest(routing_dir=args.routing_dir, target=args.target, feature_set=args.feature_set,
                            embedder=args.embedder, labels=tuple(args.labels), from_ledger=args.from_ledger,
-                           redis_url=args.redis_url, out=args.out, promote=not args.no_promote,
-                           held_back=args.held_back, max_per_source=args.max_per_source)
+                           redis_url=args.redis_url, redis_prefix=args.redis_prefix, out=args.out,
+                           promote=not args.no_promote, held_back=args.held_back,
+                           max_per_source=args.max_per_source)
     try:
         return run_training(request)
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
@@ -112,6 +113,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--from-ledger", action="store_true",
                    help="also train on the gateway's own labels in Redis (feedback, shadow, escalations)")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis of the ledger (--from-ledger)")
+    p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis (as for serve)")
     p.add_argument("--held-back", type=float, default=0.3, help="share of your labels kept for the comparison")
     p.add_argument("--out", type=Path, default=None,
                    help="write the artifact here instead of the versioned store (e.g. the package's own)")

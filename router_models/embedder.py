@@ -150,8 +150,9 @@ def make_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> E
     vectors match the ONNX ones, so it keeps the name and the artifact trained for it; it is only slower.
     """
     spec = parse_name(name)
+    alone = 1 if spec.quantize else 8  # int8 activations are quantized per call: see OnnxMiniLMEmbedder
     if spec.backend == "torch":
-        return MiniLMEmbedder(name)
+        return MiniLMEmbedder(name, batch_size=alone)
     try:
         from router_models.embedder_onnx import OnnxMiniLMEmbedder
 
@@ -159,7 +160,7 @@ def make_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> E
     except ImportError as exc:
         _log.warning("onnxruntime unavailable (%s): embedder %s falls back to torch emulating its int8 "
                      "(equivalent vectors, slower); install onnxruntime for full speed", exc, name)
-        fallback = MiniLMEmbedder(name)
+        fallback = MiniLMEmbedder(name, batch_size=alone)
         if threads is not None:
             fallback.set_threads(threads)
         return fallback

@@ -43,6 +43,7 @@ class TrainRequest:
     labels: tuple[Path, ...] = ()
     from_ledger: bool = False
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "cascade:"
     out: Path | None = None
     promote: bool = True
     held_back: float = 0.3
@@ -73,7 +74,7 @@ def _user_labels(req: TrainRequest) -> list[Example]:
     if req.from_ledger:
         from router_models.ledger_labels import read_ledger_labels
 
-        ledger = read_ledger_labels(req.redis_url)
+        ledger = read_ledger_labels(req.redis_url, key_prefix=req.redis_prefix)
         rows += examples_from_rows(ledger, default_source="ledger", origin="ledger row")
         print(f"[train] {len(ledger)} labelled requests from the ledger at {req.redis_url}")
     return rows
@@ -82,7 +83,7 @@ def _user_labels(req: TrainRequest) -> list[Example]:
 def _held_back_metrics(art: RouterArtifact, embedder: Embedder, rows: list[Example]) -> dict[str, float]:
     from router_models.report import _metrics
 
-    x = features(embedder, rows, "embedding+structure")
+    x = features(embedder, rows, str(art.metadata.get("feature_set", DEFAULT_FEATURES)))
     m = _metrics(art.router.predict_proba(x), rows)
     return {"apgr": m.apgr, "brier": m.brier, "auc": m.auc, "n": m.n}
 

@@ -126,3 +126,11 @@ def test_concurrent_calls_give_the_serial_vectors(onnx_embedder: OnnxMiniLMEmbed
     with ThreadPoolExecutor(max_workers=3) as pool:  # the scorer's workers share one session
         parallel = list(pool.map(lambda t: onnx_embedder.embed([t]), TEXTS * 4))
     assert all(np.array_equal(a, b) for a, b in zip(serial, parallel, strict=True))
+
+
+def test_an_int8_vector_does_not_depend_on_the_texts_beside_it(onnx_embedder: OnnxMiniLMEmbedder) -> None:
+    """int8 activations are quantized per call: each text runs alone, so a batch changes nothing."""
+    texts = ["hi", "Prove that every bounded monotone sequence of reals converges, step by step.", "a b c"]
+    together = onnx_embedder.embed(texts)
+    for i, text in enumerate(texts):
+        assert np.array_equal(onnx_embedder.embed([text])[0], together[i])
