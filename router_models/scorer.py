@@ -32,18 +32,22 @@ def _content_text(content: Any) -> str:
 
 
 def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> str:
-    """The text the scorer sees for a conversation: the latest user turn, prefixed by the system prompt.
+    """The text the scorer sees for a conversation, cut to `max_chars`.
 
-    The last user turn carries the task; the system prompt often carries its kind ("you are a JSON
-    extractor"). Earlier turns are left out: they describe history, not the difficulty of what is asked now.
-    The result is cut to `max_chars` (the embedder truncates to 256 word pieces anyway).
+    The latest user turn comes first: it carries the task, and the router was trained on bare user prompts,
+    whose start is all the embedder reads (64 word pieces). Then the system prompt (it often carries the kind
+    of work: "you are a JSON extractor"), then earlier user turns, latest first: a follow-up ("now make it
+    shorter") is as hard as the task it follows, and the structural features count the whole context. A
+    conversation with no user turn (only assistant or tool messages) is scored on its last message's text.
     """
-    system = next((_content_text(m.get("content")) for m in messages if m.get("role") == "system"), "")
-    user = next(
-        (_content_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
-    )
-    text = f"{system.strip()}\n\n{user.strip()}" if system.strip() else user.strip()
-    return text[:max_chars]
+    turns = [(str(m.get("role")), _content_text(m.get("content")).strip()) for m in messages]
+    users = [text for role, text in turns if role == "user" and text]
+    system = next((text for role, text in turns if role in ("system", "developer") and text), "")
+    if users:
+        parts = [users[-1], system, *reversed(users[:-1])]
+    else:
+        parts = [next((text for _, text in reversed(turns) if text), "")]
+    return "\n\n".join(p for p in parts if p)[:max_chars]
 
 
 class LengthScorer:

@@ -24,7 +24,7 @@ def test_both_forms_and_messages(tmp_path: Path) -> None:
     ])
     a, b = read_label_file(path)
     assert (a.text, a.weak, a.strong, a.target, a.source) == ("a", 0.0, 1.0, 1.0, "labels:labels")
-    assert (b.text, b.weak, b.strong, b.source) == ("be brief\n\nb", 0.4, 0.9, "labels:support")
+    assert (b.text, b.weak, b.strong, b.source) == ("b\n\nbe brief", 0.4, 0.9, "labels:support")
 
 
 @pytest.mark.parametrize(("row", "message"), [
