@@ -180,14 +180,6 @@ def _finish(args: argparse.Namespace, shown: str) -> int:
     return 0
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
-    return value
 
 
 def _router_commands(subparsers: Any) -> Any:
@@ -199,6 +191,7 @@ def _router_commands(subparsers: Any) -> Any:
 def register(subparsers: Any) -> None:
     """Add `calibrate` to the already registered `router` command of a `cascade` subparsers object."""
     from gateway.cli import default_policy_path
+    from policies.cli import unit_interval
 
     p = _router_commands(subparsers).add_parser(
         "calibrate", help="set the routing threshold for a flagship share or a cost per 1k requests",
@@ -206,7 +199,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--log", type=Path, required=True, help="request log, JSON Lines (format: policies/replay.py)")
     p.add_argument("--policy", default=str(default_policy_path()), help="policy whose pools price the requests")
     target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--flagship-share", type=_share, metavar="X", help="share of requests for the flagship")
+    target.add_argument("--flagship-share", type=unit_interval, metavar="X", help="share of requests for the flagship")
     target.add_argument("--cost-per-1k", metavar="USD", help="cost per 1,000 requests to stay within, in USD")
     p.add_argument("--artifact", type=Path, default=None, help="router artifact .json with the quality curve "
                    "(default: the shipped one)")

@@ -25,7 +25,7 @@ from typing import Any
 
 from policies.loader import LoadedPolicy, PolicyError, load_policy
 
-__all__ = ["register"]
+__all__ = ["register", "unit_interval"]
 
 
 def _load(path: str) -> LoadedPolicy | None:
@@ -165,7 +165,8 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unit(text: str) -> float:
+def unit_interval(text: str) -> float:
+    """argparse type: a number within [0, 1], else a clear usage error."""
     try:
         value = float(text)
     except ValueError as exc:
@@ -192,13 +193,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     e.add_argument("--model", default="auto", help="requested model with --prompt (default: auto)")
     e.add_argument("--score", type=float, help="use this score instead of running the classifier")
     e.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header")
-    e.add_argument("--threshold", type=_unit, help="routing threshold to use (default: the policy's float, or "
+    e.add_argument("--threshold", type=unit_interval, help="routing threshold to use (default: the policy's float, or "
                    "its flagship-share form's `initial`)")
     e.set_defaults(func=_explain)
     r = sub.add_parser("replay", help="replay a request log: pool moves (from -> to) and cost difference")
     r.add_argument("file")
     r.add_argument("--log", required=True, help="JSON Lines request log (format: policies/replay.py)")
     r.add_argument("--against", help="compare FILE with this policy instead of with the recorded pools")
-    r.add_argument("--threshold", type=_unit, help="route FILE with this routing threshold (default: its float, "
-                   "or its flagship-share form's `initial`)")
+    r.add_argument("--threshold", type=unit_interval,
+                   help="route FILE with this routing threshold (default: its float, or its flagship-share form's "
+                   "`initial`)")
     r.set_defaults(func=_replay)

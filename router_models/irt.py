@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RaschFit", "fit_rasch"]
+__all__ = ["RaschFit", "fit_rasch", "sigmoid"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -31,7 +31,8 @@ class RaschFit:
     iterations: int
 
 
-def _sigmoid(z: Floats) -> Floats:
+def sigmoid(z: Floats) -> Floats:
+    """The logistic function, clipped so large logits never overflow."""
     return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0))), dtype=np.float64)
 
 
@@ -50,11 +51,11 @@ def fit_rasch(outcomes: Floats, prior: float = 1.0, max_iter: int = 200, tol: fl
     iterations = 0
     while iterations < max_iter:
         iterations += 1
-        p = _sigmoid(ability[None, :] - difficulty[:, None])
+        p = sigmoid(ability[None, :] - difficulty[:, None])
         resid, curv = (y - p) * mask, p * (1.0 - p) * mask
         d_ability = (resid.sum(axis=0) - ability / prior) / (curv.sum(axis=0) + 1.0 / prior)
         ability = ability + d_ability
-        p = _sigmoid(ability[None, :] - difficulty[:, None])
+        p = sigmoid(ability[None, :] - difficulty[:, None])
         resid, curv = (y - p) * mask, p * (1.0 - p) * mask
         d_difficulty = (-resid.sum(axis=1) - difficulty / prior) / (curv.sum(axis=1) + 1.0 / prior)
         difficulty = difficulty + d_difficulty

@@ -21,17 +21,13 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from router_models.irt import fit_rasch
+from router_models.irt import fit_rasch, sigmoid
 from router_models.outcomes import SOURCES, Example
 
 __all__ = ["TARGETS", "targets"]
 
 Floats = npt.NDArray[np.float64]
 TARGETS = ("pairwise", "irt-pairwise", "irt-fail", "gap")
-
-
-def _sigmoid(z: Floats) -> Floats:
-    return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
 
 
 def _irt_targets(examples: Sequence[Example], name: str) -> Floats:
@@ -44,8 +40,8 @@ def _irt_targets(examples: Sequence[Example], name: str) -> Floats:
     strong = float(np.mean([fit.ability[models.index(m)] for m in spec.strong_models if m in models]))
     d = fit.difficulty
     if name == "irt-fail":
-        return _sigmoid(d - weak)
-    return (1.0 - _sigmoid(weak - d)) * _sigmoid(strong - d)
+        return sigmoid(d - weak)
+    return (1.0 - sigmoid(weak - d)) * sigmoid(strong - d)
 
 
 def targets(examples: Sequence[Example], name: str) -> Floats:
