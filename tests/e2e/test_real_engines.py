@@ -41,8 +41,11 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     # The demo policy with the true cascade on: micro answers first, unsure answers escalate to the flagship.
     policy = log_path.parent / "policy.yaml"
-    policy.write_text((ROOT / "policies" / "default.yaml").read_text().replace(
-        "  threshold: 0.5", "  threshold: 0.5\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"))
+    shipped = (ROOT / "policies" / "default.yaml").read_text()
+    line = "  threshold: {flagship_share: 0.3, initial: 0.28}"
+    assert shipped.count(line) == 1, "the shipped routing threshold changed: update this test"
+    policy.write_text(shipped.replace(
+        line, line + "\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"))
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
            "--port", str(port), "--redis-prefix", prefix]
     with log_path.open("wb") as log:

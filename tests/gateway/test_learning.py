@@ -69,8 +69,8 @@ async def test_a_sampled_micro_answer_is_kept_and_compared() -> None:
     fields, ttl_s = store.puts["p:learn:prompt:req_1"]
     assert ttl_s == 3 * 86_400
     assert (fields["text"], fields["score"], fields["pool"], fields["micro"], fields["tenant"]) == (
-        "sys\n\nhi", "0.2", "micro", "1", "acme")
-    assert shadow.calls == [("req_1", "sys\n\nhi", "hello")]
+        "hi\n\nsys", "0.2", "micro", "1", "acme")
+    assert shadow.calls == [("req_1", "hi\n\nsys", "hello")]
 
 
 async def test_not_sampled_unscored_or_off_keeps_nothing() -> None:

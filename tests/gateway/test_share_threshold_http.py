@@ -58,18 +58,20 @@ def test_realised_share_tracks_the_target_through_drift(gateways: list[str]) -> 
     assert _send(gateways, [rng.randint(1, 199) for _ in range(60)]) < 0.1  # initial 0.95 while warming up
     time.sleep(1.5)  # a refresh on each worker
     measured = _send(gateways, [rng.randint(1, 199) for _ in range(200)])
-    assert 0.2 <= measured <= 0.4, measured
+    # 200 requests against a quantile of 200 scores: the share's standard deviation is ~0.045, so +-0.15
+    # is over 3 sigma (a +-0.1 band failed 1 run in a few)
+    assert 0.15 <= measured <= 0.45, measured
     live = _gauges(gateways[0])
     assert 0.6 < live["cascade_routing_threshold"] < 0.8  # ~ the 70th percentile of words/200
     # drift: prompts get longer; a fixed threshold of ~0.7 would now send ~60% to the flagship
     _send(gateways, [rng.randint(100, 199) for _ in range(200)])
     time.sleep(1.5)
     drifted = _send(gateways, [rng.randint(100, 199) for _ in range(200)])
-    assert 0.2 <= drifted <= 0.4, drifted
+    assert 0.15 <= drifted <= 0.45, drifted
     time.sleep(1.5)
     for url in gateways:  # both workers read the one window
         gauges = _gauges(url)
         assert gauges["cascade_routing_flagship_share_target"] == 0.3
-        assert 0.2 <= gauges["cascade_routing_flagship_share"] <= 0.4
+        assert 0.15 <= gauges["cascade_routing_flagship_share"] <= 0.45
         assert 0.75 < gauges["cascade_routing_threshold"] < 0.9  # moved up from ~0.7 with the traffic
         assert gauges["cascade_routing_window_scores"] == 200
