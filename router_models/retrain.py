@@ -23,7 +23,7 @@ from router_models.artifact_store import ArtifactStore
 from router_models.embedder import Embedder, make_embedder
 from router_models.outcomes import Example, load_outcomes
 from router_models.report import LosoResult, leave_one_source_out, plot_loso, print_table
-from router_models.train import FEATURE_SETS, TrainConfig, features, fit_router, training_metadata
+from router_models.train import FEATURE_SETS, TrainConfig, features, fit_router, mask_features, training_metadata
 
 __all__ = ["DEFAULT_TARGET", "EvalRequest", "TrainRequest", "run_eval", "run_training"]
 
@@ -183,7 +183,7 @@ def run_eval(req: EvalRequest) -> int:
     grid = [(t, f) for t in _targets() for f in FEATURE_SETS] if req.compare else [(cfg.target, cfg.feature_set)]
     for target, feature_set in grid:
         run_cfg = replace(cfg, target=target, feature_set=feature_set)
-        loso = leave_one_source_out(_masked(x, embedder.dim, feature_set), public, run_cfg)
+        loso = leave_one_source_out(mask_features(x, embedder.dim, feature_set), public, run_cfg)
         print_table(loso, f"\nleave-one-source-out ({target}, {feature_set}, {embedder.name}):")
         report[f"{target}|{feature_set}"] = loso.as_dict()
         if (target, feature_set) == (cfg.target, cfg.feature_set):
@@ -199,12 +199,3 @@ def _targets() -> tuple[str, ...]:
     from router_models.targets import TARGETS
 
     return TARGETS
-
-
-def _masked(x: np.ndarray[Any, Any], dim: int, feature_set: str) -> np.ndarray[Any, Any]:
-    out = x.copy()
-    if feature_set == "structure":
-        out[:, :dim] = 0.0
-    elif feature_set == "embedding":
-        out[:, dim:] = 0.0
-    return out

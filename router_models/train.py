@@ -35,7 +35,10 @@ from router_models.fit import fit_platt, group_stats, solve_ridge, union
 from router_models.outcomes import DEFAULT_ROUTING_DIR, Example, data_hash
 from router_models.targets import targets
 
-__all__ = ["FEATURE_SETS", "Fitted", "TrainConfig", "features", "fit_router", "source_weights", "training_metadata"]
+__all__ = [
+    "FEATURE_SETS", "Fitted", "TrainConfig", "features", "fit_router", "mask_features", "source_weights",
+    "training_metadata",
+]
 
 Floats = npt.NDArray[np.float64]
 FEATURE_SETS = ("embedding+structure", "embedding", "structure")
@@ -71,12 +74,19 @@ def features(embedder: Embedder, examples: Sequence[Example], feature_set: str) 
     if feature_set not in FEATURE_SETS:
         raise ValueError(f"unknown feature set {feature_set!r}; choose one of {', '.join(FEATURE_SETS)}")
     texts = [ex.text for ex in examples]
-    x = feature_matrix(embed_cached(embedder, texts), texts)
+    return mask_features(feature_matrix(embed_cached(embedder, texts), texts), embedder.dim, feature_set)
+
+
+def mask_features(x: npt.NDArray[np.float32], dim: int, feature_set: str) -> npt.NDArray[np.float32]:
+    """A copy of full feature rows (`dim` embedding columns, then structure) reduced to `feature_set`."""
+    if feature_set not in FEATURE_SETS:
+        raise ValueError(f"unknown feature set {feature_set!r}; choose one of {', '.join(FEATURE_SETS)}")
+    out = x.copy()
     if feature_set == "structure":
-        x[:, : embedder.dim] = 0.0
+        out[:, :dim] = 0.0
     elif feature_set == "embedding":
-        x[:, embedder.dim :] = 0.0
-    return x
+        out[:, dim:] = 0.0
+    return out
 
 
 def source_weights(examples: Sequence[Example], balance: bool = True) -> Floats:
