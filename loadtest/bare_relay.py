@@ -17,6 +17,8 @@ import aiohttp
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
+from loadtest.fake_upstream import read_body
+
 __all__ = ["BareRelay", "main"]
 
 
@@ -31,12 +33,7 @@ class BareRelay:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512))
         headers = {"content-type": "application/json"}

@@ -18,10 +18,20 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["FakeUpstream", "main"]
+__all__ = ["FakeUpstream", "main", "read_body"]
 
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream")]
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole body of an ASGI HTTP request (no size limit: for test servers and benchmarks only)."""
+    body = b""
+    while True:
+        message = await receive()
+        body += bytes(message.get("body", b""))
+        if not message.get("more_body"):
+            return body
 
 
 def _prompt_tokens(messages: Any) -> int:

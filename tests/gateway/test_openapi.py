@@ -20,7 +20,7 @@ from gateway.app import create_app
 from gateway.openapi import build_openapi
 from gateway.schema import ChatRequest
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
+from loadtest.fake_upstream import FakeUpstream, read_body
 from tests.conftest import policy_yaml
 from tests.servers import serve
 
@@ -35,12 +35,7 @@ class TolerantUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
             return await self.inner(scope, receive, send)
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         raw = orjson.loads(body)
         raw.pop("metadata", None)
         replayed = False

@@ -22,7 +22,7 @@ from gateway.costs_report import verify
 from gateway.judge import JUDGE_SYSTEM_PROMPT, parse_verdict
 from gateway.ledger import LedgerKeys
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
+from loadtest.fake_upstream import FakeUpstream, read_body
 from router_models.ledger_labels import LabelKeys, read_ledger_labels
 from tests.conftest import SHARED_URL, policy_yaml
 from tests.servers import serve
@@ -43,12 +43,7 @@ class JudgeUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
             return await self.inner(scope, receive, send)
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.bodies.append(orjson.loads(body))
         choice = {"index": 0, "message": {"role": "assistant", "content": self.verdict}, "finish_reason": "stop"}
         out = {"id": "j", "object": "chat.completion", "created": 0, "model": "judge-model", "choices": [choice],
