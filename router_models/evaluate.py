@@ -19,7 +19,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RoutingMetrics", "apgr", "brier", "cpt", "ece", "metrics", "pgr_curve", "plot_curves"]
+from router_models.outcomes import Example
+
+__all__ = [
+    "RoutingMetrics", "apgr", "brier", "cpt", "ece", "example_curve", "example_metrics", "metrics", "pgr_curve",
+    "plot_curves",
+]
 
 Floats = npt.NDArray[np.float64]
 Values = Sequence[float] | npt.NDArray[np.float64]
@@ -137,6 +142,17 @@ def metrics(
         cpt80=cpt(shares, pgr, 0.8),
         **calibration,
     )
+
+
+def example_curve(scores: Values, examples: Sequence[Example]) -> tuple[Floats, Floats]:
+    """`pgr_curve` of scores for examples with real outcomes (their `weak` and `strong`)."""
+    return pgr_curve(scores, [e.weak for e in examples], [e.strong for e in examples])
+
+
+def example_metrics(scores: Values, examples: Sequence[Example]) -> RoutingMetrics:
+    """`metrics` of scores for examples with real outcomes, calibration against their event included."""
+    return metrics(scores, [e.label for e in examples], [e.weak for e in examples], [e.strong for e in examples],
+                   [e.target for e in examples])
 
 
 def plot_curves(curves: dict[str, tuple[Floats, Floats]], path: Path, title: str) -> Path:

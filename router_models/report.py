@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.evaluate import RoutingMetrics, metrics, pgr_curve, plot_curves
+from router_models.evaluate import RoutingMetrics, example_curve, example_metrics, plot_curves
 from router_models.outcomes import Example
 from router_models.train import TrainConfig, fit_router
 
@@ -47,11 +47,6 @@ class LosoResult:
                 "mean": self.mean(), "quality_curve": quality_curve(self)}
 
 
-def _metrics(scores: Floats, examples: Sequence[Example]) -> RoutingMetrics:
-    return metrics(scores, [e.label for e in examples], [e.weak for e in examples], [e.strong for e in examples],
-                   [e.target for e in examples])
-
-
 def leave_one_source_out(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig,
                          sources: Sequence[str] | None = None) -> LosoResult:
     """Fit without each source (and without its prompts' copies elsewhere), score it, measure it."""
@@ -67,7 +62,7 @@ def leave_one_source_out(x: npt.NDArray[np.float32], examples: Sequence[Example]
         fitted = fit_router(x[train], [examples[i] for i in train], cfg)
         scores[source] = fitted.router.predict_proba(x[test])
         kept[source] = [examples[i] for i in test]
-        result[source] = _metrics(scores[source], kept[source])
+        result[source] = example_metrics(scores[source], kept[source])
         alphas[source] = fitted.alpha
     return LosoResult(scores, kept, result, alphas)
 
@@ -76,8 +71,7 @@ def quality_curve(result: LosoResult) -> dict[str, Any]:
     """Mean PGR over held-out sources at `CURVE_SHARES` flagship shares (the router's cost-quality curve)."""
     curves = []
     for source, scores in result.scores.items():
-        ex = result.examples[source]
-        shares, pgr = pgr_curve(scores, [e.weak for e in ex], [e.strong for e in ex])
+        shares, pgr = example_curve(scores, result.examples[source])
         if not np.isnan(pgr).all():
             curves.append(np.interp(CURVE_SHARES, shares, pgr))
     pgr_mean = np.mean(curves, axis=0) if curves else np.full(len(CURVE_SHARES), np.nan)
@@ -90,8 +84,7 @@ def plot_loso(result: LosoResult, path: Path) -> Path:
     """The cost-quality curve of every held-out source, plus their mean, as a PNG."""
     curves: dict[str, tuple[Floats, Floats]] = {}
     for source, scores in result.scores.items():
-        ex = result.examples[source]
-        curves[f"{source} held out"] = pgr_curve(scores, [e.weak for e in ex], [e.strong for e in ex])
+        curves[f"{source} held out"] = example_curve(scores, result.examples[source])
     mean = quality_curve(result)
     curves["mean over sources"] = (np.asarray(mean["flagship_share"]), np.asarray(mean["pgr"]))
     return plot_curves(curves, path, "router on sources it never saw (leave one source out)")

@@ -81,10 +81,10 @@ def _user_labels(req: TrainRequest) -> list[Example]:
 
 
 def _held_back_metrics(art: RouterArtifact, embedder: Embedder, rows: list[Example]) -> dict[str, float]:
-    from router_models.report import _metrics
+    from router_models.evaluate import example_metrics
 
     x = features(embedder, rows, str(art.metadata.get("feature_set", DEFAULT_FEATURES)))
-    m = _metrics(art.router.predict_proba(x), rows)
+    m = example_metrics(art.router.predict_proba(x), rows)
     return {"apgr": m.apgr, "brier": m.brier, "auc": m.auc, "n": m.n}
 
 

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from router_models.classifier import LinearRouter, feature_matrix
 from router_models.embed_cache import embed_cached
 from router_models.embedder import Embedder
-from router_models.evaluate import pgr_curve
+from router_models.evaluate import apgr, example_curve
 from router_models.fit import fit_platt, group_stats, solve_ridge, union
 from router_models.outcomes import DEFAULT_ROUTING_DIR, Example, data_hash
 from router_models.targets import targets
@@ -117,10 +117,7 @@ def _centred(y: Floats, sources: Sequence[str]) -> Floats:
 
 
 def _apgr(scores: Floats, examples: Sequence[Example]) -> float:
-    from router_models.evaluate import apgr
-
-    shares, pgr = pgr_curve(scores, [e.weak for e in examples], [e.strong for e in examples])
-    return apgr(shares, pgr)
+    return apgr(*example_curve(scores, examples))
 
 
 def fit_router(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig) -> Fitted:
