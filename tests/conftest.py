@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from gateway.costs_report import Reconciliation, verify
+from gateway.ledger_keys import LedgerKeys
 from loadtest.fake_upstream import FakeUpstream
 from tests.servers import serve
 
@@ -21,6 +25,16 @@ def with_fixed_threshold(text: str, threshold: str = "0.5") -> str:
     decisions that need a known threshold. Fails if the shipped line changed, so the edit cannot silently miss."""
     assert text.count(SHIPPED_THRESHOLD) == 1, "the shipped routing threshold line changed; update SHIPPED_THRESHOLD"
     return text.replace(SHIPPED_THRESHOLD, f"  threshold: {threshold}\n")
+
+
+async def verify_recent(prefix: str, url: str = SHARED_URL) -> Reconciliation:
+    """`cascade costs verify` of the ledger under `prefix` over yesterday and today (UTC)."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        today = datetime.now(UTC).date()
+        return await verify(client, LedgerKeys(prefix), today - timedelta(days=1), today)
+    finally:
+        await client.aclose()
 
 
 def delete_prefix(prefix: str, url: str = SHARED_URL) -> None:

@@ -15,17 +15,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
 import httpx
 import orjson
 import redis
-import redis.asyncio as aioredis
 
-from gateway.costs_report import verify
-from gateway.ledger import LedgerKeys
+from tests.conftest import verify_recent
 
 __all__ = ["Kind", "Outcome", "Traffic", "ledger_records", "reconcile"]
 
@@ -162,12 +159,7 @@ def ledger_records(redis_url: str, prefix: str) -> list[dict[str, str]]:
 
 
 async def _verify(redis_url: str, prefix: str) -> tuple[bool, str]:
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        today = datetime.now(UTC).date()
-        result = await verify(client, LedgerKeys(prefix), today - timedelta(days=1), today)
-    finally:
-        await client.aclose()
+    result = await verify_recent(prefix, redis_url)
     return result.ok, repr(result)
 
 

@@ -6,20 +6,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
-import redis.asyncio as aioredis
 
 from gateway.app import create_app
-from gateway.costs_report import verify
-from gateway.ledger import LedgerKeys
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import SHARED_URL
+from tests.conftest import SHARED_URL, verify_recent
 from tests.servers import serve
 
 pytestmark = pytest.mark.redis
@@ -80,12 +76,7 @@ async def test_concurrent_requests_record_exactly_their_usage(gateway: str, pref
     assert sum(int(h["prompt_tokens"]) for h in rollups) == sum(u[2] for u in usages)
     assert sum(int(h["cost_micro_usd"]) for h in rollups) == sum(cost(*u[1:]) for u in usages)
     assert sum(int(h["requests"]) for h in rollups) == 200
-    client = aioredis.Redis.from_url(SHARED_URL)
-    try:
-        today = datetime.now(UTC).date()
-        result = await verify(client, LedgerKeys(prefix), today - timedelta(days=1), today)
-    finally:
-        await client.aclose()
+    result = await verify_recent(prefix)
     assert result.ok and result.records == 200, result
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +13,14 @@ import httpx
 import orjson
 import pytest
 import redis
-import redis.asyncio as aioredis
 from starlette.types import Receive, Scope, Send
 
 from gateway.app import create_app
-from gateway.costs_report import verify
 from gateway.judge import JUDGE_SYSTEM_PROMPT, parse_verdict
-from gateway.ledger import LedgerKeys
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream, read_body
 from router_models.ledger_labels import LabelKeys, read_ledger_labels
-from tests.conftest import SHARED_URL, policy_yaml
+from tests.conftest import SHARED_URL, policy_yaml, verify_recent
 from tests.servers import serve
 
 pytestmark = pytest.mark.redis
@@ -145,12 +141,7 @@ async def test_shadow_runs_after_the_answer_and_is_priced_as_its_own_records(sta
     assert "w0 w1 w2 w3" in body["messages"][1]["content"] and "w7" in body["messages"][1]["content"]
     (row,) = read_ledger_labels(SHARED_URL, key_prefix=prefix)
     assert (row["id"], row["source"], row["needs_flagship"], row["pool"]) == (request_id, "shadow", 1.0, "micro")
-    client = aioredis.Redis.from_url(SHARED_URL)
-    try:
-        today = datetime.now(UTC).date()
-        result = await verify(client, LedgerKeys(prefix), today - timedelta(days=1), today)
-    finally:
-        await client.aclose()
+    result = await verify_recent(prefix)
     assert result.ok and result.records == 3, result
     assert 'cascade_learning_events_total{event="shadow_judged"} 1.0' in httpx.get(url + "/metrics").text
 
