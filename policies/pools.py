@@ -96,6 +96,25 @@ class LocalPool(Frozen):
         return self
 
 
+class Connection(Frozen):
+    """How the gateway connects to a remote pool's servers (`backends.connection`). Paths are PEM files on the
+    gateway's machine, read where the pool starts, not when the policy is parsed."""
+
+    trust_env: bool = Field(default=False, description=(
+        "send requests through the proxy of HTTPS_PROXY / HTTP_PROXY (NO_PROXY honoured; ~/.netrc credentials)"))
+    ca_bundle: str | None = Field(default=None, description="CA certificates to trust instead of the system's "
+                                  "(servers with a private CA)")
+    client_cert: str | None = Field(default=None, description="client certificate presented to servers that ask "
+                                    "for one (mutual TLS); may hold its private key too")
+    client_key: str | None = Field(default=None, description="private key of client_cert, if in a separate file")
+
+    @model_validator(mode="after")
+    def _key_needs_cert(self) -> Connection:
+        if self.client_key is not None and self.client_cert is None:
+            raise ValueError("client_key is set without client_cert")
+        return self
+
+
 class RemotePool(Frozen):
     type: Literal["remote"]
     price: Price
@@ -106,6 +125,8 @@ class RemotePool(Frozen):
     health_path: str = Field(default="/health", pattern=r"^/", description=(
         "path probed (with the API key) to decide a replica is up: vLLM serves /health; for other "
         "OpenAI-compatible APIs use /v1/models"))
+    connection: Connection = Field(default_factory=Connection, description="proxy and TLS: CA bundle, client "
+                                   "certificate")
     description: str = ""
 
 
