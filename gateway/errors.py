@@ -1,6 +1,6 @@
 """One error tree for the gateway, rendered once as the OpenAI error envelope.
 
-Services raise these; `gateway.app` turns them into `{"error": {"message", "type", "param", "code"}}`
+Services raise these; `gateway.api.app` turns them into `{"error": {"message", "type", "param", "code"}}`
 with the status code. Anything else that escapes a handler is logged and rendered as a generic 500
 without a stack trace.
 """

@@ -119,7 +119,7 @@ def post_json(url: str, body: bytes, timeout_s: float = 10.0) -> tuple[int, dict
 # ------------------------------------------------------------------------------------------ gateway
 
 _FALLBACK_SERVE = (
-    "import sys; from pathlib import Path; import uvicorn; from gateway.app import create_app; "
+    "import sys; from pathlib import Path; import uvicorn; from gateway.api.app import create_app; "
     "from gateway.logs import configure_logging; from gateway.settings import Settings; a = sys.argv[1:]; "
     "configure_logging(a[4], json=False); "
     "uvicorn.run(create_app(Settings(policy_path=Path(a[0]), scorer='none', start_engines=False, "
@@ -131,16 +131,16 @@ _FALLBACK_SERVE = (
 def gateway_command(policy: Path, port: int, transport: str, prefix: str, log_level: str,
                     ledger: str = "redis", launcher: str | None = None) -> tuple[list[str], str]:
     """argv of one gateway worker; falls back to the same uvicorn call when `python -m gateway` cannot import
-    (the CLI needs `gateway.costs_cli`, which may not exist yet). `launcher` replaces `python -m gateway`
+    (the CLI needs `gateway.costs.cli`, which may not exist yet). `launcher` replaces `python -m gateway`
     (A/B runs of a patched build). Returns (argv, launcher name)."""
     serve = ["serve", "--policy", str(policy), "--port", str(port), "--scorer", "none", "--no-engines",
              "--log-level", log_level, "--transport", transport, "--redis-prefix", prefix, "--ledger", ledger]
     if launcher:
         return [*shlex.split(launcher), *serve], launcher
-    if find_spec("gateway.costs_cli") is not None:
+    if find_spec("gateway.costs.cli") is not None:
         return [sys.executable, "-m", "gateway", *serve], "python -m gateway serve"
     args = [str(policy), str(port), transport, prefix, log_level, ledger]
-    return [sys.executable, "-c", _FALLBACK_SERVE, *args], "uvicorn fallback (gateway.costs_cli missing)"
+    return [sys.executable, "-c", _FALLBACK_SERVE, *args], "uvicorn fallback (gateway.costs.cli missing)"
 
 
 def policy_text(micro_url: str, micro_model: str, flagship_url: str, flagship_model: str) -> str:

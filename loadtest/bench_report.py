@@ -98,7 +98,7 @@ def summarise_stream(cells: list[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- profiling
 
 def _frame_key(frame: str) -> str:
-    """'handle (gateway/service.py:93)' -> 'handle (gateway/service.py)': aggregate over lines."""
+    """'handle (gateway/serving/service.py:93)' -> 'handle (gateway/serving/service.py)': aggregate over lines."""
     return re.sub(r":\d+\)$", ")", frame.strip())
 
 

@@ -7,7 +7,7 @@
    token, short prompt + many tokens, and the representative mix; a least-squares fit gives request overhead,
    prefill and decode rates (non-negative). (The fit from the first three alone is reported too: `..._from_corners`.)
 3. Measure the model's TTFT scale T0 from one light open-loop step (utilization 0.3: T0 = p95 TTFT x 0.7).
-4. Predict the open-loop saturation point of the mix with `gateway.plan_model.saturation_rps`: the load at
+4. Predict the open-loop saturation point of the mix with `gateway.planning.model.saturation_rps`: the load at
    which p95 TTFT = T0 / (1 - rho) reaches the SLO (capped by throughput).
 5. Measure it: open-loop Poisson arrivals at rising rates around the prediction, `step_s` seconds each;
    a step passes while p95 TTFT stays within the SLO (and under 1% fail): past saturation requests queue, and
@@ -31,8 +31,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from gateway.plan_model import mean_service_s, saturation_rps
-from gateway.plan_schema import Capacity, Slo, TokenClass
+from gateway.planning.model import mean_service_s, saturation_rps
+from gateway.planning.schema import Capacity, Slo, TokenClass
 from loadtest.stream_client import StreamSample, percentile, scan_sse_line, stream_body
 
 __all__ = ["FACTORS", "Step", "Workload", "calibrate", "main", "measure_knee", "run"]

@@ -1,8 +1,8 @@
 """Labels the gateway collects from its own traffic, and the reader that turns them into training rows.
 
 This module is the one place that names the Redis keys and fields of the learning loop; the gateway's
-writers (`gateway.prompt_store`, `gateway.feedback`, `gateway.shadow`) import them from here, so writer
-and reader cannot drift apart. It imports no gateway code.
+writers (`gateway.learning.store`, `gateway.learning.feedback`, `gateway.learning.shadow`) import them from
+here, so writer and reader cannot drift apart. It imports no gateway code.
 
 Keys (prefix = the ledger's `redis_prefix`, default ``cascade:``), one hash per request id each:
 

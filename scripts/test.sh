@@ -11,7 +11,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "[test] chromium not installed: that test will skip"
 fi
 .venv/bin/python - <<'PY'
-from gateway.demo import ensure_redis
+from gateway.cli.demo import ensure_redis
 import os
 print("[test]", ensure_redis(os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0")))
 PY

@@ -11,8 +11,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gateway.costs_report import Reconciliation, verify
-from gateway.ledger_keys import LedgerKeys
+from gateway.costs.report import Reconciliation, verify
+from gateway.ledger.keys import LedgerKeys
 from loadtest.fake_upstream import FakeUpstream
 from tests.servers import serve
 

@@ -17,7 +17,7 @@ from backends.demo_models import ensure_demo_models
 from backends.quant_calibration import demo_samples
 from backends.quant_eval import EVAL_PROMPTS, JSON_PROMPTS
 from backends.quant_metadata import METADATA_NAME, read_figures
-from gateway.cli import main
+from gateway.cli.main import main
 from policies.explain import quant_lines
 from policies.loader import PolicyError, parse_policy
 

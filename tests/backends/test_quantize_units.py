@@ -13,7 +13,7 @@ from backends.quant_calibration import CalibrationError, demo_samples, load_samp
 from backends.quant_eval import EngineRun, compare
 from backends.quant_metadata import METADATA_NAME, read_figures, write_metadata
 from backends.quantize import MOE_EXPERTS_IGNORE, default_ignore
-from gateway.cli import main
+from gateway.cli.main import main
 from policies.explain import quant_lines
 from policies.loader import PolicyError, parse_policy
 

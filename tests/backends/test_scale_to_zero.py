@@ -9,8 +9,8 @@ from typing import Any, cast
 import pytest
 
 from backends.pool import Pool
+from gateway.control.on_demand import ColdStartTimeout, OnDemandGate
 from gateway.errors import NoReplicaAvailable
-from gateway.on_demand import ColdStartTimeout, OnDemandGate
 from policies.parallelism import OnDemand
 
 

@@ -22,8 +22,8 @@ import pytest
 
 from backends.demo_models import models_root
 from backends.supervisor import EngineSupervisor
-from gateway.app import create_app
-from gateway.runtime import Runtime
+from gateway.api.app import create_app
+from gateway.api.runtime import Runtime
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.chaos.traffic import Kind, Traffic, reconcile

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from gateway.app import create_app
-from gateway.ledger import RedisLedger
-from gateway.runtime import Runtime
+from gateway.api.app import create_app
+from gateway.api.runtime import Runtime
+from gateway.ledger.store import RedisLedger
 from gateway.settings import Settings
 from tests.chaos.traffic import Kind, Traffic, reconcile
 from tests.conftest import policy_yaml

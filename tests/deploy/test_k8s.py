@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.cli import main
-from gateway.k8s_render import render, render_file, to_yaml
-from gateway.k8s_values import ValuesError, load_values
+from gateway.cli.main import main
+from gateway.deploy.k8s_render import render, render_file, to_yaml
+from gateway.deploy.k8s_values import ValuesError, load_values
 from policies.loader import load_policy, parse_policy
 from policies.schema import LocalPool, RemotePool
 

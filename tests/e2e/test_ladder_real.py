@@ -33,7 +33,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.demo import stop_process_group
+from gateway.cli.demo import stop_process_group
 from tests.conftest import delete_prefix
 from tests.servers import free_port, wait_ready
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 import redis
 
-from gateway.demo import stop_process_group
+from gateway.cli.demo import stop_process_group
 from tests.conftest import delete_prefix
 from tests.servers import free_port, wait_ready
 

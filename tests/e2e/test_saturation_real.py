@@ -14,7 +14,7 @@ import os
 import pytest
 
 from backends.supervisor import EngineSupervisor
-from gateway.plan_schema import Slo
+from gateway.planning.schema import Slo
 from loadtest.saturation import run
 from policies.schema import EngineSpec
 from tests.servers import free_port

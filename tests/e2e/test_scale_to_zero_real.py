@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.demo import stop_process_group
+from gateway.cli.demo import stop_process_group
 from loadtest.fake_upstream import FakeUpstream
 from tests.servers import free_port, serve
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.app import create_app
+from gateway.api.app import create_app
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.load_metrics import active_steps

@@ -5,7 +5,7 @@ check, predicted vs measured within 25%, is `python -m loadtest.saturation`.)"""
 
 from __future__ import annotations
 
-from gateway.plan_schema import Slo
+from gateway.planning.schema import Slo
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.saturation import run
 from tests.servers import serve

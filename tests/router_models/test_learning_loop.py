@@ -24,8 +24,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import create_app
-from gateway.auth import hash_key
+from gateway.api.app import create_app
+from gateway.api.auth import hash_key
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact

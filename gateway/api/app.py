@@ -1,0 +1,203 @@
+"""The HTTP surface: `create_app(settings)` is the one composition root.
+
+Handlers parse, call the service, render. Every error leaves as the OpenAI error envelope.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from gateway.api.chat import ChatEndpoint
+from gateway.api.feedback import post_feedback
+from gateway.api.openapi import build_openapi
+from gateway.api.runtime import Runtime, build_runtime
+from gateway.control.metrics import CONTENT_TYPE
+from gateway.control.policy_watch import PolicyWatcher
+from gateway.errors import (
+    AuthenticationError,
+    BadRequest,
+    GatewayError,
+    error_body,
+)
+from gateway.settings import Settings
+from policies.decide import AUTO_MODEL, rule_models
+from policies.loader import PolicyError
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("cascade.gateway")
+
+
+def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status, headers, media_type="application/json")
+
+
+def _error(exc: GatewayError, request_id: str | None = None) -> Response:
+    headers = {"x-request-id": request_id} if request_id else {}
+    return Response(exc.body(), exc.status, {**headers, **exc.headers()}, media_type="application/json")
+
+
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+async def list_models(request: Request) -> Response:
+    loaded = _runtime(request).policies.current
+    names = [AUTO_MODEL, *loaded.policy.pools, *loaded.policy.aliases, *rule_models(loaded.policy)]
+    now = int(time.time())
+    data = [{"id": n, "object": "model", "created": now, "owned_by": "cascade"} for n in names]
+    return _json({"object": "list", "data": data})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_runtime(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def openapi(request: Request) -> Response:
+    return Response(request.app.state.openapi, media_type="application/json")
+
+
+async def healthz(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    runtime = _runtime(request)
+    pools = runtime.pool_set.readiness()  # a sleeping on-demand pool counts as ready
+    redis_ok = await runtime.redis_ok()
+    ready = all(pools.values()) and redis_ok
+    body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools,
+            "engines": runtime.pool_set.status, "redis": redis_ok}
+    return _json(body, 200 if ready else 503)
+
+
+def _require_admin(request: Request) -> None:
+    expected = _runtime(request).settings.admin_key
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
+
+
+async def reload_policy(request: Request) -> Response:
+    try:
+        _require_admin(request)
+        loaded = await _runtime(request).reload_policy()
+    except GatewayError as exc:
+        return _error(exc)
+    except PolicyError as exc:
+        log.error("policy reload rejected; the running policy stays", extra={"problems": exc.problems})
+        body = error_body("policy rejected; the running policy stays", "invalid_policy", None, "invalid_policy")
+        details = orjson.loads(body)
+        details["error"]["problems"] = exc.problems
+        return _json(details, 422)
+    return _json({"policy_version": loaded.version, "source": loaded.source})
+
+
+async def admin_costs(request: Request) -> Response:
+    """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by."""
+    from datetime import UTC, date, datetime, timedelta
+
+    from gateway.costs.html import render_html
+    from gateway.costs.quality import served_with_quality
+    from gateway.costs.report import load_report
+    from gateway.ledger.store import LedgerKeys
+
+    runtime = _runtime(request)
+    try:
+        _require_admin(request)
+        today = datetime.now(UTC).date()  # the ledger's days are UTC days
+        start = date.fromisoformat(request.query_params.get("from", str(today - timedelta(days=6))))
+        end = date.fromisoformat(request.query_params.get("to", str(today)))
+        by = request.query_params.get("by", "tenant")
+        if by not in ("tenant", "pool", "model", "day") or end < start or (end - start).days > 366:
+            raise BadRequest("use by=tenant|pool|model|day and a range from <= to of at most a year", param="by")
+    except ValueError as exc:
+        return _error(BadRequest(f"dates must be YYYY-MM-DD: {exc}", param="from"))
+    except GatewayError as exc:
+        return _error(exc)
+    if runtime.redis is None:
+        return _error(BadRequest("this gateway runs without the Redis ledger; no report to show"))
+    report = await load_report(runtime.redis, LedgerKeys(runtime.settings.redis_prefix), start, end)
+    report = await served_with_quality(report, runtime.policies.current.policy, runtime.settings.redis_url,
+                                       runtime.settings.redis_prefix)
+    return Response(render_html(report, by), media_type="text/html; charset=utf-8")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = {404: "no such endpoint", 405: "method not allowed"}.get(status, "request failed")
+    return Response(error_body(f"{message}: {request.method} {request.url.path}", "invalid_request_error"),
+                    status, media_type="application/json")
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
+    return Response(error_body("internal gateway error; see the gateway log", "internal_error"), 500,
+                    media_type="application/json")
+
+
+class GatewayApp:
+    """The ASGI app: the chat route goes straight to its raw endpoint (the hot path), everything else
+    (and the lifespan) to the Starlette app. `state` is the Starlette app's state (`state.runtime`)."""
+
+    def __init__(self, starlette: Starlette) -> None:
+        self._starlette = starlette
+        self._chat = ChatEndpoint(lambda: starlette.state.runtime)
+
+    @property
+    def state(self) -> Any:
+        return self._starlette.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
+            return await self._chat(scope, receive, send)
+        return await self._starlette(scope, receive, send)
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp:
+    """The ASGI app. Without `runtime`, its lifespan builds one from `settings` (and closes it)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.runtime = current = runtime or await build_runtime(settings)
+        watcher = PolicyWatcher(Path(current.policies.current.source), current.reload_policy,
+                                settings.policy_watch_interval_s)
+        if settings.policy_watch_interval_s > 0:
+            watcher.start()
+        log.info("gateway up", extra={"policy_version": current.policies.current.version})
+        try:
+            yield
+        finally:
+            await watcher.aclose()
+            if runtime is None:
+                await current.aclose()
+
+    routes = [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/admin/policy/reload", reload_policy, methods=["POST"]),
+        Route("/admin/costs", admin_costs, methods=["GET"]),
+        Route("/v1/feedback", post_feedback, methods=["POST"]),
+    ]
+    handlers = {HTTPException: _http_error, Exception: _unexpected}
+    starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    starlette.state.openapi = orjson.dumps(build_openapi())
+    return GatewayApp(starlette)

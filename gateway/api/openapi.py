@@ -1,0 +1,197 @@
+"""The OpenAPI 3.1 description of the gateway's public API, served at `GET /openapi.json`.
+
+The chat request schema is generated from the request model the gateway validates with
+(`gateway.serving.schema.ChatRequest`), so the document and the parser cannot drift apart. Responses are
+described loosely where they pass through from the engine (the completion object) and exactly where
+the gateway owns them (the OpenAI error envelope, `/healthz`, `/readyz`, `/v1/models`).
+Built once per app (pure, no I/O).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.learning.feedback import Feedback
+from gateway.serving.schema import ChatRequest
+
+__all__ = ["ERROR_SCHEMA", "build_openapi"]
+
+_REF = "#/components/schemas/{model}"
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+_COMPLETION: dict[str, Any] = {
+    "type": "object",
+    "description": "The engine's chat.completion object (passed through; `model` names the pool that answered).",
+    "required": ["id", "object", "choices"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": ["object", "null"]},
+    },
+}
+
+# One server-sent event: `data` is a chat.completion.chunk as JSON, or `[DONE]` at the end.
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
+
+_MODELS: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "object", "created", "owned_by"],
+                "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                               "created": {"type": "integer"}, "owned_by": {"type": "string"}},
+            },
+        },
+    },
+}
+
+_READY: dict[str, Any] = {
+    "type": "object",
+    "required": ["ready", "pools", "redis"],
+    "properties": {
+        "ready": {"type": "boolean"},
+        "policy_version": {"type": "string"},
+        "pools": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "engines": {"type": "object", "additionalProperties": {"type": "string"}},
+        "redis": {"type": "boolean"},
+    },
+}
+
+# Every status the chat endpoint can answer with, besides 200, and why.
+_CHAT_ERRORS = {
+    "400": "invalid request (malformed JSON, schema violation, too many messages, context too long)",
+    "401": "missing or invalid API key",
+    "403": "the tenant may not use the requested pool",
+    "404": "unknown model",
+    "413": "request body too large",
+    "429": "rate limit or budget exceeded (see Retry-After)",
+    "502": "the engine failed or rejected the request",
+    "503": "no replica of the pool is available",
+    "504": "the request deadline passed",
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json({"$ref": "#/components/schemas/Error"}, description)
+
+
+def _request_schemas() -> dict[str, Any]:
+    """`ChatRequest` and the models it refers to, as OpenAPI component schemas."""
+    schema = ChatRequest.model_json_schema(ref_template=_REF)
+    components: dict[str, Any] = schema.pop("$defs", {})
+    schema["description"] = "An OpenAI chat-completions request. Fields not listed pass through to the engine."
+    components["ChatCompletionRequest"] = schema
+    return components
+
+
+def _chat_operation() -> dict[str, Any]:
+    ok = {
+        "description": "the completion (JSON), or server-sent events when `stream` is true",
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+            "text/event-stream": {"schema": _SSE_EVENT},
+        },
+    }
+    return {
+        "operationId": "createChatCompletion",
+        "summary": "Route a chat completion to a pool (model `auto`, a pool name, an alias or a rule model)",
+        "security": [{"bearer": []}, {}],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}},
+        },
+        "responses": {"200": ok, **{code: _error(why) for code, why in _CHAT_ERRORS.items()}},
+    }
+
+
+_FEEDBACK_RESULT: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "request_id", "score", "stored"],
+    "properties": {"object": {"const": "feedback"}, "request_id": {"type": "string"},
+                   "score": {"type": "number", "minimum": 0, "maximum": 1}, "stored": {"const": True}},
+}
+
+_FEEDBACK_ERRORS = {
+    "400": "invalid body (see `param`), or a gateway without the Redis ledger",
+    "401": "missing or invalid API key",
+    "404": "no request with this id from the caller's tenant (unknown, expired or another tenant's)",
+    "413": "request body too large",
+}
+
+
+def _feedback_operation() -> dict[str, Any]:
+    return {
+        "operationId": "createFeedback",
+        "summary": "Rate one of your own answers (by its x-request-id): a score in [0, 1] or thumbs up/down",
+        "security": [{"bearer": []}, {}],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/FeedbackRequest"}}},
+        },
+        "responses": {"200": _json({"$ref": "#/components/schemas/FeedbackResult"}, "stored (last feedback wins)"),
+                      **{code: _error(why) for code, why in _FEEDBACK_ERRORS.items()}},
+    }
+
+
+def _get(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[str, Any]:
+    return {"get": {"operationId": operation_id, "summary": summary, "responses": responses}}
+
+
+def build_openapi(version: str = "0") -> dict[str, Any]:
+    """The OpenAPI document (a fresh dict; JSON-serialisable)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "cascade gateway", "version": version,
+                 "description": "OpenAI-compatible gateway that routes each request to a model pool."},
+        "paths": {
+            "/v1/chat/completions": {"post": _chat_operation()},
+            "/v1/feedback": {"post": _feedback_operation()},
+            "/v1/models": _get("listModels", "Models a client may ask for",
+                               {"200": _json({"$ref": "#/components/schemas/ModelList"}, "the models")}),
+            "/healthz": _get("healthz", "Liveness", {"200": _json(
+                {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}, "alive")}),
+            "/readyz": _get("readyz", "Readiness: every pool has a usable replica and Redis answers", {
+                "200": _json({"$ref": "#/components/schemas/Readiness"}, "ready"),
+                "503": _json({"$ref": "#/components/schemas/Readiness"}, "not ready (the body says what)"),
+            }),
+        },
+        "components": {
+            "schemas": {**_request_schemas(), "ChatCompletion": _COMPLETION, "ModelList": _MODELS,
+                        "Readiness": _READY, "Error": ERROR_SCHEMA,
+                        "FeedbackRequest": Feedback.model_json_schema(ref_template=_REF),
+                        "FeedbackResult": _FEEDBACK_RESULT},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "tenant API key (optional when no tenants have keys)"}},
+        },
+    }

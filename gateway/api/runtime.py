@@ -1,0 +1,190 @@
+"""The composition root's parts: everything a running gateway owns, built and closed in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from backends.engine_client import EngineClient, make_engine_client
+from backends.pool import Pool
+from gateway.control.degradation import DegradationMonitor
+from gateway.control.ladder_sync import LadderSync
+from gateway.control.live_threshold import LiveThreshold, start_live_threshold
+from gateway.control.metrics import GatewayMetrics
+from gateway.control.on_demand import OnDemandGate
+from gateway.control.policy_holder import PolicyHolder
+from gateway.control.pool_set import PoolSet
+from gateway.learning.feedback import FeedbackService
+from gateway.learning.loop import LearningTap
+from gateway.learning.shadow import ShadowComparison
+from gateway.learning.store import LearningStore
+from gateway.ledger.store import Ledger, LedgerKeys, MemoryLedger
+from gateway.serving.accounting import Accountant
+from gateway.serving.forwarding import Forwarder
+from gateway.serving.proxy import Proxy
+from gateway.serving.request_log import RequestLog
+from gateway.serving.router import RequestRouter
+from gateway.serving.service import ChatService
+from gateway.settings import Settings
+from gateway.tenancy.admission import Admission
+from gateway.tenancy.budgets import BudgetGuard
+from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
+from policies.loader import LoadedPolicy, load_policy
+from router_models.scorer import LengthScorer, Scorer
+from router_models.serving import ClassifierScorer
+
+__all__ = ["Runtime", "build_runtime"]
+
+log = logging.getLogger("cascade.runtime")
+
+
+@dataclass
+class Runtime:
+    """Owns: the HTTP client, pools, supervisors, scorer, ledger and Redis client. `aclose` frees all."""
+
+    settings: Settings
+    policies: PolicyHolder
+    engines: EngineClient
+    pool_set: PoolSet
+    scorer: Scorer | None
+    ledger: Ledger
+    accountant: Accountant
+    service: ChatService
+    redis: aioredis.Redis | None
+    metrics: GatewayMetrics
+    degradation: DegradationMonitor
+    request_log: RequestLog | None
+    on_demand: OnDemandGate
+    feedback: FeedbackService | None = None  # None without Redis (memory ledger)
+    live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
+    _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def pools(self) -> dict[str, Pool]:
+        return self.pool_set.pools
+
+    async def reload_policy(self) -> LoadedPolicy:
+        """Re-read the policy file; on success start/stop pools to match, then swap it in whole.
+        Raises `PolicyError` (the running policy and pools stay as they were)."""
+        async with self._reload_lock:
+            fresh = load_policy(self.policies.current.source)
+            if fresh.version != self.policies.current.version:
+                await self.pool_set.reconcile(fresh.policy)
+                self.policies.swap(fresh)
+                self.pool_set.retire_unused(fresh.policy)
+                self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not
+            return fresh
+
+    async def redis_ok(self) -> bool:
+        if self.redis is None:
+            return True
+        try:
+            return bool(await asyncio.wait_for(self.redis.ping(), 1.0))
+        except Exception:
+            return False
+
+    async def aclose(self) -> None:
+        if self.live_threshold is not None:
+            await self.live_threshold.aclose()
+        await self.degradation.aclose()
+        await self.on_demand.aclose()
+        await self.accountant.drain()
+        if self.request_log is not None:
+            self.request_log.close()
+        await self.pool_set.aclose()
+        if self.scorer is not None:
+            await self.scorer.aclose()
+        await self.ledger.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
+        await self.engines.aclose()
+
+
+def _make_scorer(settings: Settings) -> Scorer | None:
+    if settings.scorer == "none":
+        return None
+    if settings.scorer == "length":
+        return LengthScorer()
+    from router_models.serving import load_scorer  # loads the embedding model: seconds
+
+    return load_scorer()
+
+
+async def _make_ledger(settings: Settings) -> Ledger:
+    if settings.ledger == "memory":
+        return MemoryLedger()
+    from gateway.ledger.store import RedisLedger
+
+    ledger = RedisLedger(settings.redis_url, settings.outbox_dir, key_prefix=settings.redis_prefix,
+                         retention_days=settings.ledger_retention_days)
+    await ledger.start()
+    return ledger
+
+
+def _learning(redis: aioredis.Redis | None, settings: Settings, forwarder: Forwarder, pool_set: PoolSet,
+              engines: EngineClient, accountant: Accountant,
+              metrics: GatewayMetrics) -> tuple[LearningTap | None, FeedbackService | None]:
+    """Kept prompts, feedback and shadow verdicts live in Redis beside the ledger: none without it."""
+    if redis is None:
+        return None, None
+    store = LearningStore(redis, settings.redis_prefix)
+    shadow = ShadowComparison(forwarder, pool_set.pools, engines, accountant, store, redis, settings.redis_prefix,
+                              metrics)
+    feedback = FeedbackService(store, settings.ledger_retention_days * 86_400, metrics)
+    return LearningTap(store, accountant, metrics, shadow), feedback
+
+
+def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: GatewayMetrics) -> Admission:
+    """Rate limits and budgets live in Redis; without it (memory ledger) they are in-process only."""
+    if redis is None:
+        return Admission(MemoryRateLimiter(), None, metrics)
+    keys = LedgerKeys(settings.redis_prefix)
+    return Admission(RateLimiter(redis, settings.redis_prefix), BudgetGuard(redis, keys), metrics)
+
+
+async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
+    """Build everything; local engines start in the background when `settings.start_engines`
+    (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
+    policies = PolicyHolder(load_policy(settings.policy_path))
+    engines = make_engine_client(settings.transport)
+    try:
+        ledger = await _make_ledger(settings)
+    except BaseException:
+        await engines.aclose()
+        raise
+    pool_set = PoolSet(settings, engines, progress)
+    try:
+        scorer = await asyncio.to_thread(_make_scorer, settings)
+        await pool_set.start(policies.current.policy)
+    except BaseException:
+        await pool_set.aclose()
+        await ledger.aclose()
+        await engines.aclose()
+        raise
+    metrics = GatewayMetrics(lambda: pool_set.pools)
+    if isinstance(scorer, ClassifierScorer):
+        scorer.on_batch = metrics.scoring_batch.observe
+    accountant = Accountant(ledger, metrics)
+    degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
+                                     on_change=metrics.ladder_changed)
+    degradation.use_policy(policies.current)
+    degradation.start()
+    request_log = RequestLog(settings.request_log) if settings.request_log else None
+    forwarder = Forwarder(Proxy(engines), engines, accountant, metrics, degradation, request_log)
+    redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
+    if redis is not None:  # one ladder for every gateway process on this Redis and prefix
+        degradation.share(LadderSync(redis, settings.redis_prefix))
+    admission = _admission(redis, settings, metrics)
+    on_demand = OnDemandGate(pool_set)
+    on_demand.start()
+    live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
+    router = RequestRouter(scorer, metrics, live)
+    learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
+    service = ChatService(policies, pool_set.pools, router, forwarder, degradation, metrics,
+                          admission, keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning)
+    return Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
+                   degradation, request_log, on_demand, feedback, live_threshold=live)

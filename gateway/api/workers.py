@@ -1,0 +1,177 @@
+"""`cascade serve --workers N`: N gateway processes on one host and port, sharing one Redis.
+
+Design:
+- The parent process serves no requests. It checks the policy, starts and supervises the local pools'
+  vLLM engines exactly once (`EngineSupervisor`, on each pool's `base_port + i`, which must be free),
+  then spawns N workers and restarts any that dies (1 s, then doubling up to 30 s).
+- Each worker is a whole gateway (`create_app`) with `start_engines=False`: it sees the parent's engines
+  as external replicas on those same ports, probes them and chooses among them like any replica. Each
+  binds its own listening socket with SO_REUSEPORT, so the kernel spreads connections over the workers.
+- Everything that must be one across workers lives in Redis: the ledger, budgets, rate limits and the
+  degradation ladder (one leader decides for all, `gateway.control.ladder_sync`). Each worker has its own state
+  folder `<home>/workers/<i>` (its ledger outbox, which takes a file lock) and, with `--request-log F`,
+  its own log `F.<i>`.
+- SIGTERM or SIGINT to the parent: every worker drains (uvicorn's graceful shutdown), then the engines stop.
+
+Limits: on-demand (scale-to-zero) local pools need `--workers 1` (the process that owns engines must see
+the requests); a policy reload changes routing, tenants and the ladder in every worker but not the
+parent's engines (restart to change an engine spec).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import signal
+import socket
+import time
+from dataclasses import replace
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from backends.supervisor import EngineSupervisor, choose_ports
+from gateway.settings import Settings
+from policies.loader import load_policy
+from policies.schema import LocalPool
+
+__all__ = ["UVICORN_OPTIONS", "reuse_port_socket", "run_workers", "workers_problem"]
+
+log = logging.getLogger("cascade.workers")
+
+UVICORN_OPTIONS: dict[str, Any] = {
+    "loop": "uvloop", "http": "httptools", "log_level": "warning", "access_log": False,
+    "timeout_graceful_shutdown": 30, "proxy_headers": False, "server_header": False, "date_header": False,
+}
+"""uvicorn settings of every gateway process (one worker or many)."""
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket with SO_REUSEPORT (the kernel balances connections over all such listeners)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _worker_main(settings: Settings, host: str, port: int, log_level: str, json_logs: bool) -> None:
+    """Entry point of one worker process (spawned): one gateway on the shared port."""
+    import uvicorn
+
+    from gateway.api.app import create_app
+    from gateway.logs import configure_logging
+
+    configure_logging(log_level, json=json_logs)
+    sock = reuse_port_socket(host, port)
+    uvicorn.Server(uvicorn.Config(create_app(settings), **UVICORN_OPTIONS)).run(sockets=[sock])
+
+
+def _local_pools(settings: Settings) -> dict[str, LocalPool]:
+    pools = load_policy(settings.policy_path).policy.pools
+    return {name: spec for name, spec in pools.items() if isinstance(spec, LocalPool)}
+
+
+def workers_problem(settings: Settings) -> str | None:
+    """Why these settings cannot run several workers (None when they can)."""
+    if not settings.start_engines:
+        return None
+    for name, spec in _local_pools(settings).items():
+        if spec.on_demand is not None:
+            return f"pool {name!r} is on demand (scale to zero); on-demand pools need --workers 1"
+        wanted = list(range(spec.engine.base_port, spec.engine.base_port + spec.engine.replicas))
+        if choose_ports(spec.engine.base_port, spec.engine.replicas) != wanted:
+            return (f"pool {name!r}: the engine ports {wanted[0]}-{wanted[-1]} are not all free; with --workers "
+                    "the workers find the engines on base_port + i (stop what uses them or change base_port)")
+    return None
+
+
+class WorkerGroup:
+    """Owns the worker processes and the engine supervisors of one `serve --workers N`."""
+
+    def __init__(self, settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool) -> None:
+        self._settings = settings
+        self._args = (host, port, log_level, json_logs)
+        self._count = count
+        self._ctx = multiprocessing.get_context("spawn")
+        self.procs: list[BaseProcess] = []
+        self.supervisors: list[EngineSupervisor] = []
+        self._stopping = asyncio.Event()
+
+    def _worker_settings(self, index: int) -> Settings:
+        log_path = self._settings.request_log
+        return replace(self._settings, start_engines=False, home=self._settings.home / "workers" / str(index),
+                       request_log=None if log_path is None else Path(f"{log_path}.{index}"))
+
+    def _spawn(self, index: int) -> BaseProcess:
+        host, port, log_level, json_logs = self._args
+        proc = self._ctx.Process(target=_worker_main, name=f"cascade-worker-{index}",
+                                 args=(self._worker_settings(index), host, port, log_level, json_logs))
+        proc.start()
+        log.info("worker %d started (pid %s)", index, proc.pid)
+        return proc
+
+    async def _start_engines(self) -> None:
+        for name, spec in _local_pools(self._settings).items():
+            sup = EngineSupervisor(name, spec.engine, home=self._settings.home)  # it logs its own progress
+            self.supervisors.append(sup)
+            try:
+                await sup.start()
+            except Exception as exc:  # the workers keep answering /readyz 503 for this pool
+                log.error("engines of pool %s failed to start: %s", name, exc)
+
+    async def _watch(self) -> None:
+        """Restart dead workers with a growing delay until stopped."""
+        delays = [1.0] * len(self.procs)
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+            for i, proc in enumerate(self.procs):
+                if proc.exitcode is None or self._stopping.is_set():
+                    continue
+                log.error("worker %d (pid %s) exited with code %s; restarting in %.0f s", i, proc.pid,
+                          proc.exitcode, delays[i])
+                await asyncio.sleep(delays[i])
+                delays[i] = min(30.0, delays[i] * 2)
+                self.procs[i] = self._spawn(i)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        engines = asyncio.create_task(self._start_engines()) if self._settings.start_engines else None
+        self.procs = [self._spawn(i) for i in range(self._count)]
+        try:
+            await self._watch()
+        finally:
+            await self._stop(engines)
+        return 0
+
+    async def _stop(self, engines: asyncio.Task[None] | None) -> None:
+        for proc in self.procs:
+            if proc.exitcode is None:
+                proc.terminate()  # SIGTERM: uvicorn drains requests in flight
+        deadline = time.monotonic() + 40
+        for proc in self.procs:
+            await asyncio.to_thread(proc.join, max(0.1, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                proc.kill()
+                await asyncio.to_thread(proc.join, 5)
+        if engines is not None:
+            engines.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await engines
+        await asyncio.gather(*(sup.aclose() for sup in self.supervisors))
+
+
+def run_workers(settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool) -> int:
+    """Run `count` workers (and the local engines) until SIGTERM / SIGINT; returns the exit code."""
+    try:
+        reuse_port_socket(host, port).close()  # fail now, in one line, when the port is taken
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, exc)
+        return 1
+    return asyncio.run(WorkerGroup(settings, host, port, count, log_level, json_logs).run())

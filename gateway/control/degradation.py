@@ -1,0 +1,180 @@
+"""Feed the policy's degradation ladder with live signals and keep its current state.
+
+Signals per pool, refreshed every `interval_s`: `kv_cache_usage` (the highest replica's, as scraped
+from vLLM), `queue_depth` (waiting requests summed over replicas, as scraped), `ttft_p95_s` and
+`error_rate` over the last `window_s` seconds of this gateway's own requests, and `in_flight` (this
+gateway's open requests to the pool, now). The ladder itself
+(hysteresis, hold times, combined effect) is `policies.ladder`; this module only measures and logs.
+With `share(LadderSync)` the state is one for every process on the same Redis: a leader decides on the
+merged signals of all of them and the others adopt its decision (see `gateway.control.ladder_sync`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+import redis.asyncio as aioredis
+
+from backends.background import cancel_requested, stop
+from backends.pool import Pool
+from gateway.control.ladder_sync import MAX_SAMPLES, LadderSync, Report, merge_reports
+from policies.ladder import Ladder, LadderState
+from policies.loader import LoadedPolicy
+
+__all__ = ["DegradationMonitor"]
+
+log = logging.getLogger("cascade.degradation")
+
+_REQUEST_SIGNALS = ("ttft_p95_s", "error_rate")
+"""Signals measured on this gateway's finished requests (the others are scraped from the engines)."""
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+class DegradationMonitor:
+    """Owns the ladder, the rolling windows and one background task (`start` / `aclose`)."""
+
+    def __init__(self, pools: Callable[[], Mapping[str, Pool]], interval_s: float = 1.0, window_s: float = 30.0,
+                 on_change: Callable[[set[str], set[str]], None] | None = None) -> None:
+        """`on_change(engaged, released)` is called with step names whenever the active set changes."""
+        self._pools = pools
+        self._on_change = on_change
+        self._interval = interval_s
+        self._window = window_s
+        self._ladder = Ladder(())
+        self._version: str | None = None
+        self._ttft: dict[str, deque[tuple[float, float]]] = {}
+        self._outcomes: dict[str, deque[tuple[float, bool]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._sync: LadderSync | None = None
+        self.leader = False
+        """True while this process decides the shared ladder (always False without `share`)."""
+
+    def share(self, sync: LadderSync | None) -> None:
+        """Decide the ladder with the other processes on `sync`'s Redis (None: this process alone)."""
+        self._sync = sync
+
+    @property
+    def state(self) -> LadderState:
+        return self._ladder.state
+
+    def use_policy(self, loaded: LoadedPolicy) -> None:
+        """Adopt the ladder of a (re)loaded policy, keeping steps of the same name active."""
+        if loaded.version != self._version:
+            steps = loaded.policy.degradation.steps
+            self._ladder = Ladder(steps, carry_from=self._ladder)
+            self._version = loaded.version
+
+    def observe(self, pool: str, ttft_s: float | None = None, error: bool = False) -> None:
+        """One finished request of `pool` (or one that failed at the engine)."""
+        now = time.monotonic()
+        self._outcomes.setdefault(pool, deque()).append((now, error))
+        if ttft_s is not None:
+            self._ttft.setdefault(pool, deque()).append((now, ttft_s))
+
+    def _trim(self, now: float) -> None:
+        for windows in (self._ttft, self._outcomes):
+            for q in windows.values():
+                while q and now - q[0][0] > self._window:
+                    q.popleft()
+
+    def signals(self, now: float) -> dict[tuple[str, str], float]:
+        self._trim(now)
+        out: dict[tuple[str, str], float] = {}
+        for name, pool in self._pools().items():
+            out[("kv_cache_usage", name)] = max((r.load.kv_cache_usage for r in pool.replicas), default=0.0)
+            out[("queue_depth", name)] = sum(r.load.waiting for r in pool.replicas)
+            out[("ttft_p95_s", name)] = _p95([v for _, v in self._ttft.get(name, ())])
+            outcomes = self._outcomes.get(name, ())
+            out[("error_rate", name)] = sum(e for _, e in outcomes) / len(outcomes) if outcomes else math.nan
+            out[("in_flight", name)] = float(pool.in_flight)
+        return self._idle_is_calm(out)
+
+    def _idle_is_calm(self, signals: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+        """A pool with no request finished in the window and none in flight is idle: its TTFT and error
+        signals read 0, not "no data", so a step engaged on them can release once traffic has gone."""
+        for name, pool in self._pools().items():
+            if pool.in_flight:
+                continue
+            for signal in _REQUEST_SIGNALS:
+                if math.isnan(signals.get((signal, name), math.nan)):
+                    signals[(signal, name)] = 0.0
+        return signals
+
+    def tick(self, now: float | None = None) -> LadderState:
+        now = time.monotonic() if now is None else now
+        before = set(self._ladder.state.names)
+        state = self._ladder.update(self.signals(now), now)
+        self._announce(before, state)
+        return state
+
+    def _report(self) -> Report:
+        ttft = {p: [v for _, v in q][-MAX_SAMPLES:] for p, q in self._ttft.items() if q}
+        outcomes = {p: (sum(e for _, e in q), len(q)) for p, q in self._outcomes.items() if q}
+        in_flight = {name: pool.in_flight for name, pool in self._pools().items()}
+        return Report(ttft, outcomes, in_flight)
+
+    async def shared_tick(self, now: float | None = None) -> LadderState:
+        """One tick of the shared ladder: publish this process's report; the leader decides on everyone's
+        reports and writes the state, a follower adopts it. Raises on Redis errors (the caller falls back)."""
+        assert self._sync is not None
+        sync, now = self._sync, time.monotonic() if now is None else now
+        before = set(self._ladder.state.names)
+        local = self.signals(now)
+        await sync.publish(self._report())
+        lease = await sync.hold_lease()
+        self.leader = lease > 0
+        shared = await sync.read_state() if lease != 1 else None
+        to_mono = {n: now - (time.time() - t) for n, t in (shared or {}).items()}
+        if not self.leader:
+            state = self._ladder.restore(to_mono)
+        else:
+            if shared is not None:  # just took over: continue from the shared entry times
+                self._ladder.restore(to_mono)
+            merged = {k: v for k, v in local.items() if k[0] in ("kv_cache_usage", "queue_depth")}
+            state = self._ladder.update(self._idle_is_calm(merged | merge_reports(await sync.reports())), now)
+            epoch = {n: time.time() - (now - t) for n, t in self._ladder.active_since().items()}
+            self.leader = await sync.write_state(epoch)
+        self._announce(before, state)
+        return state
+
+    def _announce(self, before: set[str], state: LadderState) -> None:
+        for name in set(state.names) - before:
+            log.warning("degradation step engaged", extra={"step": name, "active": list(state.names)})
+        for name in before - set(state.names):
+            log.info("degradation step released", extra={"step": name, "active": list(state.names)})
+        if self._on_change is not None and before != set(state.names):
+            self._on_change(set(state.names) - before, before - set(state.names))
+
+    async def _loop(self) -> None:
+        while not cancel_requested():  # redis-py may turn our cancellation into an error we catch below
+            await asyncio.sleep(self._interval)
+            try:
+                if self._sync is None:
+                    self.tick()
+                    continue
+                try:
+                    await self.shared_tick()
+                except (OSError, aioredis.RedisError) as exc:
+                    log.warning("shared ladder unavailable (%s); deciding locally this tick", exc)
+                    self.tick()
+            except Exception:
+                log.exception("degradation tick failed")
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="degradation")
+
+    async def aclose(self) -> None:
+        await stop(self._task)  # not a bare cancel: redis-py may swallow one mid-command (backends.background)
+        self._task = None

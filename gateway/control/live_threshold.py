@@ -1,0 +1,226 @@
+"""The live routing threshold of a `flagship_share` policy, shared by every worker through Redis.
+
+Contract:
+- Each scored `auto` request is noted (`observe`) in a local buffer: its score and whether it went to the
+  routing's flagship pool. Nothing is written per request.
+- A background task (`start`) calls `refresh` every `interval_s`: it pushes the buffer to the shared window
+  (`ScoreWindow`: a capped Redis list, LPUSH + LTRIM, one pipelined round trip that also reads the window
+  back), then sets the live threshold to the score that sends `flagship_share` of the window to the
+  flagship (`router_models.calibrate.share_threshold`). Until the window holds `min_samples` scores, the
+  policy's `initial` is used.
+- Redis down: the last threshold stays, the buffer is kept (capped at the window), the failure is logged
+  once, and the recovery once.
+- `threshold(policy)` is what `policies.decide.decide` gets: None for a float-threshold policy.
+
+The realised flagship share is the share of the window's requests that went to the flagship pool (after
+rules, tenant thresholds and the ladder), so it shows what routing did, not only what the quantile aimed at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis.asyncio as aioredis
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
+
+from gateway.control.metrics import GatewayMetrics
+from policies.context import AUTO_MODEL, RouteContext
+from policies.decide import RouteDecision
+from policies.schema import Policy
+from policies.threshold import ShareThreshold, base_threshold, share_target
+from router_models.calibrate import share_threshold
+
+__all__ = ["LiveThreshold", "MemoryWindow", "RedisWindow", "ScoreWindow", "ThresholdCollector", "start_live_threshold",
+           "window_key"]
+
+log = logging.getLogger("cascade.threshold")
+
+
+class ScoreWindow(Protocol):
+    """The recent-scores window all workers share."""
+
+    async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
+        """Add `new` entries, keep the latest `keep`, return those kept (newest first)."""
+        ...
+
+
+class MemoryWindow:
+    """A window for one process (memory ledger, tests)."""
+
+    def __init__(self) -> None:
+        self._items: deque[str] = deque()
+
+    async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
+        self._items.extendleft(new)
+        while len(self._items) > keep:
+            self._items.pop()
+        return list(self._items)
+
+
+def window_key(prefix: str) -> str:
+    return f"{prefix}routing:recent-scores"
+
+
+class RedisWindow:
+    """A capped Redis list under `{prefix}routing:recent-scores`. Uses, does not own, the client."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self._client, self._key = client, window_key(prefix)
+
+    async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            if new:
+                pipe.lpush(self._key, *new)
+            pipe.ltrim(self._key, 0, keep - 1)
+            pipe.lrange(self._key, 0, keep - 1)
+            replies = await pipe.execute()
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in replies[-1]]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    """What the last refresh saw: the live threshold (None: not enough scores yet) and the window."""
+
+    threshold: float | None = None
+    samples: int = 0
+    flagship_share: float | None = None
+
+
+def _parse(entries: Iterable[str]) -> tuple[list[float], list[bool]]:
+    scores, flagship = [], []
+    for entry in entries:
+        score, _, went = entry.partition("|")
+        try:
+            value = float(score)
+        except ValueError:
+            continue
+        if 0 <= value <= 1:
+            scores.append(value)
+            flagship.append(went == "1")
+    return scores, flagship
+
+
+class LiveThreshold:
+    """Holds the live threshold of the current policy; `aclose` stops the refresh task."""
+
+    def __init__(self, window: ScoreWindow, policy: Callable[[], Policy], interval_s: float = 1.0) -> None:
+        self._window, self._policy, self._interval = window, policy, interval_s
+        self._buffer: list[str] = []
+        self._state = WindowState()
+        self._down = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> WindowState:
+        return self._state
+
+    def threshold(self, policy: Policy) -> float | None:
+        """The routing threshold to decide with: None for a float policy, else the live value or `initial`."""
+        target = share_target(policy.routing.threshold)
+        if target is None:
+            return None
+        live = self._state.threshold
+        return target.initial if live is None or self._state.samples < target.min_samples else live
+
+    def observe(self, policy: Policy, ctx: RouteContext, decision: RouteDecision) -> None:
+        """Note a decided request (only scored `auto` requests under a share policy count)."""
+        target = share_target(policy.routing.threshold)
+        if target is None or decision.score is None or ctx.requested_model != AUTO_MODEL:
+            return
+        went = "1" if decision.pool == policy.routing.flagship_pool else "0"
+        self._buffer.append(f"{decision.score:.6f}|{went}")
+        if len(self._buffer) > target.window:
+            del self._buffer[: len(self._buffer) - target.window]
+
+    async def refresh(self) -> None:
+        """Push the buffer, read the shared window back and recompute (see the module docstring)."""
+        target = share_target(self._policy().routing.threshold)
+        if target is None:
+            self._buffer.clear()
+            self._state = WindowState()
+            return
+        pending, self._buffer = self._buffer, []
+        try:
+            entries = await self._window.exchange(pending, target.window)
+        except (RedisError, OSError) as exc:
+            self._buffer = (pending + self._buffer)[-target.window:]
+            if not self._down:
+                log.warning("shared score window unavailable; keeping the last routing threshold",
+                            extra={"threshold": self._state.threshold, "error": str(exc)})
+            self._down = True
+            return
+        if self._down:
+            log.info("shared score window reachable again")
+            self._down = False
+        self._state = self._computed(target, entries)
+
+    @staticmethod
+    def _computed(target: ShareThreshold, entries: list[str]) -> WindowState:
+        scores, flagship = _parse(entries)
+        if not scores:
+            return WindowState()
+        share = sum(flagship) / len(flagship)
+        if len(scores) < target.min_samples:
+            return WindowState(None, len(scores), share)
+        value = round(share_threshold(scores, target.flagship_share).threshold, 6)
+        return WindowState(value, len(scores), share)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="live-threshold")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.refresh()
+            except Exception:  # a bug here must not stop routing: keep the last threshold
+                log.exception("routing threshold refresh failed")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+class ThresholdCollector(Collector):
+    """/metrics gauges: the routing threshold in use, and for a share policy its target and realised share."""
+
+    def __init__(self, live: LiveThreshold, policy: Callable[[], Policy]) -> None:
+        self._live, self._policy = live, policy
+
+    def collect(self) -> Iterable[Metric]:
+        policy = self._policy()
+        in_use = self._live.threshold(policy)
+        yield GaugeMetricFamily("cascade_routing_threshold", "routing threshold in use (live for a flagship_share "
+                                "policy)", value=base_threshold(policy.routing.threshold) if in_use is None else in_use)
+        target = share_target(policy.routing.threshold)
+        if target is None:
+            return
+        state = self._live.state
+        yield GaugeMetricFamily("cascade_routing_flagship_share_target", "flagship share the policy targets",
+                                value=target.flagship_share)
+        yield GaugeMetricFamily("cascade_routing_window_scores", "scores in the shared window", value=state.samples)
+        if state.flagship_share is not None:
+            yield GaugeMetricFamily("cascade_routing_flagship_share", "share of the window's scored auto requests "
+                                    "that went to the flagship pool", value=state.flagship_share)
+
+
+def start_live_threshold(client: aioredis.Redis | None, prefix: str, policy: Callable[[], Policy],
+                         metrics: GatewayMetrics) -> LiveThreshold:
+    """A started `LiveThreshold` on the Redis window (a process-local one without Redis), its gauges
+    registered in `metrics`. The caller owns it (`aclose`)."""
+    window: ScoreWindow = MemoryWindow() if client is None else RedisWindow(client, prefix)
+    live = LiveThreshold(window, policy)
+    metrics.registry.register(ThresholdCollector(live, policy))
+    live.start()
+    return live

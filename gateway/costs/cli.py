@@ -1,0 +1,189 @@
+"""`cascade costs report` and `cascade costs verify`: finance reports and reconciliation from the CLI.
+
+`register(subparsers)` adds the `costs` command to the `cascade` parser; each leaf sets
+`func(args) -> int` (the exit code). Exit codes: 0 fine, 1 `verify` found differences, 2 usage error or
+Redis unreachable (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.cli.output import write_output
+from gateway.costs.html import render_html
+from gateway.costs.report import (
+    GROUPINGS,
+    CostReport,
+    Reconciliation,
+    load_report,
+    render_csv,
+    render_json,
+    render_table,
+    verify,
+)
+from gateway.ledger.store import LedgerKeys
+
+__all__ = ["register", "render"]
+
+T = TypeVar("T")
+_MAX_DAYS = 3660
+_RENDERERS: dict[str, Callable[[CostReport, str], str]] = {
+    "table": render_table,
+    "csv": render_csv,
+    "json": render_json,
+    "html": render_html,
+}
+
+
+def render(report: CostReport, by: str, fmt: str) -> str:
+    """`report` grouped by `by` in format `fmt` (table, csv, json or html)."""
+    return _RENDERERS[fmt](report, by)
+
+
+def register(subparsers: Any) -> None:
+    """Add `costs report` and `costs verify` to a `cascade` subparsers object."""
+    costs = subparsers.add_parser("costs", help="cost reports and ledger reconciliation")
+    leaves = costs.add_subparsers(dest="costs_command", required=True)
+    report = leaves.add_parser("report", help="tokens, cost and savings for a UTC date range")
+    _common(report)
+    report.add_argument("--by", choices=GROUPINGS, default="tenant")
+    report.add_argument("--format", choices=sorted(_RENDERERS), default="table")
+    report.add_argument("--out", type=Path, help="write here instead of stdout")
+    report.add_argument("--policy", type=Path, help="policy naming the micro and flagship pools, for the quality "
+                        "kept (default: the demo policy)")
+    report.add_argument("--artifact", type=Path, help="router artifact .json whose evaluation curve estimates the "
+                        "quality kept (default: the shipped one)")
+    report.set_defaults(func=_run_report)
+    check = leaves.add_parser("verify", help="recompute rollups from the per-request records and compare")
+    _common(check)
+    check.set_defaults(func=_run_verify)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    today = datetime.now(UTC).date()
+    parser.add_argument(
+        "--from",
+        dest="start",
+        type=_day,
+        default=today - timedelta(days=6),
+        help="first UTC day, YYYY-MM-DD (default: 6 days ago)",
+    )
+    parser.add_argument("--to", dest="end", type=_day, default=today, help="last UTC day (default: today)")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="default: $CASCADE_REDIS_URL or redis://127.0.0.1:6379/0",
+    )
+    parser.add_argument("--prefix", default="cascade:", help="ledger key prefix (default: cascade:)")
+
+
+def _day(text: str) -> date:
+    try:
+        return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC).date()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from exc
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    if (code := _check_range(args)) is not None:
+        return code
+    keys = LedgerKeys(args.prefix)
+    report = _with_redis(args.redis_url, lambda client: load_report(client, keys, args.start, args.end))
+    if report is None:
+        return 2
+    text = render(_with_quality(report, args), args.by, args.format)
+    write_output(text, args.out)
+    return 0
+
+
+def _with_quality(report: CostReport, args: argparse.Namespace) -> CostReport:
+    """`report` with the quality routing kept (`gateway.costs.quality`); never fails the report."""
+    from gateway.cli.main import default_policy_path
+    from gateway.costs.quality import read_label_estimate, with_quality
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        policy = load_policy(args.policy or default_policy_path()).policy
+    except PolicyError as exc:
+        return with_quality(report, None, policy_problem=str(exc).splitlines()[-1].strip())
+    labels = read_label_estimate(args.redis_url, args.prefix, policy.routing.micro_pool)
+    return with_quality(report, policy, args.artifact, labels)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    if (code := _check_range(args)) is not None:
+        return code
+    keys = LedgerKeys(args.prefix)
+    result = _with_redis(args.redis_url, lambda client: verify(client, keys, args.start, args.end))
+    if result is None:
+        return 2
+    sys.stdout.write(_verify_text(result, args.start, args.end))
+    return 0 if result.ok else 1
+
+
+def _verify_text(result: Reconciliation, start: date, end: date) -> str:
+    lines = [
+        f"verify {start.isoformat()} .. {end.isoformat()}: {result.records} records, "
+        f"{result.rollups_checked} rollups, {len(result.differences)} differences"
+    ]
+    if result.trimmed_through is not None:
+        lines.append(
+            f"warning: stream trimmed by retention, the oldest record kept is id {result.trimmed_through}; "
+            "rollups of earlier records cannot be recomputed"
+        )
+    lines += [
+        f"DIFF {d.key} {d.field}: rollup={d.rollup} records={d.recomputed} ({d.rollup - d.recomputed:+d})"
+        for d in result.differences
+    ]
+    lines += [f"DUPLICATE request id in stream: {rid}" for rid in result.duplicate_request_ids]
+    lines += [f"MALFORMED stream entry: {eid}" for eid in result.malformed_entries]
+    lines.append("OK" if result.ok else "MISMATCH")
+    return "\n".join(lines) + "\n"
+
+
+def _check_range(args: argparse.Namespace) -> int | None:
+    if args.start > args.end:
+        print("cascade costs: --from is after --to", file=sys.stderr)
+        return 2
+    if (args.end - args.start).days >= _MAX_DAYS:
+        print(f"cascade costs: range longer than {_MAX_DAYS} days", file=sys.stderr)
+        return 2
+    return None
+
+
+def _with_redis(url: str, work: Callable[[aioredis.Redis], Awaitable[T]]) -> T | None:
+    """Run `work` with a client it does not own (closed here); None after a one-line error on stderr."""
+
+    async def run() -> T:
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=30.0)
+        try:
+            return await work(client)
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(run())
+    except (RedisError, OSError) as exc:
+        print(f"cascade costs: Redis at {_safe_url(url)} unreachable or failing: {exc}", file=sys.stderr)
+        return None
+    except ValueError as exc:  # e.g. a malformed URL or an unexpected reply
+        print(f"cascade costs: {exc}", file=sys.stderr)
+        return None
+
+
+def _safe_url(url: str) -> str:
+    """The URL without a password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest

@@ -1,0 +1,142 @@
+"""The quality routing is estimated to keep, shown beside the savings in every cost report format.
+
+Two sources, each optional:
+
+- the router's evaluation curve (`router_models.quality_curve`, in the artifact's metadata): PGR, the
+  share of the micro->flagship quality gap recovered, interpolated at the realised flagship share;
+- labels the gateway collected (feedback, shadow judge, cascade escalations; read with
+  `router_models.ledger_labels.read_ledger_labels`): the share of micro-routed labelled requests that did
+  not need the flagship (`label_estimate`; other label-based estimates plug in the same way).
+
+The realised flagship share is flagship-pool requests over micro- plus flagship-pool requests in the
+report's rollups. The rollups do not keep the routing rule, so requests pinned to a pool by model name and
+cascade probes count as routed: an approximation, stated in the output. Labels are not filtered by date.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gateway.costs.report import CostReport
+from policies.schema import Policy
+from router_models.quality_curve import QualityCurve, artifact_quality_curve
+
+__all__ = ["LabelEstimate", "QualityEstimate", "estimate_quality", "label_estimate", "read_label_estimate",
+           "served_with_quality", "with_quality"]
+
+log = logging.getLogger("cascade.costs")
+NO_CURVE = "artifact has no evaluation curve"
+APPROXIMATION = "pinned-model requests and cascade probes count as routed (rollups keep no rule)"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelEstimate:
+    """Quality measured on labelled requests: `kept` of `labelled` micro-routed ones did not need the flagship."""
+
+    kept: float
+    labelled: int
+    basis: str = "feedback, shadow and escalation labels, all time"
+
+
+@dataclass(frozen=True, slots=True)
+class QualityEstimate:
+    """Quality kept by routing. `curve_kept` is None when `unavailable` says why; `flagship_share` is None
+    when the report has no request on the micro or flagship pool."""
+
+    flagship_share: float | None
+    routed_requests: int
+    curve_kept: float | None
+    basis: str | None
+    unavailable: str | None
+    labels: LabelEstimate | None = None
+
+    def lines(self) -> list[str]:
+        """The quality figures as report lines (table, HTML)."""
+        share = "-" if self.flagship_share is None else f"{self.flagship_share:.0%}"
+        if self.curve_kept is not None:
+            out = [f"quality kept: ~{self.curve_kept:.2f} of the micro->flagship gap ({self.basis}, realised "
+                   f"flagship share {share}; {APPROXIMATION})"]
+        else:
+            out = [f"quality estimate unavailable ({self.unavailable})"]
+        if self.labels is not None:
+            out.append(f"labelled quality: {self.labels.kept:.2f} of {self.labels.labelled} micro-routed labelled "
+                       f"requests did not need the flagship ({self.labels.basis})")
+        return out
+
+    def fields(self) -> dict[str, Any]:
+        """Machine-readable figures (JSON, CSV)."""
+        labels = self.labels
+        return {
+            "realised_flagship_share": self.flagship_share,
+            "routed_requests": self.routed_requests,
+            "quality_kept_pgr": self.curve_kept,
+            "quality_basis": self.basis,
+            "quality_unavailable": self.unavailable,
+            "labelled_kept": None if labels is None else labels.kept,
+            "labelled_requests": None if labels is None else labels.labelled,
+        }
+
+
+def estimate_quality(pool_requests: Mapping[str, int], micro_pool: str, flagship_pool: str,
+                     curve: QualityCurve | None, unavailable: str | None = None,
+                     labels: LabelEstimate | None = None) -> QualityEstimate:
+    """The estimate for requests per pool. Without `curve`, `unavailable` says why (default: no curve)."""
+    micro, flagship = pool_requests.get(micro_pool, 0), pool_requests.get(flagship_pool, 0)
+    routed = micro + flagship
+    share = flagship / routed if routed else None
+    if curve is None or share is None:
+        reason = unavailable or (NO_CURVE if curve is None else "no request on the micro or flagship pool")
+        return QualityEstimate(share, routed, None, None, reason, labels)
+    return QualityEstimate(share, routed, curve.pgr_at(share), f"router eval curve: {curve.basis}", None, labels)
+
+
+def label_estimate(rows: Iterable[Mapping[str, Any]], micro_pool: str) -> LabelEstimate | None:
+    """From label rows (`read_ledger_labels` format): the share of micro-routed ones whose `needs_flagship`
+    is below 0.5. None without any micro-routed label."""
+    micro = [float(r["needs_flagship"]) for r in rows if r.get("pool") == micro_pool and "needs_flagship" in r]
+    if not micro:
+        return None
+    return LabelEstimate(sum(v < 0.5 for v in micro) / len(micro), len(micro))
+
+
+def read_label_estimate(redis_url: str, prefix: str, micro_pool: str) -> LabelEstimate | None:
+    """`label_estimate` of the labels in Redis; None when there are none or they cannot be read (logged).
+    Blocking: call it from a worker thread on the event loop."""
+    try:
+        from router_models.ledger_labels import read_ledger_labels
+
+        rows = read_ledger_labels(redis_url, key_prefix=prefix)
+    except Exception as exc:  # labels are an addition to the report: never fail it
+        log.warning("learning labels unreadable; report shows the curve estimate only", extra={"error": str(exc)})
+        return None
+    return label_estimate(rows, micro_pool)
+
+
+def with_quality(report: CostReport, policy: Policy | None, artifact: Path | None = None,
+                 labels: LabelEstimate | None = None, policy_problem: str | None = None) -> CostReport:
+    """`report` with its quality estimate; the pools come from `policy` (None: `policy_problem` says why)."""
+    if policy is None:
+        why = f"no policy to tell the micro and flagship pools: {policy_problem}"
+        return replace(report, quality=QualityEstimate(None, 0, None, None, why, labels))
+    reason: str | None = None
+    try:
+        curve = artifact_quality_curve(artifact)
+    except (OSError, ValueError) as exc:
+        curve, reason = None, f"cannot read the artifact's evaluation curve: {exc}"
+    routing = policy.routing
+    estimate = estimate_quality(report.total().pool_requests, routing.micro_pool, routing.flagship_pool, curve,
+                                reason, labels)
+    return replace(report, quality=estimate)
+
+
+async def served_with_quality(report: CostReport, policy: Policy, redis_url: str, prefix: str) -> CostReport:
+    """`with_quality` for the running gateway (`GET /admin/costs`): the shipped artifact's curve and the
+    labels in its Redis, read in a worker thread."""
+    import asyncio
+
+    labels = await asyncio.to_thread(read_label_estimate, redis_url, prefix, policy.routing.micro_pool)
+    return await asyncio.to_thread(with_quality, report, policy, None, labels)

@@ -1,0 +1,403 @@
+"""Finance reports read from the ledger's rollups, and reconciliation of the rollups with the stream.
+
+`load_report` reads the day rollups of a UTC date range through the per-day index (no SCAN);
+`CostReport.rows(by)` groups them by tenant, pool, model or day. Every figure is an integer (micro-USD,
+tokens, requests) until it is formatted: USD with 6 decimals, percentages with one. `verify` recomputes
+the day and hour rollups from the per-request stream and lists every difference.
+
+The caller owns (and closes) the Redis client passed in; nothing here opens a connection.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from gateway.ledger.store import ROLLUP_FIELDS, InvalidCostRecord, LedgerKeys, record_from_fields, rollup_slot
+
+if TYPE_CHECKING:
+    from gateway.costs.quality import QualityEstimate
+
+__all__ = [
+    "GROUPINGS",
+    "TABLE_COLUMNS",
+    "Cell",
+    "CostReport",
+    "Counters",
+    "Difference",
+    "Reconciliation",
+    "ReportRow",
+    "days_between",
+    "display",
+    "load_report",
+    "pct",
+    "render_csv",
+    "render_json",
+    "render_table",
+    "row_fields",
+    "usd",
+    "verify",
+]
+
+GROUPINGS = ("tenant", "pool", "model", "day")
+
+
+def usd(micro: int) -> str:
+    """Integer micro-USD as a USD decimal string with 6 decimals ("-1.000001"); no float involved."""
+    sign = "-" if micro < 0 else ""
+    whole, frac = divmod(abs(micro), 1_000_000)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def pct(part: int, whole: int) -> str:
+    """`part / whole` as a percentage with one decimal, rounded half away from zero; "-" if whole is 0."""
+    if whole == 0:
+        return "-"
+    tenths = (abs(part) * 2000 + whole) // (2 * whole)
+    sign = "-" if part < 0 and tenths else ""
+    return f"{sign}{tenths // 10}.{tenths % 10}%"
+
+
+def display(value: object) -> str:
+    """A report cell for people (table, HTML): "-" for None, integers with thousands separators."""
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """The counters of one rollup (or a sum of rollups). Money in micro-USD."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_micro_usd: int = 0
+    flagship_cost_micro_usd: int = 0
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[Any, Any]) -> Counters:
+        """From an HGETALL reply (bytes or str keys); missing fields are 0."""
+        text = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+        return cls(**{name: text.get(name, 0) for name in ROLLUP_FIELDS})
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(*(getattr(self, n) + getattr(other, n) for n in ROLLUP_FIELDS))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def savings_micro_usd(self) -> int:
+        """Counterfactual "everything on the flagship" minus actual cost (negative if routing cost more)."""
+        return self.flagship_cost_micro_usd - self.cost_micro_usd
+
+    @property
+    def cost_per_1k_tokens_micro_usd(self) -> int | None:
+        """Cost per 1000 tokens in micro-USD, rounded half up; None without tokens."""
+        if self.total_tokens == 0:
+            return None
+        return (self.cost_micro_usd * 2000 + self.total_tokens) // (2 * self.total_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One day rollup: tenant x pool x model x UTC day (`YYYY-MM-DD`)."""
+
+    day: str
+    tenant: str
+    pool: str
+    model: str
+    counters: Counters
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRow:
+    """One group of a report; `pool_requests` counts its requests per pool (the routing share)."""
+
+    key: str
+    counters: Counters
+    pool_requests: Mapping[str, int] = field(default_factory=dict)
+
+
+def days_between(start: date, end: date) -> list[str]:
+    """Every UTC day from `start` to `end` inclusive, as `YYYY-MM-DD`."""
+    return [(start + timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class CostReport:
+    """The day rollups of `start..end` (inclusive, UTC), and the quality routing kept (`gateway.costs.quality`,
+    shown beside the savings when set)."""
+
+    start: date
+    end: date
+    cells: tuple[Cell, ...]
+    quality: QualityEstimate | None = None
+
+    @property
+    def pools(self) -> list[str]:
+        return sorted({c.pool for c in self.cells})
+
+    @property
+    def days(self) -> list[str]:
+        return days_between(self.start, self.end)
+
+    def rows(self, by: str) -> list[ReportRow]:
+        """Groups by `by` (one of GROUPINGS): days in order, others by cost, highest first."""
+        if by not in GROUPINGS:
+            raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
+        groups: dict[str, list[Cell]] = defaultdict(list)
+        for cell in self.cells:
+            groups[getattr(cell, by)].append(cell)
+        rows = [_row(key, cells) for key, cells in groups.items()]
+        if by == "day":
+            return sorted(rows, key=lambda r: r.key)
+        return sorted(rows, key=lambda r: (-r.counters.cost_micro_usd, r.key))
+
+    def total(self) -> ReportRow:
+        return _row("TOTAL", self.cells)
+
+    def cost_by_day_and_pool(self) -> dict[str, dict[str, int]]:
+        """micro-USD spent per day (every day of the range) and pool."""
+        out: dict[str, dict[str, int]] = {d: dict.fromkeys(self.pools, 0) for d in self.days}
+        for cell in self.cells:
+            out[cell.day][cell.pool] += cell.counters.cost_micro_usd
+        return out
+
+
+def _row(key: str, cells: Iterable[Cell]) -> ReportRow:
+    total = Counters()
+    per_pool: dict[str, int] = defaultdict(int)
+    for cell in cells:
+        total += cell.counters
+        per_pool[cell.pool] += cell.counters.requests
+    return ReportRow(key, total, dict(per_pool))
+
+
+async def load_report(client: Redis, keys: LedgerKeys, start: date, end: date) -> CostReport:
+    """Read the day rollups of `start..end` through the per-day index: 2 round trips per day."""
+    cells: list[Cell] = []
+    for day in days_between(start, end):
+        members = sorted(_text(m) for m in await client.smembers(keys.day_index(day)))
+        async with client.pipeline(transaction=False) as pipe:
+            for member in members:
+                pipe.hgetall(keys.day(day, member))
+            hashes = await pipe.execute()
+        for member, raw in zip(members, hashes, strict=True):
+            tenant, pool, model = member.split(":")
+            cells.append(Cell(day, tenant, pool, model, Counters.from_hash(raw)))
+    return CostReport(start, end, tuple(cells))
+
+
+def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
+    """Machine-readable row: integers for money (micro-USD) plus USD strings; shares per pool."""
+    c = row.counters
+    per_1k = c.cost_per_1k_tokens_micro_usd
+    out: dict[str, Any] = {
+        "key": row.key,
+        **{f.name: getattr(c, f.name) for f in fields(c)},
+        "total_tokens": c.total_tokens,
+        "cost_usd": usd(c.cost_micro_usd),
+        "cost_per_1k_tokens_usd": None if per_1k is None else usd(per_1k),
+        "flagship_cost_usd": usd(c.flagship_cost_micro_usd),
+        "savings_micro_usd": c.savings_micro_usd,
+        "savings_usd": usd(c.savings_micro_usd),
+        "savings_pct": pct(c.savings_micro_usd, c.flagship_cost_micro_usd),
+    }
+    for pool in pools:
+        out[f"share_{pool}"] = pct(row.pool_requests.get(pool, 0), c.requests)
+    return out
+
+
+def render_json(report: CostReport, by: str) -> str:
+    """JSON document: range, grouping, pools, rows and the total row (see `row_fields`)."""
+    pools = report.pools
+    doc = {
+        "from": report.start.isoformat(),
+        "to": report.end.isoformat(),
+        "by": by,
+        "currency": "USD",
+        "pools": pools,
+        "rows": [row_fields(r, pools) for r in report.rows(by)],
+        "total": row_fields(report.total(), pools),
+        "quality": None if report.quality is None else report.quality.fields(),
+    }
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def render_csv(report: CostReport, by: str) -> str:
+    """CSV with a header row, one row per group and a final TOTAL row."""
+    pools = report.pools
+    rows = [row_fields(r, pools) for r in [*report.rows(by), report.total()]]
+    rows[-1].update(report.quality.fields() if report.quality is not None else {})  # on the TOTAL row only
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[-1]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue().replace("key", by, 1)
+
+
+TABLE_COLUMNS = (
+    ("requests", "requests"),
+    ("prompt_tokens", "prompt tok"),
+    ("completion_tokens", "compl tok"),
+    ("total_tokens", "total tok"),
+    ("cost_usd", "cost USD"),
+    ("cost_per_1k_tokens_usd", "USD/1k tok"),
+    ("flagship_cost_usd", "flagship USD"),
+    ("savings_usd", "savings USD"),
+    ("savings_pct", "savings"),
+)
+
+
+def render_table(report: CostReport, by: str) -> str:
+    """Aligned plain text: one line per group, a rule, the TOTAL line; numbers right-aligned."""
+    pools = report.pools
+    columns = [("key", by), *TABLE_COLUMNS, *((f"share_{p}", f"% {p}") for p in pools)]
+    body = [row_fields(r, pools) for r in report.rows(by)]
+    total = row_fields(report.total(), pools)
+    cells = [[display(r[k]) for k, _ in columns] for r in [*body, total]]
+    widths = [max(len(title), *(len(row[i]) for row in cells)) for i, (_, title) in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        first = values[0].ljust(widths[0])
+        return "  ".join([first, *(v.rjust(w) for v, w in zip(values[1:], widths[1:], strict=True))])
+
+    header = f"Costs {report.start.isoformat()} .. {report.end.isoformat()} (UTC) by {by}"
+    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
+    lines = [header, "", line([t for _, t in columns]), rule, *(line(c) for c in cells[:-1]), rule]
+    quality = [] if report.quality is None else ["", *report.quality.lines()]
+    return "\n".join([*lines, line(cells[-1]), *quality]) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """A rollup field that does not match the sum of the stream records (missing hash = zeros)."""
+
+    key: str
+    field: str
+    rollup: int
+    recomputed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """Outcome of `verify`. `trimmed_through` is the oldest stream id kept after retention removed older
+    entries, when it is later than the range's start (rollups of those days cannot be fully recomputed
+    and will show differences)."""
+
+    records: int
+    rollups_checked: int
+    differences: tuple[Difference, ...]
+    duplicate_request_ids: tuple[str, ...]
+    malformed_entries: tuple[str, ...]
+    trimmed_through: str | None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.differences or self.duplicate_request_ids or self.malformed_entries)
+
+
+async def verify(client: Redis, keys: LedgerKeys, start: date, end: date) -> Reconciliation:
+    """Recompute the day and hour rollups of `start..end` from the stream and compare them."""
+    scan = await _recompute(client, keys, start, end)
+    stored = await _read_rollups(client, keys, days_between(start, end))
+    differences = [
+        Difference(key, name, getattr(stored.get(key, Counters()), name), getattr(want, name))
+        for key, want in sorted({**dict.fromkeys(stored, Counters()), **scan.expected}.items())
+        for name in ROLLUP_FIELDS
+        if getattr(stored.get(key, Counters()), name) != getattr(want, name)
+    ]
+    return Reconciliation(
+        records=scan.records,
+        rollups_checked=len(set(stored) | set(scan.expected)),
+        differences=tuple(differences),
+        duplicate_request_ids=tuple(sorted(scan.duplicates)),
+        malformed_entries=tuple(scan.malformed),
+        trimmed_through=await _trimmed_through(client, keys, start),
+    )
+
+
+@dataclass(slots=True)
+class _Scan:
+    expected: dict[str, Counters] = field(default_factory=dict)
+    records: int = 0
+    seen: set[str] = field(default_factory=set)
+    duplicates: set[str] = field(default_factory=set)
+    malformed: list[str] = field(default_factory=list)
+
+
+async def _recompute(client: Redis, keys: LedgerKeys, start: date, end: date) -> _Scan:
+    """Sum the stream records whose `started_at` falls in the range. Records are added at or after their
+    start (late ones from the outbox), so the scan starts one day early (clock skew) and runs to the end."""
+    scan, first, days = _Scan(), days_between(start, end)[0], set(days_between(start, end))
+    cursor = str(int(datetime.fromisoformat(first).replace(tzinfo=UTC).timestamp() * 1000) - 86_400_000)
+    while entries := await client.xrange(keys.stream, min=cursor, max="+", count=1000):
+        for entry_id, raw in entries:
+            _add_entry(scan, keys, days, _text(entry_id), raw or {})
+        cursor = "(" + _text(entries[-1][0])
+    return scan
+
+
+def _add_entry(scan: _Scan, keys: LedgerKeys, days: set[str], entry_id: str, raw: Mapping[Any, Any]) -> None:
+    try:
+        rec = record_from_fields({_text(k): _text(v) for k, v in raw.items()})
+    except (InvalidCostRecord, UnicodeDecodeError):
+        scan.malformed.append(entry_id)
+        return
+    day, member, hour_member = rollup_slot(rec)
+    if day not in days:
+        return
+    (scan.duplicates if rec.request_id in scan.seen else scan.seen).add(rec.request_id)
+    scan.records += 1
+    one = Counters(1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd)
+    for key in (keys.day(day, member), keys.hour(day, hour_member)):
+        scan.expected[key] = scan.expected.get(key, Counters()) + one
+
+
+async def _read_rollups(client: Redis, keys: LedgerKeys, days: list[str]) -> dict[str, Counters]:
+    names: list[str] = []
+    for day in days:
+        names += [keys.day(day, _text(m)) for m in await client.smembers(keys.day_index(day))]
+        names += [keys.hour(day, _text(m)) for m in await client.smembers(keys.hour_index(day))]
+    async with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hgetall(name)
+        hashes = await pipe.execute()
+    return {name: Counters.from_hash(raw) for name, raw in zip(names, hashes, strict=True)}
+
+
+async def _trimmed_through(client: Redis, keys: LedgerKeys, start: date) -> str | None:
+    """The oldest stream id kept, when older entries were removed and it is later than the range's start
+    (records of the range added before it are gone). Redis trims by MINID without updating
+    `max-deleted-entry-id` (only XDEL does), so removal is told by `entries-added` > `length`."""
+    try:
+        info = await client.xinfo_stream(keys.stream)
+    except ResponseError:  # no stream yet
+        return None
+    if int(info.get("entries-added") or 0) <= int(info.get("length") or 0):
+        return None  # nothing removed (or Redis < 7: no `entries-added`)
+    first = info.get("first-entry")
+    oldest = _text(first[0] if first else info.get("last-generated-id"))
+    start_ms = int(datetime.combine(start, datetime.min.time(), UTC).timestamp() * 1000)
+    return oldest if int(oldest.split("-")[0]) > start_ms else None
+
+
+def _text(value: bytes | str | None) -> str:
+    """A Redis reply item as str (the client may or may not decode responses)."""
+    if value is None:
+        raise ValueError("unexpected nil in a Redis reply")
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,1 @@
+"""Kubernetes rendering: values and manifests, the CLI."""

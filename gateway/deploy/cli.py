@@ -1,0 +1,41 @@
+"""`cascade deploy render --values deploy/k8s/values.yaml [--out FILE]`: the Kubernetes manifests.
+
+Exit codes: 0 rendered, 1 a bad values file or policy (every problem on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gateway.cli.output import write_output
+
+__all__ = ["register"]
+
+
+def _render(args: argparse.Namespace) -> int:
+    from gateway.deploy.k8s_render import render_file, to_yaml
+    from gateway.deploy.k8s_values import ValuesError
+
+    try:
+        text = to_yaml(render_file(Path(args.values)))
+    except ValuesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    write_output(text, args.out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("deploy", help="Kubernetes manifests from one values file",
+                       description="Deployment artefacts. See deploy/k8s/README.md.")
+    leaves = p.add_subparsers(dest="deploy_cmd", required=True, metavar="ACTION")
+    render = leaves.add_parser(
+        "render", help="print the manifests (kubectl apply -f -)",
+        description="Render the gateway Deployment, Service, HPA and PDB, the policy ConfigMap, Redis, and one "
+        "vLLM StatefulSet per local pool of the policy the values file names. Nothing is applied.",
+    )
+    render.add_argument("--values", default="deploy/k8s/values.yaml", help="values YAML (default: %(default)s)")
+    render.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    render.set_defaults(func=_render)

@@ -1,0 +1,287 @@
+"""Render the Kubernetes manifests of a deployment from one values file (`gateway.deploy.k8s_values`) and the
+policy it names. Pure: builds plain dicts, touches no cluster.
+
+What comes out (names prefixed with `values.name`):
+
+- a ConfigMap with the gateway's policy: the named policy with each `local` pool turned into a `remote` pool
+  whose URLs are that pool's engine pods (one StatefulSet per pool behind a headless Service, so the gateway
+  still sees every replica and keeps its load-aware choice);
+- per local pool, a vLLM StatefulSet (the engine arguments of `backends.supervisor.engine_command`, GPUs
+  = tensor x pipeline parallel size, startup/readiness/liveness probes on `/health`, a model-cache PVC);
+- Redis as a StatefulSet with an append-only file on a PVC, and its Service;
+- the gateway Deployment (readiness `/readyz`, liveness `/healthz`, keys from a Secret ops create), its
+  Service, a PodDisruptionBudget and an autoscaling/v2 HPA on in-flight requests per pod.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from backends.supervisor import engine_command, engine_env
+from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_values
+from policies.loader import PolicyError, load_policy, parse_policy
+from policies.schema import LocalPool, Policy
+
+__all__ = ["Manifest", "cluster_policy", "engine_name", "gpus_per_pod", "render", "render_file", "to_yaml"]
+
+Manifest = dict[str, Any]
+POLICY_DIR = "/etc/cascade"
+STATE_DIR = "/var/lib/cascade"
+_DEMO = "demo:"
+_OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _dns(text: str) -> str:
+    """A DNS-1123 label from a pool name (lower case, '-' for anything else)."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+def engine_name(values: Values, pool: str) -> str:
+    """Name of a pool's StatefulSet and of its headless Service."""
+    return f"{values.name}-engine-{_dns(pool)}"
+
+
+def _labels(values: Values, component: str, **extra: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": values.name, "app.kubernetes.io/component": component, **extra}
+
+
+def _meta(values: Values, name: str, labels: dict[str, str], **more: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": values.namespace, "labels": labels, **more}
+
+
+def _resources(res: Resources) -> dict[str, Any]:
+    return {k: v for k, v in (("requests", res.requests), ("limits", res.limits)) if v}
+
+
+def _http_probe(path: str, port: int, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "failureThreshold": failures,
+            "timeoutSeconds": timeout}
+
+
+def _pool_urls(values: Values, pool: str, replicas: int) -> list[str]:
+    svc = engine_name(values, pool)
+    host = f"{svc}.{values.namespace}.svc.cluster.local"
+    return [f"http://{svc}-{i}.{host}:{values.engines.port}" for i in range(replicas)]
+
+
+def cluster_policy(values: Values, raw: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """The policy as the gateway in the cluster reads it: local pools become remote pools on their pods."""
+    pools = dict(raw["pools"])
+    for name, spec in policy.pools.items():
+        if isinstance(spec, LocalPool):
+            old = raw["pools"][name]
+            pools[name] = {"type": "remote", "description": old.get("description", ""), "price": old["price"],
+                           "urls": _pool_urls(values, name, spec.engine.replicas), "model": spec.engine.served_name}
+    return {**raw, "pools": pools}
+
+
+def _engine_args(values: Values, pool: str, spec: LocalPool) -> list[str]:
+    if spec.engine.model.startswith(_DEMO):
+        raise ValuesError(f"pool {pool!r}: {spec.engine.model!r} is a demo model built on the local machine; "
+                          "a cluster needs a hub id or a path in the image (use a policy like policies/gpu.yaml)")
+    argv = engine_command(spec.engine, values.engines.port)
+    args = argv[argv.index("vllm.entrypoints.openai.api_server") + 1:]
+    args[args.index("--host") + 1] = "0.0.0.0"  # a pod listens on its own interface
+    return args
+
+
+def _engine_resources(values: Values, pool: str, gpus: int) -> dict[str, Any]:
+    override = values.engines.pools.get(pool)
+    if override is not None and override.resources is not None:
+        res = _resources(override.resources)
+        res.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
+        return res
+    cpu, mem = values.engines.cpu_per_gpu * gpus, values.engines.memory_gib_per_gpu * gpus
+    return {"requests": {"cpu": str(cpu), "memory": f"{mem}Gi", "nvidia.com/gpu": str(gpus)},
+            "limits": {"memory": f"{mem}Gi", "nvidia.com/gpu": str(gpus)}}
+
+
+def _engine_env(values: Values, spec: LocalPool) -> list[dict[str, Any]]:
+    # the supervisor's variables (KV space, Ray address, the policy's env), but a cluster downloads models
+    env = {k: v for k, v in engine_env(spec.engine).items() if k not in _OFFLINE or k in spec.engine.env}
+    items: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in ({"HF_HOME": "/models"} | env).items()]
+    ref = {"name": values.gateway.secret_name, "key": values.engines.hf_token_key, "optional": True}
+    return [*items, {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
+
+
+def gpus_per_pod(spec: LocalPool) -> int:
+    """GPUs of one engine pod: the whole replica (TP x PP x DP) on one node; for a replica spanning nodes
+    (Ray), the head node's share (`gpus_per_node`); the other nodes are the Ray cluster's workers."""
+    e = spec.engine
+    whole = e.tensor_parallel_size * e.pipeline_parallel_size * e.data_parallel_size
+    return e.gpus_per_node if e.nodes > 1 and e.gpus_per_node else whole
+
+
+def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
+    name, eng = engine_name(values, pool), values.engines
+    gpus = gpus_per_pod(spec)
+    labels = _labels(values, "engine", **{"cascade/pool": _dns(pool)})
+    container = {
+        "name": "vllm", "image": eng.image, "imagePullPolicy": eng.image_pull_policy,
+        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": _engine_args(values, pool, spec),
+        "env": _engine_env(values, spec), "ports": [{"name": "http", "containerPort": eng.port}],
+        "resources": _engine_resources(values, pool, gpus),
+        "startupProbe": _http_probe("/health", eng.port, 10, max(1, math.ceil(spec.engine.startup_timeout_s / 10))),
+        "readinessProbe": _http_probe("/health", eng.port, 5, 3),
+        "livenessProbe": _http_probe("/health", eng.port, 15, 4),
+        "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    override = eng.pools.get(pool)
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": eng.shm_size}}],
+    }
+    if override is not None and override.node_selector:
+        pod_spec["nodeSelector"] = dict(override.node_selector)
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": _meta(values, name, labels),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": False, "selector": labels,
+                 "ports": [{"name": "http", "port": eng.port, "targetPort": "http"}]},
+    }
+    sts = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(values, name, labels, annotations={"cascade/description": spec.description}),
+        "spec": {"serviceName": name, "replicas": spec.engine.replicas, "podManagementPolicy": "Parallel",
+                 "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+                 "volumeClaimTemplates": [_claim("models", eng.model_cache, eng.storage_class)]},
+    }
+    return [service, sts]
+
+
+def _claim(name: str, size: str, storage_class: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def _redis(values: Values) -> list[Manifest]:
+    r, name = values.redis, f"{values.name}-redis"
+    labels = _labels(values, "redis")
+    probe = {"tcpSocket": {"port": r.port}, "periodSeconds": 10, "failureThreshold": 3}
+    container = {
+        "name": "redis", "image": r.image,
+        "args": ["redis-server", "--port", str(r.port), "--appendonly", "yes", "--dir", "/data"],
+        "ports": [{"name": "redis", "containerPort": r.port}], "resources": _resources(r.resources),
+        "readinessProbe": probe, "livenessProbe": probe, "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(values, name, labels),
+         "spec": {"selector": labels, "ports": [{"name": "redis", "port": r.port, "targetPort": "redis"}]}},
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(values, name, labels),
+         "spec": {"serviceName": name, "replicas": 1, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+                  "volumeClaimTemplates": [_claim("data", r.storage, r.storage_class)]}},
+    ]
+
+
+def _gateway_env(values: Values, policy: Policy) -> list[dict[str, Any]]:
+    redis_url = f"redis://{values.name}-redis.{values.namespace}.svc.cluster.local:{values.redis.port}/0"
+    env: list[dict[str, Any]] = [{"name": "CASCADE_REDIS_URL", "value": redis_url},
+                                 {"name": "CASCADE_HOME", "value": STATE_DIR}]
+    keys = ["CASCADE_ADMIN_KEY", *sorted({p.api_key_env for p in policy.pools.values()
+                                          if not isinstance(p, LocalPool) and p.api_key_env})]
+    for key in keys:
+        ref = {"name": values.gateway.secret_name, "key": key, "optional": True}
+        env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def _gateway_deployment(values: Values, policy: Policy, labels: dict[str, str]) -> Manifest:
+    g = values.gateway
+    args = ["serve", "--policy", f"{POLICY_DIR}/policy.yaml", "--host", "0.0.0.0", "--port", str(g.port),
+            "--no-engines", "--scorer", g.scorer, "--log-level", g.log_level, "--log-format", "json"]
+    container = {
+        "name": "gateway", "image": g.image, "imagePullPolicy": g.image_pull_policy, "command": ["cascade"],
+        "args": args, "env": _gateway_env(values, policy), "ports": [{"name": "http", "containerPort": g.port}],
+        "resources": _resources(g.resources),
+        "readinessProbe": _http_probe("/readyz", g.port, 5, 2),
+        "livenessProbe": _http_probe("/healthz", g.port, 10, 3),
+        "volumeMounts": [{"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
+                         {"name": "state", "mountPath": STATE_DIR}],
+    }
+    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(g.port), "prometheus.io/path": "/metrics"}
+    pod = {"metadata": {"labels": labels, "annotations": annotations},
+           "spec": {"terminationGracePeriodSeconds": 40, "containers": [container],
+                    "volumes": [{"name": "policy", "configMap": {"name": f"{values.name}-policy"}},
+                                {"name": "state", "emptyDir": {}}]}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(values, f"{values.name}-gateway", labels),
+            "spec": {"replicas": g.replicas, "selector": {"matchLabels": labels}, "template": pod,
+                     "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}}}
+
+
+def _gateway_hpa(values: Values, labels: dict[str, str]) -> Manifest:
+    a, name = values.gateway.autoscaling, f"{values.name}-gateway"
+    target = {"type": "AverageValue", "averageValue": str(a.in_flight_per_pod)}
+    metrics: list[dict[str, Any]] = [{"type": "Pods", "pods": {"metric": {"name": a.metric_name}, "target": target}}]
+    if a.cpu_utilization:
+        metrics.append({"type": "Resource", "resource": {
+            "name": "cpu", "target": {"type": "Utilization", "averageUtilization": a.cpu_utilization}}})
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": _meta(values, name, labels),
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                     "minReplicas": a.min_replicas, "maxReplicas": max(a.max_replicas, a.min_replicas),
+                     "metrics": metrics}}
+
+
+def _gateway(values: Values, policy: Policy) -> list[Manifest]:
+    labels, name = _labels(values, "gateway"), f"{values.name}-gateway"
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(values, name, labels),
+               "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(values, name, labels),
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}}
+    return [service, _gateway_deployment(values, policy, labels), _gateway_hpa(values, labels), pdb]
+
+
+def render(values: Values, policy_path: Path) -> list[Manifest]:
+    """All manifests, in apply order. Raises ValuesError (also for a policy that does not load)."""
+    try:
+        loaded = load_policy(policy_path)
+        raw = yaml.safe_load(policy_path.read_text(encoding="utf-8"))
+        derived = cluster_policy(values, raw, loaded.policy)
+        parse_policy(yaml.safe_dump(derived, sort_keys=False), source=f"{policy_path} (cluster form)")
+    except PolicyError as exc:
+        raise ValuesError(str(exc)) from exc
+    local = [name for name, spec in loaded.policy.pools.items() if isinstance(spec, LocalPool)]
+    if unknown := sorted(set(values.engines.pools) - set(local)):
+        raise ValuesError(f"engines.pools names {unknown}, which are not local pools of {policy_path} ({local})")
+    labels = _labels(values, "policy")
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(values, f"{values.name}-policy", labels),
+              "data": {"policy.yaml": yaml.safe_dump(derived, sort_keys=False)}}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": values.namespace}}
+    engines = [m for name, spec in loaded.policy.pools.items() if isinstance(spec, LocalPool)
+               for m in _engine(values, name, spec)]
+    return [namespace, config, *_redis(values), *engines, *_gateway(values, loaded.policy)]
+
+
+def render_file(values_path: Path) -> list[Manifest]:
+    """Load the values file (and the policy it names) and render. Raises ValuesError."""
+    values, policy_path = load_values(values_path)
+    return render(values, policy_path)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """No anchors/aliases: label dicts are shared between objects, and kubectl users read the output."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None  # the policy in the ConfigMap stays readable
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_PlainDumper.add_representer(str, _str)
+
+
+def to_yaml(manifests: Iterable[Manifest]) -> str:
+    """One multi-document YAML stream, as `kubectl apply -f -` takes it."""
+    return yaml.dump_all(list(manifests), Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)

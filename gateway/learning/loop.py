@@ -1,0 +1,119 @@
+"""What the gateway keeps of each answered request for the router to learn from (policy `learning:`).
+
+`LearningTap.observe` is called once per answered chat request, after the reply is built and before it is
+sent. It decides (policy `learning.keep_prompts.sample`) whether to keep the request; a kept request gets,
+in the background (tracked by the `Accountant`, so shutdown waits for it):
+
+- its prompt record (`LabelKeys.prompt`): the text the scorer saw, the score, the answering pool, the tenant,
+  the time, living `keep_prompts.ttl_days`;
+- for a true-cascade request, the micro answer's confidence and whether it escalated (`LabelKeys.cascade`);
+- with probability `learning.shadow.sample`, when the micro pool answered in full, a shadow comparison
+  (`gateway.learning.shadow`), started once the client's answer is whole: a JSON answer when it is built (sending it
+  does not wait for the comparison), a stream when the client has read all of it (a cut stream: none).
+
+Only scored requests are kept (the loop teaches the scorer). Nothing here raises into the request: a Redis
+failure is logged and the label is lost. Prompts are user data: the whole section is off by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+import orjson
+
+from gateway.control.metrics import GatewayMetrics
+from gateway.learning.shadow import ShadowComparison, answer_text
+from gateway.learning.store import LearningStore
+from gateway.serving.accounting import Accountant
+from gateway.serving.forwarding import JSONReply, StreamReply
+from gateway.serving.streaming import StreamRelay
+from policies.loader import LoadedPolicy
+from router_models.scorer import conversation_text
+
+__all__ = ["LearningTap"]
+
+log = logging.getLogger("cascade.learning")
+
+
+class LearningTap:
+    """Keeps sampled requests and their labels. Shares (does not own) every collaborator."""
+
+    def __init__(self, store: LearningStore, accountant: Accountant, metrics: GatewayMetrics,
+                 shadow: ShadowComparison | None, rng: Callable[[], float] = random.random) -> None:
+        """`rng()` draws the keep and shadow samples (uniform in [0, 1); tests pass a fixed one)."""
+        self._store = store
+        self._accountant = accountant
+        self._metrics = metrics
+        self._shadow = shadow
+        self._rng = rng
+
+    def observe(self, reply: JSONReply | StreamReply, raw: Mapping[str, Any], tenant: str, request_id: str,
+                loaded: LoadedPolicy) -> None:
+        """Keep `request_id` when sampled; schedules background work only, returns at once."""
+        policy = loaded.policy
+        keep = policy.learning.keep_prompts
+        decision = reply.decision
+        if decision.score is None or keep.sample <= 0 or self._rng() >= keep.sample:
+            return
+        micro = decision.pool == policy.routing.micro_pool
+        text = conversation_text(raw["messages"])
+        prompt = {"text": text, "score": repr(float(decision.score)), "pool": decision.pool,
+                  "micro": "1" if micro else "0", "tenant": tenant, "at": repr(time.time())}
+        writes = [(self._store.labels.prompt(request_id), prompt)]
+        cascade = _cascade_label(reply.headers)
+        if cascade is not None:
+            writes.append((self._store.labels.cascade(request_id), cascade))
+        self._spawn(self._write(writes, keep.ttl_days * 86_400))
+        self._metrics.learning.labels("prompt_kept").inc()
+        shadow = policy.learning.shadow
+        if micro and self._shadow is not None and shadow.sample > 0 and self._rng() < shadow.sample:
+            self._after_answer(reply, lambda answer: self._compare(request_id, raw, text, answer, loaded))
+
+    def _after_answer(self, reply: JSONReply | StreamReply,
+                      work: Callable[[str], Coroutine[Any, Any, None]]) -> None:
+        """Run `work(answer text)` once the client's answer is complete (a stream: only if it completed)."""
+        if isinstance(reply, JSONReply):
+            try:
+                answer = answer_text(orjson.loads(reply.body))
+            except ValueError:
+                return
+            self._spawn(work(answer))
+            return
+
+        def finished(relay: StreamRelay) -> None:
+            if relay.completed and relay.error is None:
+                self._spawn(work(relay.generated_text()))
+
+        reply.relay.add_finish_callback(finished)
+
+    async def _compare(self, request_id: str, raw: Mapping[str, Any], text: str, answer: str,
+                       loaded: LoadedPolicy) -> None:
+        assert self._shadow is not None
+        try:
+            await self._shadow.compare(request_id, raw, text, answer, loaded)
+        except Exception:  # Redis down or a bug: the comparison is lost, never the request
+            log.exception("shadow comparison failed", extra={"request_id": request_id})
+
+    async def _write(self, writes: list[tuple[str, dict[str, str]]], ttl_s: int) -> None:
+        try:
+            for key, fields in writes:
+                await self._store.put(key, fields, ttl_s)
+        except Exception:
+            log.exception("learning record not stored", extra={"key": writes[0][0]})
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._accountant.spawn(work)
+
+
+def _cascade_label(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The true cascade's weak label from its reply headers (`gateway.serving.cascade.cascade_headers`)."""
+    escalated = headers.get("x-cascade-escalated")
+    if escalated not in ("true", "false"):
+        return None
+    confidence = headers.get("x-cascade-confidence", "none")
+    return {"confidence": "" if confidence == "none" else confidence, "escalated": "1" if escalated == "true" else "0",
+            "at": repr(time.time())}

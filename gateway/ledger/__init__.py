@@ -1,0 +1,1 @@
+"""The cost ledger: records, keys, the Redis store and its on-disk outbox."""

@@ -1,0 +1,89 @@
+"""The ledger's Redis key schema and its record script, shared by the writer (`RedisLedger`) and the
+readers (`costs_report`, `BudgetGuard`). Pure: no I/O. `gateway.ledger.store` re-exports `LedgerKeys` and
+`rollup_slot`.
+
+Days are `YYYY-MM-DD` and months `YYYY-MM`, both UTC, taken from a record's `started_at`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gateway.ledger.record import CostRecord
+
+__all__ = ["RECORD_LUA", "SPEND_MONTH_FIELD", "SPEND_TTL_EXTRA_S", "LedgerKeys", "rollup_slot", "utc_periods"]
+
+SPEND_MONTH_FIELD = "month"  # field of the spend hash holding the whole month; day fields are `YYYY-MM-DD`
+SPEND_TTL_EXTRA_S = 31 * 86_400  # a spend hash lives retention + 31 days after its last write
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerKeys:
+    """The Redis key schema, shared by the writer and the readers. Days are `YYYY-MM-DD` (UTC), hours
+    `YYYY-MM-DDTHH`; index members are `tenant:pool:model` (day) and `HH:tenant:pool:model` (hour)."""
+
+    prefix: str = "cascade:"
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix}records"
+
+    def request(self, request_id: str) -> str:
+        return f"{self.prefix}req:{request_id}"
+
+    def day(self, day: str, member: str) -> str:
+        return f"{self.prefix}rollup:day:{day}:{member}"
+
+    def hour(self, day: str, hour_member: str) -> str:
+        hour, member = hour_member.split(":", 1)
+        return f"{self.prefix}rollup:hour:{day}T{hour}:{member}"
+
+    def day_index(self, day: str) -> str:
+        return f"{self.prefix}rollup:idx:{day}"
+
+    def hour_index(self, day: str) -> str:
+        return f"{self.prefix}rollup:hidx:{day}"
+
+    def spend(self, tenant: str, month: str) -> str:
+        """Hash of one tenant's spend in one UTC month `YYYY-MM`, integer micro-USD: field `month` (the
+        whole month) and one field per UTC day `YYYY-MM-DD`. Written only by the record script."""
+        return f"{self.prefix}spend:{tenant}:{month}"
+
+
+def rollup_slot(rec: CostRecord) -> tuple[str, str, str]:
+    """(day, day index member, hour index member) of a record, from `started_at` in UTC."""
+    when = datetime.fromtimestamp(rec.started_at, UTC)
+    member = f"{rec.tenant}:{rec.pool}:{rec.model}"
+    return when.strftime("%Y-%m-%d"), member, f"{when:%H}:{member}"
+
+
+def utc_periods(epoch_s: float) -> tuple[str, str]:
+    """(`YYYY-MM` month, `YYYY-MM-DD` day) in UTC of a UTC epoch time in seconds."""
+    when = datetime.fromtimestamp(epoch_s, UTC)
+    return when.strftime("%Y-%m"), when.strftime("%Y-%m-%d")
+
+
+# KEYS: idempotency key, stream, day rollup, hour rollup, day index, hour index, tenant spend (month hash)
+# ARGV: ttl_s, retention_ms, prompt, completion, cost, flagship, day member, hour member, spend ttl_s,
+#       day (spend field), stream fields...
+# Everything below the EXISTS check happens only for a request id not seen before: a retry or an outbox
+# replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings.
+RECORD_LUA = """#!lua
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local now = redis.call('TIME')
+local minid = string.format('%.0f', tonumber(now[1]) * 1000 - tonumber(ARGV[2]))
+local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 11))
+redis.call('SET', KEYS[1], id, 'EX', ARGV[1])
+local fields = {'prompt_tokens', 'completion_tokens', 'cost_micro_usd', 'flagship_cost_micro_usd'}
+for k = 3, 4 do
+  redis.call('HINCRBY', KEYS[k], 'requests', 1)
+  for i, field in ipairs(fields) do redis.call('HINCRBY', KEYS[k], field, ARGV[2 + i]) end
+end
+redis.call('SADD', KEYS[5], ARGV[7])
+redis.call('SADD', KEYS[6], ARGV[8])
+redis.call('HINCRBY', KEYS[7], 'month', ARGV[5])
+redis.call('HINCRBY', KEYS[7], ARGV[10], ARGV[5])
+redis.call('EXPIRE', KEYS[7], ARGV[9])
+return 1
+"""

@@ -1,0 +1,129 @@
+"""The cost record: one finished request's usage and cost, its validation and its flat string codec.
+
+Pure (no I/O). Money is integer micro-USD; times are UTC epoch seconds. `gateway.ledger.store` re-exports all
+of it; import from there.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MAX_MICRO_USD",
+    "MAX_TOKENS",
+    "ROLLUP_FIELDS",
+    "CostRecord",
+    "InvalidCostRecord",
+    "record_from_fields",
+    "record_to_fields",
+    "validate_record",
+]
+
+MAX_TOKENS = 10**9  # per request
+MAX_MICRO_USD = 10**12  # per request: one million USD
+_EPOCH_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+\-]{0,127}")  # no ":" (key separator), no "{}" (hash tags)
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
+_STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow"})
+_USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
+_INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
+ROLLUP_FIELDS = ("requests", *_INT_FIELDS)  # the counters of every rollup hash
+_STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
+
+
+@dataclass(frozen=True, slots=True)
+class CostRecord:
+    """What one finished request used and cost. Money is integer micro-USD; times are UTC epoch seconds.
+
+    `status` is "ok" (answer complete), "escalated" (a cascade probe replaced by the flagship),
+    "client_disconnect" (charged for what was generated),
+    "upstream_error" (charged for what the engine reported before failing) or
+    "shadow" (a shadow comparison's flagship or judge call, `gateway.learning.shadow`: tenant "cascade.shadow").
+    """
+
+    request_id: str
+    tenant: str
+    pool: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_micro_usd: int
+    flagship_cost_micro_usd: int  # the same tokens at the flagship's prices (0 for an escalated probe, a shadow call)
+    rule: str
+    policy_version: str
+    started_at: float
+    ttft_ms: float | None
+    latency_ms: float
+    status: str = "ok"
+    usage_source: str = "engine"  # "engine" (usage chunk), "tokenizer" (engine's /tokenize), "estimate"
+
+
+class InvalidCostRecord(ValueError):
+    """A record (from the gateway, the outbox or the stream) that the ledger refuses to count."""
+
+
+def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
+    """Raise `InvalidCostRecord` naming the first bad field. `now` (UTC epoch s) bounds `started_at`."""
+    for name in ("tenant", "pool", "model"):
+        _check(name, getattr(rec, name), _NAME)
+    _check("request_id", rec.request_id, _REQUEST_ID)
+    _check("rule", rec.rule, _TEXT)
+    _check("policy_version", rec.policy_version, _TEXT)
+    for name in _INT_FIELDS:
+        value = getattr(rec, name)
+        limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD
+        if type(value) is not int or not 0 <= value <= limit:
+            raise InvalidCostRecord(f"{name}: must be an integer in [0, {limit}], got {value!r}")
+    latest = (time.time() if now is None else now) + 86_400.0
+    _check_float("started_at", rec.started_at, _EPOCH_MIN, latest)
+    _check_float("latency_ms", rec.latency_ms, 0.0, math.inf)
+    if rec.ttft_ms is not None:
+        _check_float("ttft_ms", rec.ttft_ms, 0.0, math.inf)
+    if rec.status not in _STATUSES:
+        raise InvalidCostRecord(f"status: must be one of {sorted(_STATUSES)}, got {rec.status!r}")
+    if rec.usage_source not in _USAGE_SOURCES:
+        raise InvalidCostRecord(f"usage_source: must be one of {sorted(_USAGE_SOURCES)}")
+
+
+def _check(name: str, value: object, pattern: re.Pattern[str]) -> None:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise InvalidCostRecord(f"{name}: {value!r} does not match {pattern.pattern}")
+
+
+def _check_float(name: str, value: object, low: float, high: float) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not low <= float(value) <= high:  # type: ignore[arg-type]
+        raise InvalidCostRecord(f"{name}: must be a finite number in [{low}, {high}], got {value!r}")
+
+
+def record_to_fields(rec: CostRecord) -> dict[str, str]:
+    """Flat string form used in the stream entry and the outbox line (floats as `repr`, None as "")."""
+    fields = {name: str(getattr(rec, name)) for name in _STR_FIELDS + _INT_FIELDS}
+    fields["started_at"] = repr(float(rec.started_at))
+    fields["ttft_ms"] = "" if rec.ttft_ms is None else repr(float(rec.ttft_ms))
+    fields["latency_ms"] = repr(float(rec.latency_ms))
+    return fields
+
+
+def record_from_fields(fields: Mapping[str, str]) -> CostRecord:
+    """Inverse of `record_to_fields`, validated. Raises `InvalidCostRecord` on any malformed field."""
+    try:
+        values: dict[str, Any] = {name: fields[name] for name in _STR_FIELDS}
+        for name in _INT_FIELDS:
+            if not (fields[name].isascii() and fields[name].isdigit()):
+                raise ValueError(f"{name} is not a decimal integer")
+            values[name] = int(fields[name])
+        values["started_at"] = float(fields["started_at"])
+        values["ttft_ms"] = float(fields["ttft_ms"]) if fields["ttft_ms"] else None
+        values["latency_ms"] = float(fields["latency_ms"])
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise InvalidCostRecord(f"malformed record fields: {exc}") from exc
+    rec = CostRecord(**values)
+    validate_record(rec, now=math.inf)
+    return rec

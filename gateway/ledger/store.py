@@ -1,0 +1,289 @@
+"""Cost ledger: one `CostRecord` per finished request, recorded exactly once, in Redis.
+
+`RedisLedger` runs one Lua script per record that, atomically: skips a request id it has seen (idempotency
+key `{prefix}req:{id}`, TTL = retention), XADDs the record to the stream `{prefix}records` (trimmed by
+MINID to the retention), HINCRBYs the rollups per tenant x pool x model x UTC day and x UTC hour, adds
+the rollup to a per-day index so readers never SCAN, and HINCRBYs the tenant's spend for the UTC day and
+month (read by `gateway.tenancy.budgets`). The record type and codec live in `gateway.ledger.record`, the key
+schema and the script in `gateway.ledger.keys`; this module re-exports them. Money is integer micro-USD
+end to end: counters go to HINCRBY as decimal strings and never pass through a float.
+
+Loss window (details in docs/ledger.md): `record` returns only once Redis applied the record or the
+outbox fsynced it. A record is lost only if (a) the process dies before `record` returns (the records in
+flight: one Redis round trip or one fsync), (b) Redis loses acknowledged writes (its persistence: none
+with `appendfsync always`, ~1 s with `everysec`, all with none), or (c) Redis is down and the outbox
+write fails (then it is logged at ERROR as JSON). Replays never double-count within the retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
+from backends.background import cancel_requested, stop
+from gateway.ledger.keys import RECORD_LUA, SPEND_TTL_EXTRA_S, LedgerKeys, rollup_slot
+from gateway.ledger.outbox import Outbox
+from gateway.ledger.record import (
+    ROLLUP_FIELDS,
+    CostRecord,
+    InvalidCostRecord,
+    record_from_fields,
+    record_to_fields,
+    validate_record,
+)
+
+__all__ = [
+    "ROLLUP_FIELDS",
+    "CostRecord",
+    "InvalidCostRecord",
+    "Ledger",
+    "LedgerCounts",
+    "LedgerKeys",
+    "MemoryLedger",
+    "RedisLedger",
+    "record_from_fields",
+    "record_to_fields",
+    "rollup_slot",
+    "validate_record",
+]
+
+_log = logging.getLogger(__name__)
+
+
+class Ledger(Protocol):
+    """Records cost. `record` never raises for a storage outage: it must keep the record durably
+    (outbox) and return. Calling `record` twice with the same request id counts it once."""
+
+    async def record(self, rec: CostRecord) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryLedger:
+    """In-process fake for unit tests: validating and idempotent per request id, like the real one."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, CostRecord] = {}
+
+    async def record(self, rec: CostRecord) -> None:
+        validate_record(rec)
+        self.records.setdefault(rec.request_id, rec)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class LedgerCounts:
+    """What this process's ledger did since start (for metrics and tests); not persisted."""
+
+    recorded: int = 0  # applied by Redis from `record`
+    replayed: int = 0  # applied by Redis from the outbox
+    duplicates: int = 0  # request ids Redis had already counted (retries, replays)
+    spilled: int = 0  # written to the outbox
+    lost: int = 0  # Redis down and outbox write failed: logged at ERROR with the full record
+
+
+class RedisLedger:
+    """`Ledger` on Redis, falling back to a local fsynced outbox while Redis is unreachable.
+
+    Lifecycle: construct (no I/O), `await start()` (opens the outbox, replays one left by a previous
+    process, starts the drain task), `record()` from any number of tasks, `await aclose()` (stops the
+    drain task, waits for in-flight records, closes the connection pool; lines still in the outbox stay
+    on disk for the next start). It owns its Redis client and its outbox directory (one process per
+    directory). After one failure (socket timeouts `op_timeout_s`) `record` goes straight to the outbox
+    until the drain task (every `drain_interval_s`) has replayed it, so an outage stalls no request for
+    more than one timeout. `retention_days` bounds the stream and the idempotency keys; rollups stay.
+    Records are group-committed: those that arrive while a batch is in flight go in the next pipeline
+    (one round trip per batch, one atomic script per record), so Redis costs little CPU per request;
+    a batch can wait `linger_s` (default 0: measured no gain on 2 cores) before it goes, which is also how
+    much longer a record would stay only in memory.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        outbox_dir: Path,
+        key_prefix: str = "cascade:",
+        retention_days: int = 35,
+        *,
+        op_timeout_s: float = 0.5,
+        drain_interval_s: float = 1.0,
+        replay_batch: int = 256,
+        linger_s: float = 0.0,
+    ) -> None:
+        if retention_days < 1 or replay_batch < 1:
+            raise ValueError("retention_days and replay_batch must be >= 1")
+        self.keys = LedgerKeys(key_prefix)
+        self.counts = LedgerCounts()
+        self._ttl_s = retention_days * 86_400
+        self._client = aioredis.Redis.from_url(
+            redis_url,
+            socket_connect_timeout=op_timeout_s,
+            socket_timeout=op_timeout_s,
+            retry=Retry(NoBackoff(), 1),  # one immediate retry: a pooled socket may be stale after a restart
+        )
+        self._script = self._client.register_script(RECORD_LUA)
+        self._outbox = Outbox(outbox_dir)
+        self._drain_lock = asyncio.Lock()
+        self._interval = drain_interval_s
+        self._batch = replay_batch
+        self._redis_up = True
+        self._started = False
+        self._drain_task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._queue: list[tuple[CostRecord, asyncio.Future[None]]] = []
+        self._linger = linger_s
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Open the outbox, replay what a previous process left (if Redis is reachable), start draining."""
+        await self._outbox.open()
+        self._started = True
+        if self._outbox.has_lines and not await self.drain():
+            _log.warning("ledger outbox not replayed at start (Redis unreachable); retrying in background")
+        self._drain_task = asyncio.create_task(self._drain_loop(), name="ledger-drain")
+
+    async def record(self, rec: CostRecord) -> None:
+        """Count `rec` once. Raises `InvalidCostRecord` for a malformed record; never for an outage.
+
+        Returns after Redis applied it or the outbox fsynced it. Cancelling the caller does not cancel
+        the write (it is shielded and awaited by `aclose`).
+        """
+        validate_record(rec)
+        if not self._started:
+            raise RuntimeError("RedisLedger.start() was not called")
+        if not self._redis_up:
+            task = asyncio.create_task(self._spill(rec))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            return await asyncio.shield(task)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((rec, done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="ledger-flush")
+        await asyncio.shield(done)
+
+    async def drain(self) -> bool:
+        """Replay the outbox now. True when Redis answered and the outbox is empty; never raises."""
+        async with self._drain_lock:
+            try:
+                await self._client.ping()
+                await self._replay()
+            except (RedisError, OSError) as exc:
+                self._mark_down(exc)
+                return False
+        if not self._redis_up:
+            _log.warning("ledger: Redis reachable again, outbox replayed")
+        self._redis_up = True
+        return True
+
+    async def aclose(self) -> None:
+        """Stop draining, finish in-flight records, release the outbox, close the pool. Idempotent."""
+        await stop(self._drain_task)  # not a bare cancel: redis-py may swallow one mid-command
+        self._drain_task = None
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self._outbox.aclose()
+        await self._client.aclose()
+        self._started = False
+
+    async def _flush(self) -> None:
+        """Group commit: every record queued while the previous batch was in flight goes to Redis in one
+        pipeline (one round trip), still one atomic script per record. A failed batch goes to the outbox.
+        Owns the queued futures: each is resolved only once its record is applied or spilled. It waits
+        `linger_s` first, so that at low concurrency a few records still share one round trip."""
+        if self._linger > 0:
+            await asyncio.sleep(self._linger)
+        while self._queue:
+            batch, self._queue = self._queue[: self._batch], self._queue[self._batch :]
+            try:
+                if not self._redis_up:
+                    raise ConnectionError("Redis marked down")
+                results = await self._apply_all([rec for rec, _ in batch])
+            except Exception as exc:  # Redis down, or anything else: the outbox keeps every record
+                self._mark_down(exc)
+                for rec, _ in batch:
+                    await self._spill(rec)
+            else:
+                for applied in results:
+                    self._count(applied, replay=False)
+            for _, done in batch:
+                if not done.done():
+                    done.set_result(None)
+
+    async def _apply_all(self, recs: list[CostRecord]) -> list[Any]:
+        """Run the record script for each of `recs` in one pipeline (one round trip); each result is 1 if the
+        record is new, 0 if a duplicate. Calls EVALSHA directly: redis-py's Script in a pipeline would ask
+        SCRIPT EXISTS first, a second round trip per batch. If Redis lost the script (a restart, SCRIPT
+        FLUSH), every call of the batch failed alike: load it and run the batch once more."""
+        for attempt in (1, 2):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for rec in recs:
+                    keys, args = self._script_call(rec)
+                    pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                try:
+                    return list(await pipe.execute())
+                except NoScriptError:
+                    if attempt == 2:
+                        raise
+                    await self._client.script_load(RECORD_LUA)
+        raise AssertionError("unreachable")
+
+    def _script_call(self, rec: CostRecord) -> tuple[list[str], list[str | int]]:
+        """The record script's keys and arguments for `rec`."""
+        day, member, hour_member = rollup_slot(rec)
+        k = self.keys
+        keys = [k.request(rec.request_id), k.stream, k.day(day, member), k.hour(day, hour_member)]
+        keys += [k.day_index(day), k.hour_index(day)]
+        counters = [rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd]
+        flat = [item for pair in record_to_fields(rec).items() for item in pair]
+        keys.append(k.spend(rec.tenant, day[:7]))
+        args: list[str | int] = [self._ttl_s, self._ttl_s * 1000, *counters, member, hour_member]
+        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, *flat]
+        return keys, args
+
+    async def _spill(self, rec: CostRecord) -> None:
+        fields = record_to_fields(rec)
+        try:
+            await self._outbox.append(fields)
+        except OSError as exc:
+            self.counts.lost += 1
+            _log.error("ledger record LOST (Redis down, outbox failed: %s): %s", exc, orjson.dumps(fields))
+            return
+        self.counts.spilled += 1
+
+    async def _replay(self) -> None:
+        while (good := await self._outbox.claim(record_from_fields)) is not None:
+            for start in range(0, len(good), self._batch):
+                for applied in await self._apply_all(good[start : start + self._batch]):
+                    self._count(applied, replay=True)
+            await self._outbox.release()
+
+    async def _drain_loop(self) -> None:
+        while not cancel_requested():  # redis-py may turn our cancellation into an error we catch below
+            await asyncio.sleep(self._interval)
+            try:
+                if not self._redis_up or self._outbox.has_lines:
+                    await self.drain()
+            except Exception:  # a bug here must not stop future drains
+                _log.exception("ledger: outbox drain failed")
+
+    def _count(self, applied: object, *, replay: bool) -> None:
+        name = "duplicates" if applied != 1 else "replayed" if replay else "recorded"
+        setattr(self.counts, name, getattr(self.counts, name) + 1)
+
+    def _mark_down(self, exc: BaseException) -> None:
+        if self._redis_up:
+            _log.warning("ledger: Redis unreachable (%s); recording to the outbox", exc)
+        self._redis_up = False

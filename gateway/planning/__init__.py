@@ -1,0 +1,1 @@
+"""Capacity planning: the forecast schema, the capacity model, the CLI."""

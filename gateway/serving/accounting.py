@@ -1,0 +1,98 @@
+"""Price a finished request and hand its `CostRecord` to the ledger.
+
+Every request that reached an engine is recorded exactly once, whatever way it ended. Accounting runs
+in tasks the gateway tracks (`Accountant.drain` waits for them at shutdown), never on the response path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.control.metrics import GatewayMetrics
+from gateway.ledger.store import CostRecord, Ledger
+from gateway.serving.usage import Usage
+from policies.decide import RouteDecision
+from policies.schema import Policy
+
+__all__ = ["Accountant", "RequestFacts"]
+
+log = logging.getLogger("cascade.accounting")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What the gateway knows about a request when it ends."""
+
+    request_id: str
+    tenant: str
+    decision: RouteDecision
+    started_wall: float  # UTC epoch seconds
+    started: float  # monotonic seconds
+    ttft_s: float | None
+    status: str
+    request: Mapping[str, Any] | None = None  # the client's body, kept only when the replay log is on
+
+
+class Accountant:
+    """Builds cost records and records them. Owns its background tasks, not the ledger."""
+
+    def __init__(self, ledger: Ledger, metrics: GatewayMetrics | None = None) -> None:
+        self._ledger = ledger
+        self._metrics = metrics
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def cost_record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
+        """The priced record. `flagship_cost_micro_usd` is what the request would have cost on the flagship
+        pool at its prices; a discarded cascade probe (status "escalated") gets 0 there: with every request
+        on the flagship it would not exist, and the flagship call that replaced it carries the counterfactual.
+        A shadow call (status "shadow") gets 0 too: it is the price of measuring quality, not of an answer.
+        """
+        decision = facts.decision
+        price = policy.pools[decision.pool].price
+        flagship_price = policy.pools[policy.routing.flagship_pool].price
+        flagship_cost = flagship_price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens)
+        return CostRecord(
+            request_id=facts.request_id,
+            tenant=facts.tenant,
+            pool=decision.pool,
+            model=decision.model,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cost_micro_usd=price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens),
+            flagship_cost_micro_usd=0 if facts.status in ("escalated", "shadow") else flagship_cost,
+            rule=decision.rule,
+            policy_version=decision.policy_version,
+            started_at=facts.started_wall,
+            ttft_ms=None if facts.ttft_s is None else round(facts.ttft_s * 1000, 3),
+            latency_ms=round((time.monotonic() - facts.started) * 1000, 3),
+            status=facts.status,
+            usage_source=usage.source,
+        )
+
+    async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
+        rec = self.cost_record(policy, facts, usage)
+        await self._ledger.record(rec)
+        if self._metrics is not None:
+            self._metrics.observe_record(rec)
+        return rec
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run accounting work in the background, tracked until done."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("cost recording failed", exc_info=task.exception())
+
+    async def drain(self) -> None:
+        """Wait for every pending record (graceful shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

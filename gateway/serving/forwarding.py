@@ -1,0 +1,140 @@
+"""Forward a routed request to its pool and account for it: the plain (non-cascade) paths.
+
+`Forwarder` sends JSON requests, opens and relays streams, assembles a JSON answer from a stream (the
+ladder's force_stream step), and records every finished call exactly once: cost ledger, metrics, the
+degradation monitor's windows, and the replay log when enabled.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from backends.engine_client import EngineClient
+from backends.pool import Pool, Replica
+from gateway.control.degradation import DegradationMonitor
+from gateway.control.metrics import GatewayMetrics
+from gateway.errors import GatewayError, NoReplicaAvailable
+from gateway.serving.accounting import Accountant, RequestFacts
+from gateway.serving.assemble import assemble_stream
+from gateway.serving.proxy import OpenStream, Proxy
+from gateway.serving.request_log import RequestLog
+from gateway.serving.schema import ChatRequest
+from gateway.serving.streaming import StreamRelay
+from gateway.serving.usage import Usage, count_usage, usage_from_json
+from policies.decide import RouteDecision
+from policies.loader import LoadedPolicy
+
+__all__ = ["Forwarder", "JSONReply", "StreamReply"]
+
+log = logging.getLogger("cascade.forward")
+
+
+@dataclass(frozen=True, slots=True)
+class JSONReply:
+    body: bytes
+    decision: RouteDecision
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReply:
+    relay: StreamRelay
+    decision: RouteDecision
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Forwarder:
+    """Shares, does not own, its collaborators."""
+
+    def __init__(self, proxy: Proxy, engines: EngineClient, accountant: Accountant, metrics: GatewayMetrics,
+                 degradation: DegradationMonitor, request_log: RequestLog | None = None) -> None:
+        self.proxy = proxy
+        self._engines = engines
+        self._accountant = accountant
+        self._metrics = metrics
+        self._degradation = degradation
+        self._log = request_log
+
+    async def complete(self, pool: Pool, body: bytes) -> tuple[Replica, bytes]:
+        try:
+            return await self.proxy.complete(pool, body)
+        except GatewayError as exc:
+            self._note_failure(pool.name, exc)
+            raise
+
+    async def open(self, pool: Pool, body: bytes) -> OpenStream:
+        try:
+            return await self.proxy.open_stream(pool, body)
+        except GatewayError as exc:
+            self._note_failure(pool.name, exc)
+            raise
+
+    def _note_failure(self, pool: str, exc: GatewayError) -> None:
+        if isinstance(exc, NoReplicaAvailable) or exc.status >= 500:
+            self._degradation.observe(pool, error=True)
+
+    async def json(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
+                   headers: dict[str, str] | None = None) -> JSONReply:
+        replica, body = await self.complete(pool, orjson.dumps(upstream))
+        self.account_json(loaded, facts, replica, upstream, body)
+        return JSONReply(body, facts.decision, headers or {})
+
+    async def json_via_stream(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
+                              headers: dict[str, str]) -> JSONReply:
+        """Stream from the engine, answer the client in one JSON body (TTFT observed, aborts on disconnect)."""
+        body = dict(upstream, stream=True, stream_options={"include_usage": True})
+        opened = await self.open(pool, orjson.dumps(body))
+        async with opened.upstream:
+            answer, usage, ttft_s = await assemble_stream(opened, facts.started)
+        facts = replace(facts, ttft_s=ttft_s)
+        self._accountant.spawn(self._record(loaded, facts, opened.replica, upstream, usage, ""))
+        return JSONReply(orjson.dumps(answer), facts.decision, headers)
+
+    async def stream(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
+                     loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
+        opened = await self.open(pool, orjson.dumps(upstream))
+        return self.relay(opened, opened.first_chunk, upstream, request, facts, loaded, headers)
+
+    def relay(self, opened: OpenStream, first: bytes, upstream: dict[str, Any], request: ChatRequest,
+              facts: RequestFacts, loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
+        def on_finish(relay: StreamRelay) -> None:
+            self._accountant.spawn(self._account_stream(loaded, facts, opened.replica, upstream, relay))
+
+        relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, on_finish)
+        return StreamReply(relay, facts.decision, headers or {})
+
+    def account_json(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
+                     body: bytes) -> None:
+        try:
+            usage = usage_from_json(orjson.loads(body))
+        except orjson.JSONDecodeError:
+            usage = None
+        self._accountant.spawn(self._record(loaded, facts, replica, upstream, usage, ""))
+
+    def account_partial(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica,
+                        upstream: dict[str, Any], text: str) -> None:
+        """A call cut short by the gateway (a cascade probe): count what was generated."""
+        self._accountant.spawn(self._record(loaded, facts, replica, upstream, None, text))
+
+    async def _record(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
+                      usage: Usage | None, text: str) -> None:
+        if usage is None:
+            usage = await count_usage(self._engines, replica.url, facts.decision.model, upstream["messages"], text)
+        rec = await self._accountant.record(loaded.policy, facts, usage)
+        self._degradation.observe(rec.pool, facts.ttft_s, error=rec.status == "upstream_error")
+        if self._log is not None and facts.request is not None:
+            self._log.write(facts, rec)
+
+    async def _account_stream(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica,
+                              upstream: dict[str, Any], relay: StreamRelay) -> None:
+        status = "ok" if relay.completed else ("client_disconnect" if relay.disconnected else "upstream_error")
+        facts = replace(facts, ttft_s=relay.ttft_s, status=status)
+        text = relay.generated_text() if relay.usage is None else ""
+        await self._record(loaded, facts, replica, upstream, relay.usage, text)
+        itl = self._metrics.itl.labels(facts.decision.pool)
+        for gap in relay.gaps_s:
+            itl.observe(gap)

@@ -1,0 +1,89 @@
+"""Decide where a request goes: shed check, complexity score (only when it decides), policy decision.
+
+HTTP-free. Scoring failures never fail a request: it is routed without a score and the reason says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gateway.control.live_threshold import LiveThreshold
+from gateway.control.metrics import GatewayMetrics
+from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
+from gateway.serving.schema import ChatRequest
+from policies.decide import (
+    AUTO_MODEL,
+    ModelNotRouted,
+    PoolNotAllowed,
+    RouteContext,
+    RouteDecision,
+    decide,
+    known_model,
+    needs_score,
+    rule_models,
+    served_model,
+)
+from policies.ladder import LadderState
+from policies.loader import LoadedPolicy
+from router_models.scorer import Scorer, conversation_text
+
+__all__ = ["RequestRouter"]
+
+log = logging.getLogger("cascade.router")
+
+
+class RequestRouter:
+    """Routes requests under a given policy and ladder state. Shares, does not own, the scorer and the live
+    threshold (a `flagship_share` policy's routing threshold, fed with each decision)."""
+
+    def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics, live: LiveThreshold | None = None) -> None:
+        self._scorer = scorer
+        self._metrics = metrics
+        self._live = live
+
+    async def _score(self, raw: Mapping[str, Any]) -> float | None:
+        assert self._scorer is not None
+        began = time.monotonic()
+        try:
+            score = (await self._scorer.score([conversation_text(raw["messages"])]))[0]
+        except Exception:
+            log.exception("scoring failed; routing without a score")
+            return None
+        self._metrics.scoring.observe(time.monotonic() - began)
+        return score
+
+    async def route(
+        self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
+        loaded: LoadedPolicy, ladder: LadderState, downgrade: bool = False,
+    ) -> RouteDecision:
+        """Raises ModelNotFound (404), PermissionDenied (403), TooManyRequests (429, shed by the ladder)."""
+        policy = loaded.policy
+        if not known_model(policy, request.model):
+            names = sorted({AUTO_MODEL, *policy.pools, *policy.aliases, *rule_models(policy)})
+            raise ModelNotFound(f"model {request.model!r} is not served here; use one of {names}", param="model")
+        tenant_spec = policy.tenants.get(tenant)
+        retry = ladder.shed_retry_after(tenant_spec.priority if tenant_spec else 0)
+        if retry is not None:
+            raise TooManyRequests(f"the gateway is shedding load ({', '.join(ladder.names)}); retry in {retry} s",
+                                  retry, type_="overloaded", code="load_shed")
+        ctx = RouteContext.from_request(raw, tenant, headers)
+        score = await self._score(raw) if self._scorer is not None and needs_score(policy, ctx) else None
+        try:
+            threshold = self._live.threshold(policy) if self._live is not None else None
+            decision = decide(policy, loaded.version, ctx, score, ladder, threshold)
+        except PoolNotAllowed as exc:
+            raise PermissionDenied(str(exc), param="model") from exc
+        except ModelNotRouted as exc:
+            raise ModelNotFound(str(exc), param="model") from exc
+        if self._live is not None:
+            self._live.observe(policy, ctx, decision)
+        micro = policy.routing.micro_pool
+        if downgrade and decision.pool != micro:
+            reason = f"tenant {tenant!r} is over budget (policy: downgrade); {decision.reason}"
+            return replace(decision, pool=micro, model=served_model(policy, micro), rule="budget-downgrade",
+                           reason=reason)
+        return decision

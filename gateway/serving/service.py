@@ -1,0 +1,154 @@
+"""The chat-completions service: route → prepare the engine request → forward (plain or cascade).
+
+HTTP-free: it takes a validated `ChatRequest` and returns a reply for `gateway.api.app` to render.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from backends.pool import Pool
+from gateway.control.degradation import DegradationMonitor
+from gateway.control.metrics import GatewayMetrics
+from gateway.control.policy_holder import PolicyHolder
+from gateway.errors import BadRequest, NoReplicaAvailable
+from gateway.learning.loop import LearningTap
+from gateway.serving.accounting import RequestFacts
+from gateway.serving.cascade_flow import CascadeFlow, cascades
+from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
+from gateway.serving.router import RequestRouter
+from gateway.serving.schema import ChatRequest
+from gateway.tenancy.admission import Admission
+from policies.context import estimate_tokens
+from policies.decide import RouteDecision, served_model
+from policies.ladder import LadderState
+from policies.loader import LoadedPolicy
+from policies.truncate import truncate_messages
+
+__all__ = ["ChatService", "JSONReply", "StreamReply"]
+
+
+class ChatService:
+    """Handles one chat request end to end. Shares, but does not own, its collaborators."""
+
+    def __init__(self, policies: PolicyHolder, pools: dict[str, Pool], router: RequestRouter, forwarder: Forwarder,
+                 degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
+                 keep_requests: bool = False, wake: Callable[[str], Awaitable[str]] | None = None,
+                 learning: LearningTap | None = None) -> None:
+        """`wake(pool)` (scale to zero, `gateway.control.on_demand`) returns the pool that serves now. `learning`
+        sees every answered request (policy `learning:`)."""
+        self._policies = policies
+        self._wake = wake
+        self._pools = pools
+        self._router = router
+        self._fw = forwarder
+        self._degradation = degradation
+        self._metrics = metrics
+        self._keep_requests = keep_requests
+        self._admission = admission
+        self._cascade = CascadeFlow(forwarder, self._pool)
+        self._learning = learning
+
+    def _pool(self, name: str) -> Pool:
+        pool = self._pools.get(name)
+        if pool is None:
+            raise NoReplicaAvailable(f"pool {name!r} has no running replicas")
+        return pool
+
+    async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
+                     headers: Mapping[str, str] | None = None) -> JSONReply | StreamReply:
+        reply = await self._handle(request, raw, tenant, request_id, headers)
+        if self._learning is not None:
+            self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
+        return reply
+
+    async def _handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
+                      headers: Mapping[str, str] | None) -> JSONReply | StreamReply:
+        started, started_wall = time.monotonic(), time.time()
+        loaded = self._policies.current
+        self._degradation.use_policy(loaded)
+        ladder = self._degradation.state
+        verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
+        downgrade = verdict is not None and verdict.downgrade
+        decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
+        decision = await self._on_cold(decision, loaded)
+        _check_limits(loaded, decision, request)
+        upstream, extra = _prepare(raw, decision, request, ladder)
+        kept = raw if self._keep_requests else None
+        facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept)
+        self._metrics.overhead.observe(time.monotonic() - started)
+        try:
+            return await self._forward(upstream, request, facts, loaded, ladder, extra)
+        except NoReplicaAvailable:
+            other = _failover_pool(loaded, decision, tenant)
+            if other is None:
+                raise
+            moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
+                            reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
+            upstream = dict(upstream, model=moved.model)
+            return await self._forward(upstream, request, replace(facts, decision=moved), loaded, ladder, extra)
+
+    async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy) -> RouteDecision:
+        """Wake an on-demand pool (or take its cold fallback pool)."""
+        target = decision.pool if self._wake is None else await self._wake(decision.pool)
+        if target == decision.pool:
+            return decision
+        return replace(decision, pool=target, model=served_model(loaded.policy, target), rule="on-demand-fallback",
+                       reason=f"pool {decision.pool!r} is starting on demand: served by {target!r} meanwhile")
+
+    async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
+                       loaded: LoadedPolicy, ladder: LadderState, extra: dict[str, str]) -> JSONReply | StreamReply:
+        pool = self._pool(facts.decision.pool)
+        if cascades(loaded, facts.decision):
+            return await self._cascade.run(pool, upstream, request, facts, loaded)
+        if request.stream:
+            return await self._fw.stream(pool, upstream, request, facts, loaded, extra)
+        if ladder.force_stream:
+            return await self._fw.json_via_stream(pool, upstream, facts, loaded, extra)
+        return await self._fw.json(pool, upstream, facts, loaded, extra)
+
+
+def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str) -> str | None:
+    """The other tier, when the policy allows failing over to it and the tenant may use it. A pinned model
+    is never swapped for another: its caller asked for that model."""
+    routing = loaded.policy.routing
+    if not routing.failover or decision.rule == "pinned" or decision.pool not in (routing.micro_pool,
+                                                                                      routing.flagship_pool):
+        return None
+    other = routing.flagship_pool if decision.pool == routing.micro_pool else routing.micro_pool
+    spec = loaded.policy.tenants.get(tenant)
+    allowed = spec.allowed_pools if spec is not None else None
+    return other if allowed is None or other in allowed else None
+
+
+def _prepare(raw: dict[str, Any], decision: RouteDecision, request: ChatRequest,
+             ladder: LadderState) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine's request body and extra response headers (what the ladder did to it)."""
+    upstream = dict(raw, model=decision.model)
+    extra: dict[str, str] = {}
+    if request.stream:
+        upstream["stream_options"] = {**(raw.get("stream_options") or {}), "include_usage": True}
+    if ladder.truncate_tokens is not None:
+        kept, dropped = truncate_messages(raw["messages"], ladder.truncate_tokens, estimate_tokens)
+        if kept != raw["messages"]:
+            upstream["messages"] = kept
+            extra["x-cascade-truncated"] = str(dropped)
+    if ladder.active:
+        extra["x-cascade-degraded"] = ",".join(ladder.names)
+    return upstream, extra
+
+
+def _check_limits(loaded: LoadedPolicy, decision: RouteDecision, request: ChatRequest) -> None:
+    spec = loaded.policy.pools[decision.pool]
+    limit = request.completion_limit
+    if spec.type == "local" and limit is not None and limit >= spec.engine.max_model_len:
+        field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        raise BadRequest(
+            f"{field}={limit} does not fit pool {decision.pool!r}: its context is "
+            f"{spec.engine.max_model_len} tokens including the prompt",
+            param=field,
+            code="context_length_exceeded",
+        )

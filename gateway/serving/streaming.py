@@ -1,0 +1,198 @@
+"""Relay an engine's SSE stream to the client, chunk by chunk, while watching it for accounting.
+
+The relay never parses ordinary chunks: it splits events on blank lines, notes the first content
+event (TTFT), picks out the usage event (the engine always gets `include_usage`, the client sees the
+usage event only if it asked), and keeps the events so that, if the client leaves early, the text
+generated so far can be counted. Leaving early closes the upstream connection, so vLLM aborts the
+request and frees its KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from backends.engine_client import EngineError
+from gateway.errors import error_body
+from gateway.serving.usage import Usage, usage_from_json
+
+__all__ = ["SSEResponse", "StreamRelay", "sse_json"]
+
+_CONTENT = b'"content":"'
+_EMPTY_CONTENT = b'"content":""'
+_USAGE = b'"usage":{'
+_DONE = b"data: [DONE]"
+
+
+class StreamRelay:
+    """One relayed stream. Its `body()` generator is the client's response body.
+
+    `on_finish(relay)` is called exactly once when the body ends for any reason (complete, client gone,
+    engine failed); it must not block (schedule async work). After that, `completed`, `disconnected`,
+    `error`, `usage`, `ttft_s` and `generated_text()` describe what happened.
+    """
+
+    def __init__(
+        self,
+        first_chunk: bytes,
+        chunks: AsyncIterator[bytes],
+        upstream: AsyncExitStack,
+        forward_usage: bool,
+        started: float,
+        on_finish: Callable[[StreamRelay], None],
+    ) -> None:
+        self._first = first_chunk
+        self._chunks = chunks
+        self._upstream = upstream
+        self._forward_usage = forward_usage
+        self._started = started
+        self._on_finish = on_finish
+        self._buffer = b""
+        self._events: list[bytes] = []
+        self.usage: Usage | None = None
+        self.ttft_s: float | None = None
+        self.gaps_s: list[float] = []  # inter-token gaps between content events
+        self._last_content: float | None = None
+        self.completed = False
+        self._done_relayed = False  # the client has been handed `data: [DONE]`
+        self.disconnected = False
+        self.error: str | None = None
+
+    def add_finish_callback(self, callback: Callable[[StreamRelay], None]) -> None:
+        """Also call `callback(relay)` when the body ends, after `on_finish`; the same rules apply (once,
+        must not block, must not raise)."""
+        first = self._on_finish
+
+        def both(relay: StreamRelay) -> None:
+            first(relay)
+            callback(relay)
+
+        self._on_finish = both
+
+    def _feed(self, chunk: bytes) -> bytes:
+        parts = (self._buffer + chunk).split(b"\n\n")
+        self._buffer = parts.pop()
+        out = []
+        for event in parts:
+            if _CONTENT in event and _EMPTY_CONTENT not in event:
+                self._content_seen(time.monotonic())
+            if _USAGE in event and self.usage is None:
+                self.usage = _parse_usage(event)
+                if not self._forward_usage:
+                    continue
+            if event.startswith(_DONE):
+                self._done_relayed = True
+            self._events.append(event)
+            out.append(event)
+        return b"\n\n".join(out) + b"\n\n" if out else b""
+
+    def _content_seen(self, now: float) -> None:
+        if self._last_content is None:
+            self.ttft_s = now - self._started
+        else:
+            self.gaps_s.append(now - self._last_content)
+        self._last_content = now
+
+    async def body(self) -> AsyncIterator[bytes]:
+        try:
+            out = self._feed(self._first)
+            if out:
+                yield out
+            # Stop at `[DONE]`: the answer is whole, and waiting for the engine to close the connection
+            # would race a client that (rightly) leaves as soon as it has read `[DONE]`.
+            while not self._done_relayed:
+                chunk = await anext(self._chunks, None)
+                if chunk is None:
+                    break
+                out = self._feed(chunk)
+                if out:
+                    yield out
+            if self._buffer.strip() and not self._done_relayed:
+                yield self._buffer
+            self.completed = True
+        except EngineError as exc:
+            self.error = f"engine stream failed: {type(exc).__name__}"
+            yield b"data: " + error_body(self.error, "upstream_error", None, "engine_stream_failed") + b"\n\n"
+        except (asyncio.CancelledError, GeneratorExit):
+            # A client that leaves right after `[DONE]` got the whole answer: that is a completed request.
+            self.completed = self._done_relayed
+            self.disconnected = not self._done_relayed
+            raise
+        finally:
+            await self._upstream.aclose()
+            self._on_finish(self)
+
+    def generated_text(self) -> str:
+        """The content generated so far, from the relayed events (parsed only when needed)."""
+        return "".join(text for event in self._events for chunk in sse_json(event) for text in _delta_texts(chunk))
+
+
+def _delta_texts(chunk: dict[str, Any]) -> list[str]:
+    texts = []
+    for choice in chunk.get("choices") or ():
+        content = (choice.get("delta") or {}).get("content")
+        if isinstance(content, str):
+            texts.append(content)
+    return texts
+
+
+def sse_json(event: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects carried by the `data:` lines of one SSE event (malformed ones are skipped)."""
+    for line in event.split(b"\n"):
+        line = line.strip()
+        if line.startswith(b"data: {"):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                yield orjson.loads(line[6:])
+
+
+def _parse_usage(event: bytes) -> Usage | None:
+    return next((usage_from_json(chunk) for chunk in sse_json(event)), None)
+
+
+class SSEResponse:
+    """ASGI response for an event stream that notices a client leaving on any ASGI server.
+
+    It races the body against `http.disconnect`; when the client leaves first, the body generator is
+    cancelled and closed at once (not when the next chunk would have been sent).
+    """
+
+    def __init__(self, body: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self._body = body
+        self._headers = [(k.encode(), v.encode()) for k, v in headers.items()]
+        self._headers.append((b"content-type", b"text/event-stream; charset=utf-8"))
+        self._headers.append((b"cache-control", b"no-cache"))
+
+    async def _send_all(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        async for chunk in self._body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _wait_disconnect(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sender = asyncio.ensure_future(self._send_all(send))
+        watcher = asyncio.ensure_future(self._wait_disconnect(receive))
+        try:
+            await asyncio.wait((sender, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sender, watcher):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await sender
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            aclose = getattr(self._body, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()

@@ -1,0 +1,1 @@
+"""Per-tenant limits, budgets and admission."""

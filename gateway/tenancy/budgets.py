@@ -1,0 +1,247 @@
+"""Per-tenant spend budgets (UTC day and month, integer micro-USD), read from the ledger's spend counters.
+
+The ledger's record script HINCRBYs `{prefix}spend:{tenant}:{YYYY-MM}` (fields `month` and `YYYY-MM-DD`)
+once per new request id, in the same atomic step as the rollups, so spend is exact and shared by every
+gateway process, and retries or outbox replays never count twice. A record counts in the UTC day and
+month of its `started_at`. `BudgetGuard.check` reads both fields with one HMGET.
+
+Contract for the caller, before routing each request: `verdict = await guard.check(tenant, budget)`;
+`verdict.state == "exceeded"` → `raise verdict.error(tenant)` when `verdict.on_exceed == "reject"`, route to
+the micro pool when it is "downgrade"; `"soft"` → count a metric (the guard logs one warning per tenant
+and period per process). Budgets are checked before a request and its cost is recorded after it, so a
+tenant can overshoot by the cost of its requests in flight plus those recorded within the cache window.
+
+Redis unreachable: fail OPEN (verdict "ok" with `fail_open=True`, `counts.fail_open`, a warning at most
+once per `warn_interval_s`, Redis left alone for `retry_interval_s`). The spend itself is never lost (the
+ledger's outbox keeps it) and is counted once Redis returns; refusing all traffic during a Redis outage
+would turn a storage problem into a full outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from gateway.errors import BudgetExceeded
+from gateway.ledger.keys import SPEND_MONTH_FIELD, LedgerKeys, utc_periods
+from gateway.tenancy.limits import FailOpen
+from policies.schema import Budget
+
+__all__ = ["BudgetChecker", "BudgetGuard", "BudgetGuardCounts", "BudgetVerdict", "StaticBudgets", "evaluate"]
+
+_log = logging.getLogger(__name__)
+
+State = Literal["ok", "soft", "exceeded"]
+Period = Literal["day", "month"]
+_RANK: dict[State, int] = {"ok": 0, "soft": 1, "exceeded": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetVerdict:
+    """Where a tenant stands. Money in integer micro-USD; `resets_at` is the UTC end of `period`.
+
+    `period`, `spent_micro_usd`, `limit_micro_usd`, `resets_at` and `retry_after_s` describe the period that
+    decided `state` (the worse one; on a tie the month, which resets later); they are None/0 when "ok".
+    `day_spent_micro_usd` / `month_spent_micro_usd` are the current totals (0 when unknown: fail open).
+    """
+
+    state: State
+    on_exceed: Literal["reject", "downgrade"]
+    period: Period | None = None
+    spent_micro_usd: int = 0
+    limit_micro_usd: int = 0
+    resets_at: datetime | None = None
+    retry_after_s: int = 0
+    day_spent_micro_usd: int = 0
+    month_spent_micro_usd: int = 0
+    fail_open: bool = False
+
+    @property
+    def reject(self) -> bool:
+        """True when the caller must refuse the request (`raise verdict.error(tenant)`)."""
+        return self.state == "exceeded" and self.on_exceed == "reject"
+
+    @property
+    def downgrade(self) -> bool:
+        """True when the caller must route the request to the micro pool instead."""
+        return self.state == "exceeded" and self.on_exceed == "downgrade"
+
+    def error(self, tenant: str) -> BudgetExceeded:
+        """The 429 for an exceeded verdict: amounts in USD, the period, and when it resets (UTC)."""
+        if self.period is None or self.resets_at is None:
+            raise ValueError("error() needs an exceeded or soft verdict")
+        name = "daily" if self.period == "day" else "monthly"
+        message = (
+            f"Budget exceeded for tenant {tenant!r}: spent {_usd(self.spent_micro_usd)} USD of its {name} "
+            f"budget of {_usd(self.limit_micro_usd)} USD; it resets at {self.resets_at:%Y-%m-%dT%H:%M:%SZ} (UTC)."
+        )
+        return BudgetExceeded(message, self.retry_after_s)
+
+
+def _usd(micro: int) -> str:
+    sign = "-" if micro < 0 else ""
+    return f"{sign}{abs(micro) // 1_000_000}.{abs(micro) % 1_000_000:06d}"
+
+
+def _period_end(now: datetime, period: Period) -> datetime:
+    if period == "day":
+        return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+    return datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+
+
+def _state(spent: int, limit: int, soft_pct: int) -> State:
+    if spent >= limit:
+        return "exceeded"
+    return "soft" if spent * 100 >= limit * soft_pct else "ok"
+
+
+def evaluate(budget: Budget, day_spent: int, month_spent: int, now: float) -> BudgetVerdict:
+    """Pure verdict for spends in integer micro-USD at `now` (UTC epoch s). A period is "exceeded" once
+    spent >= limit, "soft" once spent * 100 >= limit * soft_limit_pct; a period without a limit is "ok"."""
+    worst = BudgetVerdict("ok", budget.on_exceed, day_spent_micro_usd=day_spent, month_spent_micro_usd=month_spent)
+    periods: tuple[tuple[Period, int, int | None], ...] = (
+        ("day", day_spent, budget.daily_usd),
+        ("month", month_spent, budget.monthly_usd),
+    )
+    for period, spent, limit in periods:
+        state = "ok" if limit is None else _state(spent, limit, budget.soft_limit_pct)
+        if state == "ok" or limit is None or _RANK[state] < _RANK[worst.state]:
+            continue  # on a tie the month (later in the loop) wins: it resets later
+        resets = _period_end(datetime.fromtimestamp(now, UTC), period)
+        retry = max(1, math.ceil(resets.timestamp() - now))
+        worst = replace(
+            worst,
+            state=state,
+            period=period,
+            spent_micro_usd=spent,
+            limit_micro_usd=limit,
+            resets_at=resets,
+            retry_after_s=retry,
+        )
+    return worst
+
+
+class BudgetChecker(Protocol):
+    """Tells where `tenant` stands against `budget`. Never raises for a storage outage."""
+
+    async def check(self, tenant: str, budget: Budget) -> BudgetVerdict: ...
+
+
+@dataclass(slots=True)
+class BudgetGuardCounts:
+    """What this process's guard did since start (for metrics and tests); not persisted."""
+
+    reads: int = 0  # HMGETs sent to Redis
+    cached: int = 0  # checks answered from the local cache
+    fail_open: int = 0  # checks answered "ok" because Redis was unreachable
+    soft_warnings: int = 0  # "soft" warnings logged (once per tenant and period)
+
+
+@dataclass(slots=True)
+class _Cached:
+    fetched_at: float  # monotonic s
+    month: str
+    day: str
+    month_spent: int
+    day_spent: int
+
+
+class BudgetGuard:
+    """`BudgetChecker` on the ledger's spend counters in Redis (see the module docstring).
+
+    `redis_client` is borrowed (the caller closes it); `keys` must be the ledger's `LedgerKeys` (same
+    prefix). Spend read from Redis is reused for `cache_s` monotonic seconds per tenant (default 1 s; 0
+    disables the cache) and never across a UTC day change. `clock` is UTC epoch seconds (tests inject it).
+    `op_timeout_s`, `max_in_flight`, `retry_interval_s` and `warn_interval_s` configure the `FailOpen`
+    (gateway.tenancy.limits) around every read.
+    """
+
+    def __init__(
+        self,
+        redis_client: Any,
+        keys: LedgerKeys,
+        *,
+        cache_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        op_timeout_s: float = 0.5,
+        max_in_flight: int = 32,
+        retry_interval_s: float = 1.0,
+        warn_interval_s: float = 30.0,
+    ) -> None:
+        self.counts = BudgetGuardCounts()
+        self._client = redis_client
+        self._keys = keys
+        self._cache_s = cache_s
+        self._clock = clock
+        self._cache: dict[str, _Cached] = {}
+        self._warned: dict[tuple[str, Period], str] = {}
+        self._guard = FailOpen(
+            "budget guard",
+            op_timeout_s=op_timeout_s,
+            max_in_flight=max_in_flight,
+            retry_interval_s=retry_interval_s,
+            warn_interval_s=warn_interval_s,
+        )
+
+    async def check(self, tenant: str, budget: Budget) -> BudgetVerdict:
+        """Verdict for `tenant` now. No I/O when `budget` sets no limit or the cache is fresh; else one
+        HMGET. Never raises for Redis trouble (fail open: "ok", `fail_open=True`)."""
+        if budget.daily_usd is None and budget.monthly_usd is None:
+            return BudgetVerdict("ok", budget.on_exceed)
+        now = self._clock()
+        spent = await self._spent(tenant, now)
+        if spent is None:
+            return BudgetVerdict("ok", budget.on_exceed, fail_open=True)
+        verdict = evaluate(budget, spent.day_spent, spent.month_spent, now)
+        if verdict.state == "soft" and verdict.period is not None:
+            self._warn_soft(tenant, verdict.period, spent.day if verdict.period == "day" else spent.month, verdict)
+        return verdict
+
+    async def _spent(self, tenant: str, now: float) -> _Cached | None:
+        month, day = utc_periods(now)
+        mono = time.monotonic()
+        hit = self._cache.get(tenant)
+        if hit is not None and hit.day == day and mono - hit.fetched_at < self._cache_s:
+            self.counts.cached += 1
+            return hit
+        key = self._keys.spend(tenant, month)
+        raw = await self._guard.call(lambda: self._client.hmget(key, [SPEND_MONTH_FIELD, day]))
+        if raw is None:
+            self.counts.fail_open += 1
+            return None
+        self.counts.reads += 1
+        fresh = _Cached(mono, month, day, int(raw[0] or 0), int(raw[1] or 0))
+        self._cache[tenant] = fresh
+        return fresh
+
+    def _warn_soft(self, tenant: str, period: Period, period_id: str, verdict: BudgetVerdict) -> None:
+        if self._warned.get((tenant, period)) == period_id:
+            return
+        self._warned[(tenant, period)] = period_id
+        self.counts.soft_warnings += 1
+        _log.warning(
+            "tenant %r passed the soft limit of its %s budget %s: spent %s of %s USD",
+            tenant,
+            period,
+            period_id,
+            _usd(verdict.spent_micro_usd),
+            _usd(verdict.limit_micro_usd),
+        )
+
+
+@dataclass
+class StaticBudgets:
+    """In-memory fake `BudgetChecker` for unit tests: spend per tenant set by the test, same `evaluate`.
+    `spent[tenant] = (day_spent, month_spent)` in integer micro-USD."""
+
+    spent: dict[str, tuple[int, int]] = field(default_factory=dict)
+    clock: Callable[[], float] = time.time
+
+    async def check(self, tenant: str, budget: Budget) -> BudgetVerdict:
+        day, month = self.spent.get(tenant, (0, 0))
+        return evaluate(budget, day, month, self.clock())

@@ -1,0 +1,140 @@
+"""`cascade serve --workers 2`: two real worker processes on one port and one Redis enforce one rate limit
+and one budget, write one ledger, and apply one degradation step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from gateway.api.auth import hash_key
+from gateway.api.workers import workers_problem
+from gateway.settings import Settings
+from loadtest.fake_upstream import FakeUpstream
+from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
+from tests.servers import free_port, serve, wait_ready
+
+pytestmark = pytest.mark.redis
+ROOT = Path(__file__).resolve().parents[3]
+EXTRA = f"""tenants:
+  capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 10}}}}
+  broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0005"}}}}
+  open: {{api_key_sha256: ['{hash_key("sk-open")}']}}
+degradation:
+  steps:
+    - {{name: micro-kv-high, signal: kv_cache_usage, pool: micro, enter_above: 0.85, exit_below: 0.5, hold_s: 2,
+        action: {{type: fallback_pool, to_pool: flagship}}}}
+"""
+
+
+class Workers:
+    def __init__(self, url: str, proc: subprocess.Popen[bytes], micro: FakeUpstream, prefix: str) -> None:
+        self.url, self.proc, self.micro, self.prefix = url, proc, micro, prefix
+
+    def children(self) -> list[int]:
+        """Pids of the worker processes (multiprocessing's resource tracker is a child too)."""
+        text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        pids = [int(pid) for pid in text.split()]
+        return [p for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    tmp = tmp_path_factory.mktemp("workers")
+    prefix = f"test:{uuid.uuid4().hex}:"
+    micro, flagship = FakeUpstream("micro-model"), FakeUpstream("flagship-model")
+    with serve(micro) as micro_url, serve(flagship) as flagship_url:
+        policy = tmp / "policy.yaml"
+        policy.write_text(policy_yaml(micro_url, flagship_url) + EXTRA)
+        port = free_port()
+        cmd = [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--policy", str(policy), "--port", str(port),
+               "--scorer", "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "WARNING"]
+        log = (tmp / "gateway.log").open("wb")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CASCADE_HOME": str(tmp)}, stdout=log,
+                                stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url, proc, 90, (tmp / "gateway.log").read_text)
+            yield Workers(url, proc, micro, prefix)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+            log.close()
+            delete_prefix(prefix)
+
+
+def _post(url: str, key: str = "sk-open", model: str = "flagship") -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    headers = {"authorization": f"Bearer {key}"}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=10)  # a new connection
+
+
+def test_two_worker_processes_serve_the_port_and_both_report(workers: Workers) -> None:
+    assert len(workers.children()) == 2
+    for _ in range(40):
+        assert _post(workers.url, model="micro").status_code == 200
+    time.sleep(1.5)  # a ladder tick: each worker publishes its own report
+    reports = redis.Redis.from_url(SHARED_URL).hgetall(workers.prefix + "ladder:reports")
+    assert len(reports) == 2  # both workers are alive, share the ladder, and (40 connections) served requests
+
+
+def test_one_rate_limit_across_two_workers(workers: Workers) -> None:
+    codes = [_post(workers.url, "sk-capped").status_code for _ in range(30)]
+    assert codes.count(200) == 10 and codes.count(429) == 20
+
+
+def test_one_budget_and_one_ledger_across_two_workers(workers: Workers) -> None:
+    # each request costs ~132 micro-USD on the flagship; the budget is 500: the fifth one is refused
+    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
+    before = len(client.xrange(workers.prefix + "records") or [])
+    codes: list[int] = []
+    while 429 not in codes and len(codes) < 12:
+        codes.append(_post(workers.url, "sk-broke").status_code)
+        time.sleep(1.1)  # past the guard's 1 s cache, so the shared spend is read again
+    assert codes == [200, 200, 200, 200, 429]
+    assert len(client.xrange(workers.prefix + "records") or []) - before == 4
+
+
+def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
+    def pools() -> set[str]:
+        return {_post(workers.url, model="auto").headers["x-cascade-pool"] for _ in range(16)}
+
+    assert pools() == {"micro"}
+    workers.micro.kv_cache_usage = 0.95
+    deadline = time.monotonic() + 10
+    while pools() != {"flagship"}:
+        assert time.monotonic() < deadline, "the step never engaged in every worker"
+    state = redis.Redis.from_url(SHARED_URL).get(workers.prefix + "ladder:state")
+    assert state is not None and b"micro-kv-high" in state
+    workers.micro.kv_cache_usage = 0.7  # between exit_below and enter_above: held in every worker
+    time.sleep(2.5)
+    assert pools() == {"flagship"}
+    workers.micro.kv_cache_usage = 0.1
+    deadline = time.monotonic() + 10
+    while pools() != {"micro"}:
+        assert time.monotonic() < deadline, "the step never released in every worker"
+
+
+def test_workers_refuse_on_demand_pools(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("""
+version: 1
+pools:
+  micro:
+    type: local
+    price: {gpu_hour_usd: "1.00", tokens_per_second: 100}
+    engine: {model: demo:micro, served_name: micro}
+    on_demand: {idle_stop_after_s: 60, cold_start_timeout_s: 60}
+routing: {micro_pool: micro, flagship_pool: micro, threshold: 0.5}
+""")
+    assert "need --workers 1" in (workers_problem(Settings(policy_path=policy)) or "")
+    assert workers_problem(Settings(policy_path=policy, start_engines=False)) is None

@@ -1,0 +1,38 @@
+"""The shipped Grafana dashboard references only metrics the gateway really exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from backends.pool import Pool
+from gateway.control.metrics import GatewayMetrics
+from gateway.ledger.store import CostRecord
+
+ROOT = Path(__file__).resolve().parents[3]
+DASHBOARD = ROOT / "deploy" / "grafana" / "cascade-dashboard.json"
+
+
+def _exported() -> set[str]:
+    """Sample names of a metrics registry after one of everything has been observed."""
+    metrics = GatewayMetrics(lambda: {"micro": Pool("micro", ["http://127.0.0.1:1"], None)})  # type: ignore[arg-type]
+    metrics.observe_record(CostRecord("r", "t", "micro", "m", 1, 1, 1, 2, "threshold", "v", 1.8e9, 5.0, 9.0))
+    metrics.itl.labels("micro").observe(0.01)
+    metrics.scoring.observe(0.001)
+    metrics.overhead.observe(0.001)
+    metrics.budget.labels("t", "soft").inc()
+    metrics.ladder_changed({"step"}, set())
+    text = metrics.render().decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_every_dashboard_query_uses_an_exported_metric() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\bcascade_[a-z_]+", e)}
+    exported = _exported()
+    assert used, "dashboard has no queries"
+    missing = used - exported
+    assert not missing, f"dashboard uses metrics the gateway does not export: {sorted(missing)}"
+    assert len(board["panels"]) >= 10

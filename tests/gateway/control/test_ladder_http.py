@@ -1,0 +1,204 @@
+"""Each degradation-ladder step through a real gateway, driven by the engines' own /metrics (fakes whose
+KV-cache use and queue depth we set), engaging and receding with hysteresis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.api.app import create_app
+from gateway.api.auth import hash_key
+from gateway.settings import Settings
+from loadtest.fake_upstream import FakeUpstream
+from tests.conftest import policy_yaml
+from tests.servers import serve
+
+Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
+TENANTS = f"""tenants:
+  gold: {{api_key_sha256: ['{hash_key("sk-gold")}'], priority: 5}}
+  free: {{api_key_sha256: ['{hash_key("sk-free")}'], priority: 0}}
+"""
+STEP = """  - name: {name}
+    signal: {signal}
+    pool: flagship
+    enter_above: {enter}
+    exit_below: {exit}
+    hold_s: 0
+    action: {action}
+"""
+
+
+def _gateway(tmp_path: Path, upstreams: Upstreams, step: str, extra: str = "") -> Iterator[str]:
+    _, micro_url, _, flagship_url = upstreams
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(micro_url, flagship_url) + "degradation:\n  steps:\n" + step + extra)
+    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp_path,
+                        probe_interval_s=0.1)
+    with serve(create_app(settings)) as url:
+        yield url
+
+
+def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def _post(url: str, **body: Any) -> httpx.Response:
+    payload = {"model": "auto", "messages": [{"role": "user", "content": "hello there"}], **body}
+    return httpx.post(url + "/v1/chat/completions", json=payload, headers=body.pop("headers", None), timeout=10)
+
+
+@pytest.fixture
+def fallback(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: fallback_pool, to_pool: micro}"
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="kv-high", signal="kv_cache_usage", enter=0.85,
+                                                         exit=0.5, action=action))
+
+
+def test_fallback_engages_on_kv_cache_and_recedes(fallback: str, upstreams: Upstreams) -> None:
+    flagship = upstreams[2]
+    assert _post(fallback, model="flagship").headers["x-cascade-pool"] == "flagship"
+    flagship.kv_cache_usage = 0.9
+    _until(lambda: _post(fallback, model="flagship").headers["x-cascade-pool"] == "micro")
+    r = _post(fallback, model="flagship")
+    assert r.headers["x-cascade-rule"] == "ladder:kv-high" and r.headers["x-cascade-degraded"] == "kv-high"
+    flagship.kv_cache_usage = 0.7  # between exit and enter: hysteresis keeps the step on
+    time.sleep(0.5)
+    assert _post(fallback, model="flagship").headers["x-cascade-pool"] == "micro"
+    flagship.kv_cache_usage = 0.2
+    _until(lambda: _post(fallback, model="flagship").headers["x-cascade-pool"] == "flagship")
+    assert "x-cascade-degraded" not in _post(fallback, model="flagship").headers
+
+
+@pytest.fixture
+def truncating(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: truncate_context, max_tokens: 20}"
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="trunc", signal="queue_depth", enter=5, exit=1,
+                                                         action=action))
+
+
+def test_truncation_keeps_system_and_latest_turns(truncating: str, upstreams: Upstreams) -> None:
+    messages = [{"role": "system", "content": "be brief"}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "word " * 30} for i in range(6)
+    ] + [{"role": "user", "content": "last question"}]
+    full = _post(truncating, model="flagship", messages=messages).json()["usage"]["prompt_tokens"]
+    upstreams[2].waiting = 10
+    _until(lambda: "x-cascade-truncated" in _post(truncating, model="flagship", messages=messages).headers)
+    r = _post(truncating, model="flagship", messages=messages)
+    assert int(r.headers["x-cascade-truncated"]) == 6
+    assert r.json()["usage"]["prompt_tokens"] == (3 + 2) + (3 + 2)  # system + last question (fake tokenizer)
+    assert r.json()["usage"]["prompt_tokens"] < full
+
+
+@pytest.fixture
+def shedding(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: shed, below_priority: 1, retry_after_s: 7}"
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="shed", signal="queue_depth", enter=5, exit=1,
+                                                         action=action), TENANTS)
+
+
+def test_shedding_rejects_low_priority_with_retry_after(shedding: str, upstreams: Upstreams) -> None:
+    gold, free = {"authorization": "Bearer sk-gold"}, {"authorization": "Bearer sk-free"}
+    assert _post(shedding, headers=free).status_code == 200
+    upstreams[2].waiting = 10
+    _until(lambda: _post(shedding, headers=free).status_code == 429)
+    r = _post(shedding, headers=free)
+    assert r.headers["retry-after"] == "7" and r.json()["error"]["code"] == "load_shed"
+    assert _post(shedding, headers=gold).status_code == 200
+    upstreams[2].waiting = 0
+    _until(lambda: _post(shedding, headers=free).status_code == 200)
+
+
+@pytest.fixture
+def shedding_on_in_flight(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: shed, below_priority: 1, retry_after_s: 3}"
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="busy", signal="in_flight", enter=3, exit=1,
+                                                         action=action), TENANTS)
+
+
+def test_shedding_on_the_gateways_own_in_flight_requests(shedding_on_in_flight: str) -> None:
+    """No engine gauge moves here: the step sees the slow requests the gateway itself has open."""
+    url = shedding_on_in_flight
+    gold, free = {"authorization": "Bearer sk-gold"}, {"authorization": "Bearer sk-free"}
+    assert _post(url, headers=free).status_code == 200
+    slow = {"model": "flagship", "metadata": {"fake_delay_ms": "150"}, "headers": gold}
+    with ThreadPoolExecutor(5) as pool:
+        running = [pool.submit(_post, url, **slow) for _ in range(5)]  # 16 tokens x 150 ms each
+        _until(lambda: _post(url, headers=free).status_code == 429)
+        r = _post(url, headers=free)
+        assert r.headers["retry-after"] == "3" and r.json()["error"]["code"] == "load_shed"
+        assert _post(url, headers=gold).status_code == 200  # higher priority is still served
+        assert all(f.result().status_code == 200 for f in running)
+    _until(lambda: _post(url, headers=free).status_code == 200)
+
+
+@pytest.fixture
+def forcing(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: force_stream}"
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="slow", signal="kv_cache_usage", enter=0.5, exit=0.2,
+                                                         action=action))
+
+
+def test_force_stream_still_answers_json(forcing: str, upstreams: Upstreams) -> None:
+    upstreams[2].kv_cache_usage = 0.9
+    _until(lambda: "x-cascade-degraded" in _post(forcing, model="flagship").headers)
+    r = _post(forcing, model="flagship", max_tokens=5)
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 5
+    assert body["choices"][0]["message"]["content"].split() == ["w0", "w1", "w2", "w3", "w4"]
+
+
+@pytest.fixture
+def raising(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: raise_threshold, threshold: 0.99}"
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="raise", signal="kv_cache_usage", enter=0.5,
+                                                         exit=0.2, action=action))
+
+
+def test_raise_threshold_sends_borderline_requests_to_micro(raising: str, upstreams: Upstreams) -> None:
+    long_prompt = [{"role": "user", "content": "explain " * 150}]  # length scorer: 0.75
+    assert _post(raising, messages=long_prompt).headers["x-cascade-pool"] == "flagship"
+    upstreams[2].kv_cache_usage = 0.9
+    _until(lambda: _post(raising, messages=long_prompt).headers["x-cascade-pool"] == "micro")
+    assert _post(raising, messages=long_prompt).headers["x-cascade-rule"] == "ladder:raise"
+
+
+@pytest.fixture
+def overflowing(tmp_path: Path, upstreams: Upstreams, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("CASCADE_TEST_CLOUD_KEY", "sk-cloud-123")
+    cloud = f"""  cloud:
+    type: remote
+    urls: ["{upstreams[3]}"]
+    model: cloud-model
+    api_key_env: CASCADE_TEST_CLOUD_KEY
+    price: {{input_per_mtok: "5.00", output_per_mtok: "20.00"}}
+"""
+    _, micro_url, _, flagship_url = upstreams
+    path = tmp_path / "policy.yaml"
+    text = policy_yaml(micro_url, flagship_url).replace("pools:\n", "pools:\n" + cloud, 1)
+    step = STEP.format(name="burst", signal="queue_depth", enter=5, exit=1, action="{type: overflow, to_pool: cloud}")
+    path.write_text(text + "degradation:\n  steps:\n" + step)
+    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp_path,
+                        probe_interval_s=0.1)
+    with serve(create_app(settings)) as url:
+        yield url
+
+
+def test_overflow_bursts_to_the_remote_pool_and_back(overflowing: str, upstreams: Upstreams) -> None:
+    long_prompt = [{"role": "user", "content": "explain " * 150}]
+    assert _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "flagship"
+    upstreams[2].waiting = 10
+    _until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "cloud")
+    r = _post(overflowing, messages=long_prompt)
+    assert r.headers["x-cascade-rule"] == "ladder:burst" and r.json()["model"] == "cloud-model"
+    assert upstreams[2].last_authorization == "Bearer sk-cloud-123"  # the remote pool's key, from its env var
+    upstreams[2].waiting = 0
+    _until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "flagship")

@@ -1,0 +1,390 @@
+"""Ledger tests: validation and codec (no I/O), the outbox (disk only), and RedisLedger against real
+Redis servers: the shared one on 127.0.0.1:6379 (unique key prefix per test, cleaned up) and, for the
+outage and restart cases, a redis-server each test starts on a free port and stops by its PID."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.costs.report import Counters
+from gateway.ledger.outbox import Outbox, OutboxBusy
+from gateway.ledger.store import (
+    CostRecord,
+    InvalidCostRecord,
+    LedgerKeys,
+    RedisLedger,
+    record_from_fields,
+    record_to_fields,
+    rollup_slot,
+    validate_record,
+)
+from tests.conftest import SHARED_URL
+from tests.servers import free_port
+
+DAY0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def make_record(i: int, **changes: object) -> CostRecord:
+    """A valid record; tenants, pools, models and hours vary with `i`; money is integer micro-USD."""
+    rec = CostRecord(
+        request_id=f"req-{i}",
+        tenant=f"tenant-{i % 3}",
+        pool="micro" if i % 4 else "flagship",
+        model="tiny-llama" if i % 4 else "tiny-moe",
+        prompt_tokens=100 + i,
+        completion_tokens=20 + i % 7,
+        cost_micro_usd=37 * i + 5,
+        flagship_cost_micro_usd=90 * i + 11,
+        rule="default",
+        policy_version="v1",
+        started_at=DAY0 + 3600.0 * (i % 30) + 0.25,
+        ttft_ms=12.5,
+        latency_ms=80.0,
+    )
+    return dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+
+
+def expected_rollups(keys: LedgerKeys, recs: list[CostRecord]) -> dict[str, Counters]:
+    out: dict[str, Counters] = {}
+    for rec in recs:
+        day, member, hour_member = rollup_slot(rec)
+        one = Counters(1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd)
+        for key in (keys.day(day, member), keys.hour(day, hour_member)):
+            out[key] = out.get(key, Counters()) + one
+    return out
+
+
+async def assert_exact(url: str, keys: LedgerKeys, recs: list[CostRecord]) -> None:
+    """Every day/hour rollup equals the sum of `recs`, and the stream holds each request exactly once."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        want = expected_rollups(keys, recs)
+        got = {k: Counters.from_hash(await client.hgetall(k)) for k in want}
+        assert got == want
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(keys.stream)  # type: ignore[assignment]
+        ids = [fields[b"request_id"].decode() for _, fields in entries]
+        assert sorted(ids) == sorted(r.request_id for r in recs)
+    finally:
+        await client.aclose()
+
+
+
+
+class RedisProcess:
+    """A private redis-server (AOF with fsync always, like production should run) that tests kill and
+    restart. Stopped by its own PID only."""
+
+    def __init__(self, port: int, data_dir: Path) -> None:
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.data_dir)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # SIGKILL: a crash, not a clean shutdown
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed")
+    data = tmp_path / "redis-data"
+    data.mkdir()
+    server = RedisProcess(free_port(), data)
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path, prefix: str) -> AsyncIterator[RedisLedger]:
+    led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix, drain_interval_s=0.05)
+    await led.start()
+    yield led
+    await led.aclose()
+
+
+async def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+# --- validation and codec -------------------------------------------------------------------------
+
+
+BAD_CHANGES: list[dict[str, object]] = [
+    {"request_id": ""},
+    {"request_id": "has space"},
+    {"tenant": "a:b"},
+    {"pool": ""},
+    {"model": "m{x}"},
+    {"tenant": 7},
+    {"prompt_tokens": -1},
+    {"completion_tokens": 1.5},
+    {"cost_micro_usd": True},
+    {"cost_micro_usd": 0.1},
+    {"flagship_cost_micro_usd": 10**13},
+    {"started_at": math.nan},
+    {"started_at": 5.0},
+    {"started_at": time.time() + 10 * 86_400},
+    {"ttft_ms": -1.0},
+    {"latency_ms": math.inf},
+    {"status": "done"},
+    {"usage_source": "guess"},
+    {"rule": "line\nbreak"},
+]
+
+
+@pytest.mark.parametrize("changes", BAD_CHANGES, ids=[next(iter(c)) for c in BAD_CHANGES])
+def test_validate_rejects_malformed(changes: dict[str, object]) -> None:
+    with pytest.raises(InvalidCostRecord):
+        validate_record(make_record(1, **changes))
+
+
+def test_validate_accepts_model_paths_and_no_ttft() -> None:
+    validate_record(make_record(1, model="Qwen/Qwen2.5-7B-Instruct", ttft_ms=None, tenant="acme_corp"))
+
+
+def test_fields_round_trip() -> None:
+    rec = make_record(5, ttft_ms=None, started_at=DAY0 + 0.123456789)
+    assert record_from_fields(record_to_fields(rec)) == rec
+
+
+@pytest.mark.parametrize(("name", "value"), [("cost_micro_usd", "1_000"), ("prompt_tokens", " 5"), ("started_at", "x")])
+def test_fields_reject_malformed(name: str, value: str) -> None:
+    fields = record_to_fields(make_record(1))
+    fields[name] = value
+    with pytest.raises(InvalidCostRecord):
+        record_from_fields(fields)
+    del fields[name]
+    with pytest.raises(InvalidCostRecord):
+        record_from_fields(fields)
+
+
+async def test_record_rejects_malformed_before_any_io(tmp_path: Path) -> None:
+    led = RedisLedger(f"redis://127.0.0.1:{free_port()}/0", tmp_path / "o")
+    with pytest.raises(InvalidCostRecord):
+        await led.record(make_record(1, cost_micro_usd=-5))
+    assert not (tmp_path / "o").exists()
+    await led.aclose()
+
+
+# --- outbox ---------------------------------------------------------------------------------------
+
+
+async def test_outbox_append_claim_release(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    await box.open()
+    await asyncio.gather(*(box.append({"n": str(i)}) for i in range(50)))
+    assert box.has_lines
+    batch = await box.claim(dict)
+    assert batch is not None and sorted(int(x["n"]) for x in batch) == list(range(50))
+    await box.append({"n": "late"})  # lands in a fresh outbox, not in the claimed batch
+    assert await box.claim(dict) == batch  # not released: the same batch again
+    await box.release()
+    assert await box.claim(dict) == [{"n": "late"}]
+    await box.release()
+    assert await box.claim(dict) is None and not box.has_lines
+    await box.aclose()
+
+
+async def test_outbox_survives_crash_mid_drain_and_cuts_torn_tail(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    await box.open()
+    await box.append({"n": "1"})
+    assert await box.claim(dict) == [{"n": "1"}]  # claimed, then the process "dies" before release
+    await box.append({"n": "2"})
+    await box.aclose()
+    with open(tmp_path / "ledger-outbox.jsonl", "ab") as fh:
+        fh.write(b'{"n": "torn')  # a write that crashed before its fsync
+    again = Outbox(tmp_path)
+    await again.open()
+    assert await again.claim(dict) == [{"n": "1"}]
+    await again.release()
+    assert await again.claim(dict) == [{"n": "2"}]
+    await again.aclose()
+
+
+async def test_outbox_rejects_malformed_lines_and_is_exclusive(tmp_path: Path) -> None:
+    (tmp_path / "ledger-outbox.jsonl").write_bytes(b'{"n": "1"}\nnot json\n[1]\n{"n": 2}\n')
+    box = Outbox(tmp_path)
+    await box.open()
+    with pytest.raises(OutboxBusy):
+        await Outbox(tmp_path).open()
+    assert await box.claim(dict) == [{"n": "1"}]
+    assert box.rejected == 3
+    assert (tmp_path / "ledger-outbox.rejected.jsonl").read_bytes().count(b"\n") == 3
+    await box.aclose()
+
+
+# --- RedisLedger on the shared Redis --------------------------------------------------------------
+
+
+@pytest.mark.redis
+async def test_concurrent_records_sum_exactly(ledger: RedisLedger) -> None:
+    recs = [make_record(i) for i in range(300)]
+    await asyncio.gather(*(ledger.record(r) for r in recs))
+    assert ledger.counts.recorded == 300 and ledger.counts.spilled == 0
+    await assert_exact(SHARED_URL, ledger.keys, recs)
+
+
+@pytest.mark.redis
+async def test_same_request_id_counts_once(ledger: RedisLedger) -> None:
+    first = make_record(1)
+    await asyncio.gather(*(ledger.record(first) for _ in range(20)))
+    await ledger.record(dataclasses.replace(first, cost_micro_usd=999_999))  # first write wins
+    assert ledger.counts.recorded == 1 and ledger.counts.duplicates == 20
+    await assert_exact(SHARED_URL, ledger.keys, [first])
+
+
+@pytest.mark.redis
+async def test_records_after_redis_forgot_the_script(tmp_path: Path, private_redis: RedisProcess) -> None:
+    """The batch runs the record script by its SHA; a Redis that lost it (restart, SCRIPT FLUSH) gets it
+    loaded again and the batch still counts once, not spilled and not doubled."""
+    private_redis.start()
+    led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
+    await led.start()
+    await asyncio.gather(*(led.record(make_record(i)) for i in range(5)))
+    client = aioredis.Redis.from_url(private_redis.url)
+    await client.script_flush()
+    await client.aclose()
+    recs = [make_record(i) for i in range(5, 40)]
+    await asyncio.gather(*(led.record(r) for r in recs))
+    assert led.counts.recorded == 40 and led.counts.spilled == 0
+    await led.aclose()
+    await assert_exact(private_redis.url, LedgerKeys("t:"), [make_record(i) for i in range(40)])
+
+
+@pytest.mark.redis
+async def test_outbox_replay_does_not_double_count(tmp_path: Path, prefix: str) -> None:
+    recs = [make_record(i) for i in range(10)]
+    first = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
+    await first.start()
+    for rec in recs[:5]:
+        await first.record(rec)
+    await first.aclose()
+    box = Outbox(tmp_path / "outbox")  # as if those 5 had timed out after Redis applied them
+    await box.open()
+    for rec in recs:
+        await box.append(record_to_fields(rec))
+    await box.aclose()
+    second = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
+    await second.start()  # drains before returning
+    assert (second.counts.replayed, second.counts.duplicates) == (5, 5)
+    await second.aclose()
+    assert not list((tmp_path / "outbox").glob("*.jsonl"))
+    await assert_exact(SHARED_URL, LedgerKeys(prefix), recs)
+
+
+@pytest.mark.redis
+async def test_cancelled_caller_still_records(ledger: RedisLedger) -> None:
+    tasks = [asyncio.create_task(ledger.record(make_record(i))) for i in range(50)]
+    await asyncio.sleep(0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await wait_for(lambda: ledger.counts.recorded == 50)
+    await assert_exact(SHARED_URL, ledger.keys, [make_record(i) for i in range(50)])
+
+
+# --- outages and restarts on a private redis-server -----------------------------------------------
+
+
+@pytest.mark.redis
+async def test_outage_goes_to_outbox_then_drains(tmp_path: Path, private_redis: RedisProcess) -> None:
+    led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
+    await led.start()  # nothing listens yet: start must not fail
+    recs = [make_record(i) for i in range(200)]
+    began = time.monotonic()
+    await asyncio.gather(*(led.record(r) for r in recs))
+    assert time.monotonic() - began < 3.0, "an outage must not stall requests"
+    assert led.counts.spilled == 200
+    private_redis.start()
+    await wait_for(lambda: led.counts.replayed == 200)
+    assert await led.drain()  # waits for the background drain to finish; Redis is marked up
+    await led.record(recs[0])  # back on the direct path, still idempotent
+    assert led.counts.duplicates == 1
+    await led.aclose()
+    await assert_exact(private_redis.url, LedgerKeys("t:"), recs)
+    assert not list((tmp_path / "outbox").glob("*.jsonl"))
+
+
+@pytest.mark.redis
+async def test_redis_crash_during_load_loses_and_doubles_nothing(tmp_path: Path, private_redis: RedisProcess) -> None:
+    private_redis.start()
+    led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
+    await led.start()
+    recs = [make_record(i) for i in range(600)]
+
+    async def writer(part: list[CostRecord]) -> None:
+        for rec in part:
+            await led.record(rec)
+            await asyncio.sleep(0.01)
+
+    load = asyncio.gather(*(writer(recs[k::20]) for k in range(20)))
+    await asyncio.sleep(0.1)
+    private_redis.kill()
+    await asyncio.sleep(0.3)
+    private_redis.start()  # AOF (fsync always) brings back every acknowledged write
+    await load
+    c = led.counts
+    await wait_for(lambda: c.replayed + c.duplicates == c.spilled, timeout=15)  # outbox fully replayed
+    assert c.spilled > 0, "the crash should have sent some records to the outbox"
+    assert c.lost == 0  # in-flight scripts Redis applied before dying come back as duplicates
+    await led.aclose()
+    await assert_exact(private_redis.url, LedgerKeys("t:"), recs)
+
+
+@pytest.mark.redis
+async def test_restart_drains_leftover_outbox_first(tmp_path: Path, private_redis: RedisProcess) -> None:
+    down = RedisLedger(private_redis.url, tmp_path / "outbox", "t:")
+    await down.start()
+    recs = [make_record(i) for i in range(50)]
+    await asyncio.gather(*(down.record(r) for r in recs))
+    await down.aclose()  # the "gateway" stops with a non-empty outbox
+    assert (tmp_path / "outbox" / "ledger-outbox.jsonl").stat().st_size > 0
+    private_redis.start()
+    restarted = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=3600)
+    await restarted.start()
+    assert restarted.counts.replayed == 50
+    await restarted.aclose()
+    await assert_exact(private_redis.url, LedgerKeys("t:"), recs)
+
+
+def test_outbox_files_are_private(tmp_path: Path) -> None:
+    async def run() -> None:
+        box = Outbox(tmp_path)
+        await box.open()
+        await box.append({"n": "1"})
+        await box.aclose()
+
+    asyncio.run(run())
+    assert os.stat(tmp_path / "ledger-outbox.jsonl").st_mode & 0o077 == 0

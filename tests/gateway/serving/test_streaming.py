@@ -1,0 +1,76 @@
+"""The SSE relay's accounting of how a stream ended: complete, client gone, or engine failed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import AsyncExitStack
+from typing import Any
+
+from gateway.serving.streaming import SSEResponse, StreamRelay
+
+_CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+_USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
+_DONE = b"data: [DONE]\n\n"
+
+
+async def _engine(chunks: list[bytes], then_hang: bool) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+    if then_hang:  # an engine that keeps the connection open after [DONE]
+        await asyncio.Event().wait()
+
+
+def _relay(chunks: list[bytes], then_hang: bool, finished: list[StreamRelay]) -> StreamRelay:
+    return StreamRelay(b"", _engine(chunks, then_hang), AsyncExitStack(), True, 0.0, finished.append)
+
+
+async def _serve(relay: StreamRelay, leave_after_done: bool) -> list[bytes]:
+    """Run the response with a client that disconnects as soon as it has read `[DONE]` (or never)."""
+    sent: list[bytes] = []
+    done = asyncio.Event()
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message.get("body", b""))
+        if _DONE in message.get("body", b""):
+            done.set()
+
+    async def receive() -> dict[str, Any]:
+        if leave_after_done:
+            await done.wait()
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    await asyncio.wait_for(SSEResponse(relay.body(), {})({}, receive, send), timeout=5)
+    return sent
+
+
+def test_a_client_leaving_right_after_done_is_a_completed_request() -> None:
+    finished: list[StreamRelay] = []
+    relay = _relay([_CHUNK, _USAGE, _DONE], then_hang=True, finished=finished)
+    sent = asyncio.run(_serve(relay, leave_after_done=True))
+    assert finished == [relay]
+    assert (relay.completed, relay.disconnected) == (True, False)
+    assert relay.usage is not None and relay.usage.completion_tokens == 1
+    assert _DONE in b"".join(sent)
+
+
+def test_a_client_leaving_mid_stream_is_a_disconnect() -> None:
+    finished: list[StreamRelay] = []
+    relay = _relay([_CHUNK], then_hang=True, finished=finished)
+
+    async def run() -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
+            pass
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(0.05)
+            return {"type": "http.disconnect"}
+
+        await asyncio.wait_for(SSEResponse(relay.body(), {})({}, receive, send), timeout=5)
+
+    asyncio.run(run())
+    assert finished == [relay]
+    assert (relay.completed, relay.disconnected) == (False, True)
+    assert relay.generated_text() == "hi"

@@ -1,0 +1,72 @@
+"""Rate limits and budgets through a real gateway, with the real Redis ledger and limiter."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.api.app import create_app
+from gateway.api.auth import hash_key
+from gateway.settings import Settings
+from loadtest.fake_upstream import FakeUpstream
+from tests.conftest import delete_prefix, policy_yaml
+from tests.servers import serve
+
+pytestmark = pytest.mark.redis
+Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
+TENANTS = f"""tenants:
+  capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 3}}}}
+  broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0001"}}}}
+  thrifty: {{api_key_sha256: ['{hash_key("sk-thrifty")}'], budget: {{daily_usd: "0.0001", on_exceed: downgrade}}}}
+"""
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    _, micro_url, _, flagship_url = upstreams
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
+                        home=tmp_path)
+    with serve(create_app(settings)) as url:
+        yield url
+    delete_prefix(prefix)
+
+
+def _post(url: str, key: str, model: str = "flagship") -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+
+
+def test_requests_per_minute(gateway: str) -> None:
+    assert [_post(gateway, "sk-capped").status_code for _ in range(3)] == [200, 200, 200]
+    r = _post(gateway, "sk-capped")
+    assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert _post(gateway, "bad-key").status_code == 401
+
+
+def test_budget_rejects_once_spent(gateway: str) -> None:
+    assert _post(gateway, "sk-broke").status_code == 200  # costs > 100 micro-USD on the flagship
+    deadline = time.monotonic() + 5
+    while (r := _post(gateway, "sk-broke")).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+    assert "0.0001" in r.json()["error"]["message"] or "USD" in r.json()["error"]["message"]
+    assert int(r.headers["retry-after"]) > 0
+
+
+def test_budget_downgrades_to_micro(gateway: str) -> None:
+    assert _post(gateway, "sk-thrifty").headers["x-cascade-pool"] == "flagship"
+    deadline = time.monotonic() + 5
+    while (r := _post(gateway, "sk-thrifty")).headers.get("x-cascade-pool") == "flagship":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert r.status_code == 200
+    assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "budget-downgrade")
