@@ -1,0 +1,19 @@
+# Source me, then `cascade_podman_env IMAGE`: exports CONTAINERS_CONF with the podman settings this machine
+# needs, kept in .cascade/containers.conf. Some sandboxes refuse the rlimits podman sets by default (crun:
+# "setrlimit RLIMIT_NPROC: Operation not permitted"); there runc with the machine's own limits (nproc at most
+# 32768) runs. Nothing is written where podman's defaults already run IMAGE.
+cascade_podman_env() {
+  local conf nproc nofile
+  conf="$(pwd)/.cascade/containers.conf"
+  if [ -n "${CONTAINERS_CONF:-}" ]; then return 0; fi
+  if [ -f "$conf" ]; then export CONTAINERS_CONF="$conf"; return 0; fi
+  if podman run --rm --quiet --network none "$1" true >/dev/null 2>&1; then return 0; fi
+  nproc=$(ulimit -Hu); if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
+  nofile=$(ulimit -Hn); if [ "$nofile" = unlimited ]; then nofile=1048576; fi
+  mkdir -p "$(dirname "$conf")"
+  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n[engine]\nruntime = "runc"\n' \
+    "$nofile" "$nofile" "$nproc" "$nproc" > "$conf"
+  export CONTAINERS_CONF="$conf"
+  podman run --rm --quiet --network none "$1" true >/dev/null || {
+    echo "podman cannot run a container here, even with $conf" >&2; return 1; }
+}
