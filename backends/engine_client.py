@@ -1,238 +1,155 @@
-"""Talk to OpenAI-compatible engines (vLLM): one shared, keep-alive client per gateway process.
+"""Talk to OpenAI-compatible engines (vLLM): one shared client per gateway process, which picks the
+connection for each URL by where it goes.
 
-Three transports behind one small protocol, chosen by measurement (BENCHMARKS.md): raw aiohttp (its
-connection pool holds up under concurrency), `h1` (`backends.h1_client`: asyncio Protocols and the C parser
-httptools; the least CPU per relayed token) and httpx (its own pool; slower under load on small machines,
-kept for comparison and for environments that need it).
-Streams pass through chunk by chunk; nothing buffers a whole answer.
+- The servers of a remote pool whose settings were given (`EngineClients.configure`, which `Pool` calls
+  with the policy's `connection:` block): aiohttp with those settings (CA bundle, client certificate,
+  proxies from the environment when `trust_env`).
+- Plain http to a loopback address (the engines the supervisor starts on this host): the chosen transport,
+  `h1` by default (`backends.h1_client`: the least CPU per request, BENCHMARKS.md "Engine clients").
+- Anything else (https, another host): aiohttp with the system's CAs and no proxy.
 
-Error contract: `EngineUnavailable` means no usable response came back (connect refused, reset, timeout
-before the body was read): safe to fail over. `EngineHTTPError` carries the engine's own error status
-and body. `EngineStreamBroken` means a stream that had started broke off.
+So a hand-written client never talks to another machine. Idle connections are kept under the engine's own
+keep-alive (`backends.transports.KEEPALIVE_S`). Streams pass through chunk by chunk; nothing buffers a whole
+answer. Errors follow `backends.engine_protocol` (re-exported here).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractAsyncContextManager
+from urllib.parse import urlsplit
 
-import aiohttp
-import httpx
-
+from backends.aiohttp_client import AiohttpEngineClient
+from backends.connection import DEFAULT_SETTINGS, ConnectionSettings
+from backends.engine_protocol import (
+    DEFAULT_TIMEOUTS,
+    EngineClient,
+    EngineError,
+    EngineHTTPError,
+    EngineStreamBroken,
+    EngineTimeout,
+    EngineTLSError,
+    EngineUnavailable,
+    Headers,
+    Timeouts,
+)
+from backends.h1_client import H1EngineClient
 from backends.transports import DEFAULT_TRANSPORT, Transport
 
 __all__ = [
     "AiohttpEngineClient",
     "EngineClient",
+    "EngineClients",
     "EngineError",
     "EngineHTTPError",
     "EngineStreamBroken",
+    "EngineTLSError",
+    "EngineTimeout",
     "EngineUnavailable",
-    "HttpxEngineClient",
+    "H1EngineClient",
+    "Headers",
     "Timeouts",
+    "is_loopback",
     "make_engine_client",
+    "origin_of",
 ]
 
+log = logging.getLogger("cascade.engine_client")
 
-Headers: TypeAlias = Mapping[str, str]
-
-
-class EngineError(Exception):
-    """Base for engine failures."""
+_Origin = tuple[str, str, int]  # scheme, host, port
+_MAX_ROUTES = 4096  # remembered URL -> client choices; forgotten all at once beyond this
 
 
-class EngineUnavailable(EngineError):
-    """No response came back (connect refused, reset, timeout before headers). Safe to fail over."""
+def origin_of(url: str) -> _Origin:
+    """Scheme, lower-case host and port (the scheme's default when absent) of an absolute URL."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname or "", parts.port or (443 if scheme == "https" else 80)
 
 
-class EngineTimeout(EngineUnavailable):
-    """The engine did not answer in time: it may be alive but saturated (unlike a refused connection)."""
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP address (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
-class EngineStreamBroken(EngineError):
-    """A stream that had started to arrive broke off (connection lost or too long a gap)."""
+class EngineClients:
+    """An `EngineClient` that hands each request to the client for its URL's origin (see the module's
+    docstring). Owns every client it made; `aclose` closes them all. `max_connections` is per client."""
 
+    def __init__(self, local: Transport = DEFAULT_TRANSPORT, timeouts: Timeouts = DEFAULT_TIMEOUTS,
+                 max_connections: int = 512) -> None:
+        self._timeouts = timeouts
+        self._limit = max_connections
+        self._by_settings: dict[ConnectionSettings, AiohttpEngineClient] = {}
+        self._h1 = H1EngineClient(timeouts, max_connections) if local == "h1" else None
+        self._configured: dict[_Origin, ConnectionSettings] = {}
+        self._routes: dict[str, EngineClient] = {}
 
-class EngineHTTPError(EngineError):
-    """The engine answered with an HTTP error status."""
+    def configure(self, urls: Iterable[str], settings: ConnectionSettings) -> None:
+        """Connect to the origins of `urls` with `settings` from now on (a remote pool's servers). Builds the
+        client now, so a file it cannot use raises `ConnectionSettingsError` here. An origin has one set of
+        settings: configuring it again replaces them (with a warning if they differ)."""
+        self._aiohttp(settings)
+        for url in urls:
+            origin = origin_of(url)
+            before = self._configured.get(origin)
+            if before is not None and before != settings:
+                log.warning("%s://%s:%d: connection settings replaced (two pools on one server?)", *origin)
+            self._configured[origin] = settings
+        self._routes.clear()
 
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"engine returned HTTP {status}")
-        self.status = status
-        self.body = body
+    def client_for(self, url: str) -> EngineClient:
+        """The client that requests to `url` (a base URL or a full one) go through."""
+        client = self._routes.get(url)
+        if client is None:
+            if len(self._routes) >= _MAX_ROUTES:
+                self._routes.clear()
+            client = self._routes[url] = self._choose(origin_of(url))
+        return client
 
+    def _choose(self, origin: _Origin) -> EngineClient:
+        settings = self._configured.get(origin)
+        if settings is not None:
+            return self._aiohttp(settings)
+        scheme, host, _ = origin
+        if scheme == "http" and is_loopback(host):
+            return self._h1 if self._h1 is not None else self._aiohttp(DEFAULT_SETTINGS)
+        return self._aiohttp(DEFAULT_SETTINGS)
 
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Seconds. `read` bounds the gap between two chunks of a stream, not the whole answer."""
+    def _aiohttp(self, settings: ConnectionSettings) -> AiohttpEngineClient:
+        client = self._by_settings.get(settings)
+        if client is None:
+            client = self._by_settings[settings] = AiohttpEngineClient(self._timeouts, self._limit, settings)
+        return client
 
-    connect: float = 3.0
-    read: float = 120.0
-
-
-class EngineClient(Protocol):
-    """What the gateway needs from an engine connection pool. The owner calls `aclose()`."""
-
-    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes: ...
+    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes:
+        return await self.client_for(base_url).post_json(base_url, path, body, headers)
 
     def stream(
         self, base_url: str, path: str, body: bytes, headers: Headers | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
-        """Open a streaming POST; yields the chunk iterator once the engine sent 2xx headers. Leaving the
-        context early drops the connection, which makes vLLM abort the request and free its KV cache."""
-        ...
-
-    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str: ...
-
-    async def aclose(self) -> None: ...
-
-
-_JSON = {"content-type": "application/json"}
-
-
-def _with_json(headers: Headers | None) -> Headers:
-    return _JSON if not headers else {**_JSON, **headers}
-_AIO_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
-
-
-class AiohttpEngineClient:
-    """aiohttp's pool. The session is created lazily, inside the running event loop."""
-
-    def __init__(self, timeouts: Timeouts = Timeouts(), max_connections: int = 512) -> None:
-        self._timeouts = timeouts
-        self._limit = max_connections
-        self._session: aiohttp.ClientSession | None = None
-
-    def _s(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            t = self._timeouts
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read),
-                auto_decompress=False, skip_auto_headers=("User-Agent",),
-            )
-        return self._session
-
-    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes:
-        try:
-            async with self._s().post(base_url + path, data=body, headers=_with_json(headers)) as resp:
-                data = await resp.read()
-        except _AIO_ERRORS as exc:
-            raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
-        if resp.status >= 400:
-            raise EngineHTTPError(resp.status, data)
-        return data
-
-    @asynccontextmanager
-    async def stream(
-        self, base_url: str, path: str, body: bytes, headers: Headers | None = None
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
-        try:
-            resp = await self._s().post(base_url + path, data=body, headers=_with_json(headers))
-        except _AIO_ERRORS as exc:
-            raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
-        try:
-            if resp.status >= 400:
-                raise EngineHTTPError(resp.status, await resp.read())
-            yield _aio_chunks(resp)
-        finally:
-            if resp.content.at_eof():
-                resp.release()  # complete: the connection goes back to the pool
-            else:
-                resp.close()  # cut short: drop the connection so the engine aborts the request
+        return self.client_for(base_url).stream(base_url, path, body, headers)
 
     async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
-        try:
-            async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as resp:
-                text = await resp.text()
-        except TimeoutError as exc:
-            raise EngineTimeout(f"{url}: no answer in {timeout_s:g} s") from exc
-        except _AIO_ERRORS as exc:
-            raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
-        if resp.status >= 400:
-            raise EngineUnavailable(f"{url}: HTTP {resp.status}")
-        return text
+        return await self.client_for(url).get_text(url, timeout_s, headers)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        clients: list[EngineClient] = [*self._by_settings.values(), *([self._h1] if self._h1 else [])]
+        self._by_settings.clear()
+        self._routes.clear()
+        for client in clients:
+            await client.aclose()
 
 
-async def _aio_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in resp.content.iter_any():
-            yield chunk
-    except _AIO_ERRORS as exc:
-        raise EngineStreamBroken(f"{type(exc).__name__}: {exc}") from exc
-
-
-class HttpxEngineClient:
-    """httpx's own pool (measured slower under concurrency; see BENCHMARKS.md)."""
-
-    def __init__(self, timeouts: Timeouts = Timeouts(), max_connections: int = 512) -> None:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect, pool=timeouts.connect)
-        self._http = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
-
-    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes:
-        try:
-            resp = await self._http.post(base_url + path, content=body, headers=_with_json(headers))
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 400:
-            raise EngineHTTPError(resp.status_code, resp.content)
-        return resp.content
-
-    @asynccontextmanager
-    async def stream(
-        self, base_url: str, path: str, body: bytes, headers: Headers | None = None
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
-        request = self._http.build_request("POST", base_url + path, content=body, headers=_with_json(headers))
-        try:
-            resp = await self._http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{base_url}: {type(exc).__name__}: {exc}") from exc
-        try:
-            if resp.status_code >= 400:
-                raise EngineHTTPError(resp.status_code, await resp.aread())
-            yield _httpx_chunks(resp)
-        finally:
-            await resp.aclose()
-
-    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
-        try:
-            resp = await self._http.get(url, timeout=timeout_s, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{url}: no answer in {timeout_s:g} s") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
-        if resp.status_code >= 400:
-            raise EngineUnavailable(f"{url}: HTTP {resp.status_code}")
-        return resp.text
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-
-async def _httpx_chunks(resp: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in resp.aiter_raw():
-            yield chunk
-    except (httpx.TransportError, httpx.StreamError) as exc:
-        raise EngineStreamBroken(f"{type(exc).__name__}: {exc}") from exc
-
-
-def make_engine_client(transport: Transport = DEFAULT_TRANSPORT, timeouts: Timeouts = Timeouts(),
-                       max_connections: int = 512) -> EngineClient:
-    """One client for all engines; the caller owns it and closes it (`aclose`). `h1` is the lean client of
-    `backends.h1_client` (asyncio Protocols and httptools)."""
-    if transport == "aiohttp":
-        return AiohttpEngineClient(timeouts, max_connections)
-    if transport == "h1":
-        from backends.h1_client import H1EngineClient  # it imports this module's errors
-
-        return H1EngineClient(timeouts, max_connections)
-    return HttpxEngineClient(timeouts, max_connections)
+def make_engine_client(transport: Transport = DEFAULT_TRANSPORT, timeouts: Timeouts = DEFAULT_TIMEOUTS,
+                       max_connections: int = 512) -> EngineClients:
+    """One client for all engines; the caller owns it and closes it (`aclose`). `transport` is the client for
+    plain-http engines on this host; everything else goes through aiohttp (see the module's docstring)."""
+    return EngineClients(transport, timeouts, max_connections)

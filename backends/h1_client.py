@@ -1,21 +1,23 @@
-"""A lean HTTP/1.1 engine client on asyncio Protocols and the C parser `httptools` (transport `h1`).
+"""A lean HTTP/1.1 engine client on asyncio Protocols and the C parser `httptools` (transport `h1`), for
+plain-http engines on this host only: `backends.engine_client` sends https and other hosts to aiohttp.
 
-Why: a relayed stream costs the gateway CPU per token, and aiohttp's client spends most of it in its own
-per-chunk machinery (stream reader, flow control, a read timer re-armed on every chunk). Here one
-`data_received` runs the C parser once and hands the body bytes of every chunk it parsed to the consumer
-as one `bytes`; the read timeout is one timer per request that re-arms itself from a "last data" time.
+Why: each request and each relayed chunk costs the gateway CPU, and aiohttp's client spends much of it in
+its own machinery (session and request objects, stream reader, flow control, a read timer re-armed on every
+chunk). Here one `data_received` runs the C parser once and hands the body bytes of every chunk it parsed to
+the consumer as one `bytes`; the read timeout is one timer per request that re-arms itself from a "last
+data" time. Measured side by side: BENCHMARKS.md, "Engine clients".
 
-Connections: a keep-alive pool per (host, port, tls), `max_connections` in all (a request waits for a
-slot when all are busy). A connection goes back to the pool only when its response arrived whole and the
-engine allows keep-alive; any other end closes it, which is how vLLM learns that a stream was left.
-A request on a reused connection that the engine had closed while idle (nothing of the response came
-back) is retried once on a fresh connection. Errors follow `backends.engine_client`'s contract.
+Connections: a keep-alive pool per (host, port), `max_connections` in all (a request waits for a slot when
+all are busy); an idle one is kept `keepalive_s`, under the engine's own keep-alive. A connection goes back
+to the pool only when its response arrived whole and the engine allows keep-alive; any other end closes it,
+which is how vLLM learns that a stream was left. A request on a reused connection that the engine had
+closed while idle (nothing of the response came back) is retried once on a fresh connection. Errors follow
+`backends.engine_protocol`'s contract.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,7 +27,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from backends.engine_client import (
+from backends.engine_protocol import (
+    DEFAULT_TIMEOUTS,
     EngineError,
     EngineHTTPError,
     EngineStreamBroken,
@@ -34,13 +37,13 @@ from backends.engine_client import (
     Headers,
     Timeouts,
 )
+from backends.transports import KEEPALIVE_S
 
 __all__ = ["H1EngineClient"]
 
 _HIGH_WATER = 64 * 1024  # body bytes buffered for a lagging consumer before the socket stops being read
 _FRAMING = (b"content-length", b"transfer-encoding")
-_Key = tuple[str, int, bool]  # host, port, tls
-_TIMEOUTS = Timeouts()
+_Key = tuple[str, int]  # host, port
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +54,13 @@ class _Origin:
 
 
 def _origin(url: str) -> tuple[_Origin, str]:
-    """The origin of an absolute http(s) URL, and the rest of it (path and query)."""
+    """The origin of an absolute http URL, and the rest of it (path and query). No TLS here: https goes
+    through aiohttp (`backends.engine_client`)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EngineUnavailable(f"{url}: not an http(s) URL")
-    tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
+    if parts.scheme != "http" or not parts.hostname:
+        raise EngineUnavailable(f"{url}: the h1 client speaks plain http only")
     rest = parts.path + (f"?{parts.query}" if parts.query else "")
-    return _Origin((parts.hostname, port, tls), parts.netloc.rpartition("@")[2], parts.path.rstrip("/")), rest
+    return _Origin((parts.hostname, parts.port or 80), parts.netloc.rpartition("@")[2], parts.path.rstrip("/")), rest
 
 
 def _head(method: str, target: str, origin: _Origin, body: bytes, headers: Headers | None) -> bytes:
@@ -268,7 +270,6 @@ class _Pool:
         self._idle: dict[_Key, list[_Conn]] = {}
         self._conns: set[_Conn] = set()  # open or connecting: each holds one of the `limit` slots
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._tls: ssl.SSLContext | None = None
         self.closed = False
 
     async def acquire(self, origin: _Origin, fresh: bool = False) -> _Conn:
@@ -332,10 +333,10 @@ class _Pool:
     async def _connect(self, origin: _Origin) -> _Conn:
         conn = _Conn(self, origin.key)
         self._conns.add(conn)
-        host, port, tls = origin.key
+        host, port = origin.key
         try:
             async with asyncio.timeout(self.timeouts.connect):
-                await self.loop.create_connection(lambda: conn, host, port, ssl=self._ssl() if tls else None)
+                await self.loop.create_connection(lambda: conn, host, port)
         except TimeoutError as exc:
             self.discard(conn)
             raise EngineTimeout(f"{host}:{port}: no connection in {self.timeouts.connect:g} s") from exc
@@ -346,11 +347,6 @@ class _Pool:
             self.discard(conn)
             raise
         return conn
-
-    def _ssl(self) -> ssl.SSLContext:
-        if self._tls is None:
-            self._tls = ssl.create_default_context()
-        return self._tls
 
     async def _wait_slot(self) -> None:
         waiter = self.loop.create_future()
@@ -373,7 +369,8 @@ class _Pool:
 class H1EngineClient:
     """The `h1` transport. The pool is created lazily, inside the running event loop."""
 
-    def __init__(self, timeouts: Timeouts = _TIMEOUTS, max_connections: int = 512, keepalive_s: float = 15.0) -> None:
+    def __init__(self, timeouts: Timeouts = DEFAULT_TIMEOUTS, max_connections: int = 512,
+                 keepalive_s: float = KEEPALIVE_S) -> None:
         self._timeouts = timeouts
         self._limit = max_connections
         self._keepalive_s = keepalive_s

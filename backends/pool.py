@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backends.breaker import BreakerConfig, BreakerState, CircuitBreaker, Clock
-from backends.engine_client import EngineClient, EngineTimeout, EngineUnavailable
+from backends.connection import ConnectionSettings
+from backends.engine_client import EngineClient, EngineClients, EngineTimeout, EngineUnavailable
 
 __all__ = ["BUSY_GRACE_S", "SLOW_PROBES_DOWN", "EngineLoad", "Pool", "Replica", "parse_vllm_metrics"]
 
@@ -85,7 +86,8 @@ class Replica:
 
 
 class Pool:
-    """Replicas of one pool. Owns its probe task (`start` / `aclose`), not the HTTP client."""
+    """Replicas of one pool. Owns its probe task (`start` / `aclose`), not the HTTP client (which it tells
+    how to connect to its replicas when the pool has connection settings)."""
 
     def __init__(
         self,
@@ -97,23 +99,34 @@ class Pool:
         headers: Mapping[str, str] | None = None,
         breaker: BreakerConfig | None = None,
         clock: Clock = time.monotonic,
+        connection: ConnectionSettings | None = None,
     ) -> None:
         """`headers` go with every request to this pool's replicas (e.g. a remote API key); `breaker`
-        configures each replica's circuit breaker, `clock` is its time source (monotonic seconds)."""
+        configures each replica's circuit breaker, `clock` is its time source (monotonic seconds).
+        `connection` (a remote pool's proxies, CA bundle, client certificate) is handed to `client`, which
+        must then be the router of `backends.engine_client` (`EngineClients`); a file it names that cannot
+        be used raises `ConnectionSettingsError` here."""
+        if connection is not None and not isinstance(client, EngineClients):
+            raise TypeError(f"pool {name}: connection settings need an EngineClients, not {type(client).__name__}")
+        self._connection = connection
         self.name = name
         self.headers: Mapping[str, str] = headers or {}
         self._breaker = breaker or BreakerConfig()
         self._clock = clock
-        self.replicas = [self._replica(u) for u in urls]
         self._client = client
+        self.replicas: list[Replica] = []
+        self.set_urls(urls)
         self._interval = probe_interval_s
         self._health_path = health_path
         self._task: asyncio.Task[None] | None = None
 
     def set_urls(self, urls: Iterable[str]) -> None:
         """Replace the replica set, keeping the state of replicas that stay."""
+        urls = [u.rstrip("/") for u in urls]
+        if self._connection is not None and isinstance(self._client, EngineClients):
+            self._client.configure(urls, self._connection)
         known = {r.url: r for r in self.replicas}
-        self.replicas = [known.get(u.rstrip("/")) or self._replica(u) for u in urls]
+        self.replicas = [known.get(u) or self._replica(u) for u in urls]
 
     def _replica(self, url: str) -> Replica:
         return Replica(url=url.rstrip("/"), breaker=CircuitBreaker(self._breaker, self._clock))
