@@ -88,18 +88,22 @@ def _calibration(args: argparse.Namespace) -> object:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """Build and measure the demo's int8 flagship, resuming what an earlier run left: a whole checkpoint
+    of the current original is kept (and only measured if it was not yet), anything else is rebuilt."""
     from backends.demo_models import ensure_demo_models
     from backends.quant_calibration import demo_samples
-    from backends.quant_metadata import read_figures, read_metadata
+    from backends.quant_metadata import checkpoint_problem, read_figures, read_metadata
     from backends.quantize import default_ignore, evaluate, quantize, source_fingerprint
 
     ensure_demo_models()
     source, target = _path(_DEMO_SOURCE), _path(_DEMO_TARGET)
-    meta = read_metadata(target) if target.is_dir() else None
-    stale = meta is not None and meta.get("source_sha256") != source_fingerprint(source)
-    figures = read_figures(target) if meta is not None and not stale else None
-    if meta is None or stale:
-        print(f"building the demo's calibrated int8 fallback model {_DEMO_TARGET} from {_DEMO_SOURCE}")
+    problem = checkpoint_problem(target) if target.is_dir() else "not built yet"
+    meta = read_metadata(target) if problem is None else None
+    if meta is not None and meta.get("source_sha256") != source_fingerprint(source):
+        problem = f"built from another {_DEMO_SOURCE}"
+    figures = read_figures(target) if problem is None else None
+    if problem is not None:
+        print(f"building the demo's calibrated int8 fallback model {_DEMO_TARGET} from {_DEMO_SOURCE} ({problem})")
         ignore, note = default_ignore(source)
         if note:
             print(f"note: {note}", file=sys.stderr)

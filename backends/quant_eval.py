@@ -2,16 +2,23 @@
 
 Both models are served by real vLLM engines, one after the other (never both at once: RAM). For each
 held-out chat prompt the original greedily continues it; that prompt + continuation is then scored by both
-engines with ``prompt_logprobs`` (teacher forcing), so both see exactly the same prefixes:
+engines with ``prompt_logprobs`` (teacher forcing): at every continuation position both see exactly the same
+prefix, the original's own text, so one early divergence cannot flip the positions after it.
 
-- **greedy-token agreement**: share of continuation positions where both engines' most likely next token
-  is the same (tokens tied for the top count as the top);
+- **next-token agreement** (``greedy_agreement``, teacher-forced): share of continuation positions where
+  both engines' most likely next token is the same (tokens tied for the top count as the top);
 - **KL(original || quantized)** of the next-token distributions, in nats per position, over the top
   ``k`` tokens of both engines plus one bucket for the rest (exact when ``k`` covers the vocabulary, else
   a lower bound);
+- **sequence agreement** (secondary, fragile): share of positions where the quantized engine's own greedy
+  continuation equals the original's; after the first divergence the two texts drift apart, so a single
+  flipped token can cost every later position of its sequence;
 - **JSON validity**: share of answers to schema-constrained requests (``response_format`` json_schema,
   vLLM guided decoding) that parse as JSON, for each model;
 - **speed**: decode tokens/s of each engine on the same batch.
+
+Everything but speed is deterministic for a given pair of checkpoints on one machine: greedy decoding,
+fixed prompts, and the engines run with a fixed OpenMP thread count (the caller's job).
 
 The engine-side measuring is :func:`measure_engine` (an async HTTP client against a running server);
 :func:`compare` is pure arithmetic over two such measurements.
@@ -70,16 +77,21 @@ JSON_SCHEMA: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class EngineRun:
-    """What one engine produced: per prompt, the next-token top-k at each continuation position."""
+    """What one engine produced: per prompt, the next-token top-k at each position of the continuation it
+    was scored on (``dists``), and its own greedy continuation (``greedy``)."""
 
     dists: tuple[tuple[Dist, ...], ...]
     json_answers: tuple[str, ...]
     tokens_per_s: float
+    greedy: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
 class Evaluation:
+    """The loss figures (see the module docstring); ``greedy_agreement`` is the teacher-forced one."""
+
     greedy_agreement: float
+    sequence_agreement: float
     kl_mean: float
     kl_max: float
     positions: int
@@ -157,13 +169,13 @@ async def measure_engine(base: str, model: str, prompts: Sequence[list[int]], *,
     """Measure the engine at ``base`` (no ``/v1``). Without ``continuations`` it makes its own greedy ones
     (the original's role); returns the run and the continuations used."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), trust_env=False) as http:
-        conts = list(continuations) if continuations is not None else [
-            await _continuation(http, base, model, ids, new_tokens) for ids in prompts]
+        own = [await _continuation(http, base, model, ids, new_tokens) for ids in prompts]
+        conts = list(continuations) if continuations is not None else own
         pairs = zip(prompts, conts, strict=True)
         dists = [await _scored(http, base, model, ids + cont, len(ids), k) for ids, cont in pairs]
         answers = await _json_answers(http, base, model, max_tokens=64)
         speed = await _speed(http, base, model, prompts, new_tokens)
-    return EngineRun(tuple(dists), answers, speed), conts
+    return EngineRun(tuple(dists), answers, speed, tuple(tuple(c) for c in own)), conts
 
 
 def _kl(p: Dist, q: Dist) -> float:
@@ -195,6 +207,15 @@ def _json_share(answers: Sequence[str]) -> float:
     return sum(valid(a) for a in answers) / len(answers) if answers else 0.0
 
 
+def _sequence_agreement(original: EngineRun, quantized: EngineRun) -> float:
+    """Share of positions where the two engines' own greedy continuations hold the same token."""
+    same = total = 0
+    for a, b in zip(original.greedy, quantized.greedy, strict=True):
+        total += max(len(a), len(b))
+        same += sum(x == y for x, y in zip(a, b, strict=False))
+    return same / total if total else 0.0
+
+
 def compare(original: EngineRun, quantized: EngineRun, *, k: int, vocab_size: int) -> Evaluation:
     """The loss figures of ``quantized`` against ``original`` (same prompts, same continuations)."""
     agree, kls = 0, []
@@ -205,6 +226,7 @@ def compare(original: EngineRun, quantized: EngineRun, *, k: int, vocab_size: in
     positions = len(kls)
     return Evaluation(
         greedy_agreement=agree / positions if positions else 0.0,
+        sequence_agreement=_sequence_agreement(original, quantized),
         kl_mean=sum(kls) / positions if positions else 0.0,
         kl_max=max(kls, default=0.0),
         positions=positions,

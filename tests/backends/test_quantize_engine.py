@@ -72,4 +72,4 @@ def test_quantize_with_calibration_serve_evaluate_and_enforce_the_ceiling(
     assert "may not serve as a fallback" in str(refused.value)
 
     loaded = parse_policy(_policy(out, f"{{max_kl: {ev['kl_mean'] * 2}}}"), "relaxed.yaml")
-    assert "micro-int8: W8A8: greedy agreement" in quant_lines(loaded.policy)[1]
+    assert "micro-int8: W8A8: next-token agreement" in quant_lines(loaded.policy)[1]

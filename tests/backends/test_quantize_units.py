@@ -56,8 +56,21 @@ def test_demo_samples_are_chats_from_the_corpus() -> None:
     assert len(demo.sha256) == 64
 
 
-def _run(dists: list[list[dict[int, float]]], answers: tuple[str, ...] = ("{}",)) -> EngineRun:
-    return EngineRun(tuple(tuple(d) for d in dists), answers, 100.0)
+def _run(dists: list[list[dict[int, float]]], answers: tuple[str, ...] = ("{}",),
+         greedy: tuple[tuple[int, ...], ...] = ()) -> EngineRun:
+    return EngineRun(tuple(tuple(d) for d in dists), answers, 100.0, greedy)
+
+
+def test_sequence_agreement_counts_the_drift_after_a_divergence_that_teacher_forcing_does_not() -> None:
+    p = {1: math.log(0.7), 2: math.log(0.3)}
+    # the quantized model's own text leaves the original's at the second token and never comes back, yet
+    # scored on the original's text it ranks every next token the same
+    original = _run([[p, p, p, p]], greedy=((1, 1, 1, 1),))
+    quantized = _run([[p, p, p, p]], greedy=((1, 2, 2, 2),))
+    ev = compare(original, quantized, k=2, vocab_size=2)
+    assert ev.greedy_agreement == 1.0 and ev.sequence_agreement == pytest.approx(0.25)
+    shorter = compare(original, _run([[p, p, p, p]], greedy=((1, 1),)), k=2, vocab_size=2)
+    assert shorter.sequence_agreement == pytest.approx(0.5)  # a sequence cut short counts what is missing
 
 
 def test_compare_agreement_and_kl() -> None:
@@ -107,14 +120,14 @@ def test_policy_with_a_tighter_ceiling_than_measured_is_refused(tmp_path: Path) 
         parse_policy(_policy(ckpt, "{max_disagreement: 0.02}"), "p.yaml")
     message = str(err.value)
     assert "pools.flagship-int8" in message
-    assert "max_disagreement 0.02 is tighter than the measured greedy-token disagreement 0.0500" in message
+    assert "max_disagreement 0.02 is tighter than the measured next-token disagreement 0.0500" in message
     assert "may not serve as a fallback" in message
     with pytest.raises(PolicyError, match=r"max_kl 0\.01 is tighter than the measured KL 0\.02 nats"):
         parse_policy(_policy(ckpt, "{max_kl: 0.01}"), "p.yaml")
     loaded = parse_policy(_policy(ckpt, "{max_disagreement: 0.06, max_kl: 0.05, min_json_valid: 0.9}"), "p.yaml")
     lines = quant_lines(loaded.policy)
     assert lines[0] == "quantized pools:"
-    assert "flagship-int8: W8A8: greedy agreement 95.0% over 384 positions" in lines[1]
+    assert "flagship-int8: W8A8: next-token agreement 95.0% over 384 positions" in lines[1]
     assert "ceiling max_disagreement 0.06, max_kl 0.05, min_json_valid 0.9: within" in lines[1]
 
 
