@@ -78,7 +78,7 @@ ARGS=(--build-arg "BASE=$BASE" --build-arg "ENGINE=$ENGINE")
 [ -n "$EXTRA" ] && ARGS+=(--build-arg "PIP_EXTRA_INDEX_URL=$(echo "$EXTRA" | tr '\n' ' ')")
 [ -n "$LINKS" ] && ARGS+=(--build-arg "PIP_FIND_LINKS=$(echo "$LINKS" | tr '\n' ' ')")
 for loc in $INDEX $EXTRA $LINKS; do
-  dir=${loc#file://}
+  dir=${loc#file://}; dir=${dir%/}; dir=${dir%/simple}  # a local index's pages link to files beside simple/
   case "$dir" in /*) [ -d "$dir" ] && ARGS+=(--volume "$dir:$dir:ro") ;; esac
 done
 if [ -n "$CERT" ] && [ -f "$CERT" ]; then

@@ -3,8 +3,9 @@ same build inputs exists), the compose stack (deploy/compose.yaml: gateway, two 
 a routed request sent with the official openai client and records its cost in Redis; a gateway started
 without a reachable Redis stays up and not ready, says why in one log line, and is never restarted.
 
-Slow (a first build takes many minutes; the engines 2-4 minutes to load): marked `image`, deselect with
-`-m "not image"`. Needs podman (scripts/build_image.sh installs it as root) and, without --base, mmdebstrap.
+Slow (a first build takes many minutes; the engines 2-4 minutes to load), so these run only when selected:
+`pytest tests/deploy/test_image.py -m image` (.ci/run does). Needs podman and mmdebstrap, which
+scripts/build_image.sh installs as root.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ def _can_build() -> bool:
 
 if not _can_build():
     pytest.skip("needs podman (or root with apt-get to install it)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _only_when_selected(request: pytest.FixtureRequest) -> None:
+    """A plain `pytest` run (the README's test command) does not build images: `-m image` opts in."""
+    if "image" not in str(request.config.getoption("markexpr") or ""):
+        pytest.skip("container image tests run only when selected: -m image")
 
 
 def _source_hash() -> str:
