@@ -9,7 +9,8 @@ VENV=${CASCADE_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
-if [ ! -x "$VENV/bin/python" ]; then
+# A venv cut short while being created (no pip in it yet) is completed by running venv again over it.
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
   say "creating a virtual environment in $VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
