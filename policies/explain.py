@@ -2,7 +2,7 @@
 
 `explain(loaded, ctx, score)` returns an `Explanation`; `render_explanation` turns it into the text
 `cascade policy explain` prints. Computing the score (the classifier) and the engine command are the
-caller's (see `policies.cli`), so this module stays free of models and processes.
+caller's (see `gateway.cli.policy`), so this module stays free of models and processes.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from policies.decide import (
 )
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from policies.schema import LocalPool, Policy
 
-__all__ = ["Explanation", "RuleOutcome", "explain", "quant_lines", "render_explanation"]
+__all__ = ["Explanation", "RuleOutcome", "explain", "render_explanation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,28 +92,3 @@ def render_explanation(exp: Explanation, score_source: str) -> list[str]:
     lines.append(f"decision: pool {d.pool!r} (model {d.model!r}), rule {d.rule!r}")
     lines.append(f"reason:   {d.reason}")
     return lines
-
-
-def _ceiling_text(pool: LocalPool) -> str:
-    ceiling = pool.max_quant_loss
-    if ceiling is None:
-        return "no ceiling in the policy"
-    parts = [f"{name} {value:g}" for name, value in ceiling.model_dump().items() if value is not None]
-    return f"ceiling {', '.join(parts) or 'empty'}: within"  # a policy over its ceiling does not load
-
-
-def quant_lines(policy: Policy) -> list[str]:
-    """Measured quantization loss of each local pool serving a `cascade quantize` checkpoint (reads each
-    checkpoint's cascade-quant.json; pools without one are not listed)."""
-    from backends.quant_metadata import checkpoint_dir, read_figures, read_metadata
-
-    lines = []
-    for name, pool in policy.pools.items():
-        path = checkpoint_dir(pool.engine.model) if isinstance(pool, LocalPool) else None
-        if path is None or read_metadata(path) is None:
-            continue
-        figures = read_figures(path)
-        shown = figures.summary() if figures else "not evaluated (run `cascade quantize --evaluate`)"
-        assert isinstance(pool, LocalPool)
-        lines.append(f"  {name}: {shown}; {_ceiling_text(pool)}")
-    return ["quantized pools:", *lines] if lines else []

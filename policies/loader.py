@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,13 @@ class LoadedPolicy:
     policy: Policy
     version: str
     source: str
+    text: str = field(default="", repr=False, compare=False)
+
+    def at(self, loc: Sequence[int | str], message: str) -> str:
+        """`message` about the value at `loc` (e.g. ("pools", "micro")), prefixed with the policy's file:line:
+        for checks made after parsing (what the machine has), worded like the loader's own."""
+        root = _compose(self.text, self.source)[0] if self.text else None
+        return _at(self.source, root, tuple(loc), message)
 
 
 def dotted_path(loc: Sequence[int | str]) -> str:
@@ -166,7 +173,7 @@ def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     if problems:
         raise PolicyError(source, problems)
     version = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return LoadedPolicy(policy=policy, version=version, source=source)
+    return LoadedPolicy(policy=policy, version=version, source=source, text=text)
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:

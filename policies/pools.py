@@ -61,11 +61,6 @@ class QuantCeiling(Frozen):
     min_json_valid: float | None = Field(default=None, ge=0, le=1,
                                          description="share of schema-constrained answers that stay valid JSON")
 
-    def problems(self, model: str) -> list[str]:
-        """Why the checkpoint of `model` breaks this ceiling (empty when it fits, or is not built yet)."""
-        from backends.quant_metadata import ceiling_problems
-
-        return ceiling_problems(model, self.max_disagreement, self.max_kl, self.min_json_valid)
 
 
 class Breaker(Frozen):
@@ -85,15 +80,9 @@ class LocalPool(Frozen):
     on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     max_quant_loss: QuantCeiling | None = Field(
-        default=None, description="a quantized pool is refused unless its measured loss is within this ceiling")
+        default=None, description="a quantized pool is refused unless its measured loss is within this ceiling "
+        "(checked where pools start and by `cascade policy validate`, against that machine's checkpoint)")
     description: str = ""
-
-    @model_validator(mode="after")
-    def _quant_loss_fits(self) -> LocalPool:
-        problems = [] if self.max_quant_loss is None else self.max_quant_loss.problems(self.engine.model)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
 
 
 class Connection(Frozen):

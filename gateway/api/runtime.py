@@ -73,6 +73,7 @@ class Runtime:
         async with self._reload_lock:
             fresh = load_policy(self.policies.current.source)
             if fresh.version != self.policies.current.version:
+                self.pool_set.check(fresh)
                 await self.pool_set.reconcile(fresh.policy)
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
@@ -149,7 +150,9 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
     """Build everything; local engines start in the background when `settings.start_engines`
     (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
-    policies = PolicyHolder(load_policy(settings.policy_path))
+    loaded = load_policy(settings.policy_path)
+    PoolSet.check(loaded)
+    policies = PolicyHolder(loaded)
     engines = make_engine_client(settings.transport)
     try:
         ledger = await _make_ledger(settings)

@@ -191,7 +191,7 @@ def _router_commands(subparsers: Any) -> Any:
 def register(subparsers: Any) -> None:
     """Add `calibrate` to the already registered `router` command of a `cascade` subparsers object."""
     from gateway.cli.main import default_policy_path
-    from policies.cli import unit_interval
+    from gateway.cli.policy import unit_interval
 
     p = _router_commands(subparsers).add_parser(
         "calibrate", help="set the routing threshold for a flagship share or a cost per 1k requests",

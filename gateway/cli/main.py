@@ -66,10 +66,11 @@ def _serve_workers(settings: Settings, args: argparse.Namespace) -> int:
 
 def _startup_problem(policy: Path, scorer: str) -> str | None:
     """Check what would make start-up fail, so `serve` says it in one line instead of a traceback."""
+    from backends.quant_policy import checked_here
     from policies.loader import PolicyError, load_policy
 
     try:
-        load_policy(policy)
+        checked_here(load_policy(policy))
     except PolicyError as exc:
         return str(exc)
     if scorer == "classifier":
@@ -139,10 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     from backends.cli import register as register_models
     from backends.quant_cli import register as register_quantize
     from gateway.cli.calibrate import register as register_calibrate
+    from gateway.cli.policy import register as register_policy
     from gateway.costs.cli import register as register_costs
     from gateway.deploy.cli import register as register_deploy
     from gateway.planning.cli import register as register_plan
-    from policies.cli import register as register_policy
     from router_models.cli import register as register_router
 
     parser = argparse.ArgumentParser(

@@ -19,8 +19,10 @@ from typing import Any
 from backends.breaker import BreakerConfig
 from backends.engine_client import EngineClient
 from backends.pool import Pool
+from backends.quant_policy import checked_here
 from backends.supervisor import EngineSupervisor
 from gateway.settings import Settings
+from policies.loader import LoadedPolicy
 from policies.parallelism import OnDemand
 from policies.schema import LocalPool, Policy, RemotePool
 
@@ -43,6 +45,12 @@ class PoolSet:
         self.supervisors: dict[str, EngineSupervisor] = {}
         self.status: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @staticmethod
+    def check(loaded: LoadedPolicy) -> None:
+        """Refuse a policy whose pools cannot run on this machine as written (a quantized checkpoint over its
+        `max_quant_loss` ceiling). Call before `start` or `reconcile`; raises `PolicyError` with file:line."""
+        checked_here(loaded)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -17,8 +17,8 @@ from backends.demo_models import ensure_demo_models
 from backends.quant_calibration import demo_samples
 from backends.quant_eval import EVAL_PROMPTS, JSON_PROMPTS
 from backends.quant_metadata import METADATA_NAME, read_figures
+from backends.quant_policy import checked_here, quant_lines
 from gateway.cli.main import main
-from policies.explain import quant_lines
 from policies.loader import PolicyError, parse_policy
 
 pytestmark = pytest.mark.engines
@@ -67,9 +67,9 @@ def test_quantize_with_calibration_serve_evaluate_and_enforce_the_ceiling(
 
     tighter = ev["kl_mean"] / 2
     with pytest.raises(PolicyError) as refused:
-        parse_policy(_policy(out, f"{{max_kl: {tighter}}}"), "strict.yaml")
+        checked_here(parse_policy(_policy(out, f"{{max_kl: {tighter}}}"), "strict.yaml"))
     assert f"max_kl {tighter:g} is tighter than the measured KL" in str(refused.value)
     assert "may not serve as a fallback" in str(refused.value)
 
-    loaded = parse_policy(_policy(out, f"{{max_kl: {ev['kl_mean'] * 2}}}"), "relaxed.yaml")
+    loaded = checked_here(parse_policy(_policy(out, f"{{max_kl: {ev['kl_mean'] * 2}}}"), "relaxed.yaml"))
     assert "micro-int8: W8A8: next-token agreement" in quant_lines(loaded.policy)[1]

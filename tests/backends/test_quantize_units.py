@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ import pytest
 from backends.quant_calibration import CalibrationError, demo_samples, load_samples, parse_samples
 from backends.quant_eval import EngineRun, compare
 from backends.quant_metadata import METADATA_NAME, read_figures, write_metadata
+from backends.quant_policy import checked_here, quant_lines
 from backends.quantize import MOE_EXPERTS_IGNORE, default_ignore
 from gateway.cli.main import main
-from policies.explain import quant_lines
 from policies.loader import PolicyError, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,14 +118,16 @@ routing:""", 1)
 def test_policy_with_a_tighter_ceiling_than_measured_is_refused(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path, agreement=0.95, kl=0.02)
     with pytest.raises(PolicyError) as err:
-        parse_policy(_policy(ckpt, "{max_disagreement: 0.02}"), "p.yaml")
+        checked_here(parse_policy(_policy(ckpt, "{max_disagreement: 0.02}"), "p.yaml"))
     message = str(err.value)
-    assert "pools.flagship-int8" in message
+    assert re.search(r"p\.yaml:\d+: pools\.flagship-int8\.max_quant_loss: ", message), message
+    parse_policy(_policy(ckpt, "{max_disagreement: 0.02}"), "p.yaml")  # parsing alone reads no checkpoint
     assert "max_disagreement 0.02 is tighter than the measured next-token disagreement 0.0500" in message
     assert "may not serve as a fallback" in message
     with pytest.raises(PolicyError, match=r"max_kl 0\.01 is tighter than the measured KL 0\.02 nats"):
-        parse_policy(_policy(ckpt, "{max_kl: 0.01}"), "p.yaml")
-    loaded = parse_policy(_policy(ckpt, "{max_disagreement: 0.06, max_kl: 0.05, min_json_valid: 0.9}"), "p.yaml")
+        checked_here(parse_policy(_policy(ckpt, "{max_kl: 0.01}"), "p.yaml"))
+    fits = "{max_disagreement: 0.06, max_kl: 0.05, min_json_valid: 0.9}"
+    loaded = checked_here(parse_policy(_policy(ckpt, fits), "p.yaml"))
     lines = quant_lines(loaded.policy)
     assert lines[0] == "quantized pools:"
     assert "flagship-int8: W8A8: next-token agreement 95.0% over 384 positions" in lines[1]
@@ -134,8 +137,8 @@ def test_policy_with_a_tighter_ceiling_than_measured_is_refused(tmp_path: Path) 
 def test_unevaluated_checkpoint_is_refused_and_unbuilt_one_is_not_judged(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path, 0, 0, evaluated=False)
     with pytest.raises(PolicyError, match="has no measured loss; run `cascade quantize --evaluate"):
-        parse_policy(_policy(ckpt, "{max_disagreement: 0.5}"), "p.yaml")
-    parse_policy(_policy(tmp_path / "not-built", "{max_disagreement: 0.5}"), "p.yaml")
+        checked_here(parse_policy(_policy(ckpt, "{max_disagreement: 0.5}"), "p.yaml"))
+    checked_here(parse_policy(_policy(tmp_path / "not-built", "{max_disagreement: 0.5}"), "p.yaml"))
 
 
 def test_quantize_refuses_without_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -16,14 +16,8 @@ import httpx
 import pytest
 
 from backends.cpu_pinning import cpus_of, engine_processes, thread_affinity
-from backends.supervisor import (
-    Backoff,
-    EngineStartError,
-    EngineSupervisor,
-    choose_ports,
-    engine_command,
-    engine_env,
-)
+from backends.engine_args import engine_command, engine_env
+from backends.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports
 from policies.schema import EngineSpec
 
 FAKE_ENGINE = r"""

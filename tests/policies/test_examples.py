@@ -1,5 +1,5 @@
-"""The example policies show what issue 4 asks of them, and the exported JSON Schema (what editors check
-against) accepts each of them and rejects a misspelt key, as the loader does."""
+"""The example policies cover what ops configure (pools, rules, tenants, a ladder), and the exported JSON
+Schema (what editors check against) accepts each of them and rejects a misspelt key, as the loader does."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from policies import cli
+from gateway.cli import policy as cli
 from policies.loader import load_policy
 from policies.schema import FallbackPool, LocalPool, Overflow, RemotePool
 

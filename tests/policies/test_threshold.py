@@ -140,7 +140,7 @@ def _log(path: Path, scores: list[float]) -> None:
 def test_explain_and_replay_say_which_threshold_they_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from policies.cli import register
+    from gateway.cli.policy import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.api.app import create_app
 from gateway.settings import Settings
-from policies import cli
+from gateway.cli import policy as cli
 from policies.replay import parse_log
 from tests.servers import serve
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from policies import cli
+from gateway.cli import policy as cli
 from policies.replay import LogError, parse_log
 from tests.conftest import with_fixed_threshold
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = ROOT / "policies" / "default.yaml"
 TENANTS = ROOT / "policies" / "multi-tenant.yaml"
 

@@ -29,8 +29,12 @@ __all__ = ["register", "unit_interval"]
 
 
 def _load(path: str) -> LoadedPolicy | None:
+    """The policy at `path` checked as `cascade serve` would check it here: the file, then what this machine
+    has (quantized checkpoints within their ceilings). Prints every problem and returns None if any."""
+    from backends.quant_policy import checked_here
+
     try:
-        return load_policy(path)
+        return checked_here(load_policy(path))
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return None
@@ -96,7 +100,7 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
     spec = loaded.policy.pools[pool]
     if spec.type != "local":
         return [f"remote:   {', '.join(spec.urls)} (model {spec.model!r}, key from ${spec.api_key_env or '-'})"]
-    from backends.supervisor import engine_command, engine_env
+    from backends.engine_args import engine_command, engine_env
 
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(engine_env(spec.engine).items()))
     command = shlex.join(engine_command(spec.engine, spec.engine.base_port))
@@ -109,9 +113,10 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from backends.quant_policy import quant_lines
     from policies.context import RouteContext
     from policies.decide import needs_score
-    from policies.explain import explain, quant_lines, render_explanation
+    from policies.explain import explain, render_explanation
     from policies.threshold import offline_note
 
     loaded = _load(args.file)

@@ -1,0 +1,59 @@
+"""A policy's quantization ceilings, checked against the checkpoints on this machine.
+
+Parsing a policy reads no file but the policy (`policies.loader`). Whether a quantized pool's measured loss
+(`cascade-quant.json` in its checkpoint) fits the pool's `max_quant_loss` depends on the checkpoint built
+where the gateway runs, so it is checked there: by the pool set before it starts or reloads pools, by
+`cascade serve` at start-up and by `cascade policy validate`, each with the policy's file:line.
+"""
+
+from __future__ import annotations
+
+from backends.quant_metadata import ceiling_problems, checkpoint_dir, read_figures, read_metadata
+from policies.loader import LoadedPolicy, PolicyError
+from policies.schema import LocalPool, Policy
+
+__all__ = ["checked_here", "machine_problems", "quant_lines"]
+
+
+def machine_problems(loaded: LoadedPolicy) -> list[str]:
+    """One `file:line: pools.NAME.max_quant_loss: ...` line per ceiling that a checkpoint here breaks (empty
+    when every quantized pool fits, or is not built yet: its engine cannot start anyway)."""
+    problems = []
+    for name, pool in loaded.policy.pools.items():
+        if not isinstance(pool, LocalPool) or pool.max_quant_loss is None:
+            continue
+        for problem in ceiling_problems(pool.engine.model, **pool.max_quant_loss.model_dump()):
+            problems.append(loaded.at(("pools", name, "max_quant_loss"), problem))
+    return problems
+
+
+def checked_here(loaded: LoadedPolicy) -> LoadedPolicy:
+    """`loaded`, once its pools are known to run on this machine as written; else raises `PolicyError` listing
+    every `machine_problems` line."""
+    problems = machine_problems(loaded)
+    if problems:
+        raise PolicyError(loaded.source, problems)
+    return loaded
+
+
+def _ceiling_text(pool: LocalPool) -> str:
+    ceiling = pool.max_quant_loss
+    if ceiling is None:
+        return "no ceiling in the policy"
+    parts = [f"{name} {value:g}" for name, value in ceiling.model_dump().items() if value is not None]
+    return f"ceiling {', '.join(parts) or 'empty'}: within"  # pools over their ceiling do not start
+
+
+def quant_lines(policy: Policy) -> list[str]:
+    """Measured quantization loss of each local pool serving a `cascade quantize` checkpoint (reads each
+    checkpoint's cascade-quant.json; pools without one are not listed)."""
+    lines = []
+    for name, pool in policy.pools.items():
+        path = checkpoint_dir(pool.engine.model) if isinstance(pool, LocalPool) else None
+        if path is None or read_metadata(path) is None:
+            continue
+        figures = read_figures(path)
+        shown = figures.summary() if figures else "not evaluated (run `cascade quantize --evaluate`)"
+        assert isinstance(pool, LocalPool)
+        lines.append(f"  {name}: {shown}; {_ceiling_text(pool)}")
+    return ["quantized pools:", *lines] if lines else []
