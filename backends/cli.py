@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         default=None,
         metavar="DIR",
-        help="cache directory (default: $CASCADE_HOME/models, else .cascade/models in the repo)",
+        help="cache directory (default: $CASCADE_HOME/models, else ./.cascade/models)",
     )
     build.set_defaults(func=_build)
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["register"]
+__all__ = ["build_demo_fallback", "register"]
 
 _NO_CALIBRATION_RISK = (
     "warning: quantizing WITHOUT calibration data (round-to-nearest). Activation outliers are clipped instead "
@@ -88,8 +88,13 @@ def _calibration(args: argparse.Namespace) -> object:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    return build_demo_fallback(args.samples)
+
+
+def build_demo_fallback(samples: int = 128) -> int:
     """Build and measure the demo's int8 flagship, resuming what an earlier run left: a whole checkpoint
-    of the current original is kept (and only measured if it was not yet), anything else is rebuilt."""
+    of the current original is kept (and only measured if it was not yet), anything else is rebuilt.
+    Returns the exit code of `cascade quantize --demo`."""
     from backends.demo_models import ensure_demo_models
     from backends.quant_calibration import demo_samples
     from backends.quant_metadata import checkpoint_problem, read_figures, read_metadata
@@ -107,7 +112,7 @@ def _demo(args: argparse.Namespace) -> int:
         ignore, note = default_ignore(source)
         if note:
             print(f"note: {note}", file=sys.stderr)
-        quantize(source, target, "W8A8", demo_samples(args.samples), ignore=ignore)
+        quantize(source, target, "W8A8", demo_samples(samples), ignore=ignore)
     if figures is None:
         print(f"measuring {_DEMO_TARGET} against {_DEMO_SOURCE} (two vLLM engines, one after the other)")
         evaluate(source, target)

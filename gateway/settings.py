@@ -1,20 +1,42 @@
-"""Process settings: where the policy is, what to start, which stores to use. Parsed once, frozen."""
+"""Process settings: where state lives, what to start, which stores to use, and every request limit.
+
+One table (`OPTIONS`) names each setting once: its `cascade serve` flag, its environment variable and its
+help. A flag wins over the variable, the variable over the default. `Settings` is parsed once and frozen.
+Stdlib only (and the light `backends.transports`): `cascade --help` imports this.
+
+The state folder (`home`) is `$CASCADE_HOME`, else `./.cascade` resolved against the current directory.
+`cascade` exports the resolved folder as `$CASCADE_HOME` before any command runs (`export_home`), so the
+engines, the demo models (`backends.demo_models`), the router's caches and artifact store
+(`router_models`) and the ledger outbox all land in the same place whichever folder it was started from.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from backends.transports import DEFAULT_TRANSPORT, Transport
+from backends.transports import DEFAULT_TRANSPORT, TRANSPORTS, Transport
 
-__all__ = ["Settings", "default_home"]
+__all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "default_home", "export_home", "from_args"]
+
+HOME_ENV = "CASCADE_HOME"
 
 
-def default_home() -> Path:
-    """State folder for models, logs and the ledger outbox: $CASCADE_HOME or ./.cascade."""
-    return Path(os.environ.get("CASCADE_HOME", ".cascade")).resolve()
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    """State folder for models, caches, logs and the ledger outbox: $CASCADE_HOME or ./.cascade, resolved."""
+    env = os.environ if env is None else env
+    return Path(env.get(HOME_ENV) or ".cascade").expanduser().resolve()
+
+
+def export_home(home: Path | None = None) -> Path:
+    """Resolve the state folder once and export it as $CASCADE_HOME for this process and its children."""
+    resolved = (home or default_home()).expanduser().resolve()
+    os.environ[HOME_ENV] = str(resolved)
+    return resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +62,128 @@ class Settings:
     @property
     def outbox_dir(self) -> Path:
         return self.home / "outbox"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {text}")
+    return value
+
+
+def _optional_cap(text: str) -> int | None:
+    return None if text.strip().lower() in ("", "none", "0") else _positive_int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: the `Settings` field it fills, its flag and environment variable, how to parse it."""
+
+    name: str
+    env: str
+    parse: Callable[[str], Any]
+    help: str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("redis_url", "CASCADE_REDIS_URL", str, "Redis of the ledger, limits, budgets and the shared ladder",
+           metavar="URL"),
+    Option("redis_prefix", "CASCADE_REDIS_PREFIX", str, "key prefix of everything the gateway keeps in Redis"),
+    Option("ledger", "CASCADE_LEDGER", str, "where cost records go (memory: experiments only, nothing is kept)",
+           choices=("redis", "memory")),
+    Option("ledger_retention_days", "CASCADE_LEDGER_RETENTION_DAYS", _positive_int,
+           "keep per-request cost records this long (rollups are kept for good)", metavar="DAYS"),
+    Option("scorer", "CASCADE_SCORER", str, "complexity scorer: the trained classifier, a length heuristic, or "
+           "none (everything 'auto' goes to the micro pool)", choices=("classifier", "length", "none")),
+    Option("transport", "CASCADE_TRANSPORT", str, "HTTP client for plain-http engines on this host (remote and "
+           "TLS pools always use aiohttp; see BENCHMARKS.md)", choices=TRANSPORTS),
+    Option("max_body_bytes", "CASCADE_MAX_BODY_BYTES", _positive_int,
+           "largest request body accepted (413 above it)", metavar="BYTES"),
+    Option("max_messages", "CASCADE_MAX_MESSAGES", _positive_int, "most messages in one request (400 above it)",
+           metavar="N"),
+    Option("max_tokens_cap", "CASCADE_MAX_TOKENS_CAP", _optional_cap,
+           "clamp max_tokens / max_completion_tokens to this (none: up to the pool's context)", metavar="TOKENS"),
+    Option("deadline_s", "CASCADE_DEADLINE_S", _positive_float,
+           "seconds until the whole answer (or a stream's first chunk); 504 after it", metavar="SECONDS"),
+    Option("probe_interval_s", "CASCADE_PROBE_INTERVAL_S", _positive_float,
+           "seconds between health probes of each replica and ladder signal reads", metavar="SECONDS"),
+    Option("policy_watch_interval_s", "CASCADE_POLICY_WATCH_INTERVAL_S", _non_negative_float,
+           "seconds between checks of the policy file for changes (0: reload only on POST /admin/reload)",
+           metavar="SECONDS"),
+    Option("home", HOME_ENV, Path, "state folder: engine logs, demo models, router caches, the ledger outbox",
+           metavar="DIR"),
+    Option("request_log", "CASCADE_REQUEST_LOG", Path, "append each request (with its prompt) as JSONL for "
+           "`cascade policy replay` and `cascade router calibrate`; off by default", metavar="FILE"),
+)
+_DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)}
+
+
+def _env_default(option: Option, env: Mapping[str, str]) -> Any:
+    text = env.get(option.env)
+    if text is None or text == "":
+        if option.name == "home":
+            return default_home(env)
+        if option.name == "redis_url":
+            return "redis://127.0.0.1:6379/0"
+        return _DEFAULTS.get(option.name)
+    try:
+        value = option.parse(text)
+    except ValueError as exc:
+        raise SystemExit(f"error: ${option.env}={text!r}: {exc}") from exc
+    if option.choices is not None and value not in option.choices:
+        raise SystemExit(f"error: ${option.env}={text!r}: choose one of {', '.join(option.choices)}")
+    return value
+
+
+def _argparse_type(option: Option) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    parse.__name__ = option.name  # argparse names the type in its error message
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
+    """Add one flag per `OPTIONS` entry; each defaults to its environment variable, else the built-in default,
+    and says both in `--help`."""
+    env = os.environ if env is None else env
+    group = parser.add_argument_group("settings (flag > environment variable > default)")
+    for option in OPTIONS:
+        default = _env_default(option, env)
+        shown = "none" if default is None else default
+        group.add_argument(option.flag, dest=option.name, type=_argparse_type(option), default=default,
+                           choices=option.choices, metavar=option.metavar,
+                           help=f"{option.help} (${option.env}; default {shown})")
+    group.add_argument("--no-engines", dest="start_engines", action="store_false",
+                       help="do not start local engines; expect them on their base ports")
+
+
+def from_args(args: argparse.Namespace, policy_path: Path) -> Settings:
+    """The `Settings` of parsed `add_arguments` flags (the admin key comes from $CASCADE_ADMIN_KEY only: a
+    secret does not belong on a command line)."""
+    values = {option.name: getattr(args, option.name) for option in OPTIONS}
+    values["home"] = Path(values["home"]).expanduser().resolve()
+    return Settings(policy_path=policy_path, start_engines=args.start_engines, **values)

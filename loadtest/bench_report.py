@@ -207,7 +207,7 @@ def print_report(results: dict[str, Any], args: argparse.Namespace) -> None:
                     print(f"    {pct:5.1f}%  {frame}")
     if results.get("stream"):
         print_stream(results["stream"], args)
-    print("\nTargets (issue 2):")
+    print("\nTargets (gateway overhead):")
     for v in results["verdicts"]:
         print(f"  {'PASS' if v['pass'] else 'FAIL'}  {v['target']}: {_fmt(v['value'])} {v['unit']} "
               f"(target {v['op']} {v['limit']:g})")

@@ -1,4 +1,4 @@
-"""Gateway overhead benchmark (issue 2): the gateway next to its upstream called directly.
+"""Gateway overhead benchmark: the gateway next to its upstream called directly.
 
 Part 1, non-streaming: a zero-latency fake vLLM upstream (`loadtest.fake_upstream`) and the gateway in
 front of it (`python -m gateway serve --scorer none --no-engines`, one worker, real Redis ledger under a
@@ -12,7 +12,7 @@ with a pinned model name (no scoring), interleaved; reported: tokens/s, TTFT p50
 `--engine-core pinned,unpinned` measures that twice per round: with vLLM's engine-core process on its
 worker's cores (what the supervisor does, `backends.cpu_pinning`) and free to run anywhere (vLLM's default).
 
-Targets (issue 2): gateway >= 850 requests/s (10x LiteLLM's 85) at concurrency 16 and 64; added p50
+Targets: gateway >= 850 requests/s (10x LiteLLM's 85) at concurrency 16 and 64; added p50
 < 1.5 ms at concurrency 1; streaming tokens/s through the gateway >= 95% of direct. Results go to
 `loadtest/results/overhead-<timestamp>.json`. Run `python -m loadtest.overhead_bench --help`.
 """

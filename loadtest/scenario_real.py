@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,27 +134,27 @@ def _wait_ladder_idle(url: str, timeout_s: float = 90.0) -> None:
     print(f"warning: ladder steps still active after {timeout_s:.0f} s: {active}", flush=True)
 
 
-def real_load(args: argparse.Namespace, surge: bool) -> dict[str, Any]:
-    from loadtest.scenarios import _load_scenario
+LoadScenario = Callable[[str, argparse.Namespace, bool], dict[str, Any]]
+"""Runs the steady (False) or surge (True) scenario against a gateway URL (`loadtest.scenarios` passes its own)."""
 
+
+def real_load(args: argparse.Namespace, surge: bool, load_scenario: LoadScenario) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="scenario-real-") as tmp:
         procs = Procs(Path(tmp))
         try:
-            return _load_scenario(_gateway(procs, Path(tmp), args), args, surge)
+            return load_scenario(_gateway(procs, Path(tmp), args), args, surge)
         finally:
             procs.stop_all()
             cleanup_redis(args.redis_url, args.redis_prefix)
 
 
-def real_suite(args: argparse.Namespace) -> dict[str, Any]:
-    from loadtest.scenarios import _load_scenario
-
+def real_suite(args: argparse.Namespace, load_scenario: LoadScenario) -> dict[str, Any]:
     record: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="scenario-real-") as tmp:
         procs = Procs(Path(tmp))
         try:
             url = _gateway(procs, Path(tmp), args)
-            record["surge"] = _load_scenario(url, args, True)
+            record["surge"] = load_scenario(url, args, True)
             record["routing"] = routing_comparison(url, args)
             direct = engine_url(url, "micro")
             targets = [PeerTarget("direct", direct, "micro"), PeerTarget("gateway", url, "micro", GOLD_KEY)]

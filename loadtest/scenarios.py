@@ -1,5 +1,5 @@
-"""Load scenarios of issue 6, each printing its figures, whether the degradation ladder engaged, and the
-targets it checks. Run `python -m loadtest.scenarios --help`.
+"""Load scenarios of the serving path under traffic, each printing its figures, whether the degradation ladder
+engaged, and the targets it checks. Run `python -m loadtest.scenarios --help`.
 
 - `steady`, `surge` (5x the steady rate for 30 s, then 30 s to recover and a 20 s window to compare with
   steady state), on fake engines (`--backend fake`: engines with a fixed capacity, so a queue builds) or
@@ -278,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.scenario in ("steady", "surge"):
         surge = args.scenario == "surge"
-        record = real_load(args, surge) if args.backend == "real" else fake_load(args, surge)
+        record = real_load(args, surge, _load_scenario) if args.backend == "real" else fake_load(args, surge)
     elif args.scenario == "real":
-        record = real_suite(args)
+        record = real_suite(args, _load_scenario)
     else:
         record = slow_engine(args) if args.scenario == "slow-engine" else dead_replica(args)
     path = args.out / f"scenario-{args.scenario}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}.json"

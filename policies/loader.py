@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from policies.fields import did_you_mean, keys_at
 from policies.schema import Policy
 from policies.threshold import THRESHOLD_TAGS
 
-__all__ = ["LoadedPolicy", "PolicyError", "dotted_path", "load_policy", "parse_policy"]
+__all__ = ["LoadedPolicy", "PolicyError", "default_policy_path", "dotted_path", "load_policy", "parse_policy"]
 
 
 class PolicyError(Exception):
@@ -174,6 +175,11 @@ def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
         raise PolicyError(source, problems)
     version = hashlib.sha256(text.encode()).hexdigest()[:12]
     return LoadedPolicy(policy=policy, version=version, source=source, text=text)
+
+
+def default_policy_path() -> Path:
+    """The demo policy shipped in this package (`policies/default.yaml`)."""
+    return Path(str(files("policies").joinpath("default.yaml")))
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ __all__ = [
     "ArtifactError",
     "RouterArtifact",
     "current_artifact_path",
+    "default_store_dir",
     "load_artifact",
+    "promoted_artifacts",
     "save_artifact",
 ]
 
@@ -134,15 +137,34 @@ def _read_payload(meta: dict[str, Any], meta_path: Path) -> LinearRouter:
     return LinearRouter(weights=weights, bias=bias)
 
 
-def current_artifact_path() -> Path:
+def default_store_dir() -> Path:
+    """The versioned artifact store (`artifact_store`): `$CASCADE_HOME/router`, else `./.cascade/router`,
+    resolved against the current directory."""
+    return Path(os.environ.get("CASCADE_HOME") or ".cascade").expanduser().resolve() / "router"
+
+
+def promoted_artifacts(store: Path) -> list[tuple[str, Path]]:
+    """(version, metadata path) of every artifact promoted into `store`, oldest first (`history.json`; the
+    store's writer is `artifact_store.ArtifactStore`). Raises ArtifactError when the history is unreadable."""
+    history = store / "history.json"
+    if not history.exists():
+        return []
+    try:
+        versions = json.loads(history.read_text())["promoted"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"router history {history} is unreadable ({exc}); fix or remove it "
+                            "(the shipped artifact is served when it is absent)") from exc
+    return [(str(v), store / "versions" / str(v) / DEFAULT_ARTIFACT.name) for v in versions]
+
+
+def current_artifact_path(store: Path | None = None) -> Path:
     """The artifact served when none is named: `$CASCADE_ROUTER_ARTIFACT`, else the last one promoted into
-    the versioned store (`artifact_store`), else the one shipped in the package."""
-    import os
-
-    from router_models.artifact_store import ArtifactStore
-
+    the versioned store, else the one shipped in the package."""
     named = os.environ.get("CASCADE_ROUTER_ARTIFACT")
-    return Path(named) if named else ArtifactStore().current_artifact()
+    if named:
+        return Path(named)
+    promoted = promoted_artifacts(store or default_store_dir())
+    return promoted[-1][1] if promoted else DEFAULT_ARTIFACT
 
 
 def load_artifact(path: str | Path | None = None, embedder: str | None = None) -> RouterArtifact:

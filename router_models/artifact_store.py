@@ -19,14 +19,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact, save_artifact
+from router_models.artifact import (
+    DEFAULT_ARTIFACT,
+    ArtifactError,
+    default_store_dir,
+    load_artifact,
+    promoted_artifacts,
+    save_artifact,
+)
 
 __all__ = ["ArtifactStore", "StoreEntry", "default_store_dir"]
-
-
-def default_store_dir() -> Path:
-    """`$CASCADE_HOME/router`, else `./.cascade/router` (resolved against the current directory)."""
-    return Path(os.environ.get("CASCADE_HOME", ".cascade")).expanduser().resolve() / "router"
 
 
 @dataclass(frozen=True)
@@ -49,14 +51,7 @@ class ArtifactStore:
 
     def history(self) -> list[StoreEntry]:
         """Promoted versions, oldest first. Raises ArtifactError when history.json is unreadable."""
-        if not self._history_path.exists():
-            return []
-        try:
-            versions = json.loads(self._history_path.read_text())["promoted"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ArtifactError(f"router history {self._history_path} is unreadable ({exc}); fix or remove it "
-                                "(the shipped artifact is served when it is absent)") from exc
-        return [StoreEntry(str(v), self.root / "versions" / str(v) / DEFAULT_ARTIFACT.name) for v in versions]
+        return [StoreEntry(version, path) for version, path in promoted_artifacts(self.root)]
 
     def current_artifact(self) -> Path:
         """The artifact to serve: the last promoted one, else the package's shipped artifact."""

@@ -39,9 +39,9 @@ _WEIGHT_QMAX = 64.0
 
 
 def default_cache_dir() -> Path:
-    """`$CASCADE_HOME/router-cache`, else `.cascade/router-cache` (git-ignored)."""
-    home = os.environ.get("CASCADE_HOME")
-    return (Path(home).expanduser() if home else Path(".cascade")) / "router-cache"
+    """`$CASCADE_HOME/router-cache`, else `./.cascade/router-cache`, resolved (git-ignored; the home rule of
+    `gateway.settings.default_home`)."""
+    return Path(os.environ.get("CASCADE_HOME") or ".cascade").expanduser().resolve() / "router-cache"
 
 
 def _weights_key(model_dir: Path, layers: int, quantize: bool) -> str:

@@ -37,7 +37,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   fi
   say "installing cascade-gateway and its dev tools"
-  pip_install -e ".[dev]"
+  pip_install -e ".[dev,train,demo,bench]"
   "$VENV/bin/python" -c "import vllm, sentence_transformers, gateway" >/dev/null
   echo "$WANT" > "$STAMP"
 else

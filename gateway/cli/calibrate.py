@@ -190,8 +190,8 @@ def _router_commands(subparsers: Any) -> Any:
 
 def register(subparsers: Any) -> None:
     """Add `calibrate` to the already registered `router` command of a `cascade` subparsers object."""
-    from gateway.cli.main import default_policy_path
     from gateway.cli.policy import unit_interval
+    from policies.loader import default_policy_path
 
     p = _router_commands(subparsers).add_parser(
         "calibrate", help="set the routing threshold for a flagship share or a cost per 1k requests",

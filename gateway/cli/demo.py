@@ -22,7 +22,7 @@ import redis
 
 from gateway.settings import default_home
 
-__all__ = ["SAMPLE_PROMPTS", "add_arguments", "ensure_redis", "run_demo", "stop_process_group"]
+__all__ = ["SAMPLE_PROMPTS", "ensure_redis", "register", "run_demo", "stop_process_group"]
 
 SAMPLE_PROMPTS: tuple[tuple[str, bool], ...] = (
     ("Hi! How are you today?", False),
@@ -67,9 +67,17 @@ def ensure_redis(url: str) -> str:
     raise RuntimeError(f"started redis-server on port {port} but it does not answer")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gateway.cli.main import default_policy_path
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `demo` to a `cascade` subparsers object."""
+    from policies.loader import default_policy_path
 
+    p = sub.add_parser(
+        "demo", help="the quick start: engines + gateway + sample traffic + cost report, then stop",
+        description="Builds the demo models if needed, finds or starts Redis, starts the gateway with both "
+        "demo engines, sends a mixed batch of prompts through the openai SDK, prints the routing and the "
+        "cost totals, and stops everything it started.",
+    )
+    p.set_defaults(func=run_demo)
     p.add_argument("--policy", default=str(default_policy_path()), help="policy YAML (default: the demo policy)")
     p.add_argument("--port", type=int, default=8080, help="gateway port")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for the engines")
@@ -105,7 +113,11 @@ def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float, log_pa
 
 
 def _send_prompts(base: str, max_tokens: int) -> None:
-    import openai
+    try:
+        import openai
+    except ImportError as exc:
+        raise RuntimeError("the demo sends its traffic with the official openai SDK: "
+                           "pip install 'cascade-gateway[demo]'") from exc
 
     client = openai.OpenAI(base_url=base + "/v1", api_key=os.environ.get("CASCADE_API_KEY", "demo"))
     print(f"\n{'prompt':<52} {'stream':>6} {'pool':>9} {'score':>6} {'in':>4} {'out':>4} {'ttft ms*':>8}")
@@ -166,9 +178,9 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if _needs_int8_demo(Path(args.policy)):
-        from gateway.cli.main import main
+        from backends.quant_cli import build_demo_fallback
 
-        if main(["quantize", "--demo"]) != 0:
+        if build_demo_fallback() != 0:
             return 1
     log_path = default_home() / "logs" / "gateway.log"
     base = f"http://127.0.0.1:{args.port}"
@@ -190,7 +202,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _print_costs(redis_url: str) -> int:
-    from gateway.cli.main import main
+    from gateway.costs.cli import print_report
 
     print("cost totals in the ledger (last 7 days, every run so far):")
-    return main(["costs", "report", "--by", "pool", "--redis-url", redis_url])
+    return print_report(redis_url, by="pool", days=7)

@@ -31,7 +31,7 @@ __all__ = ["register", "unit_interval"]
 def _load(path: str) -> LoadedPolicy | None:
     """The policy at `path` checked as `cascade serve` would check it here: the file, then what this machine
     has (quantized checkpoints within their ceilings). Prints every problem and returns None if any."""
-    from backends.quant_policy import checked_here
+    from backends.machine_checks import checked_here
 
     try:
         return checked_here(load_policy(path))
@@ -113,7 +113,7 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from backends.quant_policy import quant_lines
+    from backends.machine_checks import quant_lines
     from policies.context import RouteContext
     from policies.decide import needs_score
     from policies.explain import explain, render_explanation

@@ -18,8 +18,8 @@ from typing import Any
 
 from backends.breaker import BreakerConfig
 from backends.engine_client import EngineClient
+from backends.machine_checks import checked_here, connection_settings
 from backends.pool import Pool
-from backends.quant_policy import checked_here
 from backends.supervisor import EngineSupervisor
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy
@@ -49,7 +49,8 @@ class PoolSet:
     @staticmethod
     def check(loaded: LoadedPolicy) -> None:
         """Refuse a policy whose pools cannot run on this machine as written (a quantized checkpoint over its
-        `max_quant_loss` ceiling). Call before `start` or `reconcile`; raises `PolicyError` with file:line."""
+        `max_quant_loss` ceiling, an unusable TLS file). Call before `start` or `reconcile`; raises
+        `PolicyError` with file:line."""
         checked_here(loaded)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -79,8 +80,9 @@ class PoolSet:
     async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
         health = spec.health_path if isinstance(spec, RemotePool) else "/health"
         breaker = BreakerConfig(**spec.breaker.model_dump())
+        connection = connection_settings(spec) if isinstance(spec, RemotePool) else None
         pool = Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s,
-                    health_path=health, headers=self._headers(name, spec), breaker=breaker)
+                    health_path=health, headers=self._headers(name, spec), breaker=breaker, connection=connection)
         await pool.probe_once()
         pool.start()
         self.pools[name], self.specs[name] = pool, spec

@@ -33,7 +33,7 @@ from gateway.costs.report import (
 )
 from gateway.ledger.store import LedgerKeys
 
-__all__ = ["register", "render"]
+__all__ = ["print_report", "register", "render"]
 
 T = TypeVar("T")
 _MAX_DAYS = 3660
@@ -106,11 +106,18 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_report(redis_url: str, by: str = "tenant", days: int = 7, prefix: str = "cascade:") -> int:
+    """Print the table report of the last `days` UTC days (today included), as `cascade costs report` does."""
+    end = datetime.now(UTC).date()
+    args = argparse.Namespace(start=end - timedelta(days=days - 1), end=end, redis_url=redis_url, prefix=prefix,
+                              by=by, format="table", out=None, policy=None, artifact=None)
+    return _run_report(args)
+
+
 def _with_quality(report: CostReport, args: argparse.Namespace) -> CostReport:
     """`report` with the quality routing kept (`gateway.costs.quality`); never fails the report."""
-    from gateway.cli.main import default_policy_path
     from gateway.costs.quality import read_label_estimate, with_quality
-    from policies.loader import PolicyError, load_policy
+    from policies.loader import PolicyError, default_policy_path, load_policy
 
     try:
         policy = load_policy(args.policy or default_policy_path()).policy

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from backends.demo_models import ensure_demo_models
+from backends.machine_checks import checked_here, quant_lines
 from backends.quant_calibration import demo_samples
 from backends.quant_eval import EVAL_PROMPTS, JSON_PROMPTS
 from backends.quant_metadata import METADATA_NAME, read_figures
-from backends.quant_policy import checked_here, quant_lines
 from gateway.cli.main import main
 from policies.loader import PolicyError, parse_policy
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from backends.machine_checks import checked_here, quant_lines
 from backends.quant_calibration import CalibrationError, demo_samples, load_samples, parse_samples
 from backends.quant_eval import EngineRun, compare
 from backends.quant_metadata import METADATA_NAME, read_figures, write_metadata
-from backends.quant_policy import checked_here, quant_lines
 from backends.quantize import MOE_EXPERTS_IGNORE, default_ignore
 from gateway.cli.main import main
 from policies.loader import PolicyError, parse_policy

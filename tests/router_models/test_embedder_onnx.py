@@ -90,7 +90,7 @@ def test_cache_dir_follows_cascade_home(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     assert default_cache_dir() == tmp_path / "router-cache"
     monkeypatch.delenv("CASCADE_HOME")
-    assert default_cache_dir() == Path(".cascade") / "router-cache"
+    assert default_cache_dir() == Path(".cascade").resolve() / "router-cache"
 
 
 def test_falls_back_to_torch_without_onnxruntime(

@@ -172,3 +172,34 @@ def test_replay_routes_models_only_rules_know(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert "2 requests; 1 move pools" in out  # gpt-4o from tenant 'default' matches no rule: refused
     assert "1 requests would be refused" in out
+
+
+REMOTE_POOL = """  cloud:
+    type: remote
+    price: {{input_per_mtok: "1.00", output_per_mtok: "4.00"}}
+    urls: ["https://cloud.example:8443"]
+    model: big
+    connection: {{ca_bundle: "{ca}"}}
+
+routing:"""
+
+
+def test_machine_checks_are_made_where_the_policy_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A remote pool naming a CA bundle that is not on this machine: the policy parses (parsing is pure, the
+    file is not read), but `validate`, like the pool set before it starts pools, refuses it with file:line."""
+    from backends.machine_checks import checked_here
+    from gateway.control.pool_set import PoolSet
+    from policies.loader import PolicyError, load_policy
+
+    policy = tmp_path / "remote.yaml"
+    policy.write_text(DEFAULT.read_text().replace("routing:", REMOTE_POOL.format(ca=tmp_path / "no-ca.pem"), 1))
+    loaded = load_policy(policy)  # pure: does not look for the CA bundle
+    assert run("validate", str(policy)) == 1
+    err = capsys.readouterr().err
+    line = next(i for i, text in enumerate(policy.read_text().splitlines(), 1) if "connection:" in text)
+    assert f"{policy}:{line}: pools.cloud.connection: ca_bundle {tmp_path / 'no-ca.pem'}" in err, err
+    with pytest.raises(PolicyError, match=r"pools\.cloud\.connection"):
+        PoolSet.check(loaded)
+    (tmp_path / "no-ca.pem").write_text("not a certificate\n")
+    with pytest.raises(PolicyError, match="ca_bundle"):
+        checked_here(loaded)

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from gateway.api.app import create_app
-from gateway.settings import Settings
 from gateway.cli import policy as cli
+from gateway.settings import Settings
 from policies.replay import parse_log
 from tests.servers import serve
 

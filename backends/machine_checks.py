@@ -1,30 +1,42 @@
-"""A policy's quantization ceilings, checked against the checkpoints on this machine.
+"""What a policy needs from the machine it runs on, checked there.
 
-Parsing a policy reads no file but the policy (`policies.loader`). Whether a quantized pool's measured loss
-(`cascade-quant.json` in its checkpoint) fits the pool's `max_quant_loss` depends on the checkpoint built
-where the gateway runs, so it is checked there: by the pool set before it starts or reloads pools, by
-`cascade serve` at start-up and by `cascade policy validate`, each with the policy's file:line.
+Parsing a policy reads no file but the policy (`policies.loader`). Two things depend on the machine: whether
+a quantized pool's measured loss (`cascade-quant.json` in its checkpoint) fits the pool's `max_quant_loss`,
+and whether the PEM files a remote pool's `connection` names (CA bundle, client certificate) are usable.
+They are checked where the gateway runs: by the pool set before it starts or reloads pools, by `cascade
+serve` at start-up and by `cascade policy validate`, each with the policy's file:line.
 """
 
 from __future__ import annotations
 
+from backends.connection import ConnectionSettings, ConnectionSettingsError, ssl_context
 from backends.quant_metadata import ceiling_problems, checkpoint_dir, read_figures, read_metadata
 from policies.loader import LoadedPolicy, PolicyError
-from policies.schema import LocalPool, Policy
+from policies.schema import LocalPool, Policy, RemotePool
 
-__all__ = ["checked_here", "machine_problems", "quant_lines"]
+__all__ = ["checked_here", "connection_settings", "machine_problems", "quant_lines"]
 
 
 def machine_problems(loaded: LoadedPolicy) -> list[str]:
-    """One `file:line: pools.NAME.max_quant_loss: ...` line per ceiling that a checkpoint here breaks (empty
-    when every quantized pool fits, or is not built yet: its engine cannot start anyway)."""
+    """One `file:line: pools.NAME...: ...` line per problem: a ceiling that a checkpoint here breaks (a
+    checkpoint not built yet is not judged: its engine cannot start anyway), or a connection file that
+    cannot be used."""
     problems = []
     for name, pool in loaded.policy.pools.items():
-        if not isinstance(pool, LocalPool) or pool.max_quant_loss is None:
-            continue
-        for problem in ceiling_problems(pool.engine.model, **pool.max_quant_loss.model_dump()):
-            problems.append(loaded.at(("pools", name, "max_quant_loss"), problem))
+        if isinstance(pool, RemotePool):
+            try:
+                ssl_context(connection_settings(pool))
+            except ConnectionSettingsError as exc:
+                problems.append(loaded.at(("pools", name, "connection"), str(exc)))
+        elif pool.max_quant_loss is not None:
+            for problem in ceiling_problems(pool.engine.model, **pool.max_quant_loss.model_dump()):
+                problems.append(loaded.at(("pools", name, "max_quant_loss"), problem))
     return problems
+
+
+def connection_settings(pool: RemotePool) -> ConnectionSettings:
+    """The client settings of a remote pool's `connection` block."""
+    return ConnectionSettings(**pool.connection.model_dump())
 
 
 def checked_here(loaded: LoadedPolicy) -> LoadedPolicy:

@@ -1,0 +1,91 @@
+"""`cascade serve`: run the gateway (and the policy's local engines) until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gateway.settings import Settings, add_arguments, from_args
+from policies.loader import default_policy_path
+
+__all__ = ["register"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.api.app import create_app
+    from gateway.api.workers import UVICORN_OPTIONS
+    from gateway.logs import configure_logging
+
+    configure_logging(args.log_level, json=args.log_format == "json")
+    problem = _startup_problem(Path(args.policy), args.scorer)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    settings = from_args(args, Path(args.policy))
+    if args.workers > 1:
+        return _serve_workers(settings, args)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, **UVICORN_OPTIONS)
+    return 0
+
+
+def _serve_workers(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.api.workers import run_workers, workers_problem
+
+    if settings.ledger != "redis":
+        print("error: --workers > 1 needs the Redis ledger (workers share limits, budgets and the ladder "
+              "through Redis); drop --ledger memory", file=sys.stderr)
+        return 1
+    problem = workers_problem(settings)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    return run_workers(settings, args.host, args.port, args.workers, args.log_level, args.log_format == "json")
+
+
+def _startup_problem(policy: Path, scorer: str) -> str | None:
+    """Check what would make start-up fail, so `serve` says it in one line instead of a traceback."""
+    from backends.machine_checks import checked_here
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        checked_here(load_policy(policy))
+    except PolicyError as exc:
+        return str(exc)
+    if scorer == "classifier":
+        from router_models.artifact import ArtifactError, load_artifact
+
+        try:
+            load_artifact()
+        except ArtifactError as exc:
+            return f"{exc} (or start with --scorer length|none)"
+    return None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `serve`; every setting of `gateway.settings.OPTIONS` is a flag with an environment variable."""
+    p = sub.add_parser(
+        "serve", help="run the gateway (and the policy's local engines) until stopped",
+        description="Serve the OpenAI-compatible endpoint /v1/chat/completions. Local pools' vLLM engines "
+        "start in the background; /readyz turns 200 once every pool has a ready replica.",
+    )
+    p.add_argument("--policy", default=str(default_policy_path()), help="policy YAML (default: the demo policy)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                   help="gateway processes sharing the port (SO_REUSEPORT) and one Redis; local engines are "
+                   "started once, by the parent process (default 1; rule of thumb: one per core)")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="default INFO (any case)")
+    p.add_argument("--log-format", choices=["json", "plain"], default="json")
+    add_arguments(p)
+    p.set_defaults(func=_serve)

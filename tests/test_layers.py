@@ -1,0 +1,144 @@
+"""The shape of the house, checked from the code's imports: no import circles (lazy imports included), and
+no upward imports: `policies` is pure (it imports only itself), `router_models` and `backends` never import
+the gateway, and nothing but the benchmarks imports `loadtest`. Also: every layer agrees where state lives."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gateway", "backends", "policies", "router_models", "loadtest")
+# what each package may import from the others (itself always)
+ALLOWED = {
+    "policies": set(),
+    "router_models": set(),
+    "backends": {"policies"},
+    "gateway": {"backends", "policies", "router_models"},
+    "loadtest": {"gateway", "backends", "policies", "router_models"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[str, list[str]]]:
+    """(module, names) of every import, in functions too, except those under `if TYPE_CHECKING:`."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if _type_checking_only(node):
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, []
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module, [a.name for a in node.names]
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, set())
+        for target, names in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if target.split(".")[0] not in PACKAGES:
+                continue
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
+            edges.update(subs or ([target] if target in modules else []))
+        edges.discard(name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_is_read_from_the_code() -> None:
+    graph = _graph()
+    assert "gateway.cli.main" in graph and "gateway.cli.serve" in graph["gateway.cli.main"]  # lazy import seen
+    assert "backends.engine_args" in graph["backends.supervisor"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_no_upward_imports() -> None:
+    wrong = sorted(
+        f"{src} imports {dst}"
+        for src, targets in _graph().items()
+        for dst in targets
+        if (a := src.split(".")[0]) != (b := dst.split(".")[0]) and b not in ALLOWED[a]
+    )
+    assert wrong == []
+
+
+@pytest.mark.parametrize("env_home", [None, "relative/home"])
+def test_every_layer_agrees_where_state_lives(tmp_path: Path, env_home: str | None) -> None:
+    """Started from another folder, the gateway's settings, the demo models, the router's caches and its
+    artifact store all resolve the same state folder (they used to pick three different ones)."""
+    code = (
+        "from gateway.settings import default_home as g\n"
+        "from backends.demo_models import default_home as b\n"
+        "from router_models.embedder_onnx import default_cache_dir as c\n"
+        "from router_models.artifact_store import default_store_dir as r\n"
+        "print(g(), b(), c().parent, r().parent, sep='\\n')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CASCADE_HOME"} | {"PYTHONPATH": str(ROOT)}
+    if env_home is not None:
+        env["CASCADE_HOME"] = env_home
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    expected = (tmp_path / (env_home or ".cascade")).resolve()
+    assert out == [str(expected)] * 4
