@@ -1,16 +1,22 @@
 """Send a request to a pool, failing over between replicas while no byte has reached the client.
 
-A replica that cannot be reached (or dies before its first chunk) is marked down and the next-least-
-loaded replica is tried; an engine's own HTTP error (a 400 for a bad parameter, say) is not retried,
-since another replica would answer the same. Every outcome goes to the replica's circuit breaker:
-unreachable, broken streams and 5xx answers count as failures, any other answer as a success.
+A replica that cannot be reached (or resets the connection before its first byte) is marked down and
+the next-least-loaded replica is tried. A replica that answers with a 5xx is tried no more for this request
+(it stays in the pool: its breaker decides) and the next one is tried; when none is left, the client gets
+the last engine error as a 502. An engine's 4xx (a bad parameter, say) is not retried, since another replica
+would answer the same. Nothing is retried once a byte may have reached the client: `open_stream` returns at
+the first chunk and whatever breaks after it ends the stream. Every outcome goes to the replica's circuit
+breaker: unreachable, broken streams and 5xx answers count as failures, any other answer as a success.
+
+Retries run inside the caller's deadline (`asyncio.timeout` around the request in `gateway.api.chat`): a
+retry that would outlast it is cancelled there and the client gets the deadline's 504, never a late answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -51,6 +57,42 @@ def _upstream_error(exc: EngineHTTPError, pool: str) -> UpstreamError:
     return UpstreamError(message, status, param=param, code="upstream_rejected")
 
 
+class _Attempts:
+    """The replicas one request tries: the least-loaded untried one per attempt, backing off (25, 50 ms...)
+    between attempts, at most `max_attempts`. When none is left, `next` raises the last engine 5xx (as a
+    502 `UpstreamError`) if there was one, else `NoReplicaAvailable`."""
+
+    def __init__(self, pool: Pool, max_attempts: int, backoff_s: float) -> None:
+        self._pool, self._max, self._backoff = pool, max_attempts, backoff_s
+        self._tried: set[str] = set()
+        self._last_error: UpstreamError | None = None
+
+    async def next(self) -> Replica:
+        tried = self._tried
+        if tried:
+            await asyncio.sleep(self._backoff * 2 ** (len(tried) - 1))
+        replica = self._pool.choose(frozenset(tried)) if len(tried) < self._max else None
+        if replica is None:
+            if self._last_error is not None:
+                raise self._last_error
+            raise NoReplicaAvailable(
+                f"no replica of pool {self._pool.name!r} is available ({len(tried)} tried); retry shortly"
+            )
+        tried.add(replica.url)
+        return replica
+
+    def retry_after(self, exc: EngineHTTPError, replica: Replica) -> None:
+        """After an engine error status: raise it at once when it is the request's fault (4xx); keep it
+        as the answer of last resort and let the loop try another replica when it is the engine's (5xx)."""
+        error = _upstream_error(exc, self._pool.name)
+        if exc.status < 500:
+            raise error from exc
+        error.__cause__ = exc
+        self._last_error = error
+        log.warning("engine error, retrying on another replica",
+                    extra={"pool": self._pool.name, "replica": replica.url, "status": exc.status})
+
+
 class Proxy:
     """Forwards chat requests to pool replicas. Owns nothing; counts in-flight per replica."""
 
@@ -59,29 +101,14 @@ class Proxy:
         self._max_attempts = max_attempts
         self._backoff = backoff_s
 
-    def _replicas(self, pool: Pool) -> Callable[[], Awaitable[Replica]]:
-        """Yields the least-loaded untried replica per attempt, backing off (25, 50 ms...) between
-        attempts; raises `NoReplicaAvailable` when none is left or `max_attempts` were made."""
-        tried: set[str] = set()
-
-        async def next_replica() -> Replica:
-            if tried:
-                await asyncio.sleep(self._backoff * 2 ** (len(tried) - 1))
-            replica = pool.choose(frozenset(tried)) if len(tried) < self._max_attempts else None
-            if replica is None:
-                raise NoReplicaAvailable(
-                    f"no replica of pool {pool.name!r} is available ({len(tried)} tried); retry shortly"
-                )
-            tried.add(replica.url)
-            return replica
-
-        return next_replica
+    def _replicas(self, pool: Pool) -> _Attempts:
+        return _Attempts(pool, self._max_attempts, self._backoff)
 
     async def complete(self, pool: Pool, body: bytes) -> tuple[Replica, bytes]:
         """Non-streaming call. Returns the replica that answered and the engine's JSON body."""
-        next_replica = self._replicas(pool)
+        attempts = self._replicas(pool)
         while True:
-            replica = await next_replica()
+            replica = await attempts.next()
             replica.in_flight += 1
             try:
                 answer = await self._client.post_json(replica.url, _CHAT, body, pool.headers)
@@ -89,7 +116,7 @@ class Proxy:
                 _failed(pool, replica, exc)
             except EngineHTTPError as exc:
                 _answered(replica, exc.status)
-                raise _upstream_error(exc, pool.name) from exc
+                attempts.retry_after(exc, replica)
             except BaseException:
                 replica.breaker.release()
                 raise
@@ -104,9 +131,9 @@ class Proxy:
 
         The replica's in-flight count stays raised until the caller closes `upstream`.
         """
-        next_replica = self._replicas(pool)
+        attempts = self._replicas(pool)
         while True:
-            replica = await next_replica()
+            replica = await attempts.next()
             stack = AsyncExitStack()
             replica.in_flight += 1
             stack.callback(_decrement, replica)
@@ -119,7 +146,7 @@ class Proxy:
             except EngineHTTPError as exc:
                 await stack.aclose()
                 _answered(replica, exc.status)
-                raise _upstream_error(exc, pool.name) from exc
+                attempts.retry_after(exc, replica)
             except BaseException:
                 await stack.aclose()
                 replica.breaker.release()
