@@ -11,6 +11,9 @@ Design:
   degradation ladder (one leader decides for all, `gateway.control.ladder_sync`). Each worker has its own state
   folder `<home>/workers/<i>` (its ledger outbox, which takes a file lock) and, with `--request-log F`,
   its own log `F.<i>`.
+- `/metrics` of any worker is the sum over all workers: the parent empties `<home>/metrics` and exports it as
+  `PROMETHEUS_MULTIPROC_DIR` before spawning them (prometheus_client's multiprocess mode,
+  `gateway.control.metrics`); a dead worker's counters stay in the sum, its live gauges are dropped.
 - SIGTERM or SIGINT to the parent: every worker drains (uvicorn's graceful shutdown), then the engines stop.
 
 Limits: on-demand (scale-to-zero) local pools need `--workers 1` (the process that owns engines must see
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.supervisor import EngineSupervisor, choose_ports
+from gateway.control.metrics import prepare_multiprocess_dir, worker_exited
 from gateway.settings import Settings
 from policies.loader import load_policy
 from policies.schema import LocalPool
@@ -134,6 +138,7 @@ class WorkerGroup:
                     continue
                 log.error("worker %d (pid %s) exited with code %s; restarting in %.0f s", i, proc.pid,
                           proc.exitcode, delays[i])
+                worker_exited(proc.pid or 0)
                 await asyncio.sleep(delays[i])
                 delays[i] = min(30.0, delays[i] * 2)
                 self.procs[i] = self._spawn(i)
@@ -143,6 +148,7 @@ class WorkerGroup:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         engines = asyncio.create_task(self._start_engines()) if self._settings.start_engines else None
+        prepare_multiprocess_dir(self._settings.home / "metrics")
         self.procs = [self._spawn(i) for i in range(self._count)]
         try:
             await self._watch()

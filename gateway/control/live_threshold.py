@@ -221,6 +221,6 @@ def start_live_threshold(client: aioredis.Redis | None, prefix: str, policy: Cal
     registered in `metrics`. The caller owns it (`aclose`)."""
     window: ScoreWindow = MemoryWindow() if client is None else RedisWindow(client, prefix)
     live = LiveThreshold(window, policy)
-    metrics.registry.register(ThresholdCollector(live, policy))
+    metrics.register_scrape_time(ThresholdCollector(live, policy))
     live.start()
     return live

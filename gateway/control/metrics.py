@@ -3,13 +3,24 @@
 Per-request figures are observed from the finished `CostRecord` (tokens, micro-USD, TTFT, latency), so
 what the metrics count and what the ledger records cannot drift apart. Per-replica gauges are read from
 the pools at scrape time.
+
+Several processes (`cascade serve --workers N`): the parent sets `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's
+multiprocess mode, see `multiprocess_dir`) before it spawns the workers. Every counter, histogram and gauge then
+lives in memory-mapped files there, and `render()` in any worker answers the sum over all workers, dead ones
+included for counters (totals never drop when a worker restarts); gauges declare how they combine
+(`multiprocess_mode`). The per-replica gauges are read at scrape time from the answering worker's pools: health,
+KV-cache use, queue depth and breaker state describe the shared engines, which every worker probes alike;
+`cascade_replica_in_flight` is that worker's own in-flight count, not the sum.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -17,12 +28,36 @@ from backends.breaker import BreakerState
 from backends.pool import Pool
 from gateway.ledger.store import CostRecord
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+__all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "multiprocess_dir", "prepare_multiprocess_dir",
+           "worker_exited"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 _BREAKER_LEVEL = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client reads it once, when it is imported: it must be set before a worker process starts."""
+
+
+def multiprocess_dir() -> Path | None:
+    """The folder of prometheus_client's multiprocess mode in this process (None: one process, in memory)."""
+    value = os.environ.get(MULTIPROC_ENV)
+    return Path(value) if value else None
+
+
+def prepare_multiprocess_dir(path: Path) -> None:
+    """Empty `path` (what a previous run left would be summed in) and export it as `MULTIPROC_ENV`, so that
+    processes started after this call share their metrics through it. Called by the parent of the workers."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    os.environ[MULTIPROC_ENV] = str(path)
+
+
+def worker_exited(pid: int) -> None:
+    """Drop the live gauges of a worker process that has exited (its counters stay in the sum)."""
+    path = multiprocess_dir()
+    if path is not None:
+        multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
 
 
 class _PoolCollector(Collector):
@@ -74,7 +109,7 @@ class GatewayMetrics:
         self.budget = Counter("cascade_budget_events", "requests of tenants past their soft limit or budget",
                               ["tenant", "state"], registry=r)
         self.ladder = Gauge("cascade_degradation_active", "1 while a degradation ladder step is engaged", ["step"],
-                            registry=r)
+                            registry=r, multiprocess_mode="livemax")  # the ladder is one across workers
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
@@ -82,7 +117,17 @@ class GatewayMetrics:
                                 "not_found, invalid", ["outcome"], registry=r)
         self.learning = Counter("cascade_learning_events", "learning loop: prompts kept, shadow comparisons "
                                 "judged or skipped (and why)", ["event"], registry=r)
+        self.escalations = Counter("cascade_escalations", "cascade micro answers below min_confidence: escalated "
+                                   "(pool: where to) or held (pool: micro, held_by: why the policy kept it)",
+                                   ["outcome", "pool", "held_by"], registry=r)
         r.register(_PoolCollector(pools))
+        self._scrape_time = CollectorRegistry(auto_describe=True)  # multiprocess mode only: live, per worker
+        self._scrape_time.register(_PoolCollector(pools))
+
+    def register_scrape_time(self, collector: Collector) -> None:
+        """Add a collector read at scrape time (from this process's state, in either mode)."""
+        self.registry.register(collector)
+        self._scrape_time.register(collector)
 
     def observe_record(self, rec: CostRecord) -> None:
         self.requests.labels(rec.pool, rec.rule, rec.status, rec.tenant).inc()
@@ -105,4 +150,11 @@ class GatewayMetrics:
         self.requests.labels("none", "none", str(status), tenant).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition text: this process's registry, or the sum of every worker's in multiprocess mode
+        plus this worker's scrape-time collectors."""
+        path = multiprocess_dir()
+        if path is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, str(path))  # type: ignore[no-untyped-call]
+        return generate_latest(merged) + generate_latest(self._scrape_time)

@@ -1,5 +1,5 @@
 """`cascade serve --workers 2`: two real worker processes on one port and one Redis enforce one rate limit
-and one budget, write one ledger, and apply one degradation step."""
+and one budget, write one ledger, apply one degradation step, and answer one `/metrics` (the sum)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
 from gateway.api.workers import workers_problem
@@ -29,6 +30,7 @@ EXTRA = f"""tenants:
   capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 10}}}}
   broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0005"}}}}
   open: {{api_key_sha256: ['{hash_key("sk-open")}']}}
+  counted: {{api_key_sha256: ['{hash_key("sk-counted")}']}}
 degradation:
   steps:
     - {{name: micro-kv-high, signal: kv_cache_usage, pool: micro, enter_above: 0.85, exit_below: 0.5, hold_s: 2,
@@ -85,6 +87,31 @@ def test_two_worker_processes_serve_the_port_and_both_report(workers: Workers) -
     time.sleep(1.5)  # a ladder tick: each worker publishes its own report
     reports = redis.Redis.from_url(SHARED_URL).hgetall(workers.prefix + "ladder:reports")
     assert len(reports) == 2  # both workers are alive, share the ladder, and (40 connections) served requests
+
+
+def _sample(text: str, name: str, tenant: str) -> float:
+    """The value of `name` summed over its series for `tenant` (0 when absent) in one exposition text."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("tenant") == tenant:
+                total += sample.value
+    return total
+
+
+def test_metrics_are_the_sum_over_both_workers_on_every_scrape(workers: Workers) -> None:
+    sent = 24  # new connections each: with 2 workers all 24 on one worker has odds 2**-23
+    for _ in range(sent):
+        assert _post(workers.url, "sk-counted", model="micro").status_code == 200
+    scrapes: list[float] = []
+    deadline = time.monotonic() + 10
+    while len(scrapes) < 12:
+        text = httpx.get(workers.url + "/metrics", timeout=10).text  # a new connection: any worker answers
+        counted = _sample(text, "cascade_requests_total", "counted")
+        if scrapes or counted == sent or time.monotonic() > deadline:  # the last record may still be in flight
+            scrapes.append(counted)
+            assert _sample(text, "cascade_cost_micro_usd_total", "counted") > 0
+    assert scrapes == [sent] * 12
 
 
 def test_one_rate_limit_across_two_workers(workers: Workers) -> None:
