@@ -4,7 +4,10 @@ Raw ASGI (no framework) so that it costs as little as possible. It serves `/heal
 gauge names), `/tokenize` (1 token per whitespace-separated word, plus 3 per message), and
 `/v1/chat/completions` streaming and not, with `usage` (and `stream_options.include_usage`).
 Knobs (per request, in the body's `metadata`): `fake_tokens` (completion length, default 16),
-`fake_delay_ms` (sleep between streamed tokens); per server: `delay_ms`, `max_running`.
+`fake_delay_ms` (sleep between streamed tokens), `fake_tool_call` (a function name: with `tools` in the
+request, each choice is a call of it, `{"q": "w0 w1 ..."}`, streamed as argument deltas); per server:
+`delay_ms`, `max_running`. `n` choices are answered (streams interleave them, as vLLM does) and `usage`
+covers them all; `logprobs` / `top_logprobs` are honoured.
 Run: `python -m loadtest.fake_upstream --port 9001`.
 """
 
@@ -128,20 +131,14 @@ class FakeUpstream:
         n = int(meta.get("fake_tokens", 16))
         limit = req.get("max_completion_tokens") or req.get("max_tokens")
         n = min(n, int(limit)) if limit else n
-        usage = {"prompt_tokens": _prompt_tokens(req.get("messages")), "completion_tokens": n}
-        usage["total_tokens"] = usage["prompt_tokens"] + n
-        logprob = float(meta.get("fake_logprob", -0.1))
+        answer = _Answer(req, n)
         delay = float(meta.get("fake_delay_ms", self.delay_ms)) / 1000
         if not req.get("stream"):
             if delay:
                 await asyncio.sleep(delay * n)
-            text = " ".join(f"w{i}" for i in range(n))
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "finish_reason": "length"}
-            if req.get("logprobs"):
-                choice["logprobs"] = {"content": [{"token": f"w{i}", "logprob": logprob} for i in range(n)]}
             out = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-                   "model": req.get("model"), "choices": [choice], "usage": usage}
+                   "model": req.get("model"), "choices": [answer.choice(i) for i in range(answer.choices)],
+                   "usage": answer.usage}
             return await self._reply(send, 200, orjson.dumps(out))
         gone = asyncio.Event()
 
@@ -152,43 +149,108 @@ class FakeUpstream:
 
         watcher = asyncio.create_task(watch())
         try:
-            await self._stream(send, gone, req, n, usage, delay, logprob)
+            await self._stream(send, gone, req, answer, delay)
         finally:
             watcher.cancel()
 
-    async def _stream(
-        self, send: Send, gone: asyncio.Event, req: dict[str, Any], n: int, usage: dict[str, int], delay: float,
-        logprob: float,
-    ) -> None:
+    async def _stream(self, send: Send, gone: asyncio.Event, req: dict[str, Any], answer: _Answer,
+                      delay: float) -> None:
         head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": req.get("model")}
+
+        async def event(obj: dict[str, Any], more: bool = True) -> None:
+            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(obj) + b"\n\n",
+                        "more_body": more})
+
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         self.running += 1
         try:
-            role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(role) + b"\n\n",
-                        "more_body": True})
-            for i in range(n):
+            for c in range(answer.choices):
+                await event({**head, "choices": [{"index": c, "delta": answer.first_delta(c)}]})
+            for i in range(answer.steps):
                 if delay:
                     await asyncio.sleep(delay)
                 if gone.is_set():  # the client left: stop generating, as vLLM aborts the request
                     self.aborted += 1
                     return
-                choice = {"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}
-                if req.get("logprobs"):
-                    choice["logprobs"] = {"content": [{"token": f" w{i}", "logprob": logprob}]}
-                delta = {**head, "choices": [choice]}
-                await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(delta) + b"\n\n",
-                            "more_body": True})
+                for c in range(answer.choices):
+                    await event({**head, "choices": [answer.delta(c, i)]})
             tail = b""
             if (req.get("stream_options") or {}).get("include_usage"):
-                tail = b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
+                tail = b"data: " + orjson.dumps({**head, "choices": [], "usage": answer.usage}) + b"\n\n"
             await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
         except (OSError, asyncio.CancelledError):
             self.aborted += 1
             raise
         finally:
             self.running -= 1
+
+
+class _Answer:
+    """The fake's answer to one request: `choices` choices of `tokens` tokens each, text or a tool call."""
+
+    def __init__(self, req: dict[str, Any], tokens: int) -> None:
+        meta = req.get("metadata") or {}
+        self.tokens = tokens
+        self.choices = int(req.get("n") or 1)
+        self.tool = meta.get("fake_tool_call") if req.get("tools") else None
+        self.logprob = float(meta.get("fake_logprob", -0.1))
+        self.logprobs = bool(req.get("logprobs"))
+        self.top = int(req.get("top_logprobs") or 0)
+        prompt = _prompt_tokens(req.get("messages"))
+        completion = tokens * self.choices
+        self.usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    @property
+    def steps(self) -> int:
+        return self.tokens + 2 if self.tool else self.tokens  # a tool call's arguments open and close
+
+    def _pieces(self) -> list[str]:
+        if self.tool:
+            return ['{"q": "', *(f"w{i} " for i in range(self.tokens)), '"}']
+        return [f" w{i}" for i in range(self.tokens)]
+
+    def _logprobs(self, tokens: list[str]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        top = [{"token": f"alt{k}", "logprob": self.logprob - k - 1, "bytes": None} for k in range(self.top)]
+        return {"content": [{"token": t, "logprob": self.logprob, "bytes": None, "top_logprobs": top}
+                            for t in tokens]}
+
+    def _call(self, choice: int, arguments: str) -> dict[str, Any]:
+        return {"index": 0, "id": f"call_fake_{choice}", "type": "function",
+                "function": {"name": self.tool, "arguments": arguments}}
+
+    def choice(self, index: int) -> dict[str, Any]:
+        """Choice `index` of a non-streamed answer."""
+        pieces = self._pieces()
+        if self.tool:
+            message: dict[str, Any] = {"role": "assistant", "content": None,
+                                       "tool_calls": [{k: v for k, v in self._call(index, "".join(pieces)).items()
+                                                       if k != "index"}]}
+        else:
+            message = {"role": "assistant", "content": "".join(pieces).strip()}
+        reason = "tool_calls" if self.tool else "length"
+        return {"index": index, "message": message, "logprobs": self._logprobs(pieces), "finish_reason": reason}
+
+    def first_delta(self, choice: int) -> dict[str, Any]:
+        return {"role": "assistant", "content": None if self.tool else ""}
+
+    def delta(self, choice: int, step: int) -> dict[str, Any]:
+        """Choice `choice`'s chunk at step `step`; the last step carries the finish reason."""
+        piece = self._pieces()[step]
+        last = step == self.steps - 1
+        if self.tool:
+            call = self._call(choice, piece) if step == 0 else {"index": 0, "function": {"arguments": piece}}
+            delta: dict[str, Any] = {"tool_calls": [call]}
+            reason = "tool_calls" if last else None
+        else:
+            delta, reason = {"content": piece}, ("length" if last else None)
+        out: dict[str, Any] = {"index": choice, "delta": delta, "finish_reason": reason}
+        lp = self._logprobs([piece])
+        if lp is not None:
+            out["logprobs"] = lp
+        return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -85,7 +85,9 @@ class Forwarder:
 
     async def json_via_stream(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
                               headers: dict[str, str]) -> JSONReply:
-        """Stream from the engine, answer the client in one JSON body (TTFT observed, aborts on disconnect)."""
+        """Stream from the engine, answer the client in one JSON body: the body the engine would have sent
+        (every choice, tool calls, logprobs, usage; `gateway.serving.assemble`), with TTFT observed and the
+        engine's read timeout applying between chunks rather than to the whole answer."""
         body = dict(upstream, stream=True, stream_options={"include_usage": True})
         opened = await self.open(pool, orjson.dumps(body))
         async with opened.upstream:

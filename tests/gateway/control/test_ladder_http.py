@@ -3,6 +3,7 @@ KV-cache use and queue depth we set), engaging and receding with hysteresis."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -154,6 +155,51 @@ def test_force_stream_still_answers_json(forcing: str, upstreams: Upstreams) -> 
     body = r.json()
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 5
     assert body["choices"][0]["message"]["content"].split() == ["w0", "w1", "w2", "w3", "w4"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+TOOL_CALL = {"model": "flagship", "tools": TOOLS, "n": 2, "logprobs": True, "top_logprobs": 2, "max_tokens": 4,
+             "metadata": {"fake_tool_call": "search"}}
+
+
+def _forced(url: str, flagship: FakeUpstream) -> None:
+    flagship.kv_cache_usage = 0.9
+    _until(lambda: "x-cascade-degraded" in _post(url, model="flagship").headers)
+
+
+def test_force_stream_json_is_the_engines_own_answer(forcing: str, upstreams: Upstreams) -> None:
+    """Tool calls, logprobs and every choice survive the assembly: the client gets what the engine answers
+    when asked for JSON directly."""
+    direct = _post(upstreams[3], **dict(TOOL_CALL, model="flagship-model")).json()
+    _forced(forcing, upstreams[2])
+    r = _post(forcing, **TOOL_CALL)
+    assert r.status_code == 200 and r.headers["x-cascade-degraded"] == "slow"
+    body = r.json()
+    assert body["choices"] == direct["choices"] and body["usage"] == direct["usage"]
+    calls = [c["message"]["tool_calls"][0] for c in body["choices"]]
+    assert [c["id"] for c in calls] == ["call_fake_0", "call_fake_1"]
+    assert all(c["function"] == {"name": "search", "arguments": '{"q": "w0 w1 w2 w3 "}'} for c in calls)
+    assert body["choices"][0]["message"]["content"] is None
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert len(body["choices"][1]["logprobs"]["content"]) == 6  # open, 4 tokens, close
+    assert body["usage"]["completion_tokens"] == 2 * 4  # both choices counted
+
+
+def test_force_stream_streams_tool_calls_as_they_are_made(forcing: str, upstreams: Upstreams) -> None:
+    _forced(forcing, upstreams[2])
+    slow = dict(TOOL_CALL, n=1, stream=True, metadata={"fake_tool_call": "search", "fake_delay_ms": "150"})
+    payload = {"messages": [{"role": "user", "content": "hello there"}], **slow}
+    began, arrivals, arguments = time.monotonic(), [], ""
+    with httpx.stream("POST", forcing + "/v1/chat/completions", json=payload, timeout=10) as r:
+        assert r.headers["x-cascade-degraded"] == "slow"
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    for call in choice["delta"].get("tool_calls") or ():
+                        arrivals.append(time.monotonic() - began)
+                        arguments += call["function"]["arguments"]
+    assert arguments == '{"q": "w0 w1 w2 w3 "}'
+    assert len(arrivals) == 6 and arrivals[0] < arrivals[-1] - 0.5  # 5 gaps of 150 ms: not one burst at the end
 
 
 @pytest.fixture
