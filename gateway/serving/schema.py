@@ -1,7 +1,9 @@
 """The OpenAI chat-completions request, validated strictly where the gateway relies on it.
 
 Fields the gateway does not interpret (tools, response_format, logit_bias, seed, ...) pass through to
-the engine untouched: the engine validates them. Fields it does interpret are typed here.
+the engine untouched: the engine validates them. Fields it does interpret are typed here, and refused only
+where the OpenAI API refuses them too: `null` means "not set" for every optional field (the default applies),
+`n` may ask for several choices, and a conversation may hold only assistant or tool turns.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from gateway.errors import BadRequest
 from policies.loader import dotted_path
@@ -19,7 +21,24 @@ __all__ = ["ChatMessage", "ChatRequest", "parse_chat_request"]
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
-class ChatMessage(BaseModel):
+class _NullIsUnset(BaseModel):
+    """`null` for a field is the field not sent: its default applies (the OpenAI API declares its optional
+    fields nullable; a typed default such as `stream: false` must not turn `null` into a refusal)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or not _optional(cls, k)}
+
+
+def _optional(model: type[BaseModel], name: str) -> bool:
+    field = model.model_fields.get(name)
+    return field is not None and not field.is_required()
+
+
+class ChatMessage(_NullIsUnset):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     role: Role
@@ -27,15 +46,15 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_NullIsUnset):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     include_usage: StrictBool = False
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(_NullIsUnset):
     """A validated request. `raw` keeps the client's JSON object, forwarded with only `model`,
-    `stream_options` and limits rewritten."""
+    `stream_options` and limits rewritten (and the `null`s of the fields typed here left out)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -45,20 +64,13 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: StrictInt | None = Field(default=None, gt=0)
     max_completion_tokens: StrictInt | None = Field(default=None, gt=0)
-    n: StrictInt = Field(default=1, ge=1, le=1)
+    n: StrictInt = Field(default=1, ge=1, le=128, description="choices asked for (the OpenAI API's bounds)")
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     user: str | None = None
     metadata: dict[str, str] | None = None
-
-    @field_validator("messages")
-    @classmethod
-    def _has_user_or_system(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
-        if not any(m.role in ("user", "system", "developer") for m in messages):
-            raise ValueError("messages must contain at least one user, system or developer message")
-        return messages
 
     @property
     def completion_limit(self) -> int | None:
@@ -94,6 +106,8 @@ def parse_chat_request(
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(raw, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
+    # The engine sees what the gateway understood: a `null` the gateway read as its default is not sent.
+    raw = {k: v for k, v in raw.items() if v is not None or not _optional(ChatRequest, k)}
     try:
         request = ChatRequest.model_validate(raw)
     except ValidationError as exc:

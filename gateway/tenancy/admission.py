@@ -40,7 +40,7 @@ class Admission:
         limits = spec.rate_limits
         if self._limiter is not None and (limits.requests_per_minute or limits.tokens_per_minute):
             tokens = estimate_tokens(prompt_text_of(raw_messages))
-            tokens += request.completion_limit or DEFAULT_COMPLETION_ESTIMATE
+            tokens += (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
             await self._limiter.admit(tenant, limits, tokens)
         budget = spec.budget
         if self._budgets is None or (budget.daily_usd is None and budget.monthly_usd is None):
