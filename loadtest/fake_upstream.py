@@ -61,6 +61,7 @@ class FakeUpstream:
         self.kv_cache_usage = 0.0  # what /metrics reports; tests raise it to drive the degradation ladder
         self.waiting = 0.0
         self.last_authorization: str | None = None  # the Authorization header of the last chat request
+        self.tokenize_requests = 0  # calls of /tokenize (vLLM's token counter)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -75,6 +76,7 @@ class FakeUpstream:
             return await self._reply(send, 200, self._metrics(), [(b"content-type", b"text/plain")])
         body = await self._body(receive)
         if path == "/tokenize":
+            self.tokenize_requests += 1
             return await self._tokenize(send, body)
         if path == "/v1/chat/completions":
             auth = dict(scope["headers"]).get(b"authorization")

@@ -116,6 +116,11 @@ class RemotePool(Frozen):
         "OpenAI-compatible APIs use /v1/models"))
     connection: Connection = Field(default_factory=Connection, description="proxy and TLS: CA bundle, client "
                                    "certificate")
+    tokenizer: str | None = Field(default=None, description=(
+        "a Hugging Face tokenizer directory on the gateway's machine (with the model's chat template), to count "
+        "the tokens of answers the servers did not count (a client that left mid-stream); without one they are "
+        "estimated (4 characters a token) and recorded as usage_source: estimate. Prompts are never sent to the "
+        "servers again to be counted"))
     description: str = ""
 
 

@@ -120,8 +120,8 @@ class ShadowComparison:
         replica, answer = await self._fw.complete(pool, orjson.dumps(upstream))
         parsed = orjson.loads(answer)
         text = answer_text(parsed)
-        usage = usage_from_json(parsed) or await count_usage(self._engines, replica.url, model,
-                                                             upstream["messages"], text)
+        usage = usage_from_json(parsed) or await count_usage(loaded.policy.pools[pool.name], self._engines,
+                                                             replica.url, model, upstream["messages"], text)
         decision = RouteDecision(pool.name, model, None, "shadow", f"shadow comparison ({record_id})",
                                  loaded.version)
         facts = RequestFacts(record_id, SHADOW_TENANT, decision, started_wall, started, None, "shadow")

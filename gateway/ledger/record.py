@@ -61,7 +61,8 @@ class CostRecord:
     ttft_ms: float | None
     latency_ms: float
     status: str = "ok"
-    usage_source: str = "engine"  # "engine" (usage chunk), "tokenizer" (engine's /tokenize), "estimate"
+    usage_source: str = "engine"  # "engine" (usage chunk), "tokenizer" (a local engine's /tokenize or a remote
+    # pool's tokenizer on the gateway's machine), "estimate" (4 characters a token)
 
 
 class InvalidCostRecord(ValueError):

@@ -1,12 +1,17 @@
-"""Token usage of one request, from the engine when it said so, else counted with the pool's tokenizer.
+"""Token usage of one request, from the engine when it said so, else counted where the prompt already is.
 
-Counting goes through the engine's own `/tokenize` endpoint (vLLM), so the gateway needs no copy of each
-pool's tokenizer and counts exactly as the engine would. If that fails too, it estimates (4 chars a
-token) and says so in `source`.
+A local pool's engines are the gateway's own: counting goes through the engine's `/tokenize` endpoint
+(vLLM), so the gateway needs no copy of the tokenizer and counts exactly as the engine would. A remote
+pool's servers are someone else's (a cloud API, say): the prompt is never sent to them a second time, to
+`/tokenize` or anywhere. It is counted on the gateway's machine with the pool's `tokenizer` (a Hugging Face
+tokenizer directory, chat template applied), else estimated (4 characters a token). `Usage.source` says
+which ("engine", "tokenizer" or "estimate"); it becomes the ledger record's `usage_source`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,8 +20,9 @@ from typing import Any
 import orjson
 
 from backends.engine_client import EngineClient, EngineError
+from policies.pools import LocalPool, RemotePool
 
-__all__ = ["Usage", "count_usage", "usage_from_json"]
+__all__ = ["Usage", "count_usage", "estimate_usage", "usage_from_json"]
 
 log = logging.getLogger("cascade.usage")
 
@@ -48,13 +54,17 @@ async def _tokenize_count(client: EngineClient, base_url: str, payload: dict[str
 
 
 async def count_usage(
+    pool: LocalPool | RemotePool,
     client: EngineClient,
     base_url: str,
     model: str,
     messages: Sequence[Mapping[str, Any]],
     completion_text: str,
 ) -> Usage:
-    """Count prompt tokens (with the chat template) and completion tokens with the engine's tokenizer."""
+    """Count prompt tokens (with the chat template) and completion tokens: with the engine's tokenizer at
+    `base_url` for a local pool; on this machine for a remote one (nothing is sent to `base_url`)."""
+    if isinstance(pool, RemotePool):
+        return await _count_locally(pool.tokenizer, messages, completion_text)
     try:
         prompt = await _tokenize_count(
             client, base_url, {"model": model, "messages": list(messages), "add_generation_prompt": True}
@@ -67,5 +77,38 @@ async def count_usage(
         return Usage(prompt, completion, "tokenizer")
     except (EngineError, ValueError) as exc:
         log.warning("token count via engine failed, estimating", extra={"error": str(exc)})
-        chars = sum(len(str(m.get("content") or "")) for m in messages)
-        return Usage(max(1, chars // 4), len(completion_text) // 4, "estimate")
+        return estimate_usage(messages, completion_text)
+
+
+def estimate_usage(messages: Sequence[Mapping[str, Any]], completion_text: str) -> Usage:
+    """4 characters a token, marked as an estimate."""
+    chars = sum(len(str(m.get("content") or "")) for m in messages)
+    return Usage(max(1, chars // 4), len(completion_text) // 4, "estimate")
+
+
+async def _count_locally(tokenizer: str | None, messages: Sequence[Mapping[str, Any]], completion_text: str) -> Usage:
+    if tokenizer is None:
+        return estimate_usage(messages, completion_text)
+    try:  # loading and encoding are CPU work: off the event loop
+        return await asyncio.to_thread(_count_with, tokenizer, list(messages), completion_text)
+    except Exception as exc:  # a missing or broken tokenizer directory, a template that rejects the messages
+        log.warning("token count with the pool's tokenizer failed, estimating",
+                    extra={"tokenizer": tokenizer, "error": f"{type(exc).__name__}: {exc}"})
+        return estimate_usage(messages, completion_text)
+
+
+def _count_with(tokenizer_dir: str, messages: list[Mapping[str, Any]], completion_text: str) -> Usage:
+    tokenizer = _tokenizer(tokenizer_dir)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping):  # transformers >= 5 answers a BatchEncoding
+        ids = ids["input_ids"]
+    completion = len(tokenizer.encode(completion_text, add_special_tokens=False)) if completion_text else 0
+    return Usage(len(ids), completion, "tokenizer")
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(tokenizer_dir: str) -> Any:
+    """Loaded once per directory per process (transformers is imported only when a pool names a tokenizer)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)

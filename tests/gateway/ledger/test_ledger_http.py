@@ -91,6 +91,6 @@ async def test_client_gone_mid_stream_is_charged_in_redis(gateway: str, prefix: 
             if seen >= 8:
                 break
     (rec,) = await asyncio.to_thread(_records, prefix, 1)
-    assert rec["status"] == "client_disconnect" and rec["usage_source"] == "tokenizer"
-    assert 7 <= int(rec["completion_tokens"]) < 300
+    assert rec["status"] == "client_disconnect" and rec["usage_source"] == "estimate"  # a remote pool: not re-sent
+    assert 1 <= int(rec["completion_tokens"]) < 300
     assert int(rec["cost_micro_usd"]) > 0

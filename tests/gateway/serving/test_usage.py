@@ -1,0 +1,97 @@
+"""Counting the tokens of an answer the engine did not count: a local pool's engine counts them (`/tokenize`);
+a remote pool's prompt never leaves the gateway again (its own tokenizer here, else an estimate)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from backends.engine_client import EngineUnavailable, Headers
+from gateway.serving.usage import Usage, count_usage
+from policies.money import Price
+from policies.pools import EngineSpec, LocalPool, RemotePool
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two three"}]
+_PRICE = Price.model_validate({"input_per_mtok": "1", "output_per_mtok": "1"})
+
+
+class RecordingEngines:
+    """A fake engine client: answers `/tokenize` with 7 tokens and records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, bytes]] = []
+
+    async def post_json(self, base_url: str, path: str, body: bytes, headers: Headers | None = None) -> bytes:
+        self.calls.append((base_url, path, body))
+        return orjson.dumps({"count": 7})
+
+    @asynccontextmanager
+    async def stream(self, base_url: str, path: str, body: bytes,
+                     headers: Headers | None = None) -> AsyncIterator[AsyncIterator[bytes]]:
+        raise EngineUnavailable("not used")
+        yield  # pragma: no cover
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        raise EngineUnavailable("not used")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _remote(tokenizer: str | None = None) -> RemotePool:
+    return RemotePool(type="remote", price=_PRICE, urls=("https://api.example.com",), model="m",
+                      api_key_env="KEY", tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A word-level tokenizer (one token a word) with a chat template of 2 tokens a message + 1 to prompt."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "[role]", "system", "user", "assistant", "be", "brief",
+             "one", "two", "three", "four"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast_class: Any = PreTrainedTokenizerFast  # untyped constructor
+    fast = fast_class(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = ("{% for m in messages %}[role] {{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}assistant{% endif %}")
+    path = tmp_path_factory.mktemp("tokenizer")
+    fast.save_pretrained(str(path))
+    yield path
+
+
+async def test_a_remote_pool_without_a_tokenizer_is_estimated_and_nothing_is_sent() -> None:
+    engines = RecordingEngines()
+    usage = await count_usage(_remote(), engines, "https://api.example.com", "m", MESSAGES, "four four four four")
+    assert engines.calls == []  # no /tokenize at the third party, with or without its key
+    assert usage == Usage(len("be brief" + "one two three") // 4, len("four four four four") // 4, "estimate")
+
+
+async def test_a_remote_pool_with_a_tokenizer_counts_on_the_gateway(tokenizer_dir: Path) -> None:
+    engines = RecordingEngines()
+    usage = await count_usage(_remote(str(tokenizer_dir)), engines, "https://api.example.com", "m", MESSAGES,
+                              "four four four")
+    assert engines.calls == []
+    # [role] system be brief / [role] user one two three / assistant
+    assert usage == Usage(4 + 5 + 1, 3, "tokenizer")
+
+
+async def test_a_broken_tokenizer_directory_falls_back_to_an_estimate(tmp_path: Path) -> None:
+    engines = RecordingEngines()
+    usage = await count_usage(_remote(str(tmp_path / "missing")), engines, "https://x", "m", MESSAGES, "")
+    assert usage.source == "estimate" and engines.calls == []
+
+
+async def test_a_local_pool_is_counted_by_its_own_engine() -> None:
+    engines = RecordingEngines()
+    local = LocalPool(type="local", price=_PRICE, engine=EngineSpec(model="demo:micro", served_name="micro"))
+    usage = await count_usage(local, engines, "http://127.0.0.1:8100", "micro", MESSAGES, "four")
+    assert usage == Usage(7, 7, "tokenizer")
+    assert [(url, path) for url, path, _ in engines.calls] == [("http://127.0.0.1:8100", "/tokenize")] * 2
