@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.ladder_schema import (
     Action,
     ForceStream,
     LadderStep,
     RaiseThreshold,
+    Scope,
     Shed,
     TruncateContext,
 )
@@ -33,12 +34,19 @@ SignalKey = tuple[str, str]
 
 @dataclass(frozen=True, slots=True)
 class ActiveStep:
-    """An active step: its name, action, and the monotonic time it entered."""
+    """An active step: its name, action, the monotonic time it entered, and the pool it watches with its
+    `scope` (whose requests its truncate_context, shed and force_stream act on)."""
 
     name: str
     action: Action
     since: float
     remap: tuple[str, str] | None = None
+    pool: str = ""
+    scope: Scope = "pool"
+
+    def acts_on(self, pool: str | None) -> bool:
+        """Whether the step shapes a request routed to `pool` (None: not routed yet, only `scope: all`)."""
+        return self.scope == "all" or (pool is not None and pool == self.pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +58,9 @@ class LadderState:
     - `remap`: pool → (pool, step name) for fallback_pool / overflow; the earliest step wins per pool;
     - `force_stream`: any force_stream step is active;
     - `shed_below_priority` / `retry_after_s`: the highest shed priority and the longest Retry-After.
+
+    `combine` counts every active step whatever its scope; `applying_to(pool)` is the state a request
+    routed to `pool` gets.
     """
 
     active: tuple[ActiveStep, ...] = ()
@@ -83,6 +94,15 @@ class LadderState:
         if self.shed_below_priority is not None and priority < self.shed_below_priority:
             return self.retry_after_s
         return None
+
+    def applying_to(self, pool: str | None) -> LadderState:
+        """This state with the request-shaping effects (truncate_tokens, force_stream, shedding) of only the
+        steps that act on requests routed to `pool`: `scope: all` steps and `scope: pool` steps watching it;
+        None (not routed yet): only `scope: all` steps. `active`, the raised threshold and the pool moves stay
+        whole: those act on routing. Always computed from `active`, so it may be applied again."""
+        shaped = LadderState.combine([s for s in self.active if s.acts_on(pool)])
+        return replace(self, truncate_tokens=shaped.truncate_tokens, force_stream=shaped.force_stream,
+                       shed_below_priority=shaped.shed_below_priority, retry_after_s=shaped.retry_after_s)
 
     @classmethod
     def combine(cls, active: Sequence[ActiveStep]) -> LadderState:
@@ -153,7 +173,8 @@ class Ladder:
 
     def _combine(self) -> LadderState:
         active = [
-            ActiveStep(s.name, s.action, self._since[s.name], s.remap) for s in self._steps if s.name in self._since
+            ActiveStep(s.name, s.action, self._since[s.name], s.remap, s.pool, s.scope)
+            for s in self._steps if s.name in self._since
         ]
         return LadderState.combine(active)
 

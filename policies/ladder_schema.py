@@ -1,6 +1,11 @@
 """The degradation ladder as ops write it: ordered steps, each a signal on a pool with hysteresis, and
 an action. The state machine that runs it is `policies.ladder`.
 
+A step's `scope` says which requests its truncate_context, shed and force_stream act on: `pool` (the
+default) only requests routed to the pool whose signal fired (a queue on the flagship does not shed micro
+traffic), `all` every request. Pool moves (fallback_pool, overflow) and raise_threshold act on routing
+itself and ignore `scope`.
+
 A step enters when its signal goes above `enter_above`, and leaves when the signal is below `exit_below`
 (< `enter_above`) and the step has been active for at least `hold_s` seconds. Signals:
 
@@ -31,11 +36,14 @@ __all__ = [
     "LadderStep",
     "Overflow",
     "RaiseThreshold",
+    "Scope",
     "Shed",
     "Signal",
     "TruncateContext",
 ]
 
+Scope = Literal["pool", "all"]
+"""Which requests a step's request-shaping action acts on: those routed to the step's `pool`, or all."""
 Signal = Literal["kv_cache_usage", "queue_depth", "ttft_p95_s", "error_rate", "in_flight"]
 FRACTION_SIGNALS = frozenset({"kv_cache_usage", "error_rate"})
 
@@ -97,6 +105,12 @@ class LadderStep(Frozen):
     exit_below: float = Field(ge=0, description="deactivate when below this (must be < enter_above)")
     hold_s: float = Field(default=30, ge=0, description="stay active at least this long once entered")
     action: Action
+    scope: Scope = Field(
+        default="pool",
+        description="which requests truncate_context, shed and force_stream act on: 'pool' (default) only "
+        "requests routed to the watched `pool`, 'all' every request; fallback_pool, overflow and raise_threshold "
+        "act on routing and ignore it",
+    )
 
     @property
     def remap(self) -> tuple[str, str] | None:

@@ -1,26 +1,39 @@
 """The cascade's request flow: micro first with logprobs, keep the answer if confident, else escalate.
 
-Escalation happens before any byte reaches the client. The discarded micro call is recorded under
-`<request id>-probe` with status "escalated"; the flagship call under the request id.
+An unsure answer escalates only where the policy lets this request go (`policies.escalation`: the tenant's
+pools, the budget downgrade, the ladder's raised threshold, pool moves and shedding), to a target woken on
+demand (or its cold fallback); when none remains (or the target has no replica) the micro answer is kept,
+with `x-cascade-escalation-held: <why>` and rule "cascade-held". Escalation happens before any byte reaches
+the client. The discarded micro call is recorded under `<request id>-probe` with status "escalated"; the
+escalated call under the request id, priced at its own pool's prices. Every unsure answer is counted in
+`cascade_escalations{outcome, pool, held_by}`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from backends.pool import Pool
+from gateway.control.metrics import GatewayMetrics
+from gateway.errors import NoReplicaAvailable
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade import answer_logprobs, cascade_headers, confidence, probe_stream, without_logprobs
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
+from gateway.serving.proxy import OpenStream
 from gateway.serving.schema import ChatRequest
+from gateway.serving.upstream import prepare_upstream
 from policies.decide import RouteDecision, served_model
+from policies.escalation import Escalation, escalation
+from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 
-__all__ = ["CascadeFlow", "cascades"]
+__all__ = ["CascadeFlow", "CascadeTurn", "cascades"]
+
+HELD_HEADER = "x-cascade-escalation-held"
 
 
 def cascades(loaded: LoadedPolicy, decision: RouteDecision) -> bool:
@@ -29,49 +42,155 @@ def cascades(loaded: LoadedPolicy, decision: RouteDecision) -> bool:
     return routing.cascade.enabled and decision.score is not None and decision.pool == routing.micro_pool
 
 
+@dataclass(frozen=True, slots=True)
+class CascadeTurn:
+    """What the request was routed under, for its escalation: the client's body, the ladder state, whether the
+    budget downgrades the tenant, and the ladder's response headers for the micro call."""
+
+    raw: dict[str, Any]
+    ladder: LadderState
+    downgrade: bool
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    upstream: dict[str, Any]
+    request: ChatRequest
+    facts: RequestFacts
+    loaded: LoadedPolicy
+    turn: CascadeTurn
+
+    @property
+    def probe_facts(self) -> RequestFacts:
+        return replace(self.facts, request_id=self.facts.request_id + "-probe", status="escalated")
+
+    def unsure(self, conf: float) -> str:
+        return f"micro answer confidence {conf:.3f} < {self.loaded.policy.routing.cascade.min_confidence}"
+
+    def held(self, plan: Escalation, conf: float) -> tuple[_Call, dict[str, str]]:
+        """This call with the decision saying why the unsure answer stays, and its response headers."""
+        d = self.facts.decision
+        decision = replace(d, rule="cascade-held", reason=f"{d.reason}; {self.unsure(conf)}, kept: {plan.reason}")
+        headers = {**self.turn.headers, **cascade_headers(False, conf), HELD_HEADER: plan.held or "unknown"}
+        return replace(self, facts=replace(self.facts, decision=decision)), headers
+
+
 class CascadeFlow:
-    def __init__(self, forwarder: Forwarder, pool_of: Callable[[str], Pool]) -> None:
+    """Shares, does not own, the forwarder and pools. `wake(pool)` (scale to zero) returns the pool that serves
+    now; `metrics` counts the outcome of every unsure answer."""
+
+    def __init__(self, forwarder: Forwarder, pool_of: Callable[[str], Pool],
+                 wake: Callable[[str], Awaitable[str]] | None = None, metrics: GatewayMetrics | None = None) -> None:
         self._fw = forwarder
         self._pool_of = pool_of
+        self._wake = wake
+        self._metrics = metrics
 
     async def run(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
-                  loaded: LoadedPolicy) -> JSONReply | StreamReply:
-        cfg = loaded.policy.routing.cascade
+                  loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
+        call = _Call(upstream, request, facts, loaded, turn)
         body = orjson.dumps({**upstream, "logprobs": True})
-        probe_facts = replace(facts, request_id=facts.request_id + "-probe", status="escalated")
         if request.stream:
-            opened = await self._fw.open(pool, body)
-            try:
-                probe = await probe_stream(opened, cfg.first_tokens)
-            except BaseException:
-                await opened.upstream.aclose()
-                raise
-            conf = confidence(probe.logprobs)
-            if conf is None or conf >= cfg.min_confidence:
-                headers = cascade_headers(False, conf)
-                return self._fw.relay(opened, probe.held, upstream, request, facts, loaded, headers)
-            await opened.upstream.aclose()  # aborts the micro request on the engine
-            self._fw.account_partial(loaded, probe_facts, opened.replica, upstream, probe.text)
-        else:
-            replica, answer = await self._fw.complete(pool, body)
-            conf = confidence(answer_logprobs(answer))
-            if conf is None or conf >= cfg.min_confidence:
-                self._fw.account_json(loaded, facts, replica, upstream, answer)
-                answer = answer if request.logprobs else without_logprobs(answer)
-                return JSONReply(answer, facts.decision, cascade_headers(False, conf))
-            self._fw.account_json(loaded, probe_facts, replica, upstream, answer)
-        return await self._escalate(upstream, request, facts, loaded, conf)
+            return await self._run_stream(pool, body, call)
+        return await self._run_json(pool, body, call)
 
-    async def _escalate(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
-                        loaded: LoadedPolicy, conf: float) -> JSONReply | StreamReply:
-        policy = loaded.policy
-        target = policy.routing.flagship_pool
-        reason = f"micro answer confidence {conf:.3f} < {policy.routing.cascade.min_confidence}: escalated"
-        model = served_model(policy, target)
-        facts = replace(facts, decision=replace(facts.decision, pool=target, model=model, rule="cascade",
-                                                reason=reason))
-        upstream = dict(upstream, model=model)
-        headers = cascade_headers(True, conf)
+    async def _run_json(self, pool: Pool, body: bytes, call: _Call) -> JSONReply:
+        replica, answer = await self._fw.complete(pool, body)
+        conf = confidence(answer_logprobs(answer))
+        if conf is None or conf >= call.loaded.policy.routing.cascade.min_confidence:
+            return self._keep_json(call, replica, answer, {**call.turn.headers, **cascade_headers(False, conf)})
+        plan = await self._plan(call)
+        if plan.pool is not None:
+            try:
+                reply = await self._escalate(call, plan, conf)
+            except NoReplicaAvailable as exc:
+                plan = Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})")
+            except BaseException:
+                self._fw.account_json(call.loaded, call.probe_facts, replica, call.upstream, answer)
+                raise
+            else:
+                self._fw.account_json(call.loaded, call.probe_facts, replica, call.upstream, answer)
+                assert isinstance(reply, JSONReply)
+                return reply
+        kept, headers = self._hold(call, plan, conf)
+        return self._keep_json(kept, replica, answer, headers)
+
+    def _keep_json(self, call: _Call, replica: Any, answer: bytes, headers: dict[str, str]) -> JSONReply:
+        self._fw.account_json(call.loaded, call.facts, replica, call.upstream, answer)
+        answer = answer if call.request.logprobs else without_logprobs(answer)
+        return JSONReply(answer, call.facts.decision, headers)
+
+    async def _run_stream(self, pool: Pool, body: bytes, call: _Call) -> StreamReply:
+        opened = await self._fw.open(pool, body)
+        try:
+            probe = await probe_stream(opened, call.loaded.policy.routing.cascade.first_tokens)
+        except BaseException:
+            await opened.upstream.aclose()
+            raise
+        conf = confidence(probe.logprobs)
+        if conf is None or conf >= call.loaded.policy.routing.cascade.min_confidence:
+            headers = {**call.turn.headers, **cascade_headers(False, conf)}
+            return self._fw.relay(opened, probe.held, call.upstream, call.request, call.facts, call.loaded, headers)
+        try:
+            plan = await self._plan(call)
+            # the flagship stream opens before the micro one closes: with no replica there, the micro one is kept
+            reply = await self._escalate(call, plan, conf) if plan.pool is not None else None
+        except NoReplicaAvailable as exc:
+            plan, reply = Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})"), None
+        except BaseException:
+            await self._drop_probe(opened, call, probe.text)
+            raise
+        if reply is not None:
+            await self._drop_probe(opened, call, probe.text)
+            assert isinstance(reply, StreamReply)
+            return reply
+        kept, headers = self._hold(call, plan, conf)
+        return self._fw.relay(opened, probe.held, kept.upstream, kept.request, kept.facts, kept.loaded, headers)
+
+    async def _drop_probe(self, opened: OpenStream, call: _Call, text: str) -> None:
+        await opened.upstream.aclose()  # aborts the micro request on the engine
+        self._fw.account_partial(call.loaded, call.probe_facts, opened.replica, call.upstream, text)
+
+    async def _plan(self, call: _Call) -> Escalation:
+        """Where the unsure answer may go now: the policy's answer, then the target woken on demand."""
+        turn, policy = call.turn, call.loaded.policy
+        plan = escalation(policy, call.facts.tenant, turn.ladder, turn.downgrade)
+        if plan.pool is None or self._wake is None:
+            return plan
+        try:
+            serving = await self._wake(plan.pool)
+        except NoReplicaAvailable as exc:  # a cold start past its timeout
+            return Escalation(None, "on-demand", f"{plan.pool!r} is starting on demand ({exc})")
+        if serving == plan.pool:
+            return plan
+        if serving == policy.routing.micro_pool:
+            return Escalation(None, "on-demand", f"{plan.pool!r} is starting on demand; its fallback is {serving!r}")
+        return Escalation(serving, None, f"{plan.reason}; {plan.pool!r} is starting on demand: {serving!r} serves")
+
+    async def _escalate(self, call: _Call, plan: Escalation, conf: float) -> JSONReply | StreamReply:
+        assert plan.pool is not None
+        target, loaded, request, turn = plan.pool, call.loaded, call.request, call.turn
+        decision = replace(call.facts.decision, pool=target, model=served_model(loaded.policy, target),
+                           rule="cascade", reason=f"{call.unsure(conf)}: {plan.reason}")
+        facts = replace(call.facts, decision=decision)
+        upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
+        headers = {**extra, **cascade_headers(True, conf)}
+        pool = self._pool_of(target)
+        reply: JSONReply | StreamReply
         if request.stream:
-            return await self._fw.stream(self._pool_of(target), upstream, request, facts, loaded, headers)
-        return await self._fw.json(self._pool_of(target), upstream, facts, loaded, headers)
+            reply = await self._fw.stream(pool, upstream, request, facts, loaded, headers)
+        elif turn.ladder.applying_to(target).force_stream:
+            reply = await self._fw.json_via_stream(pool, upstream, facts, loaded, headers)
+        else:
+            reply = await self._fw.json(pool, upstream, facts, loaded, headers)
+        self._count("escalated", target, "")
+        return reply
+
+    def _hold(self, call: _Call, plan: Escalation, conf: float) -> tuple[_Call, dict[str, str]]:
+        self._count("held", call.facts.decision.pool, plan.held or "unknown")
+        return call.held(plan, conf)
+
+    def _count(self, outcome: str, pool: str, held_by: str) -> None:
+        if self._metrics is not None:
+            self._metrics.escalations.labels(outcome, pool, held_by).inc()

@@ -60,16 +60,14 @@ class RequestRouter:
         self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
         loaded: LoadedPolicy, ladder: LadderState, downgrade: bool = False,
     ) -> RouteDecision:
-        """Raises ModelNotFound (404), PermissionDenied (403), TooManyRequests (429, shed by the ladder)."""
+        """Raises ModelNotFound (404), PermissionDenied (403), TooManyRequests (429, shed by the ladder: a
+        `scope: all` shed step before scoring, a `scope: pool` one when the request is routed to its pool)."""
         policy = loaded.policy
         if not known_model(policy, request.model):
             names = sorted({AUTO_MODEL, *policy.pools, *policy.aliases, *rule_models(policy)})
             raise ModelNotFound(f"model {request.model!r} is not served here; use one of {names}", param="model")
-        tenant_spec = policy.tenants.get(tenant)
-        retry = ladder.shed_retry_after(tenant_spec.priority if tenant_spec else 0)
-        if retry is not None:
-            raise TooManyRequests(f"the gateway is shedding load ({', '.join(ladder.names)}); retry in {retry} s",
-                                  retry, type_="overloaded", code="load_shed")
+        priority = _priority(loaded, tenant)
+        _shed(ladder.applying_to(None), priority)  # `scope: all` steps, before the score is spent
         ctx = RouteContext.from_request(raw, tenant, headers)
         score = await self._score(raw) if self._scorer is not None and needs_score(policy, ctx) else None
         try:
@@ -84,6 +82,21 @@ class RequestRouter:
         micro = policy.routing.micro_pool
         if downgrade and decision.pool != micro:
             reason = f"tenant {tenant!r} is over budget (policy: downgrade); {decision.reason}"
-            return replace(decision, pool=micro, model=served_model(policy, micro), rule="budget-downgrade",
-                           reason=reason)
+            decision = replace(decision, pool=micro, model=served_model(policy, micro), rule="budget-downgrade",
+                               reason=reason)
+        _shed(ladder.applying_to(decision.pool), priority)
         return decision
+
+
+def _priority(loaded: LoadedPolicy, tenant: str) -> int:
+    spec = loaded.policy.tenants.get(tenant)
+    return spec.priority if spec is not None else 0
+
+
+def _shed(ladder: LadderState, priority: int) -> None:
+    """Raise TooManyRequests (429 with Retry-After) when `ladder` (already narrowed to the request's pool)
+    sheds a tenant of this priority."""
+    retry = ladder.shed_retry_after(priority)
+    if retry is not None:
+        raise TooManyRequests(f"the gateway is shedding load ({', '.join(ladder.names)}); retry in {retry} s",
+                              retry, type_="overloaded", code="load_shed")

@@ -17,16 +17,14 @@ from gateway.control.policy_holder import PolicyHolder
 from gateway.errors import BadRequest, NoReplicaAvailable
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
-from gateway.serving.cascade_flow import CascadeFlow, cascades
+from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import ChatRequest
+from gateway.serving.upstream import prepare_upstream
 from gateway.tenancy.admission import Admission
-from policies.context import estimate_tokens
 from policies.decide import RouteDecision, served_model
-from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from policies.truncate import truncate_messages
 
 __all__ = ["ChatService", "JSONReply", "StreamReply"]
 
@@ -49,7 +47,7 @@ class ChatService:
         self._metrics = metrics
         self._keep_requests = keep_requests
         self._admission = admission
-        self._cascade = CascadeFlow(forwarder, self._pool)
+        self._cascade = CascadeFlow(forwarder, self._pool, wake, metrics)
         self._learning = learning
 
     def _pool(self, name: str) -> Pool:
@@ -76,20 +74,22 @@ class ChatService:
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
         decision = await self._on_cold(decision, loaded)
         _check_limits(loaded, decision, request)
-        upstream, extra = _prepare(raw, decision, request, ladder)
+        upstream, extra = prepare_upstream(raw, decision, request, ladder)
         kept = raw if self._keep_requests else None
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept)
+        turn = CascadeTurn(raw, ladder, downgrade, extra)
         self._metrics.overhead.observe(time.monotonic() - started)
         try:
-            return await self._forward(upstream, request, facts, loaded, ladder, extra)
+            return await self._forward(upstream, request, facts, loaded, turn)
         except NoReplicaAvailable:
             other = _failover_pool(loaded, decision, tenant)
             if other is None:
                 raise
             moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
                             reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
-            upstream = dict(upstream, model=moved.model)
-            return await self._forward(upstream, request, replace(facts, decision=moved), loaded, ladder, extra)
+            upstream, extra = prepare_upstream(raw, moved, request, ladder)
+            turn = replace(turn, headers=extra)
+            return await self._forward(upstream, request, replace(facts, decision=moved), loaded, turn)
 
     async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy) -> RouteDecision:
         """Wake an on-demand pool (or take its cold fallback pool)."""
@@ -100,13 +100,14 @@ class ChatService:
                        reason=f"pool {decision.pool!r} is starting on demand: served by {target!r} meanwhile")
 
     async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
-                       loaded: LoadedPolicy, ladder: LadderState, extra: dict[str, str]) -> JSONReply | StreamReply:
-        pool = self._pool(facts.decision.pool)
+                       loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
+        """`turn.headers`: the ladder's response headers for this pool; force_stream only from steps acting on it."""
+        pool, extra = self._pool(facts.decision.pool), turn.headers
         if cascades(loaded, facts.decision):
-            return await self._cascade.run(pool, upstream, request, facts, loaded)
+            return await self._cascade.run(pool, upstream, request, facts, loaded, turn)
         if request.stream:
             return await self._fw.stream(pool, upstream, request, facts, loaded, extra)
-        if ladder.force_stream:
+        if turn.ladder.applying_to(facts.decision.pool).force_stream:
             return await self._fw.json_via_stream(pool, upstream, facts, loaded, extra)
         return await self._fw.json(pool, upstream, facts, loaded, extra)
 
@@ -122,23 +123,6 @@ def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str) -
     spec = loaded.policy.tenants.get(tenant)
     allowed = spec.allowed_pools if spec is not None else None
     return other if allowed is None or other in allowed else None
-
-
-def _prepare(raw: dict[str, Any], decision: RouteDecision, request: ChatRequest,
-             ladder: LadderState) -> tuple[dict[str, Any], dict[str, str]]:
-    """The engine's request body and extra response headers (what the ladder did to it)."""
-    upstream = dict(raw, model=decision.model)
-    extra: dict[str, str] = {}
-    if request.stream:
-        upstream["stream_options"] = {**(raw.get("stream_options") or {}), "include_usage": True}
-    if ladder.truncate_tokens is not None:
-        kept, dropped = truncate_messages(raw["messages"], ladder.truncate_tokens, estimate_tokens)
-        if kept != raw["messages"]:
-            upstream["messages"] = kept
-            extra["x-cascade-truncated"] = str(dropped)
-    if ladder.active:
-        extra["x-cascade-degraded"] = ",".join(ladder.names)
-    return upstream, extra
 
 
 def _check_limits(loaded: LoadedPolicy, decision: RouteDecision, request: ChatRequest) -> None:

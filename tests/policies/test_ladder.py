@@ -98,3 +98,29 @@ def test_reload_carries_active_steps_by_name() -> None:
     new = Ladder([RAISE, renamed], carry_from=old)
     assert new.state.names == ("kv-high",) and new.state.active[0].since == 5
     assert Ladder([renamed], carry_from=old).state == LadderState()
+
+
+def test_scope_pool_shapes_only_requests_routed_to_the_watched_pool() -> None:
+    steps = [_step("trunc", {"type": "truncate_context", "max_tokens": 100}, signal="queue_depth", enter=5, exit_=1),
+             _step("shed", {"type": "shed", "below_priority": 3, "retry_after_s": 9}, signal="queue_depth", enter=5,
+                   exit_=1),
+             _step("stream", {"type": "force_stream"}, signal="queue_depth", enter=5, exit_=1),
+             _step("fp8", {"type": "fallback_pool", "to_pool": "fp8"}, signal="queue_depth", enter=5, exit_=1)]
+    state = Ladder(steps).update({("queue_depth", "flagship"): 10}, now=0)
+    assert state.names == ("trunc", "shed", "stream", "fp8")
+    flagship, micro, unrouted = state.applying_to("flagship"), state.applying_to("micro"), state.applying_to(None)
+    assert (flagship.truncate_tokens, flagship.force_stream, flagship.shed_retry_after(0)) == (100, True, 9)
+    for other in (micro, unrouted):
+        assert (other.truncate_tokens, other.force_stream, other.shed_retry_after(0)) == (None, False, None)
+        assert other.names == state.names and other.route("flagship") == ("fp8", ("fp8",))  # routing stays whole
+    assert micro.applying_to("flagship") == flagship  # computed from `active`, not from an earlier view
+
+
+def test_scope_all_shapes_every_request() -> None:
+    step = LadderStep.model_validate({"name": "shed", "signal": "queue_depth", "pool": "flagship", "enter_above": 5,
+                                      "exit_below": 1, "scope": "all",
+                                      "action": {"type": "shed", "below_priority": 3}})
+    state = Ladder([step]).update({("queue_depth", "flagship"): 10}, now=0)
+    assert all(state.applying_to(p).shed_retry_after(0) == 30 for p in ("flagship", "micro", None))
+    with pytest.raises(ValueError, match="scope"):
+        LadderStep.model_validate({**step.model_dump(), "scope": "tenant"})

@@ -97,6 +97,8 @@ def test_truncation_keeps_system_and_latest_turns(truncating: str, upstreams: Up
     assert int(r.headers["x-cascade-truncated"]) == 6
     assert r.json()["usage"]["prompt_tokens"] == (3 + 2) + (3 + 2)  # system + last question (fake tokenizer)
     assert r.json()["usage"]["prompt_tokens"] < full
+    micro = _post(truncating, model="micro", messages=messages)  # scope: pool: only the flagship's requests are cut
+    assert "x-cascade-truncated" not in micro.headers and micro.json()["usage"]["prompt_tokens"] == full
 
 
 @pytest.fixture
@@ -108,14 +110,33 @@ def shedding(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
 
 def test_shedding_rejects_low_priority_with_retry_after(shedding: str, upstreams: Upstreams) -> None:
     gold, free = {"authorization": "Bearer sk-gold"}, {"authorization": "Bearer sk-free"}
-    assert _post(shedding, headers=free).status_code == 200
+    assert _post(shedding, model="flagship", headers=free).status_code == 200
     upstreams[2].waiting = 10
-    _until(lambda: _post(shedding, headers=free).status_code == 429)
-    r = _post(shedding, headers=free)
+    _until(lambda: _post(shedding, model="flagship", headers=free).status_code == 429)
+    r = _post(shedding, model="flagship", headers=free)
     assert r.headers["retry-after"] == "7" and r.json()["error"]["code"] == "load_shed"
-    assert _post(shedding, headers=gold).status_code == 200
+    assert _post(shedding, model="flagship", headers=gold).status_code == 200
+    micro = _post(shedding, headers=free)  # scope: pool (the default): a queue on the flagship spares micro traffic
+    assert (micro.status_code, micro.headers["x-cascade-pool"]) == (200, "micro")
+    assert micro.headers["x-cascade-degraded"] == "shed"
     upstreams[2].waiting = 0
-    _until(lambda: _post(shedding, headers=free).status_code == 200)
+    _until(lambda: _post(shedding, model="flagship", headers=free).status_code == 200)
+
+
+@pytest.fixture
+def shedding_everyone(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+    action = "{type: shed, below_priority: 1, retry_after_s: 7}\n    scope: all"
+    yield from _gateway(tmp_path, upstreams, STEP.format(name="shed", signal="queue_depth", enter=5, exit=1,
+                                                         action=action), TENANTS)
+
+
+def test_shedding_with_scope_all_rejects_micro_traffic_too(shedding_everyone: str, upstreams: Upstreams) -> None:
+    free = {"authorization": "Bearer sk-free"}
+    assert _post(shedding_everyone, headers=free).headers["x-cascade-pool"] == "micro"
+    upstreams[2].waiting = 10
+    _until(lambda: _post(shedding_everyone, headers=free).status_code == 429)
+    assert _post(shedding_everyone, headers=free).json()["error"]["code"] == "load_shed"
+    assert upstreams[0].requests == 1  # shed before any engine call
 
 
 @pytest.fixture
@@ -129,16 +150,17 @@ def test_shedding_on_the_gateways_own_in_flight_requests(shedding_on_in_flight: 
     """No engine gauge moves here: the step sees the slow requests the gateway itself has open."""
     url = shedding_on_in_flight
     gold, free = {"authorization": "Bearer sk-gold"}, {"authorization": "Bearer sk-free"}
-    assert _post(url, headers=free).status_code == 200
+    assert _post(url, model="flagship", headers=free).status_code == 200
     slow = {"model": "flagship", "metadata": {"fake_delay_ms": "150"}, "headers": gold}
     with ThreadPoolExecutor(5) as pool:
         running = [pool.submit(_post, url, **slow) for _ in range(5)]  # 16 tokens x 150 ms each
-        _until(lambda: _post(url, headers=free).status_code == 429)
-        r = _post(url, headers=free)
+        _until(lambda: _post(url, model="flagship", headers=free).status_code == 429)
+        r = _post(url, model="flagship", headers=free)
         assert r.headers["retry-after"] == "3" and r.json()["error"]["code"] == "load_shed"
-        assert _post(url, headers=gold).status_code == 200  # higher priority is still served
+        assert _post(url, model="flagship", headers=gold).status_code == 200  # higher priority is still served
+        assert _post(url, headers=free).status_code == 200  # micro traffic is not the flagship's load
         assert all(f.result().status_code == 200 for f in running)
-    _until(lambda: _post(url, headers=free).status_code == 200)
+    _until(lambda: _post(url, model="flagship", headers=free).status_code == 200)
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from gateway.api.app import create_app
+from gateway.api.auth import hash_key
 from gateway.ledger.store import MemoryLedger
 from gateway.serving.cascade import confidence
 from gateway.settings import Settings
@@ -85,3 +87,116 @@ def test_unsure_micro_answer_escalates_and_both_calls_are_charged(
     assert probe.completion_tokens >= 4
     assert (final.pool, final.status, final.rule) == ("flagship", "ok", "cascade")
     assert upstreams[0].requests == 1 and upstreams[2].requests == 1
+
+
+NARROW = f"""tenants:
+  narrow: {{api_key_sha256: ['{hash_key("sk-narrow")}'], allowed_pools: [micro]}}
+  open: {{api_key_sha256: ['{hash_key("sk-open")}']}}
+  thrifty: {{api_key_sha256: ['{hash_key("sk-thrifty")}'], budget: {{daily_usd: "0.0001", on_exceed: downgrade}}}}
+"""
+KV_STEP = """degradation:
+  steps:
+  - name: kv-high
+    signal: kv_cache_usage
+    pool: flagship
+    enter_above: 0.85
+    exit_below: 0.5
+    hold_s: 0
+    action: {action}
+"""
+CLOUD = """  cloud:
+    type: remote
+    urls: ["{url}"]
+    model: cloud-model
+    price: {{input_per_mtok: "5.00", output_per_mtok: "20.00"}}
+"""
+
+
+@contextmanager
+def _serve(tmp_path: Path, upstreams: Upstreams, extra: str, pools: str = "",
+           **settings: Any) -> Iterator[tuple[str, Any]]:
+    _, micro_url, _, flagship_url = upstreams
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(micro_url, flagship_url, CASCADE).replace("pools:\n", "pools:\n" + pools, 1) + extra)
+    options: dict[str, Any] = {"ledger": "memory", "probe_interval_s": 0.1, **settings}
+    app = create_app(Settings(policy_path=path, scorer="length", start_engines=False, home=tmp_path, **options))
+    with serve(app) as url:
+        yield url, app.state.runtime.ledger
+
+
+def _unsure(url: str, stream: bool, key: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else None
+    return httpx.post(url + "/v1/chat/completions", json=_body(-3.0, stream), headers=headers, timeout=10)
+
+
+def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def _assert_held(resp: httpx.Response, why: str) -> None:
+    assert resp.status_code == 200
+    assert (resp.headers["x-cascade-pool"], resp.headers["x-cascade-escalated"]) == ("micro", "false")
+    assert (resp.headers["x-cascade-rule"], resp.headers["x-cascade-escalation-held"]) == ("cascade-held", why)
+    assert "micro-model" in resp.text and "flagship-model" not in resp.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_micro_only_tenant_keeps_the_unsure_answer(tmp_path: Path, upstreams: Upstreams, stream: bool) -> None:
+    with _serve(tmp_path, upstreams, NARROW) as (url, ledger):
+        resp = _unsure(url, stream, "sk-narrow")
+        _assert_held(resp, "tenant-pools")
+        if stream:
+            assert resp.text.count("\"content\":\" w") == 8  # the held-back probe and the rest, in full
+        (rec,) = _records(ledger, 1).values()  # one call, charged once at micro prices, not as a probe
+        assert (rec.pool, rec.status, rec.rule, rec.completion_tokens) == ("micro", "ok", "cascade-held", 8)
+        assert upstreams[2].requests == 0
+        metrics = httpx.get(url + "/metrics").text
+        assert 'cascade_escalations_total{held_by="tenant-pools",outcome="held",pool="micro"} 1.0' in metrics
+        assert _unsure(url, stream, "sk-open").headers["x-cascade-escalated"] == "true"  # no limits: it escalates
+
+
+@pytest.mark.redis
+def test_over_budget_tenant_is_not_escalated(tmp_path: Path, upstreams: Upstreams, prefix: str) -> None:
+    with _serve(tmp_path, upstreams, NARROW, ledger="redis", redis_prefix=prefix) as (url, _):
+        spend = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}  # > 100 micro-USD
+        headers = {"authorization": "Bearer sk-thrifty"}
+        assert httpx.post(url + "/v1/chat/completions", json=spend, headers=headers).status_code == 200
+        _until(lambda: _unsure(url, False, "sk-thrifty").headers.get("x-cascade-escalation-held") == "budget")
+        before = upstreams[2].requests
+        for stream in (False, True):
+            _assert_held(_unsure(url, stream, "sk-thrifty"), "budget")
+        assert upstreams[2].requests == before
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ladder_moving_the_flagship_to_micro_holds_escalations(tmp_path: Path, upstreams: Upstreams,
+                                                               stream: bool) -> None:
+    with _serve(tmp_path, upstreams, KV_STEP.format(action="{type: fallback_pool, to_pool: micro}")) as (url, _):
+        upstreams[2].kv_cache_usage = 0.9
+        _until(lambda: 'cascade_degradation_active{step="kv-high"} 1.0' in httpx.get(url + "/metrics").text)
+        resp = _unsure(url, stream)
+        _assert_held(resp, "ladder:kv-high")
+        assert resp.headers["x-cascade-degraded"] == "kv-high" and upstreams[2].requests == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_escalation_follows_the_ladder_to_an_overflow_pool(tmp_path: Path, upstreams: Upstreams,
+                                                           stream: bool) -> None:
+    step = KV_STEP.format(action="{type: overflow, to_pool: cloud}")
+    with _serve(tmp_path, upstreams, step, pools=CLOUD.format(url=upstreams[3])) as (url, ledger):
+        upstreams[2].kv_cache_usage = 0.9
+        _until(lambda: 'cascade_degradation_active{step="kv-high"} 1.0' in httpx.get(url + "/metrics").text)
+        resp = _unsure(url, stream)
+        assert resp.status_code == 200 and resp.headers["x-cascade-escalated"] == "true"
+        assert (resp.headers["x-cascade-pool"], resp.headers["x-cascade-rule"]) == ("cloud", "cascade")
+        assert "cloud-model" in resp.text and "micro-model" not in resp.text
+        rid = resp.headers["x-request-id"]
+        records = _records(ledger, 2)
+        probe, final = records[rid + "-probe"], records[rid]
+        assert (probe.pool, probe.status, final.pool, final.status) == ("micro", "escalated", "cloud", "ok")
+        assert final.cost_micro_usd == final.prompt_tokens * 5 + final.completion_tokens * 20  # the cloud's prices
+        metrics = httpx.get(url + "/metrics").text
+        assert 'cascade_escalations_total{held_by="",outcome="escalated",pool="cloud"} 1.0' in metrics
