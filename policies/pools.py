@@ -82,7 +82,16 @@ class LocalPool(Frozen):
     max_quant_loss: QuantCeiling | None = Field(
         default=None, description="a quantized pool is refused unless its measured loss is within this ceiling "
         "(checked where pools start and by `cascade policy validate`, against that machine's checkpoint)")
+    required_for_ready: bool | None = Field(default=None, description=(
+        "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: yes, except "
+        "for an on_demand pool (asleep is normal for it). An optional pool that is down is reported as "
+        "degraded in /readyz"))
     description: str = ""
+
+    @property
+    def needed_for_ready(self) -> bool:
+        """Whether /readyz fails while this pool is down (`required_for_ready`, else: unless on demand)."""
+        return self.required_for_ready if self.required_for_ready is not None else self.on_demand is None
 
 
 class Connection(Frozen):
@@ -121,7 +130,16 @@ class RemotePool(Frozen):
         "the tokens of answers the servers did not count (a client that left mid-stream); without one they are "
         "estimated (4 characters a token) and recorded as usage_source: estimate. Prompts are never sent to the "
         "servers again to be counted"))
+    required_for_ready: bool = Field(default=False, description=(
+        "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: no (a cloud "
+        "outage must not take every gateway out of service). An optional pool that is down is reported as "
+        "degraded in /readyz"))
     description: str = ""
+
+    @property
+    def needed_for_ready(self) -> bool:
+        """Whether /readyz fails while this pool is down."""
+        return self.required_for_ready
 
 
 Pool = Annotated[LocalPool | RemotePool, Field(discriminator="type")]

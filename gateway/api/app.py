@@ -77,11 +77,16 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """503 while Redis is down, a pool required for readiness has no ready replica, or no pool at all can
+    take requests; an optional pool (remote and on-demand ones by default) that is down is `degraded`."""
     runtime = _runtime(request)
     pools = runtime.pool_set.readiness()  # a sleeping on-demand pool counts as ready
+    required = runtime.pool_set.required_for_ready()
     redis_ok = await runtime.redis_ok()
-    ready = all(pools.values()) and redis_ok
+    down = sorted(name for name, ok in pools.items() if not ok)
+    ready = redis_ok and not required.intersection(down) and len(down) < len(pools)
     body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools,
+            "required": sorted(required.intersection(pools)), "degraded": [n for n in down if n not in required],
             "engines": runtime.pool_set.status, "redis": redis_ok}
     return _json(body, 200 if ready else 503)
 

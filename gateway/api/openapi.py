@@ -79,6 +79,10 @@ _READY: dict[str, Any] = {
         "ready": {"type": "boolean"},
         "policy_version": {"type": "string"},
         "pools": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "required": {"type": "array", "items": {"type": "string"},
+                     "description": "pools without which the gateway is not ready"},
+        "degraded": {"type": "array", "items": {"type": "string"},
+                     "description": "optional pools that are down (the gateway stays ready)"},
         "engines": {"type": "object", "additionalProperties": {"type": "string"}},
         "redis": {"type": "boolean"},
     },
@@ -181,7 +185,8 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
                                {"200": _json({"$ref": "#/components/schemas/ModelList"}, "the models")}),
             "/healthz": _get("healthz", "Liveness", {"200": _json(
                 {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}, "alive")}),
-            "/readyz": _get("readyz", "Readiness: every pool has a usable replica and Redis answers", {
+            "/readyz": _get("readyz", "Readiness: Redis answers, every pool required for readiness has a usable "
+                            "replica, and some pool does", {
                 "200": _json({"$ref": "#/components/schemas/Readiness"}, "ready"),
                 "503": _json({"$ref": "#/components/schemas/Readiness"}, "not ready (the body says what)"),
             }),

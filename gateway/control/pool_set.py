@@ -106,6 +106,10 @@ class PoolSet:
         return {name: pool.ready or (self.on_demand(name) is not None and name not in self.supervisors)
                 for name, pool in self.pools.items()}
 
+    def required_for_ready(self) -> frozenset[str]:
+        """The pools without which the gateway is not ready (the policy's `required_for_ready`)."""
+        return frozenset(name for name, spec in self.specs.items() if spec.needed_for_ready)
+
     async def wake(self, name: str) -> float:
         """Start the engines of sleeping on-demand pool `name`; returns the cold-start seconds once they
         are ready. Raises `EngineStartError` (the pool stays asleep; the next request tries again)."""
