@@ -28,8 +28,13 @@ def _cache_path(embedder: Embedder, cache_dir: Path) -> Path:
 
 
 def embed_cached(embedder: Embedder, texts: Sequence[str], cache_dir: Path | None = None) -> FloatArray:
-    """(n, dim) embeddings of `texts`, row i for texts[i], reusing vectors cached on disk."""
+    """(n, dim) embeddings of `texts`, row i for texts[i], reusing vectors cached on disk. A concatenation
+    (an embedder with `parts`) is cached part by part, so each part's vectors serve every run that uses it."""
     from tqdm import tqdm
+
+    parts: Sequence[Embedder] = getattr(embedder, "parts", ())
+    if parts:
+        return np.hstack([embed_cached(p, texts, cache_dir) for p in parts]).astype(np.float32)
 
     path = _cache_path(embedder, cache_dir or default_cache_dir())
     keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]

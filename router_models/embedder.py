@@ -45,7 +45,8 @@ class Embedder(Protocol):
 
 @dataclass(frozen=True)
 class EmbedderSpec:
-    """A parsed embedder name: backend ('torch' or 'onnx'), int8 or fp32, max tokens, lower layers kept."""
+    """A parsed embedder name: backend ('torch', 'onnx' or 'static'), int8 or fp32, max tokens (0: the whole
+    text), lower layers kept (or distilled from, for 'static')."""
 
     backend: str
     quantize: bool
@@ -55,23 +56,37 @@ class EmbedderSpec:
 
 _PRECISIONS = {"int8": ("torch", True), "fp32": ("torch", False), "onnx-int8": ("onnx", True),
                "onnx-fp32": ("onnx", False)}
+_FORMS = ("'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<1-6 layers>]' or "
+          "'all-MiniLM-L6-v2:static[:l<1-6 layers>]'")
 
 
 def parse_name(name: str) -> EmbedderSpec:
-    """'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<layers>]' -> `EmbedderSpec`."""
+    """An embedder name -> `EmbedderSpec`. Two forms:
+
+    - 'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<layers>]': the transformer, its
+      lower `layers` (default 6) over the first `max tokens` word pieces;
+    - 'all-MiniLM-L6-v2:static[:l<layers>]': the static word-piece table distilled from those layers
+      (`embedder_static`), over the whole text (`max_tokens` 0: no cut).
+    """
     try:
-        model, precision, tokens, *rest = name.split(":")
-        layers = int(rest[0].removeprefix("l")) if rest else 6
-        ok = model == "all-MiniLM-L6-v2" and precision in _PRECISIONS and tokens.startswith("t")
-        if not ok or len(rest) > 1 or (rest and not rest[0].startswith("l")) or not 1 <= layers <= 6:
+        model, precision, *rest = name.split(":")
+        if model != "all-MiniLM-L6-v2":
             raise ValueError(name)
-        backend, quantize = _PRECISIONS[precision]
+        if precision == "static":
+            tokens = "t0"
+        else:
+            tokens, *rest = rest
+            if precision not in _PRECISIONS or not tokens.startswith("t"):
+                raise ValueError(name)
+        if len(rest) > 1 or (rest and not rest[0].startswith("l")):
+            raise ValueError(name)
+        layers = int(rest[0].removeprefix("l")) if rest else 6
+        if not 1 <= layers <= 6:
+            raise ValueError(name)
+        backend, quantize = _PRECISIONS.get(precision, ("static", False))
         return EmbedderSpec(backend, quantize, int(tokens[1:]), layers)
     except ValueError as exc:
-        raise ValueError(
-            f"unknown embedder {name!r}; expected "
-            "'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<1-6 layers>]'"
-        ) from exc
+        raise ValueError(f"unknown embedder {name!r}; expected {_FORMS}") from exc
 
 
 class MiniLMEmbedder:
@@ -144,12 +159,25 @@ class MiniLMEmbedder:
 def make_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> Embedder:
     """The embedder registered under `name` (see `parse_name` for the format).
 
+    A 'static' name builds its word-piece table on first use (about a minute, cached: `embedder_static`);
+    `threads` does not apply to it (a lookup, no model call). Names joined by '+' give their vectors side by
+    side (`embedder_concat.ConcatEmbedder`).
+
     `threads`: intra-op threads of an ONNX backend (torch's are process-wide: `serving.set_torch_threads`).
     An `onnx-*` name without onnxruntime installed falls back, with a logged warning, to the torch model with
     the same layers and tokens and ONNX Runtime's int8 rounding emulated (`embedder_onnx.emulate_int8`): its
     vectors match the ONNX ones, so it keeps the name and the artifact trained for it; it is only slower.
     """
+    from router_models.embedder_concat import ConcatEmbedder, part_names
+
+    parts = part_names(name)
+    if len(parts) > 1:
+        return ConcatEmbedder([make_embedder(part, threads) for part in parts])
     spec = parse_name(name)
+    if spec.backend == "static":
+        from router_models.embedder_static import StaticMiniLMEmbedder
+
+        return StaticMiniLMEmbedder(name, spec.layers)
     alone = 1 if spec.quantize else 8  # int8 activations are quantized per call: see OnnxMiniLMEmbedder
     if spec.backend == "torch":
         return MiniLMEmbedder(name, batch_size=alone)

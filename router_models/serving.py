@@ -27,6 +27,7 @@ from router_models.artifact import ArtifactError, load_artifact
 from router_models.cache import TTLCache
 from router_models.classifier import LinearRouter, feature_matrix
 from router_models.embedder import Embedder, make_embedder, parse_name
+from router_models.embedder_concat import part_names
 from router_models.features import FEATURE_NAMES
 
 __all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "load_model", "load_scorer"]
@@ -207,7 +208,7 @@ def load_model(
     """
     art = load_artifact(Path(artifact_path) if artifact_path else None)
     name = embedder_name or art.embedder
-    if torch_threads is not None and parse_name(name).backend == "torch":
+    if torch_threads is not None and any(parse_name(p).backend == "torch" for p in part_names(name)):
         set_torch_threads(torch_threads)
     embedder = make_embedder(name, threads=torch_threads)
     if art.router.dim != embedder.dim + len(FEATURE_NAMES):
