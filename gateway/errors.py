@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "AdmissionUnavailable",
     "AuthenticationError",
     "BadRequest",
     "BodyTooLarge",
@@ -87,6 +88,22 @@ class NoReplicaAvailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "engine_unavailable"
+
+
+class AdmissionUnavailable(GatewayError):
+    """The tenant's rate limits or budget could not be checked (Redis unreachable) and its policy says
+    `on_redis_outage: fail_closed`. Retry-After: `retry_after_s` (>= 1) whole seconds."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "limits_unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, retry_after_s)
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
 
 
 class DeadlineExceeded(GatewayError):

@@ -49,3 +49,10 @@ class Tenant(Frozen):
     priority: int = Field(default=0, description="higher is more important; the ladder sheds low priority first")
     rate_limits: RateLimits = RateLimits()
     budget: Budget = Budget()
+    on_redis_outage: Literal["fail_open", "fail_closed"] = Field(
+        default="fail_open",
+        description="when Redis cannot be reached, so this tenant's rate limits or budget cannot be checked: "
+        "fail_open (the default) admits the request unchecked, since a storage outage must not become a full "
+        "outage and its spend is still recorded (ledger outbox); fail_closed refuses it with 503, for tenants "
+        "whose limits must never be overrun. Tenants without limits or budget are never checked, so never refused",
+    )

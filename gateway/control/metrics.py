@@ -108,6 +108,12 @@ class GatewayMetrics:
                                   "upstream call (parse, auth, score, route)", buckets=_FAST, registry=r)
         self.budget = Counter("cascade_budget_events", "requests of tenants past their soft limit or budget",
                               ["tenant", "state"], registry=r)
+        self.unchecked = Counter("cascade_admission_unchecked", "requests whose rate limits or budget could not be "
+                                 "checked (Redis unreachable), by the tenant's on_redis_outage policy: fail_open "
+                                 "admitted, fail_closed refused with 503", ["tenant", "check", "policy"], registry=r)
+        self.store_unreachable = Gauge("cascade_admission_store_unreachable", "1 while the last rate-limit or "
+                                       "budget check found Redis unreachable", ["check"], registry=r,
+                                       multiprocess_mode="livemax")
         self.ladder = Gauge("cascade_degradation_active", "1 while a degradation ladder step is engaged", ["step"],
                             registry=r, multiprocess_mode="livemax")  # the ladder is one across workers
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)

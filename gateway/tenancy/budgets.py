@@ -11,10 +11,10 @@ the micro pool when it is "downgrade"; `"soft"` → count a metric (the guard lo
 and period per process). Budgets are checked before a request and its cost is recorded after it, so a
 tenant can overshoot by the cost of its requests in flight plus those recorded within the cache window.
 
-Redis unreachable: fail OPEN (verdict "ok" with `fail_open=True`, `counts.fail_open`, a warning at most
-once per `warn_interval_s`, Redis left alone for `retry_interval_s`). The spend itself is never lost (the
-ledger's outbox keeps it) and is counted once Redis returns; refusing all traffic during a Redis outage
-would turn a storage problem into a full outage.
+Redis unreachable: the verdict is "ok" with `fail_open=True` (not checked; `counts.fail_open`, a warning at
+most once per `warn_interval_s`, Redis left alone for `retry_interval_s`). The spend itself is never lost
+(the ledger's outbox keeps it) and is counted once Redis returns. Whether an unchecked request goes on is
+the tenant's `on_redis_outage` policy, applied by `gateway.tenancy.admission`.
 """
 
 from __future__ import annotations

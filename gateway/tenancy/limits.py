@@ -13,10 +13,10 @@ leave the window have left) is a binary search over ranks, O(log n). Rejected re
 Tokens are the caller's reservation (prompt estimate + max completion tokens), as OpenAI counts them;
 there is no refund once real usage is known (a refund would have to rewrite every later member).
 
-Redis unreachable (error or `op_timeout_s`): fail OPEN. The request is admitted, `counts.fail_open`
-grows, a warning is logged at most once per `warn_interval_s`, and Redis is not asked again for
-`retry_interval_s` (no request waits on a dead Redis more than once per interval). Rate limits protect
-capacity and fairness, not money (budgets do that), so an outage must not take the gateway down.
+Redis unreachable (error or `op_timeout_s`): `admit` returns False (not checked) instead of raising,
+`counts.fail_open` grows, a warning is logged at most once per `warn_interval_s`, and Redis is not asked
+again for `retry_interval_s` (no request waits on a dead Redis more than once per interval). Whether an
+unchecked request goes on is the tenant's `on_redis_outage` policy, applied by `gateway.tenancy.admission`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class RateLimiterCounts:
 
     admitted: int = 0  # checked in Redis and admitted
     limited: int = 0  # rejected with `RateLimited`
-    fail_open: int = 0  # admitted unchecked because Redis was unreachable
+    fail_open: int = 0  # not checked because Redis was unreachable (`admit` returned False)
 
 
 class FailOpen:
@@ -160,14 +160,16 @@ class FailOpen:
             self._down = True
         if now - self._warned_at >= self._warn:
             self._warned_at = now
-            _log.warning("%s: Redis unreachable or slow (%r); failing open (not enforced)", self._what, exc)
+            _log.warning("%s: Redis unreachable or slow (%r); not checked (each tenant's on_redis_outage "
+                         "decides)", self._what, exc)
 
 
 class Limiter(Protocol):
     """Admits a request of `tokens` (prompt estimate + max completion tokens) for `tenant` under
-    `limits`, or raises `RateLimited`. Never raises for a storage outage."""
+    `limits`, or raises `RateLimited`. Returns True when the limits were checked, False when its store was
+    unreachable (never raises for a storage outage)."""
 
-    async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> None: ...
+    async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> bool: ...
 
 
 class RateLimiter:
@@ -210,26 +212,26 @@ class RateLimiter:
         """(log, meta) keys of a tenant."""
         return f"{self._prefix}rl:{{{tenant}}}:log", f"{self._prefix}rl:{{{tenant}}}:meta"
 
-    async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> None:
+    async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> bool:
         """Admit one request of `tokens` >= 0 or raise `RateLimited` (its `retry_after_s`: whole seconds
         until it would fit, if nothing else is admitted meanwhile). No Redis call when `limits` sets
-        nothing; one round trip (EVALSHA) otherwise. Fails open on a Redis outage."""
+        nothing; one round trip (EVALSHA) otherwise. On a Redis outage returns False (not checked)."""
         rpm, tpm = limits.requests_per_minute or 0, limits.tokens_per_minute or 0
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         if not rpm and not tpm:
-            return
+            return True
         if tpm and tokens > tpm:
             self.counts.limited += 1
             raise _too_large(tenant, tpm, tokens)
         reply = await self._guard.call(lambda: self._run(tenant, rpm, tpm, tokens))
         if reply is None:
             self.counts.fail_open += 1
-            return
+            return False
         admitted, wait_us, binding = (int(x) for x in reply)
         if admitted:
             self.counts.admitted += 1
-            return
+            return True
         self.counts.limited += 1
         raise _limited(tenant, rpm if binding == 1 else tpm, tokens, binding == 1, wait_us)
 
@@ -247,7 +249,7 @@ class MemoryRateLimiter:
         self._clock = clock
         self._logs: dict[str, deque[tuple[float, int]]] = {}
 
-    async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> None:
+    async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> bool:
         rpm, tpm = limits.requests_per_minute or 0, limits.tokens_per_minute or 0
         if tpm and tokens > tpm:
             raise _too_large(tenant, tpm, tokens)
@@ -268,6 +270,7 @@ class MemoryRateLimiter:
             wait_s, requests, limit = max(waits)
             raise _limited(tenant, limit, tokens, requests, round(wait_s * 1e6))
         log.append((now, tokens))
+        return True
 
 
 def _limited(tenant: str, limit: int, tokens: int, requests: bool, wait_us: int) -> RateLimited:

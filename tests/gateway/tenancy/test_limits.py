@@ -54,7 +54,8 @@ def closed_port() -> int:
 async def admit_all(limiter: Limiter, n: int, limits: RateLimits, tokens: int) -> tuple[int, list[RateLimited]]:
     """Fire `n` concurrent admits; (admitted, the RateLimited errors). Any other error fails the test."""
     results = await asyncio.gather(*(limiter.admit("acme", limits, tokens) for _ in range(n)), return_exceptions=True)
-    errors = [r for r in results if r is not None]
+    assert all(r is True or isinstance(r, BaseException) for r in results), results  # every admit was checked
+    errors = [r for r in results if r is not True]
     assert all(isinstance(e, RateLimited) for e in errors), errors
     return n - len(errors), errors  # type: ignore[return-value]
 
@@ -221,9 +222,9 @@ async def main(prefix: str, start_at: float) -> None:
     await client.ping()
     await asyncio.sleep(max(0.0, start_at - time.time()))
     results = await asyncio.gather(*(limiter.admit("acme", limits, 5) for _ in range(150)), return_exceptions=True)
-    assert all(r is None or isinstance(r, RateLimited) for r in results), results
+    assert all(r is True or isinstance(r, RateLimited) for r in results), results
     await client.aclose()
-    print(json.dumps({"admitted": sum(r is None for r in results), "fail_open": limiter.counts.fail_open}))
+    print(json.dumps({"admitted": sum(r is True for r in results), "fail_open": limiter.counts.fail_open}))
 
 asyncio.run(main(sys.argv[1], float(sys.argv[2])))
 """
@@ -263,10 +264,10 @@ async def test_fail_open_when_redis_unreachable(caplog: pytest.LogCaptureFixture
     began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="gateway.tenancy.limits"):
         for _ in range(50):
-            await limiter.admit("acme", limits, 1)  # never raises, though the limit is 1
+            assert await limiter.admit("acme", limits, 1) is False  # not checked; never raises, though the limit is 1
     assert time.monotonic() - began < 2.0, "an outage must not stall requests"
     assert limiter.counts.fail_open == 50 and limiter.counts.admitted == 0
-    warnings = [r for r in caplog.records if "failing open" in r.getMessage()]
+    warnings = [r for r in caplog.records if "not checked" in r.getMessage()]
     assert len(warnings) == 1
 
 
@@ -286,7 +287,7 @@ async def test_fail_open_then_enforces_again_when_redis_returns(
                 await limiter.admit("acme", limits, 1)  # down: all admitted unchecked
             server.start()
             await asyncio.sleep(0.1)  # past the back-off
-            await limiter.admit("acme", limits, 1)  # checked: the first in the window
+            assert await limiter.admit("acme", limits, 1) is True  # checked: the first in the window
             with pytest.raises(RateLimited):
                 await limiter.admit("acme", limits, 1)
     finally:
