@@ -5,7 +5,11 @@ One :class:`EngineSupervisor` owns the processes of one pool. Each replica is
 stopping it reaches the engine-core and worker children too. Output goes to
 ``<home>/logs/<pool>-<index>.log`` (appended; one header line per start). After :meth:`start` a monitor
 task checks every replica: a dead process is restarted with exponential backoff; readiness follows
-``GET /health``. :meth:`aclose` stops everything (SIGTERM to each group, SIGKILL after a grace period).
+``GET /health``. A live process that has answered neither a health check nor (as the gateway tells through
+``answered``) a request for ``spec.hang_restart_after_s`` is hung: its group is killed and it is restarted
+the same way. Each restart is logged (a warning for a hung one) and reported to ``on_restart`` with its
+reason (``"exited"`` or ``"hung"``). :meth:`aclose` stops everything (SIGTERM to each group, SIGKILL after a
+grace period).
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from backends.engine_args import DEMO_PREFIX, engine_command, engine_env
 from policies.schema import EngineSpec
 
 __all__ = [
+    "Answered",
     "Backoff",
     "CommandFactory",
     "EngineStartError",
     "EngineSupervisor",
     "Replica",
+    "RestartHook",
     "choose_ports",
 ]
 
@@ -43,6 +49,10 @@ _log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 CommandFactory = Callable[[EngineSpec, int, Path], list[str]]
+RestartHook = Callable[[str, int, str], None]
+"""Called as ``(pool, replica index, reason)`` when a replica is restarted; reason ``"exited"`` or ``"hung"``."""
+Answered = Callable[[str], float | None]
+"""``answered(url)``: monotonic time at which a request to the replica at ``url`` last got an answer (None: never)."""
 
 
 class EngineStartError(RuntimeError):
@@ -74,6 +84,7 @@ class Replica:
     restarts: int = 0
     failures: int = 0
     started_at: float = 0.0
+    last_healthy: float = 0.0  # monotonic time of the last health check that passed
     restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -149,6 +160,8 @@ class EngineSupervisor:
         stop_grace_s: float = 15.0,
         backoff: Backoff | None = None,
         command: CommandFactory = engine_command,
+        on_restart: RestartHook | None = None,
+        answered: Answered | None = None,
     ) -> None:
         self.pool = pool
         self.spec = spec
@@ -158,6 +171,8 @@ class EngineSupervisor:
         self._stop_grace_s = stop_grace_s
         self._backoff = backoff or Backoff()
         self._command = command
+        self._on_restart = on_restart
+        self._answered = answered
         self._replicas: list[Replica] = []
         self._monitor: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
@@ -262,7 +277,7 @@ class EngineSupervisor:
                 code = None if process is None else process.returncode
                 raise self._start_error(replica, f"exited with code {code} after {elapsed:.0f} s")
             if await self._healthy(replica):
-                replica.ready = True
+                replica.ready, replica.last_healthy = True, time.monotonic()
                 self._say(f"pool {self.pool}: replica {replica.index} healthy after {elapsed:.0f} s")
                 if self.spec.pin_engine_core:
                     self._pin(replica)
@@ -313,16 +328,46 @@ class EngineSupervisor:
         process = replica.process
         if process is not None and process.returncode is None:
             replica.ready = await self._healthy(replica)
+            if replica.ready:
+                replica.last_healthy = time.monotonic()
+            silent = self._silent_for(replica)
+            limit = self.spec.hang_restart_after_s
+            if limit is not None and silent >= limit:
+                message = (f"pool {self.pool}: replica {replica.index} (pid {process.pid}) is alive but answered "
+                           f"no health check or request for {silent:.0f} s (hang_restart_after_s {limit:g}); "
+                           "killing and restarting it")
+                _log.warning("%s", message)
+                if self._progress is not None:
+                    self._progress(message)
+                self._restarting(replica, "hung")
+                replica.restart_task = asyncio.create_task(self._restart(replica, 0.0))
             return
         replica.ready = False
         code = None if process is None else process.returncode
         delay = self._backoff.delay(replica.failures)
         self._say(f"pool {self.pool}: replica {replica.index} exited with code {code}; restarting in {delay:.0f} s")
+        self._restarting(replica, "exited")
         replica.restart_task = asyncio.create_task(self._restart(replica, delay))
+
+    def _silent_for(self, replica: Replica) -> float:
+        """Seconds since the replica last answered anything: a health check, or a request (``answered``)."""
+        last = max(replica.last_healthy, replica.started_at)
+        if self._answered is not None:
+            last = max(last, self._answered(replica.url) or 0.0)
+        return time.monotonic() - last
+
+    def _restarting(self, replica: Replica, reason: str) -> None:
+        if self._on_restart is not None:
+            try:
+                self._on_restart(self.pool, replica.index, reason)
+            except Exception:  # a metrics hook must not stop supervision
+                _log.exception("pool %s: restart hook failed", self.pool)
 
     async def _restart(self, replica: Replica, delay: float) -> None:
         if replica.pid is not None:
-            _signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children
+            _signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children (or a hung leader)
+        if replica.process is not None:
+            await replica.process.wait()  # reaped, so that its port is free again
         await asyncio.sleep(delay)
         if self._closed:
             return

@@ -43,6 +43,10 @@ class EngineSpec(Frozen):
         "model worker, so that it does not starve the API server (backends/cpu_pinning.py)")
     base_port: int = Field(default=8100, ge=1024, le=65000)
     startup_timeout_s: float = Field(default=600, gt=0)
+    hang_restart_after_s: float | None = Field(
+        default=120, gt=0, description="restart a replica whose process is alive but has answered neither a health "
+        "check nor a request for this long (seconds; null: never). Requests count, so a saturated engine that "
+        "answers /health late but keeps serving is left alone")
 
     @model_validator(mode="after")
     def _parallelism_fits(self) -> EngineSpec:

@@ -169,6 +169,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         await engines.aclose()
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
+    pool_set.on_engine_restart = metrics.engine_restarted
     if isinstance(scorer, ClassifierScorer):
         scorer.on_batch = metrics.scoring_batch.observe
     accountant = Accountant(ledger, metrics)

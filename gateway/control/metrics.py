@@ -126,6 +126,10 @@ class GatewayMetrics:
         self.escalations = Counter("cascade_escalations", "cascade micro answers below min_confidence: escalated "
                                    "(pool: where to) or held (pool: micro, held_by: why the policy kept it)",
                                    ["outcome", "pool", "held_by"], registry=r)
+        self.engine_restarts = Counter("cascade_engine_restarts", "local engine replicas restarted by the supervisor, "
+                                       "by reason: exited (the process died) or hung (alive, but it answered no "
+                                       "health check or request for the pool's hang_restart_after_s)",
+                                       ["pool", "reason"], registry=r)
         r.register(_PoolCollector(pools))
         self._scrape_time = CollectorRegistry(auto_describe=True)  # multiprocess mode only: live, per worker
         self._scrape_time.register(_PoolCollector(pools))
@@ -144,6 +148,10 @@ class GatewayMetrics:
         if rec.ttft_ms is not None:
             self.ttft.labels(rec.pool).observe(rec.ttft_ms / 1000)
         self.latency.labels(rec.pool).observe(rec.latency_ms / 1000)
+
+    def engine_restarted(self, pool: str, index: int, reason: str) -> None:
+        """The supervisor restarted replica `index` of `pool` (`backends.supervisor.RestartHook`)."""
+        self.engine_restarts.labels(pool, reason).inc()
 
     def ladder_changed(self, engaged: set[str], released: set[str]) -> None:
         for step in engaged:

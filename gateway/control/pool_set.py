@@ -20,7 +20,7 @@ from backends.breaker import BreakerConfig
 from backends.engine_client import EngineClient
 from backends.machine_checks import checked_here, connection_settings
 from backends.pool import Pool
-from backends.supervisor import EngineSupervisor
+from backends.supervisor import Answered, EngineSupervisor, RestartHook
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy
 from policies.parallelism import OnDemand
@@ -44,6 +44,7 @@ class PoolSet:
         self.specs: dict[str, LocalPool | RemotePool] = {}
         self.supervisors: dict[str, EngineSupervisor] = {}
         self.status: dict[str, str] = {}
+        self.on_engine_restart: RestartHook | None = None  # (pool, replica index, "exited" | "hung"): metrics
         self._tasks: set[asyncio.Task[None]] = set()
 
     @staticmethod
@@ -94,6 +95,10 @@ class PoolSet:
             self.status[name] = "starting"
             self._spawn(self._start_engines(name, spec, pool), f"engines:{name}")
 
+    def _engine_restarted(self, pool: str, index: int, reason: str) -> None:
+        if self.on_engine_restart is not None:
+            self.on_engine_restart(pool, index, reason)
+
     def on_demand(self, name: str) -> OnDemand | None:
         """The scale-to-zero settings of pool `name` when this process starts its engines, else None."""
         spec = self.specs.get(name)
@@ -140,7 +145,8 @@ class PoolSet:
     async def _launch(self, name: str, spec: LocalPool, pool: Pool) -> float:
         """Start the pool's engines under a (registered) supervisor, point the pool at them and probe them;
         returns the seconds it took. Raises what the supervisor's start raised."""
-        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress)
+        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress,
+                               on_restart=self._engine_restarted, answered=_last_answer(pool))
         self.supervisors[name] = sup
         started = time.monotonic()
         await sup.start()
@@ -208,3 +214,12 @@ class PoolSet:
 def _runtime(spec: LocalPool | RemotePool) -> dict[str, object]:
     """What the pool's engines and replicas are built from (not its price or description)."""
     return spec.model_dump(exclude={"price", "description", "max_quant_loss"})
+
+
+def _last_answer(pool: Pool) -> Answered:
+    """When the gateway last got an answer to a request from the replica at a URL (its breaker's record, in
+    monotonic seconds), so that the supervisor does not take a busy engine that answers /health late for hung."""
+    def answered(url: str) -> float | None:
+        return next((r.breaker.last_success for r in pool.replicas if r.url == url.rstrip("/")), None)
+
+    return answered

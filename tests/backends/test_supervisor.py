@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -132,9 +133,11 @@ def test_backoff_grows_and_caps() -> None:
     assert backoff.delay(10_000) == 10
 
 
-def _fake_supervisor(tmp_path: Path, mode: str, replicas: int = 1, timeout: float = 30) -> EngineSupervisor:
+def _fake_supervisor(tmp_path: Path, mode: str, replicas: int = 1, timeout: float = 30,
+                     hang_restart_after_s: float | None = None, **options: Any) -> EngineSupervisor:
     spec = EngineSpec(
-        model="fake", served_name="fake", replicas=replicas, base_port=_free_port(), startup_timeout_s=timeout
+        model="fake", served_name="fake", replicas=replicas, base_port=_free_port(), startup_timeout_s=timeout,
+        hang_restart_after_s=hang_restart_after_s,
     )
 
     def command(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
@@ -148,6 +151,7 @@ def _fake_supervisor(tmp_path: Path, mode: str, replicas: int = 1, timeout: floa
         check_interval_s=0.2,
         stop_grace_s=5,
         backoff=Backoff(base_s=0.1, cap_s=1),
+        **options,
     )
 
 
@@ -190,6 +194,46 @@ def _pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+async def test_a_live_engine_that_stops_answering_is_killed_and_restarted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    restarts: list[tuple[str, int, str]] = []
+    supervisor = _fake_supervisor(tmp_path, "serve", hang_restart_after_s=1.0,
+                                  on_restart=lambda *event: restarts.append(event))
+    await supervisor.start()
+    try:
+        replica = supervisor.replicas[0]
+        hung_pid = replica.pid
+        assert hung_pid is not None and replica.ready
+        os.kill(hung_pid, signal.SIGSTOP)  # alive, holding its port, answering nothing
+        await _wait_until(lambda: replica.pid != hung_pid and replica.ready, timeout=30)
+        assert restarts == [("fake", 0, "hung")] and replica.restarts == 1
+        assert _group_members(hung_pid) == []  # the stopped leader and its child were killed
+        assert any("answered no health check or request" in r.getMessage() and r.levelname == "WARNING"
+                   for r in caplog.records)
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(replica.url + "/health")).status_code == 200  # the new one serves
+    finally:
+        await supervisor.aclose()
+
+
+async def test_an_engine_that_answers_requests_is_not_hung_though_its_health_check_is_late(tmp_path: Path) -> None:
+    restarts: list[tuple[str, int, str]] = []
+    supervisor = _fake_supervisor(tmp_path, "serve", hang_restart_after_s=1.0,
+                                  on_restart=lambda *event: restarts.append(event),
+                                  answered=lambda url: time.monotonic())  # the gateway got an answer just now
+    await supervisor.start()
+    replica = supervisor.replicas[0]
+    assert replica.pid is not None
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        await _wait_until(lambda: not replica.ready, timeout=30)  # a health check timed out (5 s)...
+        await asyncio.sleep(1.5)
+        assert restarts == [] and replica.restarts == 0  # ...but it is answering traffic: left alone
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+        await supervisor.aclose()
 
 
 async def test_start_error_carries_log_tail(tmp_path: Path) -> None:
