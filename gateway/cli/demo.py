@@ -112,6 +112,12 @@ def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float, log_pa
     raise RuntimeError(f"engines not ready after {timeout:.0f} s; see {log_path} and {log_path.parent}")
 
 
+def _one_line(text: str, width: int = 100) -> str:
+    """An answer on one line, cut to `width` characters."""
+    flat = " ".join(text.split()) or "(empty answer)"
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
 def _send_prompts(base: str, max_tokens: int) -> None:
     try:
         import openai
@@ -124,7 +130,7 @@ def _send_prompts(base: str, max_tokens: int) -> None:
     for prompt, stream in SAMPLE_PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         started = time.monotonic()
-        ttft = None
+        ttft, parts = None, []
         if stream:
             with client.chat.completions.with_streaming_response.create(  # type: ignore[call-overload]
                 model="auto", messages=messages, max_tokens=max_tokens, stream=True,
@@ -132,19 +138,23 @@ def _send_prompts(base: str, max_tokens: int) -> None:
             ) as raw:
                 headers, usage = raw.headers, None
                 for chunk in raw.parse():
-                    if ttft is None and chunk.choices and chunk.choices[0].delta.content:
-                        ttft = (time.monotonic() - started) * 1000
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        ttft = (time.monotonic() - started) * 1000 if ttft is None else ttft
+                        parts.append(chunk.choices[0].delta.content)
                     usage = chunk.usage or usage
         else:
             raw_resp = client.chat.completions.with_raw_response.create(
                 model="auto", messages=messages, max_tokens=max_tokens  # type: ignore[arg-type]
             )
-            headers, usage = raw_resp.headers, raw_resp.parse().usage
+            completion = raw_resp.parse()
+            headers, usage = raw_resp.headers, completion.usage
+            parts = [completion.choices[0].message.content or ""] if completion.choices else []
             ttft = (time.monotonic() - started) * 1000
         tokens = (usage.prompt_tokens, usage.completion_tokens) if usage else ("?", "?")
         short = prompt if len(prompt) <= 50 else prompt[:47] + "..."
         print(f"{short:<52} {'yes' if stream else 'no':>6} {headers['x-cascade-pool']:>9} "
               f"{headers['x-cascade-score']:>6} {tokens[0]:>4} {tokens[1]:>4} {ttft or 0:8.1f}")
+        print(f"    -> {_one_line(''.join(parts))}")
     print("* streaming: time to the first token; non-streaming: time to the whole answer")
 
 

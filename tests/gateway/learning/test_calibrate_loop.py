@@ -3,6 +3,7 @@ into the same gateway: the realised flagship share on the same traffic is the sh
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -32,6 +33,13 @@ def _send_all(url: str) -> list[str]:
     return pools
 
 
+def _wait_for_lines(path: Path, count: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(path.read_text().splitlines()) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(path.read_text().splitlines()) == count
+
+
 def test_calibrated_threshold_gives_the_asked_share_on_the_same_traffic(
     upstreams: tuple[FakeUpstream, str, FakeUpstream, str], tmp_path: Path, prefix: str,
     capsys: pytest.CaptureFixture[str],
@@ -45,7 +53,7 @@ def test_calibrated_threshold_gives_the_asked_share_on_the_same_traffic(
     with serve(create_app(settings)) as url:
         before = _send_all(url)
         assert before.count("flagship") == 0  # the length scorer stays under 0.5 for these prompts
-        assert len(log.read_text().splitlines()) == len(PROMPTS)
+        _wait_for_lines(log, len(PROMPTS))  # each line is written just after its answer is sent
         code = main(["router", "calibrate", "--log", str(log), "--policy", str(policy),
                      "--flagship-share", "0.25", "--write"])
         out = capsys.readouterr().out
