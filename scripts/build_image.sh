@@ -5,8 +5,8 @@
 #
 # - Installs podman, buildah, mmdebstrap, runc and podman-compose from Debian's packages when missing (as root).
 # - Without --base, bootstraps a Debian base (python3 + venv) with mmdebstrap from this machine's Debian
-#   sources and imports it as localhost/cascade-base:bookworm (once; about 3 minutes), and a Redis image
-#   localhost/cascade-redis:bookworm on it (for deploy/compose.yaml, through CASCADE_REDIS_IMAGE).
+#   sources and imports it as localhost/cascade-base:bookworm (once; about 3 minutes), and builds a Redis
+#   image localhost/cascade-redis:bookworm on it (for deploy/compose.yaml, through CASCADE_REDIS_IMAGE).
 # - Builds with this machine's pip settings (index, extra index, find-links, CA bundle): local folders they
 #   name are mounted read-only into the build, never copied into the image.
 # - Tags NAME (default localhost/cascade-gateway:VERSION-cpu|-cuda|-slim) and
@@ -58,9 +58,11 @@ if [ -z "$BASE" ]; then
   podman image exists "$BASE" || bootstrap "$BASE" python3 python3-venv ca-certificates libnuma1 libgomp1
   cascade_podman_env "$BASE"
   if ! podman image exists localhost/cascade-redis:bookworm; then
-    bootstrap localhost/cascade-redis:bookworm redis-server
-    ctr=$(buildah from --quiet localhost/cascade-redis:bookworm)
-    buildah run "$ctr" -- sh -c 'mkdir -p /data && chown redis:redis /data' >&2
+    say "building localhost/cascade-redis:bookworm (Debian's redis-server on the base)"
+    ctr=$(buildah from --quiet "$BASE")
+    buildah run "$ctr" -- sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends redis-server >/dev/null && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
+      && mkdir -p /data && chown redis:redis /data' >&2
     buildah config --user redis --workingdir /data --port 6379 --cmd '["redis-server", "--protected-mode", "no"]' "$ctr"
     buildah commit --quiet --rm "$ctr" localhost/cascade-redis:bookworm >/dev/null
   fi

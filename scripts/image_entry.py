@@ -11,7 +11,7 @@ that /readyz stays 503 until it does; then it becomes `cascade serve` on 0.0.0.0
 policy's local engines run inside this container (the supervisor starts them); each `--engine POOL=URL`
 turns local pool POOL into a remote pool on that engine, as `cascade deploy render` does for Kubernetes.
 `engine` becomes the vLLM server of one local pool of the policy, with exactly the arguments and variables
-the supervisor would use (`backends.supervisor.engine_command` / `engine_env`), listening on 0.0.0.0.
+the supervisor would use (`backends.engine_args.engine_command` / `engine_env`), listening on 0.0.0.0.
 `health` exits 0 when the gateway's /readyz (an engine's /health, with --path) answers 200: the image's
 HEALTHCHECK (the image has no curl).
 Every role replaces this process (exec), so signals reach the server directly.
@@ -40,7 +40,7 @@ def _log(level: str, msg: str, **fields: object) -> None:
     """One JSON line on stderr, in the gateway's own log format."""
     record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
               "level": level, "logger": "cascade.image", "msg": msg, **fields}
-    print(json.dumps(record), file=sys.stderr, flush=True)
+    print(json.dumps(record, separators=(",", ":")), file=sys.stderr, flush=True)
 
 
 def _default_policy() -> Path:
@@ -119,7 +119,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 def _engine(args: argparse.Namespace) -> int:
     from backends.demo_models import ensure_demo_models, models_root
-    from backends.supervisor import DEMO_PREFIX, engine_command, engine_env
+    from backends.engine_args import DEMO_PREFIX, engine_command, engine_env
     from policies.loader import PolicyError, load_policy
     from policies.pools import LocalPool
 
