@@ -120,7 +120,7 @@ class ShadowComparison:
         replica, answer = await self._fw.complete(pool, orjson.dumps(upstream))
         parsed = orjson.loads(answer)
         text = answer_text(parsed)
-        usage = usage_from_json(parsed) or await count_usage(loaded.policy.pools[pool.name], self._engines,
+        usage = usage_from_json(parsed) or await count_usage(loaded.policy.pools.get(pool.name), self._engines,
                                                              replica.url, model, upstream["messages"], text)
         decision = RouteDecision(pool.name, model, None, "shadow", f"shadow comparison ({record_id})",
                                  loaded.version)

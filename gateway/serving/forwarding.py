@@ -125,7 +125,7 @@ class Forwarder:
     async def _record(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
                       usage: Usage | None, text: str) -> None:
         if usage is None:
-            usage = await count_usage(loaded.policy.pools[facts.decision.pool], self._engines, replica.url,
+            usage = await count_usage(loaded.policy.pools.get(facts.decision.pool), self._engines, replica.url,
                                       facts.decision.model, upstream["messages"], text)
         rec = await self._accountant.record(loaded.policy, facts, usage)
         self._degradation.observe(rec.pool, facts.ttft_s, error=rec.status == "upstream_error")

@@ -54,7 +54,7 @@ async def _tokenize_count(client: EngineClient, base_url: str, payload: dict[str
 
 
 async def count_usage(
-    pool: LocalPool | RemotePool,
+    pool: LocalPool | RemotePool | None,
     client: EngineClient,
     base_url: str,
     model: str,
@@ -62,9 +62,10 @@ async def count_usage(
     completion_text: str,
 ) -> Usage:
     """Count prompt tokens (with the chat template) and completion tokens: with the engine's tokenizer at
-    `base_url` for a local pool; on this machine for a remote one (nothing is sent to `base_url`)."""
-    if isinstance(pool, RemotePool):
-        return await _count_locally(pool.tokenizer, messages, completion_text)
+    `base_url` for a local pool; on this machine for a remote one or an unknown one (`None`: nothing is sent
+    to `base_url`)."""
+    if not isinstance(pool, LocalPool):
+        return await _count_locally(pool.tokenizer if pool is not None else None, messages, completion_text)
     try:
         prompt = await _tokenize_count(
             client, base_url, {"model": model, "messages": list(messages), "add_generation_prompt": True}

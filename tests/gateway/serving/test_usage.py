@@ -95,3 +95,9 @@ async def test_a_local_pool_is_counted_by_its_own_engine() -> None:
     usage = await count_usage(local, engines, "http://127.0.0.1:8100", "micro", MESSAGES, "four")
     assert usage == Usage(7, 7, "tokenizer")
     assert [(url, path) for url, path, _ in engines.calls] == [("http://127.0.0.1:8100", "/tokenize")] * 2
+
+
+async def test_a_pool_the_policy_no_longer_names_is_estimated_and_nothing_is_sent() -> None:
+    engines = RecordingEngines()
+    usage = await count_usage(None, engines, "http://127.0.0.1:8100", "m", MESSAGES, "four")
+    assert usage.source == "estimate" and engines.calls == []
