@@ -3,6 +3,8 @@ one replica whose chat answers are an HTTP 500 (health stays 200), one that work
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,9 +31,10 @@ class Failing:
     """A fake engine: chat answers are `status` (or, with `first_chunk_then_die`, one SSE chunk and then a
     dropped connection); everything else (health, metrics) is the working fake's."""
 
-    def __init__(self, status: int = 500, first_chunk_then_die: bool = False) -> None:
+    def __init__(self, status: int = 500, first_chunk_then_die: bool = False, delay_s: float = 0.0) -> None:
         self.inner = FakeUpstream("micro-model")
         self.status = status
+        self.delay_s = delay_s
         self.first_chunk_then_die = first_chunk_then_die
         self.chat_attempts = 0
 
@@ -39,6 +42,7 @@ class Failing:
         if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
             return await self.inner(scope, receive, send)
         self.chat_attempts += 1
+        await asyncio.sleep(self.delay_s)
         if self.first_chunk_then_die:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
@@ -54,14 +58,15 @@ class Failing:
 
 
 @contextmanager
-def _gateway(tmp_path: Path, micro_urls: list[str], flagship_url: str) -> Iterator[tuple[str, list[Replica]]]:
+def _gateway(tmp_path: Path, micro_urls: list[str], flagship_url: str,
+             deadline_s: float = 60.0) -> Iterator[tuple[str, list[Replica]]]:
     """A gateway whose micro pool has `micro_urls` (the first always preferred while available)."""
     path = tmp_path / "p.yaml"
     urls = ", ".join(f'"{u}"' for u in micro_urls)
     path.write_text(policy_yaml(micro_urls[0], flagship_url).replace(
         f'urls: ["{micro_urls[0]}"]', f"urls: [{urls}]\n    breaker: {{failure_threshold: 2, cooldown_s: 60}}"))
     settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="memory", home=tmp_path,
-                        probe_interval_s=0.05, policy_watch_interval_s=0)
+                        probe_interval_s=0.05, policy_watch_interval_s=0, deadline_s=deadline_s)
     app = create_app(settings)
     with serve(app) as url:
         runtime: Runtime = app.state.runtime
@@ -125,3 +130,16 @@ def test_a_stream_that_breaks_after_its_first_chunk_is_not_retried(tmp_path: Pat
         reply = _chat(url, stream=True)
         assert "half" in reply.text  # the client got the first chunk...
         assert failing.chat_attempts == 1 and good.requests == 0  # ...so nothing was sent again elsewhere
+
+
+def test_retries_stop_at_the_request_deadline(tmp_path: Path, upstreams: Upstreams) -> None:
+    _, _, _, flagship_url = upstreams
+    slow = [Failing(500, delay_s=0.8) for _ in range(3)]  # three slow 5xx: 2.4 s of tries against a 1.5 s deadline
+    with serve(slow[0]) as a, serve(slow[1]) as b, serve(slow[2]) as c, \
+            _gateway(tmp_path, [a, b, c], flagship_url, deadline_s=1.5) as (url, _):
+        started = time.monotonic()
+        reply = _chat(url, stream=False)
+        took = time.monotonic() - started
+        assert reply.status_code == 504 and reply.json()["error"]["code"] == "deadline_exceeded", reply.text
+        assert took < 2.3
+        assert 1 <= sum(f.chat_attempts for f in slow) <= 2  # the third try was never started
