@@ -94,7 +94,18 @@ def _demo(args: argparse.Namespace) -> int:
 def build_demo_fallback(samples: int = 128) -> int:
     """Build and measure the demo's int8 flagship, resuming what an earlier run left: a whole checkpoint
     of the current original is kept (and only measured if it was not yet), anything else is rebuilt.
-    Returns the exit code of `cascade quantize --demo`."""
+    Returns the exit code of `cascade quantize --demo`: 0, or 1 with the error printed to stderr."""
+    from backends.quant_venv import QuantVenvError
+    from backends.quantize import QuantizeError
+
+    try:
+        return _build_demo(samples)
+    except (QuantizeError, QuantVenvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _build_demo(samples: int) -> int:
     from backends.demo_models import ensure_demo_models
     from backends.quant_calibration import demo_samples
     from backends.quant_metadata import checkpoint_problem, read_figures, read_metadata

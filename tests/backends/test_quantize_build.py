@@ -94,3 +94,18 @@ def test_leftovers_of_a_killed_build_are_swept_and_never_pass_as_built(tmp_path:
 
     quantize(_model(tmp_path), out, "W8A8", demo_samples(8))
     assert not leftover.exists() and checkpoint_problem(out) is None
+
+
+def test_demo_fallback_failure_is_an_exit_code_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import backends.demo_models
+    from backends.quant_cli import build_demo_fallback
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise QuantizeError("the quantization worker failed (exit 3); full log q.log")
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setattr(backends.demo_models, "ensure_demo_models", lambda *a, **k: {})
+    monkeypatch.setattr(quantize_module, "quantize", failing)
+    assert build_demo_fallback(8) == 1  # what `cascade demo` returns, instead of a traceback
+    assert "error: the quantization worker failed (exit 3); full log q.log" in capsys.readouterr().err
