@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.errors import RateLimited
@@ -41,6 +42,7 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WINDOW_S = 60
+_ATTEMPTS = 4  # per `FailOpen.call`, on connection errors only, all within its `op_timeout_s`
 
 # KEYS[1] log (zset: member `seq:cumulative_tokens:tokens`, score admission time in us), KEYS[2] meta hash
 # (last: newest admission us, seq, cum: tokens admitted ever). ARGV: window_us, rpm, tpm (0 = no limit),
@@ -144,7 +146,7 @@ class FailOpen:
         try:
             async with asyncio.timeout(self._timeout), self._slots:
                 in_redis = True
-                result = await fn()
+                result = await self._attempts(fn)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc, trip=in_redis)
             return None
@@ -152,6 +154,19 @@ class FailOpen:
             self._down = False
             _log.warning("%s: Redis reachable again; enforcing", self._what)
         return result
+
+    @staticmethod
+    async def _attempts(fn: Callable[[], Awaitable[T]]) -> T:
+        """Up to `_ATTEMPTS` tries when the connection itself fails: after Redis restarts, each pooled
+        connection opened before fails once ("closed by server") and is reopened by redis-py, so a retry on
+        the next one succeeds; without it each stale connection would stop checks for `retry_interval_s`.
+        A refused connection fails in microseconds, so the retries cost nothing during an outage."""
+        for _ in range(_ATTEMPTS - 1):
+            try:
+                return await fn()
+            except RedisConnectionError:
+                continue
+        return await fn()
 
     def _failed(self, exc: BaseException, *, trip: bool) -> None:
         now = self._now()

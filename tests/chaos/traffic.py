@@ -89,8 +89,9 @@ class Traffic:
     not kept alive between requests, so that a refused request is told apart from one that was cut."""
 
     def __init__(self, base_url: str, body: Body, concurrency: int = 4, timeout_s: float = 60.0,
-                 pause_s: float = 0.0) -> None:
+                 pause_s: float = 0.0, headers: dict[str, str] | None = None) -> None:
         self.base_url = base_url
+        self._headers = headers or {}
         self.outcomes: list[Outcome] = []
         self._body = body
         self._concurrency = concurrency
@@ -102,7 +103,8 @@ class Traffic:
 
     def start(self) -> None:
         limits = httpx.Limits(max_keepalive_connections=0)
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=5.0), limits=limits)
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=5.0), limits=limits,
+                                         headers=self._headers)
         self._tasks = [asyncio.create_task(self._worker()) for _ in range(self._concurrency)]
 
     async def stop(self) -> list[Outcome]:

@@ -295,3 +295,24 @@ async def test_fail_open_then_enforces_again_when_redis_returns(
         server.kill()
     assert (limiter.counts.fail_open, limiter.counts.admitted, limiter.counts.limited) == (3, 1, 1)
     assert any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.redis
+async def test_checks_resume_on_the_first_call_after_a_redis_restart(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed")
+    server = RedisProcess(free_port(), tmp_path)
+    server.start()
+    conn = aioredis.Redis.from_url(server.url)
+    limiter = RateLimiter(conn, "t:", retry_interval_s=0.05)
+    limits = RateLimits(requests_per_minute=1000)
+    try:
+        assert all(await asyncio.gather(*(limiter.admit("acme", limits, 1) for _ in range(8))))  # 8 connections
+        server.kill()
+        server.start()
+        # each pooled connection fails once ("closed by server"); one call retries past them
+        assert await limiter.admit("acme", limits, 1) is True
+    finally:
+        await conn.aclose()
+        server.kill()
+    assert limiter.counts.fail_open == 0
