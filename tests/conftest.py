@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,9 @@ from gateway.costs.report import Reconciliation, verify
 from gateway.ledger.keys import LedgerKeys
 from loadtest.fake_upstream import FakeUpstream
 from tests.servers import serve
+
+# The tests assert the tiny demo models' behaviour: a real micro model chosen for the demo must not leak in.
+os.environ.pop("CASCADE_DEMO_MICRO", None)
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 SHIPPED_THRESHOLD = "  threshold: {flagship_share: 0.3, initial: 0.28}\n"
