@@ -11,9 +11,10 @@ Design:
   degradation ladder (one leader decides for all, `gateway.control.ladder_sync`). Each worker has its own state
   folder `<home>/workers/<i>` (its ledger outbox, which takes a file lock) and, with `--request-log F`,
   its own log `F.<i>`.
-- `/metrics` of any worker is the sum over all workers: the parent empties `<home>/metrics` and exports it as
-  `PROMETHEUS_MULTIPROC_DIR` before spawning them (prometheus_client's multiprocess mode,
-  `gateway.control.metrics`); a dead worker's counters stay in the sum, its live gauges are dropped.
+- `/metrics` of any worker is the sum over all workers: the parent empties `<home>/metrics` and starts each
+  worker with `PROMETHEUS_MULTIPROC_DIR` set to it (prometheus_client's multiprocess mode,
+  `gateway.control.metrics`), never the engines (vLLM would write its own metrics there); a dead worker's
+  counters stay in the sum, its live gauges are dropped.
 - SIGTERM or SIGINT to the parent: every worker drains (uvicorn's graceful shutdown), then the engines stop.
 
 Limits: on-demand (scale-to-zero) local pools need `--workers 1` (the process that owns engines must see
@@ -27,21 +28,23 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 from backends.supervisor import EngineSupervisor, choose_ports
-from gateway.control.metrics import prepare_multiprocess_dir, worker_exited
+from gateway.control.metrics import MULTIPROC_ENV, prepare_multiprocess_dir, worker_exited
 from gateway.settings import Settings
 from policies.loader import load_policy
 from policies.schema import LocalPool
 
-__all__ = ["UVICORN_OPTIONS", "reuse_port_socket", "run_workers", "workers_problem"]
+__all__ = ["UVICORN_OPTIONS", "exported", "reuse_port_socket", "run_workers", "workers_problem"]
 
 log = logging.getLogger("cascade.workers")
 
@@ -93,6 +96,20 @@ def workers_problem(settings: Settings) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def exported(name: str, value: str) -> Iterator[None]:
+    """`os.environ[name] = value` inside the block only (a process started meanwhile inherits it)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
 class WorkerGroup:
     """Owns the worker processes and the engine supervisors of one `serve --workers N`."""
 
@@ -104,6 +121,7 @@ class WorkerGroup:
         self.procs: list[BaseProcess] = []
         self.supervisors: list[EngineSupervisor] = []
         self._stopping = asyncio.Event()
+        self._metrics_dir = settings.home / "metrics"
 
     def _worker_settings(self, index: int) -> Settings:
         log_path = self._settings.request_log
@@ -114,7 +132,8 @@ class WorkerGroup:
         host, port, log_level, json_logs = self._args
         proc = self._ctx.Process(target=_worker_main, name=f"cascade-worker-{index}",
                                  args=(self._worker_settings(index), host, port, log_level, json_logs))
-        proc.start()
+        with exported(MULTIPROC_ENV, str(self._metrics_dir)):  # this worker's environment, not the engines'
+            proc.start()
         log.info("worker %d started (pid %s)", index, proc.pid)
         return proc
 
@@ -138,7 +157,7 @@ class WorkerGroup:
                     continue
                 log.error("worker %d (pid %s) exited with code %s; restarting in %.0f s", i, proc.pid,
                           proc.exitcode, delays[i])
-                worker_exited(proc.pid or 0)
+                worker_exited(proc.pid or 0, self._metrics_dir)
                 await asyncio.sleep(delays[i])
                 delays[i] = min(30.0, delays[i] * 2)
                 self.procs[i] = self._spawn(i)
@@ -147,8 +166,8 @@ class WorkerGroup:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
+        prepare_multiprocess_dir(self._metrics_dir)
         engines = asyncio.create_task(self._start_engines()) if self._settings.start_engines else None
-        prepare_multiprocess_dir(self._settings.home / "metrics")
         self.procs = [self._spawn(i) for i in range(self._count)]
         try:
             await self._watch()

@@ -36,7 +36,8 @@ _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 _BREAKER_LEVEL = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-"""prometheus_client reads it once, when it is imported: it must be set before a worker process starts."""
+"""prometheus_client reads it once, when it is imported: it must be in a worker's environment when it starts
+(and in no other process's: a vLLM engine would write its own metrics there)."""
 
 
 def multiprocess_dir() -> Path | None:
@@ -45,19 +46,17 @@ def multiprocess_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def prepare_multiprocess_dir(path: Path) -> None:
-    """Empty `path` (what a previous run left would be summed in) and export it as `MULTIPROC_ENV`, so that
-    processes started after this call share their metrics through it. Called by the parent of the workers."""
+def prepare_multiprocess_dir(path: Path) -> Path:
+    """Empty `path` (what a previous run left there would be summed in) and return it. Called by the parent of
+    the workers before it starts any; it then gives them `MULTIPROC_ENV=path`."""
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    os.environ[MULTIPROC_ENV] = str(path)
+    return path
 
 
-def worker_exited(pid: int) -> None:
+def worker_exited(pid: int, path: Path) -> None:
     """Drop the live gauges of a worker process that has exited (its counters stay in the sum)."""
-    path = multiprocess_dir()
-    if path is not None:
-        multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
+    multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
 
 
 class _PoolCollector(Collector):

@@ -18,7 +18,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
-from gateway.api.workers import workers_problem
+from gateway.api.workers import exported, workers_problem
+from gateway.control.metrics import MULTIPROC_ENV
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
@@ -142,6 +143,7 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
         assert time.monotonic() < deadline, "the step never engaged in every worker"
     state = redis.Redis.from_url(SHARED_URL).get(workers.prefix + "ladder:state")
     assert state is not None and b"micro-kv-high" in state
+    assert _ladder_gauges(workers.url) == [1.0] * 6  # whichever worker answers
     workers.micro.kv_cache_usage = 0.7  # between exit_below and enter_above: held in every worker
     time.sleep(2.5)
     assert pools() == {"flagship"}
@@ -149,6 +151,30 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
     deadline = time.monotonic() + 10
     while pools() != {"micro"}:
         assert time.monotonic() < deadline, "the step never released in every worker"
+    time.sleep(1.5)  # a ladder tick: every worker has adopted the release
+    assert _ladder_gauges(workers.url) == [0.0] * 6
+
+
+def _ladder_gauges(url: str) -> list[float]:
+    """`cascade_degradation_active{step="micro-kv-high"}` on 6 scrapes, each on a new connection."""
+    values = []
+    for _ in range(6):
+        text = httpx.get(url + "/metrics", timeout=10).text
+        values.append(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                          if s.name == "cascade_degradation_active" and s.labels.get("step") == "micro-kv-high"))
+    return values
+
+
+def test_only_the_workers_get_the_metrics_folder(workers: Workers, tmp_path: Path) -> None:
+    for pid in workers.children():
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert any(e.startswith(MULTIPROC_ENV.encode() + b"=") and e.endswith(b"/metrics") for e in env)
+    probe = [sys.executable, "-c", f"import os; print(os.environ.get({MULTIPROC_ENV!r}))"]
+    assert MULTIPROC_ENV not in os.environ
+    with exported(MULTIPROC_ENV, str(tmp_path)):
+        assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == str(tmp_path)
+    assert MULTIPROC_ENV not in os.environ  # engines started later (os.environ) do not get it
+    assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "None"
 
 
 def test_workers_refuse_on_demand_pools(tmp_path: Path) -> None:
