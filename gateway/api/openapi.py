@@ -97,7 +97,8 @@ _CHAT_ERRORS = {
     "413": "request body too large",
     "429": "rate limit or budget exceeded (see Retry-After)",
     "502": "the engine failed or rejected the request",
-    "503": "no replica of the pool is available",
+    "503": "no replica of the pool is available, or the tenant's limits cannot be checked (Redis unreachable) and "
+           "its policy fails closed (see Retry-After)",
     "504": "the request deadline passed",
 }
 
