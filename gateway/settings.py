@@ -58,6 +58,7 @@ class Settings:
     probe_interval_s: float = 1.0
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
     request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
+    router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
 
     @property
     def outbox_dir(self) -> Path:
@@ -132,6 +133,10 @@ OPTIONS: tuple[Option, ...] = (
            metavar="SECONDS"),
     Option("home", HOME_ENV, Path, "state folder: engine logs, demo models, router caches, the ledger outbox",
            metavar="DIR"),
+    Option("router_artifact", "CASCADE_ROUTER_ARTIFACT", Path, "router artifact (.json) the classifier scorer "
+           "serves (none: the last one promoted into $CASCADE_HOME/router, else the shipped one; "
+           "router_models/artifacts/complexity-router-static.json is the fast one, see the model card)",
+           metavar="FILE"),
     Option("request_log", "CASCADE_REQUEST_LOG", Path, "append each request (with its prompt) as JSONL for "
            "`cascade policy replay` and `cascade router calibrate`; off by default", metavar="FILE"),
 )

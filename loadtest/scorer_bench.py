@@ -25,20 +25,17 @@ import asyncio
 import itertools
 import json
 import os
-import random
 import statistics
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.offered_load import Result, ScoreOne, offer_load
 from loadtest.scorer_prompts import timing_prompts
 
 __all__ = ["TARGET_P99_MS", "TARGET_P99_RATE", "TARGET_SUSTAINED", "Result", "main", "offer_load", "parse_variants",
            "verdicts"]
 
-ScoreOne = Callable[[str], Awaitable[float | None]]
 
 TARGET_P99_RATE = 100.0  # req/s offered ...
 TARGET_P99_MS = 20.0  # ... with p99 under this
@@ -50,56 +47,6 @@ _SUSTAINED_P99_MS = 100.0  # ... with p99 under this (a queue that grows for a w
 def _prompt_count(args: argparse.Namespace) -> int:
     rates = [float(r) for r in args.rates.split(",")]
     return int(sum(rates) * args.duration * args.repeats * 1.2) + 1000
-
-
-@dataclass(frozen=True)
-class Result:
-    """One load level: offered rate (req/s), achieved throughput (req/s), latencies in ms."""
-
-    offered: float
-    completed: int
-    throughput: float
-    p50_ms: float
-    p99_ms: float
-    errors: int
-    cpu_ms: float
-
-
-async def offer_load(score_one: ScoreOne, prompts: Iterator[str], rate: float, duration: float,
-                     repeat_share: float, seed: int) -> Result:
-    """Poisson arrivals at `rate` req/s for `duration` s; each arrival scores one prompt."""
-    rng = random.Random(seed)
-    latencies: list[float] = []
-    errors = [0]
-    start = time.perf_counter()
-    cpu_start = time.process_time()
-
-    async def one(text: str, scheduled: float) -> None:
-        try:
-            await score_one(text)
-            latencies.append((time.perf_counter() - scheduled) * 1000)
-        except Exception:  # a failed request counts as an error, not a latency
-            errors[0] += 1
-
-    tasks: list[asyncio.Task[None]] = []
-    sent: list[str] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t > duration:
-            break
-        delay = start + t - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        text = rng.choice(sent[-200:]) if sent and rng.random() < repeat_share else next(prompts)
-        sent.append(text)
-        tasks.append(asyncio.create_task(one(text, start + t)))
-    await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
-    cpu_ms = (time.process_time() - cpu_start) * 1000 / max(1, len(latencies))
-    lat = sorted(latencies) or [float("nan")]
-    return Result(rate, len(latencies), len(latencies) / elapsed, statistics.median(lat),
-                  lat[min(len(lat) - 1, int(0.99 * len(lat)))], errors[0], cpu_ms)
 
 
 Scorer = tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]

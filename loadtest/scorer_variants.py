@@ -2,9 +2,10 @@
 
 `scorer_bench --trees OLD,NEW` starts one worker per tree (e.g. a `git worktree` of an older commit and `.`).
 A worker puts the tree first on `sys.path`, so `router_models` (the scorer under test) comes from that tree,
-while the load generator (`offer_load`) is this file's, identical for all. Each worker builds the tree's
-`load_scorer()` with that tree's own defaults (batching, threads), as the gateway would, and reads the same
-prompt file, so every variant sees the same prompts and the same Poisson arrivals in the same order.
+while the load generator (`offered_load.offer_load`, imported before the tree goes on the path) is this
+repository's, identical for all. Each worker builds the tree's `load_scorer()` with that tree's own defaults
+(batching, threads), as the gateway would, and reads the same prompt file, so every variant sees the same
+prompts and the same Poisson arrivals in the same order.
 
 The parent sends one JSON line per load cell on the worker's stdin and reads one JSON line back on stdout;
 only one worker runs load at a time (the others sit idle), so the variants never compete for the CPU and
@@ -25,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from loadtest.offered_load import offer_load
 
 if TYPE_CHECKING:  # typing only: at run time router_models must come from the tree under test
     from router_models.serving import ClassifierScorer
@@ -97,8 +100,6 @@ def _prompts(path: Path) -> Iterator[str]:
 
 
 async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str]) -> None:
-    from loadtest.scorer_bench import offer_load
-
     async def score_one(text: str) -> float:
         return (await scorer.score([text]))[0]
 

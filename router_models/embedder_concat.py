@@ -9,11 +9,13 @@ another run is not embedded again.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from router_models.embedder import Embedder
+if TYPE_CHECKING:  # the protocol only: `embedder.make_embedder` builds concatenations, so no import back
+    from router_models.embedder import Embedder
 
 __all__ = ["SEPARATOR", "ConcatEmbedder", "part_names"]
 

@@ -28,7 +28,7 @@ from router_models.train import FEATURE_SETS, TrainConfig, features, fit_router,
 __all__ = ["DEFAULT_TARGET", "EvalRequest", "TrainRequest", "run_eval", "run_training"]
 
 DEFAULT_TARGET = "irt-fail"
-DEFAULT_TRAIN_EMBEDDER = "all-MiniLM-L6-v2:static"  # the scorer's speed targets; the trade: MODEL_CARD.md
+DEFAULT_TRAIN_EMBEDDER = "all-MiniLM-L6-v2:onnx-int8:t64:l3"  # quality first; the fast option: MODEL_CARD.md
 DEFAULT_FEATURES = "embedding+structure"
 
 

@@ -112,7 +112,7 @@ def _make_scorer(settings: Settings) -> Scorer | None:
         return LengthScorer()
     from router_models.serving import load_scorer  # loads the embedding model: seconds
 
-    return load_scorer()
+    return load_scorer(str(settings.router_artifact) if settings.router_artifact else None)
 
 
 async def _make_ledger(settings: Settings) -> Ledger:

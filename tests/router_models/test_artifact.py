@@ -84,10 +84,14 @@ def test_shipped_artifact_is_valid_and_small() -> None:
     assert size < 5_000_000
 
 
-def test_shipped_artifact_states_its_leave_one_source_out_figures() -> None:
-    """The figures the shipped artifact reports about itself come from held-out sources of real outcomes:
+FAST_ARTIFACT = DEFAULT_ARTIFACT.with_name("complexity-router-static.json")
+
+
+@pytest.mark.parametrize("path", [DEFAULT_ARTIFACT, FAST_ARTIFACT], ids=["default", "fast"])
+def test_shipped_artifact_states_its_leave_one_source_out_figures(path: Path) -> None:
+    """The figures each shipped artifact reports about itself come from held-out sources of real outcomes:
     mean APGR clearly above random routing (0.5) and a 21-point cost-quality curve from share 0 to 1."""
-    meta = load_artifact(DEFAULT_ARTIFACT).metadata
+    meta = load_artifact(path).metadata
     mean = meta["evaluation"]["mean"]
     assert mean["apgr"] > 0.55, mean
     assert 0.0 <= mean["brier"] <= 0.25 and 0.0 <= mean["ece"] <= 0.2, mean
@@ -98,3 +102,10 @@ def test_shipped_artifact_states_its_leave_one_source_out_figures() -> None:
     assert len(shares) == len(pgr) == 21
     assert shares[0] == pytest.approx(0.0) and shares[-1] == pytest.approx(1.0)
     assert shares == sorted(shares) and pgr[-1] == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_default_artifact_is_the_better_router_and_the_fast_one_is_static() -> None:
+    """Quality first: the default routes at least as well, leave one source out, as the fast one it ships with."""
+    default, fast = load_artifact(DEFAULT_ARTIFACT), load_artifact(FAST_ARTIFACT)
+    assert fast.embedder == "all-MiniLM-L6-v2:static" and "static" not in default.embedder
+    assert default.metadata["evaluation"]["mean"]["apgr"] >= fast.metadata["evaluation"]["mean"]["apgr"]
