@@ -92,10 +92,9 @@ started=$(date +%s)
 # --format docker keeps the HEALTHCHECK (the OCI image format has none)
 podman build --format docker --layers -f deploy/Dockerfile "${ARGS[@]}" \
   --label "org.cascade.source-hash=$HASH" -t "$TAG" -t "localhost/cascade-gateway:src-$HASH" . >&2
-# older builds of this image: untag them and drop their layers (only images this script labelled)
+# older source tags go (their images stay as build cache: `podman image prune` would empty that cache too)
 podman images --format '{{.Repository}}:{{.Tag}}' | grep '^localhost/cascade-gateway:src-' | \
-  grep -v ":src-$HASH\$" | xargs -r podman untag >/dev/null 2>&1 || true
-podman image prune -f --filter label=org.cascade.source-hash >/dev/null 2>&1 || true
+  grep -v ":src-$HASH\$" | xargs -r -I{} podman untag {} {} >/dev/null 2>&1 || true
 say "built $TAG in $(elapsed "$started"); size $(podman image inspect --format '{{.Size}}' "$TAG" | \
   awk '{printf "%.2f GB", $1/1e9}')"
 echo "$TAG"
