@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from gateway.costs.report import Reconciliation, verify
 from gateway.ledger.keys import LedgerKeys
 from loadtest.fake_upstream import FakeUpstream
-from tests.servers import serve
+from tests.servers import PrivateRedis, serve
 
 # The tests assert the tiny demo models' behaviour: a real micro model chosen for the demo must not leak in.
 os.environ.pop("CASCADE_DEMO_MICRO", None)
@@ -94,3 +94,13 @@ def policy_file(tmp_path: Path, upstreams: tuple[FakeUpstream, str, FakeUpstream
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(micro_url, flagship_url))
     return path
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 import uvicorn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,11 +28,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(app: Any, port: int | None = None) -> Iterator[str]:
-    """Serve `app` until the block ends; yields its base URL."""
+def serve(app: Any, port: int | None = None, **options: Any) -> Iterator[str]:
+    """Serve `app` with uvicorn in a thread until the block ends; yields its base URL (https when `options`
+    name an `ssl_certfile`). `options` are more `uvicorn.Config` arguments, overriding the defaults here."""
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="asyncio",
-                            http="httptools", lifespan="on")
+    settings: dict[str, Any] = {"log_level": "warning", "loop": "asyncio", "http": "httptools", "lifespan": "on"}
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, **(settings | options))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -41,7 +43,7 @@ def serve(app: Any, port: int | None = None) -> Iterator[str]:
             raise RuntimeError("test server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if options.get('ssl_certfile') else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -86,3 +88,34 @@ def start_gateway(policy: Path, port: int, prefix: str, home: Path, env: Mapping
         proc.kill()
         raise
     return proc
+
+
+class PrivateRedis:
+    """A redis-server this test owns (started, stopped and restarted by pid; data in `directory`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = directory
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self._dir),
+               "--save", "", "--appendonly", "yes", "--appendfsync", "always"]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if redis.Redis.from_url(self.url, socket_timeout=0.5).ping():
+                    return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGKILL: an abrupt outage (acknowledged writes are in the fsynced append-only file)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+            self._proc = None

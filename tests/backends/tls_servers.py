@@ -7,21 +7,18 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.servers import free_port
+from tests.servers import serve
 
 _DAY = datetime.timedelta(days=1)
 
@@ -92,22 +89,7 @@ class CertificateAuthority:
 def serve_tls(app: Any, server_cert: Issued, client_ca: Path | None = None) -> Iterator[str]:
     """Serve `app` over https on a free loopback port until the block ends; yields its base URL. With
     `client_ca`, the server requires a client certificate signed by it (mutual TLS)."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", loop="asyncio",
-                            http="httptools", lifespan="off", ssl_certfile=str(server_cert.cert),
-                            ssl_keyfile=str(server_cert.key),
-                            ssl_ca_certs=str(client_ca) if client_ca else None,
-                            ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca else ssl.CERT_NONE)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("TLS test server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve(app, log_level="critical", lifespan="off", ssl_certfile=str(server_cert.cert),
+               ssl_keyfile=str(server_cert.key), ssl_ca_certs=str(client_ca) if client_ca else None,
+               ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca else ssl.CERT_NONE) as url:
+        yield url

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.app import create_app
@@ -29,51 +26,10 @@ from gateway.ledger.store import RedisLedger
 from gateway.settings import Settings
 from tests.chaos.traffic import Kind, Traffic, reconcile
 from tests.conftest import policy_yaml
-from tests.servers import free_port, serve
+from tests.servers import PrivateRedis, serve
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 Upstreams = tuple[Any, str, Any, str]
-
-
-class PrivateRedis:
-    """A redis-server this test owns (started, stopped and restarted by pid; data in `directory`)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._dir = directory
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        cmd = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self._dir),
-               "--save", "", "--appendonly", "yes", "--appendfsync", "always"]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if redis.Redis.from_url(self.url, socket_timeout=0.5).ping():
-                    return
-            except redis.RedisError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        """SIGKILL: an abrupt outage (acknowledged writes are in the fsynced append-only file)."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-            self._proc = None
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _body(i: int) -> dict[str, Any]:

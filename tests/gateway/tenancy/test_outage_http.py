@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.settings import Settings
-from tests.chaos.test_redis_outage import PrivateRedis
 from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.servers import PrivateRedis, serve
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 Upstreams = tuple[Any, str, Any, str]
@@ -35,16 +33,6 @@ TENANTS = f"""tenants:
   free: {{api_key_sha256: ['{hash_key("sk-free")}'], on_redis_outage: fail_closed}}
 """
 KEYS = ("sk-strict", "sk-lenient", "sk-frugal", "sk-free")
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _post(url: str, key: str) -> httpx.Response:
