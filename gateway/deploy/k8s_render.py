@@ -169,7 +169,8 @@ def _redis(values: Values) -> list[Manifest]:
     probe = {"tcpSocket": {"port": r.port}, "periodSeconds": 10, "failureThreshold": 3}
     container = {
         "name": "redis", "image": r.image,
-        "args": ["redis-server", "--port", str(r.port), "--appendonly", "yes", "--dir", "/data"],
+        "args": ["redis-server", "--port", str(r.port), "--appendonly", "yes", "--appendfsync", "always",
+                 "--dir", "/data"],
         "ports": [{"name": "redis", "containerPort": r.port}], "resources": _resources(r.resources),
         "readinessProbe": probe, "livenessProbe": probe, "volumeMounts": [{"name": "data", "mountPath": "/data"}],
     }
@@ -206,11 +207,14 @@ def _gateway_deployment(values: Values, policy: Policy, labels: dict[str, str]) 
         "readinessProbe": _http_probe("/readyz", g.port, 5, 2),
         "livenessProbe": _http_probe("/healthz", g.port, 10, 3),
         "volumeMounts": [{"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
-                         {"name": "state", "mountPath": STATE_DIR}],
+                         # the outbox only: the rest of the state folder holds what the image baked in
+                         # (the router's embedder), which a volume over the whole folder would hide
+                         {"name": "state", "mountPath": f"{STATE_DIR}/outbox"}],
     }
     annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(g.port), "prometheus.io/path": "/metrics"}
     pod = {"metadata": {"labels": labels, "annotations": annotations},
            "spec": {"terminationGracePeriodSeconds": 40, "containers": [container],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
                     "volumes": [{"name": "policy", "configMap": {"name": f"{values.name}-policy"}},
                                 {"name": "state", "emptyDir": {}}]}}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(values, f"{values.name}-gateway", labels),
