@@ -10,6 +10,7 @@ Errors follow `backends.engine_protocol`'s contract; a failed TLS handshake is `
 
 from __future__ import annotations
 
+import errno
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -44,7 +45,9 @@ def _unavailable(where: str, exc: BaseException, settings: ConnectionSettings) -
     if isinstance(exc, aiohttp.ClientSSLError) or isinstance(cause, ssl.SSLError):
         return EngineTLSError(f"{where}: TLS handshake failed: {cause or exc}")
     hint = ""
-    if isinstance(exc, aiohttp.ServerDisconnectedError) and where.startswith("https:"):
+    reset = isinstance(exc, aiohttp.ClientOSError) and exc.errno == errno.ECONNRESET
+    if (isinstance(exc, aiohttp.ServerDisconnectedError) or reset) and where.startswith("https:"):
+        # closed or reset, depending on timing: both are how the refusal shows
         hint = (" (a TLS server that requires a client certificate hangs up like this when it gets none it "
                 f"trusts; client_cert: {settings.client_cert or 'none'})")
     return EngineUnavailable(f"{where}: {type(exc).__name__}: {exc}{hint}")
