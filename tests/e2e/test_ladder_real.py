@@ -7,9 +7,10 @@ defaults the cache never fills. The flagship engine therefore gets a cache of 64
 requests of ~200 prompt + 600 generated tokens keep `vllm:kv_cache_usage_perc` between ~0.6 and 1.0 (vLLM
 preempts and recomputes when it is full) and it falls to 0 as soon as they are cancelled.
 
-The ladder watches the flagship's `kv_cache_usage`: a `truncate_context` step and a `fallback_pool` step to
-micro. The fallback remaps the flagship pool for every request, pinned ones included (`policies.decide`:
-the ladder's remap comes after the pinned pool is chosen), so a request pinned to `flagship` shows it.
+The ladder watches the flagship's `kv_cache_usage`: a `truncate_context` step (`scope: all`, so it also cuts the
+requests the next step moves away from the flagship) and a `fallback_pool` step to micro. The fallback remaps
+the flagship pool for every request, pinned ones included (`policies.decide`: the ladder's remap comes after the
+pinned pool is chosen), so a request pinned to `flagship` shows it.
 
 Slow (engine start-up is minutes on 2 CPU cores): one gateway and its two engines, one test.
 """
@@ -50,7 +51,8 @@ FLAGSHIP_ARGS = ["--enforce-eager", "--block-size", "32", "--num-gpu-blocks-over
 LADDER = {
     "steps": [
         {"name": TRUNCATE, "signal": "kv_cache_usage", "pool": "flagship", "enter_above": 0.6, "exit_below": 0.15,
-         "hold_s": 2, "action": {"type": "truncate_context", "max_tokens": 64}},
+         "hold_s": 2, "action": {"type": "truncate_context", "max_tokens": 64},
+         "scope": "all"},  # also the traffic the fallback below moves to micro (scope: pool would spare it)
         {"name": FALLBACK, "signal": "kv_cache_usage", "pool": "flagship", "enter_above": 0.75,
          "exit_below": 0.15, "hold_s": 2, "action": {"type": "fallback_pool", "to_pool": "micro"}},
     ]
