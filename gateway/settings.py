@@ -24,6 +24,7 @@ from backends.transports import DEFAULT_TRANSPORT, TRANSPORTS, Transport
 __all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "default_home", "export_home", "from_args"]
 
 HOME_ENV = "CASCADE_HOME"
+REDIS_URL = "redis://127.0.0.1:6379/0"  # the default, where $CASCADE_REDIS_URL is not set
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
@@ -42,7 +43,7 @@ def export_home(home: Path | None = None) -> Path:
 @dataclass(frozen=True, slots=True)
 class Settings:
     policy_path: Path
-    redis_url: str = field(default_factory=lambda: os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    redis_url: str = field(default_factory=lambda: os.environ.get("CASCADE_REDIS_URL", REDIS_URL))
     redis_prefix: str = "cascade:"
     scorer: Literal["classifier", "length", "none"] = "classifier"
     start_engines: bool = True
@@ -149,7 +150,7 @@ def _env_default(option: Option, env: Mapping[str, str]) -> Any:
         if option.name == "home":
             return default_home(env)
         if option.name == "redis_url":
-            return "redis://127.0.0.1:6379/0"
+            return REDIS_URL
         return _DEFAULTS.get(option.name)
     try:
         value = option.parse(text)

@@ -186,17 +186,13 @@ def _needs_int8_demo(policy: Path) -> bool:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from backends.demo_models import MICRO_ENV, demo_model_dir, ensure_demo_models, models_root
+    from backends.demo_models import MICRO_ENV
     from gateway.settings import Settings
     from policies.loader import default_policy_path
 
     if args.with_fallback and Path(args.policy) == default_policy_path():
         args.policy = str(default_policy_path().with_name("demo-ladder.yaml"))
     os.environ[MICRO_ENV] = args.micro  # the gateway and its engines inherit it: demo:micro follows
-    ensure_demo_models()
-    micro = demo_model_dir(models_root(), "micro").name
-    shown = "SmolLM2-135M-Instruct (real answers)" if micro == "smollm2" else "tiny random Llama (meaningless text)"
-    print(f"micro pool model: {shown}; flagship: tiny random Mixtral (meaningless text)", flush=True)
     settings = Settings(policy_path=Path(args.policy))
     try:
         print(ensure_redis(settings.redis_url), flush=True)
@@ -215,6 +211,7 @@ def run_demo(args: argparse.Namespace) -> int:
     proc = _start_gateway(args, log_path)
     try:
         _wait_ready(base, proc, args.timeout, log_path)
+        _print_models()
         _send_prompts(base, args.max_tokens)
         time.sleep(0.5)  # cost records are written just after each answer
         print()
@@ -225,6 +222,16 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         print("stopping the gateway and its engines", flush=True)
         stop_process_group(proc)
+
+
+def _print_models() -> None:
+    """Which model answers in the micro pool: read once its engine is up, since the engine's start built it
+    (a real model that could not be had leaves the tiny one in its place)."""
+    from backends.demo_models import demo_model_dir, models_root
+
+    micro = demo_model_dir(models_root(), "micro").name
+    shown = "SmolLM2-135M-Instruct (real answers)" if micro == "smollm2" else "tiny random Llama (meaningless text)"
+    print(f"micro pool model: {shown}; flagship: tiny random Mixtral (meaningless text)", flush=True)
 
 
 def _print_costs(redis_url: str) -> int:
