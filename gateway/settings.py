@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from backends.transports import DEFAULT_TRANSPORT, TRANSPORTS, Transport
 
-__all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "default_home", "export_home", "from_args"]
+__all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "argparse_type", "default_home", "export_home",
+           "from_args", "positive_int"]
 
 HOME_ENV = "CASCADE_HOME"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the default, where $CASCADE_REDIS_URL is not set
@@ -66,7 +67,7 @@ class Settings:
         return self.home / "outbox"
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError(f"must be >= 1, got {value}")
@@ -88,7 +89,7 @@ def _positive_float(text: str) -> float:
 
 
 def _optional_cap(text: str) -> int | None:
-    return None if text.strip().lower() in ("", "none", "0") else _positive_int(text)
+    return None if text.strip().lower() in ("", "none", "0") else positive_int(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +114,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("redis_prefix", "CASCADE_REDIS_PREFIX", str, "key prefix of everything the gateway keeps in Redis"),
     Option("ledger", "CASCADE_LEDGER", str, "where cost records go (memory: experiments only, nothing is kept)",
            choices=("redis", "memory")),
-    Option("ledger_retention_days", "CASCADE_LEDGER_RETENTION_DAYS", _positive_int,
+    Option("ledger_retention_days", "CASCADE_LEDGER_RETENTION_DAYS", positive_int,
            "keep per-request cost records this long (rollups are kept for good)", metavar="DAYS"),
     Option("scorer", "CASCADE_SCORER", str, "complexity scorer: the trained classifier, a length heuristic, or "
            "none (everything 'auto' goes to the micro pool)", choices=("classifier", "length", "none")),
     Option("transport", "CASCADE_TRANSPORT", str, "HTTP client for plain-http engines on this host (remote and "
            "TLS pools always use aiohttp; see BENCHMARKS.md)", choices=TRANSPORTS),
-    Option("max_body_bytes", "CASCADE_MAX_BODY_BYTES", _positive_int,
+    Option("max_body_bytes", "CASCADE_MAX_BODY_BYTES", positive_int,
            "largest request body accepted (413 above it)", metavar="BYTES"),
-    Option("max_messages", "CASCADE_MAX_MESSAGES", _positive_int, "most messages in one request (400 above it)",
+    Option("max_messages", "CASCADE_MAX_MESSAGES", positive_int, "most messages in one request (400 above it)",
            metavar="N"),
     Option("max_tokens_cap", "CASCADE_MAX_TOKENS_CAP", _optional_cap,
            "clamp max_tokens / max_completion_tokens to this (none: up to the pool's context)", metavar="TOKENS"),
@@ -161,15 +162,16 @@ def _env_default(option: Option, env: Mapping[str, str]) -> Any:
     return value
 
 
-def _argparse_type(option: Option) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
+def argparse_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """`parse` as an argparse `type=`: its ValueError becomes a usage error that keeps the message."""
+    def checked(text: str) -> Any:
         try:
-            return option.parse(text)
+            return parse(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from exc
 
-    parse.__name__ = option.name  # argparse names the type in its error message
-    return parse
+    checked.__name__ = name  # argparse names the type in its error message
+    return checked
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
@@ -180,8 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     for option in OPTIONS:
         default = _env_default(option, env)
         shown = "none" if default is None else default
-        group.add_argument(option.flag, dest=option.name, type=_argparse_type(option), default=default,
-                           choices=option.choices, metavar=option.metavar,
+        group.add_argument(option.flag, dest=option.name, type=argparse_type(option.parse, option.name),
+                           default=default, choices=option.choices, metavar=option.metavar,
                            help=f"{option.help} (${option.env}; default {shown})")
     group.add_argument("--no-engines", dest="start_engines", action="store_false",
                        help="do not start local engines; expect them on their base ports")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gateway.settings import Settings, add_arguments, from_args
+from gateway.settings import Settings, add_arguments, argparse_type, from_args, positive_int
 from policies.loader import default_policy_path
 
 __all__ = ["register"]
@@ -64,13 +64,6 @@ def _startup_problem(policy: Path, scorer: str, artifact: Path | None = None) ->
     return None
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `serve`; every setting of `gateway.settings.OPTIONS` is a flag with an environment variable."""
     p = sub.add_parser(
@@ -81,7 +74,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--policy", default=str(default_policy_path()), help="policy YAML (default: the demo policy)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--workers", type=_positive, default=1, metavar="N",
+    p.add_argument("--workers", type=argparse_type(positive_int, "workers"), default=1, metavar="N",
                    help="gateway processes sharing the port (SO_REUSEPORT) and one Redis; local engines are "
                    "started once, by the parent process (default 1; rule of thumb: one per core)")
     p.add_argument("--log-level", default="INFO", type=str.upper,
