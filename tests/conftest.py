@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -97,10 +98,20 @@ def policy_file(tmp_path: Path, upstreams: tuple[FakeUpstream, str, FakeUpstream
 
 
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+def stopped_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A private redis-server not started yet (the test starts it, e.g. after an outage), its data in
+    `tmp_path`; killed afterwards. Skips where no `redis-server` binary is installed."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed")
     server = PrivateRedis(tmp_path)
-    server.start()
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()
+
+
+@pytest.fixture
+def private_redis(stopped_redis: PrivateRedis) -> PrivateRedis:
+    """`stopped_redis`, started."""
+    stopped_redis.start()
+    return stopped_redis

@@ -56,7 +56,7 @@ async def test_redis_outage_under_load_spills_to_the_outbox_and_replays_once(
         traffic.start()
         await traffic.wait_for(lambda: traffic.count()[Kind.COMPLETED] >= 30, 30, "traffic before the outage")
 
-        private_redis.stop()
+        private_redis.kill()
         down_at = time.monotonic()
         await traffic.wait_for(lambda: ledger.counts.spilled >= 30, 30, "records spilled to the outbox")
         await traffic.wait_for(lambda: traffic.count(since=down_at + 1)[Kind.COMPLETED] >= 20, 30,
@@ -127,7 +127,7 @@ async def test_redis_outage_under_load_applies_each_tenants_outage_policy(
                               30, "traffic before the outage")
 
         kill_at = time.monotonic()
-        private_redis.stop()
+        private_redis.kill()
         down_at = time.monotonic()
         await strict.wait_for(lambda: strict.count(since=down_at + 1.5)[Kind.FAILED] >= 20
                               and lenient.count(since=down_at + 1.5)[Kind.COMPLETED] >= 20, 30, "traffic during")

@@ -8,11 +8,8 @@ import asyncio
 import dataclasses
 import math
 import os
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +28,7 @@ from gateway.ledger.store import (
     validate_record,
 )
 from tests.conftest import SHARED_URL
-from tests.servers import free_port
+from tests.servers import PrivateRedis, free_port
 
 DAY0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -78,48 +75,6 @@ async def assert_exact(url: str, keys: LedgerKeys, recs: list[CostRecord]) -> No
         assert sorted(ids) == sorted(r.request_id for r in recs)
     finally:
         await client.aclose()
-
-
-
-
-class RedisProcess:
-    """A private redis-server (AOF with fsync always, like production should run) that tests kill and
-    restart. Stopped by its own PID only."""
-
-    def __init__(self, port: int, data_dir: Path) -> None:
-        self.port = port
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.data_dir = data_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.data_dir)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()  # SIGKILL: a crash, not a clean shutdown
-            self.proc.wait()
-            self.proc = None
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
-    data = tmp_path / "redis-data"
-    data.mkdir()
-    server = RedisProcess(free_port(), data)
-    yield server
-    server.kill()
 
 
 @pytest.fixture
@@ -266,10 +221,9 @@ async def test_same_request_id_counts_once(ledger: RedisLedger) -> None:
 
 
 @pytest.mark.redis
-async def test_records_after_redis_forgot_the_script(tmp_path: Path, private_redis: RedisProcess) -> None:
+async def test_records_after_redis_forgot_the_script(tmp_path: Path, private_redis: PrivateRedis) -> None:
     """The batch runs the record script by its SHA; a Redis that lost it (restart, SCRIPT FLUSH) gets it
     loaded again and the batch still counts once, not spilled and not doubled."""
-    private_redis.start()
     led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
     await led.start()
     await asyncio.gather(*(led.record(make_record(i)) for i in range(5)))
@@ -319,27 +273,26 @@ async def test_cancelled_caller_still_records(ledger: RedisLedger) -> None:
 
 
 @pytest.mark.redis
-async def test_outage_goes_to_outbox_then_drains(tmp_path: Path, private_redis: RedisProcess) -> None:
-    led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
+async def test_outage_goes_to_outbox_then_drains(tmp_path: Path, stopped_redis: PrivateRedis) -> None:
+    led = RedisLedger(stopped_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
     await led.start()  # nothing listens yet: start must not fail
     recs = [make_record(i) for i in range(200)]
     began = time.monotonic()
     await asyncio.gather(*(led.record(r) for r in recs))
     assert time.monotonic() - began < 3.0, "an outage must not stall requests"
     assert led.counts.spilled == 200
-    private_redis.start()
+    stopped_redis.start()
     await wait_for(lambda: led.counts.replayed == 200)
     assert await led.drain()  # waits for the background drain to finish; Redis is marked up
     await led.record(recs[0])  # back on the direct path, still idempotent
     assert led.counts.duplicates == 1
     await led.aclose()
-    await assert_exact(private_redis.url, LedgerKeys("t:"), recs)
+    await assert_exact(stopped_redis.url, LedgerKeys("t:"), recs)
     assert not list((tmp_path / "outbox").glob("*.jsonl"))
 
 
 @pytest.mark.redis
-async def test_redis_crash_during_load_loses_and_doubles_nothing(tmp_path: Path, private_redis: RedisProcess) -> None:
-    private_redis.start()
+async def test_redis_crash_during_load_loses_and_doubles_nothing(tmp_path: Path, private_redis: PrivateRedis) -> None:
     led = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=0.05)
     await led.start()
     recs = [make_record(i) for i in range(600)]
@@ -364,19 +317,19 @@ async def test_redis_crash_during_load_loses_and_doubles_nothing(tmp_path: Path,
 
 
 @pytest.mark.redis
-async def test_restart_drains_leftover_outbox_first(tmp_path: Path, private_redis: RedisProcess) -> None:
-    down = RedisLedger(private_redis.url, tmp_path / "outbox", "t:")
+async def test_restart_drains_leftover_outbox_first(tmp_path: Path, stopped_redis: PrivateRedis) -> None:
+    down = RedisLedger(stopped_redis.url, tmp_path / "outbox", "t:")
     await down.start()
     recs = [make_record(i) for i in range(50)]
     await asyncio.gather(*(down.record(r) for r in recs))
     await down.aclose()  # the "gateway" stops with a non-empty outbox
     assert (tmp_path / "outbox" / "ledger-outbox.jsonl").stat().st_size > 0
-    private_redis.start()
-    restarted = RedisLedger(private_redis.url, tmp_path / "outbox", "t:", drain_interval_s=3600)
+    stopped_redis.start()
+    restarted = RedisLedger(stopped_redis.url, tmp_path / "outbox", "t:", drain_interval_s=3600)
     await restarted.start()
     assert restarted.counts.replayed == 50
     await restarted.aclose()
-    await assert_exact(private_redis.url, LedgerKeys("t:"), recs)
+    await assert_exact(stopped_redis.url, LedgerKeys("t:"), recs)
 
 
 def test_outbox_files_are_private(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger, record_to_
 from gateway.tenancy.budgets import BudgetGuard, StaticBudgets, evaluate
 from policies.schema import Budget
 from tests.conftest import SHARED_URL
-from tests.gateway.ledger.test_ledger import free_port
+from tests.servers import free_port
 
 JAN15 = 1_768_435_200.0  # 2026-01-15T00:00:00Z
 REPO = Path(__file__).resolve().parents[3]

@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from gateway.errors import RateLimited
 from gateway.tenancy.limits import Limiter, MemoryRateLimiter, RateLimiter
 from policies.schema import RateLimits
 from tests.conftest import SHARED_URL
-from tests.gateway.ledger.test_ledger import RedisProcess, free_port
+from tests.servers import PrivateRedis, free_port
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REPO = Path(__file__).resolve().parents[3]
@@ -273,46 +272,36 @@ async def test_fail_open_when_redis_unreachable(caplog: pytest.LogCaptureFixture
 
 @pytest.mark.redis
 async def test_fail_open_then_enforces_again_when_redis_returns(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    stopped_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
-    server = RedisProcess(free_port(), tmp_path)
-    conn = aioredis.Redis.from_url(server.url)
+    conn = aioredis.Redis.from_url(stopped_redis.url)
     limiter = RateLimiter(conn, "t:", retry_interval_s=0.05)
     limits = RateLimits(requests_per_minute=1)
     try:
         with caplog.at_level(logging.WARNING, logger="gateway.tenancy.limits"):
             for _ in range(3):
                 await limiter.admit("acme", limits, 1)  # down: all admitted unchecked
-            server.start()
+            stopped_redis.start()
             await asyncio.sleep(0.1)  # past the back-off
             assert await limiter.admit("acme", limits, 1) is True  # checked: the first in the window
             with pytest.raises(RateLimited):
                 await limiter.admit("acme", limits, 1)
     finally:
         await conn.aclose()
-        server.kill()
     assert (limiter.counts.fail_open, limiter.counts.admitted, limiter.counts.limited) == (3, 1, 1)
     assert any("reachable again" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.redis
-async def test_checks_resume_on_the_first_call_after_a_redis_restart(tmp_path: Path) -> None:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
-    server = RedisProcess(free_port(), tmp_path)
-    server.start()
-    conn = aioredis.Redis.from_url(server.url)
+async def test_checks_resume_on_the_first_call_after_a_redis_restart(private_redis: PrivateRedis) -> None:
+    conn = aioredis.Redis.from_url(private_redis.url)
     limiter = RateLimiter(conn, "t:", retry_interval_s=0.05)
     limits = RateLimits(requests_per_minute=1000)
     try:
         assert all(await asyncio.gather(*(limiter.admit("acme", limits, 1) for _ in range(8))))  # 8 connections
-        server.kill()
-        server.start()
+        private_redis.restart()
         # each pooled connection fails once ("closed by server"); one call retries past them
         assert await limiter.admit("acme", limits, 1) is True
     finally:
         await conn.aclose()
-        server.kill()
     assert limiter.counts.fail_open == 0

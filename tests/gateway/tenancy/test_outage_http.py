@@ -65,7 +65,7 @@ def test_each_tenant_policy_applies_while_redis_is_down(
     with serve(create_app(settings)) as url, caplog.at_level(logging.INFO, logger="cascade.admission"):
         assert _codes(url) == dict.fromkeys(KEYS, 200)  # Redis up: every check runs
 
-        private_redis.stop()
+        private_redis.kill()
         time.sleep(1.1)  # past the budget guard's 1 s spend cache, which still answers from what it read
         rounds = [_codes(url) for _ in range(8)]
         assert rounds == [{"sk-strict": 503, "sk-lenient": 200, "sk-frugal": 503, "sk-free": 200}] * 8
