@@ -33,7 +33,7 @@ from gateway.costs.report import (
 )
 from gateway.ledger.store import LedgerKeys
 
-__all__ = ["print_report", "register", "render"]
+__all__ = ["print_report", "register", "render", "write_report"]
 
 T = TypeVar("T")
 _MAX_DAYS = 3660
@@ -95,40 +95,49 @@ def _day(text: str) -> date:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    if (code := _check_range(args)) is not None:
+    return write_report(args.redis_url, args.prefix, args.start, args.end, by=args.by, fmt=args.format,
+                        out=args.out, policy=args.policy, artifact=args.artifact)
+
+
+def write_report(redis_url: str, prefix: str, start: date, end: date, *, by: str = "tenant", fmt: str = "table",
+                 out: Path | None = None, policy: Path | None = None, artifact: Path | None = None) -> int:
+    """`cascade costs report`: the ledger under `prefix` from UTC day `start` to `end` (both included), grouped
+    by `by` in format `fmt`, with the quality kept estimated from `policy` (default: the demo policy) and
+    `artifact` (default: the shipped router's), written to `out` or stdout. Returns the exit code: 0, or 2
+    after one line on stderr (a bad range, Redis unreachable)."""
+    if (code := _check_range(start, end)) is not None:
         return code
-    keys = LedgerKeys(args.prefix)
-    report = _with_redis(args.redis_url, lambda client: load_report(client, keys, args.start, args.end))
+    keys = LedgerKeys(prefix)
+    report = _with_redis(redis_url, lambda client: load_report(client, keys, start, end))
     if report is None:
         return 2
-    text = render(_with_quality(report, args), args.by, args.format)
-    write_output(text, args.out)
+    text = render(_with_quality(report, redis_url, prefix, policy, artifact), by, fmt)
+    write_output(text, out)
     return 0
 
 
 def print_report(redis_url: str, by: str = "tenant", days: int = 7, prefix: str = "cascade:") -> int:
     """Print the table report of the last `days` UTC days (today included), as `cascade costs report` does."""
     end = datetime.now(UTC).date()
-    args = argparse.Namespace(start=end - timedelta(days=days - 1), end=end, redis_url=redis_url, prefix=prefix,
-                              by=by, format="table", out=None, policy=None, artifact=None)
-    return _run_report(args)
+    return write_report(redis_url, prefix, end - timedelta(days=days - 1), end, by=by)
 
 
-def _with_quality(report: CostReport, args: argparse.Namespace) -> CostReport:
+def _with_quality(report: CostReport, redis_url: str, prefix: str, policy_path: Path | None,
+                  artifact: Path | None) -> CostReport:
     """`report` with the quality routing kept (`gateway.costs.quality`); never fails the report."""
     from gateway.costs.quality import read_label_estimate, with_quality
     from policies.loader import PolicyError, default_policy_path, load_policy
 
     try:
-        policy = load_policy(args.policy or default_policy_path()).policy
+        policy = load_policy(policy_path or default_policy_path()).policy
     except PolicyError as exc:
         return with_quality(report, None, policy_problem=str(exc).splitlines()[-1].strip())
-    labels = read_label_estimate(args.redis_url, args.prefix, policy.routing.micro_pool)
-    return with_quality(report, policy, args.artifact, labels)
+    labels = read_label_estimate(redis_url, prefix, policy.routing.micro_pool)
+    return with_quality(report, policy, artifact, labels)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    if (code := _check_range(args)) is not None:
+    if (code := _check_range(args.start, args.end)) is not None:
         return code
     keys = LedgerKeys(args.prefix)
     result = _with_redis(args.redis_url, lambda client: verify(client, keys, args.start, args.end))
@@ -158,11 +167,12 @@ def _verify_text(result: Reconciliation, start: date, end: date) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_range(args: argparse.Namespace) -> int | None:
-    if args.start > args.end:
+def _check_range(start: date, end: date) -> int | None:
+    """None for a range the commands take; else exit code 2 after one line on stderr."""
+    if start > end:
         print("cascade costs: --from is after --to", file=sys.stderr)
         return 2
-    if (args.end - args.start).days >= _MAX_DAYS:
+    if (end - start).days >= _MAX_DAYS:
         print(f"cascade costs: range longer than {_MAX_DAYS} days", file=sys.stderr)
         return 2
     return None

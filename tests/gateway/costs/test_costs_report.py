@@ -9,13 +9,13 @@ import csv
 import io
 import json
 import xml.etree.ElementTree as ET
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import redis
 
-from gateway.costs.cli import register
+from gateway.costs.cli import print_report, register
 from gateway.costs.html import render_html
 from gateway.costs.report import GROUPINGS, Cell, CostReport, Counters, pct, render_csv, render_json, render_table, usd
 from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger
@@ -179,6 +179,34 @@ def test_verify_passes_then_detects_tampering(
     assert "rollup:day:2026-01-02:tenant-1:micro:tiny-llama cost_micro_usd" in out and "(+7)" in out
     assert "rollup:hour:2026-01-03T05:tenant-1:micro:tiny-llama requests: rollup=0 records=1" in out
     assert out.strip().endswith("MISMATCH")
+
+
+@pytest.mark.redis
+def test_demo_report_prints_what_the_cli_prints(
+    prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`print_report` (the demo's cost totals) is `cascade costs report --format table` over the last `days`
+    UTC days: the same bytes; a record from before those days is left out."""
+    now = datetime.now(UTC)
+    today = now.date()
+    recent = [make_record(i, started_at=now.timestamp() - 3600.0 * i) for i in range(6)]  # today, maybe yesterday
+    old = make_record(99, started_at=(now - timedelta(days=3)).timestamp())
+
+    async def write() -> None:
+        led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
+        await led.start()
+        await asyncio.gather(*(led.record(r) for r in [*recent, old]))
+        await led.aclose()
+
+    asyncio.run(write())
+    assert print_report(SHARED_URL, by="pool", days=3, prefix=prefix) == 0
+    printed = capsys.readouterr().out
+    since = (today - timedelta(days=2)).isoformat()
+    argv = ["costs", "report", "--from", since, "--to", today.isoformat(), "--by", "pool", "--prefix", prefix]
+    assert run_cli(*argv) == 0
+    assert printed == capsys.readouterr().out
+    total = [line for line in printed.splitlines() if line.startswith("TOTAL")]
+    assert len(total) == 1 and usd(sums(recent).cost_micro_usd) in total[0]  # the older record left out
 
 
 def test_cli_unreachable_redis_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
