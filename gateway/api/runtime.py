@@ -178,7 +178,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     degradation.use_policy(policies.current)
     degradation.start()
     request_log = RequestLog(settings.request_log) if settings.request_log else None
-    forwarder = Forwarder(Proxy(engines), engines, accountant, metrics, degradation, request_log)
+    proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
+    forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
     if redis is not None:  # one ladder for every gateway process on this Redis and prefix
         degradation.share(LadderSync(redis, settings.redis_prefix))

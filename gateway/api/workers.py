@@ -14,7 +14,9 @@ Design:
 - `/metrics` of any worker is the sum over all workers: the parent empties `<home>/metrics` and starts each
   worker with `PROMETHEUS_MULTIPROC_DIR` set to it (prometheus_client's multiprocess mode,
   `gateway.control.metrics`), never the engines (vLLM would write its own metrics there); a dead worker's
-  counters stay in the sum, its live gauges are dropped.
+  counters stay in the sum, its live gauges (`cascade_replica_in_flight` among them) are dropped. The parent,
+  which alone supervises the engines, counts their restarts into that folder itself
+  (`cascade_engine_restarts_total`, once per restart whatever the number of workers).
 - SIGTERM or SIGINT to the parent: every worker drains (uvicorn's graceful shutdown), then the engines stop.
 
 Limits: on-demand (scale-to-zero) local pools need `--workers 1` (the process that owns engines must see
@@ -38,13 +40,14 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from backends.supervisor import EngineSupervisor, choose_ports
-from gateway.control.metrics import MULTIPROC_ENV, prepare_multiprocess_dir, worker_exited
+from backends.engine_args import engine_command
+from backends.supervisor import CommandFactory, EngineSupervisor, choose_ports
+from gateway.control.metrics import MULTIPROC_ENV, ParentRestartCounter, prepare_multiprocess_dir, worker_exited
 from gateway.settings import Settings
 from policies.loader import load_policy
 from policies.schema import LocalPool
 
-__all__ = ["UVICORN_OPTIONS", "exported", "reuse_port_socket", "run_workers", "workers_problem"]
+__all__ = ["UVICORN_OPTIONS", "WorkerGroup", "exported", "reuse_port_socket", "run_workers", "workers_problem"]
 
 log = logging.getLogger("cascade.workers")
 
@@ -113,8 +116,11 @@ def exported(name: str, value: str) -> Iterator[None]:
 class WorkerGroup:
     """Owns the worker processes and the engine supervisors of one `serve --workers N`."""
 
-    def __init__(self, settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool) -> None:
+    def __init__(self, settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool,
+                 command: CommandFactory = engine_command) -> None:
+        """`command` builds each engine replica's argv (`backends.supervisor.CommandFactory`; tests pass a fake)."""
         self._settings = settings
+        self._command = command
         self._args = (host, port, log_level, json_logs)
         self._count = count
         self._ctx = multiprocessing.get_context("spawn")
@@ -138,8 +144,10 @@ class WorkerGroup:
         return proc
 
     async def _start_engines(self) -> None:
+        restarts = ParentRestartCounter(self._metrics_dir)  # the workers start no engines: counted here, once
         for name, spec in _local_pools(self._settings).items():
-            sup = EngineSupervisor(name, spec.engine, home=self._settings.home)  # it logs its own progress
+            sup = EngineSupervisor(name, spec.engine, home=self._settings.home, command=self._command,
+                                   on_restart=restarts)  # it logs its own progress
             self.supervisors.append(sup)
             try:
                 await sup.start()

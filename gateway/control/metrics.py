@@ -8,9 +8,18 @@ Several processes (`cascade serve --workers N`): the parent sets `PROMETHEUS_MUL
 multiprocess mode, see `multiprocess_dir`) before it spawns the workers. Every counter, histogram and gauge then
 lives in memory-mapped files there, and `render()` in any worker answers the sum over all workers, dead ones
 included for counters (totals never drop when a worker restarts); gauges declare how they combine
-(`multiprocess_mode`). The per-replica gauges are read at scrape time from the answering worker's pools: health,
-KV-cache use, queue depth and breaker state describe the shared engines, which every worker probes alike;
-`cascade_replica_in_flight` is that worker's own in-flight count, not the sum.
+(`multiprocess_mode`). In that mode:
+- `cascade_replica_in_flight` is the sum over the live workers (`livesum`): each worker writes its own count of a
+  replica whenever it changes (`in_flight_changed`, called by the proxy) and refreshes all of its replicas before
+  it renders, so every scrape, whichever worker answers, reads the requests the whole host has open to each
+  replica; a worker that exits drops out of the sum (`worker_exited`). With one process it is read from the pools
+  at scrape time, as before: the same meaning, requests in flight from this gateway (this pod).
+- `cascade_engine_restarts_total{pool,reason}` is counted once, by the process that supervises the engines. Under
+  `--workers N` that is the parent (the workers run with `start_engines=False` and count none): it serves no
+  metrics and its environment must not carry `PROMETHEUS_MULTIPROC_DIR` (the engines inherit it), so it writes its
+  counter into the folder's own file (`ParentRestartCounter`), summed in like a worker's.
+- The other per-replica gauges (health, KV-cache use, queue depth, breaker state) are read at scrape time from the
+  answering worker's pools: they describe the shared engines, which every worker probes alike.
 """
 
 from __future__ import annotations
@@ -22,18 +31,22 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import Collector
 
 from backends.breaker import BreakerState
-from backends.pool import Pool
+from backends.pool import Pool, Replica
 from gateway.ledger.store import CostRecord
 
-__all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "multiprocess_dir", "prepare_multiprocess_dir",
-           "worker_exited"]
+__all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "ParentRestartCounter", "multiprocess_dir",
+           "prepare_multiprocess_dir", "worker_exited"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
+_RESTARTS = ("cascade_engine_restarts", "local engine replicas restarted by the supervisor, by reason: exited (the "
+             "process died) or hung (alive, but it answered no health check or request for the pool's "
+             "hang_restart_after_s)")
 _BREAKER_LEVEL = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus_client reads it once, when it is imported: it must be in a worker's environment when it starts
@@ -59,9 +72,27 @@ def worker_exited(pid: int, path: Path) -> None:
     multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
 
 
+class ParentRestartCounter:
+    """`cascade_engine_restarts_total` of a process that supervises engines but serves no `/metrics` (the
+    `--workers` parent), written into the multiprocess folder `path` as prometheus_client's counter file of this
+    pid, which every worker's `render()` sums in. A `backends.supervisor.RestartHook`. Used from one thread;
+    `aclose`-free: the file stays for the workers (the next run's `prepare_multiprocess_dir` empties it)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = MmapedDict(str(path / f"counter_{os.getpid()}.db"))  # type: ignore[no-untyped-call]
+
+    def __call__(self, pool: str, index: int, reason: str) -> None:
+        name, doc = _RESTARTS
+        key = mmap_key(name, name + "_total", ["pool", "reason"], [pool, reason], doc)
+        value, _ = self._file.read_value(key)  # type: ignore[no-untyped-call]
+        self._file.write_value(key, value + 1.0, 0.0)  # type: ignore[no-untyped-call]
+
+
 class _PoolCollector(Collector):
-    def __init__(self, pools: Callable[[], Mapping[str, Pool]]) -> None:
+    def __init__(self, pools: Callable[[], Mapping[str, Pool]], in_flight: bool = True) -> None:
+        """`in_flight=False`: leave `cascade_replica_in_flight` to the multiprocess gauge."""
         self._pools = pools
+        self._in_flight = in_flight
 
     def collect(self) -> Iterable[Metric]:
         in_flight = GaugeMetricFamily("cascade_replica_in_flight", "requests in flight per replica, as the gateway "
@@ -82,7 +113,7 @@ class _PoolCollector(Collector):
                 kv.add_metric(labels, r.load.kv_cache_usage)
                 queue.add_metric(labels, r.load.waiting)
                 breaker.add_metric(labels, _BREAKER_LEVEL[r.breaker.state])
-        return [in_flight, healthy, kv, queue, breaker]
+        return [in_flight, healthy, kv, queue, breaker] if self._in_flight else [healthy, kv, queue, breaker]
 
 
 class GatewayMetrics:
@@ -125,13 +156,15 @@ class GatewayMetrics:
         self.escalations = Counter("cascade_escalations", "cascade micro answers below min_confidence: escalated "
                                    "(pool: where to) or held (pool: micro, held_by: why the policy kept it)",
                                    ["outcome", "pool", "held_by"], registry=r)
-        self.engine_restarts = Counter("cascade_engine_restarts", "local engine replicas restarted by the supervisor, "
-                                       "by reason: exited (the process died) or hung (alive, but it answered no "
-                                       "health check or request for the pool's hang_restart_after_s)",
-                                       ["pool", "reason"], registry=r)
-        r.register(_PoolCollector(pools))
+        self.engine_restarts = Counter(*_RESTARTS, ["pool", "reason"], registry=r)
+        self._pools = pools
+        shared = multiprocess_dir() is not None
+        self._in_flight = Gauge("cascade_replica_in_flight", "requests in flight per replica, as the gateway sees "
+                                "them (summed over the live workers)", ["pool", "replica"], registry=None,
+                                multiprocess_mode="livesum") if shared else None  # registry=None: in the files only
+        r.register(_PoolCollector(pools, in_flight=not shared))
         self._scrape_time = CollectorRegistry(auto_describe=True)  # multiprocess mode only: live, per worker
-        self._scrape_time.register(_PoolCollector(pools))
+        self._scrape_time.register(_PoolCollector(pools, in_flight=not shared))
 
     def register_scrape_time(self, collector: Collector) -> None:
         """Add a collector read at scrape time (from this process's state, in either mode)."""
@@ -152,6 +185,12 @@ class GatewayMetrics:
         """The supervisor restarted replica `index` of `pool` (`backends.supervisor.RestartHook`)."""
         self.engine_restarts.labels(pool, reason).inc()
 
+    def in_flight_changed(self, pool: str, replica: Replica) -> None:
+        """`replica.in_flight` of `pool` has just changed (`gateway.serving.proxy.InFlightHook`). Multiprocess mode
+        writes it to this worker's live gauge file; with one process the scrape reads the pools instead."""
+        if self._in_flight is not None:
+            self._in_flight.labels(pool, replica.url).set(replica.in_flight)
+
     def ladder_changed(self, engaged: set[str], released: set[str]) -> None:
         for step in engaged:
             self.ladder.labels(step).set(1)
@@ -168,6 +207,9 @@ class GatewayMetrics:
         path = multiprocess_dir()
         if path is None:
             return generate_latest(self.registry)
+        for name, pool in self._pools().items():  # every replica present, this worker's share exact now
+            for replica in pool.replicas:
+                self.in_flight_changed(name, replica)
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, str(path))  # type: ignore[no-untyped-call]
         return generate_latest(merged) + generate_latest(self._scrape_time)

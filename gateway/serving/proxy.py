@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -26,10 +26,12 @@ from backends.engine_client import EngineClient, EngineHTTPError, EngineStreamBr
 from backends.pool import Pool, Replica
 from gateway.errors import NoReplicaAvailable, UpstreamError
 
-__all__ = ["OpenStream", "Proxy"]
+__all__ = ["InFlightHook", "OpenStream", "Proxy"]
 
 log = logging.getLogger("cascade.proxy")
 _CHAT = "/v1/chat/completions"
+InFlightHook = Callable[[str, Replica], None]
+"""Called as `(pool name, replica)` right after the proxy changed `replica.in_flight` (must not raise)."""
 
 
 @dataclass(slots=True)
@@ -94,12 +96,20 @@ class _Attempts:
 
 
 class Proxy:
-    """Forwards chat requests to pool replicas. Owns nothing; counts in-flight per replica."""
+    """Forwards chat requests to pool replicas. Owns nothing; counts in-flight per replica and tells
+    `on_in_flight` (the metrics) each change."""
 
-    def __init__(self, client: EngineClient, max_attempts: int = 3, backoff_s: float = 0.025) -> None:
+    def __init__(self, client: EngineClient, max_attempts: int = 3, backoff_s: float = 0.025,
+                 on_in_flight: InFlightHook | None = None) -> None:
         self._client = client
         self._max_attempts = max_attempts
         self._backoff = backoff_s
+        self._on_in_flight = on_in_flight
+
+    def _count(self, pool: Pool, replica: Replica, delta: int) -> None:
+        replica.in_flight += delta
+        if self._on_in_flight is not None:
+            self._on_in_flight(pool.name, replica)
 
     def _replicas(self, pool: Pool) -> _Attempts:
         return _Attempts(pool, self._max_attempts, self._backoff)
@@ -109,7 +119,7 @@ class Proxy:
         attempts = self._replicas(pool)
         while True:
             replica = await attempts.next()
-            replica.in_flight += 1
+            self._count(pool, replica, 1)
             try:
                 answer = await self._client.post_json(replica.url, _CHAT, body, pool.headers)
             except EngineUnavailable as exc:
@@ -124,7 +134,7 @@ class Proxy:
                 replica.breaker.record_success()
                 return replica, answer
             finally:
-                replica.in_flight -= 1
+                self._count(pool, replica, -1)
 
     async def open_stream(self, pool: Pool, body: bytes) -> OpenStream:
         """Streaming call, opened up to its first chunk (so failover is still possible until then).
@@ -135,8 +145,8 @@ class Proxy:
         while True:
             replica = await attempts.next()
             stack = AsyncExitStack()
-            replica.in_flight += 1
-            stack.callback(_decrement, replica)
+            self._count(pool, replica, 1)
+            stack.callback(self._count, pool, replica, -1)
             try:
                 chunks = await stack.enter_async_context(self._client.stream(replica.url, _CHAT, body, pool.headers))
                 first = await anext(aiter(chunks), b"")
@@ -178,6 +188,3 @@ async def _watched(chunks: AsyncIterator[bytes], replica: Replica) -> AsyncItera
         replica.breaker.record_failure()
         raise
 
-
-def _decrement(replica: Replica) -> None:
-    replica.in_flight -= 1

@@ -1,5 +1,6 @@
 """`cascade serve --workers 2`: two real worker processes on one port and one Redis enforce one rate limit
-and one budget, write one ledger, apply one degradation step, and answer one `/metrics` (the sum)."""
+and one budget, write one ledger, apply one degradation step, and answer one `/metrics` (the sum, the requests
+in flight included)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -113,6 +115,36 @@ def test_metrics_are_the_sum_over_both_workers_on_every_scrape(workers: Workers)
             scrapes.append(counted)
             assert _sample(text, "cascade_cost_micro_usd_total", "counted") > 0
     assert scrapes == [sent] * 12
+
+
+def _in_flight(url: str) -> float:
+    """`cascade_replica_in_flight` of the micro pool on one scrape (a new connection: any worker answers)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "cascade_replica_in_flight" and s.labels.get("pool") == "micro")
+
+
+def _post_held(url: str, hold_ms: int) -> int:
+    body = {"model": "micro", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
+            "metadata": {"fake_tokens": "1", "fake_delay_ms": str(hold_ms)}}  # the fake engine answers after hold_ms
+    headers = {"authorization": "Bearer sk-open"}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30).status_code
+
+
+def test_in_flight_is_the_sum_over_both_workers_on_every_scrape(workers: Workers) -> None:
+    held = 8  # new connections each: all 8 on one worker has odds 2**-7
+    assert _in_flight(workers.url) == 0
+    with ThreadPoolExecutor(held) as pool:
+        answers = [pool.submit(_post_held, workers.url, 6000) for _ in range(held)]
+        scrapes: list[float] = []
+        deadline = time.monotonic() + 4
+        while len(scrapes) < 10:
+            counted = _in_flight(workers.url)
+            if scrapes or counted == held or time.monotonic() > deadline:  # until every request reached the engine
+                scrapes.append(counted)
+        assert scrapes == [held] * 10
+        assert [a.result() for a in answers] == [200] * held
+    assert [_in_flight(workers.url) for _ in range(6)] == [0] * 6
 
 
 def test_one_rate_limit_across_two_workers(workers: Workers) -> None:

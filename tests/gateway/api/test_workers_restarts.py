@@ -1,0 +1,104 @@
+"""`serve --workers 2` with a local pool: the parent supervises the engine, and the restart it makes is counted
+once in `cascade_engine_restarts_total`, whichever worker answers `/metrics`. The engine is the fake upstream
+(a real HTTP server process on the engine's port, started and restarted by the real supervisor)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import delete_prefix
+from tests.servers import free_port, wait_ready
+
+pytestmark = pytest.mark.redis
+ROOT = Path(__file__).resolve().parents[3]
+DRIVER = """
+import asyncio, sys
+from pathlib import Path
+from gateway.api.workers import WorkerGroup
+from gateway.logs import configure_logging
+from gateway.settings import Settings
+
+def fake_engine(spec, port, models):
+    return [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", spec.served_name]
+
+configure_logging("WARNING", json=False)
+settings = Settings(policy_path=Path(sys.argv[1]), home=Path(sys.argv[2]), redis_prefix=sys.argv[3], scorer="none")
+group = WorkerGroup(settings, "127.0.0.1", int(sys.argv[4]), 2, "WARNING", False, command=fake_engine)
+sys.exit(asyncio.run(group.run()))
+"""
+
+
+def _policy(engine_port: int) -> str:
+    return f"""
+version: 1
+pools:
+  micro:
+    type: local
+    price: {{gpu_hour_usd: "1.00", tokens_per_second: 100}}
+    engine: {{model: fake, served_name: micro-model, base_port: {engine_port}, startup_timeout_s: 60}}
+routing: {{micro_pool: micro, flagship_pool: micro, threshold: 0.5}}
+"""
+
+
+class Group:
+    def __init__(self, url: str, proc: subprocess.Popen[bytes]) -> None:
+        self.url, self.proc = url, proc
+
+    def engine_pids(self) -> list[int]:
+        """Pids of the fake engine processes (children of the parent, beside the workers)."""
+        text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return [int(p) for p in text.split() if b"loadtest.fake_upstream" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Group]:
+    prefix = f"test:{uuid.uuid4().hex}:"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(free_port()))
+    port = free_port()
+    log = (tmp_path / "gateway.log").open("wb")
+    cmd = [sys.executable, "-c", DRIVER, str(policy), str(tmp_path), prefix, str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, 90, (tmp_path / "gateway.log").read_text)
+        yield Group(url, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
+        delete_prefix(prefix)
+
+
+def _restarts(text: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "cascade_engine_restarts_total" and s.labels == {"pool": "micro", "reason": "exited"})
+
+
+def test_a_restart_by_the_parent_is_counted_once_on_every_scrape(group: Group) -> None:
+    (engine,) = group.engine_pids()
+    assert _restarts(httpx.get(group.url + "/metrics", timeout=10).text) == 0
+    os.kill(engine, signal.SIGKILL)
+    scrapes: list[float] = []
+    deadline = time.monotonic() + 30
+    while len(scrapes) < 10:
+        counted = _restarts(httpx.get(group.url + "/metrics", timeout=10).text)  # a new connection: any worker
+        if scrapes or counted > 0 or time.monotonic() > deadline:
+            scrapes.append(counted)
+        time.sleep(0.05)
+    assert scrapes == [1.0] * 10
+    deadline = time.monotonic() + 30
+    while not (pids := group.engine_pids()) or pids == [engine]:
+        assert time.monotonic() < deadline, "the engine was never restarted"
+        time.sleep(0.2)
