@@ -42,7 +42,13 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from backends.packaged_models import PACKAGED_MODELS, PackagedModel, PackageUnavailable, build_packaged
+from backends.packaged_models import (
+    PACKAGED_MODELS,
+    PackagedModel,
+    PackageUnavailable,
+    build_packaged,
+    sha256_file,
+)
 
 __all__ = [
     "DEMO_RECIPES",
@@ -165,14 +171,6 @@ def _corpus_path() -> Path:
     return Path(__file__).resolve().parent / "data" / "corpus.txt"
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fingerprint(recipe: DemoRecipe) -> str:
     """Hash of what determines the output: recipe, corpus, build format and library versions.
 
@@ -180,7 +178,7 @@ def _fingerprint(recipe: DemoRecipe) -> str:
     """
     material = {
         "recipe": asdict(recipe),
-        "corpus": _sha256_file(_corpus_path()),
+        "corpus": sha256_file(_corpus_path()),
         "format": _BUILD_FORMAT,
         "versions": [version(dist) for dist in ("transformers", "tokenizers", "torch")],
         "template": _CHAT_TEMPLATE,
@@ -207,7 +205,7 @@ def verify_model_dir(path: Path, fingerprint: str | None = None) -> str | None:
         file = path / rel
         if not file.is_file():
             return f"missing file {rel}"
-        if _sha256_file(file) != expected:
+        if sha256_file(file) != expected:
             return f"sha256 mismatch in {rel}"
     return None
 
@@ -227,7 +225,7 @@ def _packaged_fingerprint(model: PackagedModel) -> str:
 
 def _write_manifest(path: Path, recipe: DemoRecipe | PackagedModel, fingerprint: str) -> None:
     files = {
-        str(file.relative_to(path)): _sha256_file(file)
+        str(file.relative_to(path)): sha256_file(file)
         for file in sorted(path.rglob("*"))
         if file.is_file() and file.name != MANIFEST_NAME
     }

