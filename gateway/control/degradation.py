@@ -7,6 +7,9 @@ gateway's open requests to the pool, now). The ladder itself
 (hysteresis, hold times, combined effect) is `policies.ladder`; this module only measures and logs.
 With `share(LadderSync)` the state is one for every process on the same Redis: a leader decides on the
 merged signals of all of them and the others adopt its decision (see `gateway.control.ladder_sync`).
+While that Redis cannot be reached each tick decides locally; the warning saying so is logged at most once every
+`warn_interval_s` (with the number of ticks since the last line), and one info line when the shared ladder
+answers again.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import redis.asyncio as aioredis
 from backends.background import cancel_requested, stop
 from backends.pool import Pool
 from gateway.control.ladder_sync import MAX_SAMPLES, LadderSync, Report, merge_reports
+from gateway.logs import LogThrottle
 from policies.ladder import Ladder, LadderState
 from policies.loader import LoadedPolicy
 
@@ -45,9 +49,12 @@ class DegradationMonitor:
     """Owns the ladder, the rolling windows and one background task (`start` / `aclose`)."""
 
     def __init__(self, pools: Callable[[], Mapping[str, Pool]], interval_s: float = 1.0, window_s: float = 30.0,
-                 on_change: Callable[[set[str], set[str]], None] | None = None) -> None:
-        """`on_change(engaged, released)` is called with step names whenever the active set changes."""
+                 on_change: Callable[[set[str], set[str]], None] | None = None, warn_interval_s: float = 30.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        """`on_change(engaged, released)` is called with step names whenever the active set changes.
+        `warn_interval_s` spaces the "shared ladder unavailable" warnings (`monotonic` is their clock)."""
         self._pools = pools
+        self._unshared = LogThrottle(warn_interval_s, monotonic)
         self._on_change = on_change
         self._interval = interval_s
         self._window = window_s
@@ -163,13 +170,23 @@ class DegradationMonitor:
                 if self._sync is None:
                     self.tick()
                     continue
-                try:
-                    await self.shared_tick()
-                except (OSError, aioredis.RedisError) as exc:
-                    log.warning("shared ladder unavailable (%s); deciding locally this tick", exc)
-                    self.tick()
+                await self._tick_shared()
             except Exception:
                 log.exception("degradation tick failed")
+
+    async def _tick_shared(self) -> None:
+        """`shared_tick`, or a local tick when Redis cannot be reached (said at most every warn_interval_s)."""
+        try:
+            await self.shared_tick()
+        except (OSError, aioredis.RedisError) as exc:
+            ticks = self._unshared.due("shared")
+            if ticks is not None:
+                log.warning("shared ladder unavailable (%s); deciding locally, %d tick(s) since the last line",
+                            exc, ticks)
+            self.tick()
+            return
+        if self._unshared.forget(lambda key: True):
+            log.info("shared ladder available again")
 
     def start(self) -> None:
         if self._task is None:

@@ -12,13 +12,13 @@ work again. Tenants without limits or budget cost no Redis round trip and are ne
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Literal
 
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import AdmissionUnavailable
+from gateway.logs import LogThrottle
 from gateway.serving.schema import ChatRequest
 from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict
 from gateway.tenancy.limits import Limiter
@@ -39,33 +39,25 @@ class OutageSignal:
     def __init__(self, metrics: GatewayMetrics, warn_interval_s: float = 30.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self._metrics = metrics
-        self._interval = warn_interval_s
-        self._now = monotonic
-        self._warned_at: dict[tuple[Check, str], float] = {}
-        self._since: dict[tuple[Check, str], int] = {}
+        self._lines = LogThrottle(warn_interval_s, monotonic)
         self._down: set[Check] = set()
 
     def unchecked(self, check: Check, tenant: str, policy: str) -> None:
         self._metrics.unchecked.labels(tenant, check, policy).inc()
         self._metrics.store_unreachable.labels(check).set(1)
         self._down.add(check)
-        key = (check, policy)
-        self._since[key] = self._since.get(key, 0) + 1
-        now = self._now()
-        if now - self._warned_at.get(key, -math.inf) < self._interval:
+        since = self._lines.due((check, policy))
+        if since is None:
             return
-        self._warned_at[key] = now
         action = "admitted unchecked" if policy == "fail_open" else "refused with 503"
         log.warning("%s not checked (Redis unreachable): %s, %d request(s) since the last line (tenant %r was the "
-                    "latest)", check.replace("_", " "), f"{policy}: {action}", self._since.pop(key), tenant)
+                    "latest)", check.replace("_", " "), f"{policy}: {action}", since, tenant)
 
     def checked(self, check: Check) -> None:
         if check in self._down:
             self._down.discard(check)
             self._metrics.store_unreachable.labels(check).set(0)
-            for key in [k for k in self._warned_at if k[0] == check]:
-                del self._warned_at[key]
-                self._since.pop(key, None)
+            self._lines.forget(lambda key: isinstance(key, tuple) and key[0] == check)
             log.info("%s checked again: Redis reachable", check.replace("_", " "))
 
 
