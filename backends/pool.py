@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from backends.background import stop
 from backends.breaker import BreakerConfig, BreakerState, CircuitBreaker, Clock
 from backends.connection import ConnectionSettings
 from backends.engine_client import EngineClient, EngineClients, EngineTimeout, EngineUnavailable
@@ -192,8 +193,5 @@ class Pool:
             self._task = asyncio.create_task(self._loop(), name=f"probe:{self.name}")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop(self._task)
+        self._task = None

@@ -19,7 +19,6 @@ rules, tenant thresholds and the ladder), so it shows what routing did, not only
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -31,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from backends.background import stop
 from gateway.control.metrics import GatewayMetrics
 from policies.context import AUTO_MODEL, RouteContext
 from policies.decide import RouteDecision
@@ -185,11 +185,8 @@ class LiveThreshold:
                 log.exception("routing threshold refresh failed")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop(self._task)
+        self._task = None
 
 
 class ThresholdCollector(Collector):

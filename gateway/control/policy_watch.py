@@ -4,12 +4,12 @@ every filesystem, including ConfigMap mounts that swap a symlink)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from backends.background import stop
 from policies.loader import PolicyError
 
 __all__ = ["PolicyWatcher"]
@@ -57,7 +57,5 @@ class PolicyWatcher:
         self._task = asyncio.create_task(self._loop(), name="policy-watch")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop(self._task)
+        self._task = None
