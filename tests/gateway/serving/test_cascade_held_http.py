@@ -1,0 +1,74 @@
+"""The cascade keeps an unsure micro answer when the pool it would escalate to cannot take the request: no ready
+replica, or an on-demand pool that is asleep (its cold start begins, but the answer does not wait for it). Real
+Starlette app over HTTP, fake engines whose logprobs we control; the on-demand pool is a real local pool of the
+app's own supervisor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.api.app import create_app
+from gateway.ledger.store import MemoryLedger
+from gateway.settings import Settings
+from tests.conftest import policy_yaml
+from tests.gateway.serving.test_cascade import CASCADE, Upstreams, _assert_held, _records, _unsure
+from tests.servers import free_port, serve
+
+ON_DEMAND_FLAGSHIP = """  big:
+    type: local
+    price: {{gpu_hour_usd: "2.00", tokens_per_second: 100}}
+    engine: {{model: /nonexistent/flagship-weights, served_name: big, base_port: {port}, startup_timeout_s: 60}}
+    on_demand: {{idle_stop_after_s: 600, cold_start_timeout_s: {timeout}{fallback}}}
+"""
+
+
+@contextmanager
+def _gateway(tmp_path: Path, micro_url: str, flagship_url: str, pools: str = "", flagship: str = "flagship",
+             **settings: Any) -> Iterator[tuple[str, MemoryLedger]]:
+    policy = policy_yaml(micro_url, flagship_url, CASCADE).replace("pools:\n", "pools:\n" + pools, 1)
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy.replace("flagship_pool: flagship", f"flagship_pool: {flagship}"))
+    app = create_app(Settings(policy_path=path, scorer="length", home=tmp_path, ledger="memory", probe_interval_s=0.1,
+                              **{"start_engines": False, **settings}))
+    with serve(app) as url:
+        yield url, app.state.runtime.ledger
+
+
+def _held_once(url: str, ledger: MemoryLedger, stream: bool, why: str) -> None:
+    resp = _unsure(url, stream)
+    _assert_held(resp, why)
+    if stream:
+        assert resp.text.count("\"content\":\" w") == 8  # the held-back probe tokens and the rest, in full
+    (rec,) = _records(ledger, 1).values()  # one call, charged once at micro prices, not as a probe
+    assert (rec.pool, rec.status, rec.rule, rec.completion_tokens) == ("micro", "ok", "cascade-held", 8)
+    assert rec.request_id == resp.headers["x-request-id"]
+    metrics = httpx.get(url + "/metrics").text
+    assert f'cascade_escalations_total{{held_by="{why}",outcome="held",pool="micro"}} 1.0' in metrics
+    assert 'outcome="escalated"' not in metrics
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_flagship_without_a_ready_replica_keeps_the_micro_answer(tmp_path: Path, upstreams: Upstreams,
+                                                                 stream: bool) -> None:
+    micro, micro_url, flagship, _ = upstreams
+    with _gateway(tmp_path, micro_url, f"http://127.0.0.1:{free_port()}") as (url, ledger):  # nothing listens
+        _held_once(url, ledger, stream, "no-replica")
+    assert flagship.requests == 0 and micro.requests == 1
+
+
+@pytest.mark.parametrize(("fallback", "stream"), [("", False), ("", True), (", on_cold: \"fallback:micro\"", False)])
+def test_an_asleep_on_demand_flagship_keeps_the_micro_answer(tmp_path: Path, upstreams: Upstreams, fallback: str,
+                                                            stream: bool) -> None:
+    """Without a fallback the cold start outlasts `cold_start_timeout_s` (its engine never gets ready); with
+    `on_cold: fallback:micro` the answer is micro's at once. Either way: held by "on-demand", charged once."""
+    micro, micro_url, flagship, flagship_url = upstreams
+    pools = ON_DEMAND_FLAGSHIP.format(port=free_port(), timeout=0.5, fallback=fallback)
+    with _gateway(tmp_path, micro_url, flagship_url, pools, flagship="big", start_engines=True) as (url, ledger):
+        _held_once(url, ledger, stream, "on-demand")
+    assert flagship.requests == 0 and micro.requests == 1
