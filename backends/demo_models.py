@@ -26,7 +26,6 @@ renamed into place under a file lock, so readers never see a half-written model.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -34,14 +33,13 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
+from backends.atomic_dir import exclusive_lock, replace_dir
 from backends.packaged_models import (
     PACKAGED_MODELS,
     PackagedModel,
@@ -307,27 +305,6 @@ def _build_into(path: Path, recipe: DemoRecipe, fingerprint: str) -> int:
     return int(sum(p.numel() for p in model.parameters()))
 
 
-@contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """Serialise builds of one cache dir across processes (advisory lock on ``root/.lock``)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _replace_dir(built: Path, dest: Path) -> None:
-    """Move ``built`` to ``dest``; an existing ``dest`` is set aside first and removed afterwards."""
-    old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
-    if dest.exists() or dest.is_symlink():
-        dest.rename(old)
-    built.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _remove_leftovers(root: Path) -> None:
     for stale in root.glob(".*.build-*"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -351,7 +328,7 @@ def _ensure_one(
     build_dir.chmod(0o755)  # mkdtemp makes it owner-only
     try:
         params = build(build_dir)
-        _replace_dir(build_dir, dest)
+        replace_dir(build_dir, dest)
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
@@ -407,7 +384,7 @@ def ensure_demo_models(
     """
     root = models_root() if root is None else root
     wanted = micro_choice() if packaged is None else packaged
-    with _locked(root):
+    with exclusive_lock(root / ".lock"):
         _remove_leftovers(root)
         built = {recipe.name: _ensure_recipe(root, recipe, force) for recipe in DEMO_RECIPES}
         real = None if wanted is None else _ensure_packaged(root, wanted, force)

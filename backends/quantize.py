@@ -9,7 +9,6 @@ engines, measures the loss (``backends.quant_eval``) and adds it to that metadat
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import json
 import os
@@ -18,13 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from backends.atomic_dir import exclusive_lock, replace_dir
 from backends.quant_calibration import CalibrationSet
 from backends.quant_eval import EVAL_PROMPTS, Evaluation, compare, measure_engine
 from backends.quant_metadata import file_hashes, read_metadata, write_metadata
@@ -131,29 +129,6 @@ def source_fingerprint(model: Path) -> str | None:
     return digest.hexdigest() if files else None
 
 
-@contextmanager
-def _build_lock(out: Path) -> Iterator[None]:
-    """One build of ``out`` at a time across processes (advisory lock beside it)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (out.parent / f".{out.name}.quantize.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _install(build: Path, out: Path) -> None:
-    """Put the finished ``build`` in place of ``out``: the old copy is renamed aside first and removed
-    afterwards, so ``out`` is always either the old checkpoint whole, absent, or the new one whole."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    build.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def quantize(model: Path, out: Path, scheme: Scheme, calibration: CalibrationSet | None, *,
              ignore: tuple[str, ...] = ("lm_head",), max_seq_length: int = 256, home: Path | None = None,
              stream: TextIO = sys.stderr) -> dict[str, Any]:
@@ -169,7 +144,7 @@ def quantize(model: Path, out: Path, scheme: Scheme, calibration: CalibrationSet
     python = ensure_quant_venv(home, say=bar.say)
     bar.step(1, "quantization environment ready")
     samples = list(calibration.samples) if calibration else []
-    with _build_lock(out):
+    with exclusive_lock(out.parent / f".{out.name}.quantize.lock"):  # one build of `out` at a time
         for stale in (*out.parent.glob(f".{out.name}.quantize-*"), *out.parent.glob(f".{out.name}.old-*")):
             shutil.rmtree(stale, ignore_errors=True)
         build = Path(tempfile.mkdtemp(prefix=f".{out.name}.quantize-", dir=out.parent))
@@ -190,7 +165,7 @@ def quantize(model: Path, out: Path, scheme: Scheme, calibration: CalibrationSet
             meta["files"] = file_hashes(build)
             write_metadata(build, meta)
             build.chmod(0o755)
-            _install(build, out)
+            replace_dir(build, out)  # `out` is the old checkpoint whole, absent, or the new one whole
         except BaseException:
             shutil.rmtree(build, ignore_errors=True)
             raise
