@@ -26,6 +26,7 @@ __all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "argparse_type", "d
 
 HOME_ENV = "CASCADE_HOME"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the default, where $CASCADE_REDIS_URL is not set
+OVERFLOW_ENV = "CASCADE_ROUTER_OVERFLOW"  # tests/conftest.py sets it to none: scores stay the primary's
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
@@ -61,6 +62,7 @@ class Settings:
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
     request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
+    router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or "auto")
 
     @property
     def outbox_dir(self) -> Path:
@@ -139,6 +141,11 @@ OPTIONS: tuple[Option, ...] = (
            "serves (none: the last one promoted into $CASCADE_HOME/router, else the shipped one; "
            "router_models/artifacts/complexity-router-static.json is the fast one, see the model card)",
            metavar="FILE"),
+    Option("router_overflow", OVERFLOW_ENV, str, "the classifier's overflow artifact: what a surge's requests are "
+           "scored with when the primary model would keep them waiting over 10 ms (auto: the fast "
+           "complexity-router-static.json beside the shipped default, nothing beside any other primary; none; or "
+           "a .json path). It loads in the background; `cascade_router_scored_total{model}` counts each",
+           metavar="auto|none|FILE"),
     Option("request_log", "CASCADE_REQUEST_LOG", Path, "append each request (with its prompt) as JSONL for "
            "`cascade policy replay` and `cascade router calibrate`; off by default", metavar="FILE"),
 )
@@ -152,6 +159,8 @@ def _env_default(option: Option, env: Mapping[str, str]) -> Any:
             return default_home(env)
         if option.name == "redis_url":
             return REDIS_URL
+        if option.name == "router_overflow":
+            return "auto"
         return _DEFAULTS.get(option.name)
     try:
         value = option.parse(text)

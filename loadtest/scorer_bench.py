@@ -52,7 +52,7 @@ def _prompt_count(args: argparse.Namespace) -> int:
 Scorer = tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]
 
 
-Variant = dict[str, float]  # scorer knobs: `threads` (load_scorer's) and `BatchingConfig` fields
+Variant = dict[str, float]  # scorer knobs: `threads`, `overflow` (1: auto, 0: none) and `BatchingConfig` fields
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -62,7 +62,7 @@ def parse_variants(text: str) -> list[Variant]:
 
     from router_models.serving import BatchingConfig
 
-    known = {"threads"} | {f.name for f in fields(BatchingConfig)}
+    known = {"threads", "overflow"} | {f.name for f in fields(BatchingConfig)}
     out: list[Variant] = []
     for part in text.split(";"):
         knobs: Variant = {}
@@ -83,6 +83,7 @@ def _variant_label(variant: Variant) -> str:
 
 
 def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
+    import time
     from dataclasses import fields, replace
 
     from router_models.serving import BatchingConfig, load_scorer
@@ -90,10 +91,17 @@ def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant
     base = {k: v for k, v in (("max_wait_ms", args.max_wait_ms), ("max_batch", args.max_batch),
                               ("workers", args.workers)) if v is not None}
     types = {f.name: f.type for f in fields(BatchingConfig)}
-    knobs = {k: int(v) if types[k] in (int, "int") else v for k, v in {**base, **variant}.items() if k != "threads"}
+    knobs = {k: int(v) if types[k] in (int, "int") else v for k, v in {**base, **variant}.items()
+             if k not in ("threads", "overflow")}
     config = replace(BatchingConfig(), **knobs)  # unset knobs keep the scorer's own defaults
+    overflow = args.overflow if "overflow" not in variant else "auto" if variant["overflow"] else "none"
     threads = variant.get("threads")
-    scorer = load_scorer(artifact, config) if threads is None else load_scorer(artifact, config, int(threads))
+    scorer = (load_scorer(artifact, config, overflow=overflow) if threads is None
+              else load_scorer(artifact, config, int(threads), overflow=overflow))
+    if overflow != "none":  # measure with the overflow model attached (it loads in the background)
+        deadline = time.monotonic() + 300
+        while scorer.overflow is None and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     async def score_one(text: str) -> float:
         return (await scorer.score([text]))[0]
@@ -101,6 +109,10 @@ def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant
     def stats() -> str:
         sizes = scorer.batch_sizes or [0]
         line = f"batches={len(sizes)} mean_batch={statistics.mean(sizes):.1f} max_batch={max(sizes)}"
+        if scorer.overflow is not None:
+            total = sum(scorer.scored_by.values()) or 1
+            line += f" overflow={scorer.scored_by['overflow'] / total:.1%}"
+            scorer.scored_by.update(primary=0, overflow=0)
         scorer.batch_sizes.clear()
         return line
 
@@ -255,6 +267,9 @@ def main() -> None:
                    "scorer's)")
     p.add_argument("--max-batch", type=int, default=None, help="largest micro-batch (default: the scorer's)")
     p.add_argument("--workers", type=int, default=None, help="model calls in flight (default: the scorer's)")
+    p.add_argument("--overflow", default="none", help="the scorers' overflow model: none (default), auto (the "
+                   "gateway's default: the fast artifact beside the shipped one) or an artifact path; the variant "
+                   "knob overflow=1/0 sets it per scorer")
     p.add_argument("--repeat-share", type=float, default=0.0, help="share of arrivals reusing a recent prompt")
     p.add_argument("--gateway-url", default=None, help="send through a running gateway instead")
     p.add_argument("--api-key", default=os.environ.get("CASCADE_API_KEY"), help="gateway API key")

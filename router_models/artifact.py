@@ -24,17 +24,20 @@ from router_models.features import FEATURE_NAMES, FEATURE_VERSION
 __all__ = [
     "ARTIFACT_FORMAT",
     "DEFAULT_ARTIFACT",
+    "FAST_ARTIFACT",
     "ArtifactError",
     "RouterArtifact",
     "current_artifact_path",
     "default_store_dir",
     "load_artifact",
+    "overflow_artifact",
     "promoted_artifacts",
     "save_artifact",
 ]
 
 ARTIFACT_FORMAT = 1
 DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-router.json"
+FAST_ARTIFACT = DEFAULT_ARTIFACT.with_name("complexity-router-static.json")  # same data and target, no model call
 _FIX = "retrain with `cascade router train` (it writes a fresh artifact)"
 
 
@@ -178,3 +181,31 @@ def load_artifact(path: str | Path | None = None, embedder: str | None = None) -
     _check_compatible(meta, meta_path, embedder)
     router = _read_payload(meta, meta_path)
     return RouterArtifact(router=router, embedder=str(meta["embedder"]), metadata=meta)
+
+
+def overflow_artifact(primary: str | Path | None, choice: str) -> Path | None:
+    """The artifact that scores what the primary cannot in time (`serving.ClassifierScorer`), or None.
+
+    `choice`: "none"; "auto" (the fast shipped artifact when the primary is the shipped default, which it was
+    trained beside on the same data and target and whose scores share its scale; nothing for any other
+    primary, e.g. one promoted from the gateway's own labels); or a path. A named overflow artifact is
+    verified now and must predict the same target as the primary. Raises `ArtifactError`.
+    """
+    if choice == "none":
+        return None
+    primary_meta, _ = _paths(primary if primary is not None else current_artifact_path())
+    if choice == "auto":
+        if primary_meta.resolve() != DEFAULT_ARTIFACT.resolve():
+            return None
+        path = FAST_ARTIFACT
+    else:
+        path, _ = _paths(choice)
+    if path.resolve() == primary_meta.resolve():
+        return None
+    overflow = load_artifact(path)
+    primary_target = _read_metadata(primary_meta).get("target")
+    if overflow.metadata.get("target") != primary_target:
+        raise ArtifactError(f"router overflow artifact {path} predicts {overflow.metadata.get('target')!r} but "
+                            f"the primary {primary_meta} predicts {primary_target!r}: their scores are not on one "
+                            "scale; train both on the same target or use --router-overflow none")
+    return path

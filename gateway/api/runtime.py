@@ -112,7 +112,8 @@ def _make_scorer(settings: Settings) -> Scorer | None:
         return LengthScorer()
     from router_models.serving import load_scorer  # loads the embedding model: seconds
 
-    return load_scorer(str(settings.router_artifact) if settings.router_artifact else None)
+    return load_scorer(str(settings.router_artifact) if settings.router_artifact else None,
+                       overflow=settings.router_overflow)
 
 
 async def _make_ledger(settings: Settings) -> Ledger:
@@ -172,6 +173,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     pool_set.on_engine_restart = metrics.engine_restarted
     if isinstance(scorer, ClassifierScorer):
         scorer.on_batch = metrics.scoring_batch.observe
+        scorer.on_scored = metrics.router_scored
     accountant = Accountant(ledger, metrics)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
                                      on_change=metrics.ladder_changed)

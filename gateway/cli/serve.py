@@ -20,7 +20,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.logs import configure_logging
 
     configure_logging(args.log_level, json=args.log_format == "json")
-    problem = _startup_problem(Path(args.policy), args.scorer, args.router_artifact)
+    problem = _startup_problem(Path(args.policy), args.scorer, args.router_artifact, args.router_overflow)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
@@ -45,7 +45,7 @@ def _serve_workers(settings: Settings, args: argparse.Namespace) -> int:
     return run_workers(settings, args.host, args.port, args.workers, args.log_level, args.log_format == "json")
 
 
-def _startup_problem(policy: Path, scorer: str, artifact: Path | None = None) -> str | None:
+def _startup_problem(policy: Path, scorer: str, artifact: Path | None = None, overflow: str = "none") -> str | None:
     """Check what would make start-up fail, so `serve` says it in one line instead of a traceback."""
     from backends.machine_checks import checked_here
     from policies.loader import PolicyError, load_policy
@@ -55,10 +55,11 @@ def _startup_problem(policy: Path, scorer: str, artifact: Path | None = None) ->
     except PolicyError as exc:
         return str(exc)
     if scorer == "classifier":
-        from router_models.artifact import ArtifactError, load_artifact
+        from router_models.artifact import ArtifactError, load_artifact, overflow_artifact
 
         try:
             load_artifact(artifact)
+            overflow_artifact(artifact, overflow)
         except ArtifactError as exc:
             return f"{exc} (or start with --scorer length|none)"
     return None

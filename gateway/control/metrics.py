@@ -149,6 +149,9 @@ class GatewayMetrics:
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self._router_scored = Counter("cascade_router_scored", "texts scored by the classifier, by model: "
+                                           "primary, or overflow (a surge the primary could not score within "
+                                           "overflow_after_ms)", ["model"], registry=r)
         self.feedback = Counter("cascade_feedback", "POST /v1/feedback by outcome: score, thumbs (stored), "
                                 "not_found, invalid", ["outcome"], registry=r)
         self.learning = Counter("cascade_learning_events", "learning loop: prompts kept, shadow comparisons "
@@ -184,6 +187,10 @@ class GatewayMetrics:
     def engine_restarted(self, pool: str, index: int, reason: str) -> None:
         """The supervisor restarted replica `index` of `pool` (`backends.supervisor.RestartHook`)."""
         self.engine_restarts.labels(pool, reason).inc()
+
+    def router_scored(self, model: str, texts: int) -> None:
+        """The classifier scored `texts` texts with `model`: "primary" or "overflow" (`ClassifierScorer.on_scored`)."""
+        self._router_scored.labels(model).inc(texts)
 
     def in_flight_changed(self, pool: str, replica: Replica) -> None:
         """`replica.in_flight` of `pool` has just changed (`gateway.serving.proxy.InFlightHook`). Multiprocess mode
