@@ -65,6 +65,10 @@ class Procs:
         self._procs[name] = proc
         return proc
 
+    def pid(self, name: str) -> int:
+        """The PID of the running process `name` (also its process group id)."""
+        return self._procs[name].pid
+
     def log_tail(self, name: str, limit: int = 3000) -> str:
         path = self._log_dir / f"{name}.log"
         return path.read_text(errors="replace")[-limit:] if path.exists() else ""

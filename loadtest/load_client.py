@@ -47,6 +47,7 @@ class Sample:
     retry_after: str | None = None
     pool: str | None = None
     degraded: str | None = None
+    request_id: str | None = None  # the gateway's x-request-id (to find the request's ledger record)
     ttft_s: float | None = None
     e2e_s: float | None = None
     prompt_tokens: int = 0
@@ -63,6 +64,7 @@ class Sample:
         return {
             "phase": self.phase, "kind": self.kind, "tenant": self.tenant, "sent_s": round(self.sent_s, 4),
             "status": self.status, "error": self.error, "retry_after": self.retry_after, "pool": self.pool,
+            "request_id": self.request_id,
             "degraded": self.degraded, "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 2),
             "e2e_ms": None if self.e2e_s is None else round(self.e2e_s * 1000, 2),
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -116,6 +118,7 @@ async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, sent_s: fl
             sample.status = resp.status
             sample.retry_after = resp.headers.get("retry-after")
             sample.pool = resp.headers.get("x-cascade-pool")
+            sample.request_id = resp.headers.get("x-request-id")
             sample.degraded = resp.headers.get("x-cascade-degraded")
             if resp.status != 200:
                 sample.error = _error_text(resp.status, await resp.read())

@@ -134,20 +134,23 @@ class InProcessServer:
 
 
 def start_gateway(procs: Procs, policy: Path, home: Path | None, *, engines: bool, scorer: str, redis_prefix: str,
-                  ready_timeout_s: float, name: str = "gateway") -> str:
+                  ready_timeout_s: float, name: str = "gateway", env: dict[str, str] | None = None,
+                  log_level: str = "WARNING") -> str:
     """Start `python -m gateway serve` with `policy`; returns its base URL once `/readyz` answers 200 (with
     engines: once every pool has a ready replica, which takes minutes on 2 cores). `home`: its CASCADE_HOME
-    (None: the default `.cascade`, where the demo models are built once and reused)."""
+    (None: the default `.cascade`, where the demo models are built once and reused). `env`: more environment
+    variables of the gateway (e.g. `CASCADE_REDIS_URL`)."""
     import sys
 
     port = free_port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port),
-           "--scorer", scorer, "--redis-prefix", redis_prefix, "--log-level", "WARNING"]
+           "--scorer", scorer, "--redis-prefix", redis_prefix, "--log-level", log_level]
     if not engines:
         cmd.append("--no-engines")
     if home is not None:
         home.mkdir(parents=True, exist_ok=True)
-    proc = procs.start(name, cmd, {"CASCADE_HOME": str(home)} if home is not None else None)
+    extra = {"CASCADE_HOME": str(home)} if home is not None else {}
+    proc = procs.start(name, cmd, extra | (env or {}))
     base = f"http://127.0.0.1:{port}"
     wait_ready(base + "/readyz", proc, ready_timeout_s, name, lambda: procs.log_tail(name))
     return base

@@ -9,7 +9,9 @@ engaged, and the targets it checks. Run `python -m loadtest.scenarios --help`.
   mechanics in the gateway, probing, breakers and load-aware choice, are the same for both);
 - `real`: one start of the real engines for the headline figures: the surge with model `auto` and a
   gold/free tenant mix, the routed mix against all-flagship (cost from the gateway's /metrics, latency),
-  and the engine directly, through the gateway and through LiteLLM side by side (`loadtest.peer_bench`).
+  and the engine directly, through the gateway and through LiteLLM side by side (`loadtest.peer_bench`);
+- `chaos`: a real demo engine made to hang, a remote pool made unreachable and Redis stopped and started again,
+  in turn and overlapping, under steady load (`loadtest.scenario_chaos`).
 
 Real engines take minutes and ~3 GB each to start; on a shared machine serialize them:
 `flock /tmp/cascade-engines.lock python -m loadtest.scenarios real`.
@@ -242,6 +244,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from loadtest.scenario_chaos import add_chaos_arguments
     from loadtest.scenario_real import add_real_arguments
 
     p = argparse.ArgumentParser(prog="python -m loadtest.scenarios", description=__doc__.split("\n\n")[0]
@@ -269,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--steady-s", type=float, default=30.0)
     r.add_argument("--surge-s", type=float, default=30.0)
     add_real_arguments(r)
+    c = sub.add_parser("chaos", help="an engine hangs, a remote pool and Redis go away, under load (one real engine)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _common(c)
+    add_chaos_arguments(c)
     return p
 
 
@@ -279,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario in ("steady", "surge"):
         surge = args.scenario == "surge"
         record = real_load(args, surge, _load_scenario) if args.backend == "real" else fake_load(args, surge)
+    elif args.scenario == "chaos":
+        from loadtest.scenario_chaos import chaos_scenario
+
+        record = chaos_scenario(args)
     elif args.scenario == "real":
         record = real_suite(args, _load_scenario)
     else:
