@@ -67,7 +67,13 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   fi
   say "installing cascade-gateway and its dev tools"
   install -e ".[dev,train,demo,bench]"
-  "$VENV/bin/python" -c "import vllm, sentence_transformers, gateway" >/dev/null
+  # The check imports what the engines and the gateway import, and writes their bytecode: uv installs none
+  # (pip compiles every file, 26k here), and where PYTHONDONTWRITEBYTECODE is set (it is here) nothing would
+  # write it later, so every engine start would compile vLLM and torch again (17 s CPU with bytecode, 32 without)
+  env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server, \
+vllm.v1.engine.core, vllm.model_executor.models.llama, vllm.model_executor.models.mixtral, \
+sentence_transformers, gateway.cli.main, gateway.api.app" >>"$LOG" 2>&1 || {
+    tail -20 "$LOG"; say "the environment does not import; full log: $LOG"; exit 1; }
   echo "$WANT" > "$STAMP"
 else
   say "python environment up to date ($VENV)"
