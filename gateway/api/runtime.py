@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from backends.engine_client import EngineClient, make_engine_client
 from backends.pool import Pool
@@ -81,10 +82,23 @@ class Runtime:
             return fresh
 
     async def redis_ok(self) -> bool:
+        """Whether Redis answers a PING within 1 s. A failed connection is tried again (up to 3 times, within
+        that second): after a Redis restart each pooled connection opened before fails once on its next use
+        (redis-py then reopens it), and one such stale connection must not report a live Redis as down."""
         if self.redis is None:
             return True
+        redis = self.redis
+
+        async def ping() -> bool:
+            for _ in range(2):
+                try:
+                    return bool(await redis.ping())
+                except RedisConnectionError:
+                    continue
+            return bool(await redis.ping())
+
         try:
-            return bool(await asyncio.wait_for(self.redis.ping(), 1.0))
+            return await asyncio.wait_for(ping(), 1.0)
         except Exception:
             return False
 

@@ -4,6 +4,7 @@ an optional pool that is down is reported as degraded. Remote pools are optional
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from gateway.api.app import create_app
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml
-from tests.servers import free_port, serve
+from tests.servers import PrivateRedis, free_port, serve
 
 Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
@@ -70,3 +71,18 @@ def test_redis_down_makes_the_gateway_unready(tmp_path: Path, upstreams: Upstrea
         ready = httpx.get(url + "/readyz", timeout=10)
         assert ready.status_code == 503
         assert ready.json()["redis"] is False and ready.json()["degraded"] == []
+
+
+def test_redis_restarted_is_ready_at_once_despite_connections_opened_before(
+    tmp_path: Path, upstreams: Upstreams, private_redis: PrivateRedis
+) -> None:
+    """Every pooled connection opened before a Redis restart fails once on its next use; /readyz must not say
+    Redis is down because its ping drew one (the chaos run saw a lone `redis: false` 30 s after the restart)."""
+    _, micro_url, _, flagship_url = upstreams
+    with _gateway(tmp_path, micro_url, flagship_url, ledger="redis", redis_url=private_redis.url,
+                  redis_prefix="readyz:") as url:
+        with ThreadPoolExecutor(8) as pool:  # several /readyz at once: several pooled connections
+            assert {r.status_code for r in pool.map(lambda _: httpx.get(url + "/readyz"), range(16))} == {200}
+        private_redis.restart()
+        answers = [httpx.get(url + "/readyz") for _ in range(8)]
+        assert [(r.status_code, r.json()["redis"]) for r in answers] == [(200, True)] * 8
