@@ -9,11 +9,13 @@ supervisor running one real demo vLLM engine as the micro pool) keeps its promis
 - Redis (a private redis-server, never the shared one) is killed and started again on the same port, with one
   tenant `on_redis_outage: fail_closed` (`strict`) and one `fail_open` (`lenient`), both rate limited.
 
-It prints what the client saw (requests sent, answered per status), the 5xx other than the fail_closed 503s, the
-ledger against the completed requests (after Redis is back and the gateway's outbox has replayed what it held),
-the engine restarts the gateway counts (`cascade_engine_restarts_total{reason}`) and `/readyz` over time with the
-reason of each 503 (Redis down, a required pool down, or neither: a fault of the gateway). `check_invariants`
-turns the record into pass/fail lines. Run `python -m loadtest.scenarios chaos --help`.
+The load lasts at least `load_s` and then until the restarted engine has been back for 10 s (an engine start
+is 1-2 minutes on 2 shared cores). It prints what the client saw (requests sent, answered per status), the 5xx
+other than the fail_closed 503s, the ledger against the completed requests (after Redis is back and the gateway's
+outbox has replayed what it held), the engine restarts the gateway counts (`cascade_engine_restarts_total{reason}`)
+and `/readyz` over time with the reason of each 503 (Redis down, a required pool down, or neither: a fault of the
+gateway). `loadtest.chaos_figures` computes these figures and turns the record into pass/fail lines. Run
+`python -m loadtest.scenarios chaos --help`.
 """
 
 from __future__ import annotations
@@ -25,45 +27,52 @@ import os
 import signal
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
-import redis
-import redis.asyncio as aioredis
 
 from backends.demo_models import models_root
-from gateway.costs.report import verify
-from gateway.ledger.keys import LedgerKeys
-from loadtest.bench_env import Procs, free_port, http_get
+from loadtest.bench_env import Procs, free_port
+from loadtest.chaos_figures import (
+    PREFIX,
+    check_invariants,
+    client_view,
+    compare_ledger,
+    engine_restarts,
+    format_record,
+    readiness,
+    state,
+    supervisor_lines,
+)
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.load_client import Sample
-from loadtest.load_metrics import samples as metric_samples
 from loadtest.load_phases import Phase
-from loadtest.loadgen import LoadConfig, TenantKey, run_load
+from loadtest.loadgen import LoadConfig, LoadRun, TenantKey, run_load
 from loadtest.prompt_mix import parse_mix
-from loadtest.scenario_checks import Check, format_checks
+from loadtest.scenario_checks import format_checks
 from loadtest.scenario_env import InProcessServer, start_gateway
 from tests.servers import PrivateRedis
 
-__all__ = ["Faults", "add_chaos_arguments", "chaos_policy", "chaos_scenario", "check_invariants", "engine_pid",
-           "faults_of", "format_record", "run_chaos"]
+__all__ = ["Faults", "add_chaos_arguments", "chaos_policy", "chaos_scenario", "engine_pid", "faults_of", "run_chaos"]
 
 STRICT_KEY, LENIENT_KEY = "sk-chaos-strict", "sk-chaos-lenient"
-PREFIX = "chaos:"  # the private Redis holds nothing else
+CHUNK_S = 10.0  # the load is sent in loadgen runs of this length, so that it can end once the engine is back
+TAIL_S = 10.0  # seconds of load after /readyz says the micro pool is back
 
 
 @dataclass(frozen=True, slots=True)
 class Faults:
-    """When each fault starts, in seconds from the start of the load, and how long the load lasts."""
+    """When each fault starts, in seconds from the start of the load, and how long the load lasts: at least
+    `load_s`, then until the restarted micro engine has served `TAIL_S`, at most `max_load_s`."""
 
-    load_s: float = 150.0
+    load_s: float = 60.0
+    max_load_s: float = 240.0
     cloud_down_s: float = 8.0
     hang_s: float = 15.0
     redis_down_s: float = 35.0
@@ -189,114 +198,56 @@ async def _fire(hooks: list[tuple[float, str, Callable[[], None]]], t0: float, e
         print(f"  [{events[-1][0]:6.1f}s] {what}", flush=True)
 
 
+def _chunk(env: _Env, args: argparse.Namespace, k: int) -> LoadConfig:
+    return LoadConfig(base_url=env.url, model="auto", phases=[Phase("chaos", CHUNK_S, args.rate, args.rate)],
+                      mix=parse_mix(args.mix), tenants=[TenantKey("strict", STRICT_KEY), TenantKey("lenient",
+                      LENIENT_KEY)], max_tokens=args.max_tokens, seed=args.seed + k, timeout_s=90, progress=False,
+                      label="chaos")
+
+
+def _micro_back_at(ready: list[dict[str, Any]]) -> float | None:
+    """When /readyz first said the micro pool is up again after it had said it is down."""
+    was_down = False
+    for p in ready:
+        up = p.get("pools", {}).get("micro")
+        was_down = was_down or up is False
+        if was_down and up:
+            return float(p["t"])
+    return None
+
+
 async def _load(env: _Env, faults: Faults, args: argparse.Namespace) -> tuple[list[Sample], list[dict[str, Any]]]:
-    config = LoadConfig(base_url=env.url, model="auto", phases=[Phase("chaos", faults.load_s, args.rate, args.rate)],
-                        mix=parse_mix(args.mix), tenants=[TenantKey("strict", STRICT_KEY), TenantKey("lenient",
-                        LENIENT_KEY)], max_tokens=args.max_tokens, seed=args.seed, timeout_s=90,
-                        progress=not args.quiet, label="chaos")
+    """Poisson arrivals at `args.rate` in back-to-back chunks of `CHUNK_S` (each a `loadgen` run, started on
+    time while the one before still finishes its requests), for at least `load_s` and until the micro pool has
+    been back `TAIL_S` (at most `max_load_s`)."""
     t0, stop = time.monotonic(), asyncio.Event()
     ready: list[dict[str, Any]] = []
     poller = asyncio.create_task(_poll_readyz(env.url, t0, stop, ready))
     fire = asyncio.create_task(_fire(_hooks(env, faults), t0, env.events))
+    chunks: list[tuple[float, asyncio.Task[LoadRun]]] = []
     try:
-        run = await run_load(config)
+        while True:
+            at, back = time.monotonic() - t0, _micro_back_at(ready)
+            if at >= faults.max_load_s or (at >= faults.load_s and back is not None and at - back >= TAIL_S):
+                break
+            chunks.append((at, asyncio.create_task(run_load(_chunk(env, args, len(chunks))))))
+            if not args.quiet and ready:
+                print(f"  [{at:6.1f}s] /readyz {state(ready[-1])}", flush=True)
+            await asyncio.sleep(max(0.0, t0 + CHUNK_S * len(chunks) - time.monotonic()))
+        runs = [(offset, await task) for offset, task in chunks]
     finally:
         stop.set()
         await poller
-        if not fire.done():
-            fire.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await fire
-    return run.samples, ready
-
-
-def _records(url: str) -> list[dict[str, str]]:
-    client = redis.Redis.from_url(url, decode_responses=True)
-    try:
-        entries: list[tuple[str, dict[str, str]]] = client.xrange(PREFIX + "records")  # type: ignore[assignment]
-        return [fields for _, fields in entries]
-    finally:
-        client.close()
-
-
-async def _ledger(redis_url: str, completed: dict[str, Sample], settle_s: float) -> dict[str, Any]:
-    """Wait (up to `settle_s`) for a record of every completed request (the outbox replays after an outage),
-    then compare: records by status, completed without a record, recorded twice, tokens, rollups."""
-    waited = time.monotonic()
-    while True:
-        records = await asyncio.to_thread(_records, redis_url)
-        ok = {r["request_id"]: r for r in records if r["status"] == "ok"}
-        if ok.keys() >= completed.keys() or time.monotonic() - waited > settle_s:
-            break
-        await asyncio.sleep(0.5)
-    ids = Counter(r["request_id"] for r in records)
-    wrong_tokens = [rid for rid, s in completed.items() if rid in ok and (int(ok[rid]["prompt_tokens"]),
-                    int(ok[rid]["completion_tokens"])) != (s.prompt_tokens, s.completion_tokens)]
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        today = datetime.now(UTC).date()
-        rollups = await verify(client, LedgerKeys(PREFIX), today - timedelta(days=1), today)
-    finally:
-        await client.aclose()
-    return {"records": len(records), "by_status": dict(Counter(r["status"] for r in records)),
-            "completed": len(completed), "lost": sorted(completed.keys() - ok.keys()),
-            "ok_not_completed": sorted(ok.keys() - completed.keys()),
-            "twice": [i for i, n in ids.items() if n > 1], "wrong_tokens": wrong_tokens,
-            "rollups_ok": rollups.ok, "settled_in_s": round(time.monotonic() - waited, 1)}
-
-
-def _fail_closed(s: Sample) -> bool:
-    return s.tenant == "strict" and s.status == 503 and "cannot be checked" in (s.error or "")
-
-
-def _client_view(samples: list[Sample], faults: Faults) -> dict[str, Any]:
-    def label(s: Sample) -> str:
-        if s.ok:
-            return "200"
-        if _fail_closed(s):
-            return "503 fail_closed"
-        return "200 stream error" if s.status == 200 else "no answer" if s.status == 0 else str(s.status)
-
-    answered = Counter(f"{s.tenant} {label(s)}" for s in samples)
-    unexpected = [s for s in samples if s.status >= 500 and not _fail_closed(s)]
-    pools = Counter(f"{s.pool or '-'}" for s in samples if s.ok)
-    micro_after = [s for s in samples if s.ok and s.pool == "micro" and s.sent_s > faults.hang_s]
-    return {"sent": len(samples), "answered": dict(sorted(answered.items())), "pools": dict(pools),
-            "unexpected_5xx": len(unexpected), "unexpected_examples": [s.error for s in unexpected[:3]],
-            "other_failures": [f"{s.status} {s.error}" for s in samples
-                               if not s.ok and not _fail_closed(s) and s.status < 500][:5],
-            "micro_served_after_hang": len(micro_after),
-            "micro_back_at_s": round(min(s.sent_s for s in micro_after), 1) if micro_after else None}
-
-
-def _readiness(ready: list[dict[str, Any]]) -> dict[str, Any]:
-    """/readyz spans (state changes) and each 503's reason."""
-    def state(p: dict[str, Any]) -> str:
-        if p["status"] == 200:
-            return "200" + (f" degraded {','.join(p['degraded'])}" if p["degraded"] else "")
-        if p["status"] == 0:
-            return "no answer"
-        down = [n for n in p["required"] if not p["pools"].get(n, False)]
-        why = (["redis down"] if p["redis"] is False else []) + [f"{n} down (required)" for n in down]
-        return f"{p['status']} " + (", ".join(why) or "no reason (optional pools only)")
-
-    spans: list[list[Any]] = []
-    for p in ready:
-        s = state(p)
-        if spans and spans[-1][2] == s:
-            spans[-1][1] = p["t"]
-        else:
-            spans.append([p["t"], p["t"], s])
-    unexplained = [p for p in ready if (p["status"] != 200 and "no reason" in state(p)) or p["status"] == 0]
-    cloud_seen_down = any("cloud" in p.get("degraded", []) for p in ready)
-    return {"samples": len(ready), "spans": spans, "unexplained_503": len(unexplained),
-            "cloud_reported_degraded": cloud_seen_down}
-
-
-def _restarts(url: str) -> dict[str, float]:
-    _, body = http_get(url + "/metrics", timeout_s=10)
-    return {lb.get("reason", "?"): v for name, lb, v in metric_samples(body.decode())
-            if name == "cascade_engine_restarts_total" and lb.get("pool") == "micro"}
+        for task in (fire, *(t for _, t in chunks)):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    samples = []
+    for offset, run in runs:
+        for sample in run.samples:
+            sample.sent_s += offset
+            samples.append(sample)
+    return samples, ready
 
 
 def _start(stack: ExitStack, procs: Procs, tmp: Path, faults: Faults, args: argparse.Namespace) -> _Env:
@@ -332,19 +283,6 @@ def _keep_logs(tmp: Path, out: Path) -> Path:
     return dest
 
 
-def _supervisor_lines(log: Path) -> list[str]:
-    """What the supervisor said about the micro pool (starts, the hang, the restart and how long it took)."""
-    if not log.exists():
-        return []
-    lines = []
-    for line in log.read_text(errors="replace").splitlines():
-        with contextlib.suppress(orjson.JSONDecodeError):
-            message = orjson.loads(line).get("msg", "") if line.startswith("{") else line
-            if "pool micro:" in message and "waiting for" not in message:
-                lines.append(message[:200])
-    return lines
-
-
 def run_chaos(args: argparse.Namespace, faults: Faults) -> dict[str, Any]:
     """One run (gateway start, load with the faults, ledger settle); returns its record."""
     with tempfile.TemporaryDirectory(prefix="scenario-chaos-") as tmp, ExitStack() as stack:
@@ -355,8 +293,8 @@ def run_chaos(args: argparse.Namespace, faults: Faults) -> dict[str, Any]:
             loadavg = os.getloadavg()
             samples, ready = asyncio.run(_load(env, faults, args))
             completed = {str(s.request_id): s for s in samples if s.ok}
-            ledger = asyncio.run(_ledger(env.redis.url, completed, args.settle_s))
-            restarts = _restarts(env.url)
+            ledger = asyncio.run(compare_ledger(env.redis.url, completed, args.settle_s))
+            restarts = engine_restarts(env.url)
             new_pid = engine_pid(env.gateway_pid)
         except BaseException:
             if env is None:
@@ -367,53 +305,16 @@ def run_chaos(args: argparse.Namespace, faults: Faults) -> dict[str, Any]:
             for pid in env.hung if env else []:
                 _end_group(pid)
             logs = _keep_logs(Path(tmp), args.out)
-    return {"logs": str(logs), "supervisor": _supervisor_lines(logs / "gateway.log"), "faults": _fields(faults),
+        (logs / "samples.json").write_bytes(orjson.dumps([s.to_json() for s in samples]))
+    return {"logs": str(logs), "supervisor": supervisor_lines(logs / "gateway.log"), "faults": _fields(faults),
             "loadavg_at_start": [round(x, 2) for x in loadavg],
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()], "events": env.events,
-            "client": _client_view(samples, faults), "ledger": ledger, "restarts": restarts,
-            "engine_pid": {"hung": env.hung, "after": new_pid}, "readyz": _readiness(ready)}
+            "client": client_view(samples, faults.hang_s), "ledger": ledger, "restarts": restarts,
+            "engine_pid": {"hung": env.hung, "after": new_pid}, "readyz": readiness(ready)}
 
 
 def _fields(faults: Faults) -> dict[str, float]:
     return {name: getattr(faults, name) for name in Faults.__slots__}
-
-
-def check_invariants(record: dict[str, Any]) -> list[Check]:
-    client, ledger, ready = record["client"], record["ledger"], record["readyz"]
-    hung = record["engine_pid"]["hung"]
-    return [
-        Check("no 5xx but the fail_closed 503s", client["unexpected_5xx"] == 0, str(client["unexpected_examples"])),
-        Check("no lost cost record (every completed request recorded once, its tokens, rollups verified)",
-              not ledger["lost"] and not ledger["twice"] and not ledger["wrong_tokens"] and ledger["rollups_ok"],
-              f"{ledger['completed']} completed, {ledger['by_status']} records; lost {ledger['lost'][:3]}"),
-        Check("the hung engine was restarted and counted", record["restarts"].get("hung", 0) >= 1
-              and bool(hung) and record["engine_pid"]["after"] not in hung, f"restarts {record['restarts']}"),
-        Check("the micro engine serves again after its restart", client["micro_served_after_hang"] > 0,
-              f"first at {client['micro_back_at_s']} s"),
-        Check("/readyz never failed because of the optional cloud pool", ready["unexplained_503"] == 0
-              and ready["cloud_reported_degraded"], f"{len(ready['spans'])} spans"),
-    ]
-
-
-def format_record(record: dict[str, Any]) -> str:
-    c, led, r = record["client"], record["ledger"], record["readyz"]
-    lines = [f"load average at start {record['loadavg_at_start']}, at end {record['loadavg_at_end']}",
-             "faults: " + "; ".join(f"{t} s {what}" for t, what in record["events"]),
-             f"requests sent {c['sent']}; answered: " + ", ".join(f"{k} {v}" for k, v in c["answered"].items()),
-             f"served by pool: {c['pools']}; micro again from {c['micro_back_at_s']} s "
-             f"({c['micro_served_after_hang']} after the hang)",
-             f"5xx other than fail_closed 503: {c['unexpected_5xx']} {c['unexpected_examples']}",
-             f"other failures, e.g.: {c['other_failures']}",
-             f"ledger: {led['records']} records {led['by_status']} vs {led['completed']} completed; lost "
-             f"{len(led['lost'])}, recorded twice {len(led['twice'])}, ok but not completed "
-             f"{len(led['ok_not_completed'])}, tokens differ {len(led['wrong_tokens'])}, rollups verified "
-             f"{led['rollups_ok']} (settled {led['settled_in_s']} s after the load)",
-             f"engine restarts (cascade_engine_restarts_total, pool micro): {record['restarts']}; engine pid "
-             f"{record['engine_pid']['hung']} -> {record['engine_pid']['after']}",
-             *(f"  supervisor: {line}" for line in record["supervisor"]),
-             f"/readyz ({r['samples']} polls, 0.5 s apart):"]
-    lines += [f"  {a:6.1f}-{b:6.1f} s  {s}" for a, b, s in r["spans"]]
-    return "\n".join(lines)
 
 
 def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
@@ -430,8 +331,8 @@ def faults_of(args: argparse.Namespace) -> Faults:
 
 def chaos_scenario(args: argparse.Namespace) -> dict[str, Any]:
     """The `chaos` scenario of `loadtest.scenarios`: one run, its figures and its checks printed."""
-    print(f"\n=== chaos: {args.load_s:g} s at {args.rate:g} req/s, model auto, tenants strict (fail_closed) and "
-          "lenient (fail_open)", flush=True)
+    print(f"\n=== chaos: {args.load_s:g}-{args.max_load_s:g} s at {args.rate:g} req/s, model auto, tenants strict "
+          "(fail_closed) and lenient (fail_open)", flush=True)
     record = run_chaos(args, faults_of(args))
     print(format_record(record))
     checks = check_invariants(record)
