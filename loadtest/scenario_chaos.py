@@ -143,7 +143,14 @@ def engine_pid(gateway_pid: int) -> int:
 
 
 def _end_group(pgid: int) -> None:
-    """A stopped group left behind (the restart failed, or the run ended early): continue it and kill it."""
+    """A stopped group left behind (the restart failed, or the run ended early): continue it and kill it. Only
+    while its leader is still there and stopped (state T), so that a reused PID is never signalled."""
+    try:
+        stopped = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return
+    if not stopped:
+        return
     for sig in (signal.SIGCONT, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
