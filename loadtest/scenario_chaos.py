@@ -54,10 +54,10 @@ from loadtest.fake_upstream import FakeUpstream
 from loadtest.load_client import Sample
 from loadtest.load_phases import Phase
 from loadtest.loadgen import LoadConfig, LoadRun, TenantKey, run_load
+from loadtest.private_redis import PrivateRedis
 from loadtest.prompt_mix import parse_mix
 from loadtest.scenario_checks import format_checks
 from loadtest.scenario_env import InProcessServer, start_gateway
-from tests.servers import PrivateRedis
 
 __all__ = ["Faults", "add_chaos_arguments", "chaos_policy", "chaos_scenario", "engine_pid", "faults_of", "run_chaos"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,17 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 import uvicorn
 
+from loadtest.bench_env import free_port
+from loadtest.private_redis import PrivateRedis
+
+__all__ = ["ROOT", "PrivateRedis", "free_port", "serve", "start_gateway", "wait_ready"]
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -90,49 +86,3 @@ def start_gateway(policy: Path, port: int, prefix: str, home: Path, env: Mapping
     return proc
 
 
-class PrivateRedis:
-    """A redis-server this test owns, on a port of its own that stays the same across restarts (so clients
-    built on `url` reconnect), with its append-only file (fsync always, as production should run) in
-    `directory`. Built stopped: `start()` it, or leave it down to test an outage first. Stopped by its own
-    PID only."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._dir = directory
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start it and return once it answers PING (after loading its append-only file). Raises if it exits
-        first (e.g. the port was taken meanwhile) or does not answer in 10 s."""
-        cmd = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self._dir),
-               "--save", "", "--appendonly", "yes", "--appendfsync", "always"]
-        self._proc = proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, socket_timeout=0.5)
-        deadline = time.monotonic() + 10
-        try:
-            while True:
-                try:
-                    if client.ping():
-                        return
-                except redis.RedisError:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"redis-server on port {self.port} exited ({proc.returncode})") from None
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-        finally:
-            client.close()
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, not a clean shutdown (acknowledged writes are in the fsynced append-only file).
-        Does nothing when it is not running."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-            self._proc = None
-
-    def restart(self) -> None:
-        """A crash and a start again on the same port, with the same data."""
-        self.kill()
-        self.start()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -24,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose.yaml"
@@ -62,12 +63,6 @@ def _podman_env(image: str) -> dict[str, str]:
     if conf.strip():
         env["CONTAINERS_CONF"] = conf.strip()
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -126,7 +121,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(built: Built) -> Iterator[Stack]:
     """deploy/compose.yaml up under a project of its own, ready (or the test fails with the logs); down -v after."""
-    project, port = f"cascadetest{uuid.uuid4().hex[:8]}", _free_port()
+    project, port = f"cascadetest{uuid.uuid4().hex[:8]}", free_port()
     env = built.env | {"CASCADE_IMAGE": built.image, "CASCADE_REDIS_IMAGE": REDIS_IMAGE, "CASCADE_PORT": str(port)}
     compose = ["podman-compose", "-p", project, "-f", str(COMPOSE)]
     subprocess.run([*compose, "up", "-d"], env=env, check=True, capture_output=True, timeout=300)
@@ -182,7 +177,7 @@ def test_gateway_runs_unprivileged_and_its_healthcheck_passes(stack: Stack) -> N
 
 def test_gateway_without_redis_stays_not_ready_and_never_restarts(stack: Stack) -> None:
     """Started on the stack's network with its engines but a Redis port nothing listens on."""
-    port, name = _free_port(), f"{stack.project}_noredis"
+    port, name = free_port(), f"{stack.project}_noredis"
     redis_url = "redis://redis:6390/0"
     stack.built.podman(
         "run", "-d", "--name", name, "--network", f"{stack.project}_default", "--restart", "unless-stopped",
