@@ -124,6 +124,13 @@ def test_no_upward_imports() -> None:
     assert wrong == []
 
 
+def test_no_package_imports_the_tests() -> None:
+    wrong = sorted(f"{name} imports {target}" for name, path in _modules().items()
+                   for target, _ in _imports(ast.parse(path.read_text(encoding="utf-8")))
+                   if target.split(".")[0] == "tests")
+    assert wrong == []
+
+
 @pytest.mark.parametrize("env_home", [None, "relative/home"])
 def test_every_layer_agrees_where_state_lives(tmp_path: Path, env_home: str | None) -> None:
     """Started from another folder, the gateway's settings, the demo models, the router's caches and its
