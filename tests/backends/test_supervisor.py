@@ -28,6 +28,10 @@ print("fake engine starting on", port, flush=True)
 if mode == "die":
     print("fatal: out of cheese", flush=True)
     sys.exit(3)
+if mode == "nodevice":  # vLLM's CUDA build where no GPU is visible (split: this source is in the log too)
+    print("RuntimeError: Failed to infer " + "device type, please set the environment variable "
+          "`VLLM_LOGGING_LEVEL=DEBUG` to turn on verbose logging to help debug the issue.", flush=True)
+    sys.exit(1)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print("fake-child", child.pid, flush=True)
 if mode == "hang":
@@ -239,6 +243,18 @@ async def test_an_engine_that_answers_requests_is_not_hung_though_its_health_che
 async def test_start_error_carries_log_tail(tmp_path: Path) -> None:
     with pytest.raises(EngineStartError, match=r"(?s)exited with code 3.*out of cheese"):
         await _fake_supervisor(tmp_path, "die").start()
+
+
+async def test_start_error_without_a_gpu_says_so_first(tmp_path: Path) -> None:
+    with pytest.raises(EngineStartError) as caught:
+        await _fake_supervisor(tmp_path, "nodevice").start()
+    first = str(caught.value).splitlines()[0]
+    assert "exited with code 1" in first and "needs a GPU that the engine can see" in first
+    assert "Failed to infer device type" in str(caught.value)  # vLLM's own line stays in the tail
+    (tmp_path / "other").mkdir()
+    with pytest.raises(EngineStartError) as other:  # another failure: no such hint
+        await _fake_supervisor(tmp_path / "other", "die").start()
+    assert "needs a GPU" not in str(other.value)
 
 
 async def test_start_timeout_stops_the_group(tmp_path: Path) -> None:
