@@ -83,7 +83,6 @@ def _variant_label(variant: Variant) -> str:
 
 
 def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
-    import time
     from dataclasses import fields, replace
 
     from router_models.serving import BatchingConfig, load_scorer
@@ -98,10 +97,8 @@ def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant
     threads = variant.get("threads")
     scorer = (load_scorer(artifact, config, overflow=overflow) if threads is None
               else load_scorer(artifact, config, int(threads), overflow=overflow))
-    if overflow != "none":  # measure with the overflow model attached (it loads in the background)
-        deadline = time.monotonic() + 300
-        while scorer.overflow is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+    if scorer.overflow_loader is not None:  # measure with the overflow model attached (it loads in the background)
+        scorer.overflow_loader.join(300)
 
     async def score_one(text: str) -> float:
         return (await scorer.score([text]))[0]

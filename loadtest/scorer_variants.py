@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,6 +115,10 @@ async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str]) 
                                    cell["seed"])
             sizes = list(scorer.batch_sizes) or [0]
             stats = f"batches={len(sizes)} mean_batch={sum(sizes) / len(sizes):.1f} max_batch={max(sizes)}"
+            by_model = getattr(scorer, "scored_by", None)
+            if by_model and getattr(scorer, "overflow", None) is not None:
+                stats += f" overflow={by_model['overflow'] / (sum(by_model.values()) or 1):.1%}"
+                by_model.update(primary=0, overflow=0)
             print(json.dumps({**asdict(res), "stats": stats}), flush=True)
     finally:
         await scorer.aclose()
@@ -132,7 +137,18 @@ def main() -> None:
     from router_models.serving import load_scorer
 
     origin = str(Path(router_models.__file__).resolve().parent)
-    asyncio.run(_serve(load_scorer(args.artifact), origin, _prompts(Path(args.prompts))))
+    asyncio.run(_serve(_gateway_scorer(load_scorer, args.artifact), origin, _prompts(Path(args.prompts))))
+
+
+def _gateway_scorer(load_scorer: Callable[..., ClassifierScorer], artifact: str | None) -> ClassifierScorer:
+    """The tree's scorer as its gateway serves it: with the overflow model where the tree has one (the gateway's
+    default, `$CASCADE_ROUTER_OVERFLOW` else auto), attached before the load starts."""
+    if "overflow" not in inspect.signature(load_scorer).parameters:
+        return load_scorer(artifact)
+    scorer = load_scorer(artifact, overflow=os.environ.get("CASCADE_ROUTER_OVERFLOW") or "auto")
+    if scorer.overflow_loader is not None:
+        scorer.overflow_loader.join(300)
+    return scorer
 
 
 if __name__ == "__main__":

@@ -115,6 +115,7 @@ class ClassifierScorer:
         self.scored_by = {"primary": 0, "overflow": 0}
         self.on_scored: Callable[[str, int], None] | None = None
         self._primary_s_per_text = 0.0  # measured, EWMA over batches: the overflow decision's cost estimate
+        self.overflow_loader: threading.Thread | None = None  # `load_overflow_in_background`'s thread
         self._config = config or BatchingConfig()
         if self._config.workers < 1 or self._config.max_batch < 1:
             raise ValueError(f"workers and max_batch must be >= 1, got {self._config}")
@@ -239,6 +240,7 @@ class ClassifierScorer:
 
         thread = threading.Thread(target=run, name="router-overflow-load", daemon=True)
         thread.start()
+        self.overflow_loader = thread
         return thread
 
     async def aclose(self) -> None:
