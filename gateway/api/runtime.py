@@ -176,8 +176,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         raise
     pool_set = PoolSet(settings, engines, progress)
     try:
-        scorer = await asyncio.to_thread(_make_scorer, settings)
-        await pool_set.start(policies.current.policy)
+        await pool_set.start(policies.current.policy)  # local engines load in the background meanwhile:
+        scorer = await asyncio.to_thread(_make_scorer, settings)  # on a fresh machine the ONNX export takes ~25 s
     except BaseException:
         await pool_set.aclose()
         await ledger.aclose()
