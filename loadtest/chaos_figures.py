@@ -29,10 +29,11 @@ __all__ = ["PREFIX", "check_invariants", "client_view", "compare_ledger", "engin
 PREFIX = "chaos:"  # the ledger's key prefix; the private Redis holds nothing else
 
 
-def ledger_records(url: str) -> list[dict[str, str]]:
+def ledger_records(url: str, prefix: str = PREFIX) -> list[dict[str, str]]:
+    """Every cost record in the ledger stream under `prefix` (the chaos tests' own prefixes use it too)."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        entries: list[tuple[str, dict[str, str]]] = client.xrange(PREFIX + "records")  # type: ignore[assignment]
+        entries: list[tuple[str, dict[str, str]]] = client.xrange(prefix + "records")  # type: ignore[assignment]
         return [fields for _, fields in entries]
     finally:
         client.close()

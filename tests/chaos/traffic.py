@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 import orjson
-import redis
 
+from loadtest.chaos_figures import ledger_records
 from tests.conftest import verify_recent
 
 __all__ = ["Kind", "Outcome", "Traffic", "ledger_records", "reconcile"]
@@ -149,15 +149,6 @@ class Traffic:
             return Outcome(kind, **base, ended=time.monotonic(), detail=f"{type(exc).__name__}: {exc}")
         except httpx.HTTPError as exc:
             return Outcome(Kind.BROKEN, **base, ended=time.monotonic(), detail=f"{type(exc).__name__}: {exc}")
-
-
-def ledger_records(redis_url: str, prefix: str) -> list[dict[str, str]]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        entries: list[tuple[str, dict[str, str]]] = client.xrange(prefix + "records")  # type: ignore[assignment]
-        return [fields for _, fields in entries]
-    finally:
-        client.close()
 
 
 async def _verify(redis_url: str, prefix: str) -> tuple[bool, str]:
