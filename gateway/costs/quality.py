@@ -10,7 +10,9 @@ Two sources, each optional:
 
 The realised flagship share is flagship-pool requests over micro- plus flagship-pool requests in the
 report's rollups. The rollups do not keep the routing rule, so requests pinned to a pool by model name and
-cascade probes count as routed: an approximation, stated in the output. Labels are not filtered by date.
+cascade probes count as routed; nor which model scored a request, so those a surge sent to the router's overflow
+model (lower quality, `router_models/MODEL_CARD.md`) count at the primary's curve: approximations, stated in the
+output. Labels are not filtered by date.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ __all__ = ["LabelEstimate", "QualityEstimate", "estimate_quality", "label_estima
 
 log = logging.getLogger("cascade.costs")
 NO_CURVE = "artifact has no evaluation curve"
-APPROXIMATION = "pinned-model requests and cascade probes count as routed (rollups keep no rule)"
+APPROXIMATION = ("pinned-model requests and cascade probes count as routed (rollups keep no rule); requests a "
+                 "surge sent to the router's overflow model count at the primary's curve (their share: "
+                 "cascade_router_scored_total)")
 
 
 @dataclass(frozen=True, slots=True)
