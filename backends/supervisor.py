@@ -43,6 +43,7 @@ __all__ = [
     "Replica",
     "RestartHook",
     "choose_ports",
+    "live_group_members",
 ]
 
 _log = logging.getLogger(__name__)
@@ -144,6 +145,32 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         return False
+    return True
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of a process group, read from /proc (empty where there is none)."""
+    members = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+async def _group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    """Wait until a SIGKILLed group has no live member (a killed process dies when it is next scheduled, so
+    on a loaded machine a child can outlive the leader's reaping by a moment). False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while live_group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
     return True
 
 
@@ -376,6 +403,8 @@ class EngineSupervisor:
             _signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children (or a hung leader)
         if replica.process is not None:
             await replica.process.wait()  # reaped, so that its port is free again
+        if replica.pid is not None:
+            await _group_gone(replica.pid)  # and its children gone, with the memory they hold
         await asyncio.sleep(delay)
         if self._closed:
             return
@@ -410,6 +439,9 @@ class EngineSupervisor:
         # Children may outlive the leader; the group id stays valid while any of them lives.
         _signal_group(process.pid, signal.SIGKILL)
         await process.wait()
+        if not await _group_gone(process.pid):
+            self._say(f"pool {self.pool}: replica {replica.index} (group {process.pid}) still has live processes "
+                      "10 s after SIGKILL: " + ", ".join(map(str, live_group_members(process.pid))))
 
     async def aclose(self) -> None:
         """Stop monitoring, stop every replica and close the HTTP client. Idempotent."""

@@ -18,7 +18,7 @@ import pytest
 
 from backends.cpu_pinning import cpus_of, engine_processes, thread_affinity
 from backends.engine_args import engine_command, engine_env
-from backends.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports
+from backends.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports, live_group_members
 from policies.schema import EngineSpec
 
 FAKE_ENGINE = r"""
@@ -51,21 +51,6 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return min(port, 60000)
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in a process group, read from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
 
 
 def test_engine_command_for_demo_model(tmp_path: Path) -> None:
@@ -179,15 +164,15 @@ async def test_fake_engine_restart_and_stop(tmp_path: Path) -> None:
         assert supervisor.ready_urls == supervisor.urls and len(supervisor.urls) == 2
         victim = supervisor.replicas[0]
         old_pid = victim.pid
-        assert old_pid is not None and len(_group_members(old_pid)) == 2  # server + its child
+        assert old_pid is not None and len(live_group_members(old_pid)) == 2  # server + its child
         os.kill(old_pid, signal.SIGKILL)
         await _wait_until(lambda: victim.pid != old_pid and victim.ready)
-        assert victim.restarts == 1 and _group_members(old_pid) == []  # orphaned child killed too
+        assert victim.restarts == 1 and live_group_members(old_pid) == []  # orphaned child killed too
         assert any("exited with code -9; restarting" in m for m in messages)
     finally:
         await supervisor.aclose()
     for replica in supervisor.replicas:
-        assert replica.pid is not None and _group_members(replica.pid) == []
+        assert replica.pid is not None and live_group_members(replica.pid) == []
         assert not replica.ready
     assert all(not _pid_alive(pid) for pid in _child_pids(tmp_path / "logs" / "fake-0.log"))
 
@@ -213,7 +198,7 @@ async def test_a_live_engine_that_stops_answering_is_killed_and_restarted(
         os.kill(hung_pid, signal.SIGSTOP)  # alive, holding its port, answering nothing
         await _wait_until(lambda: replica.pid != hung_pid and replica.ready, timeout=30)
         assert restarts == [("fake", 0, "hung")] and replica.restarts == 1
-        assert _group_members(hung_pid) == []  # the stopped leader and its child were killed
+        assert live_group_members(hung_pid) == []  # the stopped leader and its child were killed
         assert any("answered no health check or request" in r.getMessage() and r.levelname == "WARNING"
                    for r in caplog.records)
         async with httpx.AsyncClient() as client:
@@ -262,7 +247,7 @@ async def test_start_timeout_stops_the_group(tmp_path: Path) -> None:
     with pytest.raises(EngineStartError, match="not healthy after 2 s"):
         await supervisor.start()
     pid = supervisor.replicas[0].pid
-    assert pid is not None and _group_members(pid) == []
+    assert pid is not None and live_group_members(pid) == []
 
 
 # ---------------------------------------------------------------- real vLLM engines (minutes)
@@ -348,9 +333,9 @@ async def test_real_engines_serve_restart_and_stop(engines: dict[str, EngineSupe
         started = time.monotonic()
         await _wait_until(lambda: replica.pid != old_pid and replica.ready, timeout=900)
         print(f"micro replica restarted and healthy in {time.monotonic() - started:.0f} s")
-        assert _group_members(old_pid) == []
+        assert live_group_members(old_pid) == []
         await _chat(client, replica.url, "micro")
         _assert_engine_cores_placed(engines)
     pids = [r.pid for pool in engines.values() for r in pool.replicas if r.pid is not None]
     await asyncio.gather(*(pool.aclose() for pool in engines.values()))
-    assert all(_group_members(pid) == [] for pid in pids)
+    assert all(live_group_members(pid) == [] for pid in pids)
