@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from backends.engine_client import EngineClient, make_engine_client
 from backends.pool import Pool
@@ -33,7 +32,7 @@ from gateway.serving.service import ChatService
 from gateway.settings import Settings
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.budgets import BudgetGuard
-from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
+from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
 from policies.loader import LoadedPolicy, load_policy
 from router_models.scorer import LengthScorer, Scorer
 from router_models.serving import ClassifierScorer
@@ -82,23 +81,13 @@ class Runtime:
             return fresh
 
     async def redis_ok(self) -> bool:
-        """Whether Redis answers a PING within 1 s. A failed connection is tried again (up to 3 times, within
+        """Whether Redis answers a PING within 1 s. A failed connection is tried again (3 tries in all, within
         that second): after a Redis restart each pooled connection opened before fails once on its next use
         (redis-py then reopens it), and one such stale connection must not report a live Redis as down."""
         if self.redis is None:
             return True
-        redis = self.redis
-
-        async def ping() -> bool:
-            for _ in range(2):
-                try:
-                    return bool(await redis.ping())
-                except RedisConnectionError:
-                    continue
-            return bool(await redis.ping())
-
         try:
-            return await asyncio.wait_for(ping(), 1.0)
+            return bool(await asyncio.wait_for(retry_stale_connections(self.redis.ping, 3), 1.0))
         except Exception:
             return False
 

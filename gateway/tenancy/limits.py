@@ -36,7 +36,7 @@ from redis.exceptions import RedisError
 from gateway.errors import RateLimited
 from policies.schema import RateLimits
 
-__all__ = ["FailOpen", "Limiter", "MemoryRateLimiter", "RateLimiter", "RateLimiterCounts"]
+__all__ = ["FailOpen", "Limiter", "MemoryRateLimiter", "RateLimiter", "RateLimiterCounts", "retry_stale_connections"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,6 +106,20 @@ class RateLimiterCounts:
     fail_open: int = 0  # not checked because Redis was unreachable (`admit` returned False)
 
 
+async def retry_stale_connections(fn: Callable[[], Awaitable[T]], attempts: int) -> T:
+    """`await fn()`, tried up to `attempts` times when the connection itself fails: after Redis restarts, each
+    pooled connection opened before fails once ("closed by server") and is reopened by redis-py, so a retry on
+    the next one succeeds (without it each stale connection would stop `FailOpen`'s checks for its
+    `retry_interval_s`, or fail a readiness probe). A refused connection fails in microseconds, so the retries
+    cost nothing during an outage."""
+    for _ in range(attempts - 1):
+        try:
+            return await fn()
+        except RedisConnectionError:
+            continue
+    return await fn()
+
+
 class FailOpen:
     """Runs optional Redis calls so that they fail open: `call` returns None instead of raising when Redis
     errs or the call (waiting for one of `max_in_flight` slots included) takes over `op_timeout_s`.
@@ -146,7 +160,7 @@ class FailOpen:
         try:
             async with asyncio.timeout(self._timeout), self._slots:
                 in_redis = True
-                result = await self._attempts(fn)
+                result = await retry_stale_connections(fn, _ATTEMPTS)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc, trip=in_redis)
             return None
@@ -154,19 +168,6 @@ class FailOpen:
             self._down = False
             _log.warning("%s: Redis reachable again; enforcing", self._what)
         return result
-
-    @staticmethod
-    async def _attempts(fn: Callable[[], Awaitable[T]]) -> T:
-        """Up to `_ATTEMPTS` tries when the connection itself fails: after Redis restarts, each pooled
-        connection opened before fails once ("closed by server") and is reopened by redis-py, so a retry on
-        the next one succeeds; without it each stale connection would stop checks for `retry_interval_s`.
-        A refused connection fails in microseconds, so the retries cost nothing during an outage."""
-        for _ in range(_ATTEMPTS - 1):
-            try:
-                return await fn()
-            except RedisConnectionError:
-                continue
-        return await fn()
 
     def _failed(self, exc: BaseException, *, trip: bool) -> None:
         now = self._now()
