@@ -34,6 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.errors import RateLimited
+from gateway.logs import LogThrottle
 from policies.schema import RateLimits
 
 __all__ = ["FailOpen", "Limiter", "MemoryRateLimiter", "RateLimiter", "RateLimiterCounts", "retry_stale_connections"]
@@ -145,10 +146,9 @@ class FailOpen:
         self._timeout = op_timeout_s
         self._slots = asyncio.Semaphore(max_in_flight)
         self._retry = retry_interval_s
-        self._warn = warn_interval_s
+        self._warnings = LogThrottle(warn_interval_s, monotonic)
         self._now = monotonic
         self._down_until = -math.inf
-        self._warned_at = -math.inf
         self._down = False
 
     async def call(self, fn: Callable[[], Awaitable[T]]) -> T | None:
@@ -174,8 +174,7 @@ class FailOpen:
         if trip:
             self._down_until = now + self._retry
             self._down = True
-        if now - self._warned_at >= self._warn:
-            self._warned_at = now
+        if self._warnings.due("redis") is not None:
             _log.warning("%s: Redis unreachable or slow (%r); not checked (each tenant's on_redis_outage "
                          "decides)", self._what, exc)
 
