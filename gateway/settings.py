@@ -27,6 +27,7 @@ __all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "argparse_type", "d
 HOME_ENV = "CASCADE_HOME"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the default, where $CASCADE_REDIS_URL is not set
 OVERFLOW_ENV = "CASCADE_ROUTER_OVERFLOW"  # tests/conftest.py sets it to none: scores stay the primary's
+OVERFLOW_DEFAULT = "auto"
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
@@ -62,7 +63,7 @@ class Settings:
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
     request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
-    router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or "auto")
+    router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
 
     @property
     def outbox_dir(self) -> Path:
@@ -149,7 +150,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("request_log", "CASCADE_REQUEST_LOG", Path, "append each request (with its prompt) as JSONL for "
            "`cascade policy replay` and `cascade router calibrate`; off by default", metavar="FILE"),
 )
-_DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)}
+# built-in defaults; the fields read from the environment when built directly default to these without it
+_DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)} | {
+    "redis_url": REDIS_URL, "router_overflow": OVERFLOW_DEFAULT}
 
 
 def _env_default(option: Option, env: Mapping[str, str]) -> Any:
@@ -157,10 +160,6 @@ def _env_default(option: Option, env: Mapping[str, str]) -> Any:
     if text is None or text == "":
         if option.name == "home":
             return default_home(env)
-        if option.name == "redis_url":
-            return REDIS_URL
-        if option.name == "router_overflow":
-            return "auto"
         return _DEFAULTS.get(option.name)
     try:
         value = option.parse(text)
