@@ -85,6 +85,7 @@ def _variant_label(variant: Variant) -> str:
 def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
     from dataclasses import fields, replace
 
+    from loadtest.scorer_variants import take_stats
     from router_models.serving import BatchingConfig, load_scorer
 
     base = {k: v for k, v in (("max_wait_ms", args.max_wait_ms), ("max_batch", args.max_batch),
@@ -103,17 +104,7 @@ def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant
     async def score_one(text: str) -> float:
         return (await scorer.score([text]))[0]
 
-    def stats() -> str:
-        sizes = scorer.batch_sizes or [0]
-        line = f"batches={len(sizes)} mean_batch={statistics.mean(sizes):.1f} max_batch={max(sizes)}"
-        if scorer.overflow is not None:
-            total = sum(scorer.scored_by.values()) or 1
-            line += f" overflow={scorer.scored_by['overflow'] / total:.1%}"
-            scorer.scored_by.update(primary=0, overflow=0)
-        scorer.batch_sizes.clear()
-        return line
-
-    return score_one, scorer.aclose, stats
+    return score_one, scorer.aclose, lambda: take_stats(scorer)
 
 
 def _via_gateway(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:

@@ -33,7 +33,7 @@ from loadtest.offered_load import offer_load
 if TYPE_CHECKING:  # typing only: at run time router_models must come from the tree under test
     from router_models.serving import ClassifierScorer
 
-__all__ = ["TreeWorker", "tree_label"]
+__all__ = ["TreeWorker", "take_stats", "tree_label"]
 
 
 def tree_label(tree: str) -> str:
@@ -100,6 +100,19 @@ def _prompts(path: Path) -> Iterator[str]:
         i += 1
 
 
+def take_stats(scorer: ClassifierScorer) -> str:
+    """The scorer's batch sizes (and overflow share, where the tree's scorer has an overflow model attached)
+    since the last call, as one line; counting restarts. Also for a tree whose scorer predates the overflow."""
+    sizes = list(scorer.batch_sizes) or [0]
+    line = f"batches={len(sizes)} mean_batch={sum(sizes) / len(sizes):.1f} max_batch={max(sizes)}"
+    scorer.batch_sizes.clear()
+    by_model = getattr(scorer, "scored_by", None)
+    if by_model and getattr(scorer, "overflow", None) is not None:
+        line += f" overflow={by_model['overflow'] / (sum(by_model.values()) or 1):.1%}"
+        by_model.update(primary=0, overflow=0)
+    return line
+
+
 async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str]) -> None:
     async def score_one(text: str) -> float:
         return (await scorer.score([text]))[0]
@@ -110,16 +123,10 @@ async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str]) 
     try:
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             cell = json.loads(line)
-            scorer.batch_sizes.clear()
+            take_stats(scorer)  # this cell's figures only
             res = await offer_load(score_one, prompts, cell["rate"], cell["duration"], cell["repeat_share"],
                                    cell["seed"])
-            sizes = list(scorer.batch_sizes) or [0]
-            stats = f"batches={len(sizes)} mean_batch={sum(sizes) / len(sizes):.1f} max_batch={max(sizes)}"
-            by_model = getattr(scorer, "scored_by", None)
-            if by_model and getattr(scorer, "overflow", None) is not None:
-                stats += f" overflow={by_model['overflow'] / (sum(by_model.values()) or 1):.1%}"
-                by_model.update(primary=0, overflow=0)
-            print(json.dumps({**asdict(res), "stats": stats}), flush=True)
+            print(json.dumps({**asdict(res), "stats": take_stats(scorer)}), flush=True)
     finally:
         await scorer.aclose()
 
