@@ -21,7 +21,14 @@ from backends.pool import Pool
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import NoReplicaAvailable
 from gateway.serving.accounting import RequestFacts
-from gateway.serving.cascade import answer_logprobs, cascade_headers, confidence, probe_stream, without_logprobs
+from gateway.serving.cascade import (
+    StreamProbe,
+    answer_logprobs,
+    cascade_headers,
+    confidence,
+    probe_stream,
+    without_logprobs,
+)
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.proxy import OpenStream
 from gateway.serving.schema import ChatRequest
@@ -139,18 +146,19 @@ class CascadeFlow:
         except NoReplicaAvailable as exc:
             plan, reply = Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})"), None
         except BaseException:
-            await self._drop_probe(opened, call, probe.text)
+            await self._drop_probe(opened, call, probe)
             raise
         if reply is not None:
-            await self._drop_probe(opened, call, probe.text)
+            await self._drop_probe(opened, call, probe)
             assert isinstance(reply, StreamReply)
             return reply
         kept, headers = self._hold(call, plan, conf)
         return self._fw.relay(opened, probe.held, kept.upstream, kept.request, kept.facts, kept.loaded, headers)
 
-    async def _drop_probe(self, opened: OpenStream, call: _Call, text: str) -> None:
+    async def _drop_probe(self, opened: OpenStream, call: _Call, probe: StreamProbe) -> None:
         await opened.upstream.aclose()  # aborts the micro request on the engine
-        self._fw.account_partial(call.loaded, call.probe_facts, opened.replica, call.upstream, text)
+        self._fw.account_partial(call.loaded, call.probe_facts, opened.replica, call.upstream, probe.text,
+                                 len(probe.logprobs))
 
     async def _plan(self, call: _Call) -> Escalation:
         """Where the unsure answer may go now: the policy's answer, then the target woken on demand."""

@@ -118,15 +118,19 @@ class Forwarder:
         self._accountant.spawn(self._record(loaded, facts, replica, upstream, usage, ""))
 
     def account_partial(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica,
-                        upstream: dict[str, Any], text: str) -> None:
-        """A call cut short by the gateway (a cascade probe): count what was generated."""
-        self._accountant.spawn(self._record(loaded, facts, replica, upstream, None, text))
+                        upstream: dict[str, Any], text: str, tokens_seen: int) -> None:
+        """A call cut short by the gateway (a cascade probe): count what was generated. `tokens_seen` (the
+        tokens the gateway read, one logprob entry each) is the least an estimated count may charge: 4
+        characters a token undercounts short tokens."""
+        self._accountant.spawn(self._record(loaded, facts, replica, upstream, None, text, tokens_seen))
 
     async def _record(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
-                      usage: Usage | None, text: str) -> None:
+                      usage: Usage | None, text: str, tokens_seen: int = 0) -> None:
         if usage is None:
             usage = await count_usage(loaded.policy.pools.get(facts.decision.pool), self._engines, replica.url,
                                       facts.decision.model, upstream["messages"], text)
+            if usage.source == "estimate" and usage.completion_tokens < tokens_seen:
+                usage = replace(usage, completion_tokens=tokens_seen)
         rec = await self._accountant.record(loaded.policy, facts, usage)
         self._degradation.observe(rec.pool, facts.ttft_s, error=rec.status == "upstream_error")
         if self._log is not None and facts.request is not None:

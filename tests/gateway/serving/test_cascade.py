@@ -84,6 +84,7 @@ def test_unsure_micro_answer_escalates_and_both_calls_are_charged(
     records = _records(ledger, 2)
     probe, final = records[rid + "-probe"], records[rid]
     assert (probe.pool, probe.status) == ("micro", "escalated")
+    # remote pools are counted here, 4 characters a token; the 4 probe tokens read are the floor (" w0" is 3)
     assert probe.completion_tokens >= 4
     assert (final.pool, final.status, final.rule) == ("flagship", "ok", "cascade")
     assert upstreams[0].requests == 1 and upstreams[2].requests == 1
