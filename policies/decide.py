@@ -60,7 +60,8 @@ class ModelNotRouted(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
-    """Where a request goes and why. `score` is None when no score was needed."""
+    """Where a request goes and why. `score` is None when no score was needed; `scored_by` names the model
+    that gave it (`router_models.scorer.Scorer.score_one`; "" without a score)."""
 
     pool: str
     model: str
@@ -68,6 +69,7 @@ class RouteDecision:
     rule: str
     reason: str
     policy_version: str
+    scored_by: str = ""
 
 
 def pinned_pool(policy: Policy, requested_model: str) -> str | None:

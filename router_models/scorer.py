@@ -20,6 +20,12 @@ class Scorer(Protocol):
 
     async def score(self, texts: Sequence[str]) -> list[float]: ...
 
+    async def score_one(self, text: str) -> tuple[float, str]:
+        """The score of one text and the model that gave it: "primary" or "overflow" for the trained
+        classifier (`router_models.serving`), the scorer's own name otherwise. The ledger keeps it, so a cost
+        report can price the quality of what a surge sent to the cheaper model."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -61,6 +67,9 @@ class LengthScorer:
 
     async def score(self, texts: Sequence[str]) -> list[float]:
         return [min(1.0, len(t.split()) / self._saturation) for t in texts]
+
+    async def score_one(self, text: str) -> tuple[float, str]:
+        return (await self.score([text]))[0], "length"
 
     async def aclose(self) -> None:
         return None

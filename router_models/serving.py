@@ -87,7 +87,8 @@ class BatchingConfig:
     overflow_after_ms: float = 10.0
 
 
-_Item = tuple[str, "asyncio.Future[float]", float]  # text, its caller's future, loop time it was queued
+_Scored = tuple[float, str]  # a score and the model that gave it ("primary" | "overflow")
+_Item = tuple[str, "asyncio.Future[_Scored]", float]  # text, its caller's future, loop time it was queued
 
 
 def _timed(model: BatchModel, texts: list[str]) -> tuple[list[float], float]:
@@ -131,23 +132,29 @@ class ClassifierScorer:
         """One P(micro falls short) per text, in order. Cached texts are answered without the model."""
         if self._closed:
             raise RuntimeError("scorer is closed")
-        if len(texts) == 1:  # the gateway's case: one future, no gather
-            cached = self.cache.get(texts[0])
-            return [cached if cached is not None else await self._enqueue(texts[0])]
+        if len(texts) == 1:  # one future, no gather
+            return [(await self.score_one(texts[0]))[0]]
         results: list[float | None] = [self.cache.get(t) for t in texts]
         pending = [(i, self._enqueue(t)) for i, t in enumerate(texts) if results[i] is None]
         if pending:
             values = await asyncio.gather(*(fut for _, fut in pending))
-            for (i, _), value in zip(pending, values, strict=True):
+            for (i, _), (value, _) in zip(pending, values, strict=True):
                 results[i] = value
         return [float(r) for r in results if r is not None]
 
-    def _enqueue(self, text: str) -> asyncio.Future[float]:
+    async def score_one(self, text: str) -> tuple[float, str]:
+        """The gateway's case: one text's score and the model that gave it (a cached score is the primary's)."""
+        if self._closed:
+            raise RuntimeError("scorer is closed")
+        cached = self.cache.get(text)
+        return (cached, "primary") if cached is not None else await self._enqueue(text)
+
+    def _enqueue(self, text: str) -> asyncio.Future[_Scored]:
         loop = asyncio.get_running_loop()
         if not self._collectors:
             self._collectors = [loop.create_task(self._collect(), name=f"router-scorer-collector-{k}")
                                 for k in range(self._config.workers)]
-        fut: asyncio.Future[float] = loop.create_future()
+        fut: asyncio.Future[_Scored] = loop.create_future()
         self._queue.put_nowait((text, fut, loop.time()))
         return fut
 
@@ -218,7 +225,7 @@ class ClassifierScorer:
                     self.cache.put(text, value)
             for text, fut, _ in live:
                 if not fut.done():
-                    fut.set_result(by_text[text])
+                    fut.set_result((by_text[text], which))
 
     def load_overflow_in_background(self, load: Callable[[], BatchModel], what: str) -> threading.Thread:
         """Build the overflow model on a low-priority daemon thread (its first load may build a cache for a

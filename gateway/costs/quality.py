@@ -10,9 +10,10 @@ Two sources, each optional:
 
 The realised flagship share is flagship-pool requests over micro- plus flagship-pool requests in the
 report's rollups. The rollups do not keep the routing rule, so requests pinned to a pool by model name and
-cascade probes count as routed; nor which model scored a request, so those a surge sent to the router's overflow
-model (lower quality, `router_models/MODEL_CARD.md`) count at the primary's curve: approximations, stated in the
-output. Labels are not filtered by date.
+cascade probes count as routed: an approximation, stated in the output. They do count the requests that a
+surge sent to the router's overflow model (`overflow_scored`; lower quality, `router_models/MODEL_CARD.md`):
+that share is weighed at the overflow artifact's curve (the one `--router-overflow auto` pairs with the
+primary), or at the primary's when there is none, which the output then says. Labels are not filtered by date.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from gateway.costs.report import CostReport
 from policies.schema import Policy
+from router_models.artifact import ArtifactError, overflow_artifact
 from router_models.quality_curve import QualityCurve, artifact_quality_curve
 
 __all__ = ["LabelEstimate", "QualityEstimate", "estimate_quality", "label_estimate", "read_label_estimate",
@@ -32,9 +34,7 @@ __all__ = ["LabelEstimate", "QualityEstimate", "estimate_quality", "label_estima
 
 log = logging.getLogger("cascade.costs")
 NO_CURVE = "artifact has no evaluation curve"
-APPROXIMATION = ("pinned-model requests and cascade probes count as routed (rollups keep no rule); requests a "
-                 "surge sent to the router's overflow model count at the primary's curve (their share: "
-                 "cascade_router_scored_total)")
+APPROXIMATION = "pinned-model requests and cascade probes count as routed (rollups keep no rule)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +57,16 @@ class QualityEstimate:
     basis: str | None
     unavailable: str | None
     labels: LabelEstimate | None = None
+    overflow_share: float = 0.0  # of the routed requests, those the router's overflow model scored
+    overflow_note: str = ""  # how the estimate weighed them
 
     def lines(self) -> list[str]:
         """The quality figures as report lines (table, HTML)."""
         share = "-" if self.flagship_share is None else f"{self.flagship_share:.0%}"
         if self.curve_kept is not None:
+            note = f"; {self.overflow_note}" if self.overflow_note else ""
             out = [f"quality kept: ~{self.curve_kept:.2f} of the micro->flagship gap ({self.basis}, realised "
-                   f"flagship share {share}; {APPROXIMATION})"]
+                   f"flagship share {share}{note}; {APPROXIMATION})"]
         else:
             out = [f"quality estimate unavailable ({self.unavailable})"]
         if self.labels is not None:
@@ -80,6 +83,7 @@ class QualityEstimate:
             "quality_kept_pgr": self.curve_kept,
             "quality_basis": self.basis,
             "quality_unavailable": self.unavailable,
+            "overflow_scored_share": self.overflow_share,
             "labelled_kept": None if labels is None else labels.kept,
             "labelled_requests": None if labels is None else labels.labelled,
         }
@@ -87,15 +91,25 @@ class QualityEstimate:
 
 def estimate_quality(pool_requests: Mapping[str, int], micro_pool: str, flagship_pool: str,
                      curve: QualityCurve | None, unavailable: str | None = None,
-                     labels: LabelEstimate | None = None) -> QualityEstimate:
-    """The estimate for requests per pool. Without `curve`, `unavailable` says why (default: no curve)."""
+                     labels: LabelEstimate | None = None, overflow_scored: int = 0,
+                     overflow_curve: QualityCurve | None = None) -> QualityEstimate:
+    """The estimate for requests per pool. Without `curve`, `unavailable` says why (default: no curve).
+    `overflow_scored` of the routed requests were scored by the router's overflow model: that share of the
+    estimate comes from `overflow_curve` (the primary's when None, and the note says so)."""
     micro, flagship = pool_requests.get(micro_pool, 0), pool_requests.get(flagship_pool, 0)
     routed = micro + flagship
     share = flagship / routed if routed else None
     if curve is None or share is None:
         reason = unavailable or (NO_CURVE if curve is None else "no request on the micro or flagship pool")
         return QualityEstimate(share, routed, None, None, reason, labels)
-    return QualityEstimate(share, routed, curve.pgr_at(share), f"router eval curve: {curve.basis}", None, labels)
+    kept, spilled = curve.pgr_at(share), min(1.0, overflow_scored / routed)
+    note = ""
+    if spilled > 0 and overflow_curve is not None:
+        kept = (1.0 - spilled) * kept + spilled * overflow_curve.pgr_at(share)
+        note = f"{spilled:.1%} scored by the router's overflow model, weighed at its curve"
+    elif spilled > 0:
+        note = f"{spilled:.1%} scored by the router's overflow model, counted at the primary's curve (none known)"
+    return QualityEstimate(share, routed, kept, f"router eval curve: {curve.basis}", None, labels, spilled, note)
 
 
 def label_estimate(rows: Iterable[Mapping[str, Any]], micro_pool: str) -> LabelEstimate | None:
@@ -131,10 +145,23 @@ def with_quality(report: CostReport, policy: Policy | None, artifact: Path | Non
         curve = artifact_quality_curve(artifact)
     except (OSError, ValueError) as exc:
         curve, reason = None, f"cannot read the artifact's evaluation curve: {exc}"
-    routing = policy.routing
-    estimate = estimate_quality(report.total().pool_requests, routing.micro_pool, routing.flagship_pool, curve,
-                                reason, labels)
+    total, routing = report.total(), policy.routing
+    overflow = _overflow_curve(artifact) if total.counters.overflow_scored else None
+    estimate = estimate_quality(total.pool_requests, routing.micro_pool, routing.flagship_pool, curve,
+                                reason, labels, total.counters.overflow_scored, overflow)
     return replace(report, quality=estimate)
+
+
+def _overflow_curve(primary: Path | None) -> QualityCurve | None:
+    """The curve of the overflow artifact `--router-overflow auto` pairs with `primary`; None when there is
+    none or it cannot be read (logged)."""
+    try:
+        path = overflow_artifact(primary, "auto")
+        return artifact_quality_curve(path) if path is not None else None
+    except (ArtifactError, OSError, ValueError) as exc:
+        log.warning("router overflow artifact's curve unreadable; its share counts at the primary's curve",
+                    extra={"error": str(exc)})
+        return None
 
 
 async def served_with_quality(report: CostReport, policy: Policy, redis_url: str, prefix: str) -> CostReport:

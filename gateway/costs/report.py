@@ -22,7 +22,15 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from gateway.ledger.store import ROLLUP_FIELDS, InvalidCostRecord, LedgerKeys, record_from_fields, rollup_slot
+from gateway.ledger.store import (
+    ROLLUP_FIELDS,
+    CostRecord,
+    InvalidCostRecord,
+    LedgerKeys,
+    overflow_scored,
+    record_from_fields,
+    rollup_slot,
+)
 
 if TYPE_CHECKING:
     from gateway.costs.quality import QualityEstimate
@@ -85,6 +93,13 @@ class Counters:
     completion_tokens: int = 0
     cost_micro_usd: int = 0
     flagship_cost_micro_usd: int = 0
+    overflow_scored: int = 0  # requests the router's overflow model scored (the quality estimate weighs them)
+
+    @classmethod
+    def of(cls, rec: CostRecord) -> Counters:
+        """What one record adds to its rollups (the ledger's record script does the same in Redis)."""
+        return cls(1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd,
+                   overflow_scored(rec))
 
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> Counters:
@@ -363,7 +378,7 @@ def _add_entry(scan: _Scan, keys: LedgerKeys, days: set[str], entry_id: str, raw
         return
     (scan.duplicates if rec.request_id in scan.seen else scan.seen).add(rec.request_id)
     scan.records += 1
-    one = Counters(1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd)
+    one = Counters.of(rec)
     for key in (keys.day(day, member), keys.hour(day, hour_member)):
         scan.expected[key] = scan.expected.get(key, Counters()) + one
 

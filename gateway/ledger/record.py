@@ -19,6 +19,7 @@ __all__ = [
     "ROLLUP_FIELDS",
     "CostRecord",
     "InvalidCostRecord",
+    "overflow_scored",
     "record_from_fields",
     "record_to_fields",
     "validate_record",
@@ -33,8 +34,10 @@ _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
 _STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
-ROLLUP_FIELDS = ("requests", *_INT_FIELDS)  # the counters of every rollup hash
+# the counters of every rollup hash; `overflow_scored`: requests the router's overflow model scored
+ROLLUP_FIELDS = ("requests", *_INT_FIELDS, "overflow_scored")
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
+_LATER_STR_FIELDS = ("scored_by",)  # added after the first release: "" when an older record lacks them
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,12 @@ class CostRecord:
     status: str = "ok"
     usage_source: str = "engine"  # "engine" (usage chunk), "tokenizer" (a local engine's /tokenize or a remote
     # pool's tokenizer on the gateway's machine), "estimate" (4 characters a token)
+    scored_by: str = ""  # the router model that scored it ("primary", "overflow", ...); "" when not scored
+
+
+def overflow_scored(rec: CostRecord) -> int:
+    """1 when the router's overflow model scored `rec` (`router_models.serving`), else 0: its rollup counter."""
+    return int(rec.scored_by == "overflow")
 
 
 class InvalidCostRecord(ValueError):
@@ -76,6 +85,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     _check("request_id", rec.request_id, _REQUEST_ID)
     _check("rule", rec.rule, _TEXT)
     _check("policy_version", rec.policy_version, _TEXT)
+    if rec.scored_by:
+        _check("scored_by", rec.scored_by, _NAME)
     for name in _INT_FIELDS:
         value = getattr(rec, name)
         limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD
@@ -105,7 +116,7 @@ def _check_float(name: str, value: object, low: float, high: float) -> None:
 
 def record_to_fields(rec: CostRecord) -> dict[str, str]:
     """Flat string form used in the stream entry and the outbox line (floats as `repr`, None as "")."""
-    fields = {name: str(getattr(rec, name)) for name in _STR_FIELDS + _INT_FIELDS}
+    fields = {name: str(getattr(rec, name)) for name in _STR_FIELDS + _LATER_STR_FIELDS + _INT_FIELDS}
     fields["started_at"] = repr(float(rec.started_at))
     fields["ttft_ms"] = "" if rec.ttft_ms is None else repr(float(rec.ttft_ms))
     fields["latency_ms"] = repr(float(rec.latency_ms))
@@ -116,6 +127,7 @@ def record_from_fields(fields: Mapping[str, str]) -> CostRecord:
     """Inverse of `record_to_fields`, validated. Raises `InvalidCostRecord` on any malformed field."""
     try:
         values: dict[str, Any] = {name: fields[name] for name in _STR_FIELDS}
+        values.update({name: fields.get(name, "") for name in _LATER_STR_FIELDS})
         for name in _INT_FIELDS:
             if not (fields[name].isascii() and fields[name].isdigit()):
                 raise ValueError(f"{name} is not a decimal integer")

@@ -36,6 +36,7 @@ from gateway.ledger.record import (
     ROLLUP_FIELDS,
     CostRecord,
     InvalidCostRecord,
+    overflow_scored,
     record_from_fields,
     record_to_fields,
     validate_record,
@@ -50,6 +51,7 @@ __all__ = [
     "LedgerKeys",
     "MemoryLedger",
     "RedisLedger",
+    "overflow_scored",
     "record_from_fields",
     "record_to_fields",
     "rollup_slot",
@@ -250,7 +252,7 @@ class RedisLedger:
         flat = [item for pair in record_to_fields(rec).items() for item in pair]
         keys.append(k.spend(rec.tenant, day[:7]))
         args: list[str | int] = [self._ttl_s, self._ttl_s * 1000, *counters, member, hour_member]
-        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, *flat]
+        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, overflow_scored(rec), *flat]
         return keys, args
 
     async def _spill(self, rec: CostRecord) -> None:

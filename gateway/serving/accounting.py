@@ -72,6 +72,7 @@ class Accountant:
             latency_ms=round((time.monotonic() - facts.started) * 1000, 3),
             status=facts.status,
             usage_source=usage.source,
+            scored_by=decision.scored_by,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

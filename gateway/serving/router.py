@@ -45,16 +45,17 @@ class RequestRouter:
         self._metrics = metrics
         self._live = live
 
-    async def _score(self, raw: Mapping[str, Any]) -> float | None:
+    async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str]:
+        """The score and the model that gave it; (None, "") when scoring failed."""
         assert self._scorer is not None
         began = time.monotonic()
         try:
-            score = (await self._scorer.score([conversation_text(raw["messages"])]))[0]
+            scored = await self._scorer.score_one(conversation_text(raw["messages"]))
         except Exception:
             log.exception("scoring failed; routing without a score")
-            return None
+            return None, ""
         self._metrics.scoring.observe(time.monotonic() - began)
-        return score
+        return scored
 
     async def route(
         self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
@@ -69,10 +70,11 @@ class RequestRouter:
         priority = _priority(loaded, tenant)
         _shed(ladder.applying_to(None), priority)  # `scope: all` steps, before the score is spent
         ctx = RouteContext.from_request(raw, tenant, headers)
-        score = await self._score(raw) if self._scorer is not None and needs_score(policy, ctx) else None
+        score, scored_by = (await self._score(raw) if self._scorer is not None and needs_score(policy, ctx)
+                            else (None, ""))
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
-            decision = decide(policy, loaded.version, ctx, score, ladder, threshold)
+            decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by)
         except PoolNotAllowed as exc:
             raise PermissionDenied(str(exc), param="model") from exc
         except ModelNotRouted as exc:

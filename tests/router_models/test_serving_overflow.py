@@ -9,17 +9,26 @@ import logging
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.api.app import create_app
 from gateway.cli.serve import _startup_problem
+from gateway.costs.quality import with_quality
+from gateway.costs.report import CostReport, load_report
+from gateway.ledger.store import LedgerKeys
 from gateway.settings import OPTIONS, Settings
+from loadtest.chaos_figures import ledger_records
+from policies.loader import load_policy
 from router_models.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT, ArtifactError, overflow_artifact
 from router_models.serving import BatchingConfig, ClassifierScorer, load_model, load_scorer
+from tests.conftest import SHARED_URL, delete_prefix
 from tests.servers import serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +76,18 @@ async def test_a_surge_goes_to_the_overflow_model_and_is_answered_in_time() -> N
     # an overflow score is not cached: asked again at rest, the text gets the primary's score
     overflowed = next(t for t, s in zip(texts, scores, strict=True) if s == 0.2)
     assert await scorer.score([overflowed]) == [0.7]
+    await scorer.aclose()
+
+
+async def test_each_score_names_the_model_that_gave_it() -> None:
+    primary, overflow = Model(0.7, per_text=0.02), Model(0.2)
+    scorer = ClassifierScorer(primary, BatchingConfig(workers=1, max_batch=1, overflow_after_ms=10),
+                              overflow=overflow)
+    assert await scorer.score_one("warm-up") == (0.7, "primary")
+    assert await scorer.score_one("warm-up") == (0.7, "primary")  # from the cache
+    scored = await asyncio.gather(*(scorer.score_one(f"surge {k}") for k in range(20)))
+    assert {pair for pair in scored} == {(0.7, "primary"), (0.2, "overflow")}
+    assert sum(model == "overflow" for _, model in scored) == scorer.scored_by["overflow"]
     await scorer.aclose()
 
 
@@ -179,3 +200,57 @@ def test_the_gateway_counts_each_scored_request_by_model(
                for model in ("primary", "overflow")
                if line.startswith(f'cascade_router_scored_total{{model="{model}"}}')}
     assert sum(counted.values()) == 3 and counted.get("primary", 0) >= 1, counted
+
+
+@pytest.mark.redis
+def test_what_the_overflow_model_scored_is_in_the_ledger_and_weighs_the_report(
+        policy_file: Path, upstreams: tuple[object, str, object, str], tmp_path: Path) -> None:
+    """A real gateway, the shipped artifacts and the real Redis ledger: a surge of unique prompts is partly
+    scored by the overflow model; each cost record names its model, the rollups count the overflow ones, and
+    the cost report weighs that share at the fast artifact's curve."""
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    settings = Settings(policy_path=policy_file, scorer="classifier", start_engines=False, ledger="redis",
+                        redis_prefix=prefix, policy_watch_interval_s=0, router_overflow="auto", home=tmp_path)
+    app = create_app(settings)
+    lines = (ROOT / "loadtest" / "data" / "synthetic_prompts.jsonl").read_text().splitlines()
+    prompts = list(dict.fromkeys(str(json.loads(line)["prompt"]) for line in lines))[:96]
+
+    async def surge(url: str) -> list[int]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            replies = await asyncio.gather(*(client.post("/v1/chat/completions", json={
+                "model": "auto", "messages": [{"role": "user", "content": p}]}) for p in prompts))
+        return [r.status_code for r in replies]
+
+    try:
+        with serve(app) as url:
+            assert httpx.post(f"{url}/v1/chat/completions", timeout=60, json={  # starts the scorer
+                "model": "auto", "messages": [{"role": "user", "content": "hello"}]}).status_code == 200
+            scorer = app.state.runtime.scorer
+            deadline = time.monotonic() + 300
+            while scorer.overflow is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert scorer.overflow is not None, "the overflow model did not load in 300 s"
+            assert asyncio.run(surge(url)) == [200] * len(prompts)
+            overflowed = scorer.scored_by["overflow"]
+        assert overflowed > 0, scorer.scored_by
+        records = ledger_records(SHARED_URL, prefix)
+        assert len(records) == len(prompts) + 1
+        assert sum(r["scored_by"] == "overflow" for r in records) == overflowed
+        assert {r["scored_by"] for r in records} == {"primary", "overflow"}
+        report = asyncio.run(_report(prefix))
+        assert report.total().counters.overflow_scored == overflowed
+        policy = load_policy(policy_file).policy
+        quality = with_quality(report, policy).quality
+        assert quality is not None and quality.overflow_share == pytest.approx(overflowed / len(records))
+        assert "scored by the router's overflow model, weighed at its curve" in quality.lines()[0]
+    finally:
+        delete_prefix(prefix)
+
+
+async def _report(prefix: str) -> CostReport:
+    client = aioredis.Redis.from_url(SHARED_URL)
+    try:
+        today = datetime.now(UTC).date()
+        return await load_report(client, LedgerKeys(prefix), today - timedelta(days=1), today)
+    finally:
+        await client.aclose()

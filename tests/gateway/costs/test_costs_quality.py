@@ -9,6 +9,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,8 @@ from gateway.costs.report import CostReport
 from gateway.ledger.store import CostRecord
 from gateway.settings import Settings
 from policies.loader import parse_policy
-from router_models.quality_curve import QualityCurve
+from router_models.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT
+from router_models.quality_curve import QualityCurve, artifact_quality_curve
 from tests.conftest import delete_prefix, policy_yaml
 from tests.gateway.costs.test_costs_report import recorded, run_cli, sample_report
 from tests.servers import serve
@@ -50,6 +52,36 @@ def test_estimate_interpolates_at_the_realised_share() -> None:
                            "realised flagship share 31%; pinned-model requests")
     missing = estimate_quality({"micro": 1}, "micro", "flagship", None)
     assert missing.lines() == ["quality estimate unavailable (artifact has no evaluation curve)"]
+
+
+def test_requests_the_overflow_model_scored_are_weighed_at_its_curve() -> None:
+    curve = QualityCurve(tuple(SHARES), tuple(CURVE["pgr"]), "LOSO eval")  # type: ignore[arg-type]
+    lower = QualityCurve(tuple(SHARES), tuple(round(s, 4) for s in SHARES), "LOSO eval")
+    est = estimate_quality({"micro": 60, "flagship": 40}, "micro", "flagship", curve, overflow_scored=25,
+                           overflow_curve=lower)
+    assert est.curve_kept == pytest.approx(0.75 * 0.6 + 0.25 * 0.4) and est.overflow_share == 0.25
+    assert "25.0% scored by the router's overflow model, weighed at its curve" in est.lines()[0]
+    unknown = estimate_quality({"micro": 60, "flagship": 40}, "micro", "flagship", curve, overflow_scored=25)
+    assert unknown.curve_kept == pytest.approx(0.6)
+    assert "counted at the primary's curve (none known)" in unknown.lines()[0]
+    assert estimate_quality({"micro": 60, "flagship": 40}, "micro", "flagship", curve).lines()[0].count("%") == 1
+
+
+def test_the_shipped_router_pairs_its_overflow_curve() -> None:
+    """With the shipped artifact, a report whose rollups count overflow-scored requests weighs them at the
+    fast artifact's curve (lower at every share: MODEL_CARD.md)."""
+    base = sample_report()
+    spilled = replace(base, cells=tuple(replace(c, counters=replace(c.counters, overflow_scored=c.counters.requests))
+                                        for c in base.cells))
+    primary, overflow = artifact_quality_curve(DEFAULT_ARTIFACT), artifact_quality_curve(FAST_ARTIFACT)
+    assert primary is not None and overflow is not None
+    share = 63 / 123
+    kept = with_quality(spilled, POLICY, DEFAULT_ARTIFACT).quality
+    assert kept is not None and kept.overflow_share == 1.0
+    assert kept.curve_kept == pytest.approx(overflow.pgr_at(share))
+    plain = with_quality(base, POLICY, DEFAULT_ARTIFACT).quality
+    assert plain is not None and plain.curve_kept == pytest.approx(primary.pgr_at(share))
+    assert plain.curve_kept > kept.curve_kept
 
 
 def test_label_estimate_counts_micro_routed_labels_only() -> None:

@@ -40,7 +40,7 @@ def sample_records() -> list[CostRecord]:
 def sums(recs: list[CostRecord]) -> Counters:
     total = Counters()
     for r in recs:
-        total += Counters(1, r.prompt_tokens, r.completion_tokens, r.cost_micro_usd, r.flagship_cost_micro_usd)
+        total += Counters.of(r)
     return total
 
 

@@ -49,6 +49,7 @@ def make_record(i: int, **changes: object) -> CostRecord:
         started_at=DAY0 + 3600.0 * (i % 30) + 0.25,
         ttft_ms=12.5,
         latency_ms=80.0,
+        scored_by="overflow" if i % 5 == 0 else "primary",  # every rollup test counts `overflow_scored` too
     )
     return dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
 
@@ -57,7 +58,7 @@ def expected_rollups(keys: LedgerKeys, recs: list[CostRecord]) -> dict[str, Coun
     out: dict[str, Counters] = {}
     for rec in recs:
         day, member, hour_member = rollup_slot(rec)
-        one = Counters(1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd)
+        one = Counters.of(rec)
         for key in (keys.day(day, member), keys.hour(day, hour_member)):
             out[key] = out.get(key, Counters()) + one
     return out
@@ -115,6 +116,7 @@ BAD_CHANGES: list[dict[str, object]] = [
     {"status": "done"},
     {"usage_source": "guess"},
     {"rule": "line\nbreak"},
+    {"scored_by": "a:b"},
 ]
 
 
@@ -131,6 +133,13 @@ def test_validate_accepts_model_paths_and_no_ttft() -> None:
 def test_fields_round_trip() -> None:
     rec = make_record(5, ttft_ms=None, started_at=DAY0 + 0.123456789)
     assert record_from_fields(record_to_fields(rec)) == rec
+
+
+def test_a_record_written_before_scored_by_existed_still_decodes() -> None:
+    fields = record_to_fields(make_record(5))
+    del fields["scored_by"]
+    assert record_from_fields(fields) == make_record(5, scored_by="")
+    assert Counters.of(make_record(5)).overflow_scored == 1 and Counters.of(make_record(6)).overflow_scored == 0
 
 
 @pytest.mark.parametrize(("name", "value"), [("cost_micro_usd", "1_000"), ("prompt_tokens", " 5"), ("started_at", "x")])
