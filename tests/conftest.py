@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gateway.costs.report import Reconciliation, verify
+from gateway.costs.report import CostReport, Reconciliation, load_report, verify
 from gateway.ledger.keys import LedgerKeys
 from loadtest.fake_upstream import FakeUpstream
 from tests.servers import PrivateRedis, serve
@@ -35,14 +36,27 @@ def with_fixed_threshold(text: str, threshold: str = "0.5") -> str:
     return text.replace(SHIPPED_THRESHOLD, f"  threshold: {threshold}\n")
 
 
-async def verify_recent(prefix: str, url: str = SHARED_URL) -> Reconciliation:
-    """`cascade costs verify` of the ledger under `prefix` over yesterday and today (UTC)."""
+T = TypeVar("T")
+
+
+async def _over_recent_days(read: Callable[[aioredis.Redis, LedgerKeys, date, date], Awaitable[T]],
+                            prefix: str, url: str) -> T:
     client = aioredis.Redis.from_url(url)
     try:
         today = datetime.now(UTC).date()
-        return await verify(client, LedgerKeys(prefix), today - timedelta(days=1), today)
+        return await read(client, LedgerKeys(prefix), today - timedelta(days=1), today)
     finally:
         await client.aclose()
+
+
+async def verify_recent(prefix: str, url: str = SHARED_URL) -> Reconciliation:
+    """`cascade costs verify` of the ledger under `prefix` over yesterday and today (UTC)."""
+    return await _over_recent_days(verify, prefix, url)
+
+
+async def report_recent(prefix: str, url: str = SHARED_URL) -> CostReport:
+    """The cost report of the ledger under `prefix` over yesterday and today (UTC)."""
+    return await _over_recent_days(load_report, prefix, url)
 
 
 def delete_prefix(prefix: str, url: str = SHARED_URL) -> None:

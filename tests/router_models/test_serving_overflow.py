@@ -11,24 +11,20 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 
 from gateway.api.app import create_app
 from gateway.cli.serve import _startup_problem
 from gateway.costs.quality import with_quality
-from gateway.costs.report import CostReport, load_report
-from gateway.ledger.store import LedgerKeys
 from gateway.settings import OPTIONS, Settings
 from loadtest.chaos_figures import ledger_records
 from policies.loader import load_policy
 from router_models.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT, ArtifactError, overflow_artifact
 from router_models.serving import BatchingConfig, ClassifierScorer, load_model, load_scorer
-from tests.conftest import SHARED_URL, delete_prefix
+from tests.conftest import SHARED_URL, delete_prefix, report_recent
 from tests.servers import serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,7 +233,7 @@ def test_what_the_overflow_model_scored_is_in_the_ledger_and_weighs_the_report(
         assert len(records) == len(prompts) + 1
         assert sum(r["scored_by"] == "overflow" for r in records) == overflowed
         assert {r["scored_by"] for r in records} == {"primary", "overflow"}
-        report = asyncio.run(_report(prefix))
+        report = asyncio.run(report_recent(prefix))
         assert report.total().counters.overflow_scored == overflowed
         policy = load_policy(policy_file).policy
         quality = with_quality(report, policy).quality
@@ -246,11 +242,3 @@ def test_what_the_overflow_model_scored_is_in_the_ledger_and_weighs_the_report(
     finally:
         delete_prefix(prefix)
 
-
-async def _report(prefix: str) -> CostReport:
-    client = aioredis.Redis.from_url(SHARED_URL)
-    try:
-        today = datetime.now(UTC).date()
-        return await load_report(client, LedgerKeys(prefix), today - timedelta(days=1), today)
-    finally:
-        await client.aclose()
