@@ -215,6 +215,7 @@ def test_what_the_overflow_model_scored_is_in_the_ledger_and_weighs_the_report(
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             replies = await asyncio.gather(*(client.post("/v1/chat/completions", json={
                 "model": "auto", "messages": [{"role": "user", "content": p}]}) for p in prompts))
+        assert {r.headers["x-cascade-scored-by"] for r in replies} <= {"primary", "overflow"}
         return [r.status_code for r in replies]
 
     try:

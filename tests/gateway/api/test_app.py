@@ -55,6 +55,7 @@ def test_openai_sdk_non_streaming_routes_short_prompt_to_micro(gateway: tuple[st
     assert raw.headers["x-cascade-pool"] == "micro"
     assert raw.headers["x-cascade-rule"] == "threshold"
     assert float(raw.headers["x-cascade-score"]) < 0.5
+    assert raw.headers["x-cascade-scored-by"] == "length"
     assert raw.headers["x-request-id"]
     assert resp.usage is not None and resp.usage.completion_tokens == 8
     ledger = _ledger(app)
