@@ -77,7 +77,8 @@ def cluster_policy(values: Values, raw: dict[str, Any], policy: Policy) -> dict[
         if isinstance(spec, LocalPool):
             old = raw["pools"][name]
             pools[name] = {"type": "remote", "description": old.get("description", ""), "price": old["price"],
-                           "urls": _pool_urls(values, name, spec.engine.replicas), "model": spec.engine.served_name}
+                           "urls": _pool_urls(values, name, spec.engine.replicas), "model": spec.engine.served_name,
+                           "required_for_ready": spec.needed_for_ready}  # its pods: /readyz waits for them
     return {**raw, "pools": pools}
 
 

@@ -1,0 +1,53 @@
+"""The image's entry point (scripts/image_entry.py): `--engine POOL=URL` turns a local pool into a remote
+pool on the engine container, and the gateway's /readyz still waits for it, as it waits for a local pool
+(remote pools are optional for readiness by default, so without this the stack is "ready" before its engines
+and answers 503)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from policies.loader import parse_policy
+from policies.pools import LocalPool, RemotePool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("image_entry", ROOT / "scripts" / "image_entry.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+entry = _load()
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "gpu.yaml"])
+def test_engine_pools_keep_what_readiness_needs_of_them(name: str) -> None:
+    raw = yaml.safe_load((ROOT / "policies" / name).read_text(encoding="utf-8"))
+    original = parse_policy(yaml.safe_dump(raw), source=name).policy
+    local = {n: p for n, p in original.pools.items() if isinstance(p, LocalPool)}
+    rendered = entry.remote_policy(raw, {n: f"http://engine-{n}:8000" for n in local})
+    served = parse_policy(yaml.safe_dump(rendered), source="rendered").policy
+    for pool, spec in local.items():
+        remote = served.pools[pool]
+        assert isinstance(remote, RemotePool) and remote.urls == (f"http://engine-{pool}:8000",)
+        assert remote.needed_for_ready == spec.needed_for_ready, pool
+    assert any(spec.needed_for_ready for spec in local.values())
+    if name == "gpu.yaml":  # its on-demand pool may sleep: still optional
+        assert not all(spec.needed_for_ready for spec in local.values())
+
+
+def test_a_pool_that_is_not_local_is_refused() -> None:
+    raw = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text(encoding="utf-8"))
+    with pytest.raises(ValueError, match="no local pool 'nope'"):
+        entry.remote_policy(raw, {"nope": "http://x:8000"})
