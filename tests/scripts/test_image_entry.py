@@ -5,30 +5,14 @@ and answers 503)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 import yaml
 
 from policies.loader import parse_policy
 from policies.pools import LocalPool, RemotePool
+from tests.scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("image_entry", ROOT / "scripts" / "image_entry.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-entry = _load()
+entry = load_script("image_entry")
 
 
 @pytest.mark.parametrize("name", ["default.yaml", "gpu.yaml"])

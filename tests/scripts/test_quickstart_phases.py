@@ -4,25 +4,11 @@ output, so a change there that the clock no longer recognises fails here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
-from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import ROOT, load_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("quickstart_phases", ROOT / "scripts" / "quickstart_phases.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-phases = _load()
+phases = load_script("quickstart_phases")
 
 # Lines as the demo prints them (gateway/cli/demo.py: _wait_ready, _send_prompts, _print_costs).
 DEMO = [
