@@ -3,6 +3,7 @@ are OpenAI-compatible servers someone else runs (other hosts, or a cloud endpoin
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
@@ -11,7 +12,7 @@ from policies.frozen import Frozen
 from policies.money import Price
 from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 
-__all__ = ["EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool"]
+__all__ = ["EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "as_remote_pool"]
 
 
 class EngineSpec(Frozen):
@@ -147,3 +148,14 @@ class RemotePool(Frozen):
 
 
 Pool = Annotated[LocalPool | RemotePool, Field(discriminator="type")]
+
+
+def as_remote_pool(raw: Mapping[str, Any], urls: Sequence[str]) -> dict[str, Any]:
+    """A local pool's policy entry (`raw`, as written) as a remote pool on `urls`: its engine moved to containers
+    or pods of its own (`cascade-image gateway --engine`, `cascade deploy render`). It serves the engine's
+    `served_name` at the same price, keeps its description and breaker, and /readyz still needs it as it needed
+    the local pool (`LocalPool.needed_for_ready`). Raises pydantic's ValidationError for an invalid local pool."""
+    spec = LocalPool.model_validate(raw)
+    remote = {"type": "remote", "price": raw["price"], "urls": list(urls), "model": spec.engine.served_name,
+              "description": raw.get("description", ""), "required_for_ready": spec.needed_for_ready}
+    return remote | ({"breaker": raw["breaker"]} if "breaker" in raw else {})

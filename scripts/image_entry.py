@@ -69,20 +69,16 @@ def redis_problem(url: str, timeout_s: float = 2.0) -> str | None:
 
 def remote_policy(raw: dict[str, Any], engines: dict[str, str]) -> dict[str, Any]:
     """The policy `raw` with each local pool named in `engines` ({pool: base URL}) turned into a remote pool
-    on that URL, serving the engine's `served_name`; price, description, breaker and whether /readyz needs
-    the pool (a local pool's default: yes) are kept. Raises ValueError for a name that is not a local pool
-    of the policy."""
-    from policies.pools import LocalPool
+    on that URL (`policies.pools.as_remote_pool`). Raises ValueError for a name that is not a local pool of
+    the policy."""
+    from policies.pools import as_remote_pool
 
     pools = dict(raw["pools"])
     for name, url in engines.items():
         old = pools.get(name)
         if not isinstance(old, dict) or old.get("type") != "local":
             raise ValueError(f"--engine {name}=...: the policy has no local pool {name!r}")
-        new = {"type": "remote", "price": old["price"], "urls": [url], "model": old["engine"]["served_name"],
-               "description": old.get("description", ""),
-               "required_for_ready": LocalPool.model_validate(old).needed_for_ready}
-        pools[name] = new | ({"breaker": old["breaker"]} if "breaker" in old else {})
+        pools[name] = as_remote_pool(old, [url])
     return {**raw, "pools": pools}
 
 

@@ -26,6 +26,7 @@ import yaml
 from backends.engine_args import engine_command, engine_env
 from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_values
 from policies.loader import PolicyError, load_policy, parse_policy
+from policies.pools import as_remote_pool
 from policies.schema import LocalPool, Policy
 
 __all__ = ["Manifest", "cluster_policy", "engine_name", "gpus_per_pod", "render", "render_file", "to_yaml"]
@@ -75,10 +76,7 @@ def cluster_policy(values: Values, raw: dict[str, Any], policy: Policy) -> dict[
     pools = dict(raw["pools"])
     for name, spec in policy.pools.items():
         if isinstance(spec, LocalPool):
-            old = raw["pools"][name]
-            pools[name] = {"type": "remote", "description": old.get("description", ""), "price": old["price"],
-                           "urls": _pool_urls(values, name, spec.engine.replicas), "model": spec.engine.served_name,
-                           "required_for_ready": spec.needed_for_ready}  # its pods: /readyz waits for them
+            pools[name] = as_remote_pool(raw["pools"][name], _pool_urls(values, name, spec.engine.replicas))
     return {**raw, "pools": pools}
 
 

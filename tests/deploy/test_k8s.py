@@ -106,6 +106,7 @@ def test_the_gateway_policy_points_at_the_engine_pods(manifests: list[dict[str, 
         assert isinstance(cluster, RemotePool)
         assert cluster.price == pool.price
         assert cluster.needed_for_ready == pool.needed_for_ready, name  # /readyz waits for the engine pods
+        assert cluster.breaker == pool.breaker
         if isinstance(pool, LocalPool):
             assert cluster.model == pool.engine.served_name
             assert len(cluster.urls) == pool.engine.replicas

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from policies.loader import parse_policy
-from policies.pools import LocalPool, RemotePool
+from policies.pools import LocalPool, RemotePool, as_remote_pool
 from tests.scripts import ROOT, load_script
 
 entry = load_script("image_entry")
@@ -35,3 +35,15 @@ def test_a_pool_that_is_not_local_is_refused() -> None:
     raw = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text(encoding="utf-8"))
     with pytest.raises(ValueError, match="no local pool 'nope'"):
         entry.remote_policy(raw, {"nope": "http://x:8000"})
+
+
+def test_a_pool_moved_to_its_own_engine_keeps_its_breaker_and_readiness() -> None:
+    """The one conversion both the image and `cascade deploy render` use."""
+    raw = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text(encoding="utf-8"))
+    micro = dict(raw["pools"]["micro"], breaker={"failure_threshold": 2, "cooldown_s": 30},
+                 required_for_ready=False)
+    remote = RemotePool.model_validate(as_remote_pool(micro, ["http://a:8000", "http://b:8000"]))
+    local = LocalPool.model_validate(micro)
+    assert remote.urls == ("http://a:8000", "http://b:8000") and remote.model == local.engine.served_name
+    assert (remote.price, remote.breaker, remote.needed_for_ready) == (local.price, local.breaker, False)
+    assert remote.breaker.failure_threshold == 2
