@@ -9,8 +9,8 @@ serve` at start-up and by `cascade policy validate`, each with the policy's file
 
 from __future__ import annotations
 
-from backends.connection import ConnectionSettings, ConnectionSettingsError, ssl_context
-from backends.quant_metadata import ceiling_problems, checkpoint_dir, read_figures, read_metadata
+from backends.clients.connection import ConnectionSettings, ConnectionSettingsError, ssl_context
+from backends.quantization.metadata import ceiling_problems, checkpoint_dir, read_figures, read_metadata
 from policies.loader import LoadedPolicy, PolicyError
 from policies.schema import LocalPool, Policy, RemotePool
 

@@ -2,11 +2,11 @@
 
 One table (`OPTIONS`) names each setting once: its `cascade serve` flag, its environment variable and its
 help. A flag wins over the variable, the variable over the default. `Settings` is parsed once and frozen.
-Stdlib only (and the light `backends.transports`): `cascade --help` imports this.
+Stdlib only (and the light `backends.clients.transports`): `cascade --help` imports this.
 
 The state folder (`home`) is `$CASCADE_HOME`, else `./.cascade` resolved against the current directory.
 `cascade` exports the resolved folder as `$CASCADE_HOME` before any command runs (`export_home`), so the
-engines, the demo models (`backends.demo_models`), the router's caches and artifact store
+engines, the demo models (`backends.models.demo`), the router's caches and artifact store
 (`router_models`) and the ledger outbox all land in the same place whichever folder it was started from.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from backends.transports import DEFAULT_TRANSPORT, TRANSPORTS, Transport
+from backends.clients.transports import DEFAULT_TRANSPORT, TRANSPORTS, Transport
 
 __all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "argparse_type", "default_home", "export_home",
            "from_args", "positive_int"]

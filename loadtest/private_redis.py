@@ -1,6 +1,6 @@
 """A private redis-server for a test or a chaos run: its own port and append-only file, crash and restart.
 
-Used by the tests (`tests.servers` re-exports it) and by the chaos scenario (`loadtest.scenario_chaos`), which
+Used by the tests (`tests.servers` re-exports it) and by the chaos scenario (`loadtest.scenarios.chaos`), which
 must never stop the shared Redis on 6379.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from loadtest.bench_env import free_port
+from loadtest.processes import free_port
 
 __all__ = ["PrivateRedis"]
 

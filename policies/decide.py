@@ -61,7 +61,7 @@ class ModelNotRouted(Exception):
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     """Where a request goes and why. `score` is None when no score was needed; `scored_by` names the model
-    that gave it (`router_models.scorer.Scorer.score_one`; "" without a score)."""
+    that gave it (`router_models.serving.scorer.Scorer.score_one`; "" without a score)."""
 
     pool: str
     model: str

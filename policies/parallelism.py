@@ -4,7 +4,7 @@ A replica spans ``tensor_parallel_size x pipeline_parallel_size x data_parallel_
 "world"); expert parallelism reuses the TP x DP devices for the experts of a mixture-of-experts model.
 More than one node needs Ray (``distributed_executor_backend: ray`` and a Ray address): the supervisor
 starts the API server on this host, which joins the Ray cluster operators run on the other nodes.
-`parallelism_problems` is the policy check; the command line itself is `backends.engine_args.engine_command`.
+`parallelism_problems` is the policy check; the command line itself is `backends.engines.args.engine_command`.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class EngineSpec(Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     pin_engine_core: bool = Field(
         default=True, description="CPU engines: bind vLLM's busy-polling engine-core process to the cores of its "
-        "model worker, so that it does not starve the API server (backends/cpu_pinning.py)")
+        "model worker, so that it does not starve the API server (backends/engines/cpu_pinning.py)")
     base_port: int = Field(default=8100, ge=1024, le=65000)
     startup_timeout_s: float = Field(default=600, gt=0)
     hang_restart_after_s: float | None = Field(
@@ -69,7 +69,7 @@ class QuantCeiling(Frozen):
 
 
 class Breaker(Frozen):
-    """Each replica's circuit breaker (`backends.breaker`): when it opens, and for how long."""
+    """Each replica's circuit breaker (`backends.clients.breaker`): when it opens, and for how long."""
 
     failure_threshold: int = Field(default=5, ge=1, description="consecutive failures that open it")
     error_rate: float = Field(default=0.5, gt=0, le=1, description="or this share of failures in the window...")
@@ -100,7 +100,7 @@ class LocalPool(Frozen):
 
 
 class Connection(Frozen):
-    """How the gateway connects to a remote pool's servers (`backends.connection`). Paths are PEM files on the
+    """How the gateway connects to a remote pool's servers (`backends.clients.connection`). Paths are PEM files on the
     gateway's machine, read where the pool starts, not when the policy is parsed."""
 
     trust_env: bool = Field(default=False, description=(

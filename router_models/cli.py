@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from router_models.artifact import ArtifactError
-from router_models.outcomes import DEFAULT_ROUTING_DIR
-from router_models.targets import TARGETS
+from router_models.serving.artifact import ArtifactError
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR
+from router_models.training.targets import TARGETS
 
 __all__ = ["register"]
 
@@ -26,8 +26,8 @@ def _fail(message: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from router_models.labels import LabelError
-    from router_models.retrain import TrainRequest, run_training
+    from router_models.training.labels import LabelError
+    from router_models.training.pipeline import TrainRequest, run_training
 
     request = TrainRequest(routing_dir=args.routing_dir, target=args.target, feature_set=args.feature_set,
                            embedder=args.embedder, labels=tuple(args.labels), from_ledger=args.from_ledger,
@@ -41,7 +41,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from router_models.retrain import EvalRequest, run_eval
+    from router_models.training.pipeline import EvalRequest, run_eval
 
     try:
         return run_eval(EvalRequest(artifact=args.artifact, routing_dir=args.routing_dir, target=args.target,
@@ -52,7 +52,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from router_models.score_file import score_file
+    from router_models.serving.score_file import score_file
 
     try:
         return score_file(args.input, args.output, args.artifact, args.threshold,
@@ -62,7 +62,7 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _versions(args: argparse.Namespace) -> int:
-    from router_models.artifact_store import ArtifactStore
+    from router_models.serving.artifact_store import ArtifactStore
 
     store = ArtifactStore(args.store)
     try:
@@ -78,7 +78,7 @@ def _versions(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from router_models.artifact_store import ArtifactStore
+    from router_models.serving.artifact_store import ArtifactStore
 
     try:
         current = ArtifactStore(args.store).rollback()
@@ -92,7 +92,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR,
                    help="folder of real model outcomes (../shared/data/routing; env CASCADE_ROUTING_DATA)")
     p.add_argument("--target", choices=TARGETS, default=None,
-                   help="what the router learns (default: the artifact's, else irt-fail); see router_models/targets.py")
+                   help="what the router learns (default: the artifact's, else irt-fail); "
+                   "see router_models/training/targets.py")
     p.add_argument("--feature-set", choices=("embedding+structure", "embedding", "structure"), default=None,
                    help="inputs of the classifier (default: the artifact's, else embedding+structure)")
     p.add_argument("--embedder", default=None, help="embedder name (default: the artifact's, else "
@@ -107,7 +108,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "train", help="train on real outcomes (+ your labels), evaluate, promote only if better",
         description="Fit the router on the six public outcome sources (and, with --labels / --from-ledger, "
         "your own labels), evaluate it leave-one-source-out, compare it with the current artifact on "
-        "held-back traffic, and promote it only if it is better. Label file format: router_models/labels.py.")
+        "held-back traffic, and promote it only if it is better. Label file format: router_models/training/labels.py.")
     _add_common(p)
     p.add_argument("--labels", type=Path, action="append", default=[],
                    help="JSONL label file of your own traffic (repeatable)")

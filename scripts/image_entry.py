@@ -11,7 +11,7 @@ that /readyz stays 503 until it does; then it becomes `cascade serve` on 0.0.0.0
 policy's local engines run inside this container (the supervisor starts them); each `--engine POOL=URL`
 turns local pool POOL into a remote pool on that engine, as `cascade deploy render` does for Kubernetes.
 `engine` becomes the vLLM server of one local pool of the policy, with exactly the arguments and variables
-the supervisor would use (`backends.engine_args.engine_command` / `engine_env`), listening on 0.0.0.0.
+the supervisor would use (`backends.engines.args.engine_command` / `engine_env`), listening on 0.0.0.0.
 `health` exits 0 when the gateway's /readyz (an engine's /health, with --path) answers 200: the image's
 HEALTHCHECK (the image has no curl).
 Every role replaces this process (exec), so signals reach the server directly.
@@ -118,8 +118,8 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from backends.demo_models import ensure_demo_models, models_root
-    from backends.engine_args import DEMO_PREFIX, engine_command, engine_env
+    from backends.engines.args import DEMO_PREFIX, engine_command, engine_env
+    from backends.models.demo import ensure_demo_models, models_root
     from policies.loader import PolicyError, load_policy
     from policies.pools import LocalPool
 

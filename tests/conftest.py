@@ -22,7 +22,7 @@ from tests.servers import PrivateRedis, serve
 # The tests assert the tiny demo models' behaviour: a real micro model chosen for the demo must not leak in.
 os.environ.pop("CASCADE_DEMO_MICRO", None)
 # Scores stay the primary model's (tests assert them), and no gateway under test builds the overflow model's
-# table in the background; tests/router_models/test_serving_overflow.py attaches one on purpose.
+# table in the background; tests/router_models/serving/test_overflow.py attaches one on purpose.
 os.environ["CASCADE_ROUTER_OVERFLOW"] = "none"
 
 SHARED_URL = "redis://127.0.0.1:6379/0"

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from loadtest.bench_env import free_port
 from loadtest.private_redis import PrivateRedis
+from loadtest.processes import free_port
 
 __all__ = ["ROOT", "PrivateRedis", "free_port", "serve", "start_gateway", "wait_ready"]
 

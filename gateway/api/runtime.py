@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from backends.engine_client import EngineClient, make_engine_client
-from backends.pool import Pool
+from backends.clients.pool import Pool
+from backends.clients.shared import EngineClient, make_engine_client
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
@@ -34,8 +34,8 @@ from gateway.tenancy.admission import Admission
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
 from policies.loader import LoadedPolicy, load_policy
-from router_models.scorer import LengthScorer, Scorer
-from router_models.serving import ClassifierScorer
+from router_models.serving.classifier_scorer import ClassifierScorer
+from router_models.serving.scorer import LengthScorer, Scorer
 
 __all__ = ["Runtime", "build_runtime"]
 
@@ -113,7 +113,7 @@ def _make_scorer(settings: Settings) -> Scorer | None:
         return None
     if settings.scorer == "length":
         return LengthScorer()
-    from router_models.serving import load_scorer  # loads the embedding model: seconds
+    from router_models.serving.classifier_scorer import load_scorer  # loads the embedding model: seconds
 
     return load_scorer(str(settings.router_artifact) if settings.router_artifact else None,
                        overflow=settings.router_overflow)

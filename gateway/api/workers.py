@@ -40,8 +40,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from backends.engine_args import engine_command
-from backends.supervisor import CommandFactory, EngineSupervisor, choose_ports
+from backends.engines.args import engine_command
+from backends.engines.supervisor import CommandFactory, EngineSupervisor, choose_ports
 from gateway.control.metrics import MULTIPROC_ENV, ParentRestartCounter, prepare_multiprocess_dir, worker_exited
 from gateway.settings import Settings
 from policies.loader import load_policy
@@ -118,7 +118,8 @@ class WorkerGroup:
 
     def __init__(self, settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool,
                  command: CommandFactory = engine_command) -> None:
-        """`command` builds each engine replica's argv (`backends.supervisor.CommandFactory`; tests pass a fake)."""
+        """`command` builds each engine replica's argv (`backends.engines.supervisor.CommandFactory`; tests pass a
+        fake)."""
         self._settings = settings
         self._command = command
         self._args = (host, port, log_level, json_logs)

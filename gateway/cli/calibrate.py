@@ -2,7 +2,7 @@
 
 Reads the log `cascade serve --request-log FILE` writes (format: `policies.replay`), keeps the scored
 `model: auto` requests, and finds the threshold for `--flagship-share X` or `--cost-per-1k USD` (math:
-`router_models.calibrate`; each request priced on the policy's micro and flagship pools with the same
+`router_models.training.calibrate`; each request priced on the policy's micro and flagship pools with the same
 `Price.cost_micro_usd` the ledger uses). Prints the threshold, the flagship share and cost per 1,000
 requests it gives on the log, and the quality kept from the artifact's evaluation curve when it has one.
 `--write` sets `routing.threshold` in the policy file (one line) and re-validates it.
@@ -22,7 +22,7 @@ from typing import Any
 from policies.loader import LoadedPolicy, PolicyError, load_policy
 from policies.money import usd_to_micro
 from policies.replay import LogEntry, parse_line
-from router_models.calibrate import (
+from router_models.training.calibrate import (
     Calibration,
     CalibrationError,
     cost_per_1k,
@@ -97,7 +97,7 @@ def _usd(micro: int) -> str:
 
 
 def _quality_line(artifact: Path | None, share: float) -> str:
-    from router_models.quality_curve import artifact_quality_curve
+    from router_models.training.quality_curve import artifact_quality_curve
 
     try:
         curve = artifact_quality_curve(artifact)

@@ -186,7 +186,7 @@ def _needs_int8_demo(policy: Path) -> bool:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from backends.demo_models import MICRO_ENV
+    from backends.models.demo import MICRO_ENV
     from gateway.settings import Settings
     from policies.loader import default_policy_path
 
@@ -200,7 +200,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if _needs_int8_demo(Path(args.policy)):
-        from backends.quant_cli import build_demo_fallback
+        from backends.quantization.cli import build_demo_fallback
 
         if build_demo_fallback() != 0:
             return 1
@@ -227,7 +227,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def _print_models() -> None:
     """Which model answers in the micro pool: read once its engine is up, since the engine's start built it
     (a real model that could not be had leaves the tiny one in its place)."""
-    from backends.demo_models import demo_model_dir, models_root
+    from backends.models.demo import demo_model_dir, models_root
 
     micro = demo_model_dir(models_root(), "micro").name
     shown = "SmolLM2-135M-Instruct (real answers)" if micro == "smollm2" else "tiny random Llama (meaningless text)"

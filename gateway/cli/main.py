@@ -15,8 +15,8 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from backends.cli import register as register_models
-    from backends.quant_cli import register as register_quantize
+    from backends.models.cli import register as register_models
+    from backends.quantization.cli import register as register_quantize
     from gateway.cli.calibrate import register as register_calibrate
     from gateway.cli.demo import register as register_demo
     from gateway.cli.policy import register as register_policy

@@ -83,8 +83,8 @@ def _headers(given: list[str]) -> dict[str, str]:
 
 def _classifier_score(messages: Any) -> float:
     """The score the gateway would compute: the shipped classifier on the gateway's scoring text."""
-    from router_models.scorer import conversation_text
-    from router_models.serving import load_scorer
+    from router_models.serving.classifier_scorer import load_scorer
+    from router_models.serving.scorer import conversation_text
 
     async def run() -> float:
         scorer = load_scorer()
@@ -100,7 +100,7 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
     spec = loaded.policy.pools[pool]
     if spec.type != "local":
         return [f"remote:   {', '.join(spec.urls)} (model {spec.model!r}, key from ${spec.api_key_env or '-'})"]
-    from backends.engine_args import engine_command, engine_env
+    from backends.engines.args import engine_command, engine_env
 
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(engine_env(spec.engine).items()))
     command = shlex.join(engine_command(spec.engine, spec.engine.base_port))

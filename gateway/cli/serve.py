@@ -55,7 +55,7 @@ def _startup_problem(policy: Path, scorer: str, artifact: Path | None = None, ov
     except PolicyError as exc:
         return str(exc)
     if scorer == "classifier":
-        from router_models.artifact import ArtifactError, load_artifact, overflow_artifact
+        from router_models.serving.artifact import ArtifactError, load_artifact, overflow_artifact
 
         try:
             load_artifact(artifact)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 import redis.asyncio as aioredis
 
 from backends.background import cancel_requested, stop
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.control.ladder_sync import MAX_SAMPLES, LadderSync, Report, merge_reports
 from gateway.logs import LogThrottle
 from policies.ladder import Ladder, LadderState

@@ -6,7 +6,7 @@ Contract:
 - A background task (`start`) calls `refresh` every `interval_s`: it pushes the buffer to the shared window
   (`ScoreWindow`: a capped Redis list, LPUSH + LTRIM, one pipelined round trip that also reads the window
   back), then sets the live threshold to the score that sends `flagship_share` of the window to the
-  flagship (`router_models.calibrate.share_threshold`). Until the window holds `min_samples` scores, the
+  flagship (`router_models.training.calibrate.share_threshold`). Until the window holds `min_samples` scores, the
   policy's `initial` is used.
 - Redis down: the last threshold stays, the buffer is kept (capped at the window), the failure is logged
   once, and the recovery once.
@@ -36,7 +36,7 @@ from policies.context import AUTO_MODEL, RouteContext
 from policies.decide import RouteDecision
 from policies.schema import Policy
 from policies.threshold import ShareThreshold, base_threshold, share_target
-from router_models.calibrate import share_threshold
+from router_models.training.calibrate import share_threshold
 
 __all__ = ["LiveThreshold", "MemoryWindow", "RedisWindow", "ScoreWindow", "ThresholdCollector", "start_live_threshold",
            "window_key"]

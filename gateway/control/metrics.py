@@ -34,8 +34,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import Collector
 
-from backends.breaker import BreakerState
-from backends.pool import Pool, Replica
+from backends.clients.breaker import BreakerState
+from backends.clients.pool import Pool, Replica
 from gateway.ledger.store import CostRecord
 
 __all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "ParentRestartCounter", "multiprocess_dir",
@@ -75,7 +75,7 @@ def worker_exited(pid: int, path: Path) -> None:
 class ParentRestartCounter:
     """`cascade_engine_restarts_total` of a process that supervises engines but serves no `/metrics` (the
     `--workers` parent), written into the multiprocess folder `path` as prometheus_client's counter file of this
-    pid, which every worker's `render()` sums in. A `backends.supervisor.RestartHook`. Used from one thread;
+    pid, which every worker's `render()` sums in. A `backends.engines.supervisor.RestartHook`. Used from one thread;
     `aclose`-free: the file stays for the workers (the next run's `prepare_multiprocess_dir` empties it)."""
 
     def __init__(self, path: Path) -> None:
@@ -185,7 +185,7 @@ class GatewayMetrics:
         self.latency.labels(rec.pool).observe(rec.latency_ms / 1000)
 
     def engine_restarted(self, pool: str, index: int, reason: str) -> None:
-        """The supervisor restarted replica `index` of `pool` (`backends.supervisor.RestartHook`)."""
+        """The supervisor restarted replica `index` of `pool` (`backends.engines.supervisor.RestartHook`)."""
         self.engine_restarts.labels(pool, reason).inc()
 
     def router_scored(self, model: str, texts: int) -> None:

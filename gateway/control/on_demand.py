@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Protocol
 
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.errors import NoReplicaAvailable
 from policies.parallelism import OnDemand
 

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from backends.breaker import BreakerConfig
-from backends.engine_client import EngineClient
+from backends.clients.breaker import BreakerConfig
+from backends.clients.pool import Pool
+from backends.clients.shared import EngineClient
+from backends.engines.supervisor import Answered, EngineSupervisor, RestartHook
 from backends.machine_checks import checked_here, connection_settings
-from backends.pool import Pool
-from backends.supervisor import Answered, EngineSupervisor, RestartHook
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy
 from policies.parallelism import OnDemand

@@ -2,10 +2,10 @@
 
 Two sources, each optional:
 
-- the router's evaluation curve (`router_models.quality_curve`, in the artifact's metadata): PGR, the
+- the router's evaluation curve (`router_models.training.quality_curve`, in the artifact's metadata): PGR, the
   share of the micro->flagship quality gap recovered, interpolated at the realised flagship share;
 - labels the gateway collected (feedback, shadow judge, cascade escalations; read with
-  `router_models.ledger_labels.read_ledger_labels`): the share of micro-routed labelled requests that did
+  `router_models.training.ledger_labels.read_ledger_labels`): the share of micro-routed labelled requests that did
   not need the flagship (`label_estimate`; other label-based estimates plug in the same way).
 
 The realised flagship share is flagship-pool requests over micro- plus flagship-pool requests in the
@@ -20,73 +20,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gateway.costs.estimate import LabelEstimate, QualityEstimate
 from gateway.costs.report import CostReport
 from policies.schema import Policy
-from router_models.artifact import ArtifactError, overflow_artifact
-from router_models.quality_curve import QualityCurve, artifact_quality_curve
+from router_models.serving.artifact import ArtifactError, overflow_artifact
+from router_models.training.quality_curve import QualityCurve, artifact_quality_curve
 
-__all__ = ["LabelEstimate", "QualityEstimate", "estimate_quality", "label_estimate", "read_label_estimate",
-           "served_with_quality", "with_quality"]
+__all__ = ["estimate_quality", "label_estimate", "read_label_estimate", "served_with_quality", "with_quality"]
 
 log = logging.getLogger("cascade.costs")
 NO_CURVE = "artifact has no evaluation curve"
-APPROXIMATION = "pinned-model requests and cascade probes count as routed (rollups keep no rule)"
-
-
-@dataclass(frozen=True, slots=True)
-class LabelEstimate:
-    """Quality measured on labelled requests: `kept` of `labelled` micro-routed ones did not need the flagship."""
-
-    kept: float
-    labelled: int
-    basis: str = "feedback, shadow and escalation labels, all time"
-
-
-@dataclass(frozen=True, slots=True)
-class QualityEstimate:
-    """Quality kept by routing. `curve_kept` is None when `unavailable` says why; `flagship_share` is None
-    when the report has no request on the micro or flagship pool."""
-
-    flagship_share: float | None
-    routed_requests: int
-    curve_kept: float | None
-    basis: str | None
-    unavailable: str | None
-    labels: LabelEstimate | None = None
-    overflow_share: float = 0.0  # of the routed requests, those the router's overflow model scored
-    overflow_note: str = ""  # how the estimate weighed them
-
-    def lines(self) -> list[str]:
-        """The quality figures as report lines (table, HTML)."""
-        share = "-" if self.flagship_share is None else f"{self.flagship_share:.0%}"
-        if self.curve_kept is not None:
-            note = f"; {self.overflow_note}" if self.overflow_note else ""
-            out = [f"quality kept: ~{self.curve_kept:.2f} of the micro->flagship gap ({self.basis}, realised "
-                   f"flagship share {share}{note}; {APPROXIMATION})"]
-        else:
-            out = [f"quality estimate unavailable ({self.unavailable})"]
-        if self.labels is not None:
-            out.append(f"labelled quality: {self.labels.kept:.2f} of {self.labels.labelled} micro-routed labelled "
-                       f"requests did not need the flagship ({self.labels.basis})")
-        return out
-
-    def fields(self) -> dict[str, Any]:
-        """Machine-readable figures (JSON, CSV)."""
-        labels = self.labels
-        return {
-            "realised_flagship_share": self.flagship_share,
-            "routed_requests": self.routed_requests,
-            "quality_kept_pgr": self.curve_kept,
-            "quality_basis": self.basis,
-            "quality_unavailable": self.unavailable,
-            "overflow_scored_share": self.overflow_share,
-            "labelled_kept": None if labels is None else labels.kept,
-            "labelled_requests": None if labels is None else labels.labelled,
-        }
 
 
 def estimate_quality(pool_requests: Mapping[str, int], micro_pool: str, flagship_pool: str,
@@ -125,7 +72,7 @@ def read_label_estimate(redis_url: str, prefix: str, micro_pool: str) -> LabelEs
     """`label_estimate` of the labels in Redis; None when there are none or they cannot be read (logged).
     Blocking: call it from a worker thread on the event loop."""
     try:
-        from router_models.ledger_labels import read_ledger_labels
+        from router_models.training.ledger_labels import read_ledger_labels
 
         rows = read_ledger_labels(redis_url, key_prefix=prefix)
     except Exception as exc:  # labels are an addition to the report: never fail it

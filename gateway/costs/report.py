@@ -33,7 +33,7 @@ from gateway.ledger.store import (
 )
 
 if TYPE_CHECKING:
-    from gateway.costs.quality import QualityEstimate
+    from gateway.costs.estimate import QualityEstimate
 
 __all__ = [
     "GROUPINGS",

@@ -6,7 +6,7 @@ What comes out (names prefixed with `values.name`):
 - a ConfigMap with the gateway's policy: the named policy with each `local` pool turned into a `remote` pool
   whose URLs are that pool's engine pods (one StatefulSet per pool behind a headless Service, so the gateway
   still sees every replica and keeps its load-aware choice);
-- per local pool, a vLLM StatefulSet (the engine arguments of `backends.engine_args.engine_command`, GPUs
+- per local pool, a vLLM StatefulSet (the engine arguments of `backends.engines.args.engine_command`, GPUs
   = tensor x pipeline parallel size, startup/readiness/liveness probes on `/health`, a model-cache PVC);
 - Redis as a StatefulSet with an append-only file on a PVC, and its Service;
 - the gateway Deployment (readiness `/readyz`, liveness `/healthz`, keys from a Secret ops create), its
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from backends.engine_args import engine_command, engine_env
+from backends.engines.args import engine_command, engine_env
 from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_values
 from policies.loader import PolicyError, load_policy, parse_policy
 from policies.pools import as_remote_pool

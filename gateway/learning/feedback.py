@@ -3,9 +3,9 @@
 Contract: the body is ``{"request_id": str, "score": number in [0, 1] | "thumbs": "up" | "down",
 "comment"?: str}`` (exactly one of `score` and `thumbs`; `comment` at most `MAX_COMMENT_CHARS`). Only the
 tenant that made the request may rate it: an unknown id, or another tenant's, is a 404 and nothing is
-stored. Feedback is stored under `router_models.ledger_labels.LabelKeys.feedback` for the ledger's
+stored. Feedback is stored under `router_models.training.ledger_labels.LabelKeys.feedback` for the ledger's
 retention; a second feedback for the same id replaces the first. Training reads it with
-`router_models.ledger_labels.read_ledger_labels`.
+`router_models.training.ledger_labels.read_ledger_labels`.
 """
 
 from __future__ import annotations

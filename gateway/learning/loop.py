@@ -32,7 +32,7 @@ from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import JSONReply, StreamReply
 from gateway.serving.streaming import StreamRelay
 from policies.loader import LoadedPolicy
-from router_models.scorer import conversation_text
+from router_models.serving.scorer import conversation_text
 
 __all__ = ["LearningTap"]
 

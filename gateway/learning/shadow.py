@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from backends.engine_client import EngineClient
-from backends.pool import Pool
+from backends.clients.pool import Pool
+from backends.clients.shared import EngineClient
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import GatewayError
 from gateway.learning.judge import JUDGE_MAX_TOKENS, judge_messages, parse_verdict

@@ -1,6 +1,6 @@
 """The learning loop's writes to Redis: kept prompts, feedback, shadow verdicts, cascade labels.
 
-Keys and field names are `router_models.ledger_labels`' (the training reader's), under the ledger's prefix.
+Keys and field names are `router_models.training.ledger_labels`' (the training reader's), under the ledger's prefix.
 Every write is one MULTI round trip that replaces the whole hash and sets its TTL, so a later write for the
 same request id wins whole (no field of an older one lingers). Who owns a request id is read from the kept
 prompt or, for requests not kept, from the request's ledger record (`gateway.ledger.keys`).
@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.ledger.keys import LedgerKeys
-from router_models.ledger_labels import LabelKeys
+from router_models.training.ledger_labels import LabelKeys
 
 __all__ = ["LearningStore"]
 

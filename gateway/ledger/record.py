@@ -70,7 +70,8 @@ class CostRecord:
 
 
 def overflow_scored(rec: CostRecord) -> int:
-    """1 when the router's overflow model scored `rec` (`router_models.serving`), else 0: its rollup counter."""
+    """1 when the router's overflow model scored `rec` (`router_models.serving.classifier_scorer`), else 0: its
+    rollup counter."""
     return int(rec.scored_by == "overflow")
 
 

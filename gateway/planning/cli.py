@@ -24,7 +24,7 @@ def _shares(forecast: Forecast, policy: Policy, forecast_path: Path) -> dict[str
     if forecast.routing.shares is not None:
         return dict(forecast.routing.shares)
     from gateway.planning.shares import read_prompts, shares_from_sample
-    from router_models.serving import load_model
+    from router_models.serving.classifier_scorer import load_model
 
     assert forecast.routing.sample is not None  # the schema requires one of the two
     prompts = read_prompts(forecast_path.parent / forecast.routing.sample)
@@ -36,7 +36,7 @@ def _plan(args: argparse.Namespace) -> int:
     from gateway.planning.plan import make_plan, plan_json, render_table
     from gateway.planning.schema import ForecastError, load_forecast
     from policies.loader import PolicyError, load_policy
-    from router_models.artifact import ArtifactError
+    from router_models.serving.artifact import ArtifactError
 
     path = Path(args.traffic)
     try:

@@ -5,7 +5,7 @@ A replica is treated as one server whose work per request is measured in replica
     s(request) = request_overhead_s + prompt_tokens / prefill_tokens_per_s + output_tokens / decode_tokens_per_s
 
 where the throughputs are those of a replica at the batch size that keeps inter-token latency within the ITL
-SLO (that is how `capacity` is measured: `loadtest/saturation.py` caps the engine's batch, `--max-num-seqs`).
+SLO (that is how `capacity` is measured: `loadtest/bench/saturation.py` caps the engine's batch, `--max-num-seqs`).
 At an arrival rate lam the replica is busy a fraction rho = lam*s_mean of the time (s_mean: mean over the token mix).
 
 - Throughput bound: rho < 1, so one replica saturates at 1/s_mean requests/s.

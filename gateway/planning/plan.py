@@ -63,7 +63,7 @@ def _capacity(name: str, spec: LocalPool | RemotePool, forecast: Forecast) -> Ca
         return Capacity(prefill_tokens_per_s=tps, decode_tokens_per_s=tps)
     if isinstance(spec, LocalPool):
         raise PlanError(f"pool {name!r}: no per-replica throughput; add `capacity: {{{name}: ...}}` to the "
-                        "forecast (measure it with `python -m loadtest.saturation`)")
+                        "forecast (measure it with `python -m loadtest.bench.saturation`)")
     return None
 
 

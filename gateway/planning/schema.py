@@ -1,7 +1,7 @@
 """The traffic forecast `cascade plan` reads (see deploy/forecast.yaml): frozen models, unknown keys rejected.
 
 Per-replica capacity lives here, not in the policy: a pool's `capacity` is what one replica sustains while
-meeting the ITL SLO (measure it with `python -m loadtest.saturation`, or declare it). A pool without a
+meeting the ITL SLO (measure it with `python -m loadtest.bench.saturation`, or declare it). A pool without a
 `capacity` falls back to its policy price's `tokens_per_second` (prompt and output tokens alike).
 """
 
@@ -39,7 +39,7 @@ class Capacity(Frozen):
     request_overhead_s: float = Field(default=0.0, ge=0, description="fixed replica time per request")
     ttft_p95_idle_s: float | None = Field(
         default=None, gt=0, description="p95 time to first token as load goes to zero (the TTFT scale of the "
-        "queueing model; `loadtest.saturation` measures it). Default: ln(20) x the mean prefill work")
+        "queueing model; `loadtest.bench.saturation` measures it). Default: ln(20) x the mean prefill work")
 
 
 class Slo(Frozen):

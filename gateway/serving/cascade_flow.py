@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import NoReplicaAvailable
 from gateway.serving.accounting import RequestFacts

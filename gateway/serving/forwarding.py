@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from backends.engine_client import EngineClient
-from backends.pool import Pool, Replica
+from backends.clients.pool import Pool, Replica
+from backends.clients.shared import EngineClient
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import GatewayError, NoReplicaAvailable

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from backends.engine_client import EngineClient, EngineHTTPError, EngineStreamBroken, EngineUnavailable
-from backends.pool import Pool, Replica
+from backends.clients.pool import Pool, Replica
+from backends.clients.shared import EngineClient, EngineHTTPError, EngineStreamBroken, EngineUnavailable
 from gateway.errors import NoReplicaAvailable, UpstreamError
 
 __all__ = ["InFlightHook", "OpenStream", "Proxy"]

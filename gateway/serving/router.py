@@ -29,7 +29,7 @@ from policies.decide import (
 )
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from router_models.scorer import Scorer, conversation_text
+from router_models.serving.scorer import Scorer, conversation_text
 
 __all__ = ["RequestRouter"]
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.policy_holder import PolicyHolder

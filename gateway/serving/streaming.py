@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from backends.engine_client import EngineError
+from backends.clients.shared import EngineError
 from gateway.errors import error_body
 from gateway.serving.usage import Usage, usage_from_json
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from backends.engine_client import EngineClient, EngineError
+from backends.clients.shared import EngineClient, EngineError
 from policies.pools import LocalPool, RemotePool
 
 __all__ = ["Usage", "count_usage", "estimate_usage", "usage_from_json"]

@@ -1,5 +1,5 @@
-"""Chaos: the faults of `loadtest.scenario_chaos` in turn and overlapping, shortened, under load from
-`loadtest.loadgen`: a remote pool optional for readiness becomes unreachable, the real micro vLLM engine hangs
+"""Chaos: the faults of `loadtest.scenarios.chaos` in turn and overlapping, shortened, under load from
+`loadtest.load.generator`: a remote pool optional for readiness becomes unreachable, the real micro vLLM engine hangs
 (SIGSTOP) and must be restarted by the supervisor's `hang_restart_after_s`, and a private Redis is killed and
 started again, with a fail_closed and a fail_open tenant. Ends with no 5xx but the fail_closed 503s, every
 completed request recorded once in the ledger (the outbox replayed), the restart counted in `/metrics`, and
@@ -14,9 +14,9 @@ import shutil
 
 import pytest
 
-from loadtest.chaos_figures import check_invariants, format_record
-from loadtest.scenario_chaos import Faults, run_chaos
-from loadtest.scenarios import build_parser
+from loadtest.scenarios.chaos import Faults, run_chaos
+from loadtest.scenarios.chaos_figures import check_invariants, format_record
+from loadtest.scenarios.cli import build_parser
 
 pytestmark = [pytest.mark.engines,
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")]

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from backends.demo_models import models_root
-from backends.supervisor import EngineSupervisor
+from backends.engines.supervisor import EngineSupervisor
+from backends.models.demo import models_root
 from gateway.api.app import create_app
 from gateway.api.runtime import Runtime
 from gateway.settings import Settings

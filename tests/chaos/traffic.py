@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.chaos_figures import ledger_records
+from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import verify_recent
 
 __all__ = ["Kind", "Outcome", "Traffic", "ledger_records", "reconcile"]

@@ -1,11 +1,11 @@
 """`cascade plan`'s capacity model against a real engine (issue 8): calibrate one demo vLLM engine (the micro
 model, batch capped at 16), predict the request rate at which it stops meeting a 2 s p95 TTFT SLO on a mixed
 workload, ramp open-loop Poisson traffic through that point, and require the prediction within 25% of the
-measured knee. About 4 minutes: one engine start, then ~3 minutes of load (see loadtest/saturation.py).
+measured knee. About 4 minutes: one engine start, then ~3 minutes of load (see loadtest/bench/saturation.py).
 
 It is a timing benchmark on a real engine, so it runs only when asked (CASCADE_BENCHMARKS=1), not in CI:
 on a shared 2-core machine a neighbour's load moves the knee (seen: 4 runs within 17%, one off by 100% while
-the machine's load average was 7-10). `python -m loadtest.saturation` prints the same comparison."""
+the machine's load average was 7-10). `python -m loadtest.bench.saturation` prints the same comparison."""
 
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ import os
 
 import pytest
 
-from backends.supervisor import EngineSupervisor
+from backends.engines.supervisor import EngineSupervisor
 from gateway.planning.schema import Slo
-from loadtest.saturation import run
+from loadtest.bench.saturation import run
 from policies.schema import EngineSpec
 from tests.servers import free_port
 
 pytestmark = [
     pytest.mark.engines,
     pytest.mark.skipif(os.environ.get("CASCADE_BENCHMARKS") != "1",
-                       reason="timing benchmark: set CASCADE_BENCHMARKS=1 or run `python -m loadtest.saturation`"),
+                       reason="timing benchmark: set CASCADE_BENCHMARKS=1 or run "
+                              "`python -m loadtest.bench.saturation`"),
 ]
 
 BATCH = 16

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from backends.engine_args import engine_command, engine_env
+from backends.engines.args import engine_command, engine_env
 from policies.loader import PolicyError, load_policy
 from policies.parallelism import OnDemand
 from policies.pools import EngineSpec, LocalPool

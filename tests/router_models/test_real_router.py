@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from router_models.artifact import DEFAULT_ARTIFACT
-from router_models.evaluate import metrics
-from router_models.outcomes import DEFAULT_ROUTING_DIR, load_outcomes
-from router_models.scorer import conversation_text
-from router_models.serving import BatchingConfig, load_scorer
+from router_models.serving.artifact import DEFAULT_ARTIFACT
+from router_models.serving.classifier_scorer import BatchingConfig, load_scorer
+from router_models.serving.scorer import conversation_text
+from router_models.training.evaluate import metrics
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR, load_outcomes
 
 # Written here, without outcomes: they only show that scoring runs, never which prompt is harder.
 SMOKE_PROMPTS = [

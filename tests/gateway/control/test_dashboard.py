@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.store import CostRecord
 

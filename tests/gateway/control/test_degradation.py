@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.control.degradation import DegradationMonitor
 from tests.gateway.control.test_ladder_sync import _loaded
 

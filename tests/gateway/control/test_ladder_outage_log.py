@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import redis.asyncio as aioredis
 
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.ladder_sync import LadderSync
 from policies.ladder import LadderState

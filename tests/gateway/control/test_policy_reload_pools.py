@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.supervisor import EngineSupervisor
+from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
 from gateway.settings import Settings
 from policies.schema import EngineSpec

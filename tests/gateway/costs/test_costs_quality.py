@@ -22,8 +22,8 @@ from gateway.costs.report import CostReport
 from gateway.ledger.store import CostRecord
 from gateway.settings import Settings
 from policies.loader import parse_policy
-from router_models.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT
-from router_models.quality_curve import QualityCurve, artifact_quality_curve
+from router_models.serving.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT
+from router_models.training.quality_curve import QualityCurve, artifact_quality_curve
 from tests.conftest import delete_prefix, policy_yaml
 from tests.gateway.costs.test_costs_report import recorded, run_cli, sample_report
 from tests.servers import serve

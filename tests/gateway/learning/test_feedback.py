@@ -18,8 +18,8 @@ from gateway.errors import BadRequest
 from gateway.learning.feedback import parse_feedback
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from router_models.ledger_labels import LabelKeys, read_ledger_labels
-from router_models.scorer import conversation_text
+from router_models.serving.scorer import conversation_text
+from router_models.training.ledger_labels import LabelKeys, read_ledger_labels
 from tests.conftest import SHARED_URL, policy_yaml
 from tests.servers import serve
 

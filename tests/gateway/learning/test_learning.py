@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from backends.pool import Pool
+from backends.clients.pool import Pool
 from gateway.control.metrics import GatewayMetrics
 from gateway.learning.loop import LearningTap
 from gateway.ledger.store import MemoryLedger
@@ -14,7 +14,7 @@ from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import JSONReply
 from policies.decide import RouteDecision
 from policies.loader import LoadedPolicy, parse_policy
-from router_models.ledger_labels import LabelKeys
+from router_models.training.ledger_labels import LabelKeys
 from tests.conftest import policy_yaml
 
 RAW = {"model": "auto", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}

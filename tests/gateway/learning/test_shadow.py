@@ -19,7 +19,7 @@ from gateway.api.app import create_app
 from gateway.learning.judge import JUDGE_SYSTEM_PROMPT, parse_verdict
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream, read_body
-from router_models.ledger_labels import LabelKeys, read_ledger_labels
+from router_models.training.ledger_labels import LabelKeys, read_ledger_labels
 from tests.conftest import SHARED_URL, policy_yaml, verify_recent
 from tests.servers import serve
 

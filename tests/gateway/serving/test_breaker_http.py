@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from backends.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from backends.clients.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from gateway.api.app import create_app
 from gateway.api.runtime import Runtime
 from gateway.settings import Settings

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from backends.breaker import BreakerConfig, BreakerState
-from backends.pool import Replica
+from backends.clients.breaker import BreakerConfig, BreakerState
+from backends.clients.pool import Replica
 from gateway.api.app import create_app
 from gateway.api.runtime import Runtime
 from gateway.settings import Settings

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.engine_client import EngineUnavailable, Headers
+from backends.clients.shared import EngineUnavailable, Headers
 from gateway.serving.usage import Usage, count_usage
 from policies.money import Price
 from policies.pools import EngineSpec, LocalPool, RemotePool

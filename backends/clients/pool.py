@@ -1,0 +1,197 @@
+"""A pool of engine replicas with load-aware choice.
+
+Load = the gateway's own in-flight count for the replica (exact, instant) plus what the engine itself
+reports on `/metrics` (running + waiting requests, KV-cache use), scraped every `probe_interval_s`.
+A replica that refuses connections is marked down at once and probed back to life by the loop; one whose
+health check times out is marked down only after `SLOW_PROBES_DOWN` timeouts in a row (a saturated engine
+answers slowly but is still serving its batch: taking it out on one slow probe empties a busy pool). Each
+replica also has a circuit breaker (`backends.clients.breaker`): `choose` skips replicas whose breaker is open
+and sends a half-open replica only its one probe request; the proxy reports each outcome to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from backends.background import stop
+from backends.clients.breaker import BreakerConfig, BreakerState, CircuitBreaker, Clock
+from backends.clients.connection import ConnectionSettings
+from backends.clients.shared import EngineClient, EngineClients, EngineTimeout, EngineUnavailable
+
+__all__ = ["BUSY_GRACE_S", "SLOW_PROBES_DOWN", "EngineLoad", "Pool", "Replica", "parse_vllm_metrics"]
+
+SLOW_PROBES_DOWN = 3
+"""Health checks in a row that must time out before a replica that still accepts connections is marked down."""
+BUSY_GRACE_S = 10.0
+"""A health check that times out does not count while the replica answered a real request this recently: a
+saturated vLLM answers its health endpoint late, and taking a serving replica out only adds to the load."""
+
+log = logging.getLogger("cascade.pool")
+
+_METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\}\s+([0-9.eE+-]+|NaN)$", re.MULTILINE)
+
+
+@dataclass(slots=True)
+class EngineLoad:
+    """What the engine said about itself at `at` (monotonic seconds)."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_cache_usage: float = 0.0  # fraction 0..1
+    at: float = 0.0
+
+
+def parse_vllm_metrics(text: str) -> EngineLoad:
+    """Sum vLLM's gauges over engines in a Prometheus exposition."""
+    load = EngineLoad(at=time.monotonic())
+    for name, value in _METRIC.findall(text):
+        v = float(value)
+        if v != v:  # NaN
+            continue
+        if name == "vllm:num_requests_running":
+            load.running += v
+        elif name == "vllm:num_requests_waiting":
+            load.waiting += v
+        elif name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            load.kv_cache_usage = max(load.kv_cache_usage, v)
+    return load
+
+
+@dataclass(slots=True)
+class Replica:
+    """One engine endpoint. `in_flight` is owned by the gateway (incremented around each request)."""
+
+    url: str
+    healthy: bool = False
+    in_flight: int = 0
+    load: EngineLoad = field(default_factory=EngineLoad)
+    failures: int = 0
+    slow_probes: int = 0  # health checks in a row that timed out
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+
+    @property
+    def available(self) -> bool:
+        """Healthy at the last probe and its breaker lets a request through now."""
+        return self.healthy and self.breaker.available()
+
+    def cost(self) -> float:
+        """Lower is better. Our own in-flight count is exact; engine gauges lag by one scrape."""
+        queued = max(self.load.waiting, 0.0)
+        return self.in_flight + 0.5 * self.load.running + 2.0 * queued + 4.0 * self.load.kv_cache_usage
+
+
+class Pool:
+    """Replicas of one pool. Owns its probe task (`start` / `aclose`), not the HTTP client (which it tells
+    how to connect to its replicas when the pool has connection settings)."""
+
+    def __init__(
+        self,
+        name: str,
+        urls: Iterable[str],
+        client: EngineClient,
+        probe_interval_s: float = 1.0,
+        health_path: str = "/health",
+        headers: Mapping[str, str] | None = None,
+        breaker: BreakerConfig | None = None,
+        clock: Clock = time.monotonic,
+        connection: ConnectionSettings | None = None,
+    ) -> None:
+        """`headers` go with every request to this pool's replicas (e.g. a remote API key); `breaker`
+        configures each replica's circuit breaker, `clock` is its time source (monotonic seconds).
+        `connection` (a remote pool's proxies, CA bundle, client certificate) is handed to `client`, which
+        must then be the router of `backends.clients.shared` (`EngineClients`); a file it names that cannot
+        be used raises `ConnectionSettingsError` here."""
+        if connection is not None and not isinstance(client, EngineClients):
+            raise TypeError(f"pool {name}: connection settings need an EngineClients, not {type(client).__name__}")
+        self._connection = connection
+        self.name = name
+        self.headers: Mapping[str, str] = headers or {}
+        self._breaker = breaker or BreakerConfig()
+        self._clock = clock
+        self._client = client
+        self.replicas: list[Replica] = []
+        self.set_urls(urls)
+        self._interval = probe_interval_s
+        self._health_path = health_path
+        self._task: asyncio.Task[None] | None = None
+
+    def set_urls(self, urls: Iterable[str]) -> None:
+        """Replace the replica set, keeping the state of replicas that stay."""
+        urls = [u.rstrip("/") for u in urls]
+        if self._connection is not None and isinstance(self._client, EngineClients):
+            self._client.configure(urls, self._connection)
+        known = {r.url: r for r in self.replicas}
+        self.replicas = [known.get(u) or self._replica(u) for u in urls]
+
+    def _replica(self, url: str) -> Replica:
+        return Replica(url=url.rstrip("/"), breaker=CircuitBreaker(self._breaker, self._clock))
+
+    def choose(self, exclude: frozenset[str] = frozenset()) -> Replica | None:
+        """The available replica with the least load, or None. The caller now holds the replica's breaker
+        (its half-open probe slot, if it was half-open) and must report the outcome to it."""
+        candidates = [r for r in self.replicas if r.available and r.url not in exclude]
+        replica = min(candidates, key=Replica.cost, default=None)
+        if replica is not None:
+            replica.breaker.acquire()
+        return replica
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this gateway has open to the pool's replicas now."""
+        return sum(r.in_flight for r in self.replicas)
+
+    @property
+    def ready(self) -> bool:
+        """Some replica is healthy and its breaker is not open (a half-open one counts: it can be probed)."""
+        return any(r.healthy and r.breaker.state is not BreakerState.OPEN for r in self.replicas)
+
+    def mark_failed(self, replica: Replica, reason: str) -> None:
+        if replica.healthy:
+            log.warning("replica down", extra={"pool": self.name, "replica": replica.url, "reason": reason})
+        replica.healthy = False
+        replica.failures += 1
+
+    async def probe_once(self) -> None:
+        await asyncio.gather(*(self._probe(r) for r in self.replicas))
+
+    async def _probe(self, replica: Replica) -> None:
+        try:
+            await self._client.get_text(replica.url + self._health_path, headers=self.headers or None)
+        except EngineTimeout as exc:
+            if replica.healthy and replica.breaker.answered_within(BUSY_GRACE_S):
+                return  # busy, not down: it is answering traffic
+            replica.slow_probes += 1
+            if replica.healthy and replica.slow_probes >= SLOW_PROBES_DOWN:
+                self.mark_failed(replica, f"{exc} ({replica.slow_probes} health checks in a row)")
+            return
+        except EngineUnavailable as exc:
+            if replica.healthy:
+                self.mark_failed(replica, str(exc))
+            return
+        replica.slow_probes = 0
+        if not replica.healthy:
+            log.info("replica ready", extra={"pool": self.name, "replica": replica.url})
+        replica.healthy = True
+        with contextlib.suppress(EngineUnavailable):
+            replica.load = parse_vllm_metrics(await self._client.get_text(replica.url + "/metrics",
+                                                                          headers=self.headers or None))
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.probe_once()
+            await asyncio.sleep(self._interval)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name=f"probe:{self.name}")
+
+    async def aclose(self) -> None:
+        await stop(self._task)
+        self._task = None

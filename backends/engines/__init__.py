@@ -1,0 +1,1 @@
+"""Running engines: the local supervisor, each replica's argv, CPU pinning."""

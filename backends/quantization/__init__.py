@@ -1,0 +1,1 @@
+"""Quantization: calibrated low-precision checkpoints (`cascade quantize`) and their measured loss."""

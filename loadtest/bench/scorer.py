@@ -1,0 +1,274 @@
+"""Offer a Poisson load of prompts to the complexity scorer and report throughput and latency.
+
+In-process (default): builds the real scorer with `load_scorer` and calls `score([text])` once per
+arrival, as the gateway does per request. With `--trees OLD,NEW`, each source tree's scorer runs in a
+worker process of its own (`scorer_variants`), rounds interleaved, to compare code versions side by side.
+With `--gateway-url`, sends the same prompts as chat completions to a running gateway instead (end-to-end,
+includes the engine; optional).
+
+Prompts: a synthetic, length-realistic mix for timing only (`scorer_prompts`: real evaluation prompts from
+`../shared/data/routing` beside short chat-like requests), every one unique by default (`--repeat-share`
+sets how many arrivals reuse a recent prompt and may hit the cache). Latency is measured from each request's
+*scheduled* arrival time, so a scorer that falls behind cannot hide its queueing delay (no coordinated
+omission). The speed targets (`TARGET_*`) are printed with PASS/FAIL for every scorer.
+
+    python -m loadtest.bench.scorer --rates 100,200,250 --duration 10 --threads 2
+    python -m loadtest.bench.scorer --artifacts OLD.json,NEW.json --repeats 3   # side by side, interleaved
+    git worktree add /tmp/scorer-old HEAD~1
+    python -m loadtest.bench.scorer --trees /tmp/scorer-old,. --rates 100,300,400 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+from loadtest.bench.offered_load import Result, ScoreOne, offer_load
+from loadtest.bench.scorer_prompts import timing_prompts
+
+__all__ = ["TARGET_P99_MS", "TARGET_P99_RATE", "TARGET_SUSTAINED", "Result", "main", "offer_load", "parse_variants",
+           "verdicts"]
+
+
+TARGET_P99_RATE = 100.0  # req/s offered ...
+TARGET_P99_MS = 20.0  # ... with p99 under this
+TARGET_SUSTAINED = 300.0  # req/s scored without queueing running away (see `verdicts`)
+_SUSTAINED_SHARE = 0.98  # scored/s at least this share of the offered rate ...
+_SUSTAINED_P99_MS = 100.0  # ... with p99 under this (a queue that grows for a whole cell ends far above)
+
+
+def _prompt_count(args: argparse.Namespace) -> int:
+    rates = [float(r) for r in args.rates.split(",")]
+    return int(sum(rates) * args.duration * args.repeats * 1.2) + 1000
+
+
+Scorer = tuple[ScoreOne, Callable[[], Awaitable[None]], Callable[[], str]]
+
+
+Variant = dict[str, float]  # scorer knobs: `threads`, `overflow` (1: auto, 0: none) and `BatchingConfig` fields
+
+
+def parse_variants(text: str) -> list[Variant]:
+    """`"workers=1,threads=2;workers=2"` -> one knob dict per `;`-separated scorer. Raises ValueError naming
+    an unknown knob or a bad value."""
+    from dataclasses import fields
+
+    from router_models.serving.classifier_scorer import BatchingConfig
+
+    known = {"threads", "overflow"} | {f.name for f in fields(BatchingConfig)}
+    out: list[Variant] = []
+    for part in text.split(";"):
+        knobs: Variant = {}
+        for item in filter(None, (i.strip() for i in part.split(","))):
+            key, _, value = item.partition("=")
+            if key not in known:
+                raise ValueError(f"unknown scorer knob {key!r} in {part!r}; known: {', '.join(sorted(known))}")
+            try:
+                knobs[key] = float(value)
+            except ValueError as exc:
+                raise ValueError(f"bad value {value!r} for {key} in {part!r}") from exc
+        out.append(knobs)
+    return out
+
+
+def _variant_label(variant: Variant) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in variant.items()) or "defaults"
+
+
+def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
+    from dataclasses import fields, replace
+
+    from loadtest.bench.scorer_variants import take_stats
+    from router_models.serving.classifier_scorer import BatchingConfig, load_scorer
+
+    base = {k: v for k, v in (("max_wait_ms", args.max_wait_ms), ("max_batch", args.max_batch),
+                              ("workers", args.workers)) if v is not None}
+    types = {f.name: f.type for f in fields(BatchingConfig)}
+    knobs = {k: int(v) if types[k] in (int, "int") else v for k, v in {**base, **variant}.items()
+             if k not in ("threads", "overflow")}
+    config = replace(BatchingConfig(), **knobs)  # unset knobs keep the scorer's own defaults
+    overflow = args.overflow if "overflow" not in variant else "auto" if variant["overflow"] else "none"
+    threads = variant.get("threads")
+    scorer = (load_scorer(artifact, config, overflow=overflow) if threads is None
+              else load_scorer(artifact, config, int(threads), overflow=overflow))
+    if scorer.overflow_loader is not None:  # measure with the overflow model attached (it loads in the background)
+        scorer.overflow_loader.join(300)
+
+    async def score_one(text: str) -> float:
+        return (await scorer.score([text]))[0]
+
+    return score_one, scorer.aclose, lambda: take_stats(scorer)
+
+
+def _via_gateway(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
+    import aiohttp
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+    url = args.gateway_url.rstrip("/") + "/v1/chat/completions"
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+    async def score_one(text: str) -> float | None:
+        body = {"model": "auto", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
+        async with session.post(url, json=body, headers=headers) as resp:
+            await resp.read()
+            resp.raise_for_status()
+            value = resp.headers.get("x-cascade-score")
+            return float(value) if value is not None else None
+
+    return score_one, session.close, lambda: "via gateway"
+
+
+def _label(artifact: str | None) -> str:
+    from router_models.serving.artifact import load_artifact
+
+    return load_artifact(artifact).embedder if artifact else "shipped:" + load_artifact().embedder
+
+
+def _med(results: list[Result], key: str) -> str:
+    vals = sorted(float(getattr(r, key)) for r in results)
+    return f"{statistics.median(vals):7.1f} ({vals[0]:.1f}-{vals[-1]:.1f})"
+
+
+def verdicts(rows: dict[float, list[Result]]) -> list[tuple[str, bool | None]]:
+    """The speed targets for one scorer's cells (offered rate -> results over repeats), medians over repeats:
+    p99 under `TARGET_P99_MS` at `TARGET_P99_RATE` req/s offered, and `TARGET_SUSTAINED` req/s sustained (some
+    rate >= it offered, scored at >= 98% of it with p99 under 100 ms). None: the rates needed were not run."""
+    def med(rs: list[Result], key: str) -> float:
+        return statistics.median(float(getattr(r, key)) for r in rs)
+
+    p99: bool | None = None
+    if TARGET_P99_RATE in rows:
+        p99 = med(rows[TARGET_P99_RATE], "p99_ms") < TARGET_P99_MS
+    high = {rate: rs for rate, rs in rows.items() if rate >= TARGET_SUSTAINED}
+    sustained: bool | None = None
+    if high:
+        sustained = any(med(rs, "throughput") >= _SUSTAINED_SHARE * rate and med(rs, "p99_ms") < _SUSTAINED_P99_MS
+                        for rate, rs in high.items())
+    return [(f"p99 < {TARGET_P99_MS:.0f} ms at {TARGET_P99_RATE:.0f} req/s", p99),
+            (f">= {TARGET_SUSTAINED:.0f} req/s sustained (>= {_SUSTAINED_SHARE:.0%} scored, p99 < "
+             f"{_SUSTAINED_P99_MS:.0f} ms)", sustained)]
+
+
+def _summary(rows: dict[tuple[str, float], list[Result]]) -> None:
+    print("\nmedian over repeats (min-max):")
+    for (label, rate), res in rows.items():
+        print(f"{label:38} offered {rate:5.0f}: scored/s {_med(res, 'throughput')}  p50 ms {_med(res, 'p50_ms')}  "
+              f"p99 ms {_med(res, 'p99_ms')}  CPU ms/req {_med(res, 'cpu_ms')}")
+    print("\ntargets:")
+    for label in dict.fromkeys(label for label, _ in rows):
+        cells = {rate: res for (lab, rate), res in rows.items() if lab == label}
+        for what, ok in verdicts(cells):
+            print(f"{label:38} {what}: {'not measured' if ok is None else 'PASS' if ok else 'FAIL'}")
+
+
+def _print_cell(rep: int, label: str, res: Result, stats: str) -> None:
+    print(f"[{rep}] {label}: offered {res.offered:4.0f} req/s -> {res.throughput:6.1f} scored/s, "
+          f"p50 {res.p50_ms:6.1f} ms, p99 {res.p99_ms:7.1f} ms, errors {res.errors}, "
+          f"process CPU {res.cpu_ms:.1f} ms/req ({stats}) load {os.getloadavg()[0]:.2f}", flush=True)
+
+
+def _cells(args: argparse.Namespace) -> Iterator[tuple[int, float, int]]:
+    """(round, rate, seed) in run order: every rate once per round, the same seeds for every scorer."""
+    rates = [float(r) for r in args.rates.split(",")]
+    for rep, (k, rate) in itertools.product(range(args.repeats), enumerate(rates)):
+        yield rep, rate, args.seed + 100 * rep + k
+
+
+def _run_trees(args: argparse.Namespace) -> None:
+    from loadtest.bench.scorer_variants import TreeWorker
+
+    prompt_set = timing_prompts(_prompt_count(args), args.seed)
+    print(f"prompts: synthetic prompt mix for timing only: {prompt_set.source}", flush=True)
+    rows: dict[tuple[str, float], list[Result]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "prompts.json"
+        path.write_text(json.dumps(prompt_set.prompts))
+        workers: list[TreeWorker] = []
+        try:
+            for tree in args.trees.split(","):
+                workers.append(TreeWorker(tree, path, args.artifacts))
+                print(f"scorer {workers[-1].label}: router_models from {workers[-1].origin}", flush=True)
+            for rep, rate, seed in _cells(args):
+                for w in workers:
+                    reply = w.run(rate, args.duration, args.repeat_share, seed)
+                    stats = str(reply.pop("stats"))
+                    res = Result(**{k: float(v) if isinstance(v, (int, float)) else 0.0  # type: ignore[arg-type]
+                                    for k, v in reply.items()})
+                    rows.setdefault((w.label, rate), []).append(res)
+                    _print_cell(rep, w.label, res, stats)
+        finally:
+            for w in workers:
+                w.close()
+    _summary(rows)
+
+
+async def _run(args: argparse.Namespace) -> None:
+    artifacts: list[str | None] = list(args.artifacts.split(",")) if args.artifacts else [None]
+    make = _via_gateway if args.gateway_url else _in_process
+    if args.variants:
+        variants = parse_variants(args.variants)
+    else:
+        variants = [{"threads": float(t)} for t in args.threads.split(",")] if args.threads else [{}]
+    scorers = [(f"{_label(a)} {_variant_label(v)}" if not args.gateway_url else "gateway", make(args, a, v))
+               for a, v in itertools.product(artifacts, variants)]
+    pool = timing_prompts(_prompt_count(args), args.seed)
+    print(f"prompts: synthetic prompt mix for timing only: {pool.source}", flush=True)
+    prompts = {label: iter(pool.prompts) for label, _ in scorers}  # every scorer sees the same prompts
+    rows: dict[tuple[str, float], list[Result]] = {}
+    try:
+        for _, (score_one, _, _) in scorers:
+            await offer_load(score_one, iter([f"warm-up {i}" for i in range(40)]), 20, 1.0, 0.0, args.seed)
+        for rep, rate, seed in _cells(args):
+            for label, (score_one, _, stats) in scorers:
+                res = await offer_load(score_one, prompts[label], rate, args.duration, args.repeat_share, seed)
+                rows.setdefault((label, rate), []).append(res)
+                _print_cell(rep, label, res, stats())
+    finally:
+        for _, (_, close, _) in scorers:
+            await close()
+    _summary(rows)
+
+
+def main() -> None:
+    """CLI entry point; see the module docstring."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="100,200,250", help="comma-separated offered rates, req/s")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    p.add_argument("--threads", default=None, help="intra-op threads of the embedder (torch or ONNX; default: "
+                   "load_scorer's); a comma list compares ONNX sessions side by side (torch's is process-wide)")
+    p.add_argument("--artifacts", default=None,
+                   help="comma-separated artifact .json paths, benchmarked side by side (default: the shipped one); "
+                   "with --trees, one artifact used by every tree")
+    p.add_argument("--variants", default=None, help="scorers with other knobs side by side, e.g. "
+                   "'workers=1,threads=2,max_wait_ms=2;workers=2,threads=1' (threads and BatchingConfig fields)")
+    p.add_argument("--trees", default=None, help="comma-separated source trees (e.g. a git worktree of an older "
+                   "commit, and .): each tree's load_scorer() with its own defaults, in a worker process each")
+    p.add_argument("--repeats", type=int, default=1, help="rounds; each round runs every rate on every scorer")
+    p.add_argument("--max-wait-ms", type=float, default=None, help="micro-batch collection window (default: the "
+                   "scorer's)")
+    p.add_argument("--max-batch", type=int, default=None, help="largest micro-batch (default: the scorer's)")
+    p.add_argument("--workers", type=int, default=None, help="model calls in flight (default: the scorer's)")
+    p.add_argument("--overflow", default="none", help="the scorers' overflow model: none (default), auto (the "
+                   "gateway's default: the fast artifact beside the shipped one) or an artifact path; the variant "
+                   "knob overflow=1/0 sets it per scorer")
+    p.add_argument("--repeat-share", type=float, default=0.0, help="share of arrivals reusing a recent prompt")
+    p.add_argument("--gateway-url", default=None, help="send through a running gateway instead")
+    p.add_argument("--api-key", default=os.environ.get("CASCADE_API_KEY"), help="gateway API key")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.trees:
+        _run_trees(args)
+    else:
+        asyncio.run(_run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""The serving-side scorer: a micro-batcher and a TTL cache in front of embedder + classifier.
+
+Concurrent `score` calls put their cache misses on one queue. `workers` collector tasks take whatever is
+waiting, up to `max_batch` texts, optionally wait up to `max_wait_ms` for more, de-duplicate them and score the
+batch in ONE model call on one of `workers` executor threads, so the event loop never runs model code and at
+most `workers` batches run at once. While the workers are busy, new texts queue up and form the next batches:
+under load, batches grow by themselves, and at low load a text is scored the moment it arrives (no collection
+window by default).
+
+The model must tolerate `workers` concurrent calls (the ONNX embedder does: one session, one intra-op thread
+per call; the torch fallback serialises itself).
+
+Overflow: a scorer may also hold a cheaper `overflow` model (the gateway's default pairs the transformer artifact
+with the static one, trained on the same data and target, on the same score scale). When a collector takes a
+batch whose last text would be answered later than `overflow_after_ms` after the oldest one arrived (its wait
+so far plus the batch's other texts at the primary's measured time per text), that batch is scored by the
+overflow model instead. At ordinary load every text gets the primary's score; in a surge the queue cannot run away, and
+`scored_by` (and `on_scored`) say how many texts each model scored. Overflow scores are not cached: the same
+text asked again once the surge is over gets the primary's score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from router_models.embedders.concat import part_names
+from router_models.embedders.factory import make_embedder
+from router_models.embedders.features import FEATURE_NAMES
+from router_models.embedders.protocol import Embedder, parse_name
+from router_models.serving.artifact import ArtifactError, load_artifact, overflow_artifact
+from router_models.serving.classifier import LinearRouter, feature_matrix
+from router_models.serving.ttl_cache import TTLCache
+
+__all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "load_model", "load_scorer"]
+
+_log = logging.getLogger(__name__)
+_EWMA = 0.1  # weight of the latest batch in the primary's time per text
+
+
+class BatchModel(Protocol):
+    """Synchronous, CPU-bound: scores a batch of texts, one float in [0, 1] per text, in order."""
+
+    def __call__(self, texts: Sequence[str]) -> list[float]: ...
+
+
+class EmbeddingClassifier:
+    """`BatchModel` of an embedder and a trained `LinearRouter`. Thread-safe when its embedder is."""
+
+    def __init__(self, embedder: Embedder, router: LinearRouter) -> None:
+        self._embedder = embedder
+        self._router = router
+
+    def __call__(self, texts: Sequence[str]) -> list[float]:
+        feats = feature_matrix(self._embedder.embed(texts), texts)
+        return [float(p) for p in self._router.predict_proba(feats)]
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Micro-batching and cache knobs. Times in milliseconds / seconds as named.
+
+    `workers`: model calls in flight at once (threads). Measured with loadtest/bench/scorer.py on 2 cores
+    (BENCHMARKS.md, "Scorer speed"): two workers on one-thread ONNX sessions beat one worker on a two-thread
+    session. A collection window (`max_wait_ms` > 0) adds its length to every lone request's latency and buys
+    little: a batch of 8 costs only ~20% less per text than 8 singles, and under load batches form by themselves
+    while the workers are busy.
+
+    `overflow_after_ms`: with an overflow model attached, a batch whose last text would wait longer than this
+    for the primary model is scored by the overflow model (see the module docstring).
+    """
+
+    max_wait_ms: float = 0.0
+    max_batch: int = 16
+    cache_entries: int = 10_000
+    cache_ttl_s: float = 300.0
+    workers: int = 2
+    overflow_after_ms: float = 10.0
+
+
+_Scored = tuple[float, str]  # a score and the model that gave it ("primary" | "overflow")
+_Item = tuple[str, "asyncio.Future[_Scored]", float]  # text, its caller's future, loop time it was queued
+
+
+def _timed(model: BatchModel, texts: list[str]) -> tuple[list[float], float]:
+    started = time.perf_counter()
+    values = model(texts)
+    return values, time.perf_counter() - started
+
+
+class ClassifierScorer:
+    """`Scorer` over a `BatchModel`, with micro-batching and an LRU+TTL cache.
+
+    Owns its executor threads and collector tasks; `aclose()` stops them and fails queued calls.
+    Use from one event loop. `batch_sizes` keeps the size of the latest batches sent to the model, and
+    `on_batch(size)`, when set, is called with each (e.g. a metrics histogram's `observe`). `overflow` (or
+    `load_overflow_in_background`) attaches the cheaper model; `scored_by` counts texts per model ("primary",
+    "overflow") and `on_scored(model, texts)`, when set, is called with each batch.
+    """
+
+    def __init__(
+        self, model: BatchModel, config: BatchingConfig | None = None,
+        clock: Callable[[], float] = time.monotonic, overflow: BatchModel | None = None,
+    ) -> None:
+        self._model = model
+        self.overflow = overflow
+        self.scored_by = {"primary": 0, "overflow": 0}
+        self.on_scored: Callable[[str, int], None] | None = None
+        self._primary_s_per_text = 0.0  # measured, EWMA over batches: the overflow decision's cost estimate
+        self.overflow_loader: threading.Thread | None = None  # `load_overflow_in_background`'s thread
+        self._config = config or BatchingConfig()
+        if self._config.workers < 1 or self._config.max_batch < 1:
+            raise ValueError(f"workers and max_batch must be >= 1, got {self._config}")
+        self.cache = TTLCache(self._config.cache_entries, self._config.cache_ttl_s, clock)
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._executor = ThreadPoolExecutor(max_workers=self._config.workers, thread_name_prefix="router-scorer")
+        self._collectors: list[asyncio.Task[None]] = []
+        self._closed = False
+        self.batch_sizes: deque[int] = deque(maxlen=10_000)
+        self.on_batch: Callable[[int], None] | None = None
+
+    async def score(self, texts: Sequence[str]) -> list[float]:
+        """One P(micro falls short) per text, in order. Cached texts are answered without the model."""
+        if self._closed:
+            raise RuntimeError("scorer is closed")
+        if len(texts) == 1:  # one future, no gather
+            return [(await self.score_one(texts[0]))[0]]
+        results: list[float | None] = [self.cache.get(t) for t in texts]
+        pending = [(i, self._enqueue(t)) for i, t in enumerate(texts) if results[i] is None]
+        if pending:
+            values = await asyncio.gather(*(fut for _, fut in pending))
+            for (i, _), (value, _) in zip(pending, values, strict=True):
+                results[i] = value
+        return [float(r) for r in results if r is not None]
+
+    async def score_one(self, text: str) -> tuple[float, str]:
+        """The gateway's case: one text's score and the model that gave it (a cached score is the primary's)."""
+        if self._closed:
+            raise RuntimeError("scorer is closed")
+        cached = self.cache.get(text)
+        return (cached, "primary") if cached is not None else await self._enqueue(text)
+
+    def _enqueue(self, text: str) -> asyncio.Future[_Scored]:
+        loop = asyncio.get_running_loop()
+        if not self._collectors:
+            self._collectors = [loop.create_task(self._collect(), name=f"router-scorer-collector-{k}")
+                                for k in range(self._config.workers)]
+        fut: asyncio.Future[_Scored] = loop.create_future()
+        self._queue.put_nowait((text, fut, loop.time()))
+        return fut
+
+    def _drain(self, batch: list[_Item]) -> None:
+        while len(batch) < self._config.max_batch and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+
+    async def _next_batch(self) -> list[_Item]:
+        batch = [await self._queue.get()]
+        self._drain(batch)
+        if self._config.max_wait_ms <= 0 or len(batch) >= self._config.max_batch:
+            return batch
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.max_wait_ms / 1000.0
+        while len(batch) < self._config.max_batch and (remaining := deadline - loop.time()) > 0:
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except TimeoutError:
+                break
+            self._drain(batch)
+        return batch
+
+    def _pick(self, batch: list[_Item], texts: int, now: float) -> tuple[str, BatchModel]:
+        """The model for this batch: the overflow one when the primary would answer its last text too late.
+
+        The texts after the first are counted at the primary's measured time per text; the first is not, so a
+        lone text that did not wait always goes to the primary (and keeps its time per text up to date)."""
+        overflow = self.overflow
+        if overflow is not None:
+            waited = now - min(queued for _, _, queued in batch)
+            if (waited + (texts - 1) * self._primary_s_per_text) * 1000.0 > self._config.overflow_after_ms:
+                return "overflow", overflow
+        return "primary", self._model
+
+    async def _collect(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            live = [item for item in batch if not item[1].done()]
+            if not live:
+                continue
+            unique = list(dict.fromkeys(t for t, _, _ in live))
+            self.batch_sizes.append(len(unique))
+            if self.on_batch is not None:
+                self.on_batch(len(unique))
+            which, model = self._pick(live, len(unique), loop.time())
+            try:
+                values, took_s = await loop.run_in_executor(self._executor, _timed, model, unique)
+            except asyncio.CancelledError:  # closing: callers of the batch in flight are not left waiting
+                for _, fut, _ in live:
+                    if not fut.done():
+                        fut.set_exception(RuntimeError("scorer closed"))
+                raise
+            except Exception as exc:  # the model failed: every caller in this batch gets the error
+                for _, fut, _ in live:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            self.scored_by[which] += len(unique)
+            if self.on_scored is not None:
+                self.on_scored(which, len(unique))
+            by_text = dict(zip(unique, values, strict=True))
+            if which == "primary":
+                per_text = took_s / len(unique)
+                self._primary_s_per_text += _EWMA * (per_text - self._primary_s_per_text) \
+                    if self._primary_s_per_text else per_text
+                for text, value in by_text.items():
+                    self.cache.put(text, value)
+            for text, fut, _ in live:
+                if not fut.done():
+                    fut.set_result((by_text[text], which))
+
+    def load_overflow_in_background(self, load: Callable[[], BatchModel], what: str) -> threading.Thread:
+        """Build the overflow model on a low-priority daemon thread (its first load may build a cache for a
+        minute) and attach it when ready; until then, or if loading fails (logged), the primary scores all."""
+        def run() -> None:
+            with contextlib.suppress(OSError):  # nice 19 for this thread only: it uses the cores the gateway idles
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            started = time.monotonic()
+            try:
+                model = load()
+            except Exception as exc:  # the gateway serves on with the primary alone
+                _log.warning("router overflow model %s not loaded (%s); the primary model scores every request",
+                             what, exc)
+                return
+            if not self._closed:
+                self.overflow = model
+                _log.info("router overflow model %s ready after %.1f s: batches the primary would answer later "
+                          "than %.0f ms go to it", what, time.monotonic() - started, self._config.overflow_after_ms)
+
+        thread = threading.Thread(target=run, name="router-overflow-load", daemon=True)
+        thread.start()
+        self.overflow_loader = thread
+        return thread
+
+    async def aclose(self) -> None:
+        """Stop the collectors, fail queued calls, release the worker threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._collectors:
+            task.cancel()
+        for task in self._collectors:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while not self._queue.empty():
+            _, fut, _ = self._queue.get_nowait()
+            if not fut.done():
+                fut.set_exception(RuntimeError("scorer closed"))
+        await asyncio.to_thread(self._executor.shutdown, True)
+
+
+def set_torch_threads(threads: int) -> None:
+    """Pin torch's intra-op threads (the embedder's matmuls). Process-wide.
+
+    Measured with loadtest/bench/scorer.py on the shared 2-core machine: 2 threads sustained ~169 scored/s
+    (p99 109 ms at 100 req/s offered) against ~148/s (p99 255 ms) with 1 thread, so 2 is the default.
+    """
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def load_model(
+    artifact_path: str | None = None, torch_threads: int | None = 2, embedder_name: str | None = None
+) -> EmbeddingClassifier:
+    """Load and verify the artifact (default: the shipped one) and its embedder, warmed up. Takes seconds.
+
+    `torch_threads`: intra-op threads of the embedder (torch's process-wide pool, or the ONNX Runtime
+    session's). `embedder_name` overrides the artifact's embedder (benchmarks only: the caller vouches that
+    its vectors are equivalent). Raises `ArtifactError` for a missing, corrupt or incompatible artifact.
+    """
+    art = load_artifact(Path(artifact_path) if artifact_path else None)
+    name = embedder_name or art.embedder
+    if torch_threads is not None and any(parse_name(p).backend == "torch" for p in part_names(name)):
+        set_torch_threads(torch_threads)
+    embedder = make_embedder(name, threads=torch_threads)
+    if art.router.dim != embedder.dim + len(FEATURE_NAMES):
+        raise ArtifactError(
+            f"router artifact expects {art.router.dim} features but {embedder.name} gives "
+            f"{embedder.dim} + {len(FEATURE_NAMES)}; retrain with `cascade router train`"
+        )
+    model = EmbeddingClassifier(embedder, art.router)
+    model(["warm-up"])  # the first call pays one-off allocation costs
+    return model
+
+
+def load_scorer(
+    artifact_path: str | None = None, config: BatchingConfig | None = None, torch_threads: int | None = 1,
+    overflow: str = "none",
+) -> ClassifierScorer:
+    """The gateway's scorer: `load_model` behind a micro-batcher and cache. Takes seconds: call it at
+    start-up (the gateway's lifespan), never at import time. Raises `ArtifactError` for a missing, corrupt
+    or incompatible artifact. The caller owns the scorer and must `await scorer.aclose()`.
+
+    Parallelism comes from `config.workers` concurrent calls, each on `torch_threads` intra-op threads (one
+    by default: on small batches a second intra-op thread mostly adds wake-up costs, see BENCHMARKS.md).
+    `overflow` ("none", "auto" or an artifact path, see `artifact.overflow_artifact`) is verified now and its
+    model loaded in the background (`ClassifierScorer.load_overflow_in_background`)."""
+    overflow_path = overflow_artifact(artifact_path, overflow)
+    scorer = ClassifierScorer(load_model(artifact_path, torch_threads), config)
+    if overflow_path is not None:
+        scorer.load_overflow_in_background(lambda: load_model(str(overflow_path), 1), str(overflow_path))
+    return scorer

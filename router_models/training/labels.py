@@ -1,0 +1,100 @@
+"""Outcomes a user brings for their own model pair, and the gateway's own labels, as training examples.
+
+Label file (`cascade router train --labels FILE`): JSON Lines, one prompt per line, UTF-8:
+
+    {"prompt": "...", "needs_flagship": 1}                       # the micro answer fell short (0 = it did not)
+    {"messages": [{"role": "user", "content": "..."}], "needs_flagship": 0.25}   # a probability is fine
+    {"prompt": "...", "micro": 0.4, "flagship": 0.9}             # quality of each pool's answer, in [0, 1]
+    optional on every line: "id" (string), "source" (a name for your traffic; default "labels")
+
+Give `prompt` or `messages` (scored as the gateway scores them: system prompt + last user turn), and either
+`needs_flagship` or both `micro` and `flagship`. `needs_flagship = p` is read as micro quality `1 - p`
+against flagship quality 1. Rows from the gateway's ledger (`ledger_labels.read_ledger_labels`) use the
+same fields. A bad row is refused with its line number and field, and nothing is trained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from router_models.serving.scorer import conversation_text
+from router_models.training.outcomes import MAX_CHARS, Example, prompt_key
+
+__all__ = ["LabelError", "examples_from_rows", "read_label_file", "split_held_back"]
+
+
+class LabelError(ValueError):
+    """A label row is malformed: the message names the line (or row) and the field."""
+
+
+def _quality(row: Mapping[str, Any], field: str, where: str) -> float:
+    value = row[field]
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, int | float) or not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise LabelError(f"{where}: field {field!r} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _text(row: Mapping[str, Any], where: str) -> str:
+    if isinstance(row.get("prompt"), str) and row["prompt"].strip():
+        return str(row["prompt"]).strip()[:MAX_CHARS]
+    messages = row.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, Mapping) for m in messages):
+        text = conversation_text(messages)
+        if text:
+            return text
+    raise LabelError(f"{where}: give a non-empty 'prompt' string or a 'messages' list with text")
+
+
+def _example(row: Any, where: str, default_source: str) -> Example:
+    if not isinstance(row, Mapping):
+        raise LabelError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    text = _text(row, where)
+    if "needs_flagship" in row:
+        weak, strong = 1.0 - _quality(row, "needs_flagship", where), 1.0
+    elif "micro" in row and "flagship" in row:
+        weak, strong = _quality(row, "micro", where), _quality(row, "flagship", where)
+    else:
+        raise LabelError(f"{where}: give 'needs_flagship' (0..1) or both 'micro' and 'flagship' (0..1)")
+    source = row.get("source", default_source)
+    if not isinstance(source, str) or not source.strip():
+        raise LabelError(f"{where}: field 'source' must be a non-empty string")
+    return Example(text, f"labels:{source.strip()}", "labels", weak, strong, prompt_key(text))
+
+
+def examples_from_rows(rows: Iterable[Any], default_source: str = "labels", origin: str = "row") -> list[Example]:
+    """Examples from label rows (dicts); raises LabelError naming `origin` + row number on the first bad row."""
+    return [_example(row, f"{origin} {n}", default_source) for n, row in enumerate(rows, start=1)]
+
+
+def read_label_file(path: Path, default_source: str = "labels") -> list[Example]:
+    """Every row of a label file (format above). Raises LabelError (file:line: field) or FileNotFoundError."""
+    out: list[Example] = []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise LabelError(f"{where}: not valid JSON ({exc})") from exc
+            out.append(_example(row, where, default_source))
+    if not out:
+        raise LabelError(f"{path}: no label rows")
+    return out
+
+
+def split_held_back(examples: Sequence[Example], share: float = 0.3) -> tuple[list[Example], list[Example]]:
+    """(train, held back): a deterministic split by prompt key, so a prompt never lands on both sides."""
+    import hashlib
+
+    def held(ex: Example) -> bool:
+        return int(hashlib.sha256(ex.key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
+
+    return [e for e in examples if not held(e)], [e for e in examples if held(e)]

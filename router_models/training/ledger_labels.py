@@ -1,0 +1,156 @@
+"""Labels the gateway collects from its own traffic, and the reader that turns them into training rows.
+
+This module is the one place that names the Redis keys and fields of the learning loop; the gateway's
+writers (`gateway.learning.store`, `gateway.learning.feedback`, `gateway.learning.shadow`) import them from
+here, so writer and reader cannot drift apart. It imports no gateway code.
+
+Keys (prefix = the ledger's `redis_prefix`, default ``cascade:``), one hash per request id each:
+
+- ``{prefix}learn:prompt:{id}``: a kept request (policy ``learning.keep_prompts``): ``text`` (what the
+  scorer saw, `router_models.serving.scorer.conversation_text`), ``score`` (router score), ``pool`` (the pool whose
+  answer the client got), ``micro`` ("1" when that is the policy's micro pool), ``tenant``, ``at`` (UTC epoch s).
+- ``{prefix}learn:feedback:{id}``: the client's feedback (``POST /v1/feedback``): ``score`` in [0, 1]
+  (thumbs up = 1, down = 0), ``thumbs`` ("up", "down" or ""), ``comment``, ``tenant``, ``at``. Last wins.
+- ``{prefix}learn:shadow:{id}``: the judge's verdict on a shadow comparison: ``short`` ("1" when the micro
+  answer fell short of the flagship's), ``verdict`` (the judge's word), ``at``.
+- ``{prefix}learn:cascade:{id}``: the true cascade's weak label: ``confidence`` (micro answer confidence,
+  "" when none), ``escalated`` ("1" when the gateway escalated to the flagship), ``at``.
+
+Row format (`read_ledger_labels`, and the documented user label-file format)::
+
+    {"id": str, "prompt": str, "needs_flagship": float in [0, 1],
+     "source": "feedback" | "shadow" | "escalation", "tenant": str, "pool": str, "score": float}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+__all__ = [
+    "CASCADE_FIELDS",
+    "DEFAULT_PREFIX",
+    "FEEDBACK_FIELDS",
+    "PROMPT_FIELDS",
+    "SHADOW_FIELDS",
+    "LabelKeys",
+    "label_row",
+    "read_ledger_labels",
+]
+
+DEFAULT_PREFIX = "cascade:"  # the ledger's default key prefix (gateway.settings.Settings.redis_prefix)
+PROMPT_FIELDS = ("text", "score", "pool", "micro", "tenant", "at")
+FEEDBACK_FIELDS = ("score", "thumbs", "comment", "tenant", "at")
+SHADOW_FIELDS = ("short", "verdict", "at")
+CASCADE_FIELDS = ("confidence", "escalated", "at")
+
+
+@dataclass(frozen=True, slots=True)
+class LabelKeys:
+    """The learning loop's Redis keys under one prefix (the ledger's)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def prompt(self, request_id: str) -> str:
+        return f"{self.prefix}learn:prompt:{request_id}"
+
+    def feedback(self, request_id: str) -> str:
+        return f"{self.prefix}learn:feedback:{request_id}"
+
+    def shadow(self, request_id: str) -> str:
+        return f"{self.prefix}learn:shadow:{request_id}"
+
+    def cascade(self, request_id: str) -> str:
+        return f"{self.prefix}learn:cascade:{request_id}"
+
+    @property
+    def prompt_pattern(self) -> str:
+        """SCAN pattern of every kept prompt (glob characters in the prefix are escaped)."""
+        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self.prefix)
+        return f"{escaped}learn:prompt:*"
+
+
+def _fraction(value: str | None) -> float | None:
+    try:
+        number = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) and 0.0 <= number <= 1.0 else None
+
+
+def _label(feedback: Mapping[str, str], shadow: Mapping[str, str], cascade: Mapping[str, str],
+           micro: bool) -> tuple[float, str] | None:
+    """(needs_flagship, source) by precedence: shadow beats feedback beats escalation. Feedback on an answer
+    that the micro pool did not give says nothing about the micro pool and yields no label."""
+    if shadow.get("short") in ("0", "1"):
+        return float(shadow["short"]), "shadow"
+    score = _fraction(feedback.get("score"))
+    if micro and score is not None:
+        return 1.0 - score, "feedback"
+    if cascade.get("escalated") in ("0", "1"):
+        return float(cascade["escalated"]), "escalation"
+    return None
+
+
+def label_row(request_id: str, prompt: Mapping[str, str], feedback: Mapping[str, str],
+              shadow: Mapping[str, str], cascade: Mapping[str, str]) -> dict[str, Any] | None:
+    """The training row of one kept request, or None when it has no usable label (or no prompt)."""
+    score = _fraction(prompt.get("score"))
+    if not prompt.get("text") or score is None:
+        return None
+    label = _label(feedback, shadow, cascade, prompt.get("micro") == "1")
+    if label is None:
+        return None
+    needs_flagship, source = label
+    return {"id": request_id, "prompt": prompt["text"], "needs_flagship": needs_flagship, "source": source,
+            "tenant": prompt.get("tenant", ""), "pool": prompt.get("pool", ""), "score": score}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _text_map(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def read_ledger_labels(redis_url: str, *, key_prefix: str = DEFAULT_PREFIX) -> list[dict[str, Any]]:
+    """One row per kept request that carries a label, sorted by request id (module docstring: format).
+
+    Walks the kept prompts with SCAN (never KEYS) and reads each one's labels in one pipelined round trip
+    per batch. Requests without a usable label (or whose prompt has expired) yield no row. Raises
+    `redis.RedisError` when Redis cannot be read.
+    """
+    keys = LabelKeys(key_prefix)
+    start = len(keys.prefix) + len("learn:prompt:")
+    client = redis.Redis.from_url(redis_url)
+    rows: list[dict[str, Any]] = []
+    try:
+        batch: list[str] = []
+        for key in client.scan_iter(match=keys.prompt_pattern, count=1000):
+            batch.append(_text(key)[start:])
+            if len(batch) >= 500:
+                rows += _read_batch(client, keys, batch)
+                batch = []
+        rows += _read_batch(client, keys, batch)
+    finally:
+        client.close()
+    return sorted(rows, key=lambda row: str(row["id"]))
+
+
+def _read_batch(client: redis.Redis, keys: LabelKeys, request_ids: list[str]) -> list[dict[str, Any]]:
+    pipe = client.pipeline(transaction=False)
+    for request_id in request_ids:
+        for key in (keys.prompt, keys.feedback, keys.shadow, keys.cascade):
+            pipe.hgetall(key(request_id))
+    replies = [_text_map(raw or {}) for raw in pipe.execute()]
+    rows = []
+    for i, request_id in enumerate(request_ids):
+        row = label_row(request_id, *replies[4 * i : 4 * i + 4])
+        if row is not None:
+            rows.append(row)
+    return rows

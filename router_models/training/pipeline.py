@@ -1,0 +1,209 @@
+"""What `cascade router train` and `cascade router eval` do, step by step, with progress on stdout.
+
+Train: load the public outcomes (+ the user's labels, split into train and held back by prompt key), fit,
+evaluate leave-one-source-out on the public sources, write the candidate, then compare it with the current
+artifact and promote it only when it is better:
+- with user labels: APGR on the held-back labels (ties broken by Brier), both models scoring the same rows;
+- without: the mean leave-one-source-out APGR, the candidate's against the figure stored in the current
+  artifact (when the current one has none, e.g. an older format, the candidate wins).
+The report says by how much either way. `--out` writes a file and skips the store (for the shipped artifact).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from router_models.embedders.factory import make_embedder
+from router_models.embedders.protocol import Embedder
+from router_models.serving.artifact import RouterArtifact, load_artifact, save_artifact
+from router_models.serving.artifact_store import ArtifactStore
+from router_models.training.loso import LosoResult, leave_one_source_out, plot_loso, print_table
+from router_models.training.outcomes import Example, load_outcomes
+from router_models.training.trainer import (
+    FEATURE_SETS,
+    TrainConfig,
+    features,
+    fit_router,
+    mask_features,
+    training_metadata,
+)
+
+__all__ = ["DEFAULT_TARGET", "EvalRequest", "TrainRequest", "run_eval", "run_training"]
+
+DEFAULT_TARGET = "irt-fail"
+DEFAULT_TRAIN_EMBEDDER = "all-MiniLM-L6-v2:onnx-int8:t64:l3"  # quality first; the fast option: MODEL_CARD.md
+DEFAULT_FEATURES = "embedding+structure"
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Arguments of `cascade router train` (None = the default)."""
+
+    routing_dir: Path
+    target: str | None = None
+    feature_set: str | None = None
+    embedder: str | None = None
+    labels: tuple[Path, ...] = ()
+    from_ledger: bool = False
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "cascade:"
+    out: Path | None = None
+    promote: bool = True
+    held_back: float = 0.3
+    max_per_source: int | None = None
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """Arguments of `cascade router eval`."""
+
+    artifact: Path | None
+    routing_dir: Path
+    target: str | None = None
+    feature_set: str | None = None
+    embedder: str | None = None
+    out_dir: Path = Path(".cascade/router-eval")
+    compare: bool = False
+    max_per_source: int | None = None
+
+
+def _user_labels(req: TrainRequest) -> list[Example]:
+    from router_models.training.labels import examples_from_rows, read_label_file
+
+    rows: list[Example] = []
+    for path in req.labels:
+        rows += read_label_file(path)
+        print(f"[train] {len(rows)} label rows after {path}")
+    if req.from_ledger:
+        from router_models.training.ledger_labels import read_ledger_labels
+
+        ledger = read_ledger_labels(req.redis_url, key_prefix=req.redis_prefix)
+        rows += examples_from_rows(ledger, default_source="ledger", origin="ledger row")
+        print(f"[train] {len(ledger)} labelled requests from the ledger at {req.redis_url}")
+    return rows
+
+
+def _held_back_metrics(art: RouterArtifact, embedder: Embedder, rows: list[Example]) -> dict[str, float]:
+    from router_models.training.evaluate import example_metrics
+
+    x = features(embedder, rows, str(art.metadata.get("feature_set", DEFAULT_FEATURES)))
+    m = example_metrics(art.router.predict_proba(x), rows)
+    return {"apgr": m.apgr, "brier": m.brier, "auc": m.auc, "n": m.n}
+
+
+def _better(cand: dict[str, float], cur: dict[str, float]) -> bool:
+    if np.isnan(cur["apgr"]) or cand["apgr"] > cur["apgr"] + 1e-9:
+        return True
+    return bool(abs(cand["apgr"] - cur["apgr"]) <= 1e-9 and cand["brier"] < cur["brier"])
+
+
+def _compare(candidate: RouterArtifact, embedder: Embedder, held: list[Example]) -> tuple[bool, str]:
+    store_current = load_artifact(None)
+    if held:
+        cand = _held_back_metrics(candidate, embedder, held)
+        same = store_current.embedder == embedder.name
+        current_embedder = embedder if same else make_embedder(store_current.embedder)
+        cur = _held_back_metrics(store_current, current_embedder, held)
+        basis = f"{len(held)} held-back labels of your traffic"
+    else:
+        cand = {"apgr": float(candidate.metadata["evaluation"]["mean"]["apgr"]), "brier": 0.0}
+        stored = store_current.metadata.get("evaluation", {}).get("mean", {})
+        cur = {"apgr": float(stored.get("apgr", float("nan"))), "brier": 0.0}
+        basis = "mean leave-one-source-out APGR on the public outcomes"
+    delta = cand["apgr"] - cur["apgr"]
+    return _better(cand, cur), (f"candidate APGR {cand['apgr']:.4f} vs current {cur['apgr']:.4f} "
+                                f"({delta:+.4f}) on {basis}")
+
+
+def _config(target: str | None, feature_set: str | None, routing_dir: Path) -> TrainConfig:
+    return TrainConfig(routing_dir=routing_dir, target=target or DEFAULT_TARGET,
+                       feature_set=feature_set or DEFAULT_FEATURES)
+
+
+def _fit_and_evaluate(cfg: TrainConfig, embedder: Embedder, public: list[Example],
+                      extra: list[Example]) -> tuple[RouterArtifact, LosoResult]:
+    print(f"[train] embedding {len(public) + len(extra)} prompts with {embedder.name} (cached after the first run)")
+    x_pub = features(embedder, public, cfg.feature_set)
+    print("[train] leave-one-source-out evaluation on the public sources")
+    loso = leave_one_source_out(x_pub, public, cfg)
+    everything = public + extra
+    x = np.vstack([x_pub, features(embedder, extra, cfg.feature_set)]) if extra else x_pub
+    print(f"[train] final fit on {len(everything)} prompts")
+    fitted = fit_router(x, everything, cfg)
+    meta: dict[str, Any] = training_metadata(cfg, everything, fitted)
+    evaluation = loso.as_dict()
+    meta["evaluation"] = {k: v for k, v in evaluation.items() if k != "quality_curve"}
+    meta["quality_curve"] = evaluation["quality_curve"]
+    return RouterArtifact(router=fitted.router, embedder=embedder.name, metadata=meta), loso
+
+
+def run_training(req: TrainRequest) -> int:
+    """`cascade router train`. Returns the exit code (0 written, and promoted unless not better)."""
+    from router_models.training.labels import split_held_back
+
+    cfg = _config(req.target, req.feature_set, req.routing_dir)
+    public = load_outcomes(req.routing_dir, max_per_source=req.max_per_source)
+    print(f"[train] {len(public)} prompts with real outcomes from {req.routing_dir}")
+    train_rows, held = split_held_back(_user_labels(req), req.held_back)
+    embedder = make_embedder(req.embedder or DEFAULT_TRAIN_EMBEDDER)
+    candidate, loso = _fit_and_evaluate(cfg, embedder, public, train_rows)
+    print_table(loso, f"leave-one-source-out ({cfg.target}, {cfg.feature_set}, {embedder.name}):")
+    if req.out is not None:
+        path = save_artifact(candidate, req.out)
+        print(f"[train] wrote {path}")
+        return 0
+    store = ArtifactStore()
+    staging = Path(tempfile.mkdtemp(prefix="candidate-", dir=_ensure(store.root)))
+    path = save_artifact(candidate, staging / "complexity-router.json")
+    better, verdict = _compare(candidate, embedder, held)
+    print(f"[train] {verdict}")
+    if not req.promote or not better:
+        print(f"[train] not promoted ({'--no-promote' if better else 'not better than the current artifact'}); "
+              f"candidate kept at {path}")
+        return 0 if req.promote is False else 1
+    entry = store.promote(path)
+    print(f"[train] promoted as version {entry.version} (restart the gateway to serve it; "
+          "`cascade router rollback` restores the previous one)")
+    return 0
+
+
+def _ensure(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def run_eval(req: EvalRequest) -> int:
+    """`cascade router eval`: the leave-one-source-out table for a configuration (+ --compare grid)."""
+    import json
+
+    art = load_artifact(req.artifact)
+    cfg = _config(req.target or art.metadata.get("target"), req.feature_set or art.metadata.get("feature_set"),
+                  req.routing_dir)
+    public = load_outcomes(req.routing_dir, max_per_source=req.max_per_source)
+    embedder = make_embedder(req.embedder or art.embedder)
+    x = features(embedder, public, "embedding+structure")
+    report: dict[str, Any] = {}
+    grid = [(t, f) for t in _targets() for f in FEATURE_SETS] if req.compare else [(cfg.target, cfg.feature_set)]
+    for target, feature_set in grid:
+        run_cfg = replace(cfg, target=target, feature_set=feature_set)
+        loso = leave_one_source_out(mask_features(x, embedder.dim, feature_set), public, run_cfg)
+        print_table(loso, f"\nleave-one-source-out ({target}, {feature_set}, {embedder.name}):")
+        report[f"{target}|{feature_set}"] = loso.as_dict()
+        if (target, feature_set) == (cfg.target, cfg.feature_set):
+            png = plot_loso(loso, req.out_dir / "curve_loso.png")
+            print(f"wrote {png}")
+    req.out_dir.mkdir(parents=True, exist_ok=True)
+    (req.out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {req.out_dir / 'eval.json'}")
+    return 0
+
+
+def _targets() -> tuple[str, ...]:
+    from router_models.training.targets import TARGETS
+
+    return TARGETS

@@ -1,0 +1,84 @@
+"""Replica probes: the pool's health path, with the pool's headers (a remote API's key)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from backends.clients.pool import BUSY_GRACE_S, SLOW_PROBES_DOWN, Pool
+from backends.clients.shared import EngineTimeout, EngineUnavailable, Headers
+
+
+class _Probed:
+    """An engine client that records GETs; `/v1/models` answers only with the right key."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Headers | None]] = []
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        self.calls.append((url, headers))
+        if url.endswith("/v1/models") and (headers or {}).get("authorization") == "Bearer k":
+            return '{"data": []}'
+        raise EngineUnavailable(f"{url}: HTTP 404")
+
+
+def test_a_remote_pool_is_probed_on_its_health_path_with_its_key() -> None:
+    client = _Probed()
+    pool = Pool("cloud", ["https://api.example"], client, health_path="/v1/models",  # type: ignore[arg-type]
+                headers={"authorization": "Bearer k"})
+    asyncio.run(pool.probe_once())
+    assert pool.ready
+    assert client.calls[0] == ("https://api.example/v1/models", {"authorization": "Bearer k"})
+
+
+def test_a_pool_whose_probe_fails_is_not_ready() -> None:
+    pool = Pool("cloud", ["https://api.example"], _Probed(), headers={"authorization": "Bearer k"})  # type: ignore[arg-type]
+    asyncio.run(pool.probe_once())  # /health does not exist there
+    assert not pool.ready
+
+
+class _Slow:
+    """An engine client whose health check times out `slow` times, then answers."""
+
+    def __init__(self, slow: int) -> None:
+        self.slow = slow
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        if url.endswith("/health") and self.slow > 0:
+            self.slow -= 1
+            raise EngineTimeout(f"{url}: no answer in {timeout_s:g} s")
+        return ""
+
+
+def test_a_saturated_engine_stays_in_rotation_until_several_health_checks_in_a_row_time_out() -> None:
+    client = _Slow(slow=0)
+    pool = Pool("micro", ["http://engine"], client)  # type: ignore[arg-type]
+    asyncio.run(pool.probe_once())
+    assert pool.ready
+    client.slow = SLOW_PROBES_DOWN - 1
+    for _ in range(SLOW_PROBES_DOWN - 1):  # slow, but it answers the next one: still serving
+        asyncio.run(pool.probe_once())
+        assert pool.ready
+    asyncio.run(pool.probe_once())
+    client.slow = SLOW_PROBES_DOWN
+    for _ in range(SLOW_PROBES_DOWN):
+        asyncio.run(pool.probe_once())
+    assert not pool.ready  # that many in a row: down
+    asyncio.run(pool.probe_once())
+    assert pool.ready  # and back at the first answer
+
+
+def test_slow_health_checks_do_not_take_out_a_replica_that_answers_traffic() -> None:
+    now = [1000.0]
+    client = _Slow(slow=0)
+    pool = Pool("micro", ["http://engine"], client, clock=lambda: now[0])  # type: ignore[arg-type]
+    asyncio.run(pool.probe_once())
+    replica = pool.replicas[0]
+    replica.breaker.record_success()  # a request just got its answer
+    client.slow = 3 * SLOW_PROBES_DOWN
+    for _ in range(2 * SLOW_PROBES_DOWN):
+        asyncio.run(pool.probe_once())
+    assert pool.ready  # saturated: /health is late, but real requests are answered
+    now[0] += BUSY_GRACE_S  # no answered request since: the slow checks count again
+    for _ in range(SLOW_PROBES_DOWN):
+        asyncio.run(pool.probe_once())
+    assert not pool.ready

@@ -1,0 +1,172 @@
+"""Engine-core pinning on real processes named like vLLM's (the kernel's affinity calls, no fakes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backends.engines.cpu_pinning import engine_processes, pin_engine_core, thread_affinity
+from backends.engines.supervisor import Backoff, EngineSupervisor
+from policies.schema import EngineSpec
+
+ALL_CPUS = frozenset(os.sched_getaffinity(0))
+needs_two_cpus = pytest.mark.skipif(len(ALL_CPUS) < 2 or not Path("/proc/self/task").is_dir(),
+                                    reason="needs Linux and at least 2 usable CPUs")
+
+# A stand-in for vLLM's API server: it starts an engine core (unbound, with a second thread), which starts a
+# worker bound to `worker_cpus` (as vLLM binds its OpenMP threads); each renamed like vLLM's.
+FAKE_API_SERVER = r"""
+import subprocess, sys, time
+worker_cpus = sys.argv[1]
+child = r'''
+import os, subprocess, sys, threading, time
+name, cpus, grandchild = sys.argv[1], sys.argv[2], sys.argv[3:]
+open("/proc/self/comm", "w").write(name)
+if cpus != "-":
+    os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+if grandchild:
+    kid = subprocess.Popen([sys.executable, "-c", sys.argv[0] if False else CODE, *grandchild], stdout=subprocess.PIPE)
+    kid.stdout.readline()
+print("ready", flush=True)
+time.sleep(600)
+'''
+code = "CODE = " + repr(child) + "\n" + child
+core = subprocess.Popen([sys.executable, "-c", code, "VLLM::EngineCore", "-", "VLLM::Worker", worker_cpus],
+                        stdout=subprocess.PIPE)
+core.stdout.readline()
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def _no_other_vllm_workers() -> None:
+    """Wait (10 s at most) until no vLLM worker is left on the host, e.g. a real engine of an earlier test still
+    dying: the pinning rightly leaves an engine core alone when another worker shares its cores."""
+    deadline = time.monotonic() + 10
+    while any(_comm(p).startswith("VLLM::Worker") for p in Path("/proc").glob("[0-9]*/comm")):
+        assert time.monotonic() < deadline, "another vLLM worker runs on this host"
+        time.sleep(0.1)
+
+
+def _comm(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""  # the process ended meanwhile
+
+
+@pytest.fixture
+def api_server() -> Iterator[object]:
+    _no_other_vllm_workers()
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(worker_cpus: str) -> int:
+        proc = subprocess.Popen([sys.executable, "-c", FAKE_API_SERVER, worker_cpus], stdout=subprocess.PIPE,
+                                start_new_session=True)
+        started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        return proc.pid
+
+    yield start
+    for proc in started:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_group_alive(proc.pid) for proc in started):  # the next test must not see these workers
+        assert time.monotonic() < deadline, "the fake engine processes outlived SIGKILL"
+        time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@needs_two_cpus
+def test_the_engine_core_moves_to_its_workers_cores(api_server: object) -> None:
+    first = min(ALL_CPUS)
+    pid = api_server(str(first))  # type: ignore[operator]
+    procs = engine_processes(pid)
+    assert len(procs.engine_cores) == 1 and len(procs.workers) == 1
+    assert thread_affinity(procs.engine_cores[0]) == ALL_CPUS
+
+    pinned = pin_engine_core(pid)
+
+    assert pinned == (procs, frozenset({first}))
+    assert thread_affinity(procs.engine_cores[0]) == {first}
+    assert len(os.listdir(f"/proc/{procs.engine_cores[0]}/task")) == 2  # every thread, not just the main one
+    assert all(os.sched_getaffinity(int(t)) == {first} for t in os.listdir(f"/proc/{procs.engine_cores[0]}/task"))
+    assert pin_engine_core(pid) is None  # already there: nothing more to do
+
+
+@needs_two_cpus
+def test_two_engines_on_the_same_cores_leave_both_engine_cores_unbound(api_server: object) -> None:
+    first = min(ALL_CPUS)
+    one = api_server(str(first))  # type: ignore[operator]
+    assert pin_engine_core(one) is not None
+    assert thread_affinity(engine_processes(one).engine_cores[0]) == {first}
+
+    two = api_server(str(first))  # type: ignore[operator]  # vLLM binds the second engine's worker there too
+    assert pin_engine_core(two) is None
+    assert thread_affinity(engine_processes(two).engine_cores[0]) == ALL_CPUS
+    assert thread_affinity(engine_processes(one).engine_cores[0]) == ALL_CPUS  # the first one is released
+    assert pin_engine_core(one) is None  # and stays so while the other is there
+
+
+@needs_two_cpus
+def test_an_unbound_worker_leaves_the_engine_core_alone(api_server: object) -> None:
+    pid = api_server("-")  # type: ignore[operator]  # a CUDA engine's worker: may run anywhere
+    assert pin_engine_core(pid) is None
+    assert thread_affinity(engine_processes(pid).engine_cores[0]) == ALL_CPUS
+
+
+def test_no_such_process_finds_nothing() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert engine_processes(gone.pid).engine_cores == ()
+    assert pin_engine_core(gone.pid) is None
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("pin", [True, False])
+async def test_the_supervisor_pins_a_started_replica_unless_told_not_to(tmp_path: Path, pin: bool) -> None:
+    from tests.backends.engines.test_supervisor import FAKE_ENGINE, _free_port
+
+    _no_other_vllm_workers()
+    first = min(ALL_CPUS)
+    # the fake engine answers /health; its child is the fake API server's process tree
+    engine = FAKE_ENGINE.replace(
+        'child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])',
+        f"child = subprocess.Popen([sys.executable, '-c', {FAKE_API_SERVER!r}, '{first}'], stdout=subprocess.PIPE)\n"
+        "child.stdout.readline()",
+    )
+    assert engine != FAKE_ENGINE
+    spec = EngineSpec(model="fake", served_name="fake", base_port=_free_port(), startup_timeout_s=30,
+                      pin_engine_core=pin)
+    messages: list[str] = []
+    sup = EngineSupervisor("fake", spec, home=tmp_path, progress=messages.append, check_interval_s=0.2,
+                           stop_grace_s=5, backoff=Backoff(base_s=0.1, cap_s=1),
+                           command=lambda spec, port, models: [sys.executable, "-c", engine, str(port), "serve"])
+    async with sup:
+        pid = sup.replicas[0].pid
+        assert pid is not None
+        cores = engine_processes(pid).engine_cores
+        assert len(cores) == 1
+        assert thread_affinity(cores[0]) == ({first} if pin else ALL_CPUS)
+        said = any(f"engine core (pid {cores[0]}) pinned to its worker's CPUs [{first}]" in m for m in messages)
+        assert said is pin
+    deadline = time.monotonic() + 10
+    while _group_alive(pid):  # the next test must not see these workers
+        assert time.monotonic() < deadline, "the fake engine processes outlived the supervisor"
+        await asyncio.sleep(0.05)

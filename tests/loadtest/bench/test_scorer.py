@@ -1,0 +1,108 @@
+"""The scorer benchmark's parts: the timing prompt mix, the target verdicts, knob parsing, and a code-variant
+worker driven over its pipe (a stand-in tree with a fake `load_scorer`, so no model is loaded)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench.scorer import Result, parse_variants, verdicts
+from loadtest.bench.scorer_prompts import REAL_SOURCES, timing_prompts
+from loadtest.bench.scorer_variants import TreeWorker
+
+
+def _write_source(root: Path, prompts: list[str]) -> None:
+    path = root / REAL_SOURCES[0]
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"prompt": p, "label": "ignored"}) + "\n" for p in prompts)
+
+
+def test_prompts_are_unique_and_mix_real_with_short_chat(tmp_path: Path) -> None:
+    real = [f"Question {i}: " + "which of the following is a long exam question? " * 8 for i in range(50)]
+    _write_source(tmp_path, real)
+    got = timing_prompts(400, seed=3, data_dir=tmp_path)
+    assert len(got.prompts) == 400 and len(set(got.prompts)) == 400
+    assert "real prompts" in got.source
+    taken = [p for p in got.prompts if p.startswith("Question")]
+    assert 120 < len(taken) < 280  # about half, and the 50 real ones recur only tagged as new requests
+    assert set(real) <= set(taken)
+    short = [len(p.split()) for p in got.prompts if not p.startswith("Question")]
+    assert statistics.median(short) < 20
+    assert max(len(p) for p in got.prompts) <= 2000
+    assert timing_prompts(400, seed=3, data_dir=tmp_path).prompts == got.prompts  # reproducible
+
+
+def test_prompts_fall_back_without_the_data_folder(tmp_path: Path) -> None:
+    got = timing_prompts(300, seed=1, data_dir=tmp_path / "absent")
+    assert "absent" in got.source
+    assert len(set(got.prompts)) == 300
+    lengths = sorted(len(p) for p in got.prompts)
+    assert lengths[len(lengths) // 2] < 120 < lengths[-1]  # mostly short, some long
+
+
+def _cell(rate: float, throughput: float, p99: float) -> Result:
+    return Result(rate, int(throughput * 10), throughput, p99 / 3, p99, 0, 4.0)
+
+
+def test_verdicts_apply_the_targets_to_medians() -> None:
+    good = {100.0: [_cell(100, 100, 15), _cell(100, 100, 40), _cell(100, 100, 12)],
+            300.0: [_cell(300, 299, 50)] * 3}
+    assert [ok for _, ok in verdicts(good)] == [True, True]
+    runaway = {100.0: [_cell(100, 100, 25)] * 3, 300.0: [_cell(300, 299, 900)] * 3, 400.0: [_cell(400, 280, 3000)]}
+    assert [ok for _, ok in verdicts(runaway)] == [False, False]
+    assert [ok for _, ok in verdicts({200.0: [_cell(200, 200, 5)]})] == [None, None]
+
+
+def test_variants_parse_and_reject_unknown_knobs() -> None:
+    assert parse_variants("workers=1,threads=2;max_wait_ms=0") == [{"workers": 1.0, "threads": 2.0},
+                                                                   {"max_wait_ms": 0.0}]
+    with pytest.raises(ValueError, match="colour"):
+        parse_variants("colour=3")
+    with pytest.raises(ValueError, match="bad value"):
+        parse_variants("workers=two")
+
+
+FAKE_SERVING = '''
+import asyncio
+from collections import deque
+
+
+class FakeScorer:
+    def __init__(self):
+        self.batch_sizes = deque()
+
+    async def score(self, texts):
+        self.batch_sizes.append(len(texts))
+        await asyncio.sleep(0.001)
+        return [0.5 for _ in texts]
+
+    async def aclose(self):
+        return None
+
+
+def load_scorer(artifact=None):
+    print("chatter on stdout from a library")
+    return FakeScorer()
+'''
+
+
+def test_a_tree_worker_scores_with_its_own_tree(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "router_models").mkdir(parents=True)
+    (tree / "router_models" / "__init__.py").write_text("")
+    (tree / "router_models" / "serving.py").write_text(FAKE_SERVING)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([f"p{i}" for i in range(10)]))
+    worker = TreeWorker(str(tree), prompts, None)
+    try:
+        assert worker.origin == str((tree / "router_models").resolve())
+        reply = worker.run(200.0, 0.5, 0.0, 7)
+    finally:
+        worker.close()
+    assert reply["errors"] == 0 and 50 < int(str(reply["completed"])) < 160  # Poisson(100), more than 10 prompts
+    assert str(reply["stats"]).startswith("batches=")

@@ -1,0 +1,49 @@
+"""Structural features: the needle pre-check never changes a count (the artifact's weights were fitted on the
+regex counts), on real prompts and on text built to trip case folding."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from router_models.embedders.features import _COUNTERS, FEATURE_NAMES, _Counter, structural_features
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR, load_outcomes
+
+ROOT = Path(__file__).resolve().parents[3]
+DOTLESS_I, DOTTED_I, LONG_S, KELVIN = "\u0131", "\u0130", "\u017f", "\u212a"  # match ASCII under IGNORECASE
+TRICKY = [
+    "PRIME numbers: PROVE it", f"pr{DOTLESS_I}me (dotless i) and {DOTTED_I}ntegers",
+    f"{LONG_S}tep by {LONG_S}tep, {LONG_S}uch that", f"{KELVIN}elvin: MUST be", "Should WE compare?",
+    "in O(n log n) WITHOUT extra memory", "TL;DR: summarise", "tldr please", "CONVERT this to JSON",
+    "def f():\n    return None;\n", "SELECT * FROM t;", "for (i = 0; i < n; i++) {}", "Stra\u00dfe maximum \u1e9e",
+    "\ufb01nd all \ufb02ow", "\u216b \u217b \u01c5 \u01c6", "", " ", "\n\n", "hi\nhello\nthanks",
+    "1. one\n2. two\n- three",
+]
+
+
+@functools.cache
+def _texts() -> list[str]:
+    lines = (ROOT / "loadtest" / "data" / "synthetic_prompts.jsonl").read_text().splitlines()
+    texts = [str(json.loads(line)["prompt"]) for line in lines]
+    if DEFAULT_ROUTING_DIR.is_dir():
+        texts += [ex.text for ex in load_outcomes(DEFAULT_ROUTING_DIR, max_per_source=1500)]
+    rng = random.Random(7)
+    alphabet = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ;()_{}\n0123456789.?!-"
+                + DOTLESS_I + DOTTED_I + LONG_S + KELVIN + "\u00df\u1e9e\ufb01")
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300))) for _ in range(2000)]
+    return TRICKY + texts
+
+
+@pytest.mark.parametrize(("name", "counter"), _COUNTERS, ids=[name for name, _ in _COUNTERS])
+def test_the_needle_check_gives_the_regex_counts(name: str, counter: _Counter) -> None:
+    wrong = [t for t in _texts() if counter(t) != len(counter.regex.findall(t))]
+    assert not wrong, f"{name}: {len(wrong)} texts counted differently, e.g. {wrong[0][:200]!r}"
+
+
+def test_features_have_their_names_and_shape() -> None:
+    rows = structural_features(TRICKY)
+    assert rows.shape == (len(TRICKY), len(FEATURE_NAMES)) and (rows >= 0).all()

@@ -1,0 +1,112 @@
+"""The static word-piece embedder: a deterministic table built once from the MiniLM weights and cached, a
+prompt's vector the weighted mean of its pieces over the whole text, independent of the texts beside it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from router_models.embedders import static_minilm as embedder_static
+from router_models.embedders.factory import make_embedder
+from router_models.embedders.protocol import parse_name
+from router_models.embedders.static_minilm import StaticMiniLMEmbedder, build_static_table, zipf_weights
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+NAME = "all-MiniLM-L6-v2:static"
+LONG = ("Prove that there are infinitely many primes p such that p + 2 is not prime, and give a rigorous argument. "
+        "Then generalise the argument to arithmetic progressions and discuss where it breaks down, step by step, "
+        "with every lemma stated and proved; this prompt runs well past 64 word pieces, and its end counts.")
+TEXTS = ["hi there!", "", "Translate to French: good morning", LONG, "def f(x):\n    return x ** 2"]
+
+
+@pytest.fixture(scope="module")
+def cache() -> Path:
+    # the default cache (built once per checkout, like the ONNX export): a fresh build costs about a minute
+    from router_models.embedders.onnx_minilm import default_cache_dir
+
+    return default_cache_dir()
+
+
+@pytest.fixture(scope="module")
+def static(cache: Path) -> StaticMiniLMEmbedder:
+    return StaticMiniLMEmbedder(NAME, 6, cache_dir=cache)
+
+
+def test_names_parse() -> None:
+    spec = parse_name(NAME)
+    assert (spec.backend, spec.max_tokens, spec.layers) == ("static", 0, 6)
+    assert parse_name("all-MiniLM-L6-v2:static:l3").layers == 3
+    for bad in ("all-MiniLM-L6-v2:static:t64", "all-MiniLM-L6-v2:static:l7", "other-model:static"):
+        with pytest.raises(ValueError, match="static"):
+            parse_name(bad)
+
+
+def test_table_is_centred_rotated_and_rounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(50, 4)) @ np.diag([5.0, 3.0, 1.0, 0.5]) @ np.linalg.qr(rng.normal(size=(4, 4)))[0]
+    monkeypatch.setattr(embedder_static, "_piece_vectors", lambda *_: raw + 7.0)
+    table = build_static_table(Path("unused"), 6)
+    assert table.dtype == np.float16 and table.shape == (50, 4)
+    t = table.astype(np.float64)
+    assert np.allclose(t.mean(axis=0), 0.0, atol=1e-2)
+    variances = t.var(axis=0)
+    assert list(variances) == sorted(variances, reverse=True)  # principal axes, largest first
+    cov = np.cov(t, rowvar=False)
+    assert np.allclose(cov - np.diag(np.diag(cov)), 0.0, atol=1e-2)  # decorrelated
+    # distances are kept (a rotation), up to float16 rounding
+    assert np.allclose(np.linalg.norm(t[0] - t[1]), np.linalg.norm(raw[0] - raw[1]), rtol=1e-2)
+    # the same pieces in another order give the same rows (each axis signed by a fixed rule, not by the SVD)
+    monkeypatch.setattr(embedder_static, "_piece_vectors", lambda *_: raw[::-1] + 7.0)
+    assert np.allclose(build_static_table(Path("unused"), 6)[::-1].astype(np.float64), t, atol=2e-3)
+
+
+def test_zipf_weights_grow_with_rank() -> None:
+    w = zipf_weights(30522)
+    assert w[0] == w[1995] == pytest.approx(np.log(2.0))  # special and single-character pieces: rank 1
+    assert w[1996] == w[0] and w[2000] < w[10000] < w[30000]  # "the" (1996) weighs least among words
+
+
+def test_vectors_are_the_weighted_mean_over_the_whole_text(static: StaticMiniLMEmbedder) -> None:
+    vecs = static.embed(TEXTS)
+    assert vecs.shape == (len(TEXTS), 384) and vecs.dtype == np.float32
+    assert np.array_equal(vecs[1], np.zeros(384, dtype=np.float32))  # no pieces, no direction
+    assert np.allclose(np.linalg.norm(vecs[[0, 2, 3, 4]], axis=1), 1.0, atol=1e-5)
+    ids = np.asarray(static._tokenizer.encode(LONG, add_special_tokens=False).ids)
+    assert len(ids) > 64
+    table: npt.NDArray[np.float32] = static._table
+    manual = zipf_weights(table.shape[0])[ids] @ table[ids]
+    assert np.allclose(vecs[3], manual / np.linalg.norm(manual), atol=1e-5)
+    head = static.embed([static._tokenizer.decode(ids[:64].tolist())])[0]
+    assert float(head @ vecs[3]) < 0.999  # the end of a long prompt moves its vector: no 64-piece cut
+
+
+def test_a_vector_does_not_depend_on_the_texts_beside_it(static: StaticMiniLMEmbedder) -> None:
+    together = static.embed(TEXTS)
+    for i, text in enumerate(TEXTS):
+        assert np.array_equal(static.embed([text])[0], together[i])
+
+
+def test_table_is_cached_and_reused(static: StaticMiniLMEmbedder, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (cache / "static" / f"{static.cache_tag}.npy").exists()
+    assert not [p for p in (cache / "static").iterdir() if p.name.startswith(".")]  # no temp files left
+
+    def no_build(*_: object) -> None:
+        raise AssertionError("built again instead of reusing the cache")
+
+    monkeypatch.setattr(embedder_static, "build_static_table", no_build)
+    again = make_embedder(NAME)
+    assert again.name == NAME and again.dim == 384
+    assert np.array_equal(again.embed(TEXTS), static.embed(TEXTS))
+
+
+def test_rebuild_gives_the_same_table(static: StaticMiniLMEmbedder, tmp_path: Path) -> None:
+    """The build is deterministic (about a minute on 2 cores): a fresh clone gets the same table, hence the
+    vectors and scores the artifact was trained on."""
+    fresh = StaticMiniLMEmbedder(NAME, 6, cache_dir=tmp_path)
+    assert fresh.cache_tag == static.cache_tag
+    assert np.array_equal(fresh._table, static._table)

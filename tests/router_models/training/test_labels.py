@@ -1,0 +1,61 @@
+"""The label-file format: both forms read, every bad row named by file:line and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from router_models.training.labels import LabelError, examples_from_rows, read_label_file, split_held_back
+
+
+def _write(path: Path, rows: list[object]) -> Path:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_both_forms_and_messages(tmp_path: Path) -> None:
+    path = _write(tmp_path / "l.jsonl", [
+        {"prompt": "a", "needs_flagship": 1},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "b"}],
+         "micro": 0.4, "flagship": 0.9, "source": "support"},
+        "",
+    ])
+    a, b = read_label_file(path)
+    assert (a.text, a.weak, a.strong, a.target, a.source) == ("a", 0.0, 1.0, 1.0, "labels:labels")
+    assert (b.text, b.weak, b.strong, b.source) == ("b\n\nbe brief", 0.4, 0.9, "labels:support")
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"needs_flagship": 1}, "'prompt'"),
+    ({"prompt": "x", "needs_flagship": 1.5}, "'needs_flagship' must be a number in \\[0, 1\\]"),
+    ({"prompt": "x", "micro": 0.5}, "give 'needs_flagship'"),
+    ({"prompt": "x", "micro": "high", "flagship": 1}, "'micro'"),
+    ({"prompt": "x", "needs_flagship": 0, "source": ""}, "'source'"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_bad_rows_name_line_and_field(tmp_path: Path, row: object, message: str) -> None:
+    path = _write(tmp_path / "l.jsonl", [{"prompt": "ok", "needs_flagship": 0}, row])
+    with pytest.raises(LabelError, match=message) as err:
+        read_label_file(path)
+    assert f"{path}:2" in str(err.value)
+
+
+def test_not_json_and_empty_file(tmp_path: Path) -> None:
+    with pytest.raises(LabelError, match=r":1: not valid JSON"):
+        read_label_file(_write(tmp_path / "bad.jsonl", ["{nope"]))
+    with pytest.raises(LabelError, match="no label rows"):
+        read_label_file(_write(tmp_path / "empty.jsonl", [""]))
+
+
+def test_ledger_rows_and_a_stable_split() -> None:
+    rows = [{"id": str(i), "prompt": f"question {i}", "needs_flagship": i % 2, "source": "feedback"}
+            for i in range(200)]
+    ex = examples_from_rows(rows, default_source="ledger")
+    train, held = split_held_back(ex, 0.3)
+    assert len(train) + len(held) == 200 and 30 < len(held) < 90
+    assert {e.key for e in train}.isdisjoint({e.key for e in held})
+    assert split_held_back(ex, 0.3) == (train, held)
+    with pytest.raises(LabelError, match="row 2"):
+        examples_from_rows([rows[0], {"prompt": "x"}], origin="row")

@@ -1,0 +1,76 @@
+"""The training reader of the gateway's own labels: row format, label mapping, precedence, SCAN over many keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from router_models.training.ledger_labels import LabelKeys, label_row, read_ledger_labels
+from tests.conftest import SHARED_URL
+
+PROMPT = {"text": "sys\n\nwhat is 2+2", "score": "0.25", "pool": "micro", "micro": "1", "tenant": "acme", "at": "1.0"}
+
+
+def test_feedback_on_a_micro_answer_is_one_minus_its_score() -> None:
+    row = label_row("r1", PROMPT, {"score": "0.8", "thumbs": ""}, {}, {})
+    assert row == {"id": "r1", "prompt": "sys\n\nwhat is 2+2", "needs_flagship": pytest.approx(0.2),
+                   "source": "feedback", "tenant": "acme", "pool": "micro", "score": 0.25}
+    assert label_row("r1", PROMPT, {"score": "0.0", "thumbs": "down"}, {}, {})["needs_flagship"] == 1.0  # type: ignore[index]
+
+
+def test_feedback_on_a_flagship_answer_yields_no_row() -> None:
+    flagship = {**PROMPT, "pool": "flagship", "micro": "0"}
+    assert label_row("r1", flagship, {"score": "0.0"}, {}, {}) is None
+    # ... but its escalation label still does
+    row = label_row("r1", flagship, {"score": "0.0"}, {}, {"escalated": "1", "confidence": "0.1"})
+    assert row is not None and (row["source"], row["needs_flagship"], row["pool"]) == ("escalation", 1.0, "flagship")
+
+
+def test_precedence_shadow_then_feedback_then_escalation() -> None:
+    feedback, shadow, cascade = {"score": "1.0"}, {"short": "1"}, {"escalated": "0", "confidence": "0.9"}
+    assert label_row("r", PROMPT, feedback, shadow, cascade)["source"] == "shadow"  # type: ignore[index]
+    assert label_row("r", PROMPT, feedback, shadow, cascade)["needs_flagship"] == 1.0  # type: ignore[index]
+    assert label_row("r", PROMPT, feedback, {}, cascade)["source"] == "feedback"  # type: ignore[index]
+    assert label_row("r", PROMPT, feedback, {}, cascade)["needs_flagship"] == 0.0  # type: ignore[index]
+    assert label_row("r", PROMPT, {}, {}, cascade)["source"] == "escalation"  # type: ignore[index]
+    assert label_row("r", PROMPT, {}, {"short": "0"}, {})["needs_flagship"] == 0.0  # type: ignore[index]
+
+
+def test_no_label_or_no_prompt_yields_no_row() -> None:
+    assert label_row("r", PROMPT, {}, {}, {}) is None
+    assert label_row("r", {}, {"score": "0.0"}, {"short": "1"}, {}) is None
+    assert label_row("r", {**PROMPT, "score": "nan"}, {}, {"short": "1"}, {}) is None
+    assert label_row("r", PROMPT, {"score": "1.5"}, {"short": "maybe"}, {}) is None
+
+
+@pytest.mark.redis
+def test_reader_scans_every_kept_prompt_and_joins_its_labels(prefix: str) -> None:
+    keys = LabelKeys(prefix)
+    client = redis.Redis.from_url(SHARED_URL)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for i in range(1203):  # more than one SCAN page and more than one read batch
+            rid = f"req_{i:05d}"
+            prompt: dict[Any, Any] = {**PROMPT, "text": f"prompt {i}", "tenant": f"t{i % 3}"}
+            pipe.hset(keys.prompt(rid), mapping=prompt)
+            if i % 3 == 0:
+                pipe.hset(keys.feedback(rid), mapping={"score": "0.0", "thumbs": "down", "tenant": "t0"})
+            if i % 3 == 1:
+                pipe.hset(keys.shadow(rid), mapping={"short": "0", "verdict": "OK"})
+                pipe.hset(keys.feedback(rid), mapping={"score": "0.0", "thumbs": "down", "tenant": "t1"})
+        pipe.hset(keys.feedback("req_gone"), mapping={"score": "0.0"})  # prompt expired: no row
+        pipe.hset(f"{prefix}learn:prompt-like:x", mapping=dict[Any, Any](PROMPT))  # not a prompt key
+        pipe.execute()
+    finally:
+        client.close()
+    rows = read_ledger_labels(SHARED_URL, key_prefix=prefix)
+    assert len(rows) == 802  # i % 3 == 2 has no label
+    assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["req_00000"] == {"id": "req_00000", "prompt": "prompt 0", "needs_flagship": 1.0,
+                                  "source": "feedback", "tenant": "t0", "pool": "micro", "score": 0.25}
+    assert (by_id["req_00001"]["source"], by_id["req_00001"]["needs_flagship"]) == ("shadow", 0.0)
+    assert "req_00002" not in by_id and "req_gone" not in by_id
+    assert read_ledger_labels(SHARED_URL, key_prefix=prefix + "other:") == []
