@@ -1,4 +1,4 @@
-"""Results of the overhead benchmark: summaries over rounds, PASS/FAIL verdicts against the issue-2 targets,
+"""Results of the overhead benchmark: summaries over rounds, PASS/FAIL verdicts against the overhead targets,
 the py-spy profile digest, and the printed tables."""
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _verdict(name: str, value: float | None, op: str, limit: float, unit: str = 
 
 
 def verdicts(nonstream: dict[str, Any] | None, stream: dict[str, Any] | None, gateway: str) -> list[dict[str, Any]]:
-    """PASS/FAIL per issue-2 target, for the gateway with the default transport (`gateway`)."""
+    """PASS/FAIL per overhead target, for the gateway with the default transport (`gateway`)."""
     out = []
     if nonstream:
         rows = {(r["target"], r["concurrency"]): r for r in nonstream["summary"]}

@@ -155,7 +155,7 @@ def _load_scorer_of_tree() -> Callable[..., ClassifierScorer]:
         module = importlib.import_module("router_models.serving.classifier_scorer")
     except ModuleNotFoundError:
         module = importlib.import_module("router_models.serving")
-    return cast(Callable[..., ClassifierScorer], module.load_scorer)
+    return cast("Callable[..., ClassifierScorer]", module.load_scorer)
 
 
 def _gateway_scorer(load_scorer: Callable[..., ClassifierScorer], artifact: str | None) -> ClassifierScorer:

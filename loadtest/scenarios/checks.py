@@ -1,4 +1,4 @@
-"""The issue-6 targets, checked on a surge run's summary: no 5xx from the gateway, p99 TTFT of admitted
+"""The surge targets, checked on a surge run's summary: no 5xx from the gateway, p99 TTFT of admitted
 requests within 3x of steady state, low priority shed with 429 + Retry-After (not queued without bound),
 and back at steady state within 30 s after the surge."""
 

@@ -1,4 +1,4 @@
-"""`cascade plan`'s capacity model against a real engine (issue 8): calibrate one demo vLLM engine (the micro
+"""`cascade plan`'s capacity model against a real engine: calibrate one demo vLLM engine (the micro
 model, batch capped at 16), predict the request rate at which it stops meeting a 2 s p95 TTFT SLO on a mixed
 workload, ramp open-loop Poisson traffic through that point, and require the prediction within 25% of the
 measured knee. About 4 minutes: one engine start, then ~3 minutes of load (see loadtest/bench/saturation.py).

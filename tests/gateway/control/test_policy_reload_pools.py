@@ -1,4 +1,4 @@
-"""Policy reload, the parts of issue 4 the admin tests leave out: a local pool added by a reload starts its
+"""Policy reload, the parts the admin tests leave out: a local pool added by a reload starts its
 engine and one removed stops it; a request in flight finishes on the policy (and the pool) it started
 with even when the reload removes that pool; editing a pool under load loses no request.
 
