@@ -188,8 +188,12 @@ class _ConnectProxy:
             writer.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
             writer.close()
             return
-        self.tunnels.append(target)
         host, port = target.rsplit(":", 1)
+        if host != "127.0.0.1":  # another library's call in this process, sent here by the test's HTTPS_PROXY
+            writer.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+            writer.close()
+            return
+        self.tunnels.append(target)
         up_reader, up_writer = await asyncio.open_connection(host, int(port))
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
