@@ -121,16 +121,18 @@ class Pool:
         self._health_path = health_path
         self._task: asyncio.Task[None] | None = None
 
-    def set_urls(self, urls: Iterable[str]) -> None:
-        """Replace the replica set, keeping the state of replicas that stay."""
+    def set_urls(self, urls: Iterable[str], ready: bool = False) -> None:
+        """Replace the replica set, keeping the state of replicas that stay. `ready`: the caller has just seen
+        the new replicas answer their health check (the supervisor that started them), so they take requests
+        at once instead of after the next probe; a swap of replica sets then leaves no moment without one."""
         urls = [u.rstrip("/") for u in urls]
         if self._connection is not None and isinstance(self._client, EngineClients):
             self._client.configure(urls, self._connection)
         known = {r.url: r for r in self.replicas}
-        self.replicas = [known.get(u) or self._replica(u) for u in urls]
+        self.replicas = [known.get(u) or self._replica(u, ready) for u in urls]
 
-    def _replica(self, url: str) -> Replica:
-        return Replica(url=url.rstrip("/"), breaker=CircuitBreaker(self._breaker, self._clock))
+    def _replica(self, url: str, ready: bool = False) -> Replica:
+        return Replica(url=url.rstrip("/"), healthy=ready, breaker=CircuitBreaker(self._breaker, self._clock))
 
     def choose(self, exclude: frozenset[str] = frozenset()) -> Replica | None:
         """The available replica with the least load, or None. The caller now holds the replica's breaker

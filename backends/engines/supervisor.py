@@ -42,6 +42,7 @@ __all__ = [
     "EngineSupervisor",
     "Replica",
     "RestartHook",
+    "UrlsHook",
     "choose_ports",
     "live_group_members",
 ]
@@ -52,6 +53,8 @@ Progress = Callable[[str], None]
 CommandFactory = Callable[[EngineSpec, int, Path], list[str]]
 RestartHook = Callable[[str, int, str], None]
 """Called as ``(pool, replica index, reason)`` when a replica is restarted; reason ``"exited"`` or ``"hung"``."""
+UrlsHook = Callable[[tuple[str, ...]], None]
+"""Called with every replica's base URL when one of them moves to another port (its old one was taken)."""
 Answered = Callable[[str], float | None]
 """``answered(url)``: monotonic time at which a request to the replica at ``url`` last got an answer (None: never)."""
 
@@ -196,8 +199,14 @@ class EngineSupervisor:
         command: CommandFactory = engine_command,
         on_restart: RestartHook | None = None,
         answered: Answered | None = None,
+        on_urls: UrlsHook | None = None,
+        generation: int = 0,
     ) -> None:
+        """``generation`` numbers the engine versions of one pool (a blue-green change starts generation n+1
+        beside n): it names the log files of the later ones (``<pool>.g<n>-<index>.log``), so two versions
+        running side by side never write one file. ``on_urls`` learns every port move (see `UrlsHook`)."""
         self.pool = pool
+        self.generation = generation
         self.spec = spec
         self.home = default_home() if home is None else home
         self._progress = progress
@@ -207,6 +216,7 @@ class EngineSupervisor:
         self._command = command
         self._on_restart = on_restart
         self._answered = answered
+        self._on_urls = on_urls
         self._replicas: list[Replica] = []
         self._monitor: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
@@ -253,7 +263,8 @@ class EngineSupervisor:
         ports = choose_ports(self.spec.base_port, self.spec.replicas)
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self._replicas = [Replica(self.pool, i, port, logs / f"{self.pool}-{i}.log") for i, port in enumerate(ports)]
+        stem = self.pool if self.generation == 0 else f"{self.pool}.g{self.generation}"
+        self._replicas = [Replica(self.pool, i, port, logs / f"{stem}-{i}.log") for i, port in enumerate(ports)]
         started = time.monotonic()
         tasks = [asyncio.create_task(self._launch_and_wait(replica)) for replica in self._replicas]
         try:
@@ -411,7 +422,12 @@ class EngineSupervisor:
         replica.restarts += 1
         taken = [other.port for other in self._replicas if other is not replica]
         if not _port_free(replica.port):
+            old = replica.port
             replica.port = choose_ports(replica.port + 1, 1, taken)[0]
+            self._say(f"pool {self.pool}: port {old} of replica {replica.index} is taken; it restarts on "
+                      f"{replica.port}")
+            if self._on_urls is not None:
+                self._on_urls(self.urls)  # the pool routes to the new port from now on
         try:
             await self._launch_and_wait(replica)
         except (EngineStartError, OSError) as exc:

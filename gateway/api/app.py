@@ -101,7 +101,8 @@ def _require_admin(request: Request) -> None:
 async def reload_policy(request: Request) -> Response:
     try:
         _require_admin(request)
-        loaded = await _runtime(request).reload_policy()
+        accept = request.query_params.get("accept_interruption", "").lower() in ("1", "true", "yes")
+        loaded = await _runtime(request).reload_policy(accept_interruption=accept)
     except GatewayError as exc:
         return _error(exc)
     except PolicyError as exc:

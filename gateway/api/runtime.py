@@ -17,6 +17,7 @@ from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
 from gateway.control.policy_holder import PolicyHolder
+from gateway.control.pool_change import PoolChangeRefused
 from gateway.control.pool_set import PoolSet
 from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
@@ -33,7 +34,7 @@ from gateway.settings import Settings
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
-from policies.loader import LoadedPolicy, load_policy
+from policies.loader import LoadedPolicy, PolicyError, load_policy
 from router_models.serving.classifier_scorer import ClassifierScorer
 from router_models.serving.scorer import LengthScorer, Scorer
 
@@ -67,14 +68,21 @@ class Runtime:
     def pools(self) -> dict[str, Pool]:
         return self.pool_set.pools
 
-    async def reload_policy(self) -> LoadedPolicy:
-        """Re-read the policy file; on success start/stop pools to match, then swap it in whole.
-        Raises `PolicyError` (the running policy and pools stay as they were)."""
+    async def reload_policy(self, accept_interruption: bool = False) -> LoadedPolicy:
+        """Re-read the policy file; on success start/stop pools to match, then swap it in whole. A pool whose
+        engines change gets its new version started beside the old one first, so this returns once that
+        version serves (seconds to minutes); a second reload waits for the first. `accept_interruption`: a
+        pool the machine has no room to change side by side may restart in place (no replica meanwhile).
+        Raises `PolicyError` (the running policy and pools stay as they were), also when a change is
+        refused or a new engine does not start (its own error in the problems)."""
         async with self._reload_lock:
             fresh = load_policy(self.policies.current.source)
             if fresh.version != self.policies.current.version:
                 self.pool_set.check(fresh)
-                await self.pool_set.reconcile(fresh.policy)
+                try:
+                    await self.pool_set.reconcile(fresh.policy, accept_interruption)
+                except PoolChangeRefused as exc:
+                    raise PolicyError(fresh.source, exc.problems) from exc
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
                 self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not

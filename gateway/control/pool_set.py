@@ -1,9 +1,11 @@
 """The running pools of a policy: built at start, reconciled on every policy reload.
 
 Local pools' engines start in the background (so the gateway answers /healthz and /readyz, with
-progress, while engines load). On reload, added pools start, changed pools restart, and removed pools
-stop once their in-flight requests are done (bounded by a grace period): requests in flight keep the
-`Pool` object they started with.
+progress, while engines load). On reload, added pools start and removed pools stop once their in-flight
+requests are done (bounded by a grace period): requests in flight keep the `Pool` object they started with.
+A pool whose engines change is changed without going dark where it can be (`gateway.control.pool_change`):
+its new engines start beside the old ones, take traffic once ready, and the old ones drain and stop. A
+replica that restarts on another port (its own was taken) is followed there.
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ import logging
 import os
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from backends.clients.breaker import BreakerConfig
-from backends.clients.pool import Pool
+from backends.clients.pool import Pool, Replica
 from backends.clients.shared import EngineClient
-from backends.engines.supervisor import Answered, EngineSupervisor, RestartHook
+from backends.engines.args import resolve_model
+from backends.engines.room import judge_room
+from backends.engines.supervisor import Answered, EngineStartError, EngineSupervisor, RestartHook
 from backends.machine_checks import checked_here, connection_settings
+from backends.models.demo import models_root
+from gateway.control.pool_change import ChangePlan, PoolChangeRefused, plan_change
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy
 from policies.parallelism import OnDemand
@@ -45,6 +52,7 @@ class PoolSet:
         self.supervisors: dict[str, EngineSupervisor] = {}
         self.status: dict[str, str] = {}
         self.on_engine_restart: RestartHook | None = None  # (pool, replica index, "exited" | "hung"): metrics
+        self.start_took: dict[str, float] = {}  # seconds the pool's engines took to start, the last time
         self._tasks: set[asyncio.Task[None]] = set()
 
     @staticmethod
@@ -78,12 +86,15 @@ class PoolSet:
             return {}
         return {"authorization": f"Bearer {key}"}
 
-    async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
+    def _pool(self, name: str, spec: LocalPool | RemotePool) -> Pool:
         health = spec.health_path if isinstance(spec, RemotePool) else "/health"
         breaker = BreakerConfig(**spec.breaker.model_dump())
         connection = connection_settings(spec) if isinstance(spec, RemotePool) else None
-        pool = Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s,
+        return Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s,
                     health_path=health, headers=self._headers(name, spec), breaker=breaker, connection=connection)
+
+    async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
+        pool = self._pool(name, spec)
         await pool.probe_once()
         pool.start()
         self.pools[name], self.specs[name] = pool, spec
@@ -142,17 +153,28 @@ class PoolSet:
             await sup.aclose()
         log.info("pool %s stopped after %.0f s idle", name, idle_s)
 
+    def _supervisor(self, name: str, spec: LocalPool, pool: Pool, generation: int) -> EngineSupervisor:
+        """A supervisor for the pool's engines whose port moves the pool follows while it is the pool's."""
+        def moved(urls: tuple[str, ...]) -> None:
+            if self.supervisors.get(name) is sup and self.pools.get(name) is pool:
+                pool.set_urls(urls)
+
+        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress,
+                               on_restart=self._engine_restarted, answered=_last_answer(pool), on_urls=moved,
+                               generation=generation)
+        return sup
+
     async def _launch(self, name: str, spec: LocalPool, pool: Pool) -> float:
         """Start the pool's engines under a (registered) supervisor, point the pool at them and probe them;
         returns the seconds it took. Raises what the supervisor's start raised."""
-        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress,
-                               on_restart=self._engine_restarted, answered=_last_answer(pool))
+        sup = self._supervisor(name, spec, pool, 0)
         self.supervisors[name] = sup
         started = time.monotonic()
         await sup.start()
         pool.set_urls(sup.urls)
         await pool.probe_once()
-        return time.monotonic() - started
+        took = self.start_took[name] = time.monotonic() - started
+        return took
 
     async def _start_engines(self, name: str, spec: LocalPool, pool: Pool) -> None:
         try:
@@ -171,28 +193,116 @@ class PoolSet:
         self._spawn(self._retire(name, pool, self.supervisors.pop(name, None)), f"retire:{name}")
 
     async def _retire(self, name: str, pool: Pool, sup: EngineSupervisor | None) -> None:
-        deadline = time.monotonic() + self._grace
-        while pool.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.2)  # polling a counter the request path owns; no event to wait on
+        await self._drained(pool.replicas)
         await pool.aclose()
         if sup is not None:
             await sup.aclose()
         log.info("pool %s stopped", name)
 
+    async def _drained(self, replicas: list[Replica]) -> None:
+        """Wait until no request is in flight on `replicas` (bounded by the grace period)."""
+        deadline = time.monotonic() + self._grace
+        while sum(r.in_flight for r in replicas) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)  # polling a counter the request path owns; no event to wait on
+
     async def start(self, policy: Policy) -> None:
         await asyncio.gather(*(self.add(name, spec) for name, spec in policy.pools.items()))
 
-    async def reconcile(self, policy: Policy) -> None:
-        """Start the pools `policy` adds and restart those whose engines or endpoints it changes (call before
-        the new policy becomes current, then `retire_unused`). A change that only touches what the gateway
-        reads from the policy itself (price, description, quantization ceiling) restarts nothing."""
-        for name in [n for n in self.pools if n in policy.pools and policy.pools[n] != self.specs[n]]:
+    async def reconcile(self, policy: Policy, accept_interruption: bool = False) -> None:
+        """Start the pools `policy` adds and change those whose engines or endpoints it changes (call before
+        the new policy becomes current, with no await in between, then `retire_unused`). A change that only
+        touches what the gateway reads from the policy itself (price, description, quantization ceiling)
+        restarts nothing. A changed pool goes through `plan_change`; every plan is made, and every new
+        version started, before any pool changes: `PoolChangeRefused` (a plan refused, or a new engine that
+        did not start, with its own error) leaves every pool as it was."""
+        changed = [n for n in self.pools if n in policy.pools and policy.pools[n] != self.specs[n]]
+        plans: list[ChangePlan] = []
+        refused: list[str] = []
+        for name in changed:
             if _runtime(policy.pools[name]) == _runtime(self.specs[name]):
                 self.specs[name] = policy.pools[name]
-            else:
-                log.info("pool %s changed: restarting it", name)
-                self.remove(name)
+                continue
+            plan = self._plan(name, policy.pools[name], accept_interruption)
+            (refused.append(plan) if isinstance(plan, str) else plans.append(plan))
+        if refused:
+            raise PoolChangeRefused(refused)
+        staged = await self._stage([p for p in plans if p.how != "restart"], policy)
+        for plan in plans:
+            log.info("pool %s changed: %s, %s", plan.pool, plan.how, plan.why)
+            if plan.how == "restart":
+                self.remove(plan.pool)
         await asyncio.gather(*(self.add(n, s) for n, s in policy.pools.items() if n not in self.pools))
+        for name, new in staged.items():  # no await from here until the caller swaps the policy in
+            self._swap(name, policy.pools[name], new)
+
+    def _plan(self, name: str, spec: LocalPool | RemotePool, accept_interruption: bool) -> ChangePlan | str:
+        old = self.specs[name]
+        runs = isinstance(old, LocalPool) and isinstance(spec, LocalPool) and self._settings.start_engines
+        sup = self.supervisors.get(name)
+        serving = sup is not None and bool(sup.ready_urls)
+        room = None
+        if runs and serving and isinstance(spec, LocalPool):
+            model_dir = Path(resolve_model(spec.engine, models_root(self._settings.home)))
+            room = judge_room(spec.engine, model_dir)
+        if isinstance(spec, LocalPool) and spec.on_demand is not None and not serving:
+            runs = True  # asleep: it starts in place when woken
+        return plan_change(name, runs_engines=runs, serving=serving, replicas=_replicas(spec), room=room,
+                           last_start_s=self.start_took.get(name), accept_interruption=accept_interruption)
+
+    async def _stage(self, plans: list[ChangePlan], policy: Policy) -> dict[str, Pool | EngineSupervisor]:
+        """Start every new version beside the old one; all of them, or (raising) none of them."""
+        async def stage(plan: ChangePlan) -> Pool | EngineSupervisor:
+            spec = policy.pools[plan.pool]
+            if plan.how == "replace":
+                return await self._new_pool(plan.pool, spec)
+            assert isinstance(spec, LocalPool)
+            pool = self.pools[plan.pool]
+            sup = self._supervisor(plan.pool, spec, pool, self.supervisors[plan.pool].generation + 1)
+            self.status[plan.pool] = "serving; its new version is starting beside it (blue-green)"
+            started = time.monotonic()
+            await sup.start()  # stops what it started if it fails
+            self.start_took[plan.pool] = time.monotonic() - started
+            return sup
+
+        results = await asyncio.gather(*(stage(p) for p in plans), return_exceptions=True)
+        staged = {p.pool: r for p, r in zip(plans, results, strict=True) if not isinstance(r, BaseException)}
+        failed = [(p, r) for p, r in zip(plans, results, strict=True) if isinstance(r, BaseException)]
+        if not failed:
+            return staged
+        for new in staged.values():
+            await new.aclose()
+        for plan, _ in failed:
+            self.status[plan.pool] = "serving; its new version failed to start (see the reload's error)"
+        problems = [f"pool {p.pool}: the new version did not start, the old one keeps serving: {r}" for p, r in failed]
+        if any(not isinstance(r, (EngineStartError, OSError)) for _, r in failed):
+            raise next(r for _, r in failed if not isinstance(r, (EngineStartError, OSError)))
+        raise PoolChangeRefused(problems)
+
+    async def _new_pool(self, name: str, spec: LocalPool | RemotePool) -> Pool:
+        pool = self._pool(name, spec)
+        await pool.probe_once()
+        return pool
+
+    def _swap(self, name: str, spec: LocalPool | RemotePool, new: Pool | EngineSupervisor) -> None:
+        """Send the pool's new requests to its new version; the old one drains in the background."""
+        old_pool, old_sup = self.pools[name], self.supervisors.get(name)
+        if isinstance(new, Pool):
+            new.start()
+            self.pools[name], self.specs[name] = new, spec
+            self._spawn(self._retire(name, old_pool, old_sup), f"retire:{name}")
+            return
+        draining = list(old_pool.replicas)
+        old_pool.set_urls(new.urls, ready=True)  # the supervisor saw every new replica answer /health
+        self.supervisors[name], self.specs[name] = new, spec
+        self.status[name] = (f"ready (version {new.generation}, started beside the old one in "
+                             f"{self.start_took.get(name, 0):.0f} s; the old one drains)")
+        self._spawn(self._drain_version(name, draining, old_sup), f"drain:{name}")
+
+    async def _drain_version(self, name: str, replicas: list[Replica], sup: EngineSupervisor | None) -> None:
+        await self._drained(replicas)
+        if sup is not None:
+            await sup.aclose()
+        log.info("pool %s: the old version's engines stopped", name)
 
     def retire_unused(self, policy: Policy) -> None:
         """Stop the pools `policy` no longer has (call once it is current: requests deciding on the old
@@ -209,6 +319,10 @@ class PoolSet:
             await pool.aclose()
         for sup in self.supervisors.values():
             await sup.aclose()
+
+
+def _replicas(spec: LocalPool | RemotePool) -> int:
+    return spec.engine.replicas if isinstance(spec, LocalPool) else len(spec.urls)
 
 
 def _runtime(spec: LocalPool | RemotePool) -> dict[str, object]:

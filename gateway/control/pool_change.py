@@ -1,0 +1,65 @@
+"""How a policy reload applies a change to a running pool's engines, decided before anything starts.
+
+- `blue-green`: the pool's engines run here and the machine has room for the new replicas beside the old ones
+  (`backends.engines.room`): the new version starts beside the old, takes traffic once every new replica
+  answers its health check, and the old one drains (requests in flight, streams included, finish) and stops.
+- `replace`: a pool whose engines run elsewhere (a remote pool, or a worker under `--workers N`): a new set of
+  replicas is probed, then swapped in; the old set drains.
+- `restart`: the pool's engines stop, then the new ones start, so the pool has no replica meanwhile. Only
+  for a pool that serves nothing now (its engines are still starting, failed, or asleep on demand), or where
+  ops accepted the interruption explicitly (`accept_interruption`).
+- refused: no room for the new version beside the old, and no acceptance: `PoolChangeRefused` says why and
+  for how long the pool would be dark.
+Replacing one replica at a time where only some of the new ones fit is not built yet: such a change is
+refused like a one-replica pool, with the same way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from backends.engines.room import Room
+
+__all__ = ["ChangePlan", "PoolChangeRefused", "plan_change"]
+
+How = Literal["blue-green", "replace", "restart"]
+
+
+class PoolChangeRefused(Exception):
+    """The reload would leave a pool without a replica; `problems` says which and why, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePlan:
+    pool: str
+    how: How
+    why: str
+
+
+def plan_change(pool: str, *, runs_engines: bool, serving: bool, replicas: int, room: Room | None,
+                last_start_s: float | None, accept_interruption: bool) -> ChangePlan | str:
+    """The plan for a pool whose engine spec changes, or the reason it is refused (a string).
+
+    `runs_engines`: this process supervises the pool's engines; `serving`: they run now (not starting, failed
+    or asleep); `replicas`: how many the new version has; `room`: what the machine holds beside what runs
+    (None when `runs_engines` is False); `last_start_s`: how long the pool's engines took to start last."""
+    if not runs_engines:
+        return ChangePlan(pool, "replace", "its engines run elsewhere: the new replica set is swapped in")
+    if not serving:
+        return ChangePlan(pool, "restart", "it serves nothing now, so the new engines start in place")
+    assert room is not None
+    if room.fits >= replicas:
+        return ChangePlan(pool, "blue-green", f"the new version starts beside the old ({room.how})")
+    dark = f"about {last_start_s:.0f} s (its last start)" if last_start_s is not None else "until its engines start"
+    if accept_interruption:
+        return ChangePlan(pool, "restart", f"no room beside the old version ({room.how}); interruption accepted: "
+                                           f"no replica for {dark}")
+    return (f"pool {pool}: its engines change, and this machine has room for {room.fits} of the "
+            f"{replicas} new replica(s) beside the old ones ({room.how}). Restarting it in place would leave the "
+            f"pool with no replica for {dark}. To accept that, reload with accept_interruption "
+            "(POST /admin/policy/reload?accept_interruption=true); the running policy stays")
