@@ -61,7 +61,8 @@ class ModelNotRouted(Exception):
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     """Where a request goes and why. `score` is None when no score was needed; `scored_by` names the model
-    that gave it (`router_models.serving.scorer.Scorer.score_one`; "" without a score)."""
+    that gave it (`router_models.serving.scorer.Scorer.score_one`; "" without a score) and `router_version`
+    the artifact (`Scorer.version`)."""
 
     pool: str
     model: str
@@ -70,6 +71,7 @@ class RouteDecision:
     reason: str
     policy_version: str
     scored_by: str = ""
+    router_version: str = ""
 
 
 def pinned_pool(policy: Policy, requested_model: str) -> str | None:

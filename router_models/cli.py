@@ -84,7 +84,7 @@ def _rollback(args: argparse.Namespace) -> int:
         current = ArtifactStore(args.store).rollback()
     except ArtifactError as exc:
         return _fail(str(exc))
-    print(f"rolled back; current artifact: {current} (restart the gateway or reload to serve it)")
+    print(f"rolled back; current artifact: {current} (running gateways swap to it within seconds)")
     return 0
 
 

@@ -25,8 +25,9 @@ from gateway.api.chat import ChatEndpoint
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
+from gateway.control.file_watch import FileWatcher
 from gateway.control.metrics import CONTENT_TYPE
-from gateway.control.policy_watch import PolicyWatcher
+from gateway.control.router_swap import watched_paths
 from gateway.errors import (
     AuthenticationError,
     BadRequest,
@@ -85,7 +86,9 @@ async def readyz(request: Request) -> Response:
     redis_ok = await runtime.redis_ok()
     down = sorted(name for name, ok in pools.items() if not ok)
     ready = redis_ok and not required.intersection(down) and len(down) < len(pools)
-    body = {"ready": ready, "policy_version": runtime.policies.current.version, "pools": pools,
+    router_version = runtime.scorer.version if runtime.scorer is not None else None
+    body = {"ready": ready, "policy_version": runtime.policies.current.version, "router_version": router_version,
+            "pools": pools,
             "required": sorted(required.intersection(pools)), "degraded": [n for n in down if n not in required],
             "engines": runtime.pool_set.status, "redis": redis_ok}
     return _json(body, 200 if ready else 503)
@@ -112,6 +115,21 @@ async def reload_policy(request: Request) -> Response:
         details["error"]["problems"] = exc.problems
         return _json(details, 422)
     return _json({"policy_version": loaded.version, "source": loaded.source})
+
+
+async def reload_router(request: Request) -> Response:
+    """Load, check and serve the router artifact that is current now (`RouterSwap.reload`)."""
+    try:
+        _require_admin(request)
+        version, changed = await _runtime(request).router_swap.reload()
+    except GatewayError as exc:
+        return _error(exc)
+    except Exception as exc:  # a bad artifact, or none to load: the running router stays
+        code = "no_router_artifact" if isinstance(exc, ValueError) else "invalid_router_artifact"
+        log.error("router reload refused; the running router stays: %s", exc)
+        return Response(error_body(f"router reload refused, the running router stays: {exc}",
+                                   "invalid_request_error", None, code), 422, media_type="application/json")
+    return _json({"router_version": version, "changed": changed})
 
 
 async def admin_costs(request: Request) -> Response:
@@ -181,15 +199,20 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.runtime = current = runtime or await build_runtime(settings)
-        watcher = PolicyWatcher(Path(current.policies.current.source), current.reload_policy,
-                                settings.policy_watch_interval_s)
+        watchers = [FileWatcher([Path(current.policies.current.source)], current.reload_policy,
+                                settings.policy_watch_interval_s)]
+        if settings.scorer == "classifier":  # a promotion or rollback in the store swaps the router
+            watchers.append(FileWatcher(watched_paths(settings), current.router_swap.reload,
+                                        settings.policy_watch_interval_s, what="router"))
         if settings.policy_watch_interval_s > 0:
-            watcher.start()
+            for watcher in watchers:
+                watcher.start()
         log.info("gateway up", extra={"policy_version": current.policies.current.version})
         try:
             yield
         finally:
-            await watcher.aclose()
+            for watcher in watchers:
+                await watcher.aclose()
             if runtime is None:
                 await current.aclose()
 
@@ -200,6 +223,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
         Route("/metrics", metrics, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/admin/policy/reload", reload_policy, methods=["POST"]),
+        Route("/admin/router/reload", reload_router, methods=["POST"]),
         Route("/admin/costs", admin_costs, methods=["GET"]),
         Route("/v1/feedback", post_feedback, methods=["POST"]),
     ]

@@ -19,6 +19,7 @@ from gateway.control.on_demand import OnDemandGate
 from gateway.control.policy_holder import PolicyHolder
 from gateway.control.pool_change import PoolChangeRefused
 from gateway.control.pool_set import PoolSet
+from gateway.control.router_swap import RouterSwap, make_scorer
 from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
 from gateway.learning.shadow import ShadowComparison
@@ -36,7 +37,7 @@ from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
 from policies.loader import LoadedPolicy, PolicyError, load_policy
 from router_models.serving.classifier_scorer import ClassifierScorer
-from router_models.serving.scorer import LengthScorer, Scorer
+from router_models.serving.scorer import Scorer
 
 __all__ = ["Runtime", "build_runtime"]
 
@@ -60,6 +61,7 @@ class Runtime:
     degradation: DegradationMonitor
     request_log: RequestLog | None
     on_demand: OnDemandGate
+    router_swap: RouterSwap
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -88,6 +90,11 @@ class Runtime:
                 self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not
             return fresh
 
+    def scorer_swapped(self, new: Scorer) -> None:
+        """`RouterSwap` serves `new` now: it is the one to close, and its counters feed the metrics."""
+        _observe(new, self.metrics)
+        self.scorer = new
+
     async def redis_ok(self) -> bool:
         """Whether Redis answers a PING within 1 s. A failed connection is tried again (3 tries in all, within
         that second): after a Redis restart each pooled connection opened before fails once on its next use
@@ -108,23 +115,13 @@ class Runtime:
         if self.request_log is not None:
             self.request_log.close()
         await self.pool_set.aclose()
+        await self.router_swap.aclose()
         if self.scorer is not None:
             await self.scorer.aclose()
         await self.ledger.aclose()
         if self.redis is not None:
             await self.redis.aclose()
         await self.engines.aclose()
-
-
-def _make_scorer(settings: Settings) -> Scorer | None:
-    if settings.scorer == "none":
-        return None
-    if settings.scorer == "length":
-        return LengthScorer()
-    from router_models.serving.classifier_scorer import load_scorer  # loads the embedding model: seconds
-
-    return load_scorer(str(settings.router_artifact) if settings.router_artifact else None,
-                       overflow=settings.router_overflow)
 
 
 async def _make_ledger(settings: Settings) -> Ledger:
@@ -174,7 +171,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     pool_set = PoolSet(settings, engines, progress)
     try:
         await pool_set.start(policies.current.policy)  # local engines load in the background meanwhile:
-        scorer = await asyncio.to_thread(_make_scorer, settings)  # on a fresh machine the ONNX export takes ~25 s
+        scorer = await asyncio.to_thread(make_scorer, settings)  # on a fresh machine the ONNX export takes ~25 s
     except BaseException:
         await pool_set.aclose()
         await ledger.aclose()
@@ -182,9 +179,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
     pool_set.on_engine_restart = metrics.engine_restarted
-    if isinstance(scorer, ClassifierScorer):
-        scorer.on_batch = metrics.scoring_batch.observe
-        scorer.on_scored = metrics.router_scored
+    _observe(scorer, metrics)
     accountant = Accountant(ledger, metrics)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
                                      on_change=metrics.ladder_changed)
@@ -201,8 +196,18 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     on_demand.start()
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
     router = RequestRouter(scorer, metrics, live)
+    router_swap = RouterSwap(settings, router)
     learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
     service = ChatService(policies, pool_set.pools, router, forwarder, degradation, metrics,
                           admission, keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning)
-    return Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
-                   degradation, request_log, on_demand, feedback, live_threshold=live)
+    runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
+                      degradation, request_log, on_demand, router_swap, feedback, live_threshold=live)
+    router_swap.on_swap = runtime.scorer_swapped
+    return runtime
+
+
+def _observe(scorer: Scorer | None, metrics: GatewayMetrics) -> None:
+    """Attach the scorer's batch and per-model counters to the metrics (the trained classifier has them)."""
+    if isinstance(scorer, ClassifierScorer):
+        scorer.on_batch = metrics.scoring_batch.observe
+        scorer.on_scored = metrics.router_scored

@@ -37,7 +37,7 @@ _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship
 # the counters of every rollup hash; `overflow_scored`: requests the router's overflow model scored
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, "overflow_scored")
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
-_LATER_STR_FIELDS = ("scored_by",)  # added after the first release: "" when an older record lacks them
+_LATER_STR_FIELDS = ("scored_by", "router_version")  # added after the first release: "" when an older record lacks them
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,7 @@ class CostRecord:
     usage_source: str = "engine"  # "engine" (usage chunk), "tokenizer" (a local engine's /tokenize or a remote
     # pool's tokenizer on the gateway's machine), "estimate" (4 characters a token)
     scored_by: str = ""  # the router model that scored it ("primary", "overflow", ...); "" when not scored
+    router_version: str = ""  # the router artifact that scored it (`x-cascade-router-version`); "" when not scored
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -88,6 +89,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     _check("policy_version", rec.policy_version, _TEXT)
     if rec.scored_by:
         _check("scored_by", rec.scored_by, _NAME)
+    if rec.router_version:
+        _check("router_version", rec.router_version, _NAME)
     for name in _INT_FIELDS:
         value = getattr(rec, name)
         limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD

@@ -73,6 +73,7 @@ class Accountant:
             status=facts.status,
             usage_source=usage.source,
             scored_by=decision.scored_by,
+            router_version=decision.router_version,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

@@ -45,17 +45,27 @@ class RequestRouter:
         self._metrics = metrics
         self._live = live
 
-    async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str]:
-        """The score and the model that gave it; (None, "") when scoring failed."""
-        assert self._scorer is not None
+    @property
+    def scorer(self) -> Scorer | None:
+        return self._scorer
+
+    def use_scorer(self, scorer: Scorer) -> None:
+        """Score the next requests with `scorer` (a hot router swap); a request being scored finishes on the
+        one it started with. The caller closes the old scorer once nothing uses it."""
+        self._scorer = scorer
+
+    async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str, str]:
+        """The score, the model that gave it and its version; (None, "", "") when scoring failed."""
+        scorer = self._scorer
+        assert scorer is not None
         began = time.monotonic()
         try:
-            scored = await self._scorer.score_one(conversation_text(raw["messages"]))
+            score, scored_by = await scorer.score_one(conversation_text(raw["messages"]))
         except Exception:
             log.exception("scoring failed; routing without a score")
-            return None, ""
+            return None, "", ""
         self._metrics.scoring.observe(time.monotonic() - began)
-        return scored
+        return score, scored_by, scorer.version
 
     async def route(
         self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
@@ -70,11 +80,12 @@ class RequestRouter:
         priority = _priority(loaded, tenant)
         _shed(ladder.applying_to(None), priority)  # `scope: all` steps, before the score is spent
         ctx = RouteContext.from_request(raw, tenant, headers)
-        score, scored_by = (await self._score(raw) if self._scorer is not None and needs_score(policy, ctx)
-                            else (None, ""))
+        score, scored_by, version = (await self._score(raw) if self._scorer is not None
+                                     and needs_score(policy, ctx) else (None, "", ""))
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
-            decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by)
+            decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by,
+                               router_version=version)
         except PoolNotAllowed as exc:
             raise PermissionDenied(str(exc), param="model") from exc
         except ModelNotRouted as exc:

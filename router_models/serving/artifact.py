@@ -27,6 +27,7 @@ __all__ = [
     "FAST_ARTIFACT",
     "ArtifactError",
     "RouterArtifact",
+    "artifact_version",
     "current_artifact_path",
     "default_store_dir",
     "load_artifact",
@@ -168,6 +169,16 @@ def current_artifact_path(store: Path | None = None) -> Path:
         return Path(named)
     promoted = promoted_artifacts(store or default_store_dir())
     return promoted[-1][1] if promoted else DEFAULT_ARTIFACT
+
+
+def artifact_version(path: str | Path, metadata: dict[str, Any]) -> str:
+    """The name of the artifact at `path` that answers and cost records carry: its version in the store
+    (`versions/<version>/`), else `<file stem>@<first 12 hex of its payload hash>` (the shipped ones)."""
+    meta_path, _ = _paths(path)
+    digest = str(metadata.get("payload_sha256", ""))[:12]
+    if meta_path.parent.parent.name == "versions":
+        return meta_path.parent.name
+    return f"{meta_path.stem}@{digest}"
 
 
 def load_artifact(path: str | Path | None = None, embedder: str | None = None) -> RouterArtifact:

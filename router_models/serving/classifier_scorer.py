@@ -38,7 +38,13 @@ from router_models.embedders.concat import part_names
 from router_models.embedders.factory import make_embedder
 from router_models.embedders.features import FEATURE_NAMES
 from router_models.embedders.protocol import Embedder, parse_name
-from router_models.serving.artifact import ArtifactError, load_artifact, overflow_artifact
+from router_models.serving.artifact import (
+    ArtifactError,
+    artifact_version,
+    current_artifact_path,
+    load_artifact,
+    overflow_artifact,
+)
 from router_models.serving.classifier import LinearRouter, feature_matrix
 from router_models.serving.ttl_cache import TTLCache
 
@@ -57,9 +63,10 @@ class BatchModel(Protocol):
 class EmbeddingClassifier:
     """`BatchModel` of an embedder and a trained `LinearRouter`. Thread-safe when its embedder is."""
 
-    def __init__(self, embedder: Embedder, router: LinearRouter) -> None:
+    def __init__(self, embedder: Embedder, router: LinearRouter, version: str = "") -> None:
         self._embedder = embedder
         self._router = router
+        self.version = version  # the artifact's (`artifact.artifact_version`)
 
     def __call__(self, texts: Sequence[str]) -> list[float]:
         feats = feature_matrix(self._embedder.embed(texts), texts)
@@ -110,9 +117,10 @@ class ClassifierScorer:
 
     def __init__(
         self, model: BatchModel, config: BatchingConfig | None = None,
-        clock: Callable[[], float] = time.monotonic, overflow: BatchModel | None = None,
+        clock: Callable[[], float] = time.monotonic, overflow: BatchModel | None = None, version: str = "",
     ) -> None:
         self._model = model
+        self.version = version  # the primary artifact's: every answer and cost record names it
         self.overflow = overflow
         self.scored_by = {"primary": 0, "overflow": 0}
         self.on_scored: Callable[[str, int], None] | None = None
@@ -288,7 +296,8 @@ def load_model(
     session's). `embedder_name` overrides the artifact's embedder (benchmarks only: the caller vouches that
     its vectors are equivalent). Raises `ArtifactError` for a missing, corrupt or incompatible artifact.
     """
-    art = load_artifact(Path(artifact_path) if artifact_path else None)
+    path = Path(artifact_path) if artifact_path else current_artifact_path()
+    art = load_artifact(path)
     name = embedder_name or art.embedder
     if torch_threads is not None and any(parse_name(p).backend == "torch" for p in part_names(name)):
         set_torch_threads(torch_threads)
@@ -298,7 +307,7 @@ def load_model(
             f"router artifact expects {art.router.dim} features but {embedder.name} gives "
             f"{embedder.dim} + {len(FEATURE_NAMES)}; retrain with `cascade router train`"
         )
-    model = EmbeddingClassifier(embedder, art.router)
+    model = EmbeddingClassifier(embedder, art.router, artifact_version(path, art.metadata))
     model(["warm-up"])  # the first call pays one-off allocation costs
     return model
 
@@ -316,7 +325,8 @@ def load_scorer(
     `overflow` ("none", "auto" or an artifact path, see `artifact.overflow_artifact`) is verified now and its
     model loaded in the background (`ClassifierScorer.load_overflow_in_background`)."""
     overflow_path = overflow_artifact(artifact_path, overflow)
-    scorer = ClassifierScorer(load_model(artifact_path, torch_threads), config)
+    model = load_model(artifact_path, torch_threads)
+    scorer = ClassifierScorer(model, config, version=model.version)
     if overflow_path is not None:
         scorer.load_overflow_in_background(lambda: load_model(str(overflow_path), 1), str(overflow_path))
     return scorer

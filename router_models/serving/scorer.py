@@ -16,7 +16,11 @@ class Scorer(Protocol):
     """Scores texts in one batch. Returns one float in [0, 1] per text, in input order.
 
     Implementations run CPU work off the event loop (a worker thread) and may batch concurrent callers.
+    `version` names what scores: the trained artifact's version (`artifact.artifact_version`), or the
+    scorer's own name.
     """
+
+    version: str
 
     async def score(self, texts: Sequence[str]) -> list[float]: ...
 
@@ -61,6 +65,8 @@ class LengthScorer:
 
     score = min(1, words / `saturation_words`). Cheap, deterministic, and honest about being a heuristic.
     """
+
+    version = "length"
 
     def __init__(self, saturation_words: int = 200) -> None:
         self._saturation = float(saturation_words)

@@ -167,7 +167,7 @@ def run_training(req: TrainRequest) -> int:
               f"candidate kept at {path}")
         return 0 if req.promote is False else 1
     entry = store.promote(path)
-    print(f"[train] promoted as version {entry.version} (restart the gateway to serve it; "
+    print(f"[train] promoted as version {entry.version} (running gateways swap to it within seconds; "
           "`cascade router rollback` restores the previous one)")
     return 0
 

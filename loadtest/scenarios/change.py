@@ -1,0 +1,157 @@
+"""Steady traffic through a change ops make while the gateway serves, every answer checked.
+
+Clients of the official `openai` SDK (half of them streaming) send requests one after another for the whole
+run: `steady_s` before the change, during it, and `after_s` after. The change is an async callable that
+returns once it is applied (a policy reload that starts a pool's new engines returns once they serve). A
+request fails when it raises, or when a stream ends without a finish reason. Figures: how long the change
+took (reload sent to new version serving), requests answered meanwhile, failures, and p50/p99 latency
+before, during and after.
+
+    python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --policy policies/my.yaml \\
+        --replace "max_model_len: 1024" "max_model_len: 2048" --admin-key "$CASCADE_ADMIN_KEY"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["Outcome", "figures", "measure_change", "reload_after_edit"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    started: float  # monotonic seconds
+    ended: float
+    stream: bool
+    error: str  # "" when the answer was whole
+
+
+async def _one(client: Any, model: str, stream: bool, max_tokens: int) -> str:
+    messages = [{"role": "user", "content": "Summarise in one line why caches matter."}]
+    try:
+        if not stream:
+            answer = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens)
+            return "" if answer.choices and answer.choices[0].finish_reason else "no finish reason"
+        finished = False
+        async for chunk in await client.chat.completions.create(model=model, messages=messages,
+                                                                max_tokens=max_tokens, stream=True):
+            finished = finished or any(c.finish_reason for c in chunk.choices)
+        return "" if finished else "stream ended without a finish reason"
+    except Exception as exc:  # every failure is a figure here, whatever its kind
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+async def _client(base: str, api_key: str, model: str, stream: bool, stop: asyncio.Event, out: list[Outcome],
+                  max_tokens: int) -> None:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base + "/v1", api_key=api_key, max_retries=0, timeout=120)
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            error = await _one(client, model, stream, max_tokens)
+            out.append(Outcome(started, time.monotonic(), stream, error))
+    finally:
+        await client.close()
+
+
+async def measure_change(base: str, change: Callable[[], Awaitable[object]], *, clients: int = 2,
+                         model: str = "auto", api_key: str = "unused", steady_s: float = 10.0,
+                         after_s: float = 10.0, max_tokens: int = 16) -> tuple[object, float, float, list[Outcome]]:
+    """Run `clients` clients through `change()`; returns (what change returned, when it was called, when it
+    returned, every outcome)."""
+    stop = asyncio.Event()
+    outcomes: list[Outcome] = []
+    tasks = [asyncio.create_task(_client(base, api_key, model, i % 2 == 1, stop, outcomes, max_tokens))
+             for i in range(clients)]
+    try:
+        await asyncio.sleep(steady_s)
+        began = time.monotonic()
+        result = await change()
+        applied = time.monotonic()
+        await asyncio.sleep(after_s)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    return result, began, applied, outcomes
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def figures(outcomes: list[Outcome], began: float, applied: float) -> dict[str, Any]:
+    """The run's figures: requests and failures, and latency (ms) before, during and after the change. A
+    request counts as during the change when it overlapped [began, applied]."""
+    def phase(keep: Callable[[Outcome], bool]) -> dict[str, Any]:
+        chosen = [o for o in outcomes if keep(o)]
+        ms = [1000 * (o.ended - o.started) for o in chosen]
+        return {"requests": len(chosen), "failed": sum(1 for o in chosen if o.error),
+                "p50_ms": _percentile(ms, 0.5), "p99_ms": _percentile(ms, 0.99)}
+
+    return {
+        "change_s": round(applied - began, 1),
+        "requests": len(outcomes),
+        "failed": sum(1 for o in outcomes if o.error),
+        "errors": sorted({o.error for o in outcomes if o.error})[:5],
+        "before": phase(lambda o: o.ended < began),
+        "during": phase(lambda o: o.ended >= began and o.started <= applied),
+        "after": phase(lambda o: o.started > applied),
+    }
+
+
+def reload_after_edit(base: str, policy: Path, old: str, new: str, admin_key: str,
+                      query: str = "") -> Callable[[], Awaitable[httpx.Response]]:
+    """A change: replace the first `old` in the policy file with `new`, then `POST /admin/policy/reload`."""
+    def edit() -> None:
+        text = policy.read_text()
+        if old not in text:
+            raise ValueError(f"{old!r} is not in {policy}")
+        policy.write_text(text.replace(old, new, 1))
+
+    async def change() -> httpx.Response:
+        await asyncio.to_thread(edit)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
+            return await client.post(f"{base}/admin/policy/reload{query}",
+                                     headers={"authorization": f"Bearer {admin_key}"})
+
+    return change
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.scenarios.change", description=__doc__.split("\n\n")[0]
+                                if __doc__ else None, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", required=True, help="the gateway's base URL")
+    p.add_argument("--policy", type=Path, required=True, help="the policy file the gateway serves")
+    p.add_argument("--replace", nargs=2, metavar=("OLD", "NEW"), required=True,
+                   help="the edit: the first OLD in the file becomes NEW, then the gateway reloads")
+    p.add_argument("--admin-key", required=True, help="the gateway's admin key (CASCADE_ADMIN_KEY)")
+    p.add_argument("--model", default="auto", help="what the clients ask for (default: auto)")
+    p.add_argument("--clients", type=int, default=2, help="concurrent clients, every second one streams")
+    p.add_argument("--steady", type=float, default=10.0, help="seconds of traffic before the change")
+    p.add_argument("--after", type=float, default=10.0, help="seconds of traffic after it")
+    args = p.parse_args(argv)
+    old, new = args.replace
+    change = reload_after_edit(args.url, args.policy, old, new, args.admin_key)
+    response, began, applied, outcomes = asyncio.run(measure_change(
+        args.url, change, clients=args.clients, model=args.model, steady_s=args.steady, after_s=args.after))
+    assert isinstance(response, httpx.Response)
+    result = figures(outcomes, began, applied) | {"reload_status": response.status_code}
+    print(json.dumps(result, indent=2))
+    return 0 if response.status_code == 200 and not result["failed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
