@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EngineProcesses", "cpus_of", "engine_processes", "pin_engine_core", "set_affinity", "thread_affinity"]
+__all__ = ["EngineProcesses", "cores_beside", "cpus_of", "engine_processes", "pin_engine_core", "set_affinity",
+           "thread_affinity"]
 
 _log = logging.getLogger(__name__)
 _PROC = Path("/proc")
@@ -107,6 +108,29 @@ def set_affinity(pid: int, cpus: frozenset[int]) -> None:
 def cpus_of(pids: tuple[int, ...]) -> frozenset[int]:
     """The cores any thread of any of `pids` may run on."""
     return frozenset().union(*(thread_affinity(pid) for pid in pids))
+
+
+def cores_beside(api_pids: tuple[int, ...]) -> str | None:
+    """A `VLLM_CPU_OMP_THREADS_BIND` value that keeps a new engine's worker off the cores of the workers
+    under `api_pids` (the engine version it replaces), or None where they leave no core free or are bound to
+    nothing (a CUDA engine). Why: vLLM binds every CPU worker to the same first cores, and a worker serving
+    traffic busy-polls its queue; on the 2-core development machine a new engine whose worker shared that core
+    had not loaded its model after 600 s. The longest run of free cores is chosen."""
+    table = _process_table()
+    workers = tuple(w for pid in api_pids for w in _engine_processes(pid, table).workers)
+    everything = frozenset(os.sched_getaffinity(0))
+    taken = cpus_of(workers)
+    if not workers or not taken or taken >= everything:
+        return None
+    free = sorted(everything - taken)
+    runs: list[list[int]] = []
+    for cpu in free:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    best = max(runs, key=len)
+    return str(best[0]) if len(best) == 1 else f"{best[0]}-{best[-1]}"
 
 
 def _release(worker: int, table: dict[int, tuple[str, int]]) -> None:

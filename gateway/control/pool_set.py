@@ -23,6 +23,7 @@ from backends.clients.breaker import BreakerConfig
 from backends.clients.pool import Pool, Replica
 from backends.clients.shared import EngineClient
 from backends.engines.args import resolve_model
+from backends.engines.cpu_pinning import cores_beside
 from backends.engines.room import judge_room
 from backends.engines.supervisor import Answered, EngineStartError, EngineSupervisor, RestartHook
 from backends.machine_checks import checked_here, connection_settings
@@ -36,6 +37,9 @@ from policies.schema import LocalPool, Policy, RemotePool
 __all__ = ["PoolSet"]
 
 log = logging.getLogger("cascade.pools")
+
+REPLACE_WAIT_S = 30.0
+"""How long a reload waits for a serving remote pool's new replica set to answer before it refuses the change."""
 
 
 class PoolSet:
@@ -256,8 +260,8 @@ class PoolSet:
             if plan.how == "replace":
                 return await self._new_pool(plan.pool, spec)
             assert isinstance(spec, LocalPool)
-            pool = self.pools[plan.pool]
-            sup = self._supervisor(plan.pool, spec, pool, self.supervisors[plan.pool].generation + 1)
+            pool, old = self.pools[plan.pool], self.supervisors[plan.pool]
+            sup = self._supervisor(plan.pool, _beside(spec, old), pool, old.generation + 1)
             self.status[plan.pool] = "serving; its new version is starting beside it (blue-green)"
             started = time.monotonic()
             await sup.start()  # stops what it started if it fails
@@ -279,8 +283,20 @@ class PoolSet:
         raise PoolChangeRefused(problems)
 
     async def _new_pool(self, name: str, spec: LocalPool | RemotePool) -> Pool:
+        """The new replica set, probed until one of its replicas answers (at most `REPLACE_WAIT_S`) while the
+        old set serves: a reload never swaps a serving pool for one that answers nothing. Raises
+        `EngineStartError` when none answered in time (the old set keeps serving)."""
         pool = self._pool(name, spec)
+        deadline = time.monotonic() + REPLACE_WAIT_S
         await pool.probe_once()
+        while not pool.ready and self.pools[name].ready:
+            if time.monotonic() > deadline:
+                await pool.aclose()
+                urls = ", ".join(r.url for r in pool.replicas)
+                raise EngineStartError(f"no replica of the new set ({urls}) answered its health check within "
+                                       f"{REPLACE_WAIT_S:.0f} s")
+            await asyncio.sleep(min(1.0, self._settings.probe_interval_s))
+            await pool.probe_once()
         return pool
 
     def _swap(self, name: str, spec: LocalPool | RemotePool, new: Pool | EngineSupervisor) -> None:
@@ -319,6 +335,19 @@ class PoolSet:
             await pool.aclose()
         for sup in self.supervisors.values():
             await sup.aclose()
+
+
+def _beside(spec: LocalPool, old: EngineSupervisor) -> LocalPool:
+    """`spec`, its workers kept off the cores of the version it replaces on a CPU host (`cores_beside`), unless
+    the policy binds them itself."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in spec.engine.env:
+        return spec
+    bind = cores_beside(tuple(r.pid for r in old.replicas if r.pid is not None))
+    if bind is None:
+        return spec
+    log.info("pool %s: the new version's workers run on cores %s, beside the old version's", old.pool, bind)
+    engine = spec.engine.model_copy(update={"env": {**spec.engine.env, "VLLM_CPU_OMP_THREADS_BIND": bind}})
+    return spec.model_copy(update={"engine": engine})
 
 
 def _replicas(spec: LocalPool | RemotePool) -> int:

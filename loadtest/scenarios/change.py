@@ -1,11 +1,11 @@
 """Steady traffic through a change ops make while the gateway serves, every answer checked.
 
-Clients of the official `openai` SDK (half of them streaming) send requests one after another for the whole
-run: `steady_s` before the change, during it, and `after_s` after. The change is an async callable that
-returns once it is applied (a policy reload that starts a pool's new engines returns once they serve). A
-request fails when it raises, or when a stream ends without a finish reason. Figures: how long the change
-took (reload sent to new version serving), requests answered meanwhile, failures, and p50/p99 latency
-before, during and after.
+Clients of the official `openai` SDK (half of them streaming) send requests one after another, each pausing
+`think_s` between its requests, for the whole run: `steady_s` before the change, during it, and `after_s`
+after. The change is an async callable that returns once it is applied (a policy reload that starts a pool's
+new engines returns once they serve). A request fails when it raises, or when a stream ends without a finish
+reason. Figures: how long the change took (reload sent to new version serving), requests answered meanwhile,
+failures, and p50/p99 latency before, during and after.
 
     python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --policy policies/my.yaml \\
         --replace "max_model_len: 1024" "max_model_len: 2048" --admin-key "$CASCADE_ADMIN_KEY"
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -51,7 +52,7 @@ async def _one(client: Any, model: str, stream: bool, max_tokens: int) -> str:
 
 
 async def _client(base: str, api_key: str, model: str, stream: bool, stop: asyncio.Event, out: list[Outcome],
-                  max_tokens: int) -> None:
+                  max_tokens: int, think_s: float) -> None:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base + "/v1", api_key=api_key, max_retries=0, timeout=120)
@@ -60,18 +61,22 @@ async def _client(base: str, api_key: str, model: str, stream: bool, stop: async
             started = time.monotonic()
             error = await _one(client, model, stream, max_tokens)
             out.append(Outcome(started, time.monotonic(), stream, error))
+            if think_s:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), think_s)
     finally:
         await client.close()
 
 
 async def measure_change(base: str, change: Callable[[], Awaitable[object]], *, clients: int = 2,
                          model: str = "auto", api_key: str = "unused", steady_s: float = 10.0,
-                         after_s: float = 10.0, max_tokens: int = 16) -> tuple[object, float, float, list[Outcome]]:
+                         after_s: float = 10.0, max_tokens: int = 16,
+                         think_s: float = 0.0) -> tuple[object, float, float, list[Outcome]]:
     """Run `clients` clients through `change()`; returns (what change returned, when it was called, when it
     returned, every outcome)."""
     stop = asyncio.Event()
     outcomes: list[Outcome] = []
-    tasks = [asyncio.create_task(_client(base, api_key, model, i % 2 == 1, stop, outcomes, max_tokens))
+    tasks = [asyncio.create_task(_client(base, api_key, model, i % 2 == 1, stop, outcomes, max_tokens, think_s))
              for i in range(clients)]
     try:
         await asyncio.sleep(steady_s)
@@ -142,11 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=2, help="concurrent clients, every second one streams")
     p.add_argument("--steady", type=float, default=10.0, help="seconds of traffic before the change")
     p.add_argument("--after", type=float, default=10.0, help="seconds of traffic after it")
+    p.add_argument("--think", type=float, default=0.0, help="seconds each client pauses between its requests")
     args = p.parse_args(argv)
     old, new = args.replace
     change = reload_after_edit(args.url, args.policy, old, new, args.admin_key)
     response, began, applied, outcomes = asyncio.run(measure_change(
-        args.url, change, clients=args.clients, model=args.model, steady_s=args.steady, after_s=args.after))
+        args.url, change, clients=args.clients, model=args.model, steady_s=args.steady, after_s=args.after,
+        think_s=args.think))
     assert isinstance(response, httpx.Response)
     result = figures(outcomes, began, applied) | {"reload_status": response.status_code}
     print(json.dumps(result, indent=2))

@@ -29,6 +29,10 @@ pytestmark = [pytest.mark.engines, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 ADMIN = "e2e-pool-change-admin"
+# Each client pauses between its requests: steady traffic that leaves the 2-core machine room to start the new
+# engine beside the old ones (back to back, the serving engine and the starting one share vLLM's one worker
+# core, and the new one did not start within its 600 s startup_timeout_s; the reload then said so, 422)
+THINK_S = 0.5
 MICRO = "      max_model_len: 1024\n      dtype: bfloat16\n      kv_cache_space_gib: 1\n      base_port: 8101\n"
 
 
@@ -62,7 +66,7 @@ def test_changing_the_micro_pools_context_under_load_loses_no_request(tmp_path: 
         edit = MICRO.replace("max_model_len: 1024", "max_model_len: 2048")
         change = reload_after_edit(base, policy, MICRO, edit, ADMIN)
         response, began, applied, outcomes = asyncio.run(
-            measure_change(base, change, clients=2, model="micro", steady_s=15, after_s=15))
+            measure_change(base, change, clients=2, model="micro", steady_s=15, after_s=15, think_s=THINK_S))
         assert isinstance(response, httpx.Response)
         assert response.status_code == 200, response.text
         result = figures(outcomes, began, applied)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.engines.cpu_pinning import engine_processes, pin_engine_core, thread_affinity
+from backends.engines.cpu_pinning import cores_beside, engine_processes, pin_engine_core, thread_affinity
 from backends.engines.supervisor import Backoff, EngineSupervisor
 from policies.schema import EngineSpec
 
@@ -129,6 +129,20 @@ def test_an_unbound_worker_leaves_the_engine_core_alone(api_server: object) -> N
     pid = api_server("-")  # type: ignore[operator]  # a CUDA engine's worker: may run anywhere
     assert pin_engine_core(pid) is None
     assert thread_affinity(engine_processes(pid).engine_cores[0]) == ALL_CPUS
+
+
+@needs_two_cpus
+def test_a_new_version_is_placed_off_the_cores_of_the_one_it_replaces(api_server: object) -> None:
+    first = min(ALL_CPUS)
+    old = api_server(str(first))  # type: ignore[operator]
+    bind = cores_beside((old,))
+    assert bind is not None
+    low, _, high = bind.partition("-")
+    chosen = set(range(int(low), int(high or low) + 1))
+    assert chosen and chosen <= ALL_CPUS - {first}  # e.g. "1" on a 2-core machine whose core 0 is taken
+    everywhere = api_server(",".join(map(str, sorted(ALL_CPUS))))  # type: ignore[operator]
+    assert cores_beside((everywhere,)) is None  # no core free of it
+    assert cores_beside(()) is None
 
 
 def test_no_such_process_finds_nothing() -> None:

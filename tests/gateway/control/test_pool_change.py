@@ -261,3 +261,27 @@ def test_room_is_judged_by_memory_on_a_cpu_host_and_by_free_gpus_on_a_gpu_host(t
                      gpus_per_node=2)
     gpus = Usage(1, 1, (Gpu(80 * GIB, 79 * GIB), Gpu(80 * GIB, 41 * GIB), Gpu(80 * GIB, 10 * GIB)))
     assert judge_room(gpu, None, gpus).fits == 1  # two GPUs hold half of theirs free, the third does not
+
+
+def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
+    policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gateway.control.pool_set.REPLACE_WAIT_S", 1.0)
+    _, micro_url, _, flagship_url = upstreams
+    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory",
+                        home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0)
+    flagship = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
+    with serve(create_app(settings)) as url:
+        before = httpx.get(url + "/readyz").json()["policy_version"]
+        dead = f"http://127.0.0.1:{free_port()}"
+        _edit(policy_file, f'urls: ["{flagship_url}"]', f'urls: ["{dead}"]')
+        refused = httpx.post(url + "/admin/policy/reload", headers=AUTH, timeout=30)
+        assert refused.status_code == 422
+        assert "answered its health check within 1 s" in " ".join(refused.json()["error"]["problems"])
+        assert httpx.get(url + "/readyz").json()["policy_version"] == before
+        assert httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10).status_code == 200
+
+        _edit(policy_file, f'urls: ["{dead}"]', f'urls: ["{micro_url}"]')  # another live server
+        assert httpx.post(url + "/admin/policy/reload", headers=AUTH, timeout=30).status_code == 200
+        r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
+        assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
