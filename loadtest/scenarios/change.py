@@ -9,6 +9,7 @@ failures, and p50/p99 latency before, during and after.
 
     python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --policy policies/my.yaml \\
         --replace "max_model_len: 1024" "max_model_len: 2048" --admin-key "$CASCADE_ADMIN_KEY"
+    python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --promote NEW.json --admin-key "$KEY"
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Outcome", "figures", "measure_change", "reload_after_edit"]
+__all__ = ["Outcome", "figures", "measure_change", "promote_then_reload", "reload_after_edit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +136,30 @@ def reload_after_edit(base: str, policy: Path, old: str, new: str, admin_key: st
     return change
 
 
+def promote_then_reload(base: str, artifact: Path, admin_key: str) -> Callable[[], Awaitable[httpx.Response]]:
+    """A change: promote `artifact` into the router store (what `cascade router train` does when the candidate
+    wins), then `POST /admin/router/reload` (the store watcher would within its interval)."""
+    from router_models.serving.artifact_store import ArtifactStore
+
+    async def change() -> httpx.Response:
+        await asyncio.to_thread(ArtifactStore().promote, artifact)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+            return await client.post(f"{base}/admin/router/reload", headers={"authorization": f"Bearer {admin_key}"})
+
+    return change
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.scenarios.change", description=__doc__.split("\n\n")[0]
                                 if __doc__ else None, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="the gateway's base URL")
-    p.add_argument("--policy", type=Path, required=True, help="the policy file the gateway serves")
-    p.add_argument("--replace", nargs=2, metavar=("OLD", "NEW"), required=True,
-                   help="the edit: the first OLD in the file becomes NEW, then the gateway reloads")
+    p.add_argument("--policy", type=Path, help="the policy file the gateway serves (with --replace)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--replace", nargs=2, metavar=("OLD", "NEW"),
+                      help="the change: the first OLD in the policy file becomes NEW, then the gateway reloads")
+    what.add_argument("--promote", type=Path, metavar="ARTIFACT",
+                      help="the change: promote this router artifact into the store ($CASCADE_HOME/router), "
+                      "then the gateway reloads its router")
     p.add_argument("--admin-key", required=True, help="the gateway's admin key (CASCADE_ADMIN_KEY)")
     p.add_argument("--model", default="auto", help="what the clients ask for (default: auto)")
     p.add_argument("--clients", type=int, default=2, help="concurrent clients, every second one streams")
@@ -149,8 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after", type=float, default=10.0, help="seconds of traffic after it")
     p.add_argument("--think", type=float, default=0.0, help="seconds each client pauses between its requests")
     args = p.parse_args(argv)
-    old, new = args.replace
-    change = reload_after_edit(args.url, args.policy, old, new, args.admin_key)
+    if args.promote is not None:
+        change = promote_then_reload(args.url, args.promote, args.admin_key)
+    elif args.policy is None:
+        p.error("--replace needs --policy")
+    else:
+        old, new = args.replace
+        change = reload_after_edit(args.url, args.policy, old, new, args.admin_key)
     response, began, applied, outcomes = asyncio.run(measure_change(
         args.url, change, clients=args.clients, model=args.model, steady_s=args.steady, after_s=args.after,
         think_s=args.think))
