@@ -18,9 +18,32 @@ import uvicorn
 from loadtest.private_redis import PrivateRedis
 from loadtest.processes import free_port
 
-__all__ = ["ROOT", "PrivateRedis", "free_port", "serve", "start_gateway", "wait_ready"]
+__all__ = ["ROOT", "PrivateRedis", "alive", "fake_engine", "free_port", "serve", "start_gateway", "until",
+           "wait_ready"]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_engine(spec: Any, port: int, models_dir: Path) -> list[str]:
+    """A supervisor `CommandFactory`: the zero-latency fake upstream as the replica's process, serving the
+    spec's `served_name` (the real supervisor runs it, only the command is swapped)."""
+    return [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", spec.served_name]
+
+
+def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll `check` every 0.1 s; fail the test when it is not true within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @contextmanager

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,30 +17,10 @@ import pytest
 from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
 from gateway.settings import Settings
-from policies.schema import EngineSpec
-from tests.servers import free_port, serve
+from tests.servers import alive, fake_engine, free_port, serve, until
 
 ADMIN = "audit-admin-key"
 AUTH = {"authorization": f"Bearer {ADMIN}"}
-
-
-def _fake_engine(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", spec.served_name]
-
-
-def _until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _local_pool(port: int) -> str:
@@ -59,7 +35,7 @@ def _local_pool(port: int) -> str:
 def test_a_reload_starts_an_added_local_pool_and_stops_a_removed_one(
     policy_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    supervisor = functools.partial(EngineSupervisor, command=_fake_engine, check_interval_s=0.2, stop_grace_s=5)
+    supervisor = functools.partial(EngineSupervisor, command=fake_engine, check_interval_s=0.2, stop_grace_s=5)
     monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
     good = policy_file.read_text()
     settings = Settings(policy_path=policy_file, scorer="length", start_engines=True, ledger="memory",
@@ -69,10 +45,10 @@ def test_a_reload_starts_an_added_local_pool_and_stops_a_removed_one(
         pool_set = app.state.runtime.pool_set
         policy_file.write_text(good.replace("pools:\n", "pools:" + _local_pool(free_port()), 1))
         assert httpx.post(url + "/admin/policy/reload", headers=AUTH).status_code == 200
-        _until(lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+        until(lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
         (replica,) = pool_set.supervisors["spare"].replicas
         pid = replica.pid
-        assert pid is not None and _alive(pid)
+        assert pid is not None and alive(pid)
         body = {"model": "spare", "messages": [{"role": "user", "content": "hi"}]}
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
         assert r.status_code == 200 and r.headers["x-cascade-pool"] == "spare" and r.json()["model"] == "spare-model"
@@ -80,7 +56,7 @@ def test_a_reload_starts_an_added_local_pool_and_stops_a_removed_one(
         policy_file.write_text(good)
         assert httpx.post(url + "/admin/policy/reload", headers=AUTH).status_code == 200
         assert "spare" not in httpx.get(url + "/readyz").json()["pools"]
-        _until(lambda: not _alive(pid))  # the supervisor stopped the engine of the removed pool
+        until(lambda: not alive(pid))  # the supervisor stopped the engine of the removed pool
         assert httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 404
 
 

@@ -16,7 +16,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -28,17 +27,17 @@ from gateway.api.app import create_app
 from gateway.control.pool_change import plan_change
 from gateway.settings import Settings
 from policies.schema import EngineSpec
-from tests.servers import free_port, serve
+from tests.servers import alive, fake_engine, free_port, serve, until
 
 ADMIN = "pool-change-admin-key"
 AUTH = {"authorization": f"Bearer {ADMIN}"}
 BODY = {"model": "spare", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _fake_engine(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
+def _engine(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
     if spec.model == "broken-weights":  # an engine that cannot load its model: says why and exits
         return [sys.executable, "-c", "import sys; print('OSError: no weights in broken-weights'); sys.exit(3)"]
-    return [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", spec.served_name]
+    return fake_engine(spec, port, models_dir)
 
 
 def _pool(port: int, max_model_len: int = 1024, model: str = "fake-weights") -> str:
@@ -51,24 +50,9 @@ def _pool(port: int, max_model_len: int = 1024, model: str = "fake-weights") -> 
 """
 
 
-def _until(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture
 def gateway(policy_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str, Settings]:
-    supervisor = functools.partial(EngineSupervisor, command=_fake_engine, check_interval_s=0.2, stop_grace_s=5)
+    supervisor = functools.partial(EngineSupervisor, command=_engine, check_interval_s=0.2, stop_grace_s=5)
     monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
     base = policy_file.read_text()
     port = free_port()
@@ -76,6 +60,10 @@ def gateway(policy_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     settings = Settings(policy_path=policy_file, scorer="length", start_engines=True, ledger="memory",
                         home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0)
     return policy_file, base, settings
+
+
+def _spare_ready(url: str) -> bool:
+    return httpx.get(url + "/readyz").json()["pools"].get("spare") is True
 
 
 def _edit(policy_file: Path, old: str, new: str) -> None:
@@ -91,7 +79,7 @@ async def test_a_changed_pool_starts_beside_the_old_one_and_loses_no_request(
     app = create_app(settings)
     with serve(app) as url:
         pool_set = app.state.runtime.pool_set
-        await asyncio.to_thread(_until, lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+        await asyncio.to_thread(until, lambda: _spare_ready(url))
         (old,) = pool_set.supervisors["spare"].replicas
         old_pid = old.pid
         assert old_pid is not None
@@ -135,14 +123,14 @@ async def test_a_changed_pool_starts_beside_the_old_one_and_loses_no_request(
         assert [r.url for r in pool_set.pools["spare"].replicas] == [new.url]
         assert new.log_path.name == "spare.g1-0.log"
         assert "version 1" in httpx.get(url + "/readyz").json()["engines"]["spare"]
-        await asyncio.to_thread(_until, lambda: not _alive(old_pid))  # drained, then stopped
+        await asyncio.to_thread(until, lambda: not alive(old_pid))  # drained, then stopped
 
 
 async def test_a_stream_in_flight_finishes_on_the_old_version(gateway: tuple[Path, str, Settings]) -> None:
     policy_file, _, settings = gateway
     app = create_app(settings)
     with serve(app) as url:
-        await asyncio.to_thread(_until, lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+        await asyncio.to_thread(until, lambda: _spare_ready(url))
         (old,) = app.state.runtime.pool_set.supervisors["spare"].replicas
         body = BODY | {"stream": True, "metadata": {"fake_tokens": "40", "fake_delay_ms": "50"}}  # ~2 s
         async with httpx.AsyncClient(timeout=30) as client, client.stream(
@@ -151,7 +139,7 @@ async def test_a_stream_in_flight_finishes_on_the_old_version(gateway: tuple[Pat
             assert resp.status_code == 200
             await asyncio.to_thread(_edit, policy_file, "max_model_len: 1024", "max_model_len: 2048")
             assert (await client.post(url + "/admin/policy/reload", headers=AUTH)).status_code == 200
-            assert old.pid is not None and _alive(old.pid)  # still draining the stream
+            assert old.pid is not None and alive(old.pid)  # still draining the stream
             text = "".join([chunk async for chunk in resp.aiter_text()])
         assert " w39" in text and text.rstrip().endswith("data: [DONE]")
 
@@ -160,7 +148,7 @@ def test_a_new_engine_that_fails_leaves_the_old_one_serving(gateway: tuple[Path,
     policy_file, _, settings = gateway
     app = create_app(settings)
     with serve(app) as url:
-        _until(lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+        until(lambda: _spare_ready(url))
         pool_set = app.state.runtime.pool_set
         (old,) = pool_set.supervisors["spare"].replicas
         before = httpx.get(url + "/readyz").json()["policy_version"]
@@ -170,7 +158,7 @@ def test_a_new_engine_that_fails_leaves_the_old_one_serving(gateway: tuple[Path,
         problems = " ".join(r.json()["error"]["problems"])
         assert "the old one keeps serving" in problems and "no weights in broken-weights" in problems
         assert httpx.get(url + "/readyz").json()["policy_version"] == before
-        assert pool_set.supervisors["spare"].replicas == (old,) and old.pid is not None and _alive(old.pid)
+        assert pool_set.supervisors["spare"].replicas == (old,) and old.pid is not None and alive(old.pid)
         assert httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10).status_code == 200
 
 
@@ -181,7 +169,7 @@ def test_no_room_is_refused_unless_the_interruption_is_accepted(
     monkeypatch.setattr("gateway.control.pool_set.judge_room", lambda spec, model_dir: Room(0, "memory: full"))
     app = create_app(settings)
     with serve(app) as url:
-        _until(lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+        until(lambda: _spare_ready(url))
         pool_set = app.state.runtime.pool_set
         (old,) = pool_set.supervisors["spare"].replicas
         _edit(policy_file, "max_model_len: 1024", "max_model_len: 2048")
@@ -193,7 +181,7 @@ def test_no_room_is_refused_unless_the_interruption_is_accepted(
 
         accepted = httpx.post(url + "/admin/policy/reload?accept_interruption=true", headers=AUTH, timeout=60)
         assert accepted.status_code == 200, accepted.text
-        _until(lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+        until(lambda: _spare_ready(url))
         (new,) = pool_set.supervisors["spare"].replicas
         assert new.pid != old.pid and pool_set.specs["spare"].engine.max_model_len == 2048
         assert httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10).status_code == 200
@@ -203,7 +191,7 @@ def test_a_replica_restarted_on_another_port_is_followed(gateway: tuple[Path, st
     _, _, settings = gateway
     app = create_app(settings)
     with serve(app) as url:
-        _until(lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+        until(lambda: _spare_ready(url))
         pool_set = app.state.runtime.pool_set
         (replica,) = pool_set.supervisors["spare"].replicas
         port, pid = replica.port, replica.pid
@@ -211,11 +199,11 @@ def test_a_replica_restarted_on_another_port_is_followed(gateway: tuple[Path, st
         os.killpg(pid, signal.SIGKILL)
         holder = socket.socket()
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        _until(lambda: _bound(holder, port), timeout=10)  # the port is taken before the engine restarts
+        until(lambda: _bound(holder, port), timeout=10)  # the port is taken before the engine restarts
         try:
-            _until(lambda: replica.port != port and replica.ready)
+            until(lambda: replica.port != port and replica.ready)
             assert [r.url for r in pool_set.pools["spare"].replicas] == [replica.url]
-            _until(lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)
+            until(lambda: _spare_ready(url))
             r = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10)
             assert r.status_code == 200 and r.headers["x-cascade-pool"] == "spare"
         finally:
