@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -240,33 +241,36 @@ class PoolSet:
             self._swap(name, policy.pools[name], new)
 
     def _plan(self, name: str, spec: LocalPool | RemotePool, accept_interruption: bool) -> ChangePlan | str:
-        old = self.specs[name]
-        runs = isinstance(old, LocalPool) and isinstance(spec, LocalPool) and self._settings.start_engines
+        runs = isinstance(spec, LocalPool) and self._settings.start_engines
         sup = self.supervisors.get(name)
-        serving = sup is not None and bool(sup.ready_urls)
+        serving = bool(sup.ready_urls) if sup is not None else self.pools[name].ready  # a remote one: answering
         room = None
         if runs and serving and isinstance(spec, LocalPool):
             model_dir = Path(resolve_model(spec.engine, models_root(self._settings.home)))
             room = judge_room(spec.engine, model_dir)
-        if isinstance(spec, LocalPool) and spec.on_demand is not None and not serving:
-            runs = True  # asleep: it starts in place when woken
         return plan_change(name, runs_engines=runs, serving=serving, replicas=_replicas(spec), room=room,
                            last_start_s=self.start_took.get(name), accept_interruption=accept_interruption)
 
-    async def _stage(self, plans: list[ChangePlan], policy: Policy) -> dict[str, Pool | EngineSupervisor]:
+    async def _stage(self, plans: list[ChangePlan], policy: Policy) -> dict[str, _NewVersion]:
         """Start every new version beside the old one; all of them, or (raising) none of them."""
-        async def stage(plan: ChangePlan) -> Pool | EngineSupervisor:
+        async def stage(plan: ChangePlan) -> _NewVersion:
             spec = policy.pools[plan.pool]
             if plan.how == "replace":
-                return await self._new_pool(plan.pool, spec)
+                return _NewVersion(await self._new_pool(plan.pool, spec), None)
             assert isinstance(spec, LocalPool)
-            pool, old = self.pools[plan.pool], self.supervisors[plan.pool]
-            sup = self._supervisor(plan.pool, _beside(spec, old), pool, old.generation + 1)
+            old = self.supervisors.get(plan.pool)
+            # the pool's own engines are replaced in the same `Pool`; a remote pool that becomes local gets one
+            pool = self.pools[plan.pool] if old is not None else self._pool(plan.pool, spec)
+            started_spec = _beside(spec, old) if old is not None else spec
+            sup = self._supervisor(plan.pool, started_spec, pool, 0 if old is None else old.generation + 1)
             self.status[plan.pool] = "serving; its new version is starting beside it (blue-green)"
             started = time.monotonic()
             await sup.start()  # stops what it started if it fails
             self.start_took[plan.pool] = time.monotonic() - started
-            return sup
+            if old is not None:
+                return _NewVersion(None, sup)
+            pool.set_urls(sup.urls, ready=True)
+            return _NewVersion(pool, sup)
 
         results = await asyncio.gather(*(stage(p) for p in plans), return_exceptions=True)
         staged = {p.pool: r for p, r in zip(plans, results, strict=True) if not isinstance(r, BaseException)}
@@ -299,19 +303,24 @@ class PoolSet:
             await pool.probe_once()
         return pool
 
-    def _swap(self, name: str, spec: LocalPool | RemotePool, new: Pool | EngineSupervisor) -> None:
+    def _swap(self, name: str, spec: LocalPool | RemotePool, new: _NewVersion) -> None:
         """Send the pool's new requests to its new version; the old one drains in the background."""
-        old_pool, old_sup = self.pools[name], self.supervisors.get(name)
-        if isinstance(new, Pool):
-            new.start()
-            self.pools[name], self.specs[name] = new, spec
+        old_pool, old_sup = self.pools[name], self.supervisors.pop(name, None)
+        self.specs[name] = spec
+        if new.sup is not None:
+            self.supervisors[name] = new.sup
+            self.status[name] = (f"ready (version {new.sup.generation}, started beside the old one in "
+                                 f"{self.start_took.get(name, 0):.0f} s; the old one drains)")
+        else:
+            self.status[name] = "remote" if isinstance(spec, RemotePool) else "external"
+        if new.pool is not None:  # a new replica set in a new `Pool`: the old `Pool` drains whole
+            new.pool.start()
+            self.pools[name] = new.pool
             self._spawn(self._retire(name, old_pool, old_sup), f"retire:{name}")
             return
+        assert new.sup is not None
         draining = list(old_pool.replicas)
-        old_pool.set_urls(new.urls, ready=True)  # the supervisor saw every new replica answer /health
-        self.supervisors[name], self.specs[name] = new, spec
-        self.status[name] = (f"ready (version {new.generation}, started beside the old one in "
-                             f"{self.start_took.get(name, 0):.0f} s; the old one drains)")
+        old_pool.set_urls(new.sup.urls, ready=True)  # the supervisor saw every new replica answer /health
         self._spawn(self._drain_version(name, draining, old_sup), f"drain:{name}")
 
     async def _drain_version(self, name: str, replicas: list[Replica], sup: EngineSupervisor | None) -> None:
@@ -335,6 +344,21 @@ class PoolSet:
             await pool.aclose()
         for sup in self.supervisors.values():
             await sup.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class _NewVersion:
+    """A pool's new version, started and not serving yet: a new replica set (`pool`), new engines (`sup`), or
+    both (a remote pool that becomes local)."""
+
+    pool: Pool | None
+    sup: EngineSupervisor | None
+
+    async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.aclose()
+        if self.sup is not None:
+            await self.sup.aclose()
 
 
 def _beside(spec: LocalPool, old: EngineSupervisor) -> LocalPool:

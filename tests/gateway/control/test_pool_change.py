@@ -273,3 +273,27 @@ def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
         assert httpx.post(url + "/admin/policy/reload", headers=AUTH, timeout=30).status_code == 200
         r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
         assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
+
+
+def test_a_remote_pool_that_becomes_local_starts_its_engines_before_it_switches(
+    gateway: tuple[Path, str, Settings], upstreams: tuple[object, str, object, str],
+) -> None:
+    policy_file, _, settings = gateway
+    app = create_app(settings)
+    flagship = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
+    with serve(app) as url:
+        until(lambda: _spare_ready(url))
+        text = policy_file.read_text()
+        start = text.index("  flagship:\n")
+        end = text.index("\nrouting:")  # the flagship is the last pool
+        local = f"""  flagship:
+    type: local
+    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
+    engine: {{model: fake-weights, served_name: flagship, base_port: {free_port()}, startup_timeout_s: 30}}"""
+        policy_file.write_text(text[:start] + local + text[end:])
+        assert httpx.post(url + "/admin/policy/reload", headers=AUTH, timeout=60).status_code == 200
+        pool_set = app.state.runtime.pool_set
+        (replica,) = pool_set.supervisors["flagship"].replicas
+        assert [r.url for r in pool_set.pools["flagship"].replicas] == [replica.url]
+        r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
+        assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
