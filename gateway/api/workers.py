@@ -5,7 +5,9 @@ Design:
   vLLM engines exactly once (`EngineSupervisor`, on each pool's `base_port + i`, which must be free),
   then spawns N workers and restarts any that dies (1 s, then doubling up to 30 s).
 - Each worker is a whole gateway (`create_app`) with `start_engines=False`: it sees the parent's engines
-  as external replicas on those same ports, probes them and chooses among them like any replica. Each
+  as external replicas on those same ports, probes them and chooses among them like any replica. Where a
+  replica restarts on another port (its own taken), the parent publishes the move
+  (`backends.engines.registry`, in `<home>/engines`) and every worker follows it. Each
   binds its own listening socket with SO_REUSEPORT, so the kernel spreads connections over the workers.
 - Everything that must be one across workers lives in Redis: the ledger, budgets, rate limits and the
   degradation ladder (one leader decides for all, `gateway.control.ladder_sync`). Each worker has its own state
@@ -28,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import time
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.engines.args import engine_command
+from backends.engines.registry import REGISTRY_ENV, publish
 from backends.engines.supervisor import CommandFactory, EngineSupervisor, choose_ports
 from gateway.control.metrics import MULTIPROC_ENV, ParentRestartCounter, prepare_multiprocess_dir, worker_exited
 from gateway.settings import Settings
@@ -129,6 +134,7 @@ class WorkerGroup:
         self.supervisors: list[EngineSupervisor] = []
         self._stopping = asyncio.Event()
         self._metrics_dir = settings.home / "metrics"
+        self._registry = settings.home / "engines"
 
     def _worker_settings(self, index: int) -> Settings:
         log_path = self._settings.request_log
@@ -139,8 +145,8 @@ class WorkerGroup:
         host, port, log_level, json_logs = self._args
         proc = self._ctx.Process(target=_worker_main, name=f"cascade-worker-{index}",
                                  args=(self._worker_settings(index), host, port, log_level, json_logs))
-        with exported(MULTIPROC_ENV, str(self._metrics_dir)):  # this worker's environment, not the engines'
-            proc.start()
+        with exported(MULTIPROC_ENV, str(self._metrics_dir)), exported(REGISTRY_ENV, str(self._registry)):
+            proc.start()  # this worker's environment, not the engines'
         log.info("worker %d started (pid %s)", index, proc.pid)
         return proc
 
@@ -148,12 +154,15 @@ class WorkerGroup:
         restarts = ParentRestartCounter(self._metrics_dir)  # the workers start no engines: counted here, once
         for name, spec in _local_pools(self._settings).items():
             sup = EngineSupervisor(name, spec.engine, home=self._settings.home, command=self._command,
-                                   on_restart=restarts)  # it logs its own progress
+                                   on_restart=restarts,  # it logs its own progress
+                                   on_urls=functools.partial(publish, self._registry, name))
             self.supervisors.append(sup)
             try:
                 await sup.start()
             except Exception as exc:  # the workers keep answering /readyz 503 for this pool
                 log.error("engines of pool %s failed to start: %s", name, exc)
+                continue
+            publish(self._registry, name, sup.urls)
 
     async def _watch(self) -> None:
         """Restart dead workers with a growing delay until stopped."""
@@ -176,6 +185,7 @@ class WorkerGroup:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         prepare_multiprocess_dir(self._metrics_dir)
+        shutil.rmtree(self._registry, ignore_errors=True)  # an earlier run's ports are not this one's
         engines = asyncio.create_task(self._start_engines()) if self._settings.start_engines else None
         self.procs = [self._spawn(i) for i in range(self._count)]
         try:

@@ -25,6 +25,7 @@ from backends.clients.pool import Pool, Replica
 from backends.clients.shared import EngineClient
 from backends.engines.args import resolve_model
 from backends.engines.cpu_pinning import cores_beside
+from backends.engines.registry import REGISTRY_ENV, published
 from backends.engines.room import judge_room
 from backends.engines.supervisor import Answered, EngineStartError, EngineSupervisor, RestartHook
 from backends.machine_checks import checked_here, connection_settings
@@ -58,6 +59,8 @@ class PoolSet:
         self.status: dict[str, str] = {}
         self.on_engine_restart: RestartHook | None = None  # (pool, replica index, "exited" | "hung"): metrics
         self.start_took: dict[str, float] = {}  # seconds the pool's engines took to start, the last time
+        registry = os.environ.get(REGISTRY_ENV)  # set by the parent of `--workers N`, which runs the engines
+        self._registry = Path(registry) if registry and not settings.start_engines else None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @staticmethod
@@ -72,12 +75,26 @@ class PoolSet:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _static_urls(self, spec: LocalPool | RemotePool) -> list[str]:
+    def _static_urls(self, name: str, spec: LocalPool | RemotePool) -> list[str]:
         if isinstance(spec, RemotePool):
             return list(spec.urls)
         if self._settings.start_engines:
             return []  # filled in once the supervisor has them up
+        urls = None if self._registry is None else published(self._registry, name)
+        if urls is not None:  # where the process running the engines says they listen
+            return list(urls)
         return [f"http://127.0.0.1:{spec.engine.base_port + i}" for i in range(spec.engine.replicas)]
+
+    async def _follow(self, name: str, pool: Pool) -> None:
+        """Route to the ports the engine-running process publishes, while `pool` is the pool of `name`."""
+        assert self._registry is not None
+        while self.pools.get(name) is pool:
+            urls = published(self._registry, name)
+            if urls is not None and [u.rstrip("/") for u in urls] != [r.url for r in pool.replicas]:
+                log.info("pool %s: its engines now listen on %s", name, ", ".join(urls))
+                pool.set_urls(urls)
+                await pool.probe_once()
+            await asyncio.sleep(self._settings.probe_interval_s)
 
     @staticmethod
     def _headers(name: str, spec: LocalPool | RemotePool) -> dict[str, str]:
@@ -95,7 +112,7 @@ class PoolSet:
         health = spec.health_path if isinstance(spec, RemotePool) else "/health"
         breaker = BreakerConfig(**spec.breaker.model_dump())
         connection = connection_settings(spec) if isinstance(spec, RemotePool) else None
-        return Pool(name, self._static_urls(spec), self._client, probe_interval_s=self._settings.probe_interval_s,
+        return Pool(name, self._static_urls(name, spec), self._client, probe_interval_s=self._settings.probe_interval_s,
                     health_path=health, headers=self._headers(name, spec), breaker=breaker, connection=connection)
 
     async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
@@ -104,6 +121,8 @@ class PoolSet:
         pool.start()
         self.pools[name], self.specs[name] = pool, spec
         self.status[name] = "remote" if isinstance(spec, RemotePool) else "external"
+        if isinstance(spec, LocalPool) and self._registry is not None:
+            self._spawn(self._follow(name, pool), f"follow:{name}")
         if isinstance(spec, LocalPool) and self._settings.start_engines:
             if spec.on_demand is not None:
                 self.status[name] = "sleeping (on demand: starts on the first request)"
@@ -316,6 +335,8 @@ class PoolSet:
         if new.pool is not None:  # a new replica set in a new `Pool`: the old `Pool` drains whole
             new.pool.start()
             self.pools[name] = new.pool
+            if isinstance(spec, LocalPool) and self._registry is not None:
+                self._spawn(self._follow(name, new.pool), f"follow:{name}")
             self._spawn(self._retire(name, old_pool, old_sup), f"retire:{name}")
             return
         assert new.sup is not None

@@ -1,11 +1,13 @@
 """`serve --workers 2` with a local pool: the parent supervises the engine, and the restart it makes is counted
-once in `cascade_engine_restarts_total`, whichever worker answers `/metrics`. The engine is the fake upstream
+once in `cascade_engine_restarts_total`, whichever worker answers `/metrics`; an engine restarted on another
+port (its own taken meanwhile) is served from there by every worker. The engine is the fake upstream
 (a real HTTP server process on the engine's port, started and restarted by the real supervisor)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,8 +54,8 @@ routing: {{micro_pool: micro, flagship_pool: micro, threshold: 0.5}}
 
 
 class Group:
-    def __init__(self, url: str, proc: subprocess.Popen[bytes]) -> None:
-        self.url, self.proc = url, proc
+    def __init__(self, url: str, proc: subprocess.Popen[bytes], engine_port: int) -> None:
+        self.url, self.proc, self.engine_port = url, proc, engine_port
 
     def engine_pids(self) -> list[int]:
         """Pids of the fake engine processes (children of the parent, beside the workers)."""
@@ -65,7 +67,8 @@ class Group:
 def group(tmp_path: Path) -> Iterator[Group]:
     prefix = f"test:{uuid.uuid4().hex}:"
     policy = tmp_path / "policy.yaml"
-    policy.write_text(_policy(free_port()))
+    engine_port = free_port()
+    policy.write_text(_policy(engine_port))
     port = free_port()
     log = (tmp_path / "gateway.log").open("wb")
     cmd = [sys.executable, "-c", DRIVER, str(policy), str(tmp_path), prefix, str(port)]
@@ -73,7 +76,7 @@ def group(tmp_path: Path) -> Iterator[Group]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, 90, (tmp_path / "gateway.log").read_text)
-        yield Group(url, proc)
+        yield Group(url, proc, engine_port)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
@@ -102,3 +105,35 @@ def test_a_restart_by_the_parent_is_counted_once_on_every_scrape(group: Group) -
     while not (pids := group.engine_pids()) or pids == [engine]:
         assert time.monotonic() < deadline, "the engine was never restarted"
         time.sleep(0.2)
+
+
+def test_every_worker_follows_an_engine_restarted_on_another_port(group: Group) -> None:
+    (engine,) = group.engine_pids()
+    os.kill(engine, signal.SIGKILL)
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    deadline = time.monotonic() + 10
+    while True:  # take the engine's port before the parent restarts it (its first restart waits 1 s)
+        try:
+            holder.bind(("127.0.0.1", group.engine_port))
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the killed engine's port was never free"
+            time.sleep(0.02)
+    holder.listen()
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids := group.engine_pids()) or pids == [engine]:
+            assert time.monotonic() < deadline, "the engine was never restarted"
+            time.sleep(0.2)
+        body = {"model": "micro", "messages": [{"role": "user", "content": "hi"}]}
+        deadline = time.monotonic() + 30
+        while httpx.get(group.url + "/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "no worker became ready on the new port"
+            time.sleep(0.2)
+        time.sleep(3)  # every worker has read the move by now (they poll it each probe interval)
+        codes = [httpx.post(group.url + "/v1/chat/completions", json=body, timeout=10).status_code
+                 for _ in range(40)]  # a new connection each: the kernel spreads them over both workers
+        assert codes == [200] * 40
+    finally:
+        holder.close()
