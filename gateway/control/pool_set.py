@@ -246,7 +246,7 @@ class PoolSet:
             if _runtime(policy.pools[name]) == _runtime(self.specs[name]):
                 self.specs[name] = policy.pools[name]
                 continue
-            plan = self._plan(name, policy.pools[name], accept_interruption)
+            plan = await self._plan(name, policy.pools[name], accept_interruption)
             (refused.append(plan) if isinstance(plan, str) else plans.append(plan))
         if refused:
             raise PoolChangeRefused(refused)
@@ -259,14 +259,14 @@ class PoolSet:
         for name, new in staged.items():  # no await from here until the caller swaps the policy in
             self._swap(name, policy.pools[name], new)
 
-    def _plan(self, name: str, spec: LocalPool | RemotePool, accept_interruption: bool) -> ChangePlan | str:
+    async def _plan(self, name: str, spec: LocalPool | RemotePool, accept_interruption: bool) -> ChangePlan | str:
         runs = isinstance(spec, LocalPool) and self._settings.start_engines
         sup = self.supervisors.get(name)
         serving = bool(sup.ready_urls) if sup is not None else self.pools[name].ready  # a remote one: answering
         room = None
         if runs and serving and isinstance(spec, LocalPool):
             model_dir = Path(resolve_model(spec.engine, models_root(self._settings.home)))
-            room = judge_room(spec.engine, model_dir)
+            room = await asyncio.to_thread(judge_room, spec.engine, model_dir)  # reads files, may run nvidia-smi
         return plan_change(name, runs_engines=runs, serving=serving, replicas=_replicas(spec), room=room,
                            last_start_s=self.start_took.get(name), accept_interruption=accept_interruption)
 
