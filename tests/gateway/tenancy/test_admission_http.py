@@ -44,9 +44,13 @@ def _post(url: str, key: str, model: str = "flagship") -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
 
 
-def test_requests_per_minute(gateway: str) -> None:
+def test_requests_per_minute(gateway: str, caplog: pytest.LogCaptureFixture) -> None:
     assert [_post(gateway, "sk-capped").status_code for _ in range(3)] == [200, 200, 200]
     r = _post(gateway, "sk-capped")
+    for _ in range(3):  # a Redis call over the limiter's 0.5 s budget admits unchecked (fail_open), and says so
+        if r.status_code != 200 or "rate limit not checked" not in caplog.text:
+            break
+        r = _post(gateway, "sk-capped")  # the loaded CI machine stalled once: only then ask again
     assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
     assert 1 <= int(r.headers["retry-after"]) <= 60
     assert _post(gateway, "bad-key").status_code == 401
