@@ -217,10 +217,12 @@ class PoolSet:
         self._spawn(self._retire(name, pool, self.supervisors.pop(name, None)), f"retire:{name}")
 
     async def _retire(self, name: str, pool: Pool, sup: EngineSupervisor | None) -> None:
-        await self._drained(pool.replicas)
-        await pool.aclose()
-        if sup is not None:
-            await sup.aclose()
+        try:
+            await self._drained(pool.replicas)
+        finally:  # also when shutdown cancels the wait: the engines must not outlive the gateway
+            await pool.aclose()
+            if sup is not None:
+                await sup.aclose()
         log.info("pool %s stopped", name)
 
     async def _drained(self, replicas: list[Replica]) -> None:
@@ -345,9 +347,11 @@ class PoolSet:
         self._spawn(self._drain_version(name, draining, old_sup), f"drain:{name}")
 
     async def _drain_version(self, name: str, replicas: list[Replica], sup: EngineSupervisor | None) -> None:
-        await self._drained(replicas)
-        if sup is not None:
-            await sup.aclose()
+        try:
+            await self._drained(replicas)
+        finally:  # also when shutdown cancels the wait: the old engines must not outlive the gateway
+            if sup is not None:
+                await sup.aclose()
         log.info("pool %s: the old version's engines stopped", name)
 
     def retire_unused(self, policy: Policy) -> None:
