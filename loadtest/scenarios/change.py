@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from loadtest.load.stream_client import percentile
+
 __all__ = ["Outcome", "figures", "measure_change", "promote_then_reload", "reload_after_edit"]
 
 
@@ -91,13 +93,6 @@ async def measure_change(base: str, change: Callable[[], Awaitable[object]], *, 
     return result, began, applied, outcomes
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def figures(outcomes: list[Outcome], began: float, applied: float) -> dict[str, Any]:
     """The run's figures: requests and failures, and latency (ms) before, during and after the change. A
     request counts as during the change when it overlapped [began, applied]."""
@@ -105,7 +100,7 @@ def figures(outcomes: list[Outcome], began: float, applied: float) -> dict[str, 
         chosen = [o for o in outcomes if keep(o)]
         ms = [1000 * (o.ended - o.started) for o in chosen]
         return {"requests": len(chosen), "failed": sum(1 for o in chosen if o.error),
-                "p50_ms": _percentile(ms, 0.5), "p99_ms": _percentile(ms, 0.99)}
+                "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)}
 
     return {
         "change_s": round(applied - began, 1),
