@@ -62,7 +62,8 @@ class ModelNotRouted(Exception):
 class RouteDecision:
     """Where a request goes and why. `score` is None when no score was needed; `scored_by` names the model
     that gave it (`router_models.serving.scorer.Scorer.score_one`; "" without a score) and `router_version`
-    the artifact (`Scorer.version`)."""
+    the artifact (`Scorer.version`). `pool_version` is the engine version that serves it (`policies.pools.
+    engine_version`: the pool's, or its canary's), set once the gateway has split the pool's traffic."""
 
     pool: str
     model: str
@@ -72,6 +73,7 @@ class RouteDecision:
     policy_version: str
     scored_by: str = ""
     router_version: str = ""
+    pool_version: str = ""
 
 
 def pinned_pool(policy: Policy, requested_model: str) -> str | None:

@@ -3,6 +3,8 @@ are OpenAI-compatible servers someone else runs (other hosts, or a cloud endpoin
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -12,7 +14,8 @@ from policies.frozen import Frozen
 from policies.money import Price
 from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 
-__all__ = ["EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "as_remote_pool"]
+__all__ = ["Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "as_remote_pool",
+           "engine_version", "pool_version"]
 
 
 class EngineSpec(Frozen):
@@ -78,10 +81,39 @@ class Breaker(Frozen):
     cooldown_s: float = Field(default=5.0, ge=0, description="open this long, then one half-open probe")
 
 
+class CanaryGuard(Frozen):
+    """Roll a canary back by itself when, over its last `window_s` seconds and at least `min_requests` requests,
+    its error rate or its p95 time to first token passes a bound (`gateway.control.canaries.CanaryGuard`)."""
+
+    max_error_rate: float | None = Field(default=None, gt=0, le=1, description="share of the canary's requests "
+                                         "that failed (no replica, an engine error, a broken stream)")
+    max_p95_ttft_ms: float | None = Field(default=None, gt=0, description="p95 time to first token, milliseconds")
+    min_requests: int = Field(default=20, ge=1, description="requests in the window before the guard judges")
+    window_s: float = Field(default=300.0, gt=0, description="the window, seconds")
+
+    @model_validator(mode="after")
+    def _has_a_bound(self) -> CanaryGuard:
+        if self.max_error_rate is None and self.max_p95_ttft_ms is None:
+            raise ValueError("a canary guard needs max_error_rate or max_p95_ttft_ms (or remove the guard)")
+        return self
+
+
+class Canary(Frozen):
+    """A second engine version of a local pool that takes `weight` of its traffic (sticky per conversation:
+    `metadata.conversation_id`, else `user`). `cascade pool promote` makes it the pool, `cascade pool rollback`
+    removes it (docs/upgrades.md)."""
+
+    engine: EngineSpec
+    weight: float = Field(gt=0, lt=1, description="share of the pool's requests sent to the canary (0..1, "
+                          "exclusive: promote it to send it everything)")
+    guard: CanaryGuard | None = Field(default=None, description="roll back by itself past these bounds")
+
+
 class LocalPool(Frozen):
     type: Literal["local"]
     price: Price
     engine: EngineSpec
+    canary: Canary | None = Field(default=None, description="a new engine version taking a share of the traffic")
     on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     max_quant_loss: QuantCeiling | None = Field(
@@ -97,6 +129,22 @@ class LocalPool(Frozen):
     def needed_for_ready(self) -> bool:
         """Whether /readyz fails while this pool is down (`required_for_ready`, else: unless on demand)."""
         return self.required_for_ready if self.required_for_ready is not None else self.on_demand is None
+
+    @model_validator(mode="after")
+    def _canary_fits(self) -> LocalPool:
+        canary = self.canary
+        if canary is None:
+            return self
+        if canary.engine == self.engine:
+            raise ValueError("canary.engine is the pool's own engine: a canary must change something")
+        if self.on_demand is not None:
+            raise ValueError("a pool with on_demand cannot carry a canary (it has no engines while asleep)")
+        ours = set(range(self.engine.base_port, self.engine.base_port + self.engine.replicas))
+        theirs = set(range(canary.engine.base_port, canary.engine.base_port + canary.engine.replicas))
+        if ours & theirs:
+            raise ValueError(f"canary.engine.base_port {canary.engine.base_port}: its ports overlap the pool's "
+                             f"({min(ours)}-{max(ours)}); give the canary ports of its own")
+        return self
 
 
 class Connection(Frozen):
@@ -148,6 +196,22 @@ class RemotePool(Frozen):
 
 
 Pool = Annotated[LocalPool | RemotePool, Field(discriminator="type")]
+
+
+def engine_version(engine: EngineSpec) -> str:
+    """A short, stable name of an engine version: 8 hex digits of the hash of its whole spec. Equal specs have
+    equal versions in every process and build; metrics, cost records and answers carry it."""
+    text = json.dumps(engine.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def pool_version(spec: LocalPool | RemotePool) -> str:
+    """The version of a pool's serving (not canary) engines: `engine_version`, or for a remote pool the hash of
+    the model and URLs it calls."""
+    if isinstance(spec, LocalPool):
+        return engine_version(spec.engine)
+    text = json.dumps({"model": spec.model, "urls": list(spec.urls)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def as_remote_pool(raw: Mapping[str, Any], urls: Sequence[str]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from policies.ladder_schema import (
 )
 from policies.learning import KeepPrompts, Learning, Shadow
 from policies.money import Price
-from policies.pools import EngineSpec, LocalPool, Pool, RemotePool
+from policies.pools import Canary, CanaryGuard, EngineSpec, LocalPool, Pool, RemotePool
 from policies.rules import Rule, RuleMatch
 from policies.tenants import Budget, RateLimits, Tenant
 from policies.threshold import ShareThreshold, Threshold
@@ -32,6 +32,8 @@ from policies.threshold import ShareThreshold, Threshold
 __all__ = [
     "Action",
     "Budget",
+    "Canary",
+    "CanaryGuard",
     "Cascade",
     "Degradation",
     "EngineSpec",

@@ -101,9 +101,12 @@ class Pool:
         breaker: BreakerConfig | None = None,
         clock: Clock = time.monotonic,
         connection: ConnectionSettings | None = None,
+        version: str = "",
     ) -> None:
-        """`headers` go with every request to this pool's replicas (e.g. a remote API key); `breaker`
-        configures each replica's circuit breaker, `clock` is its time source (monotonic seconds).
+        """`version` names the engine version its replicas run (a label for metrics and logs; the gateway's
+        `policies.pools.engine_version`). `headers` go with every request to this pool's replicas (e.g. a
+        remote API key); `breaker` configures each replica's circuit breaker, `clock` is its time source
+        (monotonic seconds).
         `connection` (a remote pool's proxies, CA bundle, client certificate) is handed to `client`, which
         must then be the router of `backends.clients.shared` (`EngineClients`); a file it names that cannot
         be used raises `ConnectionSettingsError` here."""
@@ -111,6 +114,7 @@ class Pool:
             raise TypeError(f"pool {name}: connection settings need an EngineClients, not {type(client).__name__}")
         self._connection = connection
         self.name = name
+        self.version = version
         self.headers: Mapping[str, str] = headers or {}
         self._breaker = breaker or BreakerConfig()
         self._clock = clock

@@ -41,6 +41,7 @@ def route_headers(request_id: str, decision: RouteDecision) -> dict[str, str]:
         "x-cascade-score": "none" if decision.score is None else f"{decision.score:.4f}",
         "x-cascade-scored-by": decision.scored_by or "none",
         "x-cascade-router-version": decision.router_version or "none",
+        "x-cascade-pool-version": decision.pool_version or "none",
         "x-cascade-rule": decision.rule,
         "x-cascade-policy-version": decision.policy_version,
     }

@@ -31,6 +31,7 @@ from gateway.serving.proxy import Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.router import RequestRouter
 from gateway.serving.service import ChatService
+from gateway.serving.versions import PoolVersions
 from gateway.settings import Settings
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.budgets import BudgetGuard
@@ -187,7 +188,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     degradation.start()
     request_log = RequestLog(settings.request_log) if settings.request_log else None
     proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
-    forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log)
+    forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log,
+                          on_outcome=pool_set.guard.observe)
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
     if redis is not None:  # one ladder for every gateway process on this Redis and prefix
         degradation.share(LadderSync(redis, settings.redis_prefix))
@@ -198,8 +200,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     router = RequestRouter(scorer, metrics, live)
     router_swap = RouterSwap(settings, router)
     learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
-    service = ChatService(policies, pool_set.pools, router, forwarder, degradation, metrics,
-                          admission, keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning)
+    versions = PoolVersions(pool_set.pools, pool_set.canaries)
+    service = ChatService(policies, versions, router, forwarder, degradation, metrics, admission,
+                          keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live)
     router_swap.on_swap = runtime.scorer_swapped

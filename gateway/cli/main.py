@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.calibrate import register as register_calibrate
     from gateway.cli.demo import register as register_demo
     from gateway.cli.policy import register as register_policy
+    from gateway.cli.pool import register as register_pool
     from gateway.cli.serve import register as register_serve
     from gateway.costs.cli import register as register_costs
     from gateway.deploy.cli import register as register_deploy
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_serve(sub)
     register_demo(sub)
     register_policy(sub)
+    register_pool(sub)
     register_router(sub)
     register_calibrate(sub)  # `router calibrate`: needs policy prices, which router_models may not import
     register_costs(sub)

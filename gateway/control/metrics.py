@@ -122,17 +122,18 @@ class GatewayMetrics:
     def __init__(self, pools: Callable[[], Mapping[str, Pool]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("cascade_requests", "chat requests by outcome", ["pool", "rule", "status", "tenant"],
-                                registry=r)
+        self.requests = Counter("cascade_requests", "chat requests by outcome; version: the engine version that "
+                                "answered (the pool's or its canary's, policies.pools.engine_version)",
+                                ["pool", "rule", "status", "tenant", "version"], registry=r)
         self.tokens = Counter("cascade_tokens", "tokens recorded", ["pool", "kind"], registry=r)
         self.cost = Counter("cascade_cost_micro_usd", "cost recorded, micro-USD", ["pool", "tenant"], registry=r)
         self.savings = Counter("cascade_savings_micro_usd", "flagship-counterfactual cost minus cost, micro-USD",
                                ["tenant"], registry=r)
-        self.ttft = Histogram("cascade_ttft_seconds", "time to first token (streams)", ["pool"],
+        self.ttft = Histogram("cascade_ttft_seconds", "time to first token (streams)", ["pool", "version"],
                               buckets=_LATENCY, registry=r)
-        self.itl = Histogram("cascade_inter_token_seconds", "gap between streamed content events", ["pool"],
-                             buckets=_FAST, registry=r)
-        self.latency = Histogram("cascade_request_seconds", "end-to-end request latency", ["pool"],
+        self.itl = Histogram("cascade_inter_token_seconds", "gap between streamed content events",
+                             ["pool", "version"], buckets=_FAST, registry=r)
+        self.latency = Histogram("cascade_request_seconds", "end-to-end request latency", ["pool", "version"],
                                  buckets=_LATENCY, registry=r)
         self.overhead = Histogram("cascade_gateway_overhead_seconds", "time spent in the gateway before the "
                                   "upstream call (parse, auth, score, route)", buckets=_FAST, registry=r)
@@ -175,14 +176,15 @@ class GatewayMetrics:
         self._scrape_time.register(collector)
 
     def observe_record(self, rec: CostRecord) -> None:
-        self.requests.labels(rec.pool, rec.rule, rec.status, rec.tenant).inc()
+        version = rec.pool_version or "none"
+        self.requests.labels(rec.pool, rec.rule, rec.status, rec.tenant, version).inc()
         self.tokens.labels(rec.pool, "prompt").inc(rec.prompt_tokens)
         self.tokens.labels(rec.pool, "completion").inc(rec.completion_tokens)
         self.cost.labels(rec.pool, rec.tenant).inc(rec.cost_micro_usd)
         self.savings.labels(rec.tenant).inc(max(0, rec.flagship_cost_micro_usd - rec.cost_micro_usd))
         if rec.ttft_ms is not None:
-            self.ttft.labels(rec.pool).observe(rec.ttft_ms / 1000)
-        self.latency.labels(rec.pool).observe(rec.latency_ms / 1000)
+            self.ttft.labels(rec.pool, version).observe(rec.ttft_ms / 1000)
+        self.latency.labels(rec.pool, version).observe(rec.latency_ms / 1000)
 
     def engine_restarted(self, pool: str, index: int, reason: str) -> None:
         """The supervisor restarted replica `index` of `pool` (`backends.engines.supervisor.RestartHook`)."""
@@ -206,7 +208,7 @@ class GatewayMetrics:
 
     def observe_rejected(self, status: int, tenant: str) -> None:
         """A request that never reached an engine (bad input, auth, no replica)."""
-        self.requests.labels("none", "none", str(status), tenant).inc()
+        self.requests.labels("none", "none", str(status), tenant, "none").inc()
 
     def render(self) -> bytes:
         """The exposition text: this process's registry, or the sum of every worker's in multiprocess mode

@@ -6,6 +6,12 @@ requests are done (bounded by a grace period): requests in flight keep the `Pool
 A pool whose engines change is changed without going dark where it can be (`gateway.control.pool_change`):
 its new engines start beside the old ones, take traffic once ready, and the old ones drain and stop. A
 replica that restarts on another port (its own was taken) is followed there.
+
+A local pool's canary (`canary:` in the policy) runs as a second engine version beside the pool's own, in a `Pool`
+of its own (`canaries`, read by the request path: `gateway.control.canaries`). A reload that adds or changes a
+canary starts it before the reload answers; one that removes it drains and stops it; one whose pool engine is
+the running canary's engine (`cascade pool promote`) makes the canary the pool without starting anything. A
+canary its guard rolled back stays stopped until the policy changes or removes it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +36,12 @@ from backends.engines.room import judge_room
 from backends.engines.supervisor import Answered, EngineStartError, EngineSupervisor, RestartHook
 from backends.machine_checks import checked_here, connection_settings
 from backends.models.demo import models_root
+from gateway.control.canaries import CanaryGuard, CanaryRoute
 from gateway.control.pool_change import ChangePlan, PoolChangeRefused, plan_change
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy
 from policies.parallelism import OnDemand
+from policies.pools import engine_version, pool_version
 from policies.schema import LocalPool, Policy, RemotePool
 
 __all__ = ["PoolSet"]
@@ -62,6 +70,12 @@ class PoolSet:
         registry = os.environ.get(REGISTRY_ENV)  # set by the parent of `--workers N`, which runs the engines
         self._registry = Path(registry) if registry and not settings.start_engines else None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.canaries: dict[str, CanaryRoute] = {}
+        self._canary_sups: dict[str, EngineSupervisor] = {}
+        self.rolled_back: dict[str, tuple[str, str]] = {}  # pool: (canary version, why its guard rolled it back)
+        self.guard = CanaryGuard(self.canaries, self._guard_tripped)
+        self._generations: dict[str, int] = {}
+        self._starting_canary: dict[str, str] = {}  # pool: version of the canary starting with the pool
 
     @staticmethod
     def check(loaded: LoadedPolicy) -> None:
@@ -108,12 +122,14 @@ class PoolSet:
             return {}
         return {"authorization": f"Bearer {key}"}
 
-    def _pool(self, name: str, spec: LocalPool | RemotePool) -> Pool:
+    def _pool(self, name: str, spec: LocalPool | RemotePool, urls: list[str] | None = None) -> Pool:
         health = spec.health_path if isinstance(spec, RemotePool) else "/health"
         breaker = BreakerConfig(**spec.breaker.model_dump())
         connection = connection_settings(spec) if isinstance(spec, RemotePool) else None
-        return Pool(name, self._static_urls(name, spec), self._client, probe_interval_s=self._settings.probe_interval_s,
-                    health_path=health, headers=self._headers(name, spec), breaker=breaker, connection=connection)
+        return Pool(name, self._static_urls(name, spec) if urls is None else urls, self._client,
+                    probe_interval_s=self._settings.probe_interval_s, health_path=health,
+                    headers=self._headers(name, spec), breaker=breaker, connection=connection,
+                    version=pool_version(spec))
 
     async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
         pool = self._pool(name, spec)
@@ -129,6 +145,8 @@ class PoolSet:
                 return
             self.status[name] = "starting"
             self._spawn(self._start_engines(name, spec, pool), f"engines:{name}")
+        elif isinstance(spec, LocalPool) and spec.canary is not None:
+            self._spawn(self._start_canary_now(name, spec), f"canary:{name}")
 
     def _engine_restarted(self, pool: str, index: int, reason: str) -> None:
         if self.on_engine_restart is not None:
@@ -177,12 +195,16 @@ class PoolSet:
             await sup.aclose()
         log.info("pool %s stopped after %.0f s idle", name, idle_s)
 
-    def _supervisor(self, name: str, spec: LocalPool, pool: Pool, generation: int) -> EngineSupervisor:
-        """A supervisor for the pool's engines whose port moves the pool follows while it is the pool's."""
+    def _supervisor(self, name: str, spec: LocalPool, pool: Pool) -> EngineSupervisor:
+        """A supervisor for the pool's engines (a new generation: its own log files) whose port moves `pool`
+        follows while it serves, as the pool or as its canary."""
         def moved(urls: tuple[str, ...]) -> None:
-            if self.supervisors.get(name) is sup and self.pools.get(name) is pool:
+            canary = self.canaries.get(name)
+            if self.pools.get(name) is pool or (canary is not None and canary.pool is pool):
                 pool.set_urls(urls)
 
+        generation = self._generations.get(name, -1) + 1
+        self._generations[name] = generation
         sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress,
                                on_restart=self._engine_restarted, answered=_last_answer(pool), on_urls=moved,
                                generation=generation)
@@ -191,7 +213,7 @@ class PoolSet:
     async def _launch(self, name: str, spec: LocalPool, pool: Pool) -> float:
         """Start the pool's engines under a (registered) supervisor, point the pool at them and probe them;
         returns the seconds it took. Raises what the supervisor's start raised."""
-        sup = self._supervisor(name, spec, pool, 0)
+        sup = self._supervisor(name, spec, pool)
         self.supervisors[name] = sup
         started = time.monotonic()
         await sup.start()
@@ -208,9 +230,101 @@ class PoolSet:
             log.error("engines of pool %s failed to start: %s", name, exc)
             return
         self.status[name] = f"ready after {took:.0f} s"
+        if spec.canary is not None and self.pools.get(name) is pool:  # after the pool: it starts beside it
+            await self._start_canary_now(name, spec)
+
+    async def _start_canary_now(self, name: str, spec: LocalPool) -> None:
+        """Start the canary of a pool the gateway has just started; a failure is logged and reported in /readyz,
+        the pool serves alone."""
+        assert spec.canary is not None
+        self._starting_canary[name] = version = engine_version(spec.canary.engine)
+        try:
+            route, sup = await self._start_canary(name, spec)
+        except Exception as exc:
+            self.status[name] = self.status.get(name, "") + f"; its canary failed to start: {exc}"
+            log.error("canary of pool %s failed to start: %s", name, exc)
+            return
+        finally:
+            self._starting_canary.pop(name, None)
+        current = self.specs.get(name)
+        wanted = current.canary if isinstance(current, LocalPool) else None
+        if wanted is None or engine_version(wanted.engine) != version or name in self.canaries:
+            await _close(route.pool, sup)  # a reload meanwhile changed or removed it
+            return
+        self._install_canary(name, replace(route, weight=wanted.weight, guard=wanted.guard), sup)
+
+    async def _start_canary(self, name: str, spec: LocalPool) -> tuple[CanaryRoute, EngineSupervisor | None]:
+        """Start `spec`'s canary engines (beside the pool's, off their cores on a CPU host) or, where this
+        process runs no engines, point at them (`base_port + i`, or the published ports). Raises what the
+        supervisor's start raised (it stops what it started)."""
+        canary = spec.canary
+        assert canary is not None
+        as_pool = spec.model_copy(update={"engine": canary.engine, "canary": None})
+        version, model = engine_version(canary.engine), canary.engine.served_name
+        if not self._settings.start_engines:
+            pool = self._pool(name, as_pool, self._static_urls(f"{name}.canary", as_pool))
+            await pool.probe_once()
+            pool.start()
+            return CanaryRoute(pool, version, model, canary.weight, canary.guard), None
+        pool = self._pool(name, as_pool, [])
+        stable = self.supervisors.get(name)
+        sup = self._supervisor(name, _beside(as_pool, stable) if stable is not None else as_pool, pool)
+        started = time.monotonic()
+        await sup.start()
+        log.info("pool %s: canary %s started in %.0f s", name, version, time.monotonic() - started)
+        pool.set_urls(sup.urls, ready=True)
+        pool.start()
+        return CanaryRoute(pool, version, model, canary.weight, canary.guard), sup
+
+    def _install_canary(self, name: str, route: CanaryRoute, sup: EngineSupervisor | None) -> None:
+        """Send the canary its share of the pool's requests from now on (a canary it replaces drains)."""
+        self._drop_canary(name)
+        self.canaries[name] = route
+        if sup is not None:
+            self._canary_sups[name] = sup
+        self.rolled_back.pop(name, None)
+        log.info("pool %s: canary %s takes %.1f%% of its requests", name, route.version, route.weight * 100)
+
+    def _drop_canary(self, name: str) -> None:
+        """Stop sending requests to the canary of `name` (if any); it drains and stops in the background."""
+        route, sup = self.canaries.pop(name, None), self._canary_sups.pop(name, None)
+        self.guard.forget(name)
+        if route is not None:
+            self._spawn(self._retire(f"{name} (canary {route.version})", route.pool, sup), f"canary-retire:{name}")
+
+    def _guard_tripped(self, name: str, version: str, reason: str) -> None:
+        self.rolled_back[name] = (version, reason)
+        self._drop_canary(name)
+
+    def rollback_canary(self, name: str) -> str:
+        """Take the canary of `name` out of service now (it drains, then stops); returns its version. Raises
+        `KeyError` when the pool has no running canary. A reload that keeps the same canary starts it again:
+        `cascade pool rollback` also removes it from the policy file."""
+        route = self.canaries[name]
+        self._drop_canary(name)
+        log.info("pool %s: canary %s rolled back", name, route.version)
+        return route.version
+
+    def versions(self) -> dict[str, dict[str, object]]:
+        """Per pool, the engine version serving it and its canary (version, model, weight, ready), or the canary
+        its guard rolled back and why: /readyz's `versions`."""
+        out: dict[str, dict[str, object]] = {}
+        for name, pool in self.pools.items():
+            entry: dict[str, object] = {"version": pool.version}
+            route = self.canaries.get(name)
+            if route is not None:
+                entry["canary"] = {"version": route.version, "model": route.model, "weight": route.weight,
+                                   "ready": route.pool.ready}
+            elif name in self.rolled_back:
+                version, reason = self.rolled_back[name]
+                entry["canary"] = {"version": version, "rolled_back": reason}
+            out[name] = entry
+        return out
 
     def remove(self, name: str) -> None:
-        """Take the pool out of routing now; stop it once idle (or after the grace period)."""
+        """Take the pool (and its canary) out of routing now; stop it once idle (or after the grace period)."""
+        self._drop_canary(name)
+        self.rolled_back.pop(name, None)
         pool = self.pools.pop(name)
         self.specs.pop(name)
         self.status.pop(name, None)
@@ -235,24 +349,28 @@ class PoolSet:
         await asyncio.gather(*(self.add(name, spec) for name, spec in policy.pools.items()))
 
     async def reconcile(self, policy: Policy, accept_interruption: bool = False) -> None:
-        """Start the pools `policy` adds and change those whose engines or endpoints it changes (call before
-        the new policy becomes current, with no await in between, then `retire_unused`). A change that only
-        touches what the gateway reads from the policy itself (price, description, quantization ceiling)
-        restarts nothing. A changed pool goes through `plan_change`; every plan is made, and every new
-        version started, before any pool changes: `PoolChangeRefused` (a plan refused, or a new engine that
-        did not start, with its own error) leaves every pool as it was."""
+        """Start the pools `policy` adds and change those whose engines, endpoints or canary it changes (call
+        before the new policy becomes current, with no await in between, then `retire_unused`). A change that
+        only touches what the gateway reads from the policy itself (price, description, quantization ceiling,
+        a canary's weight or guard) restarts nothing. A changed pool goes through `plan_change`, a pool whose
+        engine is now its running canary's is promoted (no start), a new or changed canary starts beside its
+        pool. Every plan is made, and every new version and canary started, before any pool changes:
+        `PoolChangeRefused` (a plan refused, or a new engine that did not start, with its own error) leaves
+        every pool as it was."""
         changed = [n for n in self.pools if n in policy.pools and policy.pools[n] != self.specs[n]]
         plans: list[ChangePlan] = []
         refused: list[str] = []
+        promoted = [n for n in changed if self._promotes(n, policy.pools[n])]
         for name in changed:
-            if _runtime(policy.pools[name]) == _runtime(self.specs[name]):
-                self.specs[name] = policy.pools[name]
+            if name in promoted or _runtime(policy.pools[name]) == _runtime(self.specs[name]):
                 continue
             plan = await self._plan(name, policy.pools[name], accept_interruption)
             (refused.append(plan) if isinstance(plan, str) else plans.append(plan))
         if refused:
             raise PoolChangeRefused(refused)
-        staged = await self._stage([p for p in plans if p.how != "restart"], policy)
+        restarted = {p.pool for p in plans if p.how == "restart"}
+        canaries = [n for n in changed if n not in restarted and self._canary_to_start(n, policy.pools[n], promoted)]
+        staged, new_canaries = await self._stage([p for p in plans if p.how != "restart"], canaries, policy)
         for plan in plans:
             log.info("pool %s changed: %s, %s", plan.pool, plan.how, plan.why)
             if plan.how == "restart":
@@ -260,6 +378,57 @@ class PoolSet:
         await asyncio.gather(*(self.add(n, s) for n, s in policy.pools.items() if n not in self.pools))
         for name, new in staged.items():  # no await from here until the caller swaps the policy in
             self._swap(name, policy.pools[name], new)
+        for name in promoted:
+            self._promote(name, policy.pools[name])
+        for name in (n for n in changed if n not in restarted):
+            self.specs[name] = policy.pools[name]
+            self._settle_canary(name, policy.pools[name], new_canaries.get(name))
+
+    def _promotes(self, name: str, spec: LocalPool | RemotePool) -> bool:
+        """Whether `spec` makes the pool's running canary the pool (its engine is the canary's)."""
+        route = self.canaries.get(name)
+        return route is not None and isinstance(spec, LocalPool) and engine_version(spec.engine) == route.version
+
+    def _canary_to_start(self, name: str, spec: LocalPool | RemotePool, promoted: list[str]) -> bool:
+        """Whether `spec` asks for a canary of `name` that is not running (nor rolled back by its guard, nor
+        starting with the pool)."""
+        if not isinstance(spec, LocalPool) or spec.canary is None:
+            return False
+        version = engine_version(spec.canary.engine)
+        route = None if name in promoted else self.canaries.get(name)
+        if route is not None and route.version == version:
+            return False
+        return self.rolled_back.get(name, ("", ""))[0] != version and self._starting_canary.get(name) != version
+
+    def _settle_canary(self, name: str, spec: LocalPool | RemotePool, started: _StartedCanary | None) -> None:
+        """Make the canary of `name` what `spec` says: the one just started, the running one with its new weight
+        and guard, or none (the running one drains)."""
+        canary = spec.canary if isinstance(spec, LocalPool) else None
+        route = self.canaries.get(name)
+        if started is not None:
+            self._install_canary(name, *started)
+        elif canary is None:
+            self.rolled_back.pop(name, None)
+            if route is not None:
+                log.info("pool %s: canary %s removed by the policy", name, route.version)
+                self._drop_canary(name)
+        elif route is not None and route.version == engine_version(canary.engine):
+            if (route.weight, route.guard) != (canary.weight, canary.guard):
+                log.info("pool %s: canary %s now takes %.1f%% of its requests", name, route.version,
+                         canary.weight * 100)
+            self.canaries[name] = replace(route, weight=canary.weight, guard=canary.guard)
+
+    def _promote(self, name: str, spec: LocalPool | RemotePool) -> None:
+        """Make the running canary of `name` the pool; the old version drains, then stops."""
+        route, sup = self.canaries.pop(name), self._canary_sups.pop(name, None)
+        self.guard.forget(name)
+        old_pool, old_sup = self.pools[name], self.supervisors.pop(name, None)
+        self.pools[name], self.specs[name] = route.pool, spec
+        if sup is not None:
+            self.supervisors[name] = sup
+        self.status[name] = f"ready (version {route.version}, promoted from its canary; the old version drains)"
+        log.info("pool %s: canary %s promoted; the old version %s drains", name, route.version, old_pool.version)
+        self._spawn(self._retire(f"{name} (version {old_pool.version})", old_pool, old_sup), f"retire:{name}")
 
     async def _plan(self, name: str, spec: LocalPool | RemotePool, accept_interruption: bool) -> ChangePlan | str:
         runs = isinstance(spec, LocalPool) and self._settings.start_engines
@@ -272,8 +441,10 @@ class PoolSet:
         return plan_change(name, runs_engines=runs, serving=serving, replicas=_replicas(spec), room=room,
                            last_start_s=self.start_took.get(name), accept_interruption=accept_interruption)
 
-    async def _stage(self, plans: list[ChangePlan], policy: Policy) -> dict[str, _NewVersion]:
-        """Start every new version beside the old one; all of them, or (raising) none of them."""
+    async def _stage(self, plans: list[ChangePlan], canaries: list[str],
+                     policy: Policy) -> tuple[dict[str, _NewVersion], dict[str, _StartedCanary]]:
+        """Start every new version beside the old one, and every new canary beside its pool; all of them, or
+        (raising) none of them."""
         async def stage(plan: ChangePlan) -> _NewVersion:
             spec = policy.pools[plan.pool]
             if plan.how == "replace":
@@ -283,7 +454,7 @@ class PoolSet:
             # the pool's own engines are replaced in the same `Pool`; a remote pool that becomes local gets one
             pool = self.pools[plan.pool] if old is not None else self._pool(plan.pool, spec)
             started_spec = _beside(spec, old) if old is not None else spec
-            sup = self._supervisor(plan.pool, started_spec, pool, 0 if old is None else old.generation + 1)
+            sup = self._supervisor(plan.pool, started_spec, pool)
             self.status[plan.pool] = "serving; its new version is starting beside it (blue-green)"
             started = time.monotonic()
             await sup.start()  # stops what it started if it fails
@@ -294,18 +465,25 @@ class PoolSet:
             return _NewVersion(pool, sup)
 
         results = await asyncio.gather(*(stage(p) for p in plans), return_exceptions=True)
+        canary_results = await asyncio.gather(*(self._start_canary(n, _local(policy.pools[n])) for n in canaries),
+                                              return_exceptions=True)
         staged = {p.pool: r for p, r in zip(plans, results, strict=True) if not isinstance(r, BaseException)}
-        failed = [(p, r) for p, r in zip(plans, results, strict=True) if isinstance(r, BaseException)]
+        started = {n: r for n, r in zip(canaries, canary_results, strict=True) if not isinstance(r, BaseException)}
+        failed = [(p.pool, "the new version did not start, the old one keeps serving", r)
+                  for p, r in zip(plans, results, strict=True) if isinstance(r, BaseException)]
+        failed += [(n, "its canary did not start, nothing changed", r)
+                   for n, r in zip(canaries, canary_results, strict=True) if isinstance(r, BaseException)]
         if not failed:
-            return staged
+            return staged, started
         for new in staged.values():
             await new.aclose()
-        for plan, _ in failed:
-            self.status[plan.pool] = "serving; its new version failed to start (see the reload's error)"
-        problems = [f"pool {p.pool}: the new version did not start, the old one keeps serving: {r}" for p, r in failed]
-        if any(not isinstance(r, (EngineStartError, OSError)) for _, r in failed):
-            raise next(r for _, r in failed if not isinstance(r, (EngineStartError, OSError)))
-        raise PoolChangeRefused(problems)
+        for route, sup in started.values():
+            await _close(route.pool, sup)
+        for name, _, _ in failed:
+            self.status[name] = "serving; its new version or canary failed to start (see the reload's error)"
+        if any(not isinstance(r, (EngineStartError, OSError)) for _, _, r in failed):
+            raise next(r for _, _, r in failed if not isinstance(r, (EngineStartError, OSError)))
+        raise PoolChangeRefused([f"pool {name}: {what}: {r}" for name, what, r in failed])
 
     async def _new_pool(self, name: str, spec: LocalPool | RemotePool) -> Pool:
         """The new replica set, probed until one of its replicas answers (at most `REPLACE_WAIT_S`) while the
@@ -343,7 +521,8 @@ class PoolSet:
             return
         assert new.sup is not None
         draining = list(old_pool.replicas)
-        old_pool.set_urls(new.sup.urls, ready=True)  # the supervisor saw every new replica answer /health
+        old_pool.set_urls(new.sup.urls, ready=True)
+        old_pool.version = pool_version(spec)  # the supervisor saw every new replica answer /health
         self._spawn(self._drain_version(name, draining, old_sup), f"drain:{name}")
 
     async def _drain_version(self, name: str, replicas: list[Replica], sup: EngineSupervisor | None) -> None:
@@ -365,9 +544,9 @@ class PoolSet:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for pool in self.pools.values():
+        for pool in [*self.pools.values(), *(c.pool for c in self.canaries.values())]:
             await pool.aclose()
-        for sup in self.supervisors.values():
+        for sup in [*self.supervisors.values(), *self._canary_sups.values()]:
             await sup.aclose()
 
 
@@ -384,6 +563,20 @@ class _NewVersion:
             await self.pool.aclose()
         if self.sup is not None:
             await self.sup.aclose()
+
+
+_StartedCanary = tuple[CanaryRoute, EngineSupervisor | None]
+
+
+async def _close(pool: Pool, sup: EngineSupervisor | None) -> None:
+    await pool.aclose()
+    if sup is not None:
+        await sup.aclose()
+
+
+def _local(spec: LocalPool | RemotePool) -> LocalPool:
+    assert isinstance(spec, LocalPool)
+    return spec
 
 
 def _beside(spec: LocalPool, old: EngineSupervisor) -> LocalPool:
@@ -405,7 +598,7 @@ def _replicas(spec: LocalPool | RemotePool) -> int:
 
 def _runtime(spec: LocalPool | RemotePool) -> dict[str, object]:
     """What the pool's engines and replicas are built from (not its price or description)."""
-    return spec.model_dump(exclude={"price", "description", "max_quant_loss"})
+    return spec.model_dump(exclude={"price", "description", "max_quant_loss", "canary"})
 
 
 def _last_answer(pool: Pool) -> Answered:

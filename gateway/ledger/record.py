@@ -37,7 +37,8 @@ _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship
 # the counters of every rollup hash; `overflow_scored`: requests the router's overflow model scored
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, "overflow_scored")
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
-_LATER_STR_FIELDS = ("scored_by", "router_version")  # added after the first release: "" when an older record lacks them
+# added after the first release: "" when an older record lacks them
+_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ class CostRecord:
     # pool's tokenizer on the gateway's machine), "estimate" (4 characters a token)
     scored_by: str = ""  # the router model that scored it ("primary", "overflow", ...); "" when not scored
     router_version: str = ""  # the router artifact that scored it (`x-cascade-router-version`); "" when not scored
+    pool_version: str = ""  # the engine version that answered (`x-cascade-pool-version`: the pool's or its canary's)
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -91,6 +93,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
         _check("scored_by", rec.scored_by, _NAME)
     if rec.router_version:
         _check("router_version", rec.router_version, _NAME)
+    if rec.pool_version:
+        _check("pool_version", rec.pool_version, _NAME)
     for name in _INT_FIELDS:
         value = getattr(rec, name)
         limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD

@@ -74,6 +74,7 @@ class Accountant:
             usage_source=usage.source,
             scored_by=decision.scored_by,
             router_version=decision.router_version,
+            pool_version=decision.pool_version,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

@@ -11,7 +11,7 @@ escalated call under the request id, priced at its own pool's prices. Every unsu
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,7 +87,8 @@ class CascadeFlow:
     """Shares, does not own, the forwarder and pools. `wake(pool)` (scale to zero) returns the pool that serves
     now; `metrics` counts the outcome of every unsure answer."""
 
-    def __init__(self, forwarder: Forwarder, pool_of: Callable[[str], Pool],
+    def __init__(self, forwarder: Forwarder, pool_of: Callable[[RouteDecision, Mapping[str, Any]],
+                                                               tuple[RouteDecision, Pool]],
                  wake: Callable[[str], Awaitable[str]] | None = None, metrics: GatewayMetrics | None = None) -> None:
         self._fw = forwarder
         self._pool_of = pool_of
@@ -179,12 +180,12 @@ class CascadeFlow:
     async def _escalate(self, call: _Call, plan: Escalation, conf: float) -> JSONReply | StreamReply:
         assert plan.pool is not None
         target, loaded, request, turn = plan.pool, call.loaded, call.request, call.turn
-        decision = replace(call.facts.decision, pool=target, model=served_model(loaded.policy, target),
-                           rule="cascade", reason=f"{call.unsure(conf)}: {plan.reason}")
+        decision, pool = self._pool_of(replace(call.facts.decision, pool=target, rule="cascade",
+                                               model=served_model(loaded.policy, target),
+                                               reason=f"{call.unsure(conf)}: {plan.reason}"), turn.raw)
         facts = replace(call.facts, decision=decision)
         upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
         headers = {**extra, **cascade_headers(True, conf)}
-        pool = self._pool_of(target)
         reply: JSONReply | StreamReply
         if request.stream:
             reply = await self._fw.stream(pool, upstream, request, facts, loaded, headers)

@@ -8,6 +8,7 @@ degradation monitor's windows, and the replay log when enabled.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,7 +29,10 @@ from gateway.serving.usage import Usage, count_usage, usage_from_json
 from policies.decide import RouteDecision
 from policies.loader import LoadedPolicy
 
-__all__ = ["Forwarder", "JSONReply", "StreamReply"]
+__all__ = ["Forwarder", "JSONReply", "OutcomeHook", "StreamReply"]
+
+OutcomeHook = Callable[[str, str, "float | None", bool], None]
+"""(pool, engine version, TTFT seconds or None, failed) of every call that ended: the canary guard's feed."""
 
 log = logging.getLogger("cascade.forward")
 
@@ -51,8 +55,10 @@ class Forwarder:
     """Shares, does not own, its collaborators."""
 
     def __init__(self, proxy: Proxy, engines: EngineClient, accountant: Accountant, metrics: GatewayMetrics,
-                 degradation: DegradationMonitor, request_log: RequestLog | None = None) -> None:
+                 degradation: DegradationMonitor, request_log: RequestLog | None = None,
+                 on_outcome: OutcomeHook | None = None) -> None:
         self.proxy = proxy
+        self._on_outcome = on_outcome
         self._engines = engines
         self._accountant = accountant
         self._metrics = metrics
@@ -63,19 +69,21 @@ class Forwarder:
         try:
             return await self.proxy.complete(pool, body)
         except GatewayError as exc:
-            self._note_failure(pool.name, exc)
+            self._note_failure(pool, exc)
             raise
 
     async def open(self, pool: Pool, body: bytes) -> OpenStream:
         try:
             return await self.proxy.open_stream(pool, body)
         except GatewayError as exc:
-            self._note_failure(pool.name, exc)
+            self._note_failure(pool, exc)
             raise
 
-    def _note_failure(self, pool: str, exc: GatewayError) -> None:
+    def _note_failure(self, pool: Pool, exc: GatewayError) -> None:
         if isinstance(exc, NoReplicaAvailable) or exc.status >= 500:
-            self._degradation.observe(pool, error=True)
+            self._degradation.observe(pool.name, error=True)
+            if self._on_outcome is not None:
+                self._on_outcome(pool.name, pool.version, None, True)
 
     async def json(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
                    headers: dict[str, str] | None = None) -> JSONReply:
@@ -133,6 +141,8 @@ class Forwarder:
                 usage = replace(usage, completion_tokens=tokens_seen)
         rec = await self._accountant.record(loaded.policy, facts, usage)
         self._degradation.observe(rec.pool, facts.ttft_s, error=rec.status == "upstream_error")
+        if self._on_outcome is not None and rec.status != "escalated":
+            self._on_outcome(rec.pool, rec.pool_version, facts.ttft_s, rec.status == "upstream_error")
         if self._log is not None and facts.request is not None:
             self._log.write(facts, rec)
 
@@ -142,6 +152,6 @@ class Forwarder:
         facts = replace(facts, ttft_s=relay.ttft_s, status=status)
         text = relay.generated_text() if relay.usage is None else ""
         await self._record(loaded, facts, replica, upstream, relay.usage, text)
-        itl = self._metrics.itl.labels(facts.decision.pool)
+        itl = self._metrics.itl.labels(facts.decision.pool, facts.decision.pool_version or "none")
         for gap in relay.gaps_s:
             itl.observe(gap)

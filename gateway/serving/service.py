@@ -5,6 +5,7 @@ HTTP-free: it takes a validated `ChatRequest` and returns a reply for `gateway.a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -22,39 +23,37 @@ from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import ChatRequest
 from gateway.serving.upstream import prepare_upstream
+from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
 from policies.decide import RouteDecision, served_model
 from policies.loader import LoadedPolicy
 
 __all__ = ["ChatService", "JSONReply", "StreamReply"]
 
+log = logging.getLogger("cascade.gateway")
+
 
 class ChatService:
     """Handles one chat request end to end. Shares, but does not own, its collaborators."""
 
-    def __init__(self, policies: PolicyHolder, pools: dict[str, Pool], router: RequestRouter, forwarder: Forwarder,
+    def __init__(self, policies: PolicyHolder, versions: PoolVersions, router: RequestRouter, forwarder: Forwarder,
                  degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
                  keep_requests: bool = False, wake: Callable[[str], Awaitable[str]] | None = None,
                  learning: LearningTap | None = None) -> None:
-        """`wake(pool)` (scale to zero, `gateway.control.on_demand`) returns the pool that serves now. `learning`
-        sees every answered request (policy `learning:`)."""
+        """`versions` gives each routed request its pool's replicas (the pool's own, or its canary's). `wake(pool)`
+        (scale to zero, `gateway.control.on_demand`) returns the pool that serves now. `learning` sees every
+        answered request (policy `learning:`)."""
         self._policies = policies
         self._wake = wake
-        self._pools = pools
+        self._versions = versions
         self._router = router
         self._fw = forwarder
         self._degradation = degradation
         self._metrics = metrics
         self._keep_requests = keep_requests
         self._admission = admission
-        self._cascade = CascadeFlow(forwarder, self._pool, wake, metrics)
+        self._cascade = CascadeFlow(forwarder, versions.target, wake, metrics)
         self._learning = learning
-
-    def _pool(self, name: str) -> Pool:
-        pool = self._pools.get(name)
-        if pool is None:
-            raise NoReplicaAvailable(f"pool {name!r} has no running replicas")
-        return pool
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None) -> JSONReply | StreamReply:
@@ -101,8 +100,24 @@ class ChatService:
 
     async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                        loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
+        """Send to the pool's version that takes the request (`PoolVersions.target`); a canary with no replica
+        that can take it hands the request to the pool's own version."""
+        decision, pool = self._versions.target(facts.decision, turn.raw)
+        try:
+            return await self._send(pool, dict(upstream, model=decision.model), request,
+                                    replace(facts, decision=decision), loaded, turn)
+        except NoReplicaAvailable:
+            if not self._versions.on_canary(decision):
+                raise
+            log.warning("pool %s: its canary %s had no replica for request %s; the pool's own version serves it",
+                        decision.pool, decision.pool_version, facts.request_id)
+            decision, pool = self._versions.own(facts.decision)
+            return await self._send(pool, upstream, request, replace(facts, decision=decision), loaded, turn)
+
+    async def _send(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
+                    loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
         """`turn.headers`: the ladder's response headers for this pool; force_stream only from steps acting on it."""
-        pool, extra = self._pool(facts.decision.pool), turn.headers
+        extra = turn.headers
         if cascades(loaded, facts.decision):
             return await self._cascade.run(pool, upstream, request, facts, loaded, turn)
         if request.stream:

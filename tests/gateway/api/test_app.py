@@ -223,11 +223,15 @@ def test_metrics_count_what_the_ledger_records(gateway: tuple[str, Any]) -> None
     httpx.post(url + "/v1/chat/completions", content=b"{")
     _wait_records(_ledger(app), 2)
     text = httpx.get(url + "/metrics").text
-    assert 'cascade_requests_total{pool="micro",rule="pinned",status="ok",tenant="default"} 1.0' in text
-    assert 'cascade_requests_total{pool="none",rule="none",status="400",tenant="default"} 1.0' in text
+    pools = app.state.runtime.pool_set.pools
+    micro, flagship = pools["micro"].version, pools["flagship"].version
+    assert micro and flagship and micro != flagship  # each answer names the engine version that gave it
+    assert ('cascade_requests_total{pool="micro",rule="pinned",status="ok",tenant="default",'
+            f'version="{micro}"}} 1.0') in text
+    assert 'cascade_requests_total{pool="none",rule="none",status="400",tenant="default",version="none"} 1.0' in text
     assert 'cascade_tokens_total{kind="completion",pool="micro"} 4.0' in text
-    assert 'cascade_ttft_seconds_count{pool="flagship"} 1.0' in text
-    assert 'cascade_inter_token_seconds_count{pool="flagship"} 15.0' in text
+    assert f'cascade_ttft_seconds_count{{pool="flagship",version="{flagship}"}} 1.0' in text
+    assert f'cascade_inter_token_seconds_count{{pool="flagship",version="{flagship}"}} 15.0' in text
     assert "cascade_replica_healthy{" in text and "cascade_gateway_overhead_seconds_bucket" in text
 
 

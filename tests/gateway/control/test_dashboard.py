@@ -18,7 +18,7 @@ def _exported() -> set[str]:
     """Sample names of a metrics registry after one of everything has been observed."""
     metrics = GatewayMetrics(lambda: {"micro": Pool("micro", ["http://127.0.0.1:1"], None)})  # type: ignore[arg-type]
     metrics.observe_record(CostRecord("r", "t", "micro", "m", 1, 1, 1, 2, "threshold", "v", 1.8e9, 5.0, 9.0))
-    metrics.itl.labels("micro").observe(0.01)
+    metrics.itl.labels("micro", "0a1b2c3d").observe(0.01)
     metrics.scoring.observe(0.001)
     metrics.overhead.observe(0.001)
     metrics.budget.labels("t", "soft").inc()

@@ -1,0 +1,111 @@
+"""Canary versions of pools: which requests a canary takes, and the guard that rolls it back by itself.
+
+A local pool's `canary:` (`policies.pools.Canary`) runs a second engine version beside the pool's own. Its engines
+are started, swapped and stopped by `gateway.control.pool_set`; what the request path reads is a `CanaryRoute`
+per pool (`PoolSet.canaries`). A request goes to the canary when `takes_canary` says so: sticky per conversation
+(the body's `metadata.conversation_id`, else its `user`), by a hash of the pool and that key, so that raising
+the weight only moves conversations from the pool to the canary, never back; a request without either key is
+split at random.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from backends.clients.pool import Pool
+from policies.pools import CanaryGuard as GuardSpec
+
+__all__ = ["CanaryGuard", "CanaryRoute", "sticky_key", "takes_canary"]
+
+log = logging.getLogger("cascade.canary")
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryRoute:
+    """A running canary of a pool: its replicas, its engine version, the model name its engines serve, the share
+    of the pool's requests it takes and the guard's bounds (None: no guard)."""
+
+    pool: Pool
+    version: str
+    model: str
+    weight: float
+    guard: GuardSpec | None
+
+
+def sticky_key(raw: Mapping[str, Any]) -> str | None:
+    """What keeps a conversation on one version: `metadata.conversation_id`, else `user`; None without either."""
+    metadata = raw.get("metadata")
+    if isinstance(metadata, dict):
+        conversation = metadata.get("conversation_id")
+        if isinstance(conversation, str) and conversation:
+            return "c:" + conversation
+    user = raw.get("user")
+    return "u:" + user if isinstance(user, str) and user else None
+
+
+def takes_canary(pool: str, key: str | None, weight: float) -> bool:
+    """Whether a request of `pool` with sticky key `key` goes to a canary that takes `weight` of the traffic."""
+    if key is None:
+        return random.random() < weight
+    digest = hashlib.blake2b(f"{pool}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < weight
+
+
+class CanaryGuard:
+    """Keeps a window of each guarded canary's outcomes and calls `on_trip(pool, version, reason)` once one passes
+    its bounds (`policies.pools.CanaryGuard`): its error rate, or its p95 time to first token, over at least
+    `min_requests` requests of the last `window_s` seconds. Outcomes of a version that is not the pool's current
+    canary are ignored. Used from the event loop only."""
+
+    def __init__(self, routes: Mapping[str, CanaryRoute], on_trip: Callable[[str, str, str], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._routes = routes
+        self._on_trip = on_trip
+        self._clock = clock
+        self._windows: dict[tuple[str, str], deque[tuple[float, float | None, bool]]] = {}
+
+    def observe(self, pool: str, version: str, ttft_s: float | None, error: bool) -> None:
+        route = self._routes.get(pool)
+        if route is None or route.version != version or route.guard is None:
+            return
+        guard, now = route.guard, self._clock()
+        window = self._windows.setdefault((pool, version), deque())
+        window.append((now, ttft_s, error))
+        while window and window[0][0] < now - guard.window_s:
+            window.popleft()
+        if len(window) < guard.min_requests:
+            return
+        reason = _passed(guard, window)
+        if reason is not None:
+            del self._windows[(pool, version)]
+            log.error("pool %s: canary %s rolled back by its guard: %s", pool, version, reason)
+            self._on_trip(pool, version, reason)
+
+    def forget(self, pool: str) -> None:
+        """Drop the windows of `pool`'s canaries (it was promoted, rolled back or replaced)."""
+        for key in [k for k in self._windows if k[0] == pool]:
+            del self._windows[key]
+
+
+def _passed(guard: GuardSpec, window: deque[tuple[float, float | None, bool]]) -> str | None:
+    """Why the window passes the guard's bounds, or None."""
+    errors = sum(1 for _, _, error in window if error)
+    rate = errors / len(window)
+    if guard.max_error_rate is not None and rate > guard.max_error_rate:
+        return (f"error rate {rate:.1%} over its last {len(window)} requests is above max_error_rate "
+                f"{guard.max_error_rate:.1%}")
+    ttfts = sorted(t for _, t, error in window if t is not None and not error)
+    if guard.max_p95_ttft_ms is not None and len(ttfts) >= guard.min_requests:
+        p95_ms = ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] * 1000
+        if p95_ms > guard.max_p95_ttft_ms:
+            return (f"p95 time to first token {p95_ms:.0f} ms over its last {len(ttfts)} answers is above "
+                    f"max_p95_ttft_ms {guard.max_p95_ttft_ms:.0f}")
+    return None
