@@ -34,6 +34,7 @@ from backends.engines.cpu_pinning import cores_beside
 from backends.engines.registry import REGISTRY_ENV, published
 from backends.engines.room import judge_room
 from backends.engines.supervisor import Answered, EngineStartError, EngineSupervisor, RestartHook
+from backends.engines.supervisor import Replica as EngineReplica
 from backends.machine_checks import checked_here, connection_settings
 from backends.models.demo import models_root
 from gateway.control.canaries import CanaryGuard, CanaryRoute
@@ -304,6 +305,11 @@ class PoolSet:
         self._drop_canary(name)
         log.info("pool %s: canary %s rolled back", name, route.version)
         return route.version
+
+    def supervisors_of_canary(self, name: str) -> tuple[EngineReplica, ...]:
+        """The replicas of the running canary of `name` that this process supervises (none: no canary here)."""
+        sup = self._canary_sups.get(name)
+        return sup.replicas if sup is not None else ()
 
     def versions(self) -> dict[str, dict[str, object]]:
         """Per pool, the engine version serving it and its canary (version, model, weight, ready), or the canary

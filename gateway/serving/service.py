@@ -15,7 +15,7 @@ from backends.clients.pool import Pool
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.policy_holder import PolicyHolder
-from gateway.errors import BadRequest, NoReplicaAvailable
+from gateway.errors import BadRequest, NoReplicaAvailable, UpstreamError
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
@@ -100,17 +100,18 @@ class ChatService:
 
     async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                        loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
-        """Send to the pool's version that takes the request (`PoolVersions.target`); a canary with no replica
-        that can take it hands the request to the pool's own version."""
+        """Send to the pool's version that takes the request (`PoolVersions.target`). A canary that fails the
+        request before any byte reached the client (no replica could take it, or its engine answered 5xx) hands it
+        to the pool's own version: a bad canary costs its guard's error budget, never a client's request."""
         decision, pool = self._versions.target(facts.decision, turn.raw)
         try:
             return await self._send(pool, dict(upstream, model=decision.model), request,
                                     replace(facts, decision=decision), loaded, turn)
-        except NoReplicaAvailable:
-            if not self._versions.on_canary(decision):
+        except (NoReplicaAvailable, UpstreamError) as exc:
+            if not self._versions.on_canary(decision, pool) or exc.status < 500:
                 raise
-            log.warning("pool %s: its canary %s had no replica for request %s; the pool's own version serves it",
-                        decision.pool, decision.pool_version, facts.request_id)
+            log.warning("pool %s: its canary %s failed request %s (%s); the pool's own version serves it",
+                        decision.pool, decision.pool_version, facts.request_id, exc.message)
             decision, pool = self._versions.own(facts.decision)
             return await self._send(pool, upstream, request, replace(facts, decision=decision), loaded, turn)
 

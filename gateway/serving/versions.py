@@ -39,7 +39,6 @@ class PoolVersions:
             raise NoReplicaAvailable(f"pool {decision.pool!r} has no running replicas")
         return replace(decision, pool_version=pool.version), pool
 
-    def on_canary(self, decision: RouteDecision) -> bool:
-        """Whether `decision` (after `target`) went to its pool's canary."""
-        canary = self._canaries.get(decision.pool)
-        return canary is not None and decision.pool_version == canary.version
+    def on_canary(self, decision: RouteDecision, pool: Pool) -> bool:
+        """Whether `pool` (from `target`) is not the pool's own version now: a canary, also one rolled back since."""
+        return self._pools.get(decision.pool) is not pool
