@@ -10,6 +10,10 @@ failures, and p50/p99 latency before, during and after.
     python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --policy policies/my.yaml \\
         --replace "max_model_len: 1024" "max_model_len: 2048" --admin-key "$CASCADE_ADMIN_KEY"
     python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --promote NEW.json --admin-key "$KEY"
+    python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --policy policies/my.yaml \
+        --promote-canary micro --admin-key "$KEY"       # or --rollback-canary micro
+
+Each answer's `model` (the engine's served name) is counted, so a canary's share shows in `models`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import httpx
 
 from loadtest.load.stream_client import percentile
 
-__all__ = ["Outcome", "figures", "measure_change", "promote_then_reload", "reload_after_edit"]
+__all__ = ["Outcome", "edit_then_reload", "figures", "measure_change", "promote_then_reload", "reload_after_edit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,21 +41,24 @@ class Outcome:
     ended: float
     stream: bool
     error: str  # "" when the answer was whole
+    model: str = ""  # the model the answer names (the engine's served name)
 
 
-async def _one(client: Any, model: str, stream: bool, max_tokens: int) -> str:
+async def _one(client: Any, model: str, stream: bool, max_tokens: int) -> tuple[str, str]:
+    """(error, or "" for a whole answer; the model the answer names)."""
     messages = [{"role": "user", "content": "Summarise in one line why caches matter."}]
     try:
         if not stream:
             answer = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens)
-            return "" if answer.choices and answer.choices[0].finish_reason else "no finish reason"
-        finished = False
+            return ("" if answer.choices and answer.choices[0].finish_reason else "no finish reason"), answer.model
+        finished, named = False, ""
         async for chunk in await client.chat.completions.create(model=model, messages=messages,
                                                                 max_tokens=max_tokens, stream=True):
             finished = finished or any(c.finish_reason for c in chunk.choices)
-        return "" if finished else "stream ended without a finish reason"
+            named = named or chunk.model
+        return ("" if finished else "stream ended without a finish reason"), named
     except Exception as exc:  # every failure is a figure here, whatever its kind
-        return f"{type(exc).__name__}: {str(exc)[:300]}"
+        return f"{type(exc).__name__}: {str(exc)[:300]}", ""
 
 
 async def _client(base: str, api_key: str, model: str, stream: bool, stop: asyncio.Event, out: list[Outcome],
@@ -62,8 +69,8 @@ async def _client(base: str, api_key: str, model: str, stream: bool, stop: async
     try:
         while not stop.is_set():
             started = time.monotonic()
-            error = await _one(client, model, stream, max_tokens)
-            out.append(Outcome(started, time.monotonic(), stream, error))
+            error, named = await _one(client, model, stream, max_tokens)
+            out.append(Outcome(started, time.monotonic(), stream, error, named))
             if think_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), think_s)
@@ -99,8 +106,11 @@ def figures(outcomes: list[Outcome], began: float, applied: float) -> dict[str, 
     def phase(keep: Callable[[Outcome], bool]) -> dict[str, Any]:
         chosen = [o for o in outcomes if keep(o)]
         ms = [1000 * (o.ended - o.started) for o in chosen]
+        models: dict[str, int] = {}
+        for o in chosen:
+            models[o.model or "none"] = models.get(o.model or "none", 0) + 1
         return {"requests": len(chosen), "failed": sum(1 for o in chosen if o.error),
-                "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)}
+                "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "models": models}
 
     return {
         "change_s": round(applied - began, 1),
@@ -113,22 +123,28 @@ def figures(outcomes: list[Outcome], began: float, applied: float) -> dict[str, 
     }
 
 
-def reload_after_edit(base: str, policy: Path, old: str, new: str, admin_key: str,
-                      query: str = "") -> Callable[[], Awaitable[httpx.Response]]:
-    """A change: replace the first `old` in the policy file with `new`, then `POST /admin/policy/reload`."""
-    def edit() -> None:
-        text = policy.read_text()
-        if old not in text:
-            raise ValueError(f"{old!r} is not in {policy}")
-        policy.write_text(text.replace(old, new, 1))
-
+def edit_then_reload(base: str, policy: Path, edit: Callable[[str], str], admin_key: str,
+                     query: str = "") -> Callable[[], Awaitable[httpx.Response]]:
+    """A change: the policy file's text becomes `edit(text)`, then `POST /admin/policy/reload`."""
     async def change() -> httpx.Response:
-        await asyncio.to_thread(edit)
+        text = await asyncio.to_thread(policy.read_text)
+        await asyncio.to_thread(policy.write_text, edit(text))
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
             return await client.post(f"{base}/admin/policy/reload{query}",
                                      headers={"authorization": f"Bearer {admin_key}"})
 
     return change
+
+
+def reload_after_edit(base: str, policy: Path, old: str, new: str, admin_key: str,
+                      query: str = "") -> Callable[[], Awaitable[httpx.Response]]:
+    """A change: replace the first `old` in the policy file with `new`, then `POST /admin/policy/reload`."""
+    def edit(text: str) -> str:
+        if old not in text:
+            raise ValueError(f"{old!r} is not in {policy}")
+        return text.replace(old, new, 1)
+
+    return edit_then_reload(base, policy, edit, admin_key, query)
 
 
 def promote_then_reload(base: str, artifact: Path, admin_key: str) -> Callable[[], Awaitable[httpx.Response]]:
@@ -152,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--replace", nargs=2, metavar=("OLD", "NEW"),
                       help="the change: the first OLD in the policy file becomes NEW, then the gateway reloads")
+    what.add_argument("--promote-canary", metavar="POOL", help="the change: the pool's canary becomes the pool "
+                      "(what `cascade pool promote` writes), then the gateway reloads")
+    what.add_argument("--rollback-canary", metavar="POOL", help="the change: the pool's canary is removed (what "
+                      "`cascade pool rollback` writes), then the gateway reloads")
     what.add_argument("--promote", type=Path, metavar="ARTIFACT",
                       help="the change: promote this router artifact into the store ($CASCADE_HOME/router), "
                       "then the gateway reloads its router")
@@ -165,7 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.promote is not None:
         change = promote_then_reload(args.url, args.promote, args.admin_key)
     elif args.policy is None:
-        p.error("--replace needs --policy")
+        p.error("--replace, --promote-canary and --rollback-canary need --policy")
+    elif args.promote_canary or args.rollback_canary:
+        from policies.canary_edit import promote_canary, remove_canary
+
+        pool = args.promote_canary or args.rollback_canary
+        edit = promote_canary if args.promote_canary else remove_canary
+        change = edit_then_reload(args.url, args.policy, lambda text: edit(text, pool), args.admin_key)
     else:
         old, new = args.replace
         change = reload_after_edit(args.url, args.policy, old, new, args.admin_key)

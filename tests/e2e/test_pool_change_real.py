@@ -1,9 +1,13 @@
-"""A pool's engines changed under steady load, on real vLLM engines: the micro pool's `max_model_len` goes from
-1024 to 2048 while two clients of the official `openai` SDK (one streaming) keep sending to it. The new engine
-starts beside the old one and takes over once healthy; no request fails, and the old engine stops after it
-drained. The figures (change time, requests meanwhile, p99 before/during/after) are printed for BENCHMARKS.md.
+"""A pool's engines changed under steady load, on real vLLM engines, while two clients of the official `openai` SDK
+(one streaming) keep sending to it, in one gateway:
+1. the micro pool's `max_model_len` goes from 1024 to 2048: the new engine starts beside the old one and takes
+   over once healthy, and the old engine stops after it drained;
+2. a canary of the micro pool is added (a third engine), reweighted, and promoted (nothing starts: the canary is
+   the pool); a second canary is added, then rolled back (it drains and stops).
+No request fails in any of them. The figures of each change (its time, requests meanwhile, p99 before, during
+and after, the models that answered) are printed for BENCHMARKS.md.
 
-Slow: both demo engines start, then a third one (minutes on 2 CPU cores)."""
+Slow: both demo engines start, then three more, one after another (minutes on 2 CPU cores)."""
 
 from __future__ import annotations
 
@@ -14,13 +18,16 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from gateway.cli.demo import stop_process_group
-from loadtest.scenarios.change import figures, measure_change, reload_after_edit
+from loadtest.scenarios.change import edit_then_reload, figures, measure_change, reload_after_edit
+from policies.canary_edit import promote_canary, remove_canary
 from tests.conftest import delete_prefix
 from tests.servers import free_port, wait_ready
 
@@ -45,7 +52,39 @@ def _engine_context(port: int) -> int | None:
     return int(models[0]["max_model_len"])
 
 
-def test_changing_the_micro_pools_context_under_load_loses_no_request(tmp_path: Path) -> None:
+def _canary(served_name: str, port: int, weight: float) -> str:
+    return f"""    canary:
+      weight: {weight}
+      engine:
+        model: demo:micro
+        served_name: {served_name}
+        max_model_len: 1024
+        dtype: bfloat16
+        kv_cache_space_gib: 1
+        base_port: {port}
+        extra_args: ["--enforce-eager"]
+"""
+
+
+def _with_canary(block: str) -> object:
+    def edit(text: str) -> str:
+        anchor = '      extra_args: ["--enforce-eager"]\n'  # the micro pool's last engine line (the first pool)
+        at = text.index(anchor) + len(anchor)
+        return text[:at] + block + text[at:]
+
+    return edit
+
+
+@dataclass(frozen=True)
+class Gateway:
+    base: str
+    policy: Path
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The gateway with the shipped policy and its real engines, shared by this module's tests (in order)."""
+    tmp_path = tmp_path_factory.mktemp("change")
     policy = tmp_path / "policy.yaml"
     shipped = (ROOT / "policies" / "default.yaml").read_text()
     assert shipped.count(MICRO) == 1, "the shipped micro pool changed: update this test"
@@ -62,25 +101,69 @@ def test_changing_the_micro_pools_context_under_load_loses_no_request(tmp_path: 
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, proc, READY_TIMEOUT_S, log_path.read_text, poll_s=2)
-        assert _engine_context(8101) == 1024
-        edit = MICRO.replace("max_model_len: 1024", "max_model_len: 2048")
-        change = reload_after_edit(base, policy, MICRO, edit, ADMIN)
-        response, began, applied, outcomes = asyncio.run(
-            measure_change(base, change, clients=2, model="micro", steady_s=15, after_s=15, think_s=THINK_S))
-        assert isinstance(response, httpx.Response)
-        assert response.status_code == 200, response.text
-        result = figures(outcomes, began, applied)
-        print("\npool change figures:", json.dumps(result))
-        assert result["failed"] == 0, result["errors"]
-        assert result["during"]["requests"] >= 4 and result["after"]["requests"] >= 4
-        new_port = next(p for p in range(8102, 8120) if _engine_context(p) == 2048)
-        engines = httpx.get(base + "/readyz").json()["engines"]["micro"]
-        assert "version 1" in engines, engines
-        deadline = time.monotonic() + 120
-        while _engine_context(8101) is not None:  # the old version drained, then stopped
-            assert time.monotonic() < deadline, "the old micro engine is still up"
-            time.sleep(1)
-        assert _engine_context(new_port) == 2048
+        yield Gateway(base, policy)
     finally:
         stop_process_group(proc)
         delete_prefix(prefix)
+
+
+def _measured(gateway: Gateway, edit: object, name: str, steady_s: float = 8, after_s: float = 12) -> dict[str, object]:
+    """Run one change under the two clients; its figures (printed), after checking the reload and every answer."""
+    change = edit_then_reload(gateway.base, gateway.policy, edit, ADMIN)  # type: ignore[arg-type]
+    response, began, applied, outcomes = asyncio.run(
+        measure_change(gateway.base, change, clients=2, model="micro", steady_s=steady_s, after_s=after_s,
+                       think_s=THINK_S))
+    assert isinstance(response, httpx.Response)
+    assert response.status_code == 200, response.text
+    result = figures(outcomes, began, applied)
+    print(f"\n{name} figures:", json.dumps(result))
+    assert result["failed"] == 0, result["errors"]
+    return result
+
+
+def test_changing_the_micro_pools_context_under_load_loses_no_request(gateway: Gateway) -> None:
+    base, policy = gateway.base, gateway.policy
+    assert _engine_context(8101) == 1024
+    edit = MICRO.replace("max_model_len: 1024", "max_model_len: 2048")
+    change = reload_after_edit(base, policy, MICRO, edit, ADMIN)
+    response, began, applied, outcomes = asyncio.run(
+        measure_change(base, change, clients=2, model="micro", steady_s=15, after_s=15, think_s=THINK_S))
+    assert isinstance(response, httpx.Response)
+    assert response.status_code == 200, response.text
+    result = figures(outcomes, began, applied)
+    print("\npool change figures:", json.dumps(result))
+    assert result["failed"] == 0, result["errors"]
+    assert result["during"]["requests"] >= 4 and result["after"]["requests"] >= 4
+    new_port = next(p for p in range(8102, 8120) if _engine_context(p) == 2048)
+    engines = httpx.get(base + "/readyz").json()["engines"]["micro"]
+    assert "version 1" in engines, engines
+    deadline = time.monotonic() + 120
+    while _engine_context(8101) is not None:  # the old version drained, then stopped
+        assert time.monotonic() < deadline, "the old micro engine is still up"
+        time.sleep(1)
+    assert _engine_context(new_port) == 2048
+
+
+def test_a_canary_added_weighted_promoted_then_another_rolled_back_loses_no_request(gateway: Gateway) -> None:
+    added = _measured(gateway, _with_canary(_canary("micro-v2", 8131, 0.5)), "canary added")
+    assert added["after"]["models"].get("micro-v2", 0) >= 2, added  # type: ignore[index, union-attr]
+    assert added["after"]["models"].get("micro", 0) >= 2, added  # type: ignore[index, union-attr]
+    versions = httpx.get(gateway.base + "/readyz").json()["versions"]["micro"]
+    assert versions["canary"]["ready"] is True and versions["canary"]["model"] == "micro-v2"
+
+    weighted = _measured(gateway, lambda text: text.replace("weight: 0.5", "weight: 0.9", 1), "canary weighted",
+                         steady_s=4)
+    assert weighted["change_s"] < 30, weighted  # type: ignore[operator]  # no engine started (one takes minutes)
+
+    promoted = _measured(gateway, lambda text: promote_canary(text, "micro"), "canary promoted", steady_s=4)
+    assert promoted["after"]["models"] == {"micro-v2": promoted["after"]["requests"]}, promoted  # type: ignore[index]
+    assert httpx.get(gateway.base + "/readyz").json()["versions"]["micro"] == {"version": versions["canary"]["version"]}
+    assert _engine_context(8131) == 1024  # the canary's engine is the pool's now: nothing restarted
+
+    _measured(gateway, _with_canary(_canary("micro-v3", 8141, 0.5)), "second canary added", steady_s=4)
+    rolled_back = _measured(gateway, lambda text: remove_canary(text, "micro"), "canary rolled back", steady_s=6)
+    assert rolled_back["after"]["models"] == {"micro-v2": rolled_back["after"]["requests"]}, rolled_back  # type: ignore[index]
+    deadline = time.monotonic() + 120
+    while _engine_context(8141) is not None:  # drained, then stopped
+        assert time.monotonic() < deadline, "the rolled-back canary's engine is still up"
+        time.sleep(1)
