@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EngineProcesses", "cores_beside", "cpus_of", "engine_processes", "pin_engine_core", "set_affinity",
-           "thread_affinity"]
+__all__ = ["EngineProcesses", "cores_beside", "cpus_of", "engine_processes", "hold_engine", "parse_cpus",
+           "pin_engine_core", "release_front_end", "set_affinity", "thread_affinity"]
 
 _log = logging.getLogger(__name__)
 _PROC = Path("/proc")
@@ -58,7 +58,7 @@ def _process_table() -> dict[int, tuple[str, int]]:
     return table
 
 
-def _engine_processes(api_pid: int, table: dict[int, tuple[str, int]]) -> EngineProcesses:
+def _descendants(api_pid: int, table: dict[int, tuple[str, int]]) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, (_, ppid) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -67,6 +67,11 @@ def _engine_processes(api_pid: int, table: dict[int, tuple[str, int]]) -> Engine
         pid = todo.pop()
         descendants.append(pid)
         todo.extend(children.get(pid, ()))
+    return descendants
+
+
+def _engine_processes(api_pid: int, table: dict[int, tuple[str, int]]) -> EngineProcesses:
+    descendants = _descendants(api_pid, table)
     return EngineProcesses(
         engine_cores=tuple(sorted(p for p in descendants if table[p][0].startswith(_ENGINE_CORE))),
         workers=tuple(sorted(p for p in descendants if table[p][0].startswith(_WORKER))),
@@ -131,6 +136,39 @@ def cores_beside(api_pids: tuple[int, ...]) -> str | None:
             runs.append([cpu])
     best = max(runs, key=len)
     return str(best[0]) if len(best) == 1 else f"{best[0]}-{best[-1]}"
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """The cores of a CPU list such as "1", "2-3" or "0,2-3" (a `VLLM_CPU_OMP_THREADS_BIND` of one worker)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return frozenset(cpus)
+
+
+def hold_engine(api_pid: int, cpus: frozenset[int]) -> None:
+    """Keep the starting engine under API server `api_pid`, every one of its processes, on `cpus` (call while it
+    starts beside a serving version, every few tenths of a second: vLLM starts new processes meanwhile).
+
+    Why: vLLM puts a new engine's engine core on the cores its worker bind leaves to the front end, which beside a
+    serving version are that version's worker's. A serving worker busy-polls its queue, and on the development
+    machine the new engine core placed on its core got no CPU at all for minutes (the engine had not started
+    after 180 s; moved to the free core by hand, it served 40 s later). Gone processes are skipped."""
+    for pid in [api_pid, *_descendants(api_pid, _process_table())]:
+        if thread_affinity(pid) not in (frozenset(), cpus):
+            set_affinity(pid, cpus)
+
+
+def release_front_end(api_pid: int) -> None:
+    """Let the API server `api_pid` and its helper processes (not its workers, not its engine cores: those stay
+    where they are, `pin_engine_core` places the engine cores) run on every core again, after `hold_engine`."""
+    table = _process_table()
+    everything = frozenset(os.sched_getaffinity(0))
+    for pid in [api_pid, *_descendants(api_pid, table)]:
+        name = table.get(pid, ("", 0))[0]
+        if not name.startswith((_WORKER, _ENGINE_CORE)):
+            set_affinity(pid, everything)
 
 
 def _release(worker: int, table: dict[int, tuple[str, int]]) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from backends.engines.args import DEMO_PREFIX, engine_command, engine_env
-from backends.engines.cpu_pinning import pin_engine_core
+from backends.engines.cpu_pinning import hold_engine, pin_engine_core, release_front_end
 from backends.models.demo import default_home, ensure_demo_models, models_root
 from policies.schema import EngineSpec
 
@@ -201,11 +201,15 @@ class EngineSupervisor:
         answered: Answered | None = None,
         on_urls: UrlsHook | None = None,
         generation: int = 0,
+        start_on: frozenset[int] | None = None,
     ) -> None:
         """``generation`` numbers the engine versions of one pool (a blue-green change starts generation n+1
         beside n): it names the log files of the later ones (``<pool>.g<n>-<index>.log``), so two versions
-        running side by side never write one file. ``on_urls`` learns every port move (see `UrlsHook`)."""
+        running side by side never write one file. ``on_urls`` learns every port move (see `UrlsHook`).
+        ``start_on``: the cores a starting replica's processes are held on until it is healthy (a version
+        started beside a serving one, `backends.engines.cpu_pinning.hold_engine`)."""
         self.pool = pool
+        self._start_on = start_on
         self.generation = generation
         self.spec = spec
         self.home = default_home() if home is None else home
@@ -324,9 +328,11 @@ class EngineSupervisor:
             if await self._healthy(replica):
                 replica.ready, replica.last_healthy = True, time.monotonic()
                 self._say(f"pool {self.pool}: replica {replica.index} healthy after {elapsed:.0f} s")
+                self._placed(replica, release_front_end)
                 if self.spec.pin_engine_core:
                     self._pin(replica)
                 return
+            self._placed(replica, lambda pid: hold_engine(pid, self._start_on or frozenset()))
             if elapsed > timeout:
                 await self._stop_replica(replica)
                 raise self._start_error(replica, f"not healthy after {timeout:.0f} s (startup_timeout_s)")
@@ -337,6 +343,16 @@ class EngineSupervisor:
                 )
                 next_note += 15.0
             await asyncio.sleep(0.5)
+
+    def _placed(self, replica: Replica, place: Callable[[int], None]) -> None:
+        """Hold a replica started beside a serving version on its cores, or release it (``start_on``); never
+        fatal."""
+        if self._start_on is None or replica.pid is None:
+            return
+        try:
+            place(replica.pid)
+        except OSError as exc:
+            _log.warning("pool %s: replica %d: could not place its processes: %s", self.pool, replica.index, exc)
 
     def _pin(self, replica: Replica) -> None:
         """Keep the replica's engine core on its worker's cores (see backends.engines.cpu_pinning); never fatal."""

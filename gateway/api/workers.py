@@ -97,10 +97,11 @@ def workers_problem(settings: Settings) -> str | None:
     for name, spec in _local_pools(settings).items():
         if spec.on_demand is not None:
             return f"pool {name!r} is on demand (scale to zero); on-demand pools need --workers 1"
-        wanted = list(range(spec.engine.base_port, spec.engine.base_port + spec.engine.replicas))
-        if choose_ports(spec.engine.base_port, spec.engine.replicas) != wanted:
-            return (f"pool {name!r}: the engine ports {wanted[0]}-{wanted[-1]} are not all free; with --workers "
-                    "the workers find the engines on base_port + i (stop what uses them or change base_port)")
+        for engine in [spec.engine, *([spec.canary.engine] if spec.canary is not None else [])]:
+            wanted = list(range(engine.base_port, engine.base_port + engine.replicas))
+            if choose_ports(engine.base_port, engine.replicas) != wanted:
+                return (f"pool {name!r}: the engine ports {wanted[0]}-{wanted[-1]} are not all free; with --workers "
+                        "the workers find the engines on base_port + i (stop what uses them or change base_port)")
     return None
 
 
@@ -153,16 +154,19 @@ class WorkerGroup:
     async def _start_engines(self) -> None:
         restarts = ParentRestartCounter(self._metrics_dir)  # the workers start no engines: counted here, once
         for name, spec in _local_pools(self._settings).items():
-            sup = EngineSupervisor(name, spec.engine, home=self._settings.home, command=self._command,
-                                   on_restart=restarts,  # it logs its own progress
-                                   on_urls=functools.partial(publish, self._registry, name))
-            self.supervisors.append(sup)
-            try:
-                await sup.start()
-            except Exception as exc:  # the workers keep answering /readyz 503 for this pool
-                log.error("engines of pool %s failed to start: %s", name, exc)
-                continue
-            publish(self._registry, name, sup.urls)
+            # a canary's engines after the pool's, published as `<pool>.canary` (log files `<pool>.g1-<i>.log`)
+            canary = [] if spec.canary is None else [(f"{name}.canary", spec.canary.engine, 1)]
+            for key, engine, generation in [(name, spec.engine, 0), *canary]:
+                sup = EngineSupervisor(name, engine, home=self._settings.home, command=self._command,
+                                       on_restart=restarts,  # it logs its own progress
+                                       on_urls=functools.partial(publish, self._registry, key), generation=generation)
+                self.supervisors.append(sup)
+                try:
+                    await sup.start()
+                except Exception as exc:  # the workers keep answering /readyz 503 for this pool, or serve alone
+                    log.error("engines of %s failed to start: %s", key, exc)
+                    continue
+                publish(self._registry, key, sup.urls)
 
     async def _watch(self) -> None:
         """Restart dead workers with a growing delay until stopped."""

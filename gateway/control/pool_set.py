@@ -30,7 +30,7 @@ from backends.clients.breaker import BreakerConfig
 from backends.clients.pool import Pool, Replica
 from backends.clients.shared import EngineClient
 from backends.engines.args import resolve_model
-from backends.engines.cpu_pinning import cores_beside
+from backends.engines.cpu_pinning import cores_beside, parse_cpus
 from backends.engines.registry import REGISTRY_ENV, published
 from backends.engines.room import judge_room
 from backends.engines.supervisor import Answered, EngineStartError, EngineSupervisor, RestartHook
@@ -104,11 +104,13 @@ class PoolSet:
         """Route to the ports the engine-running process publishes, while `pool` is the pool of `name`."""
         assert self._registry is not None
         while self.pools.get(name) is pool:
-            urls = published(self._registry, name)
-            if urls is not None and [u.rstrip("/") for u in urls] != [r.url for r in pool.replicas]:
-                log.info("pool %s: its engines now listen on %s", name, ", ".join(urls))
-                pool.set_urls(urls)
-                await pool.probe_once()
+            canary = self.canaries.get(name)
+            for key, followed in [(name, pool), *([(f"{name}.canary", canary.pool)] if canary is not None else [])]:
+                urls = published(self._registry, key)
+                if urls is not None and [u.rstrip("/") for u in urls] != [r.url for r in followed.replicas]:
+                    log.info("%s: its engines now listen on %s", key, ", ".join(urls))
+                    followed.set_urls(urls)
+                    await followed.probe_once()
             await asyncio.sleep(self._settings.probe_interval_s)
 
     @staticmethod
@@ -196,9 +198,12 @@ class PoolSet:
             await sup.aclose()
         log.info("pool %s stopped after %.0f s idle", name, idle_s)
 
-    def _supervisor(self, name: str, spec: LocalPool, pool: Pool) -> EngineSupervisor:
+    def _supervisor(self, name: str, spec: LocalPool, pool: Pool, beside: EngineSupervisor | None = None
+                    ) -> EngineSupervisor:
         """A supervisor for the pool's engines (a new generation: its own log files) whose port moves `pool`
-        follows while it serves, as the pool or as its canary."""
+        follows while it serves, as the pool or as its canary. `beside`: the serving version it starts beside
+        (its workers, and its processes while it starts, are kept off that version's cores: `_beside`)."""
+        spec, start_on = _beside(spec, beside) if beside is not None else (spec, None)
         def moved(urls: tuple[str, ...]) -> None:
             canary = self.canaries.get(name)
             if self.pools.get(name) is pool or (canary is not None and canary.pool is pool):
@@ -208,7 +213,7 @@ class PoolSet:
         self._generations[name] = generation
         sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress,
                                on_restart=self._engine_restarted, answered=_last_answer(pool), on_urls=moved,
-                               generation=generation)
+                               generation=generation, start_on=start_on)
         return sup
 
     async def _launch(self, name: str, spec: LocalPool, pool: Pool) -> float:
@@ -269,7 +274,7 @@ class PoolSet:
             return CanaryRoute(pool, version, model, canary.weight, canary.guard), None
         pool = self._pool(name, as_pool, [])
         stable = self.supervisors.get(name)
-        sup = self._supervisor(name, _beside(as_pool, stable) if stable is not None else as_pool, pool)
+        sup = self._supervisor(name, as_pool, pool, beside=stable)
         started = time.monotonic()
         await sup.start()
         log.info("pool %s: canary %s started in %.0f s", name, version, time.monotonic() - started)
@@ -459,8 +464,7 @@ class PoolSet:
             old = self.supervisors.get(plan.pool)
             # the pool's own engines are replaced in the same `Pool`; a remote pool that becomes local gets one
             pool = self.pools[plan.pool] if old is not None else self._pool(plan.pool, spec)
-            started_spec = _beside(spec, old) if old is not None else spec
-            sup = self._supervisor(plan.pool, started_spec, pool)
+            sup = self._supervisor(plan.pool, spec, pool, beside=old)
             self.status[plan.pool] = "serving; its new version is starting beside it (blue-green)"
             started = time.monotonic()
             await sup.start()  # stops what it started if it fails
@@ -585,17 +589,18 @@ def _local(spec: LocalPool | RemotePool) -> LocalPool:
     return spec
 
 
-def _beside(spec: LocalPool, old: EngineSupervisor) -> LocalPool:
-    """`spec`, its workers kept off the cores of the version it replaces on a CPU host (`cores_beside`), unless
-    the policy binds them itself."""
+def _beside(spec: LocalPool, old: EngineSupervisor) -> tuple[LocalPool, frozenset[int] | None]:
+    """`spec`, its workers kept off the cores of the version it starts beside on a CPU host (`cores_beside`), and
+    the cores its processes are held on while it starts (`hold_engine`); `spec` as it is (None) where the policy
+    binds the workers itself or no core is free of the old version's workers."""
     if "VLLM_CPU_OMP_THREADS_BIND" in spec.engine.env:
-        return spec
+        return spec, None
     bind = cores_beside(tuple(r.pid for r in old.replicas if r.pid is not None))
     if bind is None:
-        return spec
+        return spec, None
     log.info("pool %s: the new version's workers run on cores %s, beside the old version's", old.pool, bind)
     engine = spec.engine.model_copy(update={"env": {**spec.engine.env, "VLLM_CPU_OMP_THREADS_BIND": bind}})
-    return spec.model_copy(update={"engine": engine})
+    return spec.model_copy(update={"engine": engine}), parse_cpus(bind)
 
 
 def _replicas(spec: LocalPool | RemotePool) -> int:

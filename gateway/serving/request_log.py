@@ -1,9 +1,10 @@
 """The replay log: one JSON line per finished request, for `cascade policy replay`.
 
-Format (see `policies/replay.py`): {"request": <chat body>, "tenant", "score", "pool", "prompt_tokens",
-"completion_tokens"}. It holds prompt text, so it is off by default and meant for a sample of traffic
-on a trusted disk. Lines are appended with one write each (atomic for lines under PIPE_BUF on Linux
-when several workers share the file); no fsync: losing the tail of a replay log loses no money.
+Format (see `policies/replay.py`): {"request": <chat body>, "tenant", "score", "pool", "pool_version" (the
+engine version that answered: the pool's or its canary's), "prompt_tokens", "completion_tokens"}. It holds
+prompt text, so it is off by default and meant for a sample of traffic on a trusted disk. Lines are appended
+with one write each (atomic for lines under PIPE_BUF on Linux when several workers share the file); no fsync:
+losing the tail of a replay log loses no money.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class RequestLog:
         if rec.status == "escalated" or (self._sample < 1.0 and random.random() >= self._sample):
             return
         line = {"request": facts.request, "tenant": rec.tenant, "score": facts.decision.score, "pool": rec.pool,
-                "prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens}
+                "pool_version": rec.pool_version, "prompt_tokens": rec.prompt_tokens,
+                "completion_tokens": rec.completion_tokens}
         os.write(self._fd, orjson.dumps(line) + b"\n")
 
     def close(self) -> None:

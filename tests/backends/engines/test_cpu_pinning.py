@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from backends.engines.cpu_pinning import cores_beside, engine_processes, pin_engine_core, thread_affinity
+from backends.engines.cpu_pinning import (
+    cores_beside,
+    engine_processes,
+    hold_engine,
+    parse_cpus,
+    pin_engine_core,
+    release_front_end,
+    thread_affinity,
+)
 from backends.engines.supervisor import Backoff, EngineSupervisor
 from policies.schema import EngineSpec
 
@@ -143,6 +151,22 @@ def test_a_new_version_is_placed_off_the_cores_of_the_one_it_replaces(api_server
     everywhere = api_server(",".join(map(str, sorted(ALL_CPUS))))  # type: ignore[operator]
     assert cores_beside((everywhere,)) is None  # no core free of it
     assert cores_beside(()) is None
+
+
+@needs_two_cpus
+def test_a_starting_engine_is_held_on_its_cores_then_its_front_end_released(api_server: object) -> None:
+    held = frozenset({max(ALL_CPUS)})
+    pid = api_server("-")  # type: ignore[operator]  # its engine core is unbound, as vLLM leaves it at start
+    (engine_core,) = engine_processes(pid).engine_cores
+    hold_engine(pid, held)
+    assert thread_affinity(pid) == held and thread_affinity(engine_core) == held  # every process, every thread
+    release_front_end(pid)
+    assert thread_affinity(pid) == ALL_CPUS  # the API server serves from every core again
+    assert thread_affinity(engine_core) == held  # the engine core stays: pin_engine_core places it
+
+
+def test_cpu_lists_are_parsed() -> None:
+    assert parse_cpus("1") == {1} and parse_cpus("2-4") == {2, 3, 4} and parse_cpus("0, 2-3") == {0, 2, 3}
 
 
 def test_no_such_process_finds_nothing() -> None:
