@@ -1,7 +1,7 @@
 """The keys a policy model accepts at a YAML path, for "did you mean" hints on misspelt keys. Pure.
 
 Paths are pydantic error locations, discriminator tags included (``("pools", "micro", "local", "engine")``):
-a tag picks the member of a tagged union whose `type` is that tag.
+a tag picks the member of a tagged union whose `type` (or, for speculative decoding, `method`) is that tag.
 """
 
 from __future__ import annotations
@@ -14,14 +14,17 @@ from pydantic import BaseModel, Tag
 
 __all__ = ["did_you_mean", "keys_at"]
 
+_TAG_FIELDS = ("type", "method")
+
 
 def _member_with_tag(members: tuple[Any, ...], tag: str) -> Any:
     for member in members:
         if get_origin(member) is Annotated and any(isinstance(m, Tag) and m.tag == tag for m in get_args(member)):
             return get_args(member)[0]  # a member of a callable-discriminated union (pydantic `Tag`)
-        field = member.model_fields.get("type") if isinstance(member, type) and issubclass(member, BaseModel) else None
-        if field is not None and get_origin(field.annotation) is Literal and tag in get_args(field.annotation):
-            return member
+        fields = member.model_fields if isinstance(member, type) and issubclass(member, BaseModel) else {}
+        for field in (fields.get(name) for name in _TAG_FIELDS):
+            if field is not None and get_origin(field.annotation) is Literal and tag in get_args(field.annotation):
+                return member
     return None
 
 

@@ -114,7 +114,8 @@ def _hint(err: ErrorDetails) -> str:
     if err["type"] == "missing":
         return " (add this key)"
     if err["type"].startswith("union_tag"):
-        return " (fix the `type`)"
+        tag = str((err.get("ctx") or {}).get("discriminator", "'type'")).strip("'")
+        return f" (fix the `{tag}`)"
     if err["type"] not in _CUSTOM_MESSAGES and isinstance(err["input"], str | int | float | bool):
         return f" (got {err['input']!r})"
     return ""
@@ -130,8 +131,11 @@ def _schema_problems(source: str, exc: ValidationError, root: yaml.Node | None) 
 
 
 def _is_tag(loc: tuple[int | str, ...], i: int) -> bool:
-    """Whether loc[i] is a discriminator tag pydantic inserts (after pools.NAME, `action` or routing.threshold)."""
+    """Whether loc[i] is a discriminator tag pydantic inserts (after pools.NAME, `action`, routing.threshold or an
+    engine's `speculative`)."""
     if i > 0 and loc[i - 1] == "threshold" and loc[:1] == ("routing",) and loc[i] in THRESHOLD_TAGS:
+        return True
+    if i > 0 and loc[i - 1] == "speculative" and loc[i] in ("ngram", "draft"):
         return True
     return (loc[:1] == ("pools",) and i == 2) or (i > 0 and loc[i - 1] == "action" and isinstance(loc[i], str))
 

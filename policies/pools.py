@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from policies.frozen import Frozen
 from policies.money import Price
 from policies.parallelism import OnDemand, RaySettings, parallelism_problems
+from policies.speculative import Speculation
 
 __all__ = ["Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "as_remote_pool",
            "engine_version", "pool_version"]
@@ -29,7 +30,8 @@ class EngineSpec(Frozen):
     quantization: str | None = Field(default=None, description="vLLM --quantization, e.g. awq, fp8")
     kv_cache_space_gib: int | None = Field(default=None, ge=1, description="CPU engines: VLLM_CPU_KVCACHE_SPACE")
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    speculative_config: dict[str, Any] | None = Field(default=None, description="vLLM --speculative-config")
+    speculative: Speculation | None = Field(default=None, description="speculative decoding: {method: ngram | "
+                                            "draft, num_speculative_tokens, ...} (policies/speculative.py)")
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1, description="vLLM --data-parallel-size (engine-internal DP)")
@@ -51,6 +53,14 @@ class EngineSpec(Frozen):
         default=120, gt=0, description="restart a replica whose process is alive but has answered neither a health "
         "check nor a request for this long (seconds; null: never). Requests count, so a saturated engine that "
         "answers /health late but keeps serving is left alone")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_free_speculative_config(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "speculative_config" in data:
+            raise ValueError("speculative_config was replaced by speculative: {method: ngram | draft, "
+                             "num_speculative_tokens: N, ...} (docs/engines.md)")
+        return data
 
     @model_validator(mode="after")
     def _parallelism_fits(self) -> EngineSpec:

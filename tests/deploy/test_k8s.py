@@ -4,6 +4,7 @@ cannot see (selectors, names, the policy the gateway will read)."""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,23 @@ def test_cli_renders_to_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     bad.write_text("gateway: {image: x}\n")
     assert main(["deploy", "render", "--values", str(bad)]) == 1
     assert "policy" in capsys.readouterr().err
+
+
+def test_speculative_decoding_reaches_the_engine_pods_and_a_demo_draft_does_not(
+        manifests: list[dict[str, Any]], tmp_path: Path) -> None:
+    from backends.engines.args import speculative_config
+
+    flagship = next(m for m in by_kind(manifests, "StatefulSet") if m["metadata"]["labels"].get("cascade/pool")
+                    == "flagship")["spec"]["template"]["spec"]["containers"][0]["args"]
+    pool = load_policy(ROOT / "policies" / "gpu.yaml").policy.pools["flagship"]
+    assert isinstance(pool, LocalPool) and pool.engine.speculative is not None
+    assert json.loads(flagship[flagship.index("--speculative-config") + 1]) == speculative_config(
+        pool.engine.speculative)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "policies" / "gpu.yaml").read_text().replace(
+        "speculative: {method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}",
+        "speculative: {method: draft, num_speculative_tokens: 4, model: 'demo:draft'}"))
+    values = tmp_path / "values.yaml"
+    values.write_text(f"policy: {policy}\ngateway: {{image: x}}\n")
+    with pytest.raises(ValuesError, match="'demo:draft' is a demo model"):
+        render(*load_values(values))

@@ -50,7 +50,7 @@ def test_the_gpu_example_has_the_pools_the_issue_names() -> None:
     local = {name: p for name, p in policy.pools.items() if isinstance(p, LocalPool)}
     assert "7B-Instruct" in local["micro"].engine.model
     flagship = local["flagship"].engine
-    assert flagship.moe and flagship.speculative_config is not None
+    assert flagship.moe and flagship.speculative is not None
     assert any(p.engine.quantization in ("awq", "fp8") for p in local.values())
     remaps = [s.action for s in policy.degradation.steps if isinstance(s.action, FallbackPool | Overflow)]
     fallback = next(a for a in remaps if isinstance(a, FallbackPool))

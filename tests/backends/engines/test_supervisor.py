@@ -20,6 +20,7 @@ from backends.engines.args import engine_command, engine_env
 from backends.engines.cpu_pinning import cpus_of, engine_processes, thread_affinity
 from backends.engines.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports, live_group_members
 from policies.schema import EngineSpec
+from policies.speculative import NgramSpeculation
 
 FAKE_ENGINE = r"""
 import http.server, subprocess, sys, time
@@ -75,7 +76,7 @@ def test_engine_command_with_every_option() -> None:
         served_name="big",
         quantization="compressed-tensors",
         gpu_memory_utilization=0.85,
-        speculative_config={"num_speculative_tokens": 4, "method": "ngram"},
+        speculative=NgramSpeculation(method="ngram", num_speculative_tokens=4),
         tensor_parallel_size=2,
         pipeline_parallel_size=2,
         gpus_per_node=4,
@@ -85,7 +86,8 @@ def test_engine_command_with_every_option() -> None:
     assert cmd[cmd.index("--model") + 1] == "/models/big"
     assert cmd[cmd.index("--quantization") + 1] == "compressed-tensors"
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.85"
-    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == spec.speculative_config
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
     assert cmd[cmd.index("--pipeline-parallel-size") + 1] == "2"
     assert cmd[-3:] == ["--enforce-eager", "--seed", "7"]
