@@ -141,7 +141,21 @@ def _learning_problems(policy: Policy) -> Iterator[Problem]:
                                  "keep a share of prompts or set shadow.sample to 0")
 
 
+def _autoscale_problems(policy: Policy) -> Iterator[Problem]:
+    """Growing comes before shedding: an autoscale bound at or above a ladder step's `enter_above` on the same
+    pool and signal would let the ladder degrade traffic before the pool grows."""
+    for i, step in enumerate(policy.degradation.steps):
+        spec = policy.pools.get(step.pool)
+        scale = getattr(spec, "autoscale", None)
+        bound = None if scale is None else scale.scale_up.bounds().get(step.signal)
+        if bound is not None and bound >= step.enter_above:
+            yield (("pools", step.pool, "autoscale", "scale_up", step.signal),
+                   f"{step.signal} {bound:g} is not below ladder step {step.name!r}'s enter_above "
+                   f"{step.enter_above:g} (degradation.steps[{i}]): the pool would degrade traffic before it "
+                   "grows; lower the autoscale bound or raise the step's")
+
+
 def reference_problems(policy: Policy) -> list[Problem]:
     """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
     return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy),
-            *_on_demand_problems(policy), *_learning_problems(policy)]
+            *_on_demand_problems(policy), *_learning_problems(policy), *_autoscale_problems(policy)]

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from policies.autoscale import Autoscale
 from policies.frozen import Frozen
 from policies.money import Price
 from policies.parallelism import OnDemand, RaySettings, parallelism_problems
@@ -124,6 +125,8 @@ class LocalPool(Frozen):
     price: Price
     engine: EngineSpec
     canary: Canary | None = Field(default=None, description="a new engine version taking a share of the traffic")
+    autoscale: Autoscale | None = Field(default=None, description="replicas that follow load (policies.autoscale); "
+                                        "engine.replicas is the count it starts with")
     on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     max_quant_loss: QuantCeiling | None = Field(
@@ -139,6 +142,18 @@ class LocalPool(Frozen):
     def needed_for_ready(self) -> bool:
         """Whether /readyz fails while this pool is down (`required_for_ready`, else: unless on demand)."""
         return self.required_for_ready if self.required_for_ready is not None else self.on_demand is None
+
+    @model_validator(mode="after")
+    def _autoscale_fits(self) -> LocalPool:
+        scale = self.autoscale
+        if scale is None:
+            return self
+        if not scale.min_replicas <= self.engine.replicas <= scale.max_replicas:
+            raise ValueError(f"engine.replicas {self.engine.replicas} is outside autoscale's "
+                             f"[{scale.min_replicas}, {scale.max_replicas}]: it is the count the pool starts with")
+        if self.on_demand is not None:
+            raise ValueError("a pool with on_demand cannot autoscale too (on_demand already scales it to zero)")
+        return self
 
     @model_validator(mode="after")
     def _canary_fits(self) -> LocalPool:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from policies.schema import EngineSpec
 
-__all__ = ["ENGINE_OVERHEAD_BYTES", "GIB", "MEMORY_MARGIN", "Gpu", "Room", "Usage", "judge_room", "machine_usage"]
+__all__ = ["ENGINE_OVERHEAD_BYTES", "GIB", "MEMORY_MARGIN", "Gpu", "NoRoom", "Room", "Usage", "judge_room",
+           "machine_usage"]
 
 GIB = 1 << 30
 ENGINE_OVERHEAD_BYTES = 2 * GIB
@@ -33,6 +34,10 @@ VLLM_CPU_DEFAULT_KV_GIB = 4
 VLLM_DEFAULT_GPU_UTILIZATION = 0.9
 MEMORY_MARGIN = 0.1
 """Share of the machine's memory left free after the new replicas start."""
+
+
+class NoRoom(RuntimeError):
+    """The machine has no room for one more replica (the message says what was judged)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,8 @@ class Replica:
     started_at: float = 0.0
     last_healthy: float = 0.0  # monotonic time of the last health check that passed
     restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    env: dict[str, str] = field(default_factory=dict)  # over the spec's (a replica added beside the others)
+    start_on: frozenset[int] | None = None  # cores its processes are held on while it starts (`hold_engine`)
 
     @property
     def url(self) -> str:
@@ -268,7 +270,8 @@ class EngineSupervisor:
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         stem = self.pool if self.generation == 0 else f"{self.pool}.g{self.generation}"
-        self._replicas = [Replica(self.pool, i, port, logs / f"{stem}-{i}.log") for i, port in enumerate(ports)]
+        self._replicas = [Replica(self.pool, i, port, logs / f"{stem}-{i}.log", start_on=self._start_on)
+                          for i, port in enumerate(ports)]
         started = time.monotonic()
         tasks = [asyncio.create_task(self._launch_and_wait(replica)) for replica in self._replicas]
         try:
@@ -297,7 +300,7 @@ class EngineSupervisor:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
-                env=os.environ | engine_env(self.spec),
+                env=os.environ | engine_env(self.spec) | replica.env,
                 start_new_session=True,
             )
         replica.started_at = time.monotonic()
@@ -332,7 +335,7 @@ class EngineSupervisor:
                 if self.spec.pin_engine_core:
                     self._pin(replica)
                 return
-            self._placed(replica, lambda pid: hold_engine(pid, self._start_on or frozenset()))
+            self._placed(replica, lambda pid: hold_engine(pid, replica.start_on or frozenset()))
             if elapsed > timeout:
                 await self._stop_replica(replica)
                 raise self._start_error(replica, f"not healthy after {timeout:.0f} s (startup_timeout_s)")
@@ -347,7 +350,7 @@ class EngineSupervisor:
     def _placed(self, replica: Replica, place: Callable[[int], None]) -> None:
         """Hold a replica started beside a serving version on its cores, or release it (``start_on``); never
         fatal."""
-        if self._start_on is None or replica.pid is None:
+        if replica.start_on is None or replica.pid is None:
             return
         try:
             place(replica.pid)
@@ -451,6 +454,40 @@ class EngineSupervisor:
             self._say(f"pool {self.pool}: restart of replica {replica.index} failed: {exc}")
             return
         replica.failures = 0
+
+    async def add_replica(self, env: dict[str, str] | None = None, start_on: frozenset[int] | None = None) -> Replica:
+        """Start one more replica (the first free port from `base_port` that no replica uses) and wait until it
+        answers `/health`; only then is it supervised and `on_urls` told. `env` goes over the spec's (a worker
+        placement), `start_on` as in `__init__`. Raises EngineStartError, the replica stopped and forgotten."""
+        if self._closed or not self._replicas:
+            raise RuntimeError(f"pool {self.pool}: supervisor not running")
+        index = max(r.index for r in self._replicas) + 1
+        port = choose_ports(self.spec.base_port, 1, [r.port for r in self._replicas])[0]
+        stem = self.pool if self.generation == 0 else f"{self.pool}.g{self.generation}"
+        replica = Replica(self.pool, index, port, self.home / "logs" / f"{stem}-{index}.log", env=dict(env or {}),
+                          start_on=start_on)
+        try:
+            await self._launch_and_wait(replica)
+        except BaseException:
+            await self._stop_replica(replica)
+            raise
+        self._replicas.append(replica)
+        if self._on_urls is not None:
+            self._on_urls(self.urls)
+        return replica
+
+    def detach(self, replica: Replica) -> None:
+        """Stop supervising `replica` and tell `on_urls` (it takes no new requests); `stop` it once drained."""
+        self._replicas.remove(replica)
+        if replica.restart_task is not None:
+            replica.restart_task.cancel()
+        if self._on_urls is not None:
+            self._on_urls(self.urls)
+
+    async def stop(self, replica: Replica) -> None:
+        """Stop a replica `detach` took out."""
+        await self._stop_replica(replica)
+        self._say(f"pool {self.pool}: stopped replica {replica.index} (port {replica.port})")
 
     async def _stop_replica(self, replica: Replica) -> None:
         """SIGTERM the replica's process group, SIGKILL it after the grace period; reaps the leader."""

@@ -90,7 +90,8 @@ async def readyz(request: Request) -> Response:
     body = {"ready": ready, "policy_version": runtime.policies.current.version, "router_version": router_version,
             "pools": pools,
             "required": sorted(required.intersection(pools)), "degraded": [n for n in down if n not in required],
-            "engines": runtime.pool_set.status, "versions": runtime.pool_set.versions(), "redis": redis_ok}
+            "engines": runtime.pool_set.status, "versions": runtime.pool_set.versions(),
+            "autoscale": runtime.autoscaler.status() if runtime.autoscaler is not None else {}, "redis": redis_ok}
     return _json(body, 200 if ready else 503)
 
 

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
+from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
@@ -65,6 +66,7 @@ class Runtime:
     router_swap: RouterSwap
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
+    autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -108,6 +110,8 @@ class Runtime:
             return False
 
     async def aclose(self) -> None:
+        if self.autoscaler is not None:
+            await self.autoscaler.aclose()
         if self.live_threshold is not None:
             await self.live_threshold.aclose()
         await self.degradation.aclose()
@@ -206,6 +210,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live)
     router_swap.on_swap = runtime.scorer_swapped
+    if settings.start_engines:
+        runtime.autoscaler = Autoscaler(pool_set, degradation.signals, metrics.scale_event, settings.probe_interval_s)
+        runtime.autoscaler.start()
     return runtime
 
 

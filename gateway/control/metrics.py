@@ -105,7 +105,10 @@ class _PoolCollector(Collector):
                                   labels=["pool", "replica"])
         breaker = GaugeMetricFamily("cascade_replica_breaker_open", "circuit breaker: 0 closed, 0.5 half-open "
                                     "(probing), 1 open", labels=["pool", "replica"])
+        replicas = GaugeMetricFamily("cascade_pool_replicas", "replicas the pool routes to (autoscaled pools change "
+                                     "it)", labels=["pool"])
         for name, pool in self._pools().items():
+            replicas.add_metric([name], len(pool.replicas))
             for r in pool.replicas:
                 labels = [name, r.url]
                 in_flight.add_metric(labels, r.in_flight)
@@ -113,7 +116,8 @@ class _PoolCollector(Collector):
                 kv.add_metric(labels, r.load.kv_cache_usage)
                 queue.add_metric(labels, r.load.waiting)
                 breaker.add_metric(labels, _BREAKER_LEVEL[r.breaker.state])
-        return [in_flight, healthy, kv, queue, breaker] if self._in_flight else [healthy, kv, queue, breaker]
+        shared = [healthy, kv, queue, breaker, replicas]
+        return [in_flight, *shared] if self._in_flight else shared
 
 
 class GatewayMetrics:
@@ -161,6 +165,9 @@ class GatewayMetrics:
                                    "(pool: where to) or held (pool: micro, held_by: why the policy kept it)",
                                    ["outcome", "pool", "held_by"], registry=r)
         self.engine_restarts = Counter(*_RESTARTS, ["pool", "reason"], registry=r)
+        self.scale_events = Counter("cascade_scale_events", "autoscaler changes of a pool's replicas: direction up "
+                                    "or down, outcome done, no_room or start_failed",
+                                    ["pool", "direction", "outcome"], registry=r)
         self._pools = pools
         shared = multiprocess_dir() is not None
         self._in_flight = Gauge("cascade_replica_in_flight", "requests in flight per replica, as the gateway sees "
@@ -189,6 +196,10 @@ class GatewayMetrics:
     def engine_restarted(self, pool: str, index: int, reason: str) -> None:
         """The supervisor restarted replica `index` of `pool` (`backends.engines.supervisor.RestartHook`)."""
         self.engine_restarts.labels(pool, reason).inc()
+
+    def scale_event(self, pool: str, direction: str, outcome: str) -> None:
+        """The autoscaler changed, or tried to change, `pool`'s replicas (`gateway.control.autoscale.ScaleEvent`)."""
+        self.scale_events.labels(pool, direction, outcome).inc()
 
     def router_scored(self, model: str, texts: int) -> None:
         """The classifier scored `texts` texts with `model`: "primary" or "overflow" (`ClassifierScorer.on_scored`)."""

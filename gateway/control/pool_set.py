@@ -32,7 +32,7 @@ from backends.clients.shared import EngineClient
 from backends.engines.args import resolve_model
 from backends.engines.cpu_pinning import cores_beside, parse_cpus
 from backends.engines.registry import REGISTRY_ENV, published
-from backends.engines.room import judge_room
+from backends.engines.room import NoRoom, judge_room
 from backends.engines.supervisor import Answered, EngineStartError, EngineSupervisor, RestartHook
 from backends.engines.supervisor import Replica as EngineReplica
 from backends.machine_checks import checked_here, connection_settings
@@ -331,6 +331,38 @@ class PoolSet:
                 entry["canary"] = {"version": version, "rolled_back": reason}
             out[name] = entry
         return out
+
+    async def scale_up(self, name: str) -> int:
+        """Start one more replica of local pool `name` beside its others (off their cores on a CPU host) and
+        route to it once it answers; returns the replicas now. Raises `NoRoom` (the machine cannot hold one more:
+        memory for its KV cache, weights and processes, or free GPU memory) or what the supervisor's start
+        raised (the pool keeps its replicas)."""
+        spec, sup, pool = _local(self.specs[name]), self.supervisors[name], self.pools[name]
+        model_dir = Path(resolve_model(spec.engine, models_root(self._settings.home)))
+        room = await asyncio.to_thread(judge_room, spec.engine.model_copy(update={"replicas": 1}), model_dir)
+        if room.fits < 1:
+            raise NoRoom(room.how)
+        bind = None if "VLLM_CPU_OMP_THREADS_BIND" in spec.engine.env else cores_beside(
+            tuple(r.pid for r in sup.replicas if r.pid is not None))
+        env = {} if bind is None else {"VLLM_CPU_OMP_THREADS_BIND": bind}
+        await sup.add_replica(env, None if bind is None else parse_cpus(bind))
+        if self.pools.get(name) is pool and self.supervisors.get(name) is sup:
+            pool.set_urls(sup.urls, ready=True)
+            await pool.probe_once()
+        return len(sup.replicas)
+
+    async def scale_down(self, name: str) -> int:
+        """Take the newest replica of local pool `name` out of routing, let its requests finish (streams
+        included, bounded by the grace period), then stop it; returns the replicas now."""
+        sup, pool = self.supervisors[name], self.pools[name]
+        replica = max(sup.replicas, key=lambda r: r.index)
+        draining = [r for r in pool.replicas if r.url == replica.url]
+        sup.detach(replica)  # the pool follows the supervisor's URLs: no new request reaches it
+        try:
+            await self._drained(draining)
+        finally:
+            await sup.stop(replica)
+        return len(sup.replicas)
 
     def remove(self, name: str) -> None:
         """Take the pool (and its canary) out of routing now; stop it once idle (or after the grace period)."""
