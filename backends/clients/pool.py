@@ -44,11 +44,22 @@ class EngineLoad:
     running: float = 0.0
     waiting: float = 0.0
     kv_cache_usage: float = 0.0  # fraction 0..1
+    # speculative decoding: whether the engine reports it, and its counters since it started (tokens proposed,
+    # tokens the model kept)
+    speculative: bool = False
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
     at: float = 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        """Share of proposed tokens the model kept since the engine started; None before any was proposed."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens > 0 else None
 
 
 def parse_vllm_metrics(text: str) -> EngineLoad:
-    """Sum vLLM's gauges over engines in a Prometheus exposition."""
+    """Sum vLLM's gauges and speculative-decoding counters over engines in a Prometheus exposition. One regex
+    pass and a few string compares: it runs every probe interval for every replica."""
     load = EngineLoad(at=time.monotonic())
     for name, value in _METRIC.findall(text):
         v = float(value)
@@ -60,6 +71,11 @@ def parse_vllm_metrics(text: str) -> EngineLoad:
             load.waiting += v
         elif name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
             load.kv_cache_usage = max(load.kv_cache_usage, v)
+        elif name == "vllm:spec_decode_num_draft_tokens_total":
+            load.draft_tokens += v
+            load.speculative = True
+        elif name == "vllm:spec_decode_num_accepted_tokens_total":
+            load.accepted_tokens += v
     return load
 
 

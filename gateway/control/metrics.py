@@ -18,8 +18,9 @@ included for counters (totals never drop when a worker restarts); gauges declare
   `--workers N` that is the parent (the workers run with `start_engines=False` and count none): it serves no
   metrics and its environment must not carry `PROMETHEUS_MULTIPROC_DIR` (the engines inherit it), so it writes its
   counter into the folder's own file (`ParentRestartCounter`), summed in like a worker's.
-- The other per-replica gauges (health, KV-cache use, queue depth, breaker state) are read at scrape time from the
-  answering worker's pools: they describe the shared engines, which every worker probes alike.
+- The other per-replica gauges (health, KV-cache use, queue depth, breaker state, speculative decoding:
+  `gateway.control.speculation_metrics`) are read at scrape time from the answering worker's pools: they describe
+  the shared engines, which every worker probes alike.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from backends.clients.breaker import BreakerState
 from backends.clients.pool import Pool, Replica
+from gateway.control.speculation_metrics import SpeculationCollector
 from gateway.ledger.store import CostRecord
 
 __all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "ParentRestartCounter", "multiprocess_dir",
@@ -174,8 +176,10 @@ class GatewayMetrics:
                                 "them (summed over the live workers)", ["pool", "replica"], registry=None,
                                 multiprocess_mode="livesum") if shared else None  # registry=None: in the files only
         r.register(_PoolCollector(pools, in_flight=not shared))
+        r.register(SpeculationCollector(pools))
         self._scrape_time = CollectorRegistry(auto_describe=True)  # multiprocess mode only: live, per worker
         self._scrape_time.register(_PoolCollector(pools, in_flight=not shared))
+        self._scrape_time.register(SpeculationCollector(pools))
 
     def register_scrape_time(self, collector: Collector) -> None:
         """Add a collector read at scrape time (from this process's state, in either mode)."""
