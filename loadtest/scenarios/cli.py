@@ -244,6 +244,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from loadtest.scenarios.autoscale import add_autoscale_arguments
     from loadtest.scenarios.chaos import add_chaos_arguments
     from loadtest.scenarios.real import add_real_arguments
 
@@ -272,6 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--steady-s", type=float, default=30.0)
     r.add_argument("--surge-s", type=float, default=30.0)
     add_real_arguments(r)
+    a = sub.add_parser("autoscale", help="the same surge on the real demo engines, micro fixed at one replica, "
+                       "then autoscaled to two (two engine starts)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _common(a)
+    a.add_argument("--factor", type=float, default=5.0)
+    a.add_argument("--steady-s", type=float, default=30.0)
+    a.add_argument("--surge-s", type=float, default=150.0, help="long enough for a second engine to start")
+    add_real_arguments(a)
+    add_autoscale_arguments(a)
     c = sub.add_parser("chaos", help="an engine hangs, a remote pool and Redis go away, under load (one real engine)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _common(c)
@@ -292,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         record = chaos_scenario(args)
     elif args.scenario == "real":
         record = real_suite(args, _load_scenario)
+    elif args.scenario == "autoscale":
+        from loadtest.scenarios.autoscale import autoscale_scenario
+
+        def surge(url: str, args: argparse.Namespace) -> dict[str, Any]:
+            phases = surge_phases(args.rate, args.factor, args.steady_s, args.surge_s, args.recover_s, args.after_s)
+            return run_scenario("surge", _config(url, args.model, phases, args, "surge"), args.out)
+
+        record = autoscale_scenario(args, surge)
     else:
         record = slow_engine(args) if args.scenario == "slow-engine" else dead_replica(args)
     path = args.out / f"scenario-{args.scenario}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}.json"

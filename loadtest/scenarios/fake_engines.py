@@ -75,9 +75,10 @@ def fake_policy(micro_urls: Sequence[str], flagship_urls: Sequence[str], steps: 
             + pool("flagship", flagship_urls, ("3.00", "15.00")) + _ROUTING + tenants_yaml() + ladder_yaml(steps))
 
 
-def real_policy(steps: Sequence[ShedStep], max_num_seqs: int | None = None) -> str:
+def real_policy(steps: Sequence[ShedStep], max_num_seqs: int | None = None, micro_autoscale: str = "") -> str:
     """The demo pools (local vLLM engines with the tiny demo models, as `policies/demo-ladder.yaml`), the
-    scenario tenants, the ladder. `max_num_seqs`: cap both engines' batch (a surge then queues)."""
+    scenario tenants, the ladder. `max_num_seqs`: cap both engines' batch (a surge then queues).
+    `micro_autoscale`: the micro pool's `autoscale:` mapping in flow style (`policies.autoscale`)."""
     engine = "max_model_len: 1024, dtype: bfloat16, kv_cache_space_gib: 1"
     if max_num_seqs is not None:
         engine += f', extra_args: ["--max-num-seqs", "{max_num_seqs}"]'
@@ -87,7 +88,7 @@ pools:
     type: local
     price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
     engine: {{model: demo:micro, served_name: micro, {engine}, base_port: 8101}}
-  flagship:
+{f"    autoscale: {micro_autoscale}{chr(10)}" if micro_autoscale else ""}  flagship:
     type: local
     price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
     engine: {{model: demo:flagship, served_name: flagship, {engine}, base_port: 8201}}

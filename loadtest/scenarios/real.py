@@ -20,7 +20,7 @@ from loadtest.load.prompt_mix import parse_mix
 from loadtest.processes import Procs, cleanup_redis, http_get
 from loadtest.scenarios.fake_engines import GOLD_KEY, ShedStep, real_policy, start_gateway
 
-__all__ = ["add_real_arguments", "engine_url", "real_load", "real_suite", "routing_comparison"]
+__all__ = ["add_real_arguments", "engine_url", "real_load", "real_suite", "routing_comparison", "warm_up"]
 
 
 def add_real_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,14 +112,18 @@ def _gateway(procs: Procs, tmp: Path, args: argparse.Namespace) -> str:
     print(f"starting the gateway with both demo engines (policy {policy}); this takes minutes", flush=True)
     url = start_gateway(procs, policy, None, engines=True, scorer=args.scorer, redis_prefix=args.redis_prefix,
                         ready_timeout_s=args.ready_timeout)
-    # The first requests pay one-off compile and cache costs; then a light trickle to both pools refreshes the
-    # gateway's 30 s TTFT window (a step whose pool gets no traffic keeps its last state).
+    warm_up(url)
+    _wait_ladder_idle(url)
+    return url
+
+
+def warm_up(url: str) -> None:
+    """The first requests pay one-off compile and cache costs; then a light trickle to both pools refreshes the
+    gateway's 30 s TTFT window (a step whose pool gets no traffic keeps its last state)."""
     warm = LoadConfig(base_url=url, model="auto", phases=[Phase("warm", 15, 4, 4), Phase("settle", 35, 1, 1)],
                       mode="closed", mix=parse_mix("short-easy:1,short-hard:1,long-hard:1"),
                       tenants=[TenantKey("gold", GOLD_KEY)], progress=False, label="warm-up")
     asyncio.run(run_load(warm))
-    _wait_ladder_idle(url)
-    return url
 
 
 def _wait_ladder_idle(url: str, timeout_s: float = 90.0) -> None:
