@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from policies.frozen import Frozen
 
-__all__ = ["DraftSpeculation", "NgramSpeculation", "Speculation"]
+__all__ = ["DraftSpeculation", "NgramSpeculation", "Speculation", "describe", "tokens_per_step"]
 
 _TOKENS = Field(ge=1, le=16, description="tokens proposed per step; each one the model rejects is work lost")
 
@@ -54,3 +54,30 @@ class DraftSpeculation(Frozen):
 
 Speculation = Annotated[NgramSpeculation | DraftSpeculation, Field(discriminator="method")]
 """One pool's speculative decoding, by `method`."""
+
+
+def tokens_per_step(num_speculative_tokens: int, acceptance: float) -> float:
+    """Tokens one verification step yields on average when each drafted token is accepted with probability
+    `acceptance` independently of the others (the expected-length formula of speculative sampling): the
+    accepted prefix plus the one token the model adds itself. 1 at acceptance 0, k+1 at acceptance 1."""
+    if acceptance >= 1:
+        return float(num_speculative_tokens + 1)
+    return (1 - acceptance ** (num_speculative_tokens + 1)) / (1 - acceptance)
+
+
+def describe(speculation: Speculation) -> list[str]:
+    """What a pool's `speculative` block does, for `cascade policy explain` (offline: no engine asked)."""
+    k = speculation.num_speculative_tokens
+    if isinstance(speculation, NgramSpeculation):
+        how = (f"ngram (prompt lookup): the last {speculation.prompt_lookup_max}..{speculation.prompt_lookup_min} "
+               f"tokens are looked up earlier in the prompt and answer, and the {k} tokens that followed them "
+               "there are proposed; no draft model")
+        fits = "wins where answers copy their input (extraction, rewriting, code edits); little on open chat"
+    else:
+        how = (f"draft model {speculation.model} proposes {k} tokens per step (it must share the model's "
+               "tokenizer; its weights and KV cache are on every replica)")
+        fits = "wins where the draft predicts the model well; costs the draft's own decoding on every step"
+    yields = ", ".join(f"{tokens_per_step(k, a):.2f} at {a:g}" for a in (0.3, 0.6, 0.9))
+    return [f"speculative: {how}",
+            f"  one verification step yields 1..{k + 1} tokens; by acceptance rate: {yields}",
+            f"  {fits}; the measured rate is cascade_pool_spec_decode_acceptance"]

@@ -105,6 +105,10 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(engine_env(spec.engine).items()))
     command = shlex.join(engine_command(spec.engine, spec.engine.base_port))
     lines = [f"engine:   replica 1 of {spec.engine.replicas} on port {spec.engine.base_port}:", f"  {env} {command}"]
+    if spec.engine.speculative is not None:
+        from policies.speculative import describe
+
+        lines += describe(spec.engine.speculative)
     if spec.on_demand is not None:
         od = spec.on_demand
         lines.append(f"on demand: starts on the first request (waits up to {od.cold_start_timeout_s:g} s, "

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from policies.loader import PolicyError, parse_policy
 from policies.schema import EngineSpec
-from policies.speculative import DraftSpeculation, NgramSpeculation
+from policies.speculative import DraftSpeculation, NgramSpeculation, describe, tokens_per_step
 from tests.policies.test_loader import GOOD
 
 _MICRO_ENGINE = "served_name: micro\n"
@@ -73,3 +73,18 @@ def test_the_old_free_dict_is_refused_with_what_replaced_it() -> None:
     assert "speculative_config was replaced by speculative: {method: ngram | draft" in problem
     with pytest.raises(ValidationError, match="speculative_config was replaced"):
         EngineSpec.model_validate({"model": "m", "served_name": "m", "speculative_config": {"method": "ngram"}})
+
+
+def test_tokens_per_step_runs_from_one_to_k_plus_one() -> None:
+    assert tokens_per_step(4, 0.0) == 1.0
+    assert tokens_per_step(4, 1.0) == 5.0
+    assert tokens_per_step(4, 0.5) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
+
+
+def test_describe_says_what_each_method_does() -> None:
+    ngram = describe(NgramSpeculation(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2,
+                                      prompt_lookup_max=3))
+    assert "the last 3..2 tokens are looked up" in ngram[0] and "no draft model" in ngram[0]
+    assert "yields 1..5 tokens" in ngram[1] and "2.31 at 0.6" in ngram[1]
+    draft = describe(DraftSpeculation(method="draft", num_speculative_tokens=2, model="demo:draft"))
+    assert "draft model demo:draft proposes 2 tokens" in draft[0] and "yields 1..3 tokens" in draft[1]

@@ -203,3 +203,11 @@ def test_machine_checks_are_made_where_the_policy_runs(tmp_path: Path, capsys: p
     (tmp_path / "no-ca.pem").write_text("not a certificate\n")
     with pytest.raises(PolicyError, match="ca_bundle"):
         checked_here(loaded)
+
+
+def test_explain_shows_what_a_pools_speculative_decoding_means(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("explain", str(ROOT / "policies" / "gpu.yaml"), "--prompt", "rewrite this", "--score", "0.99") == 0
+    out = capsys.readouterr().out
+    assert "--speculative-config" in out
+    assert "speculative: ngram (prompt lookup): the last 4..2 tokens" in out
+    assert "cascade_pool_spec_decode_acceptance" in out
