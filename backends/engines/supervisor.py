@@ -234,6 +234,11 @@ class EngineSupervisor:
         return tuple(self._replicas)
 
     @property
+    def start_on(self) -> frozenset[int] | None:
+        """The cores this supervisor's replicas are held on while they start (see ``__init__``)."""
+        return self._start_on
+
+    @property
     def urls(self) -> tuple[str, ...]:
         """Base URLs of all replicas."""
         return tuple(replica.url for replica in self._replicas)

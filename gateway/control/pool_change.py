@@ -5,13 +5,15 @@
   answers its health check, and the old one drains (requests in flight, streams included, finish) and stops.
 - `replace`: a pool whose engines run elsewhere (a remote pool, or a worker under `--workers N`): a new set of
   replicas is probed, then swapped in; the old set drains.
+- `rolling`: the machine has room for some of the new replicas beside the old ones, not all: they are replaced
+  that many at a time (new ones start, take traffic, then as many old ones drain and stop), so the pool always
+  serves. Only where the old version has more than one replica and the served model name stays (both versions
+  answer the same requests meanwhile).
 - `restart`: the pool's engines stop, then the new ones start, so the pool has no replica meanwhile. Only
   for a pool that serves nothing now (its engines are still starting, failed, or asleep on demand), or where
   ops accepted the interruption explicitly (`accept_interruption`).
 - refused: no room for the new version beside the old, and no acceptance: `PoolChangeRefused` says why and
   for how long the pool would be dark.
-Replacing one replica at a time where only some of the new ones fit is not built yet: such a change is
-refused like a one-replica pool, with the same way out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from backends.engines.room import Room
 
 __all__ = ["ChangePlan", "PoolChangeRefused", "plan_change"]
 
-How = Literal["blue-green", "replace", "restart"]
+How = Literal["blue-green", "rolling", "replace", "restart"]
 
 
 class PoolChangeRefused(Exception):
@@ -42,12 +44,14 @@ class ChangePlan:
 
 
 def plan_change(pool: str, *, runs_engines: bool, serving: bool, replicas: int, room: Room | None,
-                last_start_s: float | None, accept_interruption: bool) -> ChangePlan | str:
+                last_start_s: float | None, accept_interruption: bool, old_replicas: int = 1,
+                same_name: bool = True) -> ChangePlan | str:
     """The plan for a pool whose engine spec changes, or the reason it is refused (a string).
 
     `runs_engines`: this process supervises the pool's engines; `serving`: they run now (not starting, failed
     or asleep); `replicas`: how many the new version has; `room`: what the machine holds beside what runs
-    (None when `runs_engines` is False); `last_start_s`: how long the pool's engines took to start last."""
+    (None when `runs_engines` is False); `last_start_s`: how long the pool's engines took to start last;
+    `old_replicas`: how many the running version has; `same_name`: both versions serve the same model name."""
     if not runs_engines:
         return ChangePlan(pool, "replace", "its engines run elsewhere: the new replica set is swapped in")
     if not serving:
@@ -55,6 +59,9 @@ def plan_change(pool: str, *, runs_engines: bool, serving: bool, replicas: int, 
     assert room is not None
     if room.fits >= replicas:
         return ChangePlan(pool, "blue-green", f"the new version starts beside the old ({room.how})")
+    if room.fits >= 1 and old_replicas > 1 and same_name:
+        return ChangePlan(pool, "rolling", f"room for {room.fits} of the {replicas} new replicas beside the old "
+                                           f"ones ({room.how}): replaced {room.fits} at a time")
     dark = f"about {last_start_s:.0f} s (its last start)" if last_start_s is not None else "until its engines start"
     if accept_interruption:
         return ChangePlan(pool, "restart", f"no room beside the old version ({room.how}); interruption accepted: "

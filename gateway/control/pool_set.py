@@ -77,6 +77,8 @@ class PoolSet:
         self.guard = CanaryGuard(self.canaries, self._guard_tripped)
         self._generations: dict[str, int] = {}
         self._starting_canary: dict[str, str] = {}  # pool: version of the canary starting with the pool
+        self._rolling: set[str] = set()  # pools whose replicas are being replaced a few at a time
+        self.room_seen: dict[str, int] = {}  # pool: new replicas the last change found room for beside the old
 
     @staticmethod
     def check(loaded: LoadedPolicy) -> None:
@@ -206,6 +208,8 @@ class PoolSet:
         spec, start_on = _beside(spec, beside) if beside is not None else (spec, None)
         def moved(urls: tuple[str, ...]) -> None:
             canary = self.canaries.get(name)
+            if name in self._rolling:  # `_roll` sets the pool's replicas itself, from both versions
+                return
             if self.pools.get(name) is pool or (canary is not None and canary.pool is pool):
                 pool.set_urls(urls)
 
@@ -481,8 +485,13 @@ class PoolSet:
         if runs and serving and isinstance(spec, LocalPool):
             model_dir = Path(resolve_model(spec.engine, models_root(self._settings.home)))
             room = await asyncio.to_thread(judge_room, spec.engine, model_dir)  # reads files, may run nvidia-smi
+            self.room_seen[name] = room.fits
+        old = self.specs[name]
+        same_name = isinstance(old, LocalPool) and isinstance(spec, LocalPool) and (
+            old.engine.served_name == spec.engine.served_name)
         return plan_change(name, runs_engines=runs, serving=serving, replicas=_replicas(spec), room=room,
-                           last_start_s=self.start_took.get(name), accept_interruption=accept_interruption)
+                           last_start_s=self.start_took.get(name), accept_interruption=accept_interruption,
+                           old_replicas=len(sup.replicas) if sup is not None else 0, same_name=same_name)
 
     async def _stage(self, plans: list[ChangePlan], canaries: list[str],
                      policy: Policy) -> tuple[dict[str, _NewVersion], dict[str, _StartedCanary]]:
@@ -492,6 +501,8 @@ class PoolSet:
             spec = policy.pools[plan.pool]
             if plan.how == "replace":
                 return _NewVersion(await self._new_pool(plan.pool, spec), None)
+            if plan.how == "rolling":
+                return await self._roll(plan.pool, _local(spec), self.room_seen[plan.pool])
             assert isinstance(spec, LocalPool)
             old = self.supervisors.get(plan.pool)
             # the pool's own engines are replaced in the same `Pool`; a remote pool that becomes local gets one
@@ -562,10 +573,64 @@ class PoolSet:
             self._spawn(self._retire(name, old_pool, old_sup), f"retire:{name}")
             return
         assert new.sup is not None
-        draining = list(old_pool.replicas)
+        draining = [r for r in old_pool.replicas if r.url not in set(new.sup.urls)]
         old_pool.set_urls(new.sup.urls, ready=True)
         old_pool.version = pool_version(spec)  # the supervisor saw every new replica answer /health
         self._spawn(self._drain_version(name, draining, old_sup), f"drain:{name}")
+
+    async def _roll(self, name: str, spec: LocalPool, step: int) -> _NewVersion:
+        """Replace the pool's replicas `step` at a time while it serves from both versions: `step` new ones start
+        beside the old, take traffic, then as many old ones drain and stop, until the new version has all of
+        `spec`'s replicas (`/readyz` says how far it is). Returns the new version, to swap in. A new replica that
+        does not start puts the old version back as it was (as many old replicas as were stopped start again)
+        and raises its error."""
+        old_sup, pool = self.supervisors[name], self.pools[name]
+        target = spec.engine.replicas
+        first = spec.model_copy(update={"engine": spec.engine.model_copy(update={"replicas": step})})
+        sup = self._supervisor(name, first, pool, beside=old_sup)
+        say = f"rolling: replacing {step} replica(s) at a time (room for {step} beside the old ones)"
+        self.status[name] = f"serving; {say}"
+        log.info("pool %s: %s", name, say)
+        self._rolling.add(name)
+        stopped = 0
+        try:
+            await sup.start()  # stops what it started if it fails: nothing changed yet
+            while True:
+                pool.set_urls([*old_sup.urls, *sup.urls], ready=True)
+                self.status[name] = f"serving; rolling: {len(sup.replicas)} of {target} replicas on the new version"
+                if len(sup.replicas) >= target:
+                    return _NewVersion(None, sup)
+                batch = sorted(old_sup.replicas, key=lambda r: -r.index)[:min(step, target - len(sup.replicas))]
+                for replica in batch:
+                    old_sup.detach(replica)
+                draining = [r for r in pool.replicas if r.url in {b.url for b in batch}]
+                pool.set_urls([*old_sup.urls, *sup.urls], ready=True)
+                await self._drained(draining)
+                for replica in batch:
+                    await old_sup.stop(replica)
+                    stopped += 1
+                for _ in batch:  # placed like the first new ones (the spec's worker bind), held likewise
+                    await sup.add_replica(start_on=sup.start_on)
+        except BaseException:
+            await self._unroll(name, pool, old_sup, sup, stopped)
+            raise
+        finally:
+            self._rolling.discard(name)
+
+    async def _unroll(self, name: str, pool: Pool, old_sup: EngineSupervisor, sup: EngineSupervisor,
+                      stopped: int) -> None:
+        """Put the old version back after a rolling change failed: its stopped replicas start again (while what
+        runs serves), then the new replicas drain and stop."""
+        self.status[name] = "serving; its rolling change failed, the old version's replicas start again"
+        log.error("pool %s: rolling change failed after %d replica(s); restoring the old version", name, stopped)
+        try:
+            for _ in range(stopped):
+                await old_sup.add_replica(start_on=old_sup.start_on)
+        finally:
+            new_urls = set(sup.urls)
+            pool.set_urls(old_sup.urls, ready=True)
+            draining = [r for r in pool.replicas if r.url in new_urls]
+            self._spawn(self._drain_version(name, draining, sup), f"unroll:{name}")
 
     async def _drain_version(self, name: str, replicas: list[Replica], sup: EngineSupervisor | None) -> None:
         try:

@@ -40,13 +40,13 @@ def _engine(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
     return fake_engine(spec, port, models_dir)
 
 
-def _pool(port: int, max_model_len: int = 1024, model: str = "fake-weights") -> str:
+def _pool(port: int, max_model_len: int = 1024, model: str = "fake-weights", replicas: int = 1) -> str:
     return f"""
   spare:
     type: local
     price: {{input_per_mtok: "0.10", output_per_mtok: "0.10"}}
     engine: {{model: {model}, served_name: spare-model, base_port: {port}, max_model_len: {max_model_len},
-              startup_timeout_s: 30}}
+              startup_timeout_s: 30, replicas: {replicas}}}
 """
 
 
@@ -187,6 +187,91 @@ def test_no_room_is_refused_unless_the_interruption_is_accepted(
         assert httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10).status_code == 200
 
 
+async def test_where_only_one_new_replica_fits_the_pool_is_replaced_one_at_a_time(
+    gateway: tuple[Path, str, Settings], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy_file, _, settings = gateway
+    policy_file.write_text(policy_file.read_text().replace("startup_timeout_s: 30, replicas: 1",
+                                                           "startup_timeout_s: 30, replicas: 3"))
+    monkeypatch.setattr("gateway.control.pool_set.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
+    app = create_app(settings)
+    with serve(app) as url:
+        pool_set = app.state.runtime.pool_set
+        await asyncio.to_thread(until, lambda: _spare_ready(url))
+        old_pids = [r.pid for r in pool_set.supervisors["spare"].replicas]
+        async with httpx.AsyncClient(timeout=30) as client:
+            done = asyncio.Event()
+            seen: list[str] = []
+
+            async def traffic(worker: int) -> list[str]:
+                outcomes = []
+                body = BODY | {"stream": worker % 2 == 0, "metadata": {"fake_tokens": "8", "fake_delay_ms": "20"}}
+                while not done.is_set():
+                    r = await client.post(url + "/v1/chat/completions", json=body)
+                    ok = r.status_code == 200 and (not body["stream"] or r.text.rstrip().endswith("data: [DONE]"))
+                    outcomes.append("ok" if ok else f"{r.status_code} {r.text[:200]}")
+                return outcomes
+
+            async def watch() -> None:
+                while not done.is_set():
+                    seen.append(httpx.get(url + "/readyz").json()["engines"]["spare"])
+                    await asyncio.sleep(0.1)
+
+            async def change() -> httpx.Response:
+                try:
+                    await asyncio.sleep(0.3)
+                    _edit(policy_file, "max_model_len: 1024", "max_model_len: 2048")
+                    return await client.post(url + "/admin/policy/reload", headers=AUTH, timeout=90)
+                finally:
+                    await asyncio.sleep(0.3)
+                    done.set()
+
+            *results, _, reloaded = await asyncio.gather(*(traffic(w) for w in range(4)), watch(), change())
+        assert reloaded.status_code == 200, reloaded.text
+        assert [o for worker in results for o in worker if o != "ok"] == []
+        assert any("rolling: 2 of 3 replicas on the new version" in s for s in seen), sorted(set(seen))
+        sup = pool_set.supervisors["spare"]
+        assert len(sup.replicas) == 3 and sup.spec.max_model_len == 2048
+        assert {r.url for r in pool_set.pools["spare"].replicas} == set(sup.urls)
+        assert all(pid is not None and not alive(pid) for pid in old_pids)  # each drained, then stopped
+
+
+async def test_a_rolling_change_that_fails_half_way_puts_the_old_version_back(
+    gateway: tuple[Path, str, Settings], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy_file, _, settings = gateway
+    policy_file.write_text(policy_file.read_text().replace("startup_timeout_s: 30, replicas: 1",
+                                                           "startup_timeout_s: 30, replicas: 2"))
+    monkeypatch.setattr("gateway.control.pool_set.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
+    new_starts = []
+
+    def second_new_one_fails(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
+        if spec.max_model_len == 2048:
+            new_starts.append(port)
+            if len(new_starts) == 2:
+                return [sys.executable, "-c", "import sys; print('OSError: out of memory'); sys.exit(3)"]
+        return fake_engine(spec, port, models_dir)
+
+    supervisor = functools.partial(EngineSupervisor, command=second_new_one_fails, check_interval_s=0.2,
+                                   stop_grace_s=5)
+    monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
+    app = create_app(settings)
+    with serve(app) as url:
+        pool_set = app.state.runtime.pool_set
+        await asyncio.to_thread(until, lambda: _spare_ready(url))
+        old_sup = pool_set.supervisors["spare"]
+        async with httpx.AsyncClient(timeout=30) as client:
+            _edit(policy_file, "max_model_len: 1024", "max_model_len: 2048")
+            reloaded = await client.post(url + "/admin/policy/reload", headers=AUTH, timeout=90)
+            assert reloaded.status_code == 422
+            assert "out of memory" in " ".join(reloaded.json()["error"]["problems"])
+            assert pool_set.supervisors["spare"] is old_sup and len(old_sup.replicas) == 2  # one started again
+            assert {r.url for r in pool_set.pools["spare"].replicas} == set(old_sup.urls)
+            replies = [await client.post(url + "/v1/chat/completions", json=BODY) for _ in range(6)]
+        assert [r.status_code for r in replies] == [200] * 6
+        assert pool_set.specs["spare"].engine.max_model_len == 1024  # type: ignore[union-attr]
+
+
 def test_a_replica_restarted_on_another_port_is_followed(gateway: tuple[Path, str, Settings]) -> None:
     _, _, settings = gateway
     app = create_app(settings)
@@ -227,6 +312,12 @@ def test_the_plan_for_each_case() -> None:
     refused = plan_change("p", runs_engines=True, serving=True, replicas=2, room=room, last_start_s=26,
                           accept_interruption=False)
     assert isinstance(refused, str) and "room for 1 of the 2" in refused and "about 26 s" in refused
+    rolling = plan_change("p", runs_engines=True, serving=True, replicas=2, room=room, last_start_s=26,
+                          accept_interruption=False, old_replicas=2)
+    assert not isinstance(rolling, str) and rolling.how == "rolling" and "replaced 1 at a time" in rolling.why
+    renamed = plan_change("p", runs_engines=True, serving=True, replicas=2, room=room, last_start_s=26,
+                          accept_interruption=False, old_replicas=2, same_name=False)
+    assert isinstance(renamed, str)  # both versions would serve at once under two names: refused
     accepted = plan_change("p", runs_engines=True, serving=True, replicas=2, room=room, last_start_s=None,
                            accept_interruption=True)
     assert not isinstance(accepted, str) and accepted.how == "restart"
