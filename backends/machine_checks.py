@@ -1,8 +1,9 @@
 """What a policy needs from the machine it runs on, checked there.
 
-Parsing a policy reads no file but the policy (`policies.loader`). Two things depend on the machine: whether
+Parsing a policy reads no file but the policy (`policies.loader`). Three things depend on the machine: whether
 a quantized pool's measured loss (`cascade-quant.json` in its checkpoint) fits the pool's `max_quant_loss`,
-and whether the PEM files a remote pool's `connection` names (CA bundle, client certificate) are usable.
+whether the PEM files a remote pool's `connection` names (CA bundle, client certificate) are usable, and whether
+a pool's draft model shares its model's vocabulary (`backends.engines.draft_check`).
 They are checked where the gateway runs: by the pool set before it starts or reloads pools, by `cascade
 serve` at start-up and by `cascade policy validate`, each with the policy's file:line.
 """
@@ -10,6 +11,7 @@ serve` at start-up and by `cascade policy validate`, each with the policy's file
 from __future__ import annotations
 
 from backends.clients.connection import ConnectionSettings, ConnectionSettingsError, ssl_context
+from backends.engines.draft_check import draft_problems
 from backends.quantization.metadata import ceiling_problems, checkpoint_dir, read_figures, read_metadata
 from policies.loader import LoadedPolicy, PolicyError
 from policies.schema import LocalPool, Policy, RemotePool
@@ -28,9 +30,11 @@ def machine_problems(loaded: LoadedPolicy) -> list[str]:
                 ssl_context(connection_settings(pool))
             except ConnectionSettingsError as exc:
                 problems.append(loaded.at(("pools", name, "connection"), str(exc)))
-        elif pool.max_quant_loss is not None:
-            for problem in ceiling_problems(pool.engine.model, **pool.max_quant_loss.model_dump()):
-                problems.append(loaded.at(("pools", name, "max_quant_loss"), problem))
+        else:
+            problems += [loaded.at(("pools", name, "engine", "speculative"), p) for p in draft_problems(pool.engine)]
+            if pool.max_quant_loss is not None:
+                for problem in ceiling_problems(pool.engine.model, **pool.max_quant_loss.model_dump()):
+                    problems.append(loaded.at(("pools", name, "max_quant_loss"), problem))
     return problems
 
 
