@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from backends.engines.args import engine_command, engine_env
+from gateway.deploy.k8s_autoscale import engine_hpa, pods_listed
 from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_values
 from policies.loader import PolicyError, load_policy, parse_policy
 from policies.pools import as_remote_pool
@@ -77,7 +78,7 @@ def cluster_policy(values: Values, raw: dict[str, Any], policy: Policy) -> dict[
     pools = dict(raw["pools"])
     for name, spec in policy.pools.items():
         if isinstance(spec, LocalPool):
-            pools[name] = as_remote_pool(raw["pools"][name], _pool_urls(values, name, spec.engine.replicas))
+            pools[name] = as_remote_pool(raw["pools"][name], _pool_urls(values, name, pods_listed(spec)))
     return {**raw, "pools": pools}
 
 
@@ -155,7 +156,8 @@ def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
                  "template": {"metadata": {"labels": labels}, "spec": pod_spec},
                  "volumeClaimTemplates": [_claim("models", eng.model_cache, eng.storage_class)]},
     }
-    return [service, sts]
+    hpa = engine_hpa(name, _meta(values, name, labels), spec)
+    return [service, sts] if hpa is None else [service, sts, hpa]
 
 
 def _claim(name: str, size: str, storage_class: str | None) -> dict[str, Any]:

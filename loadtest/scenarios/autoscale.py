@@ -85,6 +85,7 @@ class _ReplicaWatch:
 def _variant(name: str, args: argparse.Namespace, scaled: bool, tmp: Path, run_surge: Surge) -> dict[str, Any]:
     from loadtest.scenarios.real import _steps, _wait_ladder_idle, warm_up
 
+    (tmp / name).mkdir(parents=True, exist_ok=True)
     procs = Procs(tmp / name)
     try:
         policy = tmp / f"{name}.yaml"

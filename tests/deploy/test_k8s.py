@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from gateway.cli.main import main
+from gateway.deploy.k8s_autoscale import pods_listed
 from gateway.deploy.k8s_render import render, render_file, to_yaml
 from gateway.deploy.k8s_values import ValuesError, load_values
 from policies.loader import load_policy, parse_policy
@@ -110,7 +111,7 @@ def test_the_gateway_policy_points_at_the_engine_pods(manifests: list[dict[str, 
         assert cluster.breaker == pool.breaker
         if isinstance(pool, LocalPool):
             assert cluster.model == pool.engine.served_name
-            assert len(cluster.urls) == pool.engine.replicas
+            assert len(cluster.urls) == pods_listed(pool)  # an autoscaled pool: every pod it may run
             sts = next(m for m in by_kind(manifests, "StatefulSet")
                        if m["metadata"]["labels"].get("cascade/pool") == name)
             assert cluster.urls[0].startswith(f"http://{sts['metadata']['name']}-0.{sts['spec']['serviceName']}.")
@@ -188,3 +189,22 @@ def test_speculative_decoding_reaches_the_engine_pods_and_a_demo_draft_does_not(
     values.write_text(f"policy: {policy}\ngateway: {{image: x}}\n")
     with pytest.raises(ValuesError, match="'demo:draft' is a demo model"):
         render(*load_values(values))
+
+
+def test_an_autoscaled_pool_gets_an_hpa_on_its_pods_and_the_gateway_lists_every_pod(
+        manifests: list[dict[str, Any]]) -> None:
+    pool = load_policy(ROOT / "policies" / "gpu.yaml").policy.pools["micro"]
+    assert isinstance(pool, LocalPool) and pool.autoscale is not None
+    hpas = [m for m in by_kind(manifests, "HorizontalPodAutoscaler")
+            if m["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"]
+    (hpa,) = hpas
+    sts = next(m for m in by_kind(manifests, "StatefulSet") if m["metadata"]["labels"].get("cascade/pool") == "micro")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == sts["metadata"]["name"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 4)
+    targets = {m["pods"]["metric"]["name"]: m["pods"]["target"]["averageValue"] for m in hpa["spec"]["metrics"]}
+    assert targets == {"vllm_num_requests_waiting": "8", "vllm_kv_cache_usage_perc": "0.8"}  # ttft: gateway-side
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
+    kubernetes_validate.validate(hpa, K8S_VERSION, strict=True)
+    config = yaml.safe_load(next(m for m in by_kind(manifests, "ConfigMap")
+                                 if "policy.yaml" in m.get("data", {}))["data"]["policy.yaml"])
+    assert len(config["pools"]["micro"]["urls"]) == 4  # every pod the HPA may run, ready or not
