@@ -200,8 +200,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.runtime = current = runtime or await build_runtime(settings)
+        # a policy that cannot apply yet (a remote pool's new pods still starting) is tried again, 15 s apart
+        # at the default 2 s watch interval
+        retry_s = max(1.0, 7.5 * settings.policy_watch_interval_s)
         watchers = [FileWatcher([Path(current.policies.current.source)], current.reload_policy,
-                                settings.policy_watch_interval_s)]
+                                settings.policy_watch_interval_s, retry_s=retry_s)]
         if settings.scorer == "classifier":  # a promotion or rollback in the store swaps the router
             watchers.append(FileWatcher(watched_paths(settings), current.router_swap.reload,
                                         settings.policy_watch_interval_s, what="router"))

@@ -18,7 +18,7 @@ from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
 from gateway.control.policy_holder import PolicyHolder
-from gateway.control.pool_change import PoolChangeRefused
+from gateway.control.pool_change import PolicyNotApplied, PoolChangeRefused
 from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
 from gateway.learning.feedback import FeedbackService
@@ -87,7 +87,8 @@ class Runtime:
                 try:
                     await self.pool_set.reconcile(fresh.policy, accept_interruption)
                 except PoolChangeRefused as exc:
-                    raise PolicyError(fresh.source, exc.problems) from exc
+                    error = PolicyNotApplied if exc.retryable else PolicyError
+                    raise error(fresh.source, exc.problems) from exc
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
                 self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not

@@ -22,18 +22,27 @@ from dataclasses import dataclass
 from typing import Literal
 
 from backends.engines.room import Room
+from policies.loader import PolicyError
 
-__all__ = ["ChangePlan", "PoolChangeRefused", "plan_change"]
+__all__ = ["ChangePlan", "PolicyNotApplied", "PoolChangeRefused", "plan_change"]
 
 How = Literal["blue-green", "rolling", "replace", "restart"]
 
 
 class PoolChangeRefused(Exception):
-    """The reload would leave a pool without a replica; `problems` says which and why, one line each."""
+    """The reload would leave a pool without a replica; `problems` says which and why, one line each.
+    `retryable`: only because a remote pool's new replicas do not answer yet (their pods may still be starting):
+    the same reload can succeed later without any change."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], retryable: bool = False) -> None:
         self.problems = problems
+        self.retryable = retryable
         super().__init__("; ".join(problems))
+
+
+class PolicyNotApplied(PolicyError):
+    """A valid policy that cannot be applied yet (`PoolChangeRefused.retryable`); the policy file watcher tries
+    it again (`gateway.control.file_watch`)."""
 
 
 @dataclass(frozen=True, slots=True)

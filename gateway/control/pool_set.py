@@ -536,21 +536,30 @@ class PoolSet:
             self.status[name] = "serving; its new version or canary failed to start (see the reload's error)"
         if any(not isinstance(r, (EngineStartError, OSError)) for _, _, r in failed):
             raise next(r for _, _, r in failed if not isinstance(r, (EngineStartError, OSError)))
-        raise PoolChangeRefused([f"pool {name}: {what}: {r}" for name, what, r in failed])
+        raise PoolChangeRefused([f"pool {name}: {what}: {r}" for name, what, r in failed],
+                                retryable=all(isinstance(r, NotAnsweringYet) for _, _, r in failed))
 
     async def _new_pool(self, name: str, spec: LocalPool | RemotePool) -> Pool:
-        """The new replica set, probed until one of its replicas answers (at most `REPLACE_WAIT_S`) while the
-        old set serves: a reload never swaps a serving pool for one that answers nothing. Raises
-        `EngineStartError` when none answered in time (the old set keeps serving)."""
-        pool = self._pool(name, spec)
+        """The new replica set, probed until as many of its replicas answer as the old set has answering (or all
+        of it, if fewer; at most `REPLACE_WAIT_S`) while the old set serves: a reload never swaps a serving pool
+        for one that answers nothing, nor for less capacity. Raises `NotAnsweringYet` when they did not answer
+        in time (the old set keeps serving; the policy watcher tries again)."""
+        pool, old = self._pool(name, spec), self.pools[name]
         deadline = time.monotonic() + REPLACE_WAIT_S
+
+        def enough() -> bool:
+            wanted = min(len(pool.replicas), sum(r.healthy for r in old.replicas))
+            return pool.ready and sum(r.healthy for r in pool.replicas) >= wanted
+
         await pool.probe_once()
-        while not pool.ready and self.pools[name].ready:
+        while not enough() and old.ready:
             if time.monotonic() > deadline:
                 await pool.aclose()
+                answering = sum(r.healthy for r in pool.replicas)
                 urls = ", ".join(r.url for r in pool.replicas)
-                raise EngineStartError(f"no replica of the new set ({urls}) answered its health check within "
-                                       f"{REPLACE_WAIT_S:.0f} s")
+                raise NotAnsweringYet(f"{answering} of the new set's replicas ({urls}) answered their health check "
+                                      f"within {REPLACE_WAIT_S:.0f} s, fewer than the old set's "
+                                      f"{sum(r.healthy for r in old.replicas)}")
             await asyncio.sleep(min(1.0, self._settings.probe_interval_s))
             await pool.probe_once()
         return pool
@@ -673,6 +682,10 @@ class _NewVersion:
 
 
 _StartedCanary = tuple[CanaryRoute, EngineSupervisor | None]
+
+
+class NotAnsweringYet(EngineStartError):
+    """A remote pool's new replicas did not answer within `REPLACE_WAIT_S` (their pods may still be starting)."""
 
 
 async def _close(pool: Pool, sup: EngineSupervisor | None) -> None:

@@ -27,7 +27,7 @@ from backends.engines.args import engine_command, engine_env
 from gateway.deploy.k8s_autoscale import engine_hpa, pods_listed
 from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_values
 from policies.loader import PolicyError, load_policy, parse_policy
-from policies.pools import as_remote_pool
+from policies.pools import as_remote_pool, engine_version
 from policies.schema import LocalPool, Policy
 from policies.speculative import DraftSpeculation
 
@@ -45,9 +45,13 @@ def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-def engine_name(values: Values, pool: str) -> str:
-    """Name of a pool's StatefulSet and of its headless Service."""
-    return f"{values.name}-engine-{_dns(pool)}"
+def engine_name(values: Values, pool: str, spec: LocalPool) -> str:
+    """Name of a pool's StatefulSet and of its headless Service: with the engine version
+    (`policies.pools.engine_version`), so that a changed engine block is a new StatefulSet that `kubectl apply`
+    starts beside the old one. The gateway keeps routing to the old pods until the new ones answer (its policy
+    watcher tries the change again until they do), then the old StatefulSet can be deleted: blue-green
+    (docs/deploy.md)."""
+    return f"{values.name}-engine-{_dns(pool)}-{engine_version(spec.engine)}"
 
 
 def _labels(values: Values, component: str, **extra: str) -> dict[str, str]:
@@ -67,8 +71,8 @@ def _http_probe(path: str, port: int, period: int, failures: int, timeout: int =
             "timeoutSeconds": timeout}
 
 
-def _pool_urls(values: Values, pool: str, replicas: int) -> list[str]:
-    svc = engine_name(values, pool)
+def _pool_urls(values: Values, pool: str, spec: LocalPool, replicas: int) -> list[str]:
+    svc = engine_name(values, pool, spec)
     host = f"{svc}.{values.namespace}.svc.cluster.local"
     return [f"http://{svc}-{i}.{host}:{values.engines.port}" for i in range(replicas)]
 
@@ -78,7 +82,7 @@ def cluster_policy(values: Values, raw: dict[str, Any], policy: Policy) -> dict[
     pools = dict(raw["pools"])
     for name, spec in policy.pools.items():
         if isinstance(spec, LocalPool):
-            pools[name] = as_remote_pool(raw["pools"][name], _pool_urls(values, name, pods_listed(spec)))
+            pools[name] = as_remote_pool(raw["pools"][name], _pool_urls(values, name, spec, pods_listed(spec)))
     return {**raw, "pools": pools}
 
 
@@ -122,9 +126,9 @@ def gpus_per_pod(spec: LocalPool) -> int:
 
 
 def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
-    name, eng = engine_name(values, pool), values.engines
+    name, eng = engine_name(values, pool, spec), values.engines
     gpus = gpus_per_pod(spec)
-    labels = _labels(values, "engine", **{"cascade/pool": _dns(pool)})
+    labels = _labels(values, "engine", **{"cascade/pool": _dns(pool), "cascade/version": engine_version(spec.engine)})
     container = {
         "name": "vllm", "image": eng.image, "imagePullPolicy": eng.image_pull_policy,
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": _engine_args(values, pool, spec),

@@ -208,3 +208,25 @@ def test_an_autoscaled_pool_gets_an_hpa_on_its_pods_and_the_gateway_lists_every_
     config = yaml.safe_load(next(m for m in by_kind(manifests, "ConfigMap")
                                  if "policy.yaml" in m.get("data", {}))["data"]["policy.yaml"])
     assert len(config["pools"]["micro"]["urls"]) == 4  # every pod the HPA may run, ready or not
+
+
+def test_a_changed_engine_is_a_new_statefulset_beside_the_old_one(manifests: list[dict[str, Any]],
+                                                                    tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "policies" / "gpu.yaml").read_text().replace("max_model_len: 32768",
+                                                                           "max_model_len: 16384", 1))
+    values = tmp_path / "values.yaml"
+    values.write_text(VALUES.read_text().replace("policy: ../../policies/gpu.yaml", f"policy: {policy}"))
+    changed = render(*load_values(values))
+
+    def micro(ms: list[dict[str, Any]]) -> tuple[str, list[str]]:
+        sts = next(m for m in by_kind(ms, "StatefulSet") if m["metadata"]["labels"].get("cascade/pool") == "micro")
+        config = yaml.safe_load(named(ms, "ConfigMap", "cascade-policy")["data"]["policy.yaml"])
+        return sts["metadata"]["name"], config["pools"]["micro"]["urls"]
+
+    (old_name, old_urls), (new_name, new_urls) = micro(manifests), micro(changed)
+    assert old_name != new_name and old_name.rsplit("-", 1)[0] == new_name.rsplit("-", 1)[0]
+    assert all(f"//{new_name}-" in u for u in new_urls) and not any(f"//{new_name}-" in u for u in old_urls)
+    flagship = [m["metadata"]["name"] for ms in (manifests, changed) for m in by_kind(ms, "StatefulSet")
+                if m["metadata"]["labels"].get("cascade/pool") == "flagship"]
+    assert flagship[0] == flagship[1]  # an unchanged pool keeps its StatefulSet

@@ -26,6 +26,7 @@ from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
 from gateway.control.pool_change import plan_change
 from gateway.settings import Settings
+from loadtest.fake_upstream import FakeUpstream
 from policies.schema import EngineSpec
 from tests.servers import alive, fake_engine, free_port, serve, until
 
@@ -356,7 +357,7 @@ def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
         _edit(policy_file, f'urls: ["{flagship_url}"]', f'urls: ["{dead}"]')
         refused = httpx.post(url + "/admin/policy/reload", headers=AUTH, timeout=30)
         assert refused.status_code == 422
-        assert "answered its health check within 1 s" in " ".join(refused.json()["error"]["problems"])
+        assert "answered their health check within 1 s" in " ".join(refused.json()["error"]["problems"])
         assert httpx.get(url + "/readyz").json()["policy_version"] == before
         assert httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10).status_code == 200
 
@@ -364,6 +365,27 @@ def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
         assert httpx.post(url + "/admin/policy/reload", headers=AUTH, timeout=30).status_code == 200
         r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
         assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
+
+
+def test_a_remote_pool_whose_new_servers_start_late_is_switched_by_the_watcher_once_they_answer(
+    policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gateway.control.pool_set.REPLACE_WAIT_S", 0.5)
+    _, _, _, flagship_url = upstreams
+    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory",
+                        home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0.2)
+    flagship = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
+    port = free_port()
+    with serve(create_app(settings)) as url:
+        before = httpx.get(url + "/readyz").json()["policy_version"]
+        _edit(policy_file, f'urls: ["{flagship_url}"]', f'urls: ["http://127.0.0.1:{port}"]')  # pods starting
+        time.sleep(3)  # the watcher tried (refused: nothing answers there yet) and will try again
+        assert httpx.get(url + "/readyz").json()["policy_version"] == before
+        assert httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10).status_code == 200
+        with serve(FakeUpstream("flagship-model"), port=port):  # the new pods are up
+            until(lambda: httpx.get(url + "/readyz").json()["policy_version"] != before, timeout=15)
+            r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
+            assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
 
 
 def test_a_remote_pool_that_becomes_local_starts_its_engines_before_it_switches(
