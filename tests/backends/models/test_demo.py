@@ -140,3 +140,11 @@ def test_force_rebuilds(built: dict[str, Path]) -> None:
     ensure_demo_models(built["micro"].parent, force=True)
     assert (built["micro"] / "model.safetensors").stat().st_ino != before
     assert verify_model_dir(built["micro"]) is None
+
+
+def test_the_draft_shares_micros_tokenizer_and_is_smaller(built: dict[str, Path]) -> None:
+    """vLLM compares a draft's token ids with the model's: the same tokenizer file, the same vocabulary."""
+    assert (built["draft"] / "tokenizer.json").read_bytes() == (built["micro"] / "tokenizer.json").read_bytes()
+    micro, draft = (json.loads((built[name] / "config.json").read_text()) for name in ("micro", "draft"))
+    assert draft["vocab_size"] == micro["vocab_size"]
+    assert draft["hidden_size"] < micro["hidden_size"] and draft["num_hidden_layers"] < micro["num_hidden_layers"]
