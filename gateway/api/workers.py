@@ -21,16 +21,20 @@ Design:
   (`cascade_engine_restarts_total`, once per restart whatever the number of workers).
 - SIGTERM or SIGINT to the parent: every worker drains (uvicorn's graceful shutdown), then the engines stop.
 
+- A policy change reaches the engines too: the parent runs them in the same `PoolSet` one process would
+  (`gateway.control.engine_host`: blue-green and rolling changes, canaries, autoscaling), watching the policy
+  file itself, and drains a replica on the workers' own in-flight counts (read from the metrics folder).
+
 Limits: on-demand (scale-to-zero) local pools need `--workers 1` (the process that owns engines must see
-the requests); a policy reload changes routing, tenants and the ladder in every worker but not the
-parent's engines (restart to change an engine spec).
+the requests); `POST /admin/policy/reload` reaches the worker that answers it and, through the file, the
+parent's watcher: an engine change applies on the parent's next look at the file (`policy_watch_interval_s`),
+not within that request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import multiprocessing
 import os
@@ -45,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from backends.engines.args import engine_command
-from backends.engines.registry import REGISTRY_ENV, publish
-from backends.engines.supervisor import CommandFactory, EngineSupervisor, choose_ports
+from backends.engines.registry import REGISTRY_ENV
+from backends.engines.supervisor import CommandFactory, choose_ports
+from gateway.control.engine_host import EngineHost
 from gateway.control.metrics import MULTIPROC_ENV, ParentRestartCounter, prepare_multiprocess_dir, worker_exited
 from gateway.settings import Settings
 from policies.loader import load_policy
@@ -132,7 +137,7 @@ class WorkerGroup:
         self._count = count
         self._ctx = multiprocessing.get_context("spawn")
         self.procs: list[BaseProcess] = []
-        self.supervisors: list[EngineSupervisor] = []
+        self.engines: EngineHost | None = None
         self._stopping = asyncio.Event()
         self._metrics_dir = settings.home / "metrics"
         self._registry = settings.home / "engines"
@@ -152,21 +157,11 @@ class WorkerGroup:
         return proc
 
     async def _start_engines(self) -> None:
+        """The engines, run here for every worker (`gateway.control.engine_host`); a pool whose engines fail to
+        start is reported by the workers' /readyz (503 for it), the others serve."""
         restarts = ParentRestartCounter(self._metrics_dir)  # the workers start no engines: counted here, once
-        for name, spec in _local_pools(self._settings).items():
-            # a canary's engines after the pool's, published as `<pool>.canary` (log files `<pool>.g1-<i>.log`)
-            canary = [] if spec.canary is None else [(f"{name}.canary", spec.canary.engine, 1)]
-            for key, engine, generation in [(name, spec.engine, 0), *canary]:
-                sup = EngineSupervisor(name, engine, home=self._settings.home, command=self._command,
-                                       on_restart=restarts,  # it logs its own progress
-                                       on_urls=functools.partial(publish, self._registry, key), generation=generation)
-                self.supervisors.append(sup)
-                try:
-                    await sup.start()
-                except Exception as exc:  # the workers keep answering /readyz 503 for this pool, or serve alone
-                    log.error("engines of %s failed to start: %s", key, exc)
-                    continue
-                publish(self._registry, key, sup.urls)
+        self.engines = EngineHost(self._settings, self._registry, self._metrics_dir, self._command, restarts)
+        await self.engines.start()
 
     async def _watch(self) -> None:
         """Restart dead workers with a growing delay until stopped."""
@@ -212,7 +207,8 @@ class WorkerGroup:
             engines.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await engines
-        await asyncio.gather(*(sup.aclose() for sup in self.supervisors))
+        if self.engines is not None:
+            await self.engines.aclose()
 
 
 def run_workers(settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool) -> int:

@@ -57,7 +57,15 @@ class PoolSet:
     """Owns the pools (a dict shared with the service), their supervisors and the background tasks."""
 
     def __init__(self, settings: Settings, client: EngineClient, progress: Callable[[str], None] | None = None,
-                 drain_grace_s: float = 60.0) -> None:
+                 drain_grace_s: float = 60.0, elsewhere: Callable[[str], int] | None = None, drain_floor_s: float = 0.0,
+                 supervisor: Callable[..., EngineSupervisor] | None = None) -> None:
+        """`elsewhere(url)`: requests other processes have in flight to the replica at `url` (the workers of
+        `--workers N`, for the parent that runs their engines and serves nothing itself); a replica drains until
+        those end too, and not before `drain_floor_s` (the time the others take to stop sending it new ones).
+        `supervisor`: how engine supervisors are made (default `EngineSupervisor`)."""
+        self._elsewhere = elsewhere
+        self._drain_floor_s = drain_floor_s
+        self._make_supervisor = supervisor
         self._settings = settings
         self._client = client
         self._progress = progress
@@ -215,7 +223,8 @@ class PoolSet:
 
         generation = self._generations.get(name, -1) + 1
         self._generations[name] = generation
-        sup = EngineSupervisor(name, spec.engine, home=self._settings.home, progress=self._progress,
+        factory = self._make_supervisor or EngineSupervisor
+        sup = factory(name, spec.engine, home=self._settings.home, progress=self._progress,
                                on_restart=self._engine_restarted, answered=_last_answer(pool), on_urls=moved,
                                generation=generation, start_on=start_on)
         return sup
@@ -388,8 +397,14 @@ class PoolSet:
 
     async def _drained(self, replicas: list[Replica]) -> None:
         """Wait until no request is in flight on `replicas` (bounded by the grace period)."""
-        deadline = time.monotonic() + self._grace
-        while sum(r.in_flight for r in replicas) and time.monotonic() < deadline:  # noqa: ASYNC110
+        started = time.monotonic()
+        deadline, floor = started + self._grace, started + self._drain_floor_s
+
+        def busy() -> bool:
+            here = sum(r.in_flight for r in replicas)
+            return bool(here or (self._elsewhere is not None and sum(self._elsewhere(r.url) for r in replicas)))
+
+        while (time.monotonic() < floor or busy()) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.2)  # polling a counter the request path owns; no event to wait on
 
     async def start(self, policy: Policy) -> None:

@@ -137,3 +137,29 @@ def test_every_worker_follows_an_engine_restarted_on_another_port(group: Group) 
         assert codes == [200] * 40
     finally:
         holder.close()
+
+
+def test_an_engine_change_in_the_policy_file_reaches_the_parent_and_loses_no_request(
+        group: Group, tmp_path: Path) -> None:
+    (old,) = group.engine_pids()
+    policy = tmp_path / "policy.yaml"
+    body = {"model": "micro", "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {"fake_tokens": "6", "fake_delay_ms": "20"}}
+    codes: list[int] = []
+    policy.write_text(policy.read_text().replace("startup_timeout_s: 60}",
+                                                 "startup_timeout_s: 60, max_model_len: 2048}"))
+    deadline = time.monotonic() + 60
+    with httpx.Client(timeout=10) as client:
+        while True:  # steady traffic over both workers while the parent starts the new engine beside the old
+            codes.append(client.post(group.url + "/v1/chat/completions", json=body,
+                                     headers={"connection": "close"}).status_code)
+            pids = group.engine_pids()
+            if old not in pids and pids:
+                break
+            assert time.monotonic() < deadline, f"the old engine never stopped (engines: {pids})"
+        for _ in range(20):  # and on the new one, from every worker
+            codes.append(client.post(group.url + "/v1/chat/completions", json=body,
+                                     headers={"connection": "close"}).status_code)
+    assert set(codes) == {200} and len(codes) > 20
+    (new,) = group.engine_pids()
+    assert new != old  # the parent started the new version, then stopped the old one once drained

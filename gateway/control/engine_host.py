@@ -1,0 +1,159 @@
+"""The engines of `cascade serve --workers N`, run by the parent process, which serves no requests.
+
+The parent runs the same `PoolSet` a single gateway process runs, so every engine change applies there alike:
+blue-green and rolling changes, canaries, autoscaling, replicas followed to a new port. Besides it:
+- a policy file watcher reconciles the pool set with the file (the workers watch it too, for routing);
+- a publisher writes where each pool's replicas listen, and its canary's (`<pool>.canary`), into the registry
+  the workers follow (`backends.engines.registry`), whenever that changes;
+- what drains a replica is the workers' requests in flight to it, read from the metrics folder they share
+  (`cascade_replica_in_flight`, a live gauge per worker), and not before `DRAIN_FLOOR_S`: the workers follow a
+  published change within their probe interval;
+- the autoscaler's signals are the engines' own (KV cache, queue, scraped by the parent's probes) and the
+  workers' in-flight count; the gateway's TTFT is not seen here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, multiprocess
+
+from backends.background import stop
+from backends.clients.shared import make_engine_client
+from backends.engines.registry import publish
+from backends.engines.supervisor import CommandFactory, EngineSupervisor, RestartHook
+from gateway.control.autoscale import Autoscaler
+from gateway.control.file_watch import FileWatcher
+from gateway.control.pool_change import PolicyNotApplied, PoolChangeRefused
+from gateway.control.pool_set import PoolSet
+from gateway.settings import Settings
+from policies.loader import LoadedPolicy, PolicyError, load_policy
+
+__all__ = ["DRAIN_FLOOR_S", "EngineHost", "workers_in_flight"]
+
+log = logging.getLogger("cascade.engines")
+
+DRAIN_FLOOR_S = 3.0
+"""A replica the parent takes out of service keeps running at least this long: the workers follow the registry
+every probe interval (1 s by default), and may send it requests until they have."""
+
+
+def workers_in_flight(metrics_dir: Path) -> dict[str, float]:
+    """Requests every live worker has in flight, per replica URL, from the workers' shared metrics folder."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, str(metrics_dir))  # type: ignore[no-untyped-call]
+    out: dict[str, float] = {}
+    for family in registry.collect():
+        if family.name == "cascade_replica_in_flight":
+            for sample in family.samples:
+                url = sample.labels.get("replica", "")
+                out[url] = out.get(url, 0.0) + sample.value
+    return out
+
+
+class EngineHost:
+    """Owns the parent's pool set, its watcher, publisher and autoscaler (`start` / `aclose`)."""
+
+    def __init__(self, settings: Settings, registry: Path, metrics_dir: Path, command: CommandFactory,
+                 on_restart: RestartHook | None = None) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._metrics_dir = metrics_dir
+        self._client = make_engine_client(settings.transport)
+        self.pool_set = PoolSet(settings, self._client, elsewhere=self._elsewhere, drain_floor_s=DRAIN_FLOOR_S,
+                                supervisor=functools.partial(EngineSupervisor, command=command))
+        self.pool_set.on_engine_restart = on_restart
+        self._loaded: LoadedPolicy | None = None
+        self._lock = asyncio.Lock()
+        self._published: dict[str, tuple[str, ...]] = {}
+        self._counts: tuple[float, dict[str, float]] = (0.0, {})
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watcher = FileWatcher([settings.policy_path], self.reload, settings.policy_watch_interval_s,
+                                    retry_s=max(1.0, 7.5 * settings.policy_watch_interval_s))
+        self._autoscaler = Autoscaler(self.pool_set, self._signals, None, settings.probe_interval_s)
+
+    async def start(self) -> None:
+        """Start every pool's engines (in the background, as in one process) and the loops."""
+        self._loaded = load_policy(self._settings.policy_path)
+        PoolSet.check(self._loaded)
+        await self.pool_set.start(self._loaded.policy)
+        self._tasks.append(asyncio.create_task(self._publish_loop(), name="engine-registry"))
+        if self._settings.policy_watch_interval_s > 0:
+            self._watcher.start()
+        self._autoscaler.start()
+
+    async def reload(self) -> None:
+        """Reconcile the engines with the policy file (the file watcher calls it). Raises `PolicyError`, or
+        `PolicyNotApplied` for a change that may apply later; the engines stay as they were."""
+        async with self._lock:
+            fresh = load_policy(self._settings.policy_path)
+            if self._loaded is not None and fresh.version == self._loaded.version:
+                return
+            PoolSet.check(fresh)
+            try:
+                await self.pool_set.reconcile(fresh.policy)
+            except PoolChangeRefused as exc:
+                error = PolicyNotApplied if exc.retryable else PolicyError
+                raise error(fresh.source, exc.problems) from exc
+            self.pool_set.retire_unused(fresh.policy)
+            self._loaded = fresh
+            self.publish()
+            log.info("engines reconciled with the policy", extra={"policy_version": fresh.version})
+
+    def publish(self) -> None:
+        """Write the registry entries that changed: each local pool's replicas and its canary's (none: empty)."""
+        wanted: dict[str, tuple[str, ...]] = {}
+        for name, sup in self.pool_set.supervisors.items():
+            wanted[name] = sup.urls
+            canary = self.pool_set.canaries.get(name)
+            wanted[f"{name}.canary"] = tuple(r.url for r in canary.pool.replicas) if canary is not None else ()
+        for key, urls in wanted.items():
+            if self._published.get(key) != urls:
+                publish(self._registry, key, urls)
+                self._published[key] = urls
+
+    async def _publish_loop(self) -> None:
+        while True:
+            try:
+                self.publish()
+            except OSError as exc:
+                log.warning("could not publish the engines' ports: %s", exc)
+            await asyncio.sleep(0.5)
+
+    def _in_flight(self) -> dict[str, float]:
+        """The workers' in-flight counts per replica URL, read at most every 0.2 s."""
+        at, counts = self._counts
+        if time.monotonic() - at > 0.2:
+            try:
+                counts = workers_in_flight(self._metrics_dir)
+            except (OSError, ValueError) as exc:
+                log.warning("could not read the workers' in-flight counts: %s", exc)
+            self._counts = (time.monotonic(), counts)
+        return counts
+
+    def _elsewhere(self, url: str) -> int:
+        return int(self._in_flight().get(url.rstrip("/"), 0.0))
+
+    def _signals(self, now: float) -> Mapping[tuple[str, str], float]:
+        counts = self._in_flight()
+        out: dict[tuple[str, str], float] = {}
+        for name, pool in self.pool_set.pools.items():
+            out[("kv_cache_usage", name)] = max((r.load.kv_cache_usage for r in pool.replicas), default=0.0)
+            out[("queue_depth", name)] = sum(r.load.waiting for r in pool.replicas)
+            out[("in_flight", name)] = sum(counts.get(r.url, 0.0) for r in pool.replicas)
+        return out
+
+    async def aclose(self) -> None:
+        await self._autoscaler.aclose()
+        await self._watcher.aclose()
+        for task in self._tasks:
+            await stop(task)
+        with contextlib.suppress(Exception):
+            await self.pool_set.aclose()
+        await self._client.aclose()
