@@ -343,15 +343,21 @@ def test_room_is_judged_by_memory_on_a_cpu_host_and_by_free_gpus_on_a_gpu_host(t
     assert judge_room(gpu, None, gpus).fits == 1  # two GPUs hold half of theirs free, the third does not
 
 
+FLAGSHIP = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _remote_only(policy_file: Path, tmp_path: Path, watch_s: float) -> Settings:
+    """A gateway that starts no engines, for the conftest policy's two remote pools."""
+    return Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory", home=tmp_path,
+                    admin_key=ADMIN, policy_watch_interval_s=watch_s)
+
+
 def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("gateway.control.pool_set.REPLACE_WAIT_S", 1.0)
     _, micro_url, _, flagship_url = upstreams
-    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory",
-                        home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0)
-    flagship = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
-    with serve(create_app(settings)) as url:
+    with serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0))) as url:
         before = httpx.get(url + "/readyz").json()["policy_version"]
         dead = f"http://127.0.0.1:{free_port()}"
         _edit(policy_file, f'urls: ["{flagship_url}"]', f'urls: ["{dead}"]')
@@ -359,11 +365,11 @@ def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
         assert refused.status_code == 422
         assert "answered their health check within 1 s" in " ".join(refused.json()["error"]["problems"])
         assert httpx.get(url + "/readyz").json()["policy_version"] == before
-        assert httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10).status_code == 200
+        assert httpx.post(url + "/v1/chat/completions", json=FLAGSHIP, timeout=10).status_code == 200
 
         _edit(policy_file, f'urls: ["{dead}"]', f'urls: ["{micro_url}"]')  # another live server
         assert httpx.post(url + "/admin/policy/reload", headers=AUTH, timeout=30).status_code == 200
-        r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
+        r = httpx.post(url + "/v1/chat/completions", json=FLAGSHIP, timeout=10)
         assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
 
 
@@ -372,19 +378,16 @@ def test_a_remote_pool_whose_new_servers_start_late_is_switched_by_the_watcher_o
 ) -> None:
     monkeypatch.setattr("gateway.control.pool_set.REPLACE_WAIT_S", 0.5)
     _, _, _, flagship_url = upstreams
-    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory",
-                        home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0.2)
-    flagship = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
     port = free_port()
-    with serve(create_app(settings)) as url:
+    with serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0.2))) as url:
         before = httpx.get(url + "/readyz").json()["policy_version"]
         _edit(policy_file, f'urls: ["{flagship_url}"]', f'urls: ["http://127.0.0.1:{port}"]')  # pods starting
         time.sleep(3)  # the watcher tried (refused: nothing answers there yet) and will try again
         assert httpx.get(url + "/readyz").json()["policy_version"] == before
-        assert httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10).status_code == 200
+        assert httpx.post(url + "/v1/chat/completions", json=FLAGSHIP, timeout=10).status_code == 200
         with serve(FakeUpstream("flagship-model"), port=port):  # the new pods are up
             until(lambda: httpx.get(url + "/readyz").json()["policy_version"] != before, timeout=15)
-            r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
+            r = httpx.post(url + "/v1/chat/completions", json=FLAGSHIP, timeout=10)
             assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
 
 
@@ -393,7 +396,6 @@ def test_a_remote_pool_that_becomes_local_starts_its_engines_before_it_switches(
 ) -> None:
     policy_file, _, settings = gateway
     app = create_app(settings)
-    flagship = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
     with serve(app) as url:
         until(lambda: _spare_ready(url))
         text = policy_file.read_text()
@@ -408,5 +410,5 @@ def test_a_remote_pool_that_becomes_local_starts_its_engines_before_it_switches(
         pool_set = app.state.runtime.pool_set
         (replica,) = pool_set.supervisors["flagship"].replicas
         assert [r.url for r in pool_set.pools["flagship"].replicas] == [replica.url]
-        r = httpx.post(url + "/v1/chat/completions", json=flagship, timeout=10)
+        r = httpx.post(url + "/v1/chat/completions", json=FLAGSHIP, timeout=10)
         assert r.status_code == 200 and r.headers["x-cascade-pool"] == "flagship"
