@@ -25,22 +25,33 @@ SCALE = Autoscale(min_replicas=1, max_replicas=3, scale_up=ScaleUp(kv_cache_usag
                   scale_down_after_idle_s=60, cooldown_s=30)
 
 
-def test_growth_needs_pressure_sustained_and_respects_cooldown_and_bounds() -> None:
+def test_growth_needs_the_mean_over_the_window_above_the_bound() -> None:
     state = ScaleState()
-    hot = {("kv_cache_usage", "p"): 0.9}
-    over = pressure(SCALE, hot, "p")
-    assert over == "kv_cache_usage 0.9 > 0.8"
-    assert decide(SCALE, 1, state, 100.0, over, idle=False) is None  # pressure starts now
-    assert decide(SCALE, 1, state, 105.0, None, idle=False) is None  # a break: the clock restarts
-    assert decide(SCALE, 1, state, 106.0, over, idle=False) is None
-    assert decide(SCALE, 1, state, 115.0, over, idle=False) is None
-    assert decide(SCALE, 1, state, 116.0, over, idle=False) == ("up", "kv_cache_usage 0.9 > 0.8 for 10 s")
-    assert decide(SCALE, 3, state, 200.0, over, idle=False) is None  # at max_replicas
-    state = ScaleState(changed_at=100.0)
-    assert decide(SCALE, 1, state, 120.0, over, idle=False) is None  # cooling down (30 s)
-    assert decide(SCALE, 1, state, 131.0, over, idle=False) is not None  # 11 s of pressure, past the cool-down
-    assert pressure(SCALE, {("kv_cache_usage", "p"): 0.5}, "p") is None
-    assert pressure(SCALE, {}, "p") is None  # no signal is no pressure
+
+    def tick(t: float, kv: float | None) -> str | None:
+        return pressure(SCALE, state, t, {} if kv is None else {("kv_cache_usage", "p"): kv}, "p")
+
+    assert tick(100.0, 0.9) is None  # less than sustained_s (10 s) of samples yet
+    assert tick(105.0, 0.2) is None
+    assert tick(110.0, 0.5) is None  # the mean of 0.9, 0.2 and 0.5 is under the bound
+    state = ScaleState()
+    readings = [0.9, 0.95, 0.5, 0.9, 0.95, 0.9, 0.95, 0.9, 0.95, 0.9, 0.95]  # a dip does not reset it
+    verdicts = [tick(200.0 + i, kv) for i, kv in enumerate(readings)]
+    assert verdicts[:-1] == [None] * 10 and verdicts[-1] == "kv_cache_usage averaged 0.886 > 0.8 over 10 s"
+    calm = ScaleState()
+    for i in range(12):
+        quiet = pressure(SCALE, calm, float(i), {("kv_cache_usage", "p"): 0.9 if i % 2 else 0.5}, "p")
+    assert quiet is None  # a mean of 0.7: under the bound
+    assert pressure(SCALE, ScaleState(), 0.0, {}, "p") is None  # no signal is no pressure
+
+
+def test_growth_respects_the_bounds_and_the_cooldown() -> None:
+    over = "kv_cache_usage averaged 0.9 > 0.8 over 10 s"
+    assert decide(SCALE, 1, ScaleState(), 100.0, over, idle=False) == ("up", over)
+    assert decide(SCALE, 3, ScaleState(), 100.0, over, idle=False) is None  # at max_replicas
+    assert decide(SCALE, 1, ScaleState(changed_at=80.0), 100.0, over, idle=False) is None  # cooling down (30 s)
+    assert decide(SCALE, 1, ScaleState(changed_at=69.0), 100.0, over, idle=False) is not None
+    assert decide(SCALE, 1, ScaleState(busy=True), 100.0, over, idle=False) is None  # a change under way
 
 
 def test_shrinking_needs_idleness_for_the_window_and_stops_at_min() -> None:
