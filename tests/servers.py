@@ -56,7 +56,7 @@ def serve(app: Any, port: int | None = None, **options: Any) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # a gateway with the classifier loads its ONNX embedder first (~25 s idle)
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("test server did not start")
