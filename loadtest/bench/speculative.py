@@ -3,8 +3,9 @@
 Two vLLM engines serve the same model (the demo micro model unless `--model`), one with n-gram prompt lookup
 (`--speculative-config` as `backends.engines.args` renders a policy's `speculative` block), one without. Both are
 started once; while one is measured the other is paused (SIGSTOP to its process group), so they never share the
-cores and an idle engine's busy-polling core steals nothing. Rounds interleave (spec first in odd rounds, plain
-first in even ones). Each round sends every mix to each engine: `--requests` streamed chat requests,
+cores and an idle engine's busy-polling core steals nothing. With `--pin-engine-core` each engine core is pinned
+to its worker's cores, as the supervisor pins an engine alone on its host. Rounds interleave (spec first in odd
+rounds, plain first in even ones). Each round sends every mix to each engine: `--requests` streamed chat requests,
 `--concurrency` at once, greedy, `ignore_eos` so both engines write exactly as many tokens:
 
 - `echo`: work that copies its input (extract fields, rewrite a paragraph, edit code), where prompt lookup has
@@ -48,6 +49,7 @@ import orjson
 
 from backends.clients.pool import EngineLoad, parse_vllm_metrics
 from backends.engines.args import engine_command, engine_env
+from backends.engines.cpu_pinning import cpus_of, engine_processes, set_affinity
 from backends.models.demo import ensure_demo_models, models_root
 from loadtest.load.stream_client import percentile
 from loadtest.processes import free_port, wait_ready
@@ -192,6 +194,17 @@ async def _run_mix(engine: _Engine, model: str, mix: Mix, requests: int, concurr
         errors=len(samples) - len(good))
 
 
+def _pin_engine_core(engine: _Engine) -> list[int]:
+    """Put the engine core on its worker's cores, as the supervisor does for an engine alone on its host
+    (`backends.engines.cpu_pinning.pin_engine_core`, which declines here: the paused twin's worker shares those
+    cores, though the two never run at once). Unpinned, the busy-polling core starves the API server."""
+    procs = engine_processes(engine.proc.pid)
+    cpus = cpus_of(procs.workers)
+    for pid in procs.engine_cores if cpus else ():
+        set_affinity(pid, cpus)
+    return sorted(cpus)
+
+
 @contextmanager
 def _started(name: str, spec: EngineSpec, log_dir: Path) -> Iterator[_Engine]:
     port = free_port()
@@ -297,6 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     p.add_argument("--requests", type=int, default=8, help="requests per mix, engine and round (default 8)")
     p.add_argument("--concurrency", type=int, default=2, help="requests at once (default 2)")
+    p.add_argument("--pin-engine-core", action="store_true", help="pin each engine core to its worker's cores, "
+                   "as the supervisor does (default: as vLLM starts them)")
     p.add_argument("--env", type=_pair, action="append", default=[], metavar="NAME=VALUE",
                    help="set in both engines' environment, e.g. LD_PRELOAD=.venv/lib/libiomp5.so (repeatable)")
     p.add_argument("--logs", type=Path, default=Path(".cascade/bench-speculative"), help="engine logs")
@@ -310,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in ("spec", "plain"):  # one at a time: two engines starting at once on 2 cores take minutes each
             engine = stack.enter_context(_started(name, _spec(args, name == "spec"), args.logs))
             wait_ready(engine.url + "/health", engine.proc, 600, name, partial(_tail, args.logs / f"{name}.log"))
+            if args.pin_engine_core:
+                print(f"{name}: engine core pinned to cores {_pin_engine_core(engine)}", file=sys.stderr)
             engine.pause()
             engines.append(engine)
         summary = summarise(asyncio.run(_rounds(args, engines)))
