@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from policies.ladder import LadderState
 from policies.schema import Policy
+from policies.tenant_moves import move_refused
 
 __all__ = ["Escalation", "escalation"]
 
@@ -43,8 +44,9 @@ def escalation(policy: Policy, tenant: str, ladder: LadderState, downgrade: bool
     allowed = spec.allowed_pools if spec is not None else None
     if downgrade:
         return Escalation(None, "budget", f"tenant {tenant!r} is over budget (policy: downgrade)")
-    if allowed is not None and flagship not in allowed:
-        return Escalation(None, "tenant-pools", f"tenant {tenant!r} may not use {flagship!r}")
+    refused = move_refused(policy, tenant, flagship, LadderState(), downgrade)  # the ladder's turn is below
+    if refused is not None:
+        return Escalation(None, refused.code, refused.reason)
     if ladder.threshold is not None:
         return Escalation(None, f"ladder:{ladder.threshold_step}",
                           f"ladder step {ladder.threshold_step!r} keeps borderline requests off {flagship!r}")
@@ -53,8 +55,8 @@ def escalation(policy: Policy, tenant: str, ladder: LadderState, downgrade: bool
         target, steps = flagship, ()
     if target == micro:
         return Escalation(None, f"ladder:{steps[-1]}", f"ladder step {steps[-1]!r} moves {flagship!r} -> {micro!r}")
-    priority = spec.priority if spec is not None else 0
-    if ladder.applying_to(target).shed_retry_after(priority) is not None:
-        return Escalation(None, "shed", f"the ladder sheds tenant {tenant!r} on {target!r}")
+    refused = move_refused(policy, tenant, target, ladder, downgrade)
+    if refused is not None:
+        return Escalation(None, refused.code, refused.reason)
     moved = f"; ladder step(s) {list(steps)} move {flagship!r} -> {target!r}" if steps else ""
     return Escalation(target, None, f"escalated to {target!r}{moved}")

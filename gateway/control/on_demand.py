@@ -16,14 +16,17 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from backends.clients.pool import Pool
 from gateway.errors import NoReplicaAvailable
 from policies.parallelism import OnDemand
 
-__all__ = ["ColdStartTimeout", "OnDemandGate", "OnDemandPools"]
+__all__ = ["ColdStartTimeout", "OnDemandGate", "OnDemandPools", "Wake"]
+
+Wake = Callable[[str, Callable[[str], bool] | None], Awaitable[str]]
+"""`OnDemandGate.ensure`: (pool, may the request be moved to this fallback pool?) -> the pool that serves."""
 
 log = logging.getLogger("cascade.on_demand")
 
@@ -73,9 +76,10 @@ class OnDemandGate:
     def _asleep(self, name: str) -> bool:
         return name not in self._pools.supervisors or name in self._waking
 
-    async def ensure(self, name: str) -> str:
-        """The pool that serves this request: `name`, once awake, or its cold fallback. Raises
-        `ColdStartTimeout` past the pool's timeout, `NoReplicaAvailable` when its engines fail to start."""
+    async def ensure(self, name: str, may_use: Callable[[str], bool] | None = None) -> str:
+        """The pool that serves this request: `name`, once awake, or its cold fallback where `may_use(fallback)`
+        (the tenant may be moved there; otherwise it waits, as with `on_cold: wait`). Raises `ColdStartTimeout`
+        past the pool's timeout, `NoReplicaAvailable` when its engines fail to start."""
         settings = self._pools.on_demand(name)
         if settings is None:
             return name
@@ -83,8 +87,9 @@ class OnDemandGate:
         if not self._asleep(name):
             return name
         task = self._wake(name)
-        if settings.fallback_pool is not None:
-            return settings.fallback_pool
+        fallback = settings.fallback_pool
+        if fallback is not None and (may_use is None or may_use(fallback)):
+            return fallback
         try:
             await asyncio.wait_for(asyncio.shield(task), settings.cold_start_timeout_s)
         except TimeoutError:

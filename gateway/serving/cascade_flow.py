@@ -11,7 +11,7 @@ escalated call under the request id, priced at its own pool's prices. Every unsu
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,6 +19,7 @@ import orjson
 
 from backends.clients.pool import Pool
 from gateway.control.metrics import GatewayMetrics
+from gateway.control.on_demand import Wake
 from gateway.errors import NoReplicaAvailable
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade import (
@@ -37,6 +38,7 @@ from policies.decide import RouteDecision, served_model
 from policies.escalation import Escalation, escalation
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
+from policies.tenant_moves import move_refused
 
 __all__ = ["CascadeFlow", "CascadeTurn", "cascades"]
 
@@ -89,7 +91,7 @@ class CascadeFlow:
 
     def __init__(self, forwarder: Forwarder, pool_of: Callable[[RouteDecision, Mapping[str, Any]],
                                                                tuple[RouteDecision, Pool]],
-                 wake: Callable[[str], Awaitable[str]] | None = None, metrics: GatewayMetrics | None = None) -> None:
+                 wake: Wake | None = None, metrics: GatewayMetrics | None = None) -> None:
         self._fw = forwarder
         self._pool_of = pool_of
         self._wake = wake
@@ -167,8 +169,11 @@ class CascadeFlow:
         plan = escalation(policy, call.facts.tenant, turn.ladder, turn.downgrade)
         if plan.pool is None or self._wake is None:
             return plan
+        def may_use(pool: str) -> bool:  # the target's cold fallback: the same tenant decision
+            return move_refused(policy, call.facts.tenant, pool, turn.ladder, turn.downgrade) is None
+
         try:
-            serving = await self._wake(plan.pool)
+            serving = await self._wake(plan.pool, may_use)
         except NoReplicaAvailable as exc:  # a cold start past its timeout
             return Escalation(None, "on-demand", f"{plan.pool!r} is starting on demand ({exc})")
         if serving == plan.pool:

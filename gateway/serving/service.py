@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from backends.clients.pool import Pool
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
+from gateway.control.on_demand import Wake
 from gateway.control.policy_holder import PolicyHolder
 from gateway.errors import BadRequest, NoReplicaAvailable, UpstreamError
 from gateway.learning.loop import LearningTap
@@ -26,7 +27,9 @@ from gateway.serving.upstream import prepare_upstream
 from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
 from policies.decide import RouteDecision, served_model
+from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
+from policies.tenant_moves import move_refused
 
 __all__ = ["ChatService", "JSONReply", "StreamReply"]
 
@@ -38,7 +41,7 @@ class ChatService:
 
     def __init__(self, policies: PolicyHolder, versions: PoolVersions, router: RequestRouter, forwarder: Forwarder,
                  degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
-                 keep_requests: bool = False, wake: Callable[[str], Awaitable[str]] | None = None,
+                 keep_requests: bool = False, wake: Wake | None = None,
                  learning: LearningTap | None = None) -> None:
         """`versions` gives each routed request its pool's replicas (the pool's own, or its canary's). `wake(pool)`
         (scale to zero, `gateway.control.on_demand`) returns the pool that serves now. `learning` sees every
@@ -71,7 +74,7 @@ class ChatService:
         verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
         downgrade = verdict is not None and verdict.downgrade
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
-        decision = await self._on_cold(decision, loaded)
+        decision = await self._on_cold(decision, loaded, tenant, ladder, downgrade)
         _check_limits(loaded, decision, request)
         upstream, extra = prepare_upstream(raw, decision, request, ladder)
         kept = raw if self._keep_requests else None
@@ -81,7 +84,7 @@ class ChatService:
         try:
             return await self._forward(upstream, request, facts, loaded, turn)
         except NoReplicaAvailable:
-            other = _failover_pool(loaded, decision, tenant)
+            other = _failover_pool(loaded, decision, tenant, ladder, downgrade)
             if other is None:
                 raise
             moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
@@ -90,9 +93,14 @@ class ChatService:
             turn = replace(turn, headers=extra)
             return await self._forward(upstream, request, replace(facts, decision=moved), loaded, turn)
 
-    async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy) -> RouteDecision:
-        """Wake an on-demand pool (or take its cold fallback pool)."""
-        target = decision.pool if self._wake is None else await self._wake(decision.pool)
+    async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy, tenant: str, ladder: LadderState,
+                       downgrade: bool) -> RouteDecision:
+        """Wake an on-demand pool (or take its cold fallback pool, where the tenant may be moved there:
+        `policies.tenant_moves`; else the request waits for the cold start)."""
+        def may_use(pool: str) -> bool:
+            return move_refused(loaded.policy, tenant, pool, ladder, downgrade) is None
+
+        target = decision.pool if self._wake is None else await self._wake(decision.pool, may_use)
         if target == decision.pool:
             return decision
         return replace(decision, pool=target, model=served_model(loaded.policy, target), rule="on-demand-fallback",
@@ -128,17 +136,17 @@ class ChatService:
         return await self._fw.json(pool, upstream, facts, loaded, extra)
 
 
-def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str) -> str | None:
-    """The other tier, when the policy allows failing over to it and the tenant may use it. A pinned model
-    is never swapped for another: its caller asked for that model."""
+def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str, ladder: LadderState,
+                   downgrade: bool) -> str | None:
+    """The other tier, when the policy allows failing over to it and the tenant may be moved there
+    (`policies.tenant_moves`: its allowed pools, its budget, the ladder's shedding). A pinned model is never
+    swapped for another: its caller asked for that model."""
     routing = loaded.policy.routing
     if not routing.failover or decision.rule == "pinned" or decision.pool not in (routing.micro_pool,
                                                                                       routing.flagship_pool):
         return None
     other = routing.flagship_pool if decision.pool == routing.micro_pool else routing.micro_pool
-    spec = loaded.policy.tenants.get(tenant)
-    allowed = spec.allowed_pools if spec is not None else None
-    return other if allowed is None or other in allowed else None
+    return other if move_refused(loaded.policy, tenant, other, ladder, downgrade) is None else None
 
 
 def _check_limits(loaded: LoadedPolicy, decision: RouteDecision, request: ChatRequest) -> None:

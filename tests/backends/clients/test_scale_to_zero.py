@@ -82,6 +82,13 @@ async def test_fallback_serves_while_the_pool_starts() -> None:
     assert await gate.ensure("big") == "big" and pools.woken == ["big"]
 
 
+async def test_a_fallback_the_tenant_may_not_use_waits_for_the_cold_start() -> None:
+    pools = FakePools({"big": _od(on_cold="fallback:micro"), "micro": None}, start_s=0.1)
+    gate = OnDemandGate(pools)
+    assert await gate.ensure("big", lambda pool: pool != "micro") == "big"  # waited for "big" instead
+    assert pools.woken == ["big"]
+
+
 async def test_failed_cold_start_is_a_503_and_the_next_request_tries_again() -> None:
     pools = FakePools({"big": _od()})
     pools.fail = "engine exited with code 1"

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from gateway.api.app import create_app
+from gateway.api.auth import hash_key
 from gateway.api.runtime import Runtime
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
@@ -248,6 +249,25 @@ def test_failover_to_the_other_tier_when_the_policy_allows(tmp_path: Path, upstr
         assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "failover")
         pinned = httpx.post(url + "/v1/chat/completions", json={**hard, "model": "flagship"})
         assert pinned.status_code == 503  # a pinned model is never swapped
+
+
+def test_failover_does_not_move_a_tenant_to_a_pool_it_may_not_use(tmp_path: Path, upstreams: Upstreams) -> None:
+    _, _, _, flagship_url = upstreams
+    dead = f"http://127.0.0.1:{free_port()}"
+    path = tmp_path / "p.yaml"
+    tenants = f"""tenants:
+  small: {{api_key_sha256: ['{hash_key("sk-small")}'], allowed_pools: [micro, flagship]}}
+  micro-only: {{api_key_sha256: ['{hash_key("sk-micro")}'], allowed_pools: [micro]}}
+"""
+    path.write_text(policy_yaml(dead, flagship_url).replace("threshold: 0.5", "threshold: 0.5\n  failover: true")
+                    + tenants)
+    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp_path)
+    easy = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    with serve(create_app(settings)) as url:
+        moved = httpx.post(url + "/v1/chat/completions", json=easy, headers={"authorization": "Bearer sk-small"})
+        assert moved.status_code == 200 and moved.headers["x-cascade-pool"] == "flagship"
+        held = httpx.post(url + "/v1/chat/completions", json=easy, headers={"authorization": "Bearer sk-micro"})
+        assert held.status_code == 503  # its only pool has no replica; the flagship is not its to use
 
 
 def test_client_request_ids_cannot_make_requests_free(gateway: tuple[str, Any]) -> None:
