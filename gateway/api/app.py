@@ -5,7 +5,6 @@ Handlers parse, call the service, render. Every error leaves as the OpenAI error
 
 from __future__ import annotations
 
-import gc
 import hmac
 import logging
 import time
@@ -196,20 +195,6 @@ class GatewayApp:
         return await self._starlette(scope, receive, send)
 
 
-_frozen = False
-
-
-def _freeze_start_up() -> None:
-    """Move what start-up built (policy, scorer, clients, imported modules) out of the collector's reach, once per
-    process: full collections then scan only what requests allocate (`gc.freeze`). Once, so that a process that
-    builds many apps (the tests) does not keep freezing garbage it has not collected yet."""
-    global _frozen
-    if not _frozen:
-        gc.collect()
-        gc.freeze()
-        _frozen = True
-
-
 def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp:
     """The ASGI app. Without `runtime`, its lifespan builds one from `settings` (and closes it)."""
 
@@ -229,7 +214,6 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
                 watcher.start()
         lag = LoopLag(current.metrics.loop_lag.observe)
         lag.start()
-        _freeze_start_up()
         log.info("gateway up", extra={"policy_version": current.policies.current.version})
         try:
             yield
