@@ -25,7 +25,7 @@ from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
 from gateway.learning.shadow import ShadowComparison
 from gateway.learning.store import LearningStore
-from gateway.ledger.store import Ledger, LedgerKeys, MemoryLedger
+from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
 from gateway.serving.proxy import Proxy
@@ -184,6 +184,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         await engines.aclose()
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
+    counts = getattr(ledger, "counts", None)  # a RedisLedger's (the memory ledger keeps none)
+    if isinstance(counts, LedgerCounts):
+        counts.on_event = metrics.ledger_event
     pool_set.on_engine_restart = metrics.engine_restarted
     _observe(scorer, metrics)
     accountant = Accountant(ledger, metrics)

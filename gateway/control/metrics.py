@@ -175,6 +175,13 @@ class GatewayMetrics:
                                    "(pool: where to) or held (pool: micro, held_by: why the policy kept it)",
                                    ["outcome", "pool", "held_by"], registry=r)
         self.engine_restarts = Counter(*_RESTARTS, ["pool", "reason"], registry=r)
+        self.ledger_records = Counter("cascade_ledger_records", "cost records by what the ledger did with them: "
+                                      "recorded, replayed (from the outbox), duplicates (already counted), spilled "
+                                      "(to the outbox, Redis unreachable), lost (the outbox failed too)",
+                                      ["outcome"], registry=r)
+        self.limiter_decisions = Counter("cascade_limiter_decisions", "rate-limit decisions: admitted, limited "
+                                         "(429), unchecked (Redis unreachable; the tenant's on_redis_outage "
+                                         "decides)", ["tenant", "decision"], registry=r)
         self.scale_events = Counter("cascade_scale_events", "autoscaler changes of a pool's replicas: direction up "
                                     "or down, outcome done, no_room or start_failed",
                                     ["pool", "direction", "outcome"], registry=r)
@@ -208,6 +215,10 @@ class GatewayMetrics:
     def engine_restarted(self, pool: str, index: int, reason: str) -> None:
         """The supervisor restarted replica `index` of `pool` (`backends.engines.supervisor.RestartHook`)."""
         self.engine_restarts.labels(pool, reason).inc()
+
+    def ledger_event(self, outcome: str) -> None:
+        """The ledger recorded, replayed, saw again, spilled or lost a record (`LedgerCounts.on_event`)."""
+        self.ledger_records.labels(outcome).inc()
 
     def scale_event(self, pool: str, direction: str, outcome: str) -> None:
         """The autoscaler changed, or tried to change, `pool`'s replicas (`gateway.control.autoscale.ScaleEvent`)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,6 +94,13 @@ class LedgerCounts:
     duplicates: int = 0  # request ids Redis had already counted (retries, replays)
     spilled: int = 0  # written to the outbox
     lost: int = 0  # Redis down and outbox write failed: logged at ERROR with the full record
+    on_event: Callable[[str], None] | None = None  # told each count's name as it rises (the metrics' counter)
+
+    def add(self, name: str) -> None:
+        """One more of `name` ("recorded", "replayed", "duplicates", "spilled" or "lost")."""
+        setattr(self, name, getattr(self, name) + 1)
+        if self.on_event is not None:
+            self.on_event(name)
 
 
 class RedisLedger:
@@ -260,10 +268,10 @@ class RedisLedger:
         try:
             await self._outbox.append(fields)
         except OSError as exc:
-            self.counts.lost += 1
+            self.counts.add("lost")
             _log.error("ledger record LOST (Redis down, outbox failed: %s): %s", exc, orjson.dumps(fields))
             return
-        self.counts.spilled += 1
+        self.counts.add("spilled")
 
     async def _replay(self) -> None:
         while (good := await self._outbox.claim(record_from_fields)) is not None:
@@ -282,8 +290,7 @@ class RedisLedger:
                 _log.exception("ledger: outbox drain failed")
 
     def _count(self, applied: object, *, replay: bool) -> None:
-        name = "duplicates" if applied != 1 else "replayed" if replay else "recorded"
-        setattr(self.counts, name, getattr(self.counts, name) + 1)
+        self.counts.add("duplicates" if applied != 1 else "replayed" if replay else "recorded")
 
     def _mark_down(self, exc: BaseException) -> None:
         if self._redis_up:

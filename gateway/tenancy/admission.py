@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from gateway.control.metrics import GatewayMetrics
-from gateway.errors import AdmissionUnavailable
+from gateway.errors import AdmissionUnavailable, TooManyRequests
 from gateway.logs import LogThrottle
 from gateway.serving.schema import ChatRequest
 from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict
@@ -84,7 +84,13 @@ class Admission:
         if self._limiter is not None and (limits.requests_per_minute or limits.tokens_per_minute):
             tokens = estimate_tokens(prompt_text_of(raw_messages))
             tokens += (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
-            self._outcome("rate_limit", tenant, spec, await self._limiter.admit(tenant, limits, tokens))
+            try:
+                checked = await self._limiter.admit(tenant, limits, tokens)
+            except TooManyRequests:
+                self._metrics.limiter_decisions.labels(tenant, "limited").inc()
+                raise
+            self._metrics.limiter_decisions.labels(tenant, "admitted" if checked else "unchecked").inc()
+            self._outcome("rate_limit", tenant, spec, checked)
         budget = spec.budget
         if self._budgets is None or (budget.daily_usd is None and budget.monthly_usd is None):
             return None

@@ -153,6 +153,22 @@ def test_fields_reject_malformed(name: str, value: str) -> None:
         record_from_fields(fields)
 
 
+async def test_every_count_is_told_as_it_rises(tmp_path: Path, prefix: str) -> None:
+    events: list[str] = []
+    up = RedisLedger(SHARED_URL, tmp_path / "up", prefix)
+    up.counts.on_event = events.append
+    await up.start()
+    await up.record(make_record(1))
+    await up.record(make_record(1))  # the same request id again: counted once
+    await up.aclose()
+    down = RedisLedger(f"redis://127.0.0.1:{free_port()}/0", tmp_path / "down", op_timeout_s=0.2)
+    down.counts.on_event = events.append
+    await down.start()
+    await down.record(make_record(2))  # Redis unreachable: to the outbox
+    await down.aclose()
+    assert events == ["recorded", "duplicates", "spilled"]
+
+
 async def test_record_rejects_malformed_before_any_io(tmp_path: Path) -> None:
     led = RedisLedger(f"redis://127.0.0.1:{free_port()}/0", tmp_path / "o")
     with pytest.raises(InvalidCostRecord):

@@ -54,6 +54,10 @@ def test_requests_per_minute(gateway: str, caplog: pytest.LogCaptureFixture) -> 
     assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
     assert 1 <= int(r.headers["retry-after"]) <= 60
     assert _post(gateway, "bad-key").status_code == 401
+    metrics = httpx.get(gateway + "/metrics").text  # every decision is counted, the 429 as limited
+    assert 'cascade_limiter_decisions_total{decision="limited",tenant="capped"} 1.0' in metrics
+    assert 'cascade_limiter_decisions_total{decision="admitted",tenant="capped"}' in metrics
+    assert 'cascade_ledger_records_total{outcome="recorded"}' in metrics  # the Redis ledger's own count
 
 
 def test_budget_rejects_once_spent(gateway: str) -> None:
