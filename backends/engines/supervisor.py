@@ -274,8 +274,7 @@ class EngineSupervisor:
         ports = choose_ports(self.spec.base_port, self.spec.replicas)
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        stem = self.pool if self.generation == 0 else f"{self.pool}.g{self.generation}"
-        self._replicas = [Replica(self.pool, i, port, logs / f"{stem}-{i}.log", start_on=self._start_on)
+        self._replicas = [Replica(self.pool, i, port, self._log_path(i), start_on=self._start_on)
                           for i, port in enumerate(ports)]
         started = time.monotonic()
         tasks = [asyncio.create_task(self._launch_and_wait(replica)) for replica in self._replicas]
@@ -460,6 +459,11 @@ class EngineSupervisor:
             return
         replica.failures = 0
 
+    def _log_path(self, index: int) -> Path:
+        """Replica `index`'s log: `<pool>-<i>.log`, or `<pool>.g<n>-<i>.log` for a later generation."""
+        stem = self.pool if self.generation == 0 else f"{self.pool}.g{self.generation}"
+        return self.home / "logs" / f"{stem}-{index}.log"
+
     async def add_replica(self, env: dict[str, str] | None = None, start_on: frozenset[int] | None = None) -> Replica:
         """Start one more replica (the first free port from `base_port` that no replica uses) and wait until it
         answers `/health`; only then is it supervised and `on_urls` told. `env` goes over the spec's (a worker
@@ -468,9 +472,7 @@ class EngineSupervisor:
             raise RuntimeError(f"pool {self.pool}: supervisor not running")
         index = max(r.index for r in self._replicas) + 1
         port = choose_ports(self.spec.base_port, 1, [r.port for r in self._replicas])[0]
-        stem = self.pool if self.generation == 0 else f"{self.pool}.g{self.generation}"
-        replica = Replica(self.pool, index, port, self.home / "logs" / f"{stem}-{index}.log", env=dict(env or {}),
-                          start_on=start_on)
+        replica = Replica(self.pool, index, port, self._log_path(index), env=dict(env or {}), start_on=start_on)
         try:
             await self._launch_and_wait(replica)
         except BaseException:

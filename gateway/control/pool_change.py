@@ -50,6 +50,7 @@ class ChangePlan:
     pool: str
     how: How
     why: str
+    step: int = 0  # `rolling`: how many replicas are replaced at a time (the new ones that fit beside the old)
 
 
 def plan_change(pool: str, *, runs_engines: bool, serving: bool, replicas: int, room: Room | None,
@@ -70,7 +71,7 @@ def plan_change(pool: str, *, runs_engines: bool, serving: bool, replicas: int, 
         return ChangePlan(pool, "blue-green", f"the new version starts beside the old ({room.how})")
     if room.fits >= 1 and old_replicas > 1 and same_name:
         return ChangePlan(pool, "rolling", f"room for {room.fits} of the {replicas} new replicas beside the old "
-                                           f"ones ({room.how}): replaced {room.fits} at a time")
+                                           f"ones ({room.how}): replaced {room.fits} at a time", step=room.fits)
     dark = f"about {last_start_s:.0f} s (its last start)" if last_start_s is not None else "until its engines start"
     if accept_interruption:
         return ChangePlan(pool, "restart", f"no room beside the old version ({room.how}); interruption accepted: "

@@ -86,7 +86,6 @@ class PoolSet:
         self._generations: dict[str, int] = {}
         self._starting_canary: dict[str, str] = {}  # pool: version of the canary starting with the pool
         self._rolling: set[str] = set()  # pools whose replicas are being replaced a few at a time
-        self.room_seen: dict[str, int] = {}  # pool: new replicas the last change found room for beside the old
 
     @staticmethod
     def check(loaded: LoadedPolicy) -> None:
@@ -315,15 +314,6 @@ class PoolSet:
         self.rolled_back[name] = (version, reason)
         self._drop_canary(name)
 
-    def rollback_canary(self, name: str) -> str:
-        """Take the canary of `name` out of service now (it drains, then stops); returns its version. Raises
-        `KeyError` when the pool has no running canary. A reload that keeps the same canary starts it again:
-        `cascade pool rollback` also removes it from the policy file."""
-        route = self.canaries[name]
-        self._drop_canary(name)
-        log.info("pool %s: canary %s rolled back", name, route.version)
-        return route.version
-
     def supervisors_of_canary(self, name: str) -> tuple[EngineReplica, ...]:
         """The replicas of the running canary of `name` that this process supervises (none: no canary here)."""
         sup = self._canary_sups.get(name)
@@ -355,8 +345,7 @@ class PoolSet:
         room = await asyncio.to_thread(judge_room, spec.engine.model_copy(update={"replicas": 1}), model_dir)
         if room.fits < 1:
             raise NoRoom(room.how)
-        bind = None if "VLLM_CPU_OMP_THREADS_BIND" in spec.engine.env else cores_beside(
-            tuple(r.pid for r in sup.replicas if r.pid is not None))
+        bind = _bind_beside(spec, sup)
         env = {} if bind is None else {"VLLM_CPU_OMP_THREADS_BIND": bind}
         await sup.add_replica(env, None if bind is None else parse_cpus(bind))
         if self.pools.get(name) is pool and self.supervisors.get(name) is sup:
@@ -500,7 +489,6 @@ class PoolSet:
         if runs and serving and isinstance(spec, LocalPool):
             model_dir = Path(resolve_model(spec.engine, models_root(self._settings.home)))
             room = await asyncio.to_thread(judge_room, spec.engine, model_dir)  # reads files, may run nvidia-smi
-            self.room_seen[name] = room.fits
         old = self.specs[name]
         same_name = isinstance(old, LocalPool) and isinstance(spec, LocalPool) and (
             old.engine.served_name == spec.engine.served_name)
@@ -517,7 +505,7 @@ class PoolSet:
             if plan.how == "replace":
                 return _NewVersion(await self._new_pool(plan.pool, spec), None)
             if plan.how == "rolling":
-                return await self._roll(plan.pool, _local(spec), self.room_seen[plan.pool])
+                return await self._roll(plan.pool, _local(spec), plan.step)
             assert isinstance(spec, LocalPool)
             old = self.supervisors.get(plan.pool)
             # the pool's own engines are replaced in the same `Pool`; a remote pool that becomes local gets one
@@ -714,13 +702,19 @@ def _local(spec: LocalPool | RemotePool) -> LocalPool:
     return spec
 
 
+def _bind_beside(spec: LocalPool, others: EngineSupervisor) -> str | None:
+    """A `VLLM_CPU_OMP_THREADS_BIND` keeping a new engine's worker off the cores of `others`' workers on a CPU host
+    (`cores_beside`), or None where the policy binds the workers itself or no core is free of them."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in spec.engine.env:
+        return None
+    return cores_beside(tuple(r.pid for r in others.replicas if r.pid is not None))
+
+
 def _beside(spec: LocalPool, old: EngineSupervisor) -> tuple[LocalPool, frozenset[int] | None]:
     """`spec`, its workers kept off the cores of the version it starts beside on a CPU host (`cores_beside`), and
     the cores its processes are held on while it starts (`hold_engine`); `spec` as it is (None) where the policy
     binds the workers itself or no core is free of the old version's workers."""
-    if "VLLM_CPU_OMP_THREADS_BIND" in spec.engine.env:
-        return spec, None
-    bind = cores_beside(tuple(r.pid for r in old.replicas if r.pid is not None))
+    bind = _bind_beside(spec, old)
     if bind is None:
         return spec, None
     log.info("pool %s: the new version's workers run on cores %s, beside the old version's", old.pool, bind)
