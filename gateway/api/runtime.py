@@ -18,7 +18,6 @@ from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
 from gateway.control.policy_holder import PolicyHolder
-from gateway.control.pool_change import PolicyNotApplied, PoolChangeRefused
 from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
 from gateway.learning.feedback import FeedbackService
@@ -37,7 +36,7 @@ from gateway.settings import Settings
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
-from policies.loader import LoadedPolicy, PolicyError, load_policy
+from policies.loader import LoadedPolicy, load_policy
 from router_models.serving.classifier_scorer import ClassifierScorer
 from router_models.serving.scorer import Scorer
 
@@ -83,12 +82,7 @@ class Runtime:
         async with self._reload_lock:
             fresh = load_policy(self.policies.current.source)
             if fresh.version != self.policies.current.version:
-                self.pool_set.check(fresh)
-                try:
-                    await self.pool_set.reconcile(fresh.policy, accept_interruption)
-                except PoolChangeRefused as exc:
-                    error = PolicyNotApplied if exc.retryable else PolicyError
-                    raise error(fresh.source, exc.problems) from exc
+                await self.pool_set.apply(fresh, accept_interruption)
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
                 self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not

@@ -30,10 +30,9 @@ from backends.engines.registry import publish
 from backends.engines.supervisor import CommandFactory, EngineSupervisor, RestartHook
 from gateway.control.autoscale import Autoscaler
 from gateway.control.file_watch import FileWatcher
-from gateway.control.pool_change import PolicyNotApplied, PoolChangeRefused
 from gateway.control.pool_set import PoolSet
 from gateway.settings import Settings
-from policies.loader import LoadedPolicy, PolicyError, load_policy
+from policies.loader import LoadedPolicy, load_policy
 
 __all__ = ["DRAIN_FLOOR_S", "EngineHost", "workers_in_flight"]
 
@@ -95,12 +94,7 @@ class EngineHost:
             fresh = load_policy(self._settings.policy_path)
             if self._loaded is not None and fresh.version == self._loaded.version:
                 return
-            PoolSet.check(fresh)
-            try:
-                await self.pool_set.reconcile(fresh.policy)
-            except PoolChangeRefused as exc:
-                error = PolicyNotApplied if exc.retryable else PolicyError
-                raise error(fresh.source, exc.problems) from exc
+            await self.pool_set.apply(fresh)
             self.pool_set.retire_unused(fresh.policy)
             self._loaded = fresh
             self.publish()

@@ -38,9 +38,9 @@ from backends.engines.supervisor import Replica as EngineReplica
 from backends.machine_checks import checked_here, connection_settings
 from backends.models.demo import models_root
 from gateway.control.canaries import CanaryGuard, CanaryRoute
-from gateway.control.pool_change import ChangePlan, PoolChangeRefused, plan_change
+from gateway.control.pool_change import ChangePlan, PolicyNotApplied, PoolChangeRefused, plan_change
 from gateway.settings import Settings
-from policies.loader import LoadedPolicy
+from policies.loader import LoadedPolicy, PolicyError
 from policies.parallelism import OnDemand
 from policies.pools import engine_version, pool_version
 from policies.schema import LocalPool, Policy, RemotePool
@@ -398,6 +398,17 @@ class PoolSet:
 
     async def start(self, policy: Policy) -> None:
         await asyncio.gather(*(self.add(name, spec) for name, spec in policy.pools.items()))
+
+    async def apply(self, fresh: LoadedPolicy, accept_interruption: bool = False) -> None:
+        """`check` and `reconcile` for a reloaded policy (call before it becomes current, then `retire_unused`).
+        Raises `PolicyError` with the problems (every pool stays as it was), or `PolicyNotApplied` for a change
+        that can apply later unchanged (a remote pool's new replicas not answering yet)."""
+        self.check(fresh)
+        try:
+            await self.reconcile(fresh.policy, accept_interruption)
+        except PoolChangeRefused as exc:
+            error = PolicyNotApplied if exc.retryable else PolicyError
+            raise error(fresh.source, exc.problems) from exc
 
     async def reconcile(self, policy: Policy, accept_interruption: bool = False) -> None:
         """Start the pools `policy` adds and change those whose engines, endpoints or canary it changes (call
