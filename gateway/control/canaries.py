@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import random
 import time
 from collections import deque
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.clients.pool import Pool
+from gateway.control.percentile import nearest_rank
 from policies.pools import CanaryGuard as GuardSpec
 
 __all__ = ["CanaryGuard", "CanaryRoute", "sticky_key", "takes_canary"]
@@ -102,9 +102,9 @@ def _passed(guard: GuardSpec, window: deque[tuple[float, float | None, bool]]) -
     if guard.max_error_rate is not None and rate > guard.max_error_rate:
         return (f"error rate {rate:.1%} over its last {len(window)} requests is above max_error_rate "
                 f"{guard.max_error_rate:.1%}")
-    ttfts = sorted(t for _, t, error in window if t is not None and not error)
+    ttfts = [t for _, t, error in window if t is not None and not error]
     if guard.max_p95_ttft_ms is not None and len(ttfts) >= guard.min_requests:
-        p95_ms = ttfts[max(0, math.ceil(0.95 * len(ttfts)) - 1)] * 1000
+        p95_ms = nearest_rank(ttfts, 0.95) * 1000
         if p95_ms > guard.max_p95_ttft_ms:
             return (f"p95 time to first token {p95_ms:.0f} ms over its last {len(ttfts)} answers is above "
                     f"max_p95_ttft_ms {guard.max_p95_ttft_ms:.0f}")

@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from backends.background import cancel_requested, stop
 from backends.clients.pool import Pool
 from gateway.control.ladder_sync import MAX_SAMPLES, LadderSync, Report, merge_reports
+from gateway.control.percentile import nearest_rank
 from gateway.logs import LogThrottle
 from policies.ladder import Ladder, LadderState
 from policies.loader import LoadedPolicy
@@ -36,13 +37,6 @@ log = logging.getLogger("cascade.degradation")
 
 _REQUEST_SIGNALS = ("ttft_p95_s", "error_rate")
 """Signals measured on this gateway's finished requests (the others are scraped from the engines)."""
-
-
-def _p95(values: list[float]) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 class DegradationMonitor:
@@ -101,7 +95,7 @@ class DegradationMonitor:
         for name, pool in self._pools().items():
             out[("kv_cache_usage", name)] = max((r.load.kv_cache_usage for r in pool.replicas), default=0.0)
             out[("queue_depth", name)] = sum(r.load.waiting for r in pool.replicas)
-            out[("ttft_p95_s", name)] = _p95([v for _, v in self._ttft.get(name, ())])
+            out[("ttft_p95_s", name)] = nearest_rank([v for _, v in self._ttft.get(name, ())], 0.95)
             outcomes = self._outcomes.get(name, ())
             out[("error_rate", name)] = sum(e for _, e in outcomes) / len(outcomes) if outcomes else math.nan
             out[("in_flight", name)] = float(pool.in_flight)

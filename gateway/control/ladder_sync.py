@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import orjson
 import redis.asyncio as aioredis
 
+from gateway.control.percentile import nearest_rank
+
 __all__ = ["LadderSync", "Report", "merge_reports"]
 
 log = logging.getLogger("cascade.ladder_sync")
@@ -56,13 +58,6 @@ class Report:
         return orjson.dumps({"at": at, "ttft": self.ttft, "outcomes": self.outcomes, "in_flight": self.in_flight})
 
 
-def _p95(values: list[float]) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
-
-
 def merge_reports(reports: Iterable[Report]) -> dict[tuple[str, str], float]:
     """`ttft_p95_s` over the union of the samples, `error_rate` over all requests and `in_flight` summed over
     the processes, per pool."""
@@ -77,7 +72,7 @@ def merge_reports(reports: Iterable[Report]) -> dict[tuple[str, str], float]:
         for pool, (errors, total) in report.outcomes.items():
             e, t = outcomes.get(pool, (0, 0))
             outcomes[pool] = (e + errors, t + total)
-    out: dict[tuple[str, str], float] = {("ttft_p95_s", p): _p95(v) for p, v in samples.items()}
+    out: dict[tuple[str, str], float] = {("ttft_p95_s", p): nearest_rank(v, 0.95) for p, v in samples.items()}
     out |= {("error_rate", p): (e / t if t else math.nan) for p, (e, t) in outcomes.items()}
     out |= {("in_flight", p): float(n) for p, n in in_flight.items()}
     return out

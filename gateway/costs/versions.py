@@ -11,7 +11,6 @@ than one token. Percentiles are nearest rank.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.control.percentile import nearest_rank
 from gateway.ledger.keys import LedgerKeys
 from gateway.ledger.record import CostRecord, InvalidCostRecord, record_from_fields
 from router_models.training.ledger_labels import LabelKeys
@@ -105,10 +105,7 @@ def _text(value: bytes | str) -> str:
 
 
 def _pct(values: list[float], q: float) -> str:
-    if not values:
-        return "-"
-    ordered = sorted(values)
-    return f"{ordered[max(0, math.ceil(q * len(ordered)) - 1)]:.0f}"
+    return f"{nearest_rank(values, q):.0f}" if values else "-"
 
 
 def render_comparison(pool: str, rows: Sequence[VersionFigures], roles: Mapping[str, str], hours: float) -> str:
