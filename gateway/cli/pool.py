@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from policies.loader import LoadedPolicy, PolicyError, load_policy
+from policies.loader import LoadedPolicy, PolicyError, load_policy, parse_policy
 
 __all__ = ["register"]
 
@@ -102,16 +102,10 @@ def _edit(args: argparse.Namespace, promote: bool) -> int:
 
 def _check(path: Path, text: str, pool: str, engine: Any) -> str | None:
     """Why the edited `text` is not what was meant (None: it is)."""
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=path.parent, delete=False, encoding="utf-8") as tmp:
-        tmp.write(text)
     try:
-        loaded = load_policy(Path(tmp.name))
+        loaded = parse_policy(text, source=str(path))
     except PolicyError as exc:
         return f"the edited policy does not validate:\n{exc}"
-    finally:
-        os.unlink(tmp.name)
     spec = loaded.policy.pools.get(pool)
     if spec is None or spec.type != "local" or spec.canary is not None:
         return "the edit did not remove the canary as expected (edit the policy by hand)"
