@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -52,6 +52,7 @@ __all__ = [
     "render_json",
     "render_table",
     "row_fields",
+    "stream_records",
     "usd",
     "verify",
 ]
@@ -359,20 +360,31 @@ async def _recompute(client: Redis, keys: LedgerKeys, start: date, end: date) ->
     """Sum the stream records whose `started_at` falls in the range. Records are added at or after their
     start (late ones from the outbox), so the scan starts one day early (clock skew) and runs to the end."""
     scan, first, days = _Scan(), days_between(start, end)[0], set(days_between(start, end))
-    cursor = str(int(datetime.fromisoformat(first).replace(tzinfo=UTC).timestamp() * 1000) - 86_400_000)
-    while entries := await client.xrange(keys.stream, min=cursor, max="+", count=1000):
-        for entry_id, raw in entries:
-            _add_entry(scan, keys, days, _text(entry_id), raw or {})
-        cursor = "(" + _text(entries[-1][0])
+    start_ms = int(datetime.fromisoformat(first).replace(tzinfo=UTC).timestamp() * 1000) - 86_400_000
+    async for entry_id, rec in stream_records(client, keys, start_ms):
+        if rec is None:
+            scan.malformed.append(entry_id)
+        else:
+            _add_entry(scan, keys, days, rec)
     return scan
 
 
-def _add_entry(scan: _Scan, keys: LedgerKeys, days: set[str], entry_id: str, raw: Mapping[Any, Any]) -> None:
-    try:
-        rec = record_from_fields({_text(k): _text(v) for k, v in raw.items()})
-    except (InvalidCostRecord, UnicodeDecodeError):
-        scan.malformed.append(entry_id)
-        return
+async def stream_records(client: Redis, keys: LedgerKeys,
+                         start_ms: int) -> AsyncIterator[tuple[str, CostRecord | None]]:
+    """(entry id, record) of every entry of the ledger's record stream from `start_ms` (epoch ms) on, in
+    pages of 1,000; the record is None for an entry that does not decode (malformed). Raises `RedisError`."""
+    cursor = str(start_ms)
+    while entries := await client.xrange(keys.stream, min=cursor, max="+", count=1000):
+        for entry_id, raw in entries:
+            try:
+                rec = record_from_fields({_text(k): _text(v) for k, v in (raw or {}).items()})
+            except (InvalidCostRecord, UnicodeDecodeError):
+                rec = None
+            yield _text(entry_id), rec
+        cursor = "(" + _text(entries[-1][0])
+
+
+def _add_entry(scan: _Scan, keys: LedgerKeys, days: set[str], rec: CostRecord) -> None:
     day, member, hour_member = rollup_slot(rec)
     if day not in days:
         return

@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aioredis
 
 from gateway.control.percentile import nearest_rank
+from gateway.costs.report import stream_records
 from gateway.ledger.keys import LedgerKeys
-from gateway.ledger.record import CostRecord, InvalidCostRecord, record_from_fields
+from gateway.ledger.record import CostRecord
 from router_models.training.ledger_labels import LabelKeys
 
 __all__ = ["VersionFigures", "compare_versions", "figures", "render_comparison"]
@@ -77,31 +77,13 @@ async def compare_versions(client: aioredis.Redis, prefix: str, pool: str, hours
     """`figures` of the records the ledger added in the last `hours`. Raises `RedisError`."""
     keys, labels = LedgerKeys(prefix), LabelKeys(prefix)
     start_ms = int(((now or time.time()) - hours * 3600) * 1000)
-    records: list[CostRecord] = []
-    cursor = str(start_ms)
-    while entries := await client.xrange(keys.stream, min=cursor, max="+", count=1000):
-        for _, raw in entries:
-            rec = _record(raw or {})
-            if rec is not None and rec.pool == pool:
-                records.append(rec)
-        cursor = "(" + _text(entries[-1][0] or "")
+    records = [rec async for _, rec in stream_records(client, keys, start_ms) if rec is not None and rec.pool == pool]
     async with client.pipeline(transaction=False) as pipe:
         for rec in records:
             pipe.hget(labels.feedback(rec.request_id), "score")
         scores = await pipe.execute() if records else []
-    feedback = {rec.request_id: float(_text(s)) for rec, s in zip(records, scores, strict=True) if s is not None}
+    feedback = {rec.request_id: float(s) for rec, s in zip(records, scores, strict=True) if s is not None}
     return figures(records, pool, feedback)
-
-
-def _record(raw: Mapping[Any, Any]) -> CostRecord | None:
-    try:
-        return record_from_fields({_text(k): _text(v) for k, v in raw.items()})
-    except (InvalidCostRecord, UnicodeDecodeError):
-        return None
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _pct(values: list[float], q: float) -> str:
