@@ -31,12 +31,19 @@ from gateway.logs import LogThrottle
 from policies.ladder import Ladder, LadderState
 from policies.loader import LoadedPolicy
 
-__all__ = ["DegradationMonitor"]
+__all__ = ["DegradationMonitor", "engine_signals"]
 
 log = logging.getLogger("cascade.degradation")
 
 _REQUEST_SIGNALS = ("ttft_p95_s", "error_rate")
 """Signals measured on this gateway's finished requests (the others are scraped from the engines)."""
+
+
+def engine_signals(name: str, pool: Pool) -> dict[tuple[str, str], float]:
+    """The signals a pool's engines report, as scraped: `kv_cache_usage` (highest replica) and `queue_depth`
+    (summed). The ladder and the autoscaler read them alike, also in the `--workers` parent."""
+    return {("kv_cache_usage", name): max((r.load.kv_cache_usage for r in pool.replicas), default=0.0),
+            ("queue_depth", name): sum(r.load.waiting for r in pool.replicas)}
 
 
 class DegradationMonitor:
@@ -93,8 +100,7 @@ class DegradationMonitor:
         self._trim(now)
         out: dict[tuple[str, str], float] = {}
         for name, pool in self._pools().items():
-            out[("kv_cache_usage", name)] = max((r.load.kv_cache_usage for r in pool.replicas), default=0.0)
-            out[("queue_depth", name)] = sum(r.load.waiting for r in pool.replicas)
+            out.update(engine_signals(name, pool))
             out[("ttft_p95_s", name)] = nearest_rank([v for _, v in self._ttft.get(name, ())], 0.95)
             outcomes = self._outcomes.get(name, ())
             out[("error_rate", name)] = sum(e for _, e in outcomes) / len(outcomes) if outcomes else math.nan

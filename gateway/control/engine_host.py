@@ -29,6 +29,7 @@ from backends.clients.shared import make_engine_client
 from backends.engines.registry import publish
 from backends.engines.supervisor import CommandFactory, EngineSupervisor, RestartHook
 from gateway.control.autoscale import Autoscaler
+from gateway.control.degradation import engine_signals
 from gateway.control.file_watch import FileWatcher
 from gateway.control.pool_set import PoolSet
 from gateway.settings import Settings
@@ -138,8 +139,7 @@ class EngineHost:
         counts = self._in_flight()
         out: dict[tuple[str, str], float] = {}
         for name, pool in self.pool_set.pools.items():
-            out[("kv_cache_usage", name)] = max((r.load.kv_cache_usage for r in pool.replicas), default=0.0)
-            out[("queue_depth", name)] = sum(r.load.waiting for r in pool.replicas)
+            out.update(engine_signals(name, pool))
             out[("in_flight", name)] = sum(counts.get(r.url, 0.0) for r in pool.replicas)
         return out
 
