@@ -27,7 +27,7 @@ from gateway.ledger.store import (
     CostRecord,
     InvalidCostRecord,
     LedgerKeys,
-    overflow_scored,
+    extra_counters,
     record_from_fields,
     rollup_slot,
 )
@@ -95,12 +95,14 @@ class Counters:
     cost_micro_usd: int = 0
     flagship_cost_micro_usd: int = 0
     overflow_scored: int = 0  # requests the router's overflow model scored (the quality estimate weighs them)
+    output_checked: int = 0  # answers an output check judged (`gateway.checking`)
+    output_check_failed: int = 0  # of those, answers that failed a check
 
     @classmethod
     def of(cls, rec: CostRecord) -> Counters:
         """What one record adds to its rollups (the ledger's record script does the same in Redis)."""
         return cls(1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd,
-                   overflow_scored(rec))
+                   *extra_counters(rec))
 
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> Counters:

@@ -66,20 +66,24 @@ def utc_periods(epoch_s: float) -> tuple[str, str]:
 
 # KEYS: idempotency key, stream, day rollup, hour rollup, day index, hour index, tenant spend (month hash)
 # ARGV: ttl_s, retention_ms, prompt, completion, cost, flagship, day member, hour member, spend ttl_s,
-#       day (spend field), overflow_scored (0 or 1), stream fields...
+#       day (spend field), n, n pairs (extra counter name, value), stream fields...
 # Everything below the EXISTS check happens only for a request id not seen before: a retry or an outbox
 # replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings.
 RECORD_LUA = """#!lua
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local now = redis.call('TIME')
 local minid = string.format('%.0f', tonumber(now[1]) * 1000 - tonumber(ARGV[2]))
-local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 12))
+local extra = tonumber(ARGV[11])
+local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 12 + 2 * extra))
 redis.call('SET', KEYS[1], id, 'EX', ARGV[1])
 local fields = {'prompt_tokens', 'completion_tokens', 'cost_micro_usd', 'flagship_cost_micro_usd'}
 for k = 3, 4 do
   redis.call('HINCRBY', KEYS[k], 'requests', 1)
   for i, field in ipairs(fields) do redis.call('HINCRBY', KEYS[k], field, ARGV[2 + i]) end
-  if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[k], 'overflow_scored', ARGV[11]) end
+  for j = 1, extra do
+    local value = ARGV[11 + 2 * j]
+    if value ~= '0' then redis.call('HINCRBY', KEYS[k], ARGV[10 + 2 * j], value) end
+  end
 end
 redis.call('SADD', KEYS[5], ARGV[7])
 redis.call('SADD', KEYS[6], ARGV[8])

@@ -19,6 +19,7 @@ __all__ = [
     "ROLLUP_FIELDS",
     "CostRecord",
     "InvalidCostRecord",
+    "extra_counters",
     "overflow_scored",
     "record_from_fields",
     "record_to_fields",
@@ -34,11 +35,15 @@ _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
 _STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
-# the counters of every rollup hash; `overflow_scored`: requests the router's overflow model scored
-ROLLUP_FIELDS = ("requests", *_INT_FIELDS, "overflow_scored")
+# the counters each record adds to its rollups beside `requests` and the `_INT_FIELDS` (`extra_counters`):
+# `overflow_scored`: requests the router's overflow model scored; `output_checked` / `output_check_failed`:
+# answers the output checks judged, and those that failed one (`gateway.checking`)
+EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed")
+ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
-_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version")
+_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check")
+_OUTPUT_CHECK = re.compile(r"|pass|fail:[a-z_]+(,[a-z_]+)*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +75,18 @@ class CostRecord:
     scored_by: str = ""  # the router model that scored it ("primary", "overflow", ...); "" when not scored
     router_version: str = ""  # the router artifact that scored it (`x-cascade-router-version`); "" when not scored
     pool_version: str = ""  # the engine version that answered (`x-cascade-pool-version`: the pool's or its canary's)
+    output_check: str = ""  # "" (no output check ran), "pass", or "fail:<check>,..." (`gateway.checking`)
 
 
 def overflow_scored(rec: CostRecord) -> int:
     """1 when the router's overflow model scored `rec` (`router_models.serving.classifier_scorer`), else 0: its
     rollup counter."""
     return int(rec.scored_by == "overflow")
+
+
+def extra_counters(rec: CostRecord) -> tuple[int, ...]:
+    """What `rec` adds to each of the `EXTRA_COUNTERS` of its rollups, in that order."""
+    return overflow_scored(rec), int(rec.output_check != ""), int(rec.output_check.startswith("fail"))
 
 
 class InvalidCostRecord(ValueError):
@@ -95,6 +106,7 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
         _check("router_version", rec.router_version, _NAME)
     if rec.pool_version:
         _check("pool_version", rec.pool_version, _NAME)
+    _check("output_check", rec.output_check, _OUTPUT_CHECK)
     for name in _INT_FIELDS:
         value = getattr(rec, name)
         limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD

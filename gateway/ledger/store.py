@@ -34,9 +34,11 @@ from backends.background import cancel_requested, stop
 from gateway.ledger.keys import RECORD_LUA, SPEND_TTL_EXTRA_S, LedgerKeys, rollup_slot
 from gateway.ledger.outbox import Outbox
 from gateway.ledger.record import (
+    EXTRA_COUNTERS,
     ROLLUP_FIELDS,
     CostRecord,
     InvalidCostRecord,
+    extra_counters,
     overflow_scored,
     record_from_fields,
     record_to_fields,
@@ -44,6 +46,7 @@ from gateway.ledger.record import (
 )
 
 __all__ = [
+    "EXTRA_COUNTERS",
     "ROLLUP_FIELDS",
     "CostRecord",
     "InvalidCostRecord",
@@ -52,6 +55,7 @@ __all__ = [
     "LedgerKeys",
     "MemoryLedger",
     "RedisLedger",
+    "extra_counters",
     "overflow_scored",
     "record_from_fields",
     "record_to_fields",
@@ -260,7 +264,8 @@ class RedisLedger:
         flat = [item for pair in record_to_fields(rec).items() for item in pair]
         keys.append(k.spend(rec.tenant, day[:7]))
         args: list[str | int] = [self._ttl_s, self._ttl_s * 1000, *counters, member, hour_member]
-        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, overflow_scored(rec), *flat]
+        extra = [item for pair in zip(EXTRA_COUNTERS, extra_counters(rec), strict=True) for item in pair]
+        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, len(EXTRA_COUNTERS), *extra, *flat]
         return keys, args
 
     async def _spill(self, rec: CostRecord) -> None:
