@@ -68,6 +68,11 @@ class FallbackPool(Frozen):
     type: Literal["fallback_pool"]
     to_pool: str
     from_pool: str | None = Field(default=None, description="default: the pool the step watches")
+    max_json_failure_rate: float | None = Field(
+        default=None, gt=0, le=1, description="stop sending JSON requests (response_format json_object / "
+        "json_schema) to `to_pool` while the share of its answers failing the json output check, over the last "
+        "`json_window` checked answers, is above this (they stay on `from_pool`); needs a `json` output check")
+    json_window: int = Field(default=50, ge=5, le=10_000, description="checked JSON answers the rate is taken over")
 
 
 class Overflow(Frozen):

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from policies.autoscale import Autoscale
 from policies.frozen import Frozen
 from policies.money import Price
+from policies.output_checks import OutputChecks
 from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 from policies.speculative import Speculation
 
@@ -125,6 +126,8 @@ class LocalPool(Frozen):
     price: Price
     engine: EngineSpec
     canary: Canary | None = Field(default=None, description="a new engine version taking a share of the traffic")
+    output_checks: OutputChecks | None = Field(default=None, description="checks of this pool's answers "
+                                               "(policies.output_checks)")
     autoscale: Autoscale | None = Field(default=None, description="replicas that follow load (policies.autoscale); "
                                         "engine.replicas is the count it starts with")
     on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
@@ -197,6 +200,8 @@ class RemotePool(Frozen):
     urls: tuple[str, ...] = Field(min_length=1, description="base URLs of OpenAI-compatible servers")
     model: str = Field(description="model name sent to the remote servers")
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
+    output_checks: OutputChecks | None = Field(default=None, description="checks of this pool's answers "
+                                               "(policies.output_checks)")
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     health_path: str = Field(default="/health", pattern=r"^/", description=(
         "path probed (with the API key) to decide a replica is up: vLLM serves /health; for other "

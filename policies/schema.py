@@ -24,6 +24,7 @@ from policies.ladder_schema import (
 )
 from policies.learning import KeepPrompts, Learning, Shadow
 from policies.money import Price
+from policies.output_checks import OutputChecks, Repetition
 from policies.pools import Canary, CanaryGuard, EngineSpec, LocalPool, Pool, RemotePool
 from policies.rules import Rule, RuleMatch
 from policies.tenants import Budget, RateLimits, Tenant
@@ -43,6 +44,7 @@ __all__ = [
     "LadderStep",
     "Learning",
     "LocalPool",
+    "OutputChecks",
     "Overflow",
     "Policy",
     "Pool",
@@ -50,6 +52,7 @@ __all__ = [
     "RaiseThreshold",
     "RateLimits",
     "RemotePool",
+    "Repetition",
     "Routing",
     "Rule",
     "RuleMatch",
@@ -101,3 +104,5 @@ class Policy(Frozen):
     aliases: dict[str, str] = Field(default_factory=dict, description="extra model names that pin a pool")
     degradation: Degradation = Degradation()
     learning: Learning = Learning()
+    output_checks: OutputChecks | None = Field(default=None, description="checks of every pool's answers "
+                                               "(policies.output_checks); a pool's or tenant's block wins")

@@ -6,8 +6,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from policies.cache import ResponseCache
 from policies.frozen import Frozen
+from policies.guards import Guards
 from policies.money import usd_to_micro
+from policies.output_checks import OutputChecks
 
 __all__ = ["Budget", "RateLimits", "Tenant"]
 
@@ -49,6 +52,10 @@ class Tenant(Frozen):
     priority: int = Field(default=0, description="higher is more important; the ladder sheds low priority first")
     rate_limits: RateLimits = RateLimits()
     budget: Budget = Budget()
+    guards: Guards = Field(default=Guards(), description="input guards applied before routing: PII, size, "
+                           "language (policies.guards)")
+    output_checks: OutputChecks | None = Field(default=None, description="checks of the answers this tenant gets "
+                                               "(policies.output_checks); they win over the pool's")
     on_redis_outage: Literal["fail_open", "fail_closed"] = Field(
         default="fail_open",
         description="when Redis cannot be reached, so this tenant's rate limits or budget cannot be checked: "
@@ -56,3 +63,5 @@ class Tenant(Frozen):
         "outage and its spend is still recorded (ledger outbox); fail_closed refuses it with 503, for tenants "
         "whose limits must never be overrun. Tenants without limits or budget are never checked, so never refused",
     )
+    cache: ResponseCache | None = Field(default=None, description="answers kept in Redis and served again at no "
+                                        "engine cost (policies.cache); off when absent")

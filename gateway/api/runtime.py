@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
+from gateway.checking.judge import OutputChecker
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.ladder_sync import LadderSync
@@ -191,7 +192,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     request_log = RequestLog(settings.request_log) if settings.request_log else None
     proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
     forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log,
-                          on_outcome=pool_set.guard.observe)
+                          on_outcome=pool_set.guard.observe, checker=OutputChecker(metrics))
     redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
     if redis is not None:  # one ladder for every gateway process on this Redis and prefix
         degradation.share(LadderSync(redis, settings.redis_prefix))

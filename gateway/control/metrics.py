@@ -182,9 +182,31 @@ class GatewayMetrics:
         self.limiter_decisions = Counter("cascade_limiter_decisions", "rate-limit decisions: admitted, limited "
                                          "(429), unchecked (Redis unreachable; the tenant's on_redis_outage "
                                          "decides)", ["tenant", "decision"], registry=r)
+        self.guard_decisions = Counter("cascade_guard_decisions", "input guards' decisions (gateway.guards) per "
+                                       "request: guard pii, size or language; action passed, redacted, refused or "
+                                       "error (the guard failed; the request is served without it); kind: the PII "
+                                       "kind found, the size bound passed, the language detected, or none",
+                                       ["tenant", "guard", "kind", "action"], registry=r)
         self.scale_events = Counter("cascade_scale_events", "autoscaler changes of a pool's replicas: direction up "
                                     "or down, outcome done, no_room or start_failed",
                                     ["pool", "direction", "outcome"], registry=r)
+        self.output_checks = Counter("cascade_output_checks", "output checks of answers (policies.output_checks): "
+                                     "result pass, fail or error (the check itself failed; the answer is served)",
+                                     ["pool", "model", "check", "result"], registry=r)
+        self.output_actions = Counter("cascade_output_check_actions", "answers that failed an output check, by what "
+                                      "the gateway did: escalated, retried, flagged, held (escalate or retry asked "
+                                      "for, not possible: the answer is served flagged)",
+                                      ["pool", "check", "action"], registry=r)
+        self.cache_lookups = Counter("cascade_cache_lookups", "response cache (gateway.caching) by tenant, mode and "
+                                     "result: hit (served from the cache), miss (an engine answered) or bypass "
+                                     "(not eligible, or the cache unavailable)", ["tenant", "mode", "result"],
+                                     registry=r)
+        self.cache_failures = Counter("cascade_cache_failures", "response cache trouble, never a failed request: "
+                                      "unavailable (Redis down or slow: bypassed), corrupt_entry (dropped, served "
+                                      "fresh), no_embedding (semantic: the router kept no vector)",
+                                      ["tenant", "mode", "reason"], registry=r)
+        self.cache_avoided = Counter("cascade_cache_avoided_micro_usd", "what cache hits would have cost on their "
+                                     "pool, micro-USD", ["tenant", "pool"], registry=r)
         self._pools = pools
         shared = multiprocess_dir() is not None
         self._in_flight = Gauge("cascade_replica_in_flight", "requests in flight per replica, as the gateway sees "
@@ -208,6 +230,8 @@ class GatewayMetrics:
         self.tokens.labels(rec.pool, "completion").inc(rec.completion_tokens)
         self.cost.labels(rec.pool, rec.tenant).inc(rec.cost_micro_usd)
         self.savings.labels(rec.tenant).inc(max(0, rec.flagship_cost_micro_usd - rec.cost_micro_usd))
+        if rec.cache_avoided_micro_usd:
+            self.cache_avoided.labels(rec.tenant, rec.pool).inc(rec.cache_avoided_micro_usd)
         if rec.ttft_ms is not None:
             self.ttft.labels(rec.pool, version).observe(rec.ttft_ms / 1000)
         self.latency.labels(rec.pool, version).observe(rec.latency_ms / 1000)
@@ -219,6 +243,10 @@ class GatewayMetrics:
     def ledger_event(self, outcome: str) -> None:
         """The ledger recorded, replayed, saw again, spilled or lost a record (`LedgerCounts.on_event`)."""
         self.ledger_records.labels(outcome).inc()
+
+    def guard_decision(self, tenant: str, guard: str, kind: str, action: str) -> None:
+        """An input guard decided on a request (`gateway.guards.screen.DecisionHook`)."""
+        self.guard_decisions.labels(tenant, guard, kind, action).inc()
 
     def scale_event(self, pool: str, direction: str, outcome: str) -> None:
         """The autoscaler changed, or tried to change, `pool`'s replicas (`gateway.control.autoscale.ScaleEvent`)."""

@@ -19,6 +19,7 @@ __all__ = [
     "ROLLUP_FIELDS",
     "CostRecord",
     "InvalidCostRecord",
+    "cache_counters",
     "extra_counters",
     "overflow_scored",
     "record_from_fields",
@@ -32,17 +33,24 @@ _EPOCH_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+\-]{0,127}")  # no ":" (key separator), no "{}" (hash tags)
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
-_STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow"})
+_STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow", "discarded",
+                       "cache_hit"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 # the counters each record adds to its rollups beside `requests` and the `_INT_FIELDS` (`extra_counters`):
 # `overflow_scored`: requests the router's overflow model scored; `output_checked` / `output_check_failed`:
-# answers the output checks judged, and those that failed one (`gateway.checking`)
-EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed")
+# answers the output checks judged, and those that failed one (`gateway.checking`); `cache_hits` /
+# `cache_misses` / `cache_avoided_micro_usd`: answers served from the response cache, answers it was asked for and
+# did not have, and what the hits would have cost on their pool (`gateway.caching`)
+EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "cache_hits", "cache_misses",
+                  "cache_avoided_micro_usd")
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
-_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check")
+_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache")
+_LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
+_CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
+_ANSWERS = frozenset({"ok", "client_disconnect", "upstream_error"})  # the statuses of a request's final record
 _OUTPUT_CHECK = re.compile(r"|pass|fail:[a-z_]+(,[a-z_]+)*")
 
 
@@ -54,6 +62,9 @@ class CostRecord:
     "client_disconnect" (charged for what was generated),
     "upstream_error" (charged for what the engine reported before failing) or
     "shadow" (a shadow comparison's flagship or judge call, `gateway.learning.shadow`: tenant "cascade.shadow").
+    "discarded" (an answer that failed an output check and was retried or escalated: `gateway.checking`),
+    "cache_hit" (answered from the response cache, `gateway.caching`: cost 0, `cache_avoided_micro_usd` what the
+    pool would have charged for the answer's tokens, the flagship counterfactual as for any answer).
     """
 
     request_id: str
@@ -76,6 +87,8 @@ class CostRecord:
     router_version: str = ""  # the router artifact that scored it (`x-cascade-router-version`); "" when not scored
     pool_version: str = ""  # the engine version that answered (`x-cascade-pool-version`: the pool's or its canary's)
     output_check: str = ""  # "" (no output check ran), "pass", or "fail:<check>,..." (`gateway.checking`)
+    cache: str = ""  # the response cache's answer: "" (no cache for the tenant), "hit", "miss" or "bypass"
+    cache_avoided_micro_usd: int = 0  # a hit's cost on its pool had the engine answered (0 for any other record)
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -86,7 +99,15 @@ def overflow_scored(rec: CostRecord) -> int:
 
 def extra_counters(rec: CostRecord) -> tuple[int, ...]:
     """What `rec` adds to each of the `EXTRA_COUNTERS` of its rollups, in that order."""
-    return overflow_scored(rec), int(rec.output_check != ""), int(rec.output_check.startswith("fail"))
+    return (overflow_scored(rec), int(rec.output_check != ""), int(rec.output_check.startswith("fail")),
+            *cache_counters(rec))
+
+
+def cache_counters(rec: CostRecord) -> tuple[int, int, int]:
+    """(hits, misses, avoided micro-USD) `rec` adds to the cache's rollup counters. A miss counts once per request:
+    on its final record, not on a cascade probe or a discarded answer that another record of it follows."""
+    answered = rec.status in _ANSWERS
+    return int(rec.status == "cache_hit"), int(rec.cache == "miss" and answered), rec.cache_avoided_micro_usd
 
 
 class InvalidCostRecord(ValueError):
@@ -107,7 +128,9 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     if rec.pool_version:
         _check("pool_version", rec.pool_version, _NAME)
     _check("output_check", rec.output_check, _OUTPUT_CHECK)
-    for name in _INT_FIELDS:
+    if rec.cache not in _CACHE_RESULTS:
+        raise InvalidCostRecord(f"cache: must be one of {sorted(_CACHE_RESULTS)}, got {rec.cache!r}")
+    for name in _INT_FIELDS + _LATER_INT_FIELDS:
         value = getattr(rec, name)
         limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD
         if type(value) is not int or not 0 <= value <= limit:
@@ -136,7 +159,8 @@ def _check_float(name: str, value: object, low: float, high: float) -> None:
 
 def record_to_fields(rec: CostRecord) -> dict[str, str]:
     """Flat string form used in the stream entry and the outbox line (floats as `repr`, None as "")."""
-    fields = {name: str(getattr(rec, name)) for name in _STR_FIELDS + _LATER_STR_FIELDS + _INT_FIELDS}
+    names = _STR_FIELDS + _LATER_STR_FIELDS + _INT_FIELDS + _LATER_INT_FIELDS
+    fields = {name: str(getattr(rec, name)) for name in names}
     fields["started_at"] = repr(float(rec.started_at))
     fields["ttft_ms"] = "" if rec.ttft_ms is None else repr(float(rec.ttft_ms))
     fields["latency_ms"] = repr(float(rec.latency_ms))
@@ -148,10 +172,11 @@ def record_from_fields(fields: Mapping[str, str]) -> CostRecord:
     try:
         values: dict[str, Any] = {name: fields[name] for name in _STR_FIELDS}
         values.update({name: fields.get(name, "") for name in _LATER_STR_FIELDS})
-        for name in _INT_FIELDS:
-            if not (fields[name].isascii() and fields[name].isdigit()):
+        later = {name: fields.get(name, "0") for name in _LATER_INT_FIELDS}
+        for name, text in [*((n, fields[n]) for n in _INT_FIELDS), *later.items()]:
+            if not (text.isascii() and text.isdigit()):
                 raise ValueError(f"{name} is not a decimal integer")
-            values[name] = int(fields[name])
+            values[name] = int(text)
         values["started_at"] = float(fields["started_at"])
         values["ttft_ms"] = float(fields["ttft_ms"]) if fields["ttft_ms"] else None
         values["latency_ms"] = float(fields["latency_ms"])

@@ -36,6 +36,9 @@ class RequestFacts:
     ttft_s: float | None
     status: str
     request: Mapping[str, Any] | None = None  # the client's body, kept only when the replay log is on
+    cache: str = ""  # the response cache's answer for the ledger: "", "miss" or "bypass" (`gateway.caching`)
+    output_check: str = ""  # the output checks' verdict for the ledger (`gateway.checking.judge.Verdict.summary`)
+    redo: tuple[str, ...] = ()  # what a failed output check may still do with this answer: "retry", "escalate"
 
 
 class Accountant:
@@ -50,7 +53,8 @@ class Accountant:
         """The priced record. `flagship_cost_micro_usd` is what the request would have cost on the flagship
         pool at its prices; a discarded cascade probe (status "escalated") gets 0 there: with every request
         on the flagship it would not exist, and the flagship call that replaced it carries the counterfactual.
-        A shadow call (status "shadow") gets 0 too: it is the price of measuring quality, not of an answer.
+        A shadow call (status "shadow") gets 0 too: it is the price of measuring quality, not of an answer; so does
+        an answer an output check discarded (status "discarded": retried or escalated, `gateway.checking`).
         """
         decision = facts.decision
         price = policy.pools[decision.pool].price
@@ -64,7 +68,7 @@ class Accountant:
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             cost_micro_usd=price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens),
-            flagship_cost_micro_usd=0 if facts.status in ("escalated", "shadow") else flagship_cost,
+            flagship_cost_micro_usd=0 if facts.status in ("escalated", "shadow", "discarded") else flagship_cost,
             rule=decision.rule,
             policy_version=decision.policy_version,
             started_at=facts.started_wall,
@@ -75,6 +79,8 @@ class Accountant:
             scored_by=decision.scored_by,
             router_version=decision.router_version,
             pool_version=decision.pool_version,
+            cache=facts.cache,
+            output_check=facts.output_check,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
@@ -83,6 +89,12 @@ class Accountant:
         if self._metrics is not None:
             self._metrics.observe_record(rec)
         return rec
+
+    async def record_priced(self, rec: CostRecord) -> None:
+        """Record a record priced by its caller (a cache hit's, `gateway.caching`) and count it in the metrics."""
+        await self._ledger.record(rec)
+        if self._metrics is not None:
+            self._metrics.observe_record(rec)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run accounting work in the background, tracked until done."""

@@ -12,13 +12,14 @@ chunk gave them, so an engine's extension is not dropped silently.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.serving.proxy import OpenStream
 from gateway.serving.streaming import sse_json
 from gateway.serving.usage import Usage, usage_from_json
 
-__all__ = ["StreamAssembly", "assemble_stream"]
+__all__ = ["StreamAssembly", "assemble_events", "assemble_stream"]
 
 _TEXT = ("content", "refusal", "reasoning_content", "reasoning")
 _TOP = ("id", "created", "model", "system_fingerprint", "service_tier")
@@ -126,6 +127,15 @@ class StreamAssembly:
         return out
 
 
+def assemble_events(events: Iterable[bytes]) -> StreamAssembly:
+    """Fold SSE events (each one or more `data:` lines) in order."""
+    assembly = StreamAssembly()
+    for event in events:
+        for data in sse_json(event):
+            assembly.fold(data)
+    return assembly
+
+
 async def assemble_stream(opened: OpenStream, started: float) -> tuple[dict[str, Any], Usage | None, float | None]:
     """Read the whole stream. Returns (chat.completion object, engine usage or None, TTFT seconds or None)."""
     ttft: float | None = None
@@ -136,9 +146,6 @@ async def assemble_stream(opened: OpenStream, started: float) -> tuple[dict[str,
         if ttft is None and _has_token(chunk):
             ttft = time.monotonic() - started
         chunks.append(chunk)
-    assembly = StreamAssembly()
-    for event in b"".join(chunks).split(b"\n\n"):
-        for data in sse_json(event):
-            assembly.fold(data)
+    assembly = assemble_events(b"".join(chunks).split(b"\n\n"))
     usage = usage_from_json({"usage": assembly.usage_object}) if assembly.usage_object is not None else None
     return assembly.answer(), usage, ttft

@@ -127,9 +127,11 @@ class CascadeFlow:
         return self._keep_json(kept, replica, answer, headers)
 
     def _keep_json(self, call: _Call, replica: Any, answer: bytes, headers: dict[str, str]) -> JSONReply:
-        self._fw.account_json(call.loaded, call.facts, replica, call.upstream, answer)
-        answer = answer if call.request.logprobs else without_logprobs(answer)
-        return JSONReply(answer, call.facts.decision, headers)
+        """Serve the micro answer, once the output checks have judged it (`Forwarder.judged`)."""
+        served = answer if call.request.logprobs else without_logprobs(answer)
+        facts, checked = self._fw.judged(call.loaded, call.facts, replica, call.upstream, served)
+        self._fw.account_json(call.loaded, facts, replica, call.upstream, answer)
+        return JSONReply(served, facts.decision, {**headers, **checked})
 
     async def _run_stream(self, pool: Pool, body: bytes, call: _Call) -> StreamReply:
         opened = await self._fw.open(pool, body)

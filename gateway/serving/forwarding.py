@@ -16,11 +16,12 @@ import orjson
 
 from backends.clients.pool import Pool, Replica
 from backends.clients.shared import EngineClient
+from gateway.checking.judge import CHECK_HEADER, OutputChecker, OutputRejected
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import GatewayError, NoReplicaAvailable
 from gateway.serving.accounting import Accountant, RequestFacts
-from gateway.serving.assemble import assemble_stream
+from gateway.serving.assemble import assemble_events, assemble_stream
 from gateway.serving.proxy import OpenStream, Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.schema import ChatRequest
@@ -56,8 +57,10 @@ class Forwarder:
 
     def __init__(self, proxy: Proxy, engines: EngineClient, accountant: Accountant, metrics: GatewayMetrics,
                  degradation: DegradationMonitor, request_log: RequestLog | None = None,
-                 on_outcome: OutcomeHook | None = None) -> None:
+                 on_outcome: OutcomeHook | None = None, checker: OutputChecker | None = None) -> None:
+        """`checker` judges every answer (`gateway.checking`; None: no output checks)."""
         self.proxy = proxy
+        self.checker = checker
         self._on_outcome = on_outcome
         self._engines = engines
         self._accountant = accountant
@@ -88,8 +91,38 @@ class Forwarder:
     async def json(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
                    headers: dict[str, str] | None = None) -> JSONReply:
         replica, body = await self.complete(pool, orjson.dumps(upstream))
+        facts, checked = self.judged(loaded, facts, replica, upstream, body)
         self.account_json(loaded, facts, replica, upstream, body)
-        return JSONReply(body, facts.decision, headers or {})
+        return JSONReply(body, facts.decision, {**(headers or {}), **checked})
+
+    def judged(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
+               body: bytes, answer: dict[str, Any] | None = None, usage: Usage | None = None,
+               ) -> tuple[RequestFacts, dict[str, str]]:
+        """Run the output checks on a JSON answer about to be served (`answer`: its parsed `body`, when known).
+        Returns the facts to record it with (the verdict in `output_check`) and its response headers. Raises
+        `OutputRejected`, after recording the answer as discarded, when a failed check asks for an action that
+        `facts.redo` still allows (escalation only from the micro pool: there is no pool up from the others)."""
+        if self.checker is None or facts.status != "ok":
+            return facts, {}
+        try:
+            answer = orjson.loads(body) if answer is None else answer
+        except orjson.JSONDecodeError:
+            return facts, {}
+        verdict = self.checker.judge(loaded.policy, facts.tenant, facts.decision, upstream, answer)
+        if not verdict.results:
+            return facts, {}
+        facts = replace(facts, output_check=verdict.summary)
+        action = verdict.action
+        redo = facts.redo if facts.decision.pool == loaded.policy.routing.micro_pool else (
+            tuple(a for a in facts.redo if a != "escalate"))
+        if action is not None and action in redo:
+            dropped = replace(facts, request_id=facts.request_id + "-check", status="discarded")
+            self._accountant.spawn(self._record(loaded, dropped, replica, upstream, usage_from_json(answer)
+                                                if usage is None else usage, ""))
+            raise OutputRejected(action, verdict, facts.decision, body)
+        if action is not None:
+            self.checker.acted(facts.decision.pool, verdict, "flagged" if action == "flag" else "held")
+        return facts, {CHECK_HEADER: verdict.header}
 
     async def json_via_stream(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
                               headers: dict[str, str]) -> JSONReply:
@@ -101,8 +134,10 @@ class Forwarder:
         async with opened.upstream:
             answer, usage, ttft_s = await assemble_stream(opened, facts.started)
         facts = replace(facts, ttft_s=ttft_s)
+        served = orjson.dumps(answer)
+        facts, checked = self.judged(loaded, facts, opened.replica, upstream, served, answer, usage)
         self._accountant.spawn(self._record(loaded, facts, opened.replica, upstream, usage, ""))
-        return JSONReply(orjson.dumps(answer), facts.decision, headers)
+        return JSONReply(served, facts.decision, {**headers, **checked})
 
     async def stream(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
@@ -150,6 +185,12 @@ class Forwarder:
                               upstream: dict[str, Any], relay: StreamRelay) -> None:
         status = "ok" if relay.completed else ("client_disconnect" if relay.disconnected else "upstream_error")
         facts = replace(facts, ttft_s=relay.ttft_s, status=status)
+        if relay.completed and self.checker is not None:  # judged, never replaced: the answer has left
+            verdict = self.checker.judge(loaded.policy, facts.tenant, facts.decision, upstream,
+                                         assemble_events(relay.events).answer())
+            facts = replace(facts, output_check=verdict.summary)
+            if verdict.action is not None:
+                self.checker.acted(facts.decision.pool, verdict, "flagged")
         text = relay.generated_text() if relay.usage is None else ""
         await self._record(loaded, facts, replica, upstream, relay.usage, text)
         itl = self._metrics.itl.labels(facts.decision.pool, facts.decision.pool_version or "none")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
+from gateway.checking.schemas import check_request_schemas
 from gateway.errors import BadRequest
 from policies.loader import dotted_path
 
@@ -97,8 +98,8 @@ def parse_chat_request(
     """Parse and validate a request body. Returns the model and the raw JSON object, with the completion
     limit clamped to `max_tokens_cap` when one is set.
 
-    Raises `BadRequest` naming the offending field (`param`) for malformed JSON, a schema violation or
-    more than `max_messages` messages.
+    Raises `BadRequest` naming the offending field (`param`) for malformed JSON, a schema violation, more than
+    `max_messages` messages, or a `response_format` / tool schema that is not a valid JSON Schema.
     """
     try:
         raw = orjson.loads(body)
@@ -115,4 +116,5 @@ def parse_chat_request(
         param = dotted_path(tuple(first["loc"]))
         raise BadRequest(f"{param}: {first['msg']}", param=param, code="invalid_value") from exc
     _apply_limits(request, raw, max_messages, max_tokens_cap)
+    check_request_schemas(raw)
     return request, raw

@@ -12,11 +12,14 @@ from dataclasses import replace
 from typing import Any
 
 from backends.clients.pool import Pool
+from gateway.checking.fallback import json_fallback_refused
+from gateway.checking.judge import ACTION_HEADER, CHECK_HEADER, OutputRejected
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import Wake
 from gateway.control.policy_holder import PolicyHolder
 from gateway.errors import BadRequest, NoReplicaAvailable, UpstreamError
+from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
@@ -27,6 +30,7 @@ from gateway.serving.upstream import prepare_upstream
 from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
 from policies.decide import RouteDecision, served_model
+from policies.escalation import escalation
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.tenant_moves import move_refused
@@ -57,13 +61,18 @@ class ChatService:
         self._admission = admission
         self._cascade = CascadeFlow(forwarder, versions.target, wake, metrics)
         self._learning = learning
+        self._guard = InputGuard(metrics.guard_decision)
+        self._checker = forwarder.checker
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None) -> JSONReply | StreamReply:
+        # the tenant's input guards, before admission and routing: all that follows sees the redacted body
+        screened = self._guard.screen(self._policies.current.policy, tenant, request, raw)
+        request, raw = screened.request, screened.raw
         reply = await self._handle(request, raw, tenant, request_id, headers)
         if self._learning is not None:
             self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
-        return reply
+        return replace(reply, headers={**reply.headers, **screened.headers}) if screened.decisions else reply
 
     async def _handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                       headers: Mapping[str, str] | None) -> JSONReply | StreamReply:
@@ -75,16 +84,69 @@ class ChatService:
         downgrade = verdict is not None and verdict.downgrade
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
         decision = await self._on_cold(decision, loaded, tenant, ladder, downgrade)
+        if self._checker is not None:
+            decision = json_fallback_refused(loaded.policy, decision, raw, ladder, self._checker.json_rates)
         _check_limits(loaded, decision, request)
         upstream, extra = prepare_upstream(raw, decision, request, ladder)
         kept = raw if self._keep_requests else None
-        facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept)
+        facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept,
+                             redo=self._redo(loaded, tenant, decision, request, ladder, downgrade))
         turn = CascadeTurn(raw, ladder, downgrade, extra)
         self._metrics.overhead.observe(time.monotonic() - started)
         try:
+            return await self._serve(upstream, request, facts, loaded, turn)
+        except OutputRejected as rejected:
+            return await self._answer_again(rejected, request, facts, loaded, turn)
+
+    def _redo(self, loaded: LoadedPolicy, tenant: str, decision: RouteDecision, request: ChatRequest,
+              ladder: LadderState, downgrade: bool) -> tuple[str, ...]:
+        """What a failed output check may do with this request's answer: retry it, and escalate it where the
+        tenant decision of cascade escalations lets it go up (`policies.escalation`). Streams: nothing."""
+        if self._checker is None or request.stream:
+            return ()
+        actions = set(self._checker.plan(loaded.policy, tenant, decision.pool)[0].values())
+        redo: tuple[str, ...] = ("retry",) if "retry" in actions else ()
+        if "escalate" in actions and escalation(loaded.policy, tenant, ladder, downgrade).pool is not None:
+            redo += ("escalate",)
+        return redo
+
+    async def _answer_again(self, rejected: OutputRejected, request: ChatRequest, facts: RequestFacts,
+                            loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
+        """A JSON answer failed an output check that replaces it: ask the next pool up (escalate) or the same pool
+        again (retry), once, judged again but never replaced twice. Where that cannot be had (no replica, an
+        engine error), the first answer is served, flagged (`x-cascade-output-check-action: held:...`)."""
+        assert self._checker is not None
+        answered, verdict = rejected.decision, rejected.verdict
+        checks = ",".join(verdict.failed)
+        why = f"the {answered.pool!r} answer failed output check(s) {checks}"
+        plan = escalation(loaded.policy, facts.tenant, turn.ladder, turn.downgrade)
+        if rejected.action == "escalate" and plan.pool is not None:
+            decision = replace(answered, pool=plan.pool, model=served_model(loaded.policy, plan.pool),
+                               rule="output-check", reason=f"{answered.reason}; {why}: {plan.reason}")
+            done = "escalated"
+        else:
+            decision, done = replace(answered, reason=f"{answered.reason}; {why}: retried"), "retried"
+        upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
+        try:
+            reply = await self._serve(upstream, request, replace(facts, decision=decision, redo=()), loaded,
+                                      replace(turn, headers=extra))
+        except (NoReplicaAvailable, UpstreamError) as exc:
+            log.warning("request %s: %s; %s failed (%s): the first answer is served", facts.request_id, why, done,
+                        exc.message)
+            self._checker.acted(answered.pool, verdict, "held")
+            headers = {**turn.headers, CHECK_HEADER: verdict.header, ACTION_HEADER: f"held:{checks}"}
+            return JSONReply(rejected.body, answered, headers)
+        self._checker.acted(answered.pool, verdict, done)
+        return replace(reply, headers={**reply.headers, ACTION_HEADER: f"{done}:{checks}"})
+
+    async def _serve(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
+                     loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
+        """Forward, failing over to the other tier when the pool has no replica (`_failover_pool`)."""
+        decision, tenant, raw, ladder = facts.decision, facts.tenant, turn.raw, turn.ladder
+        try:
             return await self._forward(upstream, request, facts, loaded, turn)
         except NoReplicaAvailable:
-            other = _failover_pool(loaded, decision, tenant, ladder, downgrade)
+            other = _failover_pool(loaded, decision, tenant, ladder, turn.downgrade)
             if other is None:
                 raise
             moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",

@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,12 +24,45 @@ from backends.clients.shared import EngineError
 from gateway.errors import error_body
 from gateway.serving.usage import Usage, usage_from_json
 
-__all__ = ["SSEResponse", "StreamRelay", "sse_json"]
+__all__ = ["CHAT_STREAM", "COMPLETIONS_STREAM", "RESPONSES_STREAM", "SSEResponse", "StreamFormat", "StreamRelay",
+           "sse_json"]
 
-_CONTENT = b'"content":"'
-_EMPTY_CONTENT = b'"content":""'
 _USAGE = b'"usage":{'
 _DONE = b"data: [DONE]"
+_RESPONSES_TEXT = ("response.output_text.delta", "response.function_call_arguments.delta",
+                   "response.reasoning_text.delta")
+
+
+def _chat_texts(chunk: dict[str, Any]) -> list[str]:
+    return [c for choice in chunk.get("choices") or () if isinstance(c := (choice.get("delta") or {}).get("content"),
+                                                                      str)]
+
+
+def _completion_texts(chunk: dict[str, Any]) -> list[str]:
+    return [t for choice in chunk.get("choices") or () if isinstance(t := choice.get("text"), str)]
+
+
+def _responses_texts(chunk: dict[str, Any]) -> list[str]:
+    delta = chunk.get("delta")
+    return [delta] if chunk.get("type") in _RESPONSES_TEXT and isinstance(delta, str) else []
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFormat:
+    """How one endpoint's stream reads: `content` marks an event with generated text (TTFT, gaps) unless it holds
+    `empty`; an event starting with one of `final` ends the answer; `texts(chunk)` is a chunk's generated text."""
+
+    content: bytes
+    empty: bytes
+    final: tuple[bytes, ...]
+    texts: Callable[[dict[str, Any]], list[str]]
+
+
+CHAT_STREAM = StreamFormat(b'"content":"', b'"content":""', (_DONE,), _chat_texts)
+COMPLETIONS_STREAM = StreamFormat(b'"text":"', b'"text":""', (_DONE,), _completion_texts)
+# a Responses stream has no [DONE]: its last event is the response's terminal state (usage in it)
+RESPONSES_STREAM = StreamFormat(b'"delta":"', b'"delta":""', tuple(
+    b"event: response." + state for state in (b"completed", b"incomplete", b"failed")), _responses_texts)
 
 
 class StreamRelay:
@@ -47,7 +81,10 @@ class StreamRelay:
         forward_usage: bool,
         started: float,
         on_finish: Callable[[StreamRelay], None],
+        fmt: StreamFormat = CHAT_STREAM,
     ) -> None:
+        """`fmt`: the endpoint's stream format (chat, completions, Responses)."""
+        self._fmt = fmt
         self._first = first_chunk
         self._chunks = chunks
         self._upstream = upstream
@@ -65,6 +102,11 @@ class StreamRelay:
         self.disconnected = False
         self.error: str | None = None
 
+    @property
+    def events(self) -> list[bytes]:
+        """The SSE events relayed so far, in order (the usage event only when it was forwarded: see `usage`)."""
+        return self._events
+
     def add_finish_callback(self, callback: Callable[[StreamRelay], None]) -> None:
         """Also call `callback(relay)` when the body ends, after `on_finish`; the same rules apply (once,
         must not block, must not raise)."""
@@ -81,13 +123,13 @@ class StreamRelay:
         self._buffer = parts.pop()
         out = []
         for event in parts:
-            if _CONTENT in event and _EMPTY_CONTENT not in event:
+            if self._fmt.content in event and self._fmt.empty not in event:
                 self._content_seen(time.monotonic())
             if _USAGE in event and self.usage is None:
                 self.usage = _parse_usage(event)
                 if not self._forward_usage:
                     continue
-            if event.startswith(_DONE):
+            if event.startswith(self._fmt.final):
                 self._done_relayed = True
             self._events.append(event)
             out.append(event)
@@ -129,18 +171,14 @@ class StreamRelay:
             await self._upstream.aclose()
             self._on_finish(self)
 
+    @property
+    def events(self) -> tuple[bytes, ...]:
+        """The SSE events relayed to the client so far."""
+        return tuple(self._events)
+
     def generated_text(self) -> str:
         """The content generated so far, from the relayed events (parsed only when needed)."""
-        return "".join(text for event in self._events for chunk in sse_json(event) for text in _delta_texts(chunk))
-
-
-def _delta_texts(chunk: dict[str, Any]) -> list[str]:
-    texts = []
-    for choice in chunk.get("choices") or ():
-        content = (choice.get("delta") or {}).get("content")
-        if isinstance(content, str):
-            texts.append(content)
-    return texts
+        return "".join(text for event in self._events for chunk in sse_json(event) for text in self._fmt.texts(chunk))
 
 
 def sse_json(event: bytes) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,1 @@
+"""Output checks: what a pool answered, judged against what the request asked for (`policies.output_checks`)."""
