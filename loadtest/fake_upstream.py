@@ -2,7 +2,8 @@
 
 Raw ASGI (no framework) so that it costs as little as possible. It serves `/health`, `/metrics` (vLLM
 gauge names), `/tokenize` (1 token per whitespace-separated word, plus 3 per message), and
-`/v1/chat/completions` streaming and not, with `usage` (and `stream_options.include_usage`).
+`/v1/chat/completions` streaming and not, with `usage` (and `stream_options.include_usage`), and
+`/v1/responses` and `/v1/completions` (`loadtest.fake_endpoints`).
 Knobs (per request, in the body's `metadata`): `fake_tokens` (completion length, default 16),
 `fake_delay_ms` (sleep between streamed tokens), `fake_tool_call` (a function name: with `tools` in the
 request, each choice is a call of it, `{"q": "w0 w1 ..."}`, streamed as argument deltas); per server:
@@ -20,6 +21,8 @@ from typing import Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
+
+from loadtest.fake_endpoints import serve_other
 
 __all__ = ["FakeUpstream", "main", "read_body"]
 
@@ -61,7 +64,9 @@ class FakeUpstream:
         self.kv_cache_usage = 0.0  # what /metrics reports; tests raise it to drive the degradation ladder
         self.waiting = 0.0
         self.last_authorization: str | None = None  # the Authorization header of the last chat request
+        self.last_body: dict[str, Any] | None = None  # the last chat request's body, as the engine received it
         self.tokenize_requests = 0  # calls of /tokenize (vLLM's token counter)
+        self.content: str | None = None  # a test's choice of every text answer (4 characters a token, stops)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -82,6 +87,8 @@ class FakeUpstream:
             auth = dict(scope["headers"]).get(b"authorization")
             self.last_authorization = auth.decode() if auth else None
             return await self._chat(send, receive, body)
+        if path in ("/v1/responses", "/v1/completions"):
+            return await self._other(path, send, receive, body)
         await self._reply(send, 404, b'{"error":{"message":"not found","type":"not_found"}}')
 
     def _metrics(self) -> bytes:
@@ -113,6 +120,7 @@ class FakeUpstream:
 
     async def _chat(self, send: Send, receive: Receive, body: bytes) -> None:
         self.requests += 1
+        self.last_body = orjson.loads(body)
         if not self.max_running:
             return await self._answer(send, receive, body)
         if self._slots is None or self._slots_loop is not asyncio.get_running_loop():
@@ -127,13 +135,38 @@ class FakeUpstream:
         finally:
             self._slots.release()
 
+    async def _other(self, path: str, send: Send, receive: Receive, body: bytes) -> None:
+        """`/v1/responses` and `/v1/completions` (`loadtest.fake_endpoints`)."""
+        self.requests += 1
+        req = orjson.loads(body)
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch()) if req.get("stream") else None
+        delay = float((req.get("metadata") or {}).get("fake_delay_ms", self.delay_ms)) / 1000
+        self.running += 1
+        try:
+            if not await serve_other(path, req, send, gone, delay):
+                self.aborted += 1
+        except (OSError, asyncio.CancelledError):
+            self.aborted += 1
+            raise
+        finally:
+            self.running -= 1
+            if watcher is not None:
+                watcher.cancel()
+
     async def _answer(self, send: Send, receive: Receive, body: bytes) -> None:
         req = orjson.loads(body)
         meta = req.get("metadata") or {}
         n = int(meta.get("fake_tokens", 16))
         limit = req.get("max_completion_tokens") or req.get("max_tokens")
         n = min(n, int(limit)) if limit else n
-        answer = _Answer(req, n)
+        answer = _Answer(req, n, self.content)
         delay = float(meta.get("fake_delay_ms", self.delay_ms)) / 1000
         if not req.get("stream"):
             if delay:
@@ -191,11 +224,12 @@ class FakeUpstream:
 class _Answer:
     """The fake's answer to one request: `choices` choices of `tokens` tokens each, text or a tool call."""
 
-    def __init__(self, req: dict[str, Any], tokens: int) -> None:
+    def __init__(self, req: dict[str, Any], tokens: int, content: str | None = None) -> None:
         meta = req.get("metadata") or {}
-        self.tokens = tokens
         self.choices = int(req.get("n") or 1)
         self.tool = meta.get("fake_tool_call") if req.get("tools") else None
+        self.content = None if self.tool or content is None else [content[i:i + 4] for i in range(0, len(content), 4)]
+        self.tokens = tokens if self.content is None else max(1, len(self.content))
         self.logprob = float(meta.get("fake_logprob", -0.1))
         self.logprobs = bool(req.get("logprobs"))
         self.top = int(req.get("top_logprobs") or 0)
@@ -210,6 +244,8 @@ class _Answer:
     def _pieces(self) -> list[str]:
         if self.tool:
             return ['{"q": "', *(f"w{i} " for i in range(self.tokens)), '"}']
+        if self.content is not None:
+            return self.content or [""]
         return [f" w{i}" for i in range(self.tokens)]
 
     def _logprobs(self, tokens: list[str]) -> dict[str, Any] | None:
@@ -232,7 +268,7 @@ class _Answer:
                                                        if k != "index"}]}
         else:
             message = {"role": "assistant", "content": "".join(pieces).strip()}
-        reason = "tool_calls" if self.tool else "length"
+        reason = "tool_calls" if self.tool else ("length" if self.content is None else "stop")
         return {"index": index, "message": message, "logprobs": self._logprobs(pieces), "finish_reason": reason}
 
     def first_delta(self, choice: int) -> dict[str, Any]:
@@ -247,7 +283,8 @@ class _Answer:
             delta: dict[str, Any] = {"tool_calls": [call]}
             reason = "tool_calls" if last else None
         else:
-            delta, reason = {"content": piece}, ("length" if last else None)
+            end = "length" if self.content is None else "stop"
+            delta, reason = {"content": piece}, (end if last else None)
         out: dict[str, Any] = {"index": choice, "delta": delta, "finish_reason": reason}
         lp = self._logprobs([piece])
         if lp is not None:

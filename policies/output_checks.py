@@ -21,9 +21,9 @@ asks for). Only JSON answers can be replaced: a streamed answer has left before 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from policies.frozen import Frozen
 
@@ -54,6 +54,12 @@ class OutputChecks(Frozen):
                                     "8 repeats)")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @field_validator("json_", "tool_calls", "empty", "repetition", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML reads a bare `off` as false: that is what ops meant."""
+        return "off" if value is False else value
 
     def action(self, check: str) -> CheckAction | None:
         return getattr(self, "json_" if check == "json" else check)  # type: ignore[no-any-return]

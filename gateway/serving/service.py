@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from backends.clients.pool import Pool
+from gateway.caching.answer_cache import AnswerCache, lookup_answer
 from gateway.checking.fallback import json_fallback_refused
 from gateway.checking.judge import ACTION_HEADER, CHECK_HEADER, OutputRejected
 from gateway.control.degradation import DegradationMonitor
@@ -23,6 +24,7 @@ from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
+from gateway.serving.endpoints import CHAT, NativeBody, native_upstream
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import ChatRequest
@@ -46,10 +48,11 @@ class ChatService:
     def __init__(self, policies: PolicyHolder, versions: PoolVersions, router: RequestRouter, forwarder: Forwarder,
                  degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
                  keep_requests: bool = False, wake: Wake | None = None,
-                 learning: LearningTap | None = None) -> None:
+                 learning: LearningTap | None = None, cache: AnswerCache | None = None) -> None:
         """`versions` gives each routed request its pool's replicas (the pool's own, or its canary's). `wake(pool)`
         (scale to zero, `gateway.control.on_demand`) returns the pool that serves now. `learning` sees every
-        answered request (policy `learning:`)."""
+        answered request (policy `learning:`). `cache` answers from, and keeps answers in, a tenant's response cache
+        (`gateway.caching`: after routing, before forwarding)."""
         self._policies = policies
         self._wake = wake
         self._versions = versions
@@ -61,21 +64,28 @@ class ChatService:
         self._admission = admission
         self._cascade = CascadeFlow(forwarder, versions.target, wake, metrics)
         self._learning = learning
+        self._cache = cache
         self._guard = InputGuard(metrics.guard_decision)
         self._checker = forwarder.checker
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
-                     headers: Mapping[str, str] | None = None) -> JSONReply | StreamReply:
+                     headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
+                     ) -> JSONReply | StreamReply:
+        """`native`: the body of a Responses or completions request, whose routing view `request` and `raw` are
+        (`gateway.serving.endpoints`); None for a chat request."""
         # the tenant's input guards, before admission and routing: all that follows sees the redacted body
         screened = self._guard.screen(self._policies.current.policy, tenant, request, raw)
+        if native is not None and screened.raw is not raw:
+            raise BadRequest(f"the tenant's input guards rewrite prompts (redaction), which {native.endpoint.path} "
+                             "does not support here; use /v1/chat/completions", code="guard_unsupported_endpoint")
         request, raw = screened.request, screened.raw
-        reply = await self._handle(request, raw, tenant, request_id, headers)
-        if self._learning is not None:
+        reply = await self._handle(request, raw, tenant, request_id, headers, native)
+        if self._learning is not None and native is None:
             self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
         return replace(reply, headers={**reply.headers, **screened.headers}) if screened.decisions else reply
 
     async def _handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
-                      headers: Mapping[str, str] | None) -> JSONReply | StreamReply:
+                      headers: Mapping[str, str] | None, native: NativeBody | None) -> JSONReply | StreamReply:
         started, started_wall = time.monotonic(), time.time()
         loaded = self._policies.current
         self._degradation.use_policy(loaded)
@@ -87,26 +97,35 @@ class ChatService:
         if self._checker is not None:
             decision = json_fallback_refused(loaded.policy, decision, raw, ladder, self._checker.json_rates)
         _check_limits(loaded, decision, request)
-        upstream, extra = prepare_upstream(raw, decision, request, ladder)
-        kept = raw if self._keep_requests else None
+        turn = CascadeTurn(raw, ladder, downgrade, {}, native)
+        upstream, extra = _upstream(turn, decision, request)
+        turn = replace(turn, headers=extra)
+        kept = (raw if native is None else native.body) if self._keep_requests else None
+        redo = self._redo(loaded, tenant, decision, request, ladder, downgrade) if native is None else ()
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept,
-                             redo=self._redo(loaded, tenant, decision, request, ladder, downgrade))
-        turn = CascadeTurn(raw, ladder, downgrade, extra)
+                             redo=redo, endpoint=CHAT.name if native is None else native.endpoint.name)
+        # the response cache keeps chat answers only (its key is the chat body)
+        cached = await lookup_answer(self._cache if native is None else None, loaded.policy, facts, request, raw)
+        if cached.reply is not None:
+            return cached.reply
+        facts = cached.facts(facts)
         self._metrics.overhead.observe(time.monotonic() - started)
         try:
-            return await self._serve(upstream, request, facts, loaded, turn)
+            return cached.keep(await self._serve(upstream, request, facts, loaded, turn))
         except OutputRejected as rejected:
-            return await self._answer_again(rejected, request, facts, loaded, turn)
+            return cached.keep(await self._answer_again(rejected, request, facts, loaded, turn))
 
     def _redo(self, loaded: LoadedPolicy, tenant: str, decision: RouteDecision, request: ChatRequest,
               ladder: LadderState, downgrade: bool) -> tuple[str, ...]:
         """What a failed output check may do with this request's answer: retry it, and escalate it where the
-        tenant decision of cascade escalations lets it go up (`policies.escalation`). Streams: nothing."""
+        tenant decision of cascade escalations lets it go up (`policies.escalation`) and the client did not pin the
+        model (its caller asked for that model). Streams: nothing."""
         if self._checker is None or request.stream:
             return ()
         actions = set(self._checker.plan(loaded.policy, tenant, decision.pool)[0].values())
         redo: tuple[str, ...] = ("retry",) if "retry" in actions else ()
-        if "escalate" in actions and escalation(loaded.policy, tenant, ladder, downgrade).pool is not None:
+        if ("escalate" in actions and decision.rule != "pinned"
+                and escalation(loaded.policy, tenant, ladder, downgrade).pool is not None):
             redo += ("escalate",)
         return redo
 
@@ -142,7 +161,7 @@ class ChatService:
     async def _serve(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
         """Forward, failing over to the other tier when the pool has no replica (`_failover_pool`)."""
-        decision, tenant, raw, ladder = facts.decision, facts.tenant, turn.raw, turn.ladder
+        decision, tenant, ladder = facts.decision, facts.tenant, turn.ladder
         try:
             return await self._forward(upstream, request, facts, loaded, turn)
         except NoReplicaAvailable:
@@ -151,7 +170,7 @@ class ChatService:
                 raise
             moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
                             reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
-            upstream, extra = prepare_upstream(raw, moved, request, ladder)
+            upstream, extra = _upstream(turn, moved, request)
             turn = replace(turn, headers=extra)
             return await self._forward(upstream, request, replace(facts, decision=moved), loaded, turn)
 
@@ -188,14 +207,23 @@ class ChatService:
     async def _send(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                     loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
         """`turn.headers`: the ladder's response headers for this pool; force_stream only from steps acting on it."""
-        extra = turn.headers
-        if cascades(loaded, facts.decision):
+        extra, chat = turn.headers, turn.native is None  # the cascade and force_stream read chat answers only
+        if chat and cascades(loaded, facts.decision):
             return await self._cascade.run(pool, upstream, request, facts, loaded, turn)
         if request.stream:
             return await self._fw.stream(pool, upstream, request, facts, loaded, extra)
-        if turn.ladder.applying_to(facts.decision.pool).force_stream:
+        if chat and turn.ladder.applying_to(facts.decision.pool).force_stream:
             return await self._fw.json_via_stream(pool, upstream, facts, loaded, extra)
         return await self._fw.json(pool, upstream, facts, loaded, extra)
+
+
+def _upstream(turn: CascadeTurn, decision: RouteDecision, request: ChatRequest,
+              ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine's body for `decision` and the ladder's response headers: the chat body, or the native body of
+    a Responses or completions request."""
+    if turn.native is None:
+        return prepare_upstream(turn.raw, decision, request, turn.ladder)
+    return native_upstream(turn.native, decision, request.stream, turn.ladder)
 
 
 def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str, ladder: LadderState,
