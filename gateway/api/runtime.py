@@ -11,6 +11,9 @@ import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
+from gateway.caching.answer_cache import AnswerCache
+from gateway.caching.keys import CacheKeys
+from gateway.caching.store import RedisCacheStore
 from gateway.checking.judge import OutputChecker
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import DegradationMonitor
@@ -204,8 +207,11 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     router_swap = RouterSwap(settings, router)
     learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
     versions = PoolVersions(pool_set.pools, pool_set.canaries)
+    cache = AnswerCache(RedisCacheStore(redis) if redis is not None else None, CacheKeys(settings.redis_prefix), router,
+                        accountant, metrics)
     service = ChatService(policies, versions, router, forwarder, degradation, metrics, admission,
-                          keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning)
+                          keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning,
+                          cache=cache)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live)
     router_swap.on_swap = runtime.scorer_swapped

@@ -82,6 +82,8 @@ def _cards(total: Counters) -> str:
         ("Requests", f"{total.requests:,}"),
         ("Tokens", f"{total.total_tokens:,}"),
         ("Cost / 1k tokens", "-" if per_1k is None else _money(per_1k)),
+        ("Cache hits", f"{pct(total.cache_hits, total.cache_lookups)} of {total.cache_lookups:,} lookups"),
+        ("Cache saved", _money(total.cache_avoided_micro_usd)),
     ]
     items = "".join(f'<div class="card"><span>{escape(k)}</span><b>{escape(v)}</b></div>' for k, v in cards)
     return f'<div class="cards">{items}</div>'

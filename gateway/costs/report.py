@@ -97,6 +97,9 @@ class Counters:
     overflow_scored: int = 0  # requests the router's overflow model scored (the quality estimate weighs them)
     output_checked: int = 0  # answers an output check judged (`gateway.checking`)
     output_check_failed: int = 0  # of those, answers that failed a check
+    cache_hits: int = 0  # answered from the response cache (`gateway.caching`): cost 0
+    cache_misses: int = 0  # asked of the cache, not found there, answered by an engine
+    cache_avoided_micro_usd: int = 0  # what the hits would have cost on their pools
 
     @classmethod
     def of(cls, rec: CostRecord) -> Counters:
@@ -121,6 +124,11 @@ class Counters:
     def savings_micro_usd(self) -> int:
         """Counterfactual "everything on the flagship" minus actual cost (negative if routing cost more)."""
         return self.flagship_cost_micro_usd - self.cost_micro_usd
+
+    @property
+    def cache_lookups(self) -> int:
+        """Requests the response cache was asked for (hits and misses; bypassed ones are not asked)."""
+        return self.cache_hits + self.cache_misses
 
     @property
     def cost_per_1k_tokens_micro_usd(self) -> int | None:
@@ -234,6 +242,8 @@ def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
         "savings_micro_usd": c.savings_micro_usd,
         "savings_usd": usd(c.savings_micro_usd),
         "savings_pct": pct(c.savings_micro_usd, c.flagship_cost_micro_usd),
+        "cache_hit_rate": pct(c.cache_hits, c.cache_lookups),
+        "cache_avoided_usd": usd(c.cache_avoided_micro_usd),
     }
     for pool in pools:
         out[f"share_{pool}"] = pct(row.pool_requests.get(pool, 0), c.requests)
@@ -278,6 +288,8 @@ TABLE_COLUMNS = (
     ("flagship_cost_usd", "flagship USD"),
     ("savings_usd", "savings USD"),
     ("savings_pct", "savings"),
+    ("cache_hit_rate", "cache hits"),
+    ("cache_avoided_usd", "cache saved USD"),
 )
 
 

@@ -29,7 +29,8 @@ from policies.decide import (
 )
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from router_models.serving.scorer import Scorer, conversation_text
+from router_models.embedders.protocol import FloatArray
+from router_models.serving.scorer import EmbeddingSource, Scorer, conversation_text
 
 __all__ = ["RequestRouter"]
 
@@ -48,6 +49,16 @@ class RequestRouter:
     @property
     def scorer(self) -> Scorer | None:
         return self._scorer
+
+    def embedding(self, raw: Mapping[str, Any]) -> tuple[str, FloatArray] | None:
+        """(vector space, vector) of the router's own embedding of this request's text, as its scorer computed it
+        when it routed the request; None when there is none (not scored, scored by the overflow model, a scorer
+        that keeps no embeddings). Nothing is embedded here: the response cache's semantic mode reads it."""
+        scorer = self._scorer
+        if not isinstance(scorer, EmbeddingSource) or not scorer.embedding_space:
+            return None
+        vector = scorer.embedding(conversation_text(raw["messages"]))
+        return None if vector is None else (scorer.embedding_space, vector)
 
     def use_scorer(self, scorer: Scorer) -> None:
         """Score the next requests with `scorer` (a hot router swap); a request being scored finishes on the

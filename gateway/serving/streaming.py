@@ -102,11 +102,6 @@ class StreamRelay:
         self.disconnected = False
         self.error: str | None = None
 
-    @property
-    def events(self) -> list[bytes]:
-        """The SSE events relayed so far, in order (the usage event only when it was forwarded: see `usage`)."""
-        return self._events
-
     def add_finish_callback(self, callback: Callable[[StreamRelay], None]) -> None:
         """Also call `callback(relay)` when the body ends, after `on_finish`; the same rules apply (once,
         must not block, must not raise)."""

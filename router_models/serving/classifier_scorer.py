@@ -32,12 +32,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from router_models.embedders.concat import part_names
 from router_models.embedders.factory import make_embedder
 from router_models.embedders.features import FEATURE_NAMES
-from router_models.embedders.protocol import Embedder, parse_name
+from router_models.embedders.protocol import Embedder, FloatArray, parse_name
 from router_models.serving.artifact import (
     ArtifactError,
     artifact_version,
@@ -48,7 +48,8 @@ from router_models.serving.artifact import (
 from router_models.serving.classifier import LinearRouter, feature_matrix
 from router_models.serving.ttl_cache import TTLCache
 
-__all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "load_model", "load_scorer"]
+__all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "EmbeddingModel", "load_model",
+           "load_scorer"]
 
 _log = logging.getLogger(__name__)
 _EWMA = 0.1  # weight of the latest batch in the primary's time per text
@@ -60,6 +61,16 @@ class BatchModel(Protocol):
     def __call__(self, texts: Sequence[str]) -> list[float]: ...
 
 
+@runtime_checkable
+class EmbeddingModel(BatchModel, Protocol):
+    """A `BatchModel` that also hands out the embeddings it scored from, row i for texts[i], in the vector space
+    named `embedder_name` (the response cache's semantic mode compares them: `gateway.caching`)."""
+
+    embedder_name: str
+
+    def score_and_embed(self, texts: Sequence[str]) -> tuple[list[float], FloatArray]: ...
+
+
 class EmbeddingClassifier:
     """`BatchModel` of an embedder and a trained `LinearRouter`. Thread-safe when its embedder is."""
 
@@ -68,9 +79,18 @@ class EmbeddingClassifier:
         self._router = router
         self.version = version  # the artifact's (`artifact.artifact_version`)
 
+    @property
+    def embedder_name(self) -> str:
+        return self._embedder.name
+
     def __call__(self, texts: Sequence[str]) -> list[float]:
-        feats = feature_matrix(self._embedder.embed(texts), texts)
-        return [float(p) for p in self._router.predict_proba(feats)]
+        return self.score_and_embed(texts)[0]
+
+    def score_and_embed(self, texts: Sequence[str]) -> tuple[list[float], FloatArray]:
+        """The scores and the embeddings they came from (one model call for both)."""
+        vectors = self._embedder.embed(texts)
+        feats = feature_matrix(vectors, texts)
+        return [float(p) for p in self._router.predict_proba(feats)], vectors
 
 
 @dataclass(frozen=True)
@@ -99,10 +119,15 @@ _Scored = tuple[float, str]  # a score and the model that gave it ("primary" | "
 _Item = tuple[str, "asyncio.Future[_Scored]", float]  # text, its caller's future, loop time it was queued
 
 
-def _timed(model: BatchModel, texts: list[str]) -> tuple[list[float], float]:
+def _timed(model: BatchModel, texts: list[str], embed: bool) -> tuple[list[float], FloatArray | None, float]:
+    """(scores, embeddings when `embed` and the model gives them, seconds taken)."""
     started = time.perf_counter()
-    values = model(texts)
-    return values, time.perf_counter() - started
+    vectors: FloatArray | None = None
+    if embed and isinstance(model, EmbeddingModel):
+        values, vectors = model.score_and_embed(texts)
+    else:
+        values = model(texts)
+    return values, vectors, time.perf_counter() - started
 
 
 class ClassifierScorer:
@@ -113,6 +138,11 @@ class ClassifierScorer:
     `on_batch(size)`, when set, is called with each (e.g. a metrics histogram's `observe`). `overflow` (or
     `load_overflow_in_background`) attaches the cheaper model; `scored_by` counts texts per model ("primary",
     "overflow") and `on_scored(model, texts)`, when set, is called with each batch.
+
+    A primary model that gives its embeddings (`EmbeddingModel`) has them kept beside the scores, under the same
+    bounds (`embedding(text)`, in the space `embedding_space` names; 384 float32 a text for the shipped embedder, so
+    about 15 MB at the default 10,000 entries): the response cache's semantic mode reads the vector the router
+    computed instead of embedding the text a second time. Overflow scores keep none (another vector space).
     """
 
     def __init__(
@@ -129,7 +159,10 @@ class ClassifierScorer:
         self._config = config or BatchingConfig()
         if self._config.workers < 1 or self._config.max_batch < 1:
             raise ValueError(f"workers and max_batch must be >= 1, got {self._config}")
-        self.cache = TTLCache(self._config.cache_entries, self._config.cache_ttl_s, clock)
+        self.cache: TTLCache[float] = TTLCache(self._config.cache_entries, self._config.cache_ttl_s, clock)
+        self.embedding_space = model.embedder_name if isinstance(model, EmbeddingModel) else ""
+        self._vectors: TTLCache[FloatArray] = TTLCache(
+            self._config.cache_entries if self.embedding_space else 0, self._config.cache_ttl_s, clock)
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=self._config.workers, thread_name_prefix="router-scorer")
         self._collectors: list[asyncio.Task[None]] = []
@@ -156,7 +189,15 @@ class ClassifierScorer:
         if self._closed:
             raise RuntimeError("scorer is closed")
         cached = self.cache.get(text)
-        return (cached, "primary") if cached is not None else await self._enqueue(text)
+        if cached is None:
+            return await self._enqueue(text)
+        self._vectors.get(text)  # kept as recently used as its score: evicted together
+        return cached, "primary"
+
+    def embedding(self, text: str) -> FloatArray | None:
+        """The primary model's embedding of `text`, kept when it scored it (None: not scored by it, expired or
+        evicted, or a model without embeddings). Row vector, not normalised; do not modify it."""
+        return self._vectors.peek(text)
 
     def _enqueue(self, text: str) -> asyncio.Future[_Scored]:
         loop = asyncio.get_running_loop()
@@ -211,7 +252,8 @@ class ClassifierScorer:
                 self.on_batch(len(unique))
             which, model = self._pick(live, len(unique), loop.time())
             try:
-                values, took_s = await loop.run_in_executor(self._executor, _timed, model, unique)
+                values, vectors, took_s = await loop.run_in_executor(
+                    self._executor, _timed, model, unique, which == "primary" and bool(self.embedding_space))
             except asyncio.CancelledError:  # closing: callers of the batch in flight are not left waiting
                 for _, fut, _ in live:
                     if not fut.done():
@@ -232,6 +274,9 @@ class ClassifierScorer:
                     if self._primary_s_per_text else per_text
                 for text, value in by_text.items():
                     self.cache.put(text, value)
+                if vectors is not None:
+                    for text, vector in zip(unique, vectors, strict=True):
+                        self._vectors.put(text, vector)
             for text, fut, _ in live:
                 if not fut.done():
                     fut.set_result((by_text[text], which))

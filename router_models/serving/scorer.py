@@ -7,9 +7,12 @@ the stand-in below all satisfy the same protocol.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["LengthScorer", "Scorer", "conversation_text"]
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["EmbeddingSource", "LengthScorer", "Scorer", "conversation_text"]
 
 
 class Scorer(Protocol):
@@ -31,6 +34,17 @@ class Scorer(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class EmbeddingSource(Protocol):
+    """A scorer that keeps the embeddings it scored from (the trained classifier does): `embedding(text)` is the
+    vector it computed for `text` when it scored it, or None; `embedding_space` names the vector space (the
+    embedder), "" when it keeps none. Read from the event loop, never computes anything."""
+
+    embedding_space: str
+
+    def embedding(self, text: str) -> npt.NDArray[np.float32] | None: ...
 
 
 def _content_text(content: Any) -> str:

@@ -1,0 +1,187 @@
+"""The exact response cache through a real gateway (uvicorn, fake engines, real Redis ledger), with the openai SDK:
+a repeated deterministic request is answered from the cache, streamed and not, recorded at cost 0 and counted in
+the cost report; anything else reaches the engine; a corrupt entry or a Redis outage never fails a request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.api.app import create_app
+from gateway.api.auth import hash_key
+from gateway.costs.report import render_table, row_fields
+from gateway.settings import Settings
+from loadtest.fake_upstream import FakeUpstream
+from tests.conftest import SHARED_URL, policy_yaml, report_recent
+from tests.servers import PrivateRedis, serve
+
+pytestmark = pytest.mark.redis
+
+Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
+TENANTS = f"""tenants:
+  cached:
+    api_key_sha256: ['{hash_key("sk-cached")}']
+    cache: {{mode: exact, ttl_s: 60, max_entries: 2}}
+  plain:
+    api_key_sha256: ['{hash_key("sk-plain")}']
+"""
+
+
+def _gateway(tmp: Path, upstreams: Upstreams, prefix: str, redis_url: str = SHARED_URL) -> Iterator[str]:
+    _, micro_url, _, flagship_url = upstreams
+    policy = tmp / "policy.yaml"
+    policy.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
+    settings = Settings(policy_path=policy, scorer="none", start_engines=False, ledger="redis", redis_url=redis_url,
+                        redis_prefix=prefix, home=tmp, policy_watch_interval_s=0)
+    with serve(create_app(settings)) as url:
+        yield url
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[str]:
+    yield from _gateway(tmp_path, upstreams, prefix)
+
+
+def _client(url: str, key: str = "sk-cached") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+
+
+def _ask(client: openai.OpenAI, text: str = "What is the capital of France?", **extra: Any) -> Any:
+    extra.setdefault("temperature", 0)
+    return client.chat.completions.with_raw_response.create(
+        model="micro", messages=[{"role": "user", "content": text}], max_tokens=8, **extra)
+
+
+def _record(prefix: str, request_id: str) -> dict[str, str]:
+    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for _, fields in client.xrange(prefix + "records"):
+            if fields.get("request_id") == request_id:
+                return fields
+        time.sleep(0.05)
+    raise AssertionError(f"no ledger record for {request_id}")
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def _wait_kept(client: openai.OpenAI, text: str = "What is the capital of France?") -> Any:
+    """Ask until the answer comes from the cache (the miss's answer is kept off the response path)."""
+    deadline = time.monotonic() + 5
+    while (raw := _ask(client, text)).headers["x-cascade-cache"] != "hit":
+        assert raw.headers["x-cascade-cache"] == "miss"
+        assert time.monotonic() < deadline, "the answer was never kept"
+        time.sleep(0.05)
+    return raw
+
+
+def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, prefix: str,
+                                                                upstreams: Upstreams) -> None:
+    micro = upstreams[0]
+    client = _client(gateway)
+    first = _ask(client)
+    assert first.headers["x-cascade-cache"] == "miss"
+    engine_answer = first.parse()
+    engine_calls = micro.requests
+    hit = _wait_kept(client)
+    calls_after_keep = micro.requests
+    answer = hit.parse()
+    assert answer.choices[0].message.content == engine_answer.choices[0].message.content
+    assert answer.usage is not None and answer.usage.completion_tokens == engine_answer.usage.completion_tokens
+    assert answer.id != engine_answer.id and hit.headers["x-cascade-pool"] == "micro"
+
+    with client.chat.completions.with_streaming_response.create(
+        model="micro", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+    ) as streamed:
+        assert streamed.headers["x-cascade-cache"] == "hit"
+        chunks = list(streamed.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == engine_answer.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == engine_answer.usage.prompt_tokens
+    assert micro.requests == calls_after_keep  # neither hit reached the engine
+
+    miss, json_hit, stream_hit = (_record(prefix, r.headers["x-request-id"]) for r in (first, hit, streamed))
+    assert (miss["status"], miss["cache"], int(miss["cost_micro_usd"]) > 0) == ("ok", "miss", True)
+    for rec in (json_hit, stream_hit):
+        assert (rec["status"], rec["cache"], rec["pool"]) == ("cache_hit", "hit", "micro")
+        assert int(rec["cost_micro_usd"]) == 0
+        assert int(rec["cache_avoided_micro_usd"]) == int(miss["cost_micro_usd"])
+        assert int(rec["flagship_cost_micro_usd"]) == int(miss["flagship_cost_micro_usd"])
+
+    report = asyncio.run(report_recent(prefix))
+    total = report.total().counters
+    assert total.cache_hits >= 2 and total.cache_misses >= 1
+    assert total.cache_avoided_micro_usd == total.cache_hits * int(miss["cost_micro_usd"])
+    fields = row_fields(report.total(), report.pools)
+    assert fields["cache_hit_rate"] != "-" and "cache hits" in render_table(report, "tenant")
+    assert _metric(gateway, "cascade_cache_lookups_total", tenant="cached", mode="exact", result="hit") >= 2
+    assert _metric(gateway, "cascade_cache_avoided_micro_usd_total", tenant="cached", pool="micro") > 0
+
+
+def test_what_is_not_eligible_goes_to_the_engine(gateway: str, upstreams: Upstreams) -> None:
+    micro, client = upstreams[0], _client(gateway)
+    for extra in ({"temperature": 0.7}, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}):
+        before = micro.requests
+        assert [_ask(client, "Same every time", **extra).headers["x-cascade-cache"] for _ in range(2)] == ["bypass"] * 2
+        assert micro.requests == before + 2
+    plain = _ask(_client(gateway, "sk-plain"))
+    assert "x-cascade-cache" not in plain.headers  # a tenant without a cache
+    assert _metric(gateway, "cascade_cache_lookups_total", tenant="cached", result="bypass") == 4
+
+
+def test_entries_are_bounded_per_tenant(gateway: str, prefix: str) -> None:
+    client = _client(gateway)
+    for text in ("first", "second", "third"):  # max_entries: 2
+        _ask(client, text)
+        _wait_kept(client, text)
+    index = redis.Redis.from_url(SHARED_URL).zcard(prefix + "cache:{cached}:xi")
+    assert index == 2
+    assert _ask(client, "first").headers["x-cascade-cache"] == "miss"  # the oldest went first
+
+
+def test_a_corrupt_entry_is_dropped_and_served_fresh(gateway: str, prefix: str, upstreams: Upstreams) -> None:
+    client = _client(gateway)
+    _ask(client, "corrupt me")
+    _wait_kept(client, "corrupt me")
+    store = redis.Redis.from_url(SHARED_URL)
+    (key,) = store.keys(prefix + "cache:{cached}:x:*")
+    store.set(key, b'{"format": 1, "pool": "micro"')
+    before = upstreams[0].requests
+    fresh = _ask(client, "corrupt me")
+    assert fresh.status_code == 200 and fresh.headers["x-cascade-cache"] == "miss"
+    assert upstreams[0].requests == before + 1
+    assert _metric(gateway, "cascade_cache_failures_total", tenant="cached", reason="corrupt_entry") == 1
+    _wait_kept(client, "corrupt me")  # the fresh answer replaced it
+
+
+def test_redis_down_bypasses_and_never_fails_a_request(tmp_path: Path, upstreams: Upstreams,
+                                                       private_redis: PrivateRedis) -> None:
+    for url in _gateway(tmp_path, upstreams, "cache-outage:", private_redis.url):
+        client = _client(url)
+        _ask(client)
+        _wait_kept(client)
+        private_redis.kill()
+        for stream in (False, True):
+            answer = client.chat.completions.with_raw_response.create(
+                model="micro", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_tokens=8, temperature=0, stream=stream)
+            assert answer.status_code == 200 and answer.headers["x-cascade-cache"] == "bypass"
+            if stream:
+                assert any(c.choices and c.choices[0].delta.content for c in answer.parse())
+        assert _metric(url, "cascade_cache_failures_total", tenant="cached", reason="unavailable") >= 1
