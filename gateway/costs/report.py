@@ -244,6 +244,7 @@ def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
         "savings_pct": pct(c.savings_micro_usd, c.flagship_cost_micro_usd),
         "cache_hit_rate": pct(c.cache_hits, c.cache_lookups),
         "cache_avoided_usd": usd(c.cache_avoided_micro_usd),
+        "output_check_failure_rate": pct(c.output_check_failed, c.output_checked),
     }
     for pool in pools:
         out[f"share_{pool}"] = pct(row.pool_requests.get(pool, 0), c.requests)
@@ -290,6 +291,7 @@ TABLE_COLUMNS = (
     ("savings_pct", "savings"),
     ("cache_hit_rate", "cache hits"),
     ("cache_avoided_usd", "cache saved USD"),
+    ("output_check_failure_rate", "checks failed"),
 )
 
 

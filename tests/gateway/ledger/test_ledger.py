@@ -50,6 +50,7 @@ def make_record(i: int, **changes: object) -> CostRecord:
         ttft_ms=12.5,
         latency_ms=80.0,
         scored_by="overflow" if i % 5 == 0 else "primary",  # every rollup test counts `overflow_scored` too
+        output_check=("", "pass", "fail:json", "fail:empty,repetition")[i % 4],  # and the output-check counters
     )
     return dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
 
@@ -114,6 +115,8 @@ BAD_CHANGES: list[dict[str, object]] = [
     {"ttft_ms": -1.0},
     {"latency_ms": math.inf},
     {"status": "done"},
+    {"output_check": "fail"},
+    {"output_check": "fail:JSON"},
     {"usage_source": "guess"},
     {"rule": "line\nbreak"},
     {"scored_by": "a:b"},
@@ -140,6 +143,10 @@ def test_a_record_written_before_scored_by_existed_still_decodes() -> None:
     del fields["scored_by"]
     assert record_from_fields(fields) == make_record(5, scored_by="")
     assert Counters.of(make_record(5)).overflow_scored == 1 and Counters.of(make_record(6)).overflow_scored == 0
+    del fields["output_check"]
+    assert record_from_fields(fields) == make_record(5, scored_by="", output_check="")
+    checked = [Counters.of(make_record(i)) for i in range(4)]
+    assert [(c.output_checked, c.output_check_failed) for c in checked] == [(0, 0), (1, 0), (1, 1), (1, 1)]
 
 
 @pytest.mark.parametrize(("name", "value"), [("cost_micro_usd", "1_000"), ("prompt_tokens", " 5"), ("started_at", "x")])
