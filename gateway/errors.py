@@ -19,6 +19,7 @@ __all__ = [
     "BudgetExceeded",
     "DeadlineExceeded",
     "GatewayError",
+    "InputRefused",
     "ModelNotFound",
     "NoReplicaAvailable",
     "PermissionDenied",
@@ -54,6 +55,19 @@ class GatewayError(Exception):
 class BadRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
+
+
+class InputRefused(BadRequest):
+    """A tenant's input guard refused the prompt (`gateway.guards`). `code` names the guard (pii_detected,
+    prompt_too_large, language_not_allowed); the message says what was found, never the prompt's text.
+    `decisions` is the `x-cascade-guard` header: every guard's decision on this request."""
+
+    def __init__(self, message: str, code: str, decisions: str) -> None:
+        super().__init__(message, param="messages", code=code)
+        self.decisions = decisions
+
+    def headers(self) -> dict[str, str]:
+        return {"x-cascade-guard": self.decisions}
 
 
 class BodyTooLarge(GatewayError):

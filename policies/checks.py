@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from policies.ladder_schema import FRACTION_SIGNALS, LadderStep, Overflow, RaiseThreshold
+from policies.ladder_schema import FRACTION_SIGNALS, FallbackPool, LadderStep, Overflow, RaiseThreshold
+from policies.output_checks import resolve
 from policies.rules import RuleMatch
 from policies.schema import Policy, RemotePool
 from policies.threshold import base_threshold
@@ -97,6 +98,13 @@ def _step_problems(policy: Policy, step: LadderStep, loc: Loc) -> Iterator[Probl
         if isinstance(action, Overflow) and not isinstance(policy.pools.get(target), RemotePool | None):
             msg = f"overflow goes to a remote pool; {target!r} is local (use fallback_pool)"
             yield (*loc, "action", "to_pool"), msg
+        if isinstance(action, FallbackPool) and action.max_json_failure_rate is not None:
+            pool = policy.pools.get(target)
+            actions, _ = resolve((getattr(pool, "output_checks", None), policy.output_checks))
+            if "json" not in actions:
+                yield (*loc, "action", "max_json_failure_rate"), (
+                    f"nothing measures {target!r}'s JSON failures: turn the json output check on for it "
+                    f"(output_checks: {{json: flag}} at the top level or on pool {target!r})")
 
 
 def _ladder_problems(policy: Policy) -> Iterator[Problem]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from gateway.checking.fallback import json_fallback_refused
 from gateway.checking.judge import JsonRates
+from policies.checks import reference_problems
 from policies.decide import RouteDecision
 from policies.ladder import Ladder, LadderState
+from policies.output_checks import OutputChecks
 from policies.schema import Policy
 
 _PRICE = {"input_per_mtok": "1", "output_per_mtok": "1"}
@@ -55,3 +57,11 @@ def test_the_window_is_the_last_answers() -> None:
     assert json_fallback_refused(POLICY, MOVED, JSON, _active(), rates) is MOVED
 
 
+
+
+def test_a_bound_with_no_json_check_to_measure_it_is_refused_at_load() -> None:
+    (problem,) = reference_problems(POLICY)
+    assert problem[0] == ("degradation", "steps", 0, "action", "max_json_failure_rate")
+    assert "turn the json output check on" in problem[1]
+    checked = POLICY.model_copy(update={"output_checks": OutputChecks.model_validate({"json": "flag"})})
+    assert reference_problems(checked) == []
