@@ -9,7 +9,6 @@ from pydantic import Field, field_validator
 from policies.cache import ResponseCache
 from policies.frozen import Frozen
 from policies.guards import Guards
-from policies.guards import Guards
 from policies.money import usd_to_micro
 from policies.output_checks import OutputChecks
 
@@ -53,8 +52,6 @@ class Tenant(Frozen):
     priority: int = Field(default=0, description="higher is more important; the ladder sheds low priority first")
     rate_limits: RateLimits = RateLimits()
     budget: Budget = Budget()
-    guards: Guards = Field(default=Guards(), description="input guards applied before routing: PII, size, "
-                           "language (policies.guards)")
     guards: Guards = Field(default=Guards(), description="input guards applied before routing: PII, size, "
                            "language (policies.guards)")
     output_checks: OutputChecks | None = Field(default=None, description="checks of the answers this tenant gets "

@@ -187,11 +187,6 @@ class GatewayMetrics:
                                        "error (the guard failed; the request is served without it); kind: the PII "
                                        "kind found, the size bound passed, the language detected, or none",
                                        ["tenant", "guard", "kind", "action"], registry=r)
-        self.guard_decisions = Counter("cascade_guard_decisions", "input guards' decisions (gateway.guards) per "
-                                       "request: guard pii, size or language; action passed, redacted, refused or "
-                                       "error (the guard failed; the request is served without it); kind: the PII "
-                                       "kind found, the size bound passed, the language detected, or none",
-                                       ["tenant", "guard", "kind", "action"], registry=r)
         self.scale_events = Counter("cascade_scale_events", "autoscaler changes of a pool's replicas: direction up "
                                     "or down, outcome done, no_room or start_failed",
                                     ["pool", "direction", "outcome"], registry=r)
@@ -248,10 +243,6 @@ class GatewayMetrics:
     def ledger_event(self, outcome: str) -> None:
         """The ledger recorded, replayed, saw again, spilled or lost a record (`LedgerCounts.on_event`)."""
         self.ledger_records.labels(outcome).inc()
-
-    def guard_decision(self, tenant: str, guard: str, kind: str, action: str) -> None:
-        """An input guard decided on a request (`gateway.guards.screen.DecisionHook`)."""
-        self.guard_decisions.labels(tenant, guard, kind, action).inc()
 
     def guard_decision(self, tenant: str, guard: str, kind: str, action: str) -> None:
         """An input guard decided on a request (`gateway.guards.screen.DecisionHook`)."""
