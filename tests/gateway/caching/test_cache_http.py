@@ -97,7 +97,6 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
     first = _ask(client)
     assert first.headers["x-cascade-cache"] == "miss"
     engine_answer = first.parse()
-    engine_calls = micro.requests
     hit = _wait_kept(client)
     calls_after_keep = micro.requests
     answer = hit.parse()

@@ -33,7 +33,8 @@ def test_only_deterministic_requests_without_tools_are_eligible(change: dict[str
 
 def test_exact_digest_ignores_what_does_not_change_the_answer() -> None:
     same = [dict(reversed(BASE.items())), {**BASE, "model": "micro"}, {**BASE, "stream": True},
-            {**BASE, "stream_options": {"include_usage": True}}, {**BASE, "user": "u1"}, {**BASE, "metadata": {"a": "b"}}]
+            {**BASE, "stream_options": {"include_usage": True}}, {**BASE, "user": "u1"},
+            {**BASE, "metadata": {"a": "b"}}]
     assert {exact_digest("m", raw) for raw in same} == {exact_digest("m", BASE)}
 
 
