@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.chat import ChatEndpoint
+from gateway.api.chat import endpoint_apps
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
@@ -178,20 +178,20 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 class GatewayApp:
-    """The ASGI app: the chat route goes straight to its raw endpoint (the hot path), everything else
+    """The ASGI app: the OpenAI routes go straight to their raw endpoints (the hot path), everything else
     (and the lifespan) to the Starlette app. `state` is the Starlette app's state (`state.runtime`)."""
 
     def __init__(self, starlette: Starlette) -> None:
         self._starlette = starlette
-        self._chat = ChatEndpoint(lambda: starlette.state.runtime)
+        self._openai = endpoint_apps(lambda: starlette.state.runtime)
 
     @property
     def state(self) -> Any:
         return self._starlette.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
-            return await self._chat(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] == "POST" and (app := self._openai.get(scope["path"])):
+            return await app(scope, receive, send)
         return await self._starlette(scope, receive, send)
 
 

@@ -1,8 +1,9 @@
-"""`POST /v1/chat/completions` as a raw ASGI endpoint: the hot path of the gateway.
+"""`POST /v1/chat/completions`, `/v1/responses` and `/v1/completions` as raw ASGI endpoints: the hot path.
 
 It skips Starlette's request objects and middleware stack (measured: a tenth of the gateway's CPU per
 request), and does exactly what a Starlette handler would: parse, call the service, render, with every
-error as the OpenAI envelope and never a stack trace.
+error as the OpenAI envelope and never a stack trace. The three endpoints differ only in their parser
+(`gateway.serving.endpoints`): the same service routes, admits, prices and records them.
 """
 
 from __future__ import annotations
@@ -12,31 +13,46 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.auth import tenant_for
 from gateway.api.runtime import Runtime
 from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, error_body
+from gateway.serving.completions_schema import parse_completions_request
+from gateway.serving.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint, NativeBody
 from gateway.serving.forwarding import JSONReply, StreamReply
-from gateway.serving.schema import parse_chat_request
+from gateway.serving.responses_schema import parse_responses_request
+from gateway.serving.schema import ChatRequest, parse_chat_request
 from gateway.serving.streaming import SSEResponse
 from policies.decide import RouteDecision
 
-__all__ = ["ChatEndpoint"]
+__all__ = ["ChatEndpoint", "endpoint_apps"]
 
 log = logging.getLogger("cascade.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JSON_TYPE = (b"content-type", b"application/json")
+Parsed = tuple[ChatRequest, dict[str, Any], NativeBody | None]
+Parser = Callable[[bytes, int, "int | None"], Parsed]
+
+
+def _parse_chat(body: bytes, max_messages: int, max_tokens_cap: int | None) -> Parsed:
+    return (*parse_chat_request(body, max_messages, max_tokens_cap), None)
+
+
+_PARSERS: dict[str, Parser] = {CHAT.name: _parse_chat, RESPONSES.name: parse_responses_request,
+                               COMPLETIONS.name: parse_completions_request}
 
 
 class _Disconnected(Exception):
     pass
 
 
-def route_headers(request_id: str, decision: RouteDecision) -> dict[str, str]:
+def route_headers(request_id: str, decision: RouteDecision, endpoint: str = CHAT.name) -> dict[str, str]:
     return {
         "x-request-id": request_id,
+        "x-cascade-endpoint": endpoint,
         "x-cascade-pool": decision.pool,
         "x-cascade-score": "none" if decision.score is None else f"{decision.score:.4f}",
         "x-cascade-scored-by": decision.scored_by or "none",
@@ -77,17 +93,21 @@ async def _send_error(send: Send, exc: GatewayError, request_id: str) -> None:
 
 
 class ChatEndpoint:
-    """The ASGI app of the chat route. `runtime()` gives the running `Runtime` (built by the lifespan)."""
+    """The ASGI app of one OpenAI route (`endpoint`: chat unless said). `runtime()` gives the running `Runtime`
+    (built by the lifespan)."""
 
-    def __init__(self, runtime: Callable[[], Runtime]) -> None:
+    def __init__(self, runtime: Callable[[], Runtime], endpoint: Endpoint = CHAT) -> None:
         self._runtime = runtime
+        self._endpoint = endpoint
+        self._parse = _PARSERS[endpoint.name]
+        self._id_prefix = f"req_{endpoint.id_tag}_" if endpoint.id_tag else "req_"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self._runtime()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         # Always our own id: it is the ledger's idempotency key, so a client must not be able to choose it
         # (reusing one would make every later request free). The client's id is echoed for tracing.
-        request_id = "req_" + os.urandom(12).hex()
+        request_id = self._id_prefix + os.urandom(12).hex()
         tenant = "unknown"
         try:
             tenant = tenant_for(runtime.policies.current.policy, headers.get("authorization"))
@@ -101,7 +121,7 @@ class ChatEndpoint:
             log.exception("unhandled error", extra={"request_id": request_id})
             body = error_body("internal gateway error; see the gateway log", "internal_error")
             return await _send(send, 500, body, {"x-request-id": request_id})
-        out = {**route_headers(request_id, reply.decision), **reply.headers}
+        out = {**route_headers(request_id, reply.decision, self._endpoint.name), **reply.headers}
         given = headers.get("x-request-id", "")
         if _REQUEST_ID.match(given):
             out["x-client-request-id"] = given
@@ -113,10 +133,15 @@ class ChatEndpoint:
                       request_id: str) -> JSONReply | StreamReply:
         settings = runtime.settings
         body = await _read_body(receive, headers, settings.max_body_bytes)
-        chat, raw = parse_chat_request(body, settings.max_messages, settings.max_tokens_cap)
+        chat, raw, native = self._parse(body, settings.max_messages, settings.max_tokens_cap)
         try:
             async with asyncio.timeout(settings.deadline_s):
-                return await runtime.service.handle(chat, raw, tenant, request_id, headers)
+                return await runtime.service.handle(chat, raw, tenant, request_id, headers, native)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within the gateway's deadline of {settings.deadline_s:g} s; "
                                    "retry later or lower max_tokens") from exc
+
+
+def endpoint_apps(runtime: Callable[[], Runtime]) -> dict[str, ChatEndpoint]:
+    """The ASGI app of each OpenAI route, by path."""
+    return {e.path: ChatEndpoint(runtime, e) for e in (CHAT, RESPONSES, COMPLETIONS)}

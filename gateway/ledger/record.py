@@ -36,6 +36,7 @@ _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
 _STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow", "discarded",
                        "cache_hit"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
+_ENDPOINTS = frozenset({"chat", "responses", "completions"})
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 # the counters each record adds to its rollups beside `requests` and the `_INT_FIELDS` (`extra_counters`):
 # `overflow_scored`: requests the router's overflow model scored; `output_checked` / `output_check_failed`:
@@ -47,7 +48,7 @@ EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "c
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
-_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache")
+_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
 _ANSWERS = frozenset({"ok", "client_disconnect", "upstream_error"})  # the statuses of a request's final record
@@ -89,6 +90,8 @@ class CostRecord:
     output_check: str = ""  # "" (no output check ran), "pass", or "fail:<check>,..." (`gateway.checking`)
     cache: str = ""  # the response cache's answer: "" (no cache for the tenant), "hit", "miss" or "bypass"
     cache_avoided_micro_usd: int = 0  # a hit's cost on its pool had the engine answered (0 for any other record)
+    endpoint: str = "chat"  # the OpenAI endpoint asked: "chat", "responses" or "completions" (a record written
+    # before the field existed reads as "chat", the only endpoint then)
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -128,6 +131,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     if rec.pool_version:
         _check("pool_version", rec.pool_version, _NAME)
     _check("output_check", rec.output_check, _OUTPUT_CHECK)
+    if rec.endpoint not in _ENDPOINTS:
+        raise InvalidCostRecord(f"endpoint: must be one of {sorted(_ENDPOINTS)}, got {rec.endpoint!r}")
     if rec.cache not in _CACHE_RESULTS:
         raise InvalidCostRecord(f"cache: must be one of {sorted(_CACHE_RESULTS)}, got {rec.cache!r}")
     for name in _INT_FIELDS + _LATER_INT_FIELDS:
@@ -172,6 +177,7 @@ def record_from_fields(fields: Mapping[str, str]) -> CostRecord:
     try:
         values: dict[str, Any] = {name: fields[name] for name in _STR_FIELDS}
         values.update({name: fields.get(name, "") for name in _LATER_STR_FIELDS})
+        values["endpoint"] = values["endpoint"] or "chat"
         later = {name: fields.get(name, "0") for name in _LATER_INT_FIELDS}
         for name, text in [*((n, fields[n]) for n in _INT_FIELDS), *later.items()]:
             if not (text.isascii() and text.isdigit()):

@@ -36,6 +36,7 @@ class RequestFacts:
     ttft_s: float | None
     status: str
     request: Mapping[str, Any] | None = None  # the client's body, kept only when the replay log is on
+    endpoint: str = "chat"  # the OpenAI endpoint asked: "chat", "responses", "completions" (`serving.endpoints`)
     cache: str = ""  # the response cache's answer for the ledger: "", "miss" or "bypass" (`gateway.caching`)
     output_check: str = ""  # the output checks' verdict for the ledger (`gateway.checking.judge.Verdict.summary`)
     redo: tuple[str, ...] = ()  # what a failed output check may still do with this answer: "retry", "escalate"
@@ -79,6 +80,7 @@ class Accountant:
             scored_by=decision.scored_by,
             router_version=decision.router_version,
             pool_version=decision.pool_version,
+            endpoint=facts.endpoint,
             cache=facts.cache,
             output_check=facts.output_check,
         )

@@ -30,6 +30,7 @@ from gateway.serving.cascade import (
     probe_stream,
     without_logprobs,
 )
+from gateway.serving.endpoints import NativeBody
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.proxy import OpenStream
 from gateway.serving.schema import ChatRequest
@@ -60,6 +61,7 @@ class CascadeTurn:
     ladder: LadderState
     downgrade: bool
     headers: dict[str, str]
+    native: NativeBody | None = None  # a Responses or completions body (`gateway.serving.endpoints`): never cascaded
 
 
 @dataclass(frozen=True, slots=True)

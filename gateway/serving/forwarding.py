@@ -22,11 +22,13 @@ from gateway.control.metrics import GatewayMetrics
 from gateway.errors import GatewayError, NoReplicaAvailable
 from gateway.serving.accounting import Accountant, RequestFacts
 from gateway.serving.assemble import assemble_events, assemble_stream
+from gateway.serving.endpoints import CHAT, COMPLETIONS, ENDPOINTS, RESPONSES
+from gateway.serving.prompt_count import count_request_usage
 from gateway.serving.proxy import OpenStream, Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.schema import ChatRequest
-from gateway.serving.streaming import StreamRelay
-from gateway.serving.usage import Usage, count_usage, usage_from_json
+from gateway.serving.streaming import CHAT_STREAM, COMPLETIONS_STREAM, RESPONSES_STREAM, StreamFormat, StreamRelay
+from gateway.serving.usage import Usage, usage_from_json
 from policies.decide import RouteDecision
 from policies.loader import LoadedPolicy
 
@@ -36,6 +38,8 @@ OutcomeHook = Callable[[str, str, "float | None", bool], None]
 """(pool, engine version, TTFT seconds or None, failed) of every call that ended: the canary guard's feed."""
 
 log = logging.getLogger("cascade.forward")
+_STREAM_FORMATS: dict[str, StreamFormat] = {CHAT.name: CHAT_STREAM, COMPLETIONS.name: COMPLETIONS_STREAM,
+                                            RESPONSES.name: RESPONSES_STREAM}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +72,16 @@ class Forwarder:
         self._degradation = degradation
         self._log = request_log
 
-    async def complete(self, pool: Pool, body: bytes) -> tuple[Replica, bytes]:
+    async def complete(self, pool: Pool, body: bytes, path: str = CHAT.path) -> tuple[Replica, bytes]:
         try:
-            return await self.proxy.complete(pool, body)
+            return await self.proxy.complete(pool, body, path)
         except GatewayError as exc:
             self._note_failure(pool, exc)
             raise
 
-    async def open(self, pool: Pool, body: bytes) -> OpenStream:
+    async def open(self, pool: Pool, body: bytes, path: str = CHAT.path) -> OpenStream:
         try:
-            return await self.proxy.open_stream(pool, body)
+            return await self.proxy.open_stream(pool, body, path)
         except GatewayError as exc:
             self._note_failure(pool, exc)
             raise
@@ -90,7 +94,7 @@ class Forwarder:
 
     async def json(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
                    headers: dict[str, str] | None = None) -> JSONReply:
-        replica, body = await self.complete(pool, orjson.dumps(upstream))
+        replica, body = await self.complete(pool, orjson.dumps(upstream), ENDPOINTS[facts.endpoint].path)
         facts, checked = self.judged(loaded, facts, replica, upstream, body)
         self.account_json(loaded, facts, replica, upstream, body)
         return JSONReply(body, facts.decision, {**(headers or {}), **checked})
@@ -141,7 +145,7 @@ class Forwarder:
 
     async def stream(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
-        opened = await self.open(pool, orjson.dumps(upstream))
+        opened = await self.open(pool, orjson.dumps(upstream), ENDPOINTS[facts.endpoint].path)
         return self.relay(opened, opened.first_chunk, upstream, request, facts, loaded, headers)
 
     def relay(self, opened: OpenStream, first: bytes, upstream: dict[str, Any], request: ChatRequest,
@@ -149,7 +153,8 @@ class Forwarder:
         def on_finish(relay: StreamRelay) -> None:
             self._accountant.spawn(self._account_stream(loaded, facts, opened.replica, upstream, relay))
 
-        relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, on_finish)
+        relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, on_finish,
+                            _STREAM_FORMATS[facts.endpoint])
         return StreamReply(relay, facts.decision, headers or {})
 
     def account_json(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
@@ -170,8 +175,8 @@ class Forwarder:
     async def _record(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
                       usage: Usage | None, text: str, tokens_seen: int = 0) -> None:
         if usage is None:
-            usage = await count_usage(loaded.policy.pools.get(facts.decision.pool), self._engines, replica.url,
-                                      facts.decision.model, upstream["messages"], text)
+            usage = await count_request_usage(facts.endpoint, loaded.policy.pools.get(facts.decision.pool),
+                                              self._engines, replica.url, facts.decision.model, upstream, text)
             if usage.source == "estimate" and usage.completion_tokens < tokens_seen:
                 usage = replace(usage, completion_tokens=tokens_seen)
         rec = await self._accountant.record(loaded.policy, facts, usage)

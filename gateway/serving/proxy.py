@@ -96,8 +96,8 @@ class _Attempts:
 
 
 class Proxy:
-    """Forwards chat requests to pool replicas. Owns nothing; counts in-flight per replica and tells
-    `on_in_flight` (the metrics) each change."""
+    """Forwards requests (chat, Responses, completions) to pool replicas. Owns nothing; counts in-flight per
+    replica and tells `on_in_flight` (the metrics) each change."""
 
     def __init__(self, client: EngineClient, max_attempts: int = 3, backoff_s: float = 0.025,
                  on_in_flight: InFlightHook | None = None) -> None:
@@ -114,14 +114,15 @@ class Proxy:
     def _replicas(self, pool: Pool) -> _Attempts:
         return _Attempts(pool, self._max_attempts, self._backoff)
 
-    async def complete(self, pool: Pool, body: bytes) -> tuple[Replica, bytes]:
-        """Non-streaming call. Returns the replica that answered and the engine's JSON body."""
+    async def complete(self, pool: Pool, body: bytes, path: str = _CHAT) -> tuple[Replica, bytes]:
+        """Non-streaming call to the engines' `path` (an OpenAI endpoint: chat unless said). Returns the replica
+        that answered and the engine's JSON body."""
         attempts = self._replicas(pool)
         while True:
             replica = await attempts.next()
             self._count(pool, replica, 1)
             try:
-                answer = await self._client.post_json(replica.url, _CHAT, body, pool.headers)
+                answer = await self._client.post_json(replica.url, path, body, pool.headers)
             except EngineUnavailable as exc:
                 _failed(pool, replica, exc)
             except EngineHTTPError as exc:
@@ -136,8 +137,9 @@ class Proxy:
             finally:
                 self._count(pool, replica, -1)
 
-    async def open_stream(self, pool: Pool, body: bytes) -> OpenStream:
-        """Streaming call, opened up to its first chunk (so failover is still possible until then).
+    async def open_stream(self, pool: Pool, body: bytes, path: str = _CHAT) -> OpenStream:
+        """Streaming call to the engines' `path`, opened up to its first chunk (so failover is still possible
+        until then).
 
         The replica's in-flight count stays raised until the caller closes `upstream`.
         """
@@ -148,7 +150,7 @@ class Proxy:
             self._count(pool, replica, 1)
             stack.callback(self._count, pool, replica, -1)
             try:
-                chunks = await stack.enter_async_context(self._client.stream(replica.url, _CHAT, body, pool.headers))
+                chunks = await stack.enter_async_context(self._client.stream(replica.url, path, body, pool.headers))
                 first = await anext(aiter(chunks), b"")
             except (EngineUnavailable, EngineStreamBroken) as exc:
                 await stack.aclose()

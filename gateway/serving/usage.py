@@ -35,12 +35,17 @@ class Usage:
 
 
 def usage_from_json(obj: Mapping[str, Any]) -> Usage | None:
-    """The `usage` object of an OpenAI response or chunk, if present and well-formed."""
+    """The `usage` object of an OpenAI response or chunk, if present and well-formed: chat and completions
+    (`prompt_tokens` / `completion_tokens`), a Responses object (`input_tokens` / `output_tokens`) or a
+    Responses stream event carrying its response (`response.completed`)."""
     usage = obj.get("usage")
+    if usage is None and isinstance(obj.get("response"), Mapping):
+        usage = obj["response"].get("usage")
     if not isinstance(usage, Mapping):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    if type(prompt) is not int or type(completion) is not int:
         return None
     return Usage(prompt, completion, "engine")
 
@@ -60,15 +65,21 @@ async def count_usage(
     model: str,
     messages: Sequence[Mapping[str, Any]],
     completion_text: str,
+    prompt_text: str | None = None,
 ) -> Usage:
     """Count prompt tokens (with the chat template) and completion tokens: with the engine's tokenizer at
     `base_url` for a local pool; on this machine for a remote one or an unknown one (`None`: nothing is sent
-    to `base_url`)."""
+    to `base_url`). A `prompt_text` (a completions prompt) is counted as it is, without the chat template, in
+    place of `messages`."""
+    if prompt_text is not None:
+        messages = [{"role": "user", "content": prompt_text}]
     if not isinstance(pool, LocalPool):
-        return await _count_locally(pool.tokenizer if pool is not None else None, messages, completion_text)
+        return await _count_locally(pool.tokenizer if pool is not None else None, messages, completion_text,
+                                    prompt_text)
     try:
         prompt = await _tokenize_count(
             client, base_url, {"model": model, "messages": list(messages), "add_generation_prompt": True}
+            if prompt_text is None else {"model": model, "prompt": prompt_text}
         )
         completion = 0
         if completion_text:
@@ -87,20 +98,25 @@ def estimate_usage(messages: Sequence[Mapping[str, Any]], completion_text: str) 
     return Usage(max(1, chars // 4), len(completion_text) // 4, "estimate")
 
 
-async def _count_locally(tokenizer: str | None, messages: Sequence[Mapping[str, Any]], completion_text: str) -> Usage:
+async def _count_locally(tokenizer: str | None, messages: Sequence[Mapping[str, Any]], completion_text: str,
+                         prompt_text: str | None = None) -> Usage:
     if tokenizer is None:
         return estimate_usage(messages, completion_text)
     try:  # loading and encoding are CPU work: off the event loop
-        return await asyncio.to_thread(_count_with, tokenizer, list(messages), completion_text)
+        return await asyncio.to_thread(_count_with, tokenizer, list(messages), completion_text, prompt_text)
     except Exception as exc:  # a missing or broken tokenizer directory, a template that rejects the messages
         log.warning("token count with the pool's tokenizer failed, estimating",
                     extra={"tokenizer": tokenizer, "error": f"{type(exc).__name__}: {exc}"})
         return estimate_usage(messages, completion_text)
 
 
-def _count_with(tokenizer_dir: str, messages: list[Mapping[str, Any]], completion_text: str) -> Usage:
+def _count_with(tokenizer_dir: str, messages: list[Mapping[str, Any]], completion_text: str,
+                prompt_text: str | None = None) -> Usage:
     tokenizer = _tokenizer(tokenizer_dir)
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if prompt_text is not None:
+        ids = tokenizer.encode(prompt_text)
+    else:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, Mapping):  # transformers >= 5 answers a BatchEncoding
         ids = ids["input_ids"]
     completion = len(tokenizer.encode(completion_text, add_special_tokens=False)) if completion_text else 0
