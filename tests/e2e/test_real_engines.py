@@ -6,6 +6,7 @@ Slow (engine start-up is minutes on 2 CPU cores): one gateway, started once for 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -20,7 +21,8 @@ import pytest
 import redis
 
 from gateway.cli.demo import stop_process_group
-from tests.conftest import delete_prefix
+from gateway.costs.report import row_fields
+from tests.conftest import delete_prefix, report_recent
 from tests.servers import free_port, wait_ready
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
@@ -44,8 +46,12 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     shipped = (ROOT / "policies" / "default.yaml").read_text()
     line = "  threshold: {flagship_share: 0.3, initial: 0.28}"
     assert shipped.count(line) == 1, "the shipped routing threshold changed: update this test"
+    # ...and output checks: a JSON answer that does not hold its schema escalates (requests tagged
+    # metadata.check=json go to micro by a rule: no score, so no cascade escalation comes first)
     policy.write_text(shipped.replace(
-        line, line + "\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"))
+        line, line + "\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"
+        "\n  rules:\n    - {name: json-on-micro, match: {metadata: {check: [json]}}, pool: micro}")
+        + "\noutput_checks: {json: escalate}\n")
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
            "--port", str(port), "--redis-prefix", prefix]
     with log_path.open("wb") as log:
@@ -170,3 +176,43 @@ def test_errors_from_real_engine_path(gateway: str) -> None:
     assert {m.id for m in client.models.list()} >= {"auto", "micro", "flagship"}
     ready = httpx.get(gateway + "/readyz").json()
     assert ready["ready"] and ready["redis"] and ready["pools"] == {"micro": True, "flagship": True}
+
+
+ANSWER_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_answer_that_does_not_hold_its_schema_is_escalated_or_flagged(gateway: str, prefix: str,
+                                                                             stream: bool) -> None:
+    """Three tokens cannot hold `{"answer": ""}` (guided decoding or not): the micro answer fails the json check.
+    A JSON client's answer is escalated before its first byte; a stream has left and is flagged."""
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    ask = {"model": "auto", "messages": [{"role": "user", "content": "What is 2+2? Answer in JSON."}],
+           "max_tokens": 3, "response_format": ANSWER_SCHEMA, "metadata": {"check": "json"}}
+    if stream:
+        with client.chat.completions.with_streaming_response.create(**ask, stream=True) as raw:
+            list(raw.parse())
+        headers = raw.headers
+        assert (headers["x-cascade-pool"], headers["x-cascade-rule"]) == ("micro", "json-on-micro")
+        rec = _record(prefix, headers["x-request-id"])
+        assert (rec["pool"], rec["status"], rec["output_check"]) == ("micro", "ok", "fail:json")
+        return
+    resp = client.chat.completions.with_raw_response.create(**ask)
+    headers = resp.headers
+    assert (headers["x-cascade-pool"], headers["x-cascade-rule"]) == ("flagship", "output-check")
+    assert headers["x-cascade-output-check-action"] == "escalated:json"
+    assert headers["x-cascade-output-check"] == "json=fail"  # the flagship's 3 tokens fail too: served, flagged
+    assert resp.parse().model == "flagship"
+    dropped = _record(prefix, headers["x-request-id"] + "-check")
+    served = _record(prefix, headers["x-request-id"])
+    assert (dropped["pool"], dropped["status"], dropped["output_check"]) == ("micro", "discarded", "fail:json")
+    assert int(dropped["completion_tokens"]) > 0 and dropped["flagship_cost_micro_usd"] == "0"
+    assert (served["pool"], served["status"], served["output_check"]) == ("flagship", "ok", "fail:json")
+    metrics = httpx.get(gateway + "/metrics").text
+    assert 'cascade_output_checks_total{check="json",model="micro",pool="micro",result="fail"}' in metrics
+    assert 'cascade_output_check_actions_total{action="escalated",check="json",pool="micro"} 1.0' in metrics
+    report = asyncio.run(report_recent(prefix))
+    (micro,) = [row for row in report.rows("pool") if row.key == "micro"]
+    assert micro.counters.output_check_failed >= 1
+    assert row_fields(micro, report.pools)["output_check_failure_rate"].endswith("%")
