@@ -16,6 +16,7 @@ from policies.money import Price
 from policies.output_checks import OutputChecks
 from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 from policies.speculative import Speculation
+from policies.tool_calling import ToolCalling
 
 __all__ = ["Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "as_remote_pool",
            "engine_version", "pool_version"]
@@ -44,6 +45,8 @@ class EngineSpec(Frozen):
     distributed_executor_backend: Literal["mp", "ray"] | None = Field(
         default=None, description="vLLM --distributed-executor-backend")
     ray: RaySettings | None = Field(default=None, description="the Ray cluster for multi-node replicas")
+    tool_calling: ToolCalling | None = Field(default=None, description="the tool-call parser (and chat template) "
+                                             "that let `tool_choice: auto` work (policies/tool_calling.py)")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     pin_engine_core: bool = Field(

@@ -64,6 +64,10 @@ def engine_command(spec: EngineSpec, port: int, models_dir: Path | None = None) 
     args = [part for flag, value in options if value is not None for part in (flag, str(value))]
     if spec.enable_expert_parallel:
         args.append("--enable-expert-parallel")
+    if spec.tool_calling is not None:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_calling.parser]
+        if spec.tool_calling.chat_template is not None:
+            args += ["--chat-template", spec.tool_calling.chat_template]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, *spec.extra_args]
 
 

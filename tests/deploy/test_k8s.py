@@ -230,3 +230,21 @@ def test_a_changed_engine_is_a_new_statefulset_beside_the_old_one(manifests: lis
     flagship = [m["metadata"]["name"] for ms in (manifests, changed) for m in by_kind(ms, "StatefulSet")
                 if m["metadata"]["labels"].get("cascade/pool") == "flagship"]
     assert flagship[0] == flagship[1]  # an unchanged pool keeps its StatefulSet
+
+
+def test_tool_calling_reaches_the_engine_pods(manifests: list[dict[str, Any]]) -> None:
+    policy = load_policy(ROOT / "policies" / "gpu.yaml").policy
+    engines = {m["metadata"]["labels"]["cascade/pool"]: m["spec"]["template"]["spec"]["containers"][0]["args"]
+               for m in by_kind(manifests, "StatefulSet")
+               if m["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
+    with_parser = {name for name, pool in policy.pools.items()
+                   if isinstance(pool, LocalPool) and pool.engine.tool_calling is not None}
+    assert with_parser and with_parser <= set(engines)
+    for name, args in engines.items():
+        pool = policy.pools[name]
+        assert isinstance(pool, LocalPool)
+        if pool.engine.tool_calling is None:
+            assert "--tool-call-parser" not in args
+            continue
+        assert "--enable-auto-tool-choice" in args
+        assert args[args.index("--tool-call-parser") + 1] == pool.engine.tool_calling.parser

@@ -118,7 +118,7 @@ def test_completions_create_streams_and_token_arrays(gateway: tuple[str, Any]) -
 
 
 def test_the_token_cap_clamps_each_endpoints_own_limit(gateway: tuple[str, Any]) -> None:
-    url, app = gateway
+    url, _ = gateway
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
     resp = client.responses.create(model="micro", input="x", max_output_tokens=500, metadata={"fake_tokens": "99"})
     assert resp.usage is not None and resp.usage.output_tokens == 64
