@@ -14,12 +14,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis
 
+from gateway.api.auth import hash_key
 from gateway.cli.demo import stop_process_group
 from gateway.costs.report import row_fields
 from tests.conftest import delete_prefix, report_recent
@@ -51,7 +53,7 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     policy.write_text(shipped.replace(
         line, line + "\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"
         "\n  rules:\n    - {name: json-on-micro, match: {metadata: {check: [json]}}, pool: micro}")
-        + "\noutput_checks: {json: escalate}\n")
+        + "\noutput_checks: {json: escalate}\n" + GUARD_TENANTS)
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
            "--port", str(port), "--redis-prefix", prefix]
     with log_path.open("wb") as log:
@@ -65,6 +67,14 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         stop_process_group(proc)
         delete_prefix(prefix)
 
+
+# Input guards need tenants: the other tests' key ("unused") stays the open gateway's tenant name, `default`
+GUARD_TENANTS = f"""
+tenants:
+  default: {{api_key_sha256: ['{hash_key("unused")}']}}
+  redacting: {{api_key_sha256: ['{hash_key("sk-e2e-redact")}'], guards: {{pii: {{action: redact}}}}}}
+  refusing: {{api_key_sha256: ['{hash_key("sk-e2e-refuse")}'], guards: {{pii: {{action: refuse}}}}}}
+"""
 
 # default.yaml routes a flagship share, starting from this threshold until it has seen 200 scores
 POLICY_INITIAL_THRESHOLD = 0.28
@@ -216,3 +226,35 @@ def test_a_json_answer_that_does_not_hold_its_schema_is_escalated_or_flagged(gat
     (micro,) = [row for row in report.rows("pool") if row.key == "micro"]
     assert micro.counters.output_check_failed >= 1
     assert row_fields(micro, report.pools)["output_check_failure_rate"].endswith("%")
+
+
+CARD = "4111 1111 1111 1111"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_card_number_is_redacted_before_the_engine_or_refused(gateway: str, stream: bool) -> None:
+    """What the engine saw, in its own words: vLLM's `echo` prepends the last message's content (an assistant turn
+    the answer continues) as the engine received it. The redacting tenant's card number reaches the engine as
+    a placeholder; the refusing tenant's request is answered 400 before any engine call, naming no digits."""
+    messages: list[Any] = [{"role": "user", "content": "Please read back my card number."},
+                           {"role": "assistant", "content": f"Your card is {CARD}, noted"}]
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="sk-e2e-redact")
+    ask: dict[str, Any] = {"model": "micro", "messages": messages, "max_tokens": 2, "extra_body": {"echo": True}}
+    if stream:
+        with client.chat.completions.with_streaming_response.create(**ask, stream=True) as raw:
+            text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        headers = raw.headers
+    else:
+        resp = client.chat.completions.with_raw_response.create(**ask)
+        text, headers = resp.parse().choices[0].message.content or "", resp.headers
+    assert headers["x-cascade-guard"] == "pii=redacted:card"
+    assert text.startswith("Your card is [REDACTED:card], noted"), text
+    assert "4111" not in text
+    refusing = openai.OpenAI(base_url=gateway + "/v1", api_key="sk-e2e-refuse")
+    with pytest.raises(openai.BadRequestError) as err:
+        refusing.chat.completions.create(model="micro", messages=messages, max_tokens=2, stream=stream)
+    assert err.value.code == "pii_detected" and "card" in err.value.message and "4111" not in err.value.message
+    assert err.value.response.headers["x-cascade-guard"] == "pii=refused:card"
+    metrics = httpx.get(gateway + "/metrics").text
+    assert 'cascade_guard_decisions_total{action="redacted",guard="pii",kind="card",tenant="redacting"}' in metrics
+    assert 'cascade_guard_decisions_total{action="refused",guard="pii",kind="card",tenant="refusing"}' in metrics
