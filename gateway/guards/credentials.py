@@ -40,6 +40,7 @@ _PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?"
 _RANDOM = re.compile(r"(?<![A-Za-z0-9+/=_\-.])[A-Za-z0-9+/]{32,}={0,2}(?![A-Za-z0-9+/=_\-])")
 _HEX = re.compile(r"(?:0x)?[0-9A-Fa-f]+")
 _MIN_BITS = 4.0
+_SHORTEST = 15  # characters of the shortest key any pattern takes (xoxb- and 10); a PEM block is looked for apart
 
 
 def shannon_bits(text: str) -> float:
@@ -58,9 +59,14 @@ def _random_looking(token: str) -> bool:
 
 def find_credentials(text: str) -> Iterator[Span]:
     """Every key, token or private key block in `text` (spans may overlap; `without_overlaps` resolves them)."""
-    for pattern in (_PREFIXED, _PRIVATE_KEY):
-        for match in pattern.finditer(text):
+    if "PRIVATE KEY-----" in text:
+        for match in _PRIVATE_KEY.finditer(text):
             yield Span(match.start(), match.end(), "secret")
+    # Most prompts hold no word as long as a key: str.split is a third of the cost of one more regex pass
+    if not any(len(word) >= _SHORTEST for word in text.split()):
+        return
+    for match in _PREFIXED.finditer(text):
+        yield Span(match.start(), match.end(), "secret")
     for match in _RANDOM.finditer(text):
         if _random_looking(match.group()):
             yield Span(match.start(), match.end(), "secret")
