@@ -76,15 +76,18 @@ def _time(policy: Policy, prompts: list[str], decisions: Counter[tuple[str, str,
     return out
 
 
-def _row(name: str, config: str, times: list[float], decisions: Counter[tuple[str, str, str]], n: int) -> str:
+def _row(name: str, config: str, times: list[float], decisions: Counter[tuple[str, str, str]],
+         prompts: list[str]) -> str:
+    n = len(prompts)
     acted = Counter[str]()
     for (guard, kind, action), count in decisions.items():
         if action != "passed":
             acted[f"{guard}:{action}:{kind}"] += count
     shares = ", ".join(f"{key} {count / n:.1%}" for key, count in sorted(acted.items())) or "none"
     p99 = sorted(times)[max(0, int(len(times) * 0.99) - 1)]
-    return (f"| {name} | {config} | {n} | {statistics.median(times):.0f} | {p99:.0f} | {statistics.fmean(times):.0f} "
-            f"| {shares} |")
+    chars = statistics.median(len(p) for p in prompts)
+    return (f"| {name} | {config} | {n} | {chars:.0f} | {statistics.median(times):.0f} | {p99:.0f} "
+            f"| {statistics.fmean(times):.0f} | {shares} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,18 +97,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--show", action="store_true", help="print what the PII guard found (for judging it)")
     args = parser.parse_args(argv)
     policies = {name: _policy(g) for name, g in CONFIGS.items()}
-    print("| set | guards | prompts | median µs | p99 µs | mean µs | acted on (share of prompts) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| set | guards | prompts | median chars | median µs | p99 µs | mean µs | acted on (share of prompts) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, rel in SOURCES.items():
         path = args.data / rel
         if not path.exists():
-            print(f"| {name} | absent ({path}) | | | | | |")
+            print(f"| {name} | absent ({path}) | | | | | | |")
             continue
         prompts = _prompts(path, args.limit)
         _time(policies["all guards"], prompts[:100], Counter())  # warm-up: phonenumbers loads metadata lazily
         for config, policy in policies.items():
             decisions: Counter[tuple[str, str, str]] = Counter()
-            print(_row(name, config, _time(policy, prompts, decisions), decisions, len(prompts)), flush=True)
+            print(_row(name, config, _time(policy, prompts, decisions), decisions, prompts), flush=True)
         if args.show:
             pii = PiiGuard()
             for text in prompts:
