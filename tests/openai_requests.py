@@ -1,5 +1,6 @@
-"""Chat requests generated from the gateway's own request model's JSON Schema (the one `/openapi.json`
-publishes), with every optional field also drawn absent or `null`: what a client reading that schema may send.
+"""Requests generated from the gateway's own request models' JSON Schemas (the ones `/openapi.json`
+publishes: chat, Responses, completions), with every optional field also drawn absent or `null`: what a client
+reading that schema may send.
 
 `requests(overrides)` narrows named properties (at any depth) to values the test can afford, for example a
 routable `model` and a small `max_tokens`; everything else follows the schema as written.
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from gateway.serving.schema import ChatRequest
 
@@ -58,6 +60,8 @@ def from_schema(schema: Mapping[str, Any], defs: Mapping[str, Any],
         return st.one_of([from_schema(s, defs, overrides) for s in schema["anyOf"]])
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
+    if "const" in schema:
+        return st.just(schema["const"])
     kind = schema.get("type")
     if kind == "string":
         return st.text(min_size=schema.get("minLength", 0), max_size=24)
@@ -75,7 +79,8 @@ def from_schema(schema: Mapping[str, Any], defs: Mapping[str, Any],
     return _TEXT
 
 
-def requests(overrides: Mapping[str, Strategy] | None = None) -> Strategy:
-    """Request bodies valid under `ChatRequest`'s JSON Schema, optional fields absent, `null` or set."""
-    schema = ChatRequest.model_json_schema()
+def requests(overrides: Mapping[str, Strategy] | None = None, model: type[BaseModel] = ChatRequest) -> Strategy:
+    """Request bodies valid under `model`'s JSON Schema (a chat request unless said: `ResponsesRequest`,
+    `CompletionsRequest`), optional fields absent, `null` or set."""
+    schema = model.model_json_schema()
     return from_schema(schema, schema.get("$defs") or {}, overrides)

@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 description of the gateway's public API, served at `GET /openapi.json`.
 
-The chat request schema is generated from the request model the gateway validates with
-(`gateway.serving.schema.ChatRequest`), so the document and the parser cannot drift apart. Responses are
+The request schemas of the three OpenAI endpoints (chat completions, Responses, completions) are generated from
+the request models the gateway validates with (`ChatRequest`, `ResponsesRequest`, `CompletionsRequest`), so the
+document and the parser cannot drift apart. Responses are
 described loosely where they pass through from the engine (the completion object) and exactly where
 the gateway owns them (the OpenAI error envelope, `/healthz`, `/readyz`, `/v1/models`).
 Built once per app (pure, no I/O).
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.learning.feedback import Feedback
+from gateway.serving.completions_schema import CompletionsRequest
+from gateway.serving.responses_schema import ResponsesRequest
 from gateway.serving.schema import ChatRequest
 
 __all__ = ["ERROR_SCHEMA", "build_openapi"]
@@ -48,7 +51,8 @@ _COMPLETION: dict[str, Any] = {
     },
 }
 
-# One server-sent event: `data` is a chat.completion.chunk as JSON, or `[DONE]` at the end.
+# One server-sent event: `data` is a chat.completion.chunk (or text_completion chunk) as JSON, or `[DONE]` at the
+# end; a Responses stream names each event (`event: response.output_text.delta`, ...) and has no `[DONE]`.
 _SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "required": ["data"],
@@ -111,30 +115,62 @@ def _error(description: str) -> dict[str, Any]:
     return _json({"$ref": "#/components/schemas/Error"}, description)
 
 
+_RESPONSE: dict[str, Any] = {
+    "type": "object",
+    "description": "The engine's response object (passed through; `usage` has input_tokens / output_tokens).",
+    "required": ["id", "object", "output"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "response"}, "model": {"type": "string"},
+                   "status": {"type": "string"}, "output": {"type": "array", "items": {"type": "object"}},
+                   "usage": {"type": ["object", "null"]}},
+}
+
+_TEXT_COMPLETION: dict[str, Any] = {
+    "type": "object",
+    "description": "The engine's text_completion object (passed through).",
+    "required": ["id", "object", "choices"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "text_completion"}, "model": {"type": "string"},
+                   "choices": {"type": "array", "items": {"type": "object"}}, "usage": {"type": ["object", "null"]}},
+}
+
+# (path, operation id, request model, request schema name, answer schema name, answer schema, summary)
+_OPERATIONS: tuple[tuple[str, str, type[Any], str, str, dict[str, Any], str], ...] = (
+    ("/v1/chat/completions", "createChatCompletion", ChatRequest, "ChatCompletionRequest", "ChatCompletion",
+     _COMPLETION, "Route a chat completion to a pool (model `auto`, a pool name, an alias or a rule model)"),
+    ("/v1/responses", "createResponse", ResponsesRequest, "ResponseRequest", "Response", _RESPONSE,
+     "Route a Responses API request like a chat request (its instructions and input are scored); stateless: "
+     "previous_response_id, conversation, item_reference items and background are refused with 400"),
+    ("/v1/completions", "createCompletion", CompletionsRequest, "CompletionRequest", "TextCompletion",
+     _TEXT_COMPLETION, "Route a legacy completion (its prompt is scored; token-array prompts are routed without "
+     "text)"),
+)
+
+
 def _request_schemas() -> dict[str, Any]:
-    """`ChatRequest` and the models it refers to, as OpenAPI component schemas."""
-    schema = ChatRequest.model_json_schema(ref_template=_REF)
-    components: dict[str, Any] = schema.pop("$defs", {})
-    schema["description"] = "An OpenAI chat-completions request. Fields not listed pass through to the engine."
-    components["ChatCompletionRequest"] = schema
+    """The request models and the models they refer to, as OpenAPI component schemas."""
+    components: dict[str, Any] = {}
+    for path, _, model, name, _, _, _ in _OPERATIONS:
+        schema = model.model_json_schema(ref_template=_REF)
+        components.update(schema.pop("$defs", {}))
+        schema["description"] = f"An OpenAI {path} request. Fields not listed pass through to the engine."
+        components[name] = schema
     return components
 
 
-def _chat_operation() -> dict[str, Any]:
+def _operation(operation_id: str, request: str, answer: str, summary: str) -> dict[str, Any]:
     ok = {
-        "description": "the completion (JSON), or server-sent events when `stream` is true",
+        "description": "the answer (JSON), or server-sent events when `stream` is true",
         "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}},
             "text/event-stream": {"schema": _SSE_EVENT},
         },
     }
     return {
-        "operationId": "createChatCompletion",
-        "summary": "Route a chat completion to a pool (model `auto`, a pool name, an alias or a rule model)",
+        "operationId": operation_id,
+        "summary": summary,
         "security": [{"bearer": []}, {}],
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}},
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{request}"}}},
         },
         "responses": {"200": ok, **{code: _error(why) for code, why in _CHAT_ERRORS.items()}},
     }
@@ -180,7 +216,8 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
         "info": {"title": "cascade gateway", "version": version,
                  "description": "OpenAI-compatible gateway that routes each request to a model pool."},
         "paths": {
-            "/v1/chat/completions": {"post": _chat_operation()},
+            **{path: {"post": _operation(op, request, answer, summary)}
+               for path, op, _, request, answer, _, summary in _OPERATIONS},
             "/v1/feedback": {"post": _feedback_operation()},
             "/v1/models": _get("listModels", "Models a client may ask for",
                                {"200": _json({"$ref": "#/components/schemas/ModelList"}, "the models")}),
@@ -193,7 +230,8 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
             }),
         },
         "components": {
-            "schemas": {**_request_schemas(), "ChatCompletion": _COMPLETION, "ModelList": _MODELS,
+            "schemas": {**_request_schemas(), **{answer: schema for *_, answer, schema, _ in _OPERATIONS},
+                        "ModelList": _MODELS,
                         "Readiness": _READY, "Error": ERROR_SCHEMA,
                         "FeedbackRequest": Feedback.model_json_schema(ref_template=_REF),
                         "FeedbackResult": _FEEDBACK_RESULT},

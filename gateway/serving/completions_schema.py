@@ -10,17 +10,37 @@ tokens are priced from the engine's usage like any other).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import ValidationError
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from gateway.errors import BadRequest
 from gateway.serving.endpoints import COMPLETIONS, NativeBody
-from gateway.serving.schema import ChatRequest
+from gateway.serving.schema import ChatRequest, NullIsUnset, StreamOptions
 from policies.loader import dotted_path
 
-__all__ = ["parse_completions_request", "prompt_parts"]
+__all__ = ["CompletionsRequest", "parse_completions_request", "prompt_parts"]
+
+
+_TokenId = Annotated[StrictInt, Field(ge=0)]
+
+
+class CompletionsRequest(NullIsUnset):
+    """The fields of a completions request the gateway reads (the published request schema)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    model: str = Field(min_length=1)
+    prompt: str | Annotated[list[str], Field(min_length=1)] | Annotated[list[_TokenId], Field(min_length=1)] | (
+        Annotated[list[Annotated[list[_TokenId], Field(min_length=1)]], Field(min_length=1)])
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: StrictInt | None = Field(default=None, gt=0)
+    n: StrictInt = Field(default=1, ge=1, le=128)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    user: str | None = None
 
 
 def _tokens(value: Any) -> bool:
@@ -70,12 +90,14 @@ def parse_completions_request(body: bytes, max_messages: int = 1024, max_tokens_
     if not isinstance(raw, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     texts, _ = _prompts(raw)
+    raw = {k: v for k, v in raw.items() if v is not None or k not in CompletionsRequest.model_fields}
     prompt = raw["prompt"]
     batch = len(prompt) if isinstance(prompt, list) and not _tokens(prompt) else 1
     if batch > max_messages:
         raise BadRequest(f"prompt: {batch} prompts; the limit is {max_messages}", param="prompt",
                          code="too_many_messages")
     try:
+        CompletionsRequest.model_validate(raw)
         request = ChatRequest.model_validate(_view(raw, texts))
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]

@@ -16,17 +16,74 @@ conversation may reach another pool or replica than the one that stored the stat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import ValidationError
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from gateway.errors import BadRequest
 from gateway.serving.endpoints import RESPONSES, NativeBody
-from gateway.serving.schema import ChatRequest
+from gateway.serving.schema import ChatRequest, NullIsUnset
 from policies.loader import dotted_path
 
-__all__ = ["ITEM_TYPES", "STATEFUL_FIELDS", "input_messages", "parse_responses_request"]
+__all__ = ["ITEM_TYPES", "STATEFUL_FIELDS", "ResponsesRequest", "input_messages", "parse_responses_request"]
+
+
+class _Item(NullIsUnset):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class ContentPart(_Item):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class ImagePart(_Item):
+    type: Literal["input_image"]
+    image_url: str
+
+
+class MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart | ImagePart]
+
+
+class FunctionCallItem(_Item):
+    type: Literal["function_call"]
+    call_id: str
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class FunctionCallOutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+class ReasoningItem(_Item):
+    type: Literal["reasoning"]
+
+
+class ResponsesRequest(NullIsUnset):
+    """The fields of a Responses request the gateway reads (the published request schema). `input` items are
+    checked item by item first (`input_messages`: an unknown type is named); this model checks the rest."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    model: str = Field(min_length=1)
+    input: str | Annotated[list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem],
+                           Field(min_length=1)]
+    instructions: str | None = None
+    stream: StrictBool = False
+    max_output_tokens: StrictInt | None = Field(default=None, gt=0)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    store: StrictBool | None = Field(default=None, description="the engine's store; nothing the gateway can "
+                                     "read back later (previous_response_id is refused)")
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 STATEFUL_FIELDS = ("previous_response_id", "conversation")
@@ -62,7 +119,7 @@ def _item_message(item: Any, param: str) -> dict[str, str] | None:
     gateway cannot serve."""
     if not isinstance(item, Mapping):
         raise BadRequest(f"{param}: must be an object (an input item)", param=param, code="invalid_value")
-    kind = item.get("type", "message")
+    kind = item.get("type") or "message"  # `null` is not set, as everywhere in the API
     if kind == "item_reference":
         raise _stateful(param, "an item_reference")
     if kind not in ITEM_TYPES:
@@ -113,9 +170,6 @@ def _check_stateless(raw: Mapping[str, Any]) -> None:
 
 def _limit(raw: dict[str, Any], max_tokens_cap: int | None) -> int | None:
     limit = raw.get("max_output_tokens")
-    if limit is not None and (type(limit) is not int or limit <= 0):
-        raise BadRequest("max_output_tokens: must be a positive integer", param="max_output_tokens",
-                         code="invalid_value")
     if max_tokens_cap is not None and (limit is None or limit > max_tokens_cap):
         raw["max_output_tokens"] = limit = max_tokens_cap  # clamped, not refused: the engine stops at the cap
     return limit
@@ -149,14 +203,14 @@ def parse_responses_request(body: bytes, max_messages: int = 1024, max_tokens_ca
     if not isinstance(raw, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     _check_stateless(raw)
-    messages = input_messages(raw)
-    if not messages:
-        raise BadRequest("input: no message to answer", param="input", code="invalid_value")
+    messages = input_messages(raw) or [{"role": "user", "content": ""}]  # reasoning items only: the engine judges
     if len(messages) > max_messages:
         raise BadRequest(f"input: {len(messages)} items; the limit is {max_messages}", param="input",
                          code="too_many_messages")
-    view = _view(raw, messages, _limit(raw, max_tokens_cap))
+    raw = {k: v for k, v in raw.items() if v is not None or k not in ResponsesRequest.model_fields}
     try:
+        ResponsesRequest.model_validate(raw)
+        view = _view(raw, messages, _limit(raw, max_tokens_cap))
         request = ChatRequest.model_validate(view)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]

@@ -17,12 +17,12 @@ from gateway.checking.schemas import check_request_schemas
 from gateway.errors import BadRequest
 from policies.loader import dotted_path
 
-__all__ = ["ChatMessage", "ChatRequest", "parse_chat_request"]
+__all__ = ["ChatMessage", "ChatRequest", "NullIsUnset", "StreamOptions", "parse_chat_request"]
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
-class _NullIsUnset(BaseModel):
+class NullIsUnset(BaseModel):
     """`null` for a field is the field not sent: its default applies (the OpenAI API declares its optional
     fields nullable; a typed default such as `stream: false` must not turn `null` into a refusal)."""
 
@@ -39,7 +39,7 @@ def _optional(model: type[BaseModel], name: str) -> bool:
     return field is not None and not field.is_required()
 
 
-class ChatMessage(_NullIsUnset):
+class ChatMessage(NullIsUnset):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     role: Role
@@ -47,13 +47,13 @@ class ChatMessage(_NullIsUnset):
     name: str | None = None
 
 
-class StreamOptions(_NullIsUnset):
+class StreamOptions(NullIsUnset):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     include_usage: StrictBool = False
 
 
-class ChatRequest(_NullIsUnset):
+class ChatRequest(NullIsUnset):
     """A validated request. `raw` keeps the client's JSON object, forwarded with only `model`,
     `stream_options` and limits rewritten (and the `null`s of the fields typed here left out)."""
 

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from gateway.api.app import create_app
 from gateway.api.runtime import Runtime
 from gateway.ledger.store import CostRecord, MemoryLedger
+from gateway.serving.completions_schema import CompletionsRequest
+from gateway.serving.responses_schema import ResponsesRequest
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml
@@ -113,3 +115,45 @@ def test_what_the_schema_forbids_is_still_refused(gateway: tuple[str, MemoryLedg
         body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], **bad}
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+RESPONSES_AFFORDABLE = {
+    "model": st.sampled_from(["auto", "micro", "flagship"]),
+    "max_output_tokens": st.integers(1, 8),
+    "metadata": AFFORDABLE["metadata"],
+}
+COMPLETIONS_AFFORDABLE = {**AFFORDABLE, "n": st.integers(1, 2)}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=requests(RESPONSES_AFFORDABLE, ResponsesRequest))
+def test_every_responses_request_the_schema_allows_is_served(gateway: tuple[str, MemoryLedger],
+                                                             body: dict[str, Any]) -> None:
+    url, ledger = gateway
+    r = httpx.post(url + "/v1/responses", content=json.dumps(body), timeout=20)
+    assert r.status_code == 200, (body, r.text)
+    tokens = min(FAKE_TOKENS, body.get("max_output_tokens") or FAKE_TOKENS)
+    if body.get("stream"):
+        assert r.text.rstrip().splitlines()[-2] == "event: response.completed", r.text[-300:]
+    else:
+        assert r.json()["usage"]["output_tokens"] == tokens
+    rec = _record(ledger, r.headers["x-request-id"])
+    assert (rec.endpoint, rec.completion_tokens, rec.usage_source) == ("responses", tokens, "engine")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=requests(COMPLETIONS_AFFORDABLE, CompletionsRequest))
+def test_every_completions_request_the_schema_allows_is_served(gateway: tuple[str, MemoryLedger],
+                                                               body: dict[str, Any]) -> None:
+    url, ledger = gateway
+    r = httpx.post(url + "/v1/completions", content=json.dumps(body), timeout=20)
+    assert r.status_code == 200, (body, r.text)
+    prompt = body["prompt"]
+    prompts = len(prompt) if isinstance(prompt, list) and not isinstance(prompt[0], int) else 1
+    tokens = min(FAKE_TOKENS, body.get("max_tokens") or FAKE_TOKENS) * prompts * (body.get("n") or 1)
+    if not body.get("stream"):
+        assert r.json()["usage"]["completion_tokens"] == tokens
+    elif not (body.get("stream_options") or {}).get("include_usage"):
+        assert '"usage"' not in r.text  # not asked for: the gateway's own usage chunk is not shown
+    rec = _record(ledger, r.headers["x-request-id"])
+    assert (rec.endpoint, rec.completion_tokens, rec.usage_source) == ("completions", tokens, "engine")
