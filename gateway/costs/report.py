@@ -1,7 +1,8 @@
 """Finance reports read from the ledger's rollups, and reconciliation of the rollups with the stream.
 
 `load_report` reads the day rollups of a UTC date range through the per-day index (no SCAN);
-`CostReport.rows(by)` groups them by tenant, pool, model or day. Every figure is an integer (micro-USD,
+`CostReport.rows(by)` groups them by tenant, pool, model, day or endpoint (chat, Responses, completions: that view
+splits requests, tokens, cost and savings, which the rollups count per endpoint). Every figure is an integer (micro-USD,
 tokens, requests) until it is formatted: USD with 6 decimals, percentages with one. `verify` recomputes
 the day and hour rollups from the per-request stream and lists every difference.
 
@@ -22,6 +23,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from gateway.ledger.record import ENDPOINT_FIELDS, SPLIT_ENDPOINTS
 from gateway.ledger.store import (
     ROLLUP_FIELDS,
     CostRecord,
@@ -57,7 +59,8 @@ __all__ = [
     "verify",
 ]
 
-GROUPINGS = ("tenant", "pool", "model", "day")
+GROUPINGS = ("tenant", "pool", "model", "day", "endpoint")
+ENDPOINTS = ("chat", *SPLIT_ENDPOINTS)
 
 
 def usd(micro: int) -> str:
@@ -100,6 +103,25 @@ class Counters:
     cache_hits: int = 0  # answered from the response cache (`gateway.caching`): cost 0
     cache_misses: int = 0  # asked of the cache, not found there, answered by an engine
     cache_avoided_micro_usd: int = 0  # what the hits would have cost on their pools
+    # the Responses and completions endpoints' share of the five counters above the extra ones (chat: the rest)
+    responses_requests: int = 0
+    responses_prompt_tokens: int = 0
+    responses_completion_tokens: int = 0
+    responses_cost_micro_usd: int = 0
+    responses_flagship_cost_micro_usd: int = 0
+    completions_requests: int = 0
+    completions_prompt_tokens: int = 0
+    completions_completion_tokens: int = 0
+    completions_cost_micro_usd: int = 0
+    completions_flagship_cost_micro_usd: int = 0
+
+    def of_endpoint(self, endpoint: str) -> Counters:
+        """The requests, tokens and costs of one endpoint ("chat", "responses", "completions"); the other counters
+        are not split by endpoint and are 0 here."""
+        if endpoint in SPLIT_ENDPOINTS:
+            return Counters(*(getattr(self, f"{endpoint}_{name}") for name in ENDPOINT_FIELDS))
+        return Counters(*(getattr(self, name) - sum(getattr(self, f"{e}_{name}") for e in SPLIT_ENDPOINTS)
+                          for name in ENDPOINT_FIELDS))
 
     @classmethod
     def of(cls, rec: CostRecord) -> Counters:
@@ -185,6 +207,8 @@ class CostReport:
         """Groups by `by` (one of GROUPINGS): days in order, others by cost, highest first."""
         if by not in GROUPINGS:
             raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
+        if by == "endpoint":
+            return self._by_endpoint()
         groups: dict[str, list[Cell]] = defaultdict(list)
         for cell in self.cells:
             groups[getattr(cell, by)].append(cell)
@@ -195,6 +219,21 @@ class CostReport:
 
     def total(self) -> ReportRow:
         return _row("TOTAL", self.cells)
+
+    def _by_endpoint(self) -> list[ReportRow]:
+        """One row per endpoint that has requests: its requests, tokens, cost and savings (`Counters.of_endpoint`),
+        and its requests per pool."""
+        rows = []
+        for endpoint in ENDPOINTS:
+            per_pool: dict[str, int] = defaultdict(int)
+            total = Counters()
+            for cell in self.cells:
+                part = cell.counters.of_endpoint(endpoint)
+                per_pool[cell.pool] += part.requests
+                total += part
+            if total.requests:
+                rows.append(ReportRow(endpoint, total, dict(per_pool)))
+        return sorted(rows, key=lambda r: (-r.counters.cost_micro_usd, r.key))
 
     def cost_by_day_and_pool(self) -> dict[str, dict[str, int]]:
         """micro-USD spent per day (every day of the range) and pool."""

@@ -14,12 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ENDPOINT_COUNTERS",
+    "ENDPOINT_FIELDS",
     "MAX_MICRO_USD",
     "MAX_TOKENS",
     "ROLLUP_FIELDS",
+    "SPLIT_ENDPOINTS",
     "CostRecord",
     "InvalidCostRecord",
     "cache_counters",
+    "endpoint_counters",
     "extra_counters",
     "overflow_scored",
     "record_from_fields",
@@ -43,8 +47,13 @@ _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship
 # answers the output checks judged, and those that failed one (`gateway.checking`); `cache_hits` /
 # `cache_misses` / `cache_avoided_micro_usd`: answers served from the response cache, answers it was asked for and
 # did not have, and what the hits would have cost on their pool (`gateway.caching`)
+# `<endpoint>_<field>`: the requests, tokens and cost of the non-chat endpoints (chat's are the rest of the
+# rollup), so that the cost report can split by endpoint (`endpoint_counters`)
+SPLIT_ENDPOINTS = ("responses", "completions")
+ENDPOINT_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
+ENDPOINT_COUNTERS = tuple(f"{endpoint}_{name}" for endpoint in SPLIT_ENDPOINTS for name in ENDPOINT_FIELDS)
 EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "cache_hits", "cache_misses",
-                  "cache_avoided_micro_usd")
+                  "cache_avoided_micro_usd", *ENDPOINT_COUNTERS)
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
@@ -103,7 +112,14 @@ def overflow_scored(rec: CostRecord) -> int:
 def extra_counters(rec: CostRecord) -> tuple[int, ...]:
     """What `rec` adds to each of the `EXTRA_COUNTERS` of its rollups, in that order."""
     return (overflow_scored(rec), int(rec.output_check != ""), int(rec.output_check.startswith("fail")),
-            *cache_counters(rec))
+            *cache_counters(rec), *endpoint_counters(rec))
+
+
+def endpoint_counters(rec: CostRecord) -> tuple[int, ...]:
+    """What `rec` adds to the `ENDPOINT_COUNTERS`: its request, tokens and costs under its own endpoint's names
+    (nothing for a chat record)."""
+    values = (1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd)
+    return tuple(v if rec.endpoint == endpoint else 0 for endpoint in SPLIT_ENDPOINTS for v in values)
 
 
 def cache_counters(rec: CostRecord) -> tuple[int, int, int]:

@@ -381,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--skip-nonstream", action="store_true", help="skip the wrk part")
     p.add_argument("--skip-stream", action="store_true", help="skip the streaming part (no engine needed)")
+    p.add_argument("--cache", action="store_true", help="also the response-cache phase: gateway CPU per request "
+                   "with the exact cache off, missing and hitting (loadtest.bench.overhead_cache)")
     p.add_argument("--redis-url", default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
                    help="Redis of the ledger; keys go under bench:<uuid>: and are deleted at the end")
     p.add_argument("--ready-timeout", type=float, default=60, help="seconds to wait for a gateway/upstream")
@@ -411,6 +413,15 @@ def run(env: Env) -> dict[str, Any]:
     if not env.args.skip_nonstream:
         print("== non-streaming overhead ==", flush=True)
         results["nonstream"] = nonstream_phase(env)
+        env.procs.stop_all()
+    if env.args.cache:
+        from loadtest.bench.overhead_cache import cache_phase
+
+        print("== response cache: off / miss / hit ==", flush=True)
+        results["cache"] = cache_phase(env)
+        for row in results["cache"]["summary"]:
+            print(f"  c={row['concurrency']:<3} {row['cell']:<11} {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} "
+                  f"ms  cpu {row['cpu_ms_per_req'] or 0:.3f} ms/req  hit share {row['hit_share']}", flush=True)
         env.procs.stop_all()
     if not env.args.skip_stream:
         print("== streaming tokens/s ==", flush=True)

@@ -1,6 +1,11 @@
-"""Requests generated from the published request schema (every optional field absent, `null` or set), sent to a
-real vLLM engine directly and through the gateway: the gateway serves what the engine serves, and what the
-engine refuses comes back with the engine's status and message. One demo micro engine; a few minutes."""
+"""The OpenAI surface against a real vLLM engine, directly and through the gateway, one demo micro engine (with the
+shipped tool-call parser) behind both pools; a few minutes.
+
+Requests generated from the published request schemas of chat, Responses and completions (every optional field
+absent, `null` or set): the gateway serves what the engine serves, and what the engine refuses comes back with the
+engine's status and message. Then the official openai SDK: `responses.create` (text and streamed),
+`completions.create`, a forced tool call (chat, streamed, Responses) and an auto tool choice, each answered the same
+way by the engine directly, with routing headers and the exact ledger record (real Redis)."""
 
 from __future__ import annotations
 
@@ -8,19 +13,28 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.cli.demo import stop_process_group
+from gateway.serving.completions_schema import CompletionsRequest
+from gateway.serving.responses_schema import ResponsesRequest
+from policies.loader import load_policy
+from policies.pools import LocalPool
+from tests.conftest import delete_prefix
 from tests.openai_requests import requests
 from tests.servers import ROOT, free_port, wait_ready
 
-pytestmark = pytest.mark.engines
+pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
 READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=24)
@@ -35,8 +49,19 @@ AFFORDABLE = {
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """(gateway URL, engine URL): one local demo micro engine; the flagship pool is the same engine."""
+def prefix() -> Iterator[str]:
+    value = f"test:e2e-openai:{uuid.uuid4().hex[:8]}:"
+    yield value
+    delete_prefix(value)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, prefix: str) -> Iterator[tuple[str, str]]:
+    """(gateway URL, engine URL): one local demo micro engine, started with the shipped policies' tool-call parser;
+    the flagship pool is the same engine as a remote pool."""
+    shipped = load_policy(ROOT / "policies" / "default.yaml").policy.pools["micro"]
+    assert isinstance(shipped, LocalPool) and shipped.engine.tool_calling is not None
+    parser = shipped.engine.tool_calling.parser
     tmp = tmp_path_factory.mktemp("openai-real")
     engine_port, port = free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
@@ -47,7 +72,8 @@ pools:
     type: local
     price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
     engine: {{model: "demo:micro", served_name: micro, replicas: 1, max_model_len: 512, dtype: bfloat16,
-              kv_cache_space_gib: 1, base_port: {engine_port}, extra_args: ["--enforce-eager"]}}
+              kv_cache_space_gib: 1, base_port: {engine_port}, extra_args: ["--enforce-eager"],
+              tool_calling: {{parser: {parser}}}}}
   flagship:
     type: remote
     urls: ["{engine}"]
@@ -56,8 +82,8 @@ pools:
 routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
 """)
     log_path = tmp / "gateway.log"
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--ledger", "memory",
-           "--scorer", "length", "--home", str(tmp)]
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--redis-prefix",
+           prefix, "--scorer", "length", "--home", str(tmp)]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -86,3 +112,146 @@ def test_the_gateway_serves_what_the_engine_serves(served: tuple[str, str], body
         assert engine_message in routed.json()["error"]["message"], (body, direct.text, routed.text)
     elif not body.get("stream"):
         assert len(routed.json()["choices"]) == (body.get("n") or 1)
+
+
+def _same_outcome(gateway: str, engine: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    """Send `body` to the engine (as the gateway forwards it) and through the gateway; the same status, and the
+    engine's own message when it refuses."""
+    as_json = {"content-type": "application/json"}
+    sent = {k: v for k, v in body.items() if v is not None}
+    direct = httpx.post(engine + path, content=json.dumps(dict(sent, model="micro")), headers=as_json, timeout=60)
+    routed = httpx.post(gateway + path, content=json.dumps(body), headers=as_json, timeout=60)
+    assert routed.status_code == direct.status_code, (body, direct.text, routed.text)
+    if direct.status_code >= 400:
+        engine_message = direct.json()["error"]["message"] if "error" in direct.json() else direct.json()["message"]
+        assert engine_message in routed.json()["error"]["message"], (body, direct.text, routed.text)
+    return routed
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=requests({"model": st.just("auto"), "max_output_tokens": st.integers(1, 4), "content": TEXT,
+                      "metadata": AFFORDABLE["metadata"]}, ResponsesRequest))
+def test_the_gateway_serves_the_responses_requests_the_engine_serves(served: tuple[str, str],
+                                                                     body: dict[str, Any]) -> None:
+    routed = _same_outcome(*served, "/v1/responses", body)
+    if routed.status_code == 200 and not body.get("stream"):
+        assert routed.json()["object"] == "response"
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=requests({"model": st.just("auto"), "max_tokens": st.integers(1, 4), "n": st.integers(1, 2),
+                      "prompt": TEXT | st.lists(st.integers(1, 200), min_size=1, max_size=4)}, CompletionsRequest))
+def test_the_gateway_serves_the_completions_requests_the_engine_serves(served: tuple[str, str],
+                                                                       body: dict[str, Any]) -> None:
+    routed = _same_outcome(*served, "/v1/completions", body)
+    if routed.status_code == 200 and not body.get("stream"):
+        assert len(routed.json()["choices"]) == (body.get("n") or 1)
+
+
+def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:
+    client = redis.Redis(decode_responses=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entries: Any = client.xrange(prefix + "records")
+        for _, fields in entries:
+            if fields.get("request_id") == request_id:
+                return dict(fields)
+        time.sleep(0.1)
+    raise AssertionError(f"no ledger record for {request_id}")
+
+
+def _priced(rec: dict[str, str], endpoint: str, pool: str, prompt: int, completion: int) -> None:
+    """The record names the endpoint and pool, holds the engine's usage exactly and its price (default prices)."""
+    per_mtok = {"micro": (200_000, 200_000), "flagship": (3_000_000, 15_000_000)}[pool]
+    assert (rec["endpoint"], rec["pool"], rec["usage_source"], rec["status"]) == (endpoint, pool, "engine", "ok")
+    assert (int(rec["prompt_tokens"]), int(rec["completion_tokens"])) == (prompt, completion)
+    expected = (prompt * per_mtok[0] + completion * per_mtok[1] + 500_000) // 1_000_000
+    assert int(rec["cost_micro_usd"]) == expected
+
+
+def test_responses_and_completions_with_the_sdk(served: tuple[str, str], prefix: str) -> None:
+    gateway, engine = served
+    via = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    direct = openai.OpenAI(base_url=engine + "/v1", api_key="unused")
+    raw = via.responses.with_raw_response.create(model="auto", instructions="answer briefly", input="hi there",
+                                                 max_output_tokens=8)
+    resp = raw.parse()
+    assert direct.responses.create(model="micro", instructions="answer briefly", input="hi there",
+                                   max_output_tokens=8).usage == resp.usage  # the same prompt, the same count
+    assert raw.headers["x-cascade-endpoint"] == "responses" and raw.headers["x-cascade-pool"] == "micro"
+    assert resp.usage is not None and resp.output_text
+    _priced(_record(prefix, raw.headers["x-request-id"]), "responses", "micro", resp.usage.input_tokens,
+            resp.usage.output_tokens)
+
+    long_input: Any = [{"role": "user", "content": "explain the proof step by step " * 30}]
+    with via.responses.with_streaming_response.create(model="auto", input=long_input, stream=True,
+                                                      max_output_tokens=6) as streamed:
+        assert streamed.headers["x-cascade-pool"] == "flagship"
+        events: list[Any] = list(streamed.parse())
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    usage = events[-1].response.usage
+    assert usage is not None and sum(e.type == "response.output_text.delta" for e in events) >= 1
+    rec = _record(prefix, streamed.headers["x-request-id"])
+    _priced(rec, "responses", "flagship", usage.input_tokens, usage.output_tokens)
+    assert rec["ttft_ms"]
+
+    done = via.completions.with_raw_response.create(model="auto", prompt="Once upon a time", max_tokens=5)
+    completion = done.parse()
+    assert completion.usage is not None and completion.choices[0].text
+    assert direct.completions.create(model="micro", prompt="Once upon a time", max_tokens=5).usage == completion.usage
+    _priced(_record(prefix, done.headers["x-request-id"]), "completions", "micro", completion.usage.prompt_tokens,
+            completion.usage.completion_tokens)
+
+
+WEATHER: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The demo model's text is random: an auto tool choice is held to the pythonic parser's call syntax by a
+# structured-output pattern, so that the parser (the engine's --tool-call-parser) has a call to parse.
+PYTHONIC_CALL = {"structured_outputs": {"regex": r"\[get_weather\(city='Paris'\)\]"}}
+
+
+def test_tool_calls_forced_and_auto_directly_and_through_the_gateway(served: tuple[str, str], prefix: str) -> None:
+    gateway, engine = served
+    via = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    direct = openai.OpenAI(base_url=engine + "/v1", api_key="unused")
+    for client, model in ((direct, "micro"), (via, "auto")):
+        forced = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice=NAMED,
+                                                max_tokens=24)
+        calls = forced.choices[0].message.tool_calls
+        assert calls and calls[0].type == "function" and calls[0].function.name == "get_weather", forced
+        auto = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="auto",
+                                              max_tokens=32, extra_body=PYTHONIC_CALL)
+        choice = auto.choices[0]
+        calls = choice.message.tool_calls
+        assert choice.finish_reason == "tool_calls" and calls and calls[0].type == "function", auto
+        assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+
+    raw = via.chat.completions.with_raw_response.create(model="auto", messages=ASK, tools=[WEATHER],
+                                                        tool_choice=NAMED, max_tokens=24)
+    answer = raw.parse()
+    assert answer.usage is not None and raw.headers["x-cascade-endpoint"] == "chat"
+    assert raw.headers["x-cascade-pool"] == "micro"
+    _priced(_record(prefix, raw.headers["x-request-id"]), "chat", "micro", answer.usage.prompt_tokens,
+            answer.usage.completion_tokens)  # tool-call tokens priced like any other
+
+    with via.chat.completions.with_streaming_response.create(
+            model="auto", messages=ASK, tools=[WEATHER], tool_choice=NAMED, max_tokens=16, stream=True,
+            stream_options={"include_usage": True}) as streamed:
+        chunks = list(streamed.parse())
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert deltas and deltas[0].function is not None and deltas[0].function.name == "get_weather"
+    usage = chunks[-1].usage
+    assert usage is not None
+    _priced(_record(prefix, streamed.headers["x-request-id"]), "chat", "micro", usage.prompt_tokens,
+            usage.completion_tokens)
+
+    tool: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    choice_of: Any = {"type": "function", "name": "get_weather"}
+    for client, model in ((direct, "micro"), (via, "auto")):
+        response = client.responses.create(model=model, input="What is the weather in Paris?", tools=[tool],
+                                           tool_choice=choice_of, max_output_tokens=24)
+        item = response.output[0]
+        assert item.type == "function_call" and item.name == "get_weather", response
