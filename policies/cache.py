@@ -43,7 +43,7 @@ class ResponseCache(Frozen):
     def _mode_fields(self) -> Self:
         if self.mode == "semantic":
             if self.min_similarity is None:
-                raise ValueError("a semantic cache needs min_similarity (e.g. 0.95: see BENCHMARKS.md, "
+                raise ValueError("a semantic cache needs min_similarity (e.g. 0.99: see BENCHMARKS.md, "
                                  "'Response cache')")
             if self.max_entries is not None and self.max_entries > SEMANTIC_MAX_ENTRIES:
                 raise ValueError(f"max_entries of a semantic cache is at most {SEMANTIC_MAX_ENTRIES} (each lookup "

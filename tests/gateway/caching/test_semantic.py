@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
+from gateway.api.auth import hash_key
 from gateway.caching.answer_cache import AnswerCache, CacheLookup
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
@@ -32,9 +33,13 @@ from tests.conftest import SHARED_URL, policy_yaml
 pytestmark = pytest.mark.redis
 
 SPACE = "all-MiniLM-L6-v2:onnx-int8:t64:l3"
-POLICY = parse_policy(policy_yaml("http://127.0.0.1:9", "http://127.0.0.1:9") + """tenants:
-  a: {api_key_sha256: ['ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb'], cache: {mode: semantic, ttl_s: 60, min_similarity: 0.9, max_entries: 3}}
-  b: {api_key_sha256: ['3e23e8160039594a33894f6564e1b1348bbd7a0088d42c4acb73eeaed59c009d'], cache: {mode: semantic, ttl_s: 60, min_similarity: 0.9}}
+POLICY = parse_policy(policy_yaml("http://127.0.0.1:9", "http://127.0.0.1:9") + f"""tenants:
+  a:
+    api_key_sha256: ['{hash_key("a")}']
+    cache: {{mode: semantic, ttl_s: 60, min_similarity: 0.9, max_entries: 3}}
+  b:
+    api_key_sha256: ['{hash_key("b")}']
+    cache: {{mode: semantic, ttl_s: 60, min_similarity: 0.9}}
 """).policy
 
 
