@@ -137,6 +137,11 @@ class GatewayMetrics:
                                 "answered (the pool's or its canary's, policies.pools.engine_version)",
                                 ["pool", "rule", "status", "tenant", "version"], registry=r)
         self.tokens = Counter("cascade_tokens", "tokens recorded", ["pool", "kind"], registry=r)
+        self.endpoint_requests = Counter("cascade_endpoint_requests", "recorded requests by OpenAI endpoint (chat, "
+                                         "responses, completions), pool and outcome", ["endpoint", "pool", "status"],
+                                         registry=r)
+        self.endpoint_cost = Counter("cascade_endpoint_cost_micro_usd", "cost recorded by OpenAI endpoint, micro-USD",
+                                     ["endpoint", "pool"], registry=r)
         self.cost = Counter("cascade_cost_micro_usd", "cost recorded, micro-USD", ["pool", "tenant"], registry=r)
         self.savings = Counter("cascade_savings_micro_usd", "flagship-counterfactual cost minus cost, micro-USD",
                                ["tenant"], registry=r)
@@ -226,6 +231,8 @@ class GatewayMetrics:
     def observe_record(self, rec: CostRecord) -> None:
         version = rec.pool_version or "none"
         self.requests.labels(rec.pool, rec.rule, rec.status, rec.tenant, version).inc()
+        self.endpoint_requests.labels(rec.endpoint, rec.pool, rec.status).inc()
+        self.endpoint_cost.labels(rec.endpoint, rec.pool).inc(rec.cost_micro_usd)
         self.tokens.labels(rec.pool, "prompt").inc(rec.prompt_tokens)
         self.tokens.labels(rec.pool, "completion").inc(rec.completion_tokens)
         self.cost.labels(rec.pool, rec.tenant).inc(rec.cost_micro_usd)

@@ -149,3 +149,18 @@ def test_bad_requests_get_openai_errors_naming_the_field(gateway: tuple[str, Any
     assert error["param"] == param and says in error["message"]
     assert resp.headers["x-request-id"].startswith("req_")
     assert upstreams[0].requests == upstreams[2].requests == 0
+
+
+def test_metrics_count_each_endpoint(gateway: tuple[str, Any]) -> None:
+    url, app = gateway
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    ids = [client.responses.with_raw_response.create(model="micro", input="x").headers["x-request-id"],
+           client.completions.with_raw_response.create(model="flagship", prompt="x").headers["x-request-id"],
+           client.chat.completions.with_raw_response.create(
+               model="micro", messages=[{"role": "user", "content": "x"}]).headers["x-request-id"]]
+    costs = [_record(app, request_id).cost_micro_usd for request_id in ids]
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for endpoint, pool, cost in zip(("responses", "completions", "chat"), ("micro", "flagship", "micro"), costs,
+                                    strict=True):
+        assert f'cascade_endpoint_requests_total{{endpoint="{endpoint}",pool="{pool}",status="ok"}} 1.0' in text
+        assert f'cascade_endpoint_cost_micro_usd_total{{endpoint="{endpoint}",pool="{pool}"}} {float(cost)}' in text
