@@ -204,7 +204,7 @@ class AnswerCache:
 
     def _hit(self, policy: Policy, facts: RequestFacts, request: ChatRequest, entry: CacheEntry,
              similarity: float | None) -> JSONReply | StreamReply:
-        decision = replace(facts.decision, pool=entry.pool, model=entry.model)
+        decision = replace(facts.decision, pool=entry.pool, model=entry.model, pool_version="")  # no engine answered
         facts = replace(facts, decision=decision)
         headers = {CACHE_HEADER: "hit"}
         if similarity is not None:

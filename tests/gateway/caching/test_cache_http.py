@@ -118,7 +118,7 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
     miss, json_hit, stream_hit = (_record(prefix, r.headers["x-request-id"]) for r in (first, hit, streamed))
     assert (miss["status"], miss["cache"], int(miss["cost_micro_usd"]) > 0) == ("ok", "miss", True)
     for rec in (json_hit, stream_hit):
-        assert (rec["status"], rec["cache"], rec["pool"]) == ("cache_hit", "hit", "micro")
+        assert (rec["status"], rec["cache"], rec["pool"], rec["pool_version"]) == ("cache_hit", "hit", "micro", "")
         assert int(rec["cost_micro_usd"]) == 0
         assert int(rec["cache_avoided_micro_usd"]) == int(miss["cost_micro_usd"])
         assert int(rec["flagship_cost_micro_usd"]) == int(miss["flagship_cost_micro_usd"])
