@@ -205,6 +205,9 @@ class RemotePool(Frozen):
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
     output_checks: OutputChecks | None = Field(default=None, description="checks of this pool's answers "
                                                "(policies.output_checks)")
+    responses: Literal["native", "chat"] = Field(default="native", description=(
+        "how /v1/responses reaches the servers: native (they serve /v1/responses, as vLLM does) or chat (they "
+        "speak chat completions only: the gateway translates, statelessly; gateway.serving.responses_chat)"))
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     health_path: str = Field(default="/health", pattern=r"^/", description=(
         "path probed (with the API key) to decide a replica is up: vLLM serves /health; for other "

@@ -26,6 +26,7 @@ from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
 from gateway.serving.endpoints import CHAT, NativeBody, native_upstream
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
+from gateway.serving.responses_via_chat import send_via_chat, translated
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import ChatRequest
 from gateway.serving.upstream import prepare_upstream
@@ -210,6 +211,8 @@ class ChatService:
         extra, chat = turn.headers, turn.native is None  # the cascade and force_stream read chat answers only
         if chat and cascades(loaded, facts.decision):
             return await self._cascade.run(pool, upstream, request, facts, loaded, turn)
+        if translated(loaded, facts.decision.pool, turn.native):  # a Responses request for a chat-only pool
+            return await send_via_chat(self._fw, pool, upstream, request, facts, loaded, extra)
         if request.stream:
             return await self._fw.stream(pool, upstream, request, facts, loaded, extra)
         if chat and turn.ladder.applying_to(facts.decision.pool).force_stream:
