@@ -58,7 +58,8 @@ def prefix() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, prefix: str) -> Iterator[tuple[str, str]]:
     """(gateway URL, engine URL): one local demo micro engine, started with the shipped policies' tool-call parser;
-    the flagship pool is the same engine as a remote pool."""
+    the flagship pool is the same engine as a remote pool that the gateway treats as chat-only (`responses:
+    chat`: Responses requests routed there are translated)."""
     shipped = load_policy(ROOT / "policies" / "default.yaml").policy.pools["micro"]
     assert isinstance(shipped, LocalPool) and shipped.engine.tool_calling is not None
     parser = shipped.engine.tool_calling.parser
@@ -78,6 +79,7 @@ pools:
     type: remote
     urls: ["{engine}"]
     model: micro
+    responses: chat
     price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
 routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
 """)
@@ -129,10 +131,11 @@ def _same_outcome(gateway: str, engine: str, path: str, body: dict[str, Any]) ->
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=requests({"model": st.just("auto"), "max_output_tokens": st.integers(1, 4), "content": TEXT,
+@given(body=requests({"model": st.just("micro"), "max_output_tokens": st.integers(1, 4), "content": TEXT,
                       "metadata": AFFORDABLE["metadata"]}, ResponsesRequest))
 def test_the_gateway_serves_the_responses_requests_the_engine_serves(served: tuple[str, str],
                                                                      body: dict[str, Any]) -> None:
+    # pinned to the native pool: the chat-only flagship refuses `store: true`, which the engine takes
     routed = _same_outcome(*served, "/v1/responses", body)
     if routed.status_code == 200 and not body.get("stream"):
         assert routed.json()["object"] == "response"
@@ -189,6 +192,7 @@ def test_responses_and_completions_with_the_sdk(served: tuple[str, str], prefix:
         assert streamed.headers["x-cascade-pool"] == "flagship"
         events: list[Any] = list(streamed.parse())
     assert events[-1].type in ("response.completed", "response.incomplete")
+    assert events[0].response.id.startswith("resp_chatcmpl")  # translated: the flagship pool is chat-only
     usage = events[-1].response.usage
     assert usage is not None and sum(e.type == "response.output_text.delta" for e in events) >= 1
     rec = _record(prefix, streamed.headers["x-request-id"])
@@ -255,3 +259,11 @@ def test_tool_calls_forced_and_auto_directly_and_through_the_gateway(served: tup
                                            tool_choice=choice_of, max_output_tokens=24)
         item = response.output[0]
         assert item.type == "function_call" and item.name == "get_weather", response
+    translated = via.responses.with_raw_response.create(model="flagship", input="What is the weather in Paris?",
+                                                        tools=[tool], tool_choice=choice_of, max_output_tokens=24)
+    response = translated.parse()
+    item = response.output[0]
+    assert response.id.startswith("resp_chatcmpl") and item.type == "function_call" and item.name == "get_weather"
+    assert response.usage is not None
+    _priced(_record(prefix, translated.headers["x-request-id"]), "responses", "flagship", response.usage.input_tokens,
+            response.usage.output_tokens)
