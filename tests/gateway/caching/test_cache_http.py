@@ -184,3 +184,21 @@ def test_redis_down_bypasses_and_never_fails_a_request(tmp_path: Path, upstreams
             if stream:
                 assert any(c.choices and c.choices[0].delta.content for c in answer.parse())
         assert _metric(url, "cascade_cache_failures_total", tenant="cached", reason="unavailable") >= 1
+
+
+def test_a_streamed_answer_is_kept_once_it_finished(gateway: str, prefix: str, upstreams: Upstreams) -> None:
+    client = _client(gateway)
+    with client.chat.completions.with_streaming_response.create(
+        model="micro", messages=[{"role": "user", "content": "Streamed first"}], max_tokens=8, temperature=0,
+        stream=True,
+    ) as streamed:
+        assert streamed.headers["x-cascade-cache"] == "miss"
+        text = "".join(c.choices[0].delta.content or "" for c in streamed.parse() if c.choices)
+    store, deadline = redis.Redis.from_url(SHARED_URL), time.monotonic() + 5
+    while not store.zcard(prefix + "cache:{cached}:xi"):  # kept off the response path, once the stream ended
+        assert time.monotonic() < deadline, "the streamed answer was never kept"
+        time.sleep(0.05)
+    before = upstreams[0].requests
+    hit = _ask(client, "Streamed first")
+    assert hit.headers["x-cascade-cache"] == "hit" and upstreams[0].requests == before
+    assert hit.parse().choices[0].message.content == text and text
