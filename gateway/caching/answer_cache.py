@@ -34,6 +34,7 @@ from gateway.caching.keys import (
 from gateway.caching.replies import answer_body, stream_relay
 from gateway.caching.store import CacheUnavailable, RedisCacheStore
 from gateway.caching.vectors import encode_row, nearest, quantise
+from gateway.checking.judge import CHECK_HEADER
 from gateway.control.metrics import GatewayMetrics
 from gateway.serving.accounting import Accountant, RequestFacts
 from gateway.serving.assemble import assemble_events
@@ -231,7 +232,7 @@ class AnswerCache:
     def keep_later(self, tenant: str, spec: ResponseCache, slot: _Slot, reply: JSONReply | StreamReply) -> None:
         """Keep `reply`'s answer under `slot` once it is whole; one that an output check failed, or that answers a
         request the ladder changed, is not kept."""
-        if any(h in reply.headers for h in _NOT_KEPT) or "fail" in reply.headers.get("x-cascade-output-check", ""):
+        if any(h in reply.headers for h in _NOT_KEPT) or "=fail" in reply.headers.get(CHECK_HEADER, ""):
             return
         pool, model = reply.decision.pool, reply.decision.model
         if isinstance(reply, JSONReply):

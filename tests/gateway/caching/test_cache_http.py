@@ -33,6 +33,10 @@ TENANTS = f"""tenants:
     cache: {{mode: exact, ttl_s: 60, max_entries: 2}}
   plain:
     api_key_sha256: ['{hash_key("sk-plain")}']
+  checked:
+    api_key_sha256: ['{hash_key("sk-checked")}']
+    cache: {{mode: exact}}
+    output_checks: {{json: flag}}
 """
 
 
@@ -202,3 +206,20 @@ def test_a_streamed_answer_is_kept_once_it_finished(gateway: str, prefix: str, u
     hit = _ask(client, "Streamed first")
     assert hit.headers["x-cascade-cache"] == "hit" and upstreams[0].requests == before
     assert hit.parse().choices[0].message.content == text and text
+
+
+def test_an_answer_that_failed_an_output_check_is_not_kept(gateway: str, upstreams: Upstreams) -> None:
+    client, micro = _client(gateway, "sk-checked"), upstreams[0]
+    json_mode = {"response_format": {"type": "json_object"}}
+    micro.content = "not json at all"
+    flagged = [_ask(client, "Give me JSON", **json_mode) for _ in range(3)]
+    assert [r.headers["x-cascade-output-check"] for r in flagged] == ["json=fail"] * 3
+    time.sleep(0.3)  # what would have been kept had it passed
+    assert _ask(client, "Give me JSON", **json_mode).headers["x-cascade-cache"] == "miss"
+    micro.content = '{"answer": 42}'
+    _ask(client, "Give me JSON", **json_mode)
+    deadline = time.monotonic() + 5
+    while (again := _ask(client, "Give me JSON", **json_mode)).headers["x-cascade-cache"] != "hit":
+        assert time.monotonic() < deadline, "the passing answer was never kept"
+        time.sleep(0.05)
+    assert again.parse().choices[0].message.content == '{"answer": 42}'
