@@ -418,7 +418,8 @@ def run(env: Env) -> dict[str, Any]:
         from loadtest.bench.overhead_cache import cache_phase
 
         print("== response cache: off / miss / hit ==", flush=True)
-        results["cache"] = cache_phase(env)
+        results["cache"] = cache_phase(env, lambda name, url, pid, lua, conc, rnd: _measure(
+            Target(name, url, pid), lua, conc, env.args, rnd))
         for row in results["cache"]["summary"]:
             print(f"  c={row['concurrency']:<3} {row['cell']:<11} {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} "
                   f"ms  cpu {row['cpu_ms_per_req'] or 0:.3f} ms/req  hit share {row['hit_share']}", flush=True)

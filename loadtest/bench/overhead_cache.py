@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ from gateway.api.auth import hash_key
 from loadtest.bench.wrk import run_wrk
 from loadtest.processes import Env, free_port, gateway_command, http_get, policy_text, wait_ready
 
-__all__ = ["cache_lua", "cache_phase"]
+__all__ = ["Measure", "cache_lua", "cache_phase"]
+
+Measure = Callable[[str, str, int, Path, int, int], dict[str, Any]]
+"""(cell name, URL, gateway pid, wrk script, concurrency, round) -> one measured cell (`overhead._measure`)."""
 
 _PROMPTS = 256
 
@@ -78,10 +82,9 @@ def _start(env: Env, upstream: str) -> tuple[str, int]:
     return base, proc.pid
 
 
-def cache_phase(env: Env) -> dict[str, Any]:
-    """Interleaved cells (see the module docstring); returns the cells and medians per (cell, concurrency)."""
-    from loadtest.bench.overhead import Target, _measure
-
+def cache_phase(env: Env, measure: Measure) -> dict[str, Any]:
+    """Interleaved cells (see the module docstring), each measured by `measure`; returns the cells and medians per
+    (cell, concurrency)."""
     args = env.args
     port = free_port()
     up = env.procs.start("fake-upstream-cache", [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port),
@@ -89,19 +92,19 @@ def cache_phase(env: Env) -> dict[str, Any]:
     upstream = f"http://127.0.0.1:{port}"
     wait_ready(upstream + "/health", up, args.ready_timeout, "fake upstream", lambda: "")
     base, pid = _start(env, upstream)
-    target = Target("gateway-cache", base + "/v1/chat/completions", pid)
+    url = base + "/v1/chat/completions"
     scripts: dict[str, Path] = {}
     for name, key, unique in (("off", "sk-off", True), ("miss", "sk-on", True), ("hit", "sk-on", False)):
         scripts[name] = env.tmp / f"cache-{name}.lua"
         scripts[name].write_text(cache_lua(key, unique, args.max_tokens))
-        run_wrk(target.url, scripts[name], 8, args.warmup, 1, args.wrk_timeout)  # warm-up (fills the hit set)
+        run_wrk(url, scripts[name], 8, args.warmup, 1, args.wrk_timeout)  # warm-up (fills the hit set)
     cells: list[dict[str, Any]] = []
     for rnd in range(1, args.rounds + 1):
         for conc in args.concurrency:
             order = ["off", "miss", "hit"] if rnd % 2 else ["hit", "miss", "off"]
             for name in order:
                 before = _lookups(base)
-                cell = _measure(Target(f"cache-{name}", target.url, pid), scripts[name], conc, args, rnd)
+                cell = measure(f"cache-{name}", url, pid, scripts[name], conc, rnd)
                 after = _lookups(base)
                 looked = sum(after.values()) - sum(before.values())
                 cell["hit_share"] = (after["hit"] - before["hit"]) / looked if looked else None
