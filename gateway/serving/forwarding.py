@@ -106,7 +106,7 @@ class Forwarder:
         Returns the facts to record it with (the verdict in `output_check`) and its response headers. Raises
         `OutputRejected`, after recording the answer as discarded, when a failed check asks for an action that
         `facts.redo` still allows (escalation only from the micro pool: there is no pool up from the others)."""
-        if self.checker is None or facts.status != "ok":
+        if self.checker is None or facts.status != "ok" or facts.endpoint != CHAT.name:  # checks read chat answers
             return facts, {}
         try:
             answer = orjson.loads(body) if answer is None else answer
@@ -190,7 +190,7 @@ class Forwarder:
                               upstream: dict[str, Any], relay: StreamRelay) -> None:
         status = "ok" if relay.completed else ("client_disconnect" if relay.disconnected else "upstream_error")
         facts = replace(facts, ttft_s=relay.ttft_s, status=status)
-        if relay.completed and self.checker is not None:  # judged, never replaced: the answer has left
+        if relay.completed and self.checker is not None and facts.endpoint == CHAT.name:  # judged, never replaced
             verdict = self.checker.judge(loaded.policy, facts.tenant, facts.decision, upstream,
                                          assemble_events(relay.events).answer())
             facts = replace(facts, output_check=verdict.summary)

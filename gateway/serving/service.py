@@ -101,7 +101,7 @@ class ChatService:
         turn = CascadeTurn(raw, ladder, downgrade, {}, native)
         upstream, extra = _upstream(turn, decision, request)
         turn = replace(turn, headers=extra)
-        kept = (raw if native is None else native.body) if self._keep_requests else None
+        kept = raw if self._keep_requests else None  # the routing view: what a replay routes again
         redo = self._redo(loaded, tenant, decision, request, ladder, downgrade) if native is None else ()
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept,
                              redo=redo, endpoint=CHAT.name if native is None else native.endpoint.name)

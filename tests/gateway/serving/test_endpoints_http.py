@@ -164,3 +164,25 @@ def test_metrics_count_each_endpoint(gateway: tuple[str, Any]) -> None:
                                     strict=True):
         assert f'cascade_endpoint_requests_total{{endpoint="{endpoint}",pool="{pool}",status="ok"}} 1.0' in text
         assert f'cascade_endpoint_cost_micro_usd_total{{endpoint="{endpoint}",pool="{pool}"}} {float(cost)}' in text
+
+
+def test_output_checks_judge_chat_answers_only(upstreams: Upstreams, tmp_path: Path) -> None:
+    from tests.conftest import policy_yaml
+
+    _, micro_url, _, flagship_url = upstreams
+    policy = tmp_path / "checks.yaml"
+    policy.write_text(policy_yaml(micro_url, flagship_url) + "output_checks: {empty: flag, repetition: flag}\n")
+    app = create_app(Settings(policy_path=policy, scorer="length", start_engines=False, ledger="memory",
+                              home=tmp_path, probe_interval_s=0.2))
+    with serve(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        chat = client.chat.completions.with_raw_response.create(model="micro", messages=[{"role": "user",
+                                                                                          "content": "x"}])
+        assert "x-cascade-output-check" in chat.headers  # the checks are on
+        for raw in (client.responses.with_raw_response.create(model="micro", input="x"),
+                    client.completions.with_raw_response.create(model="micro", prompt="x")):
+            assert "x-cascade-output-check" not in raw.headers
+            assert _record(app, raw.headers["x-request-id"]).output_check == ""
+        with client.responses.with_streaming_response.create(model="micro", input="x", stream=True) as streamed:
+            assert list(streamed.parse())[-1].type == "response.completed"
+        assert _record(app, streamed.headers["x-request-id"]).output_check == ""
