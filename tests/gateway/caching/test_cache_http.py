@@ -22,7 +22,7 @@ from gateway.costs.html import render_html
 from gateway.costs.report import render_table, row_fields
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import SHARED_URL, policy_yaml, report_recent
+from tests.conftest import SHARED_URL, policy_yaml, report_recent, verify_recent
 from tests.servers import PrivateRedis, serve
 
 pytestmark = pytest.mark.redis
@@ -129,6 +129,7 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
         assert int(rec["flagship_cost_micro_usd"]) == int(miss["flagship_cost_micro_usd"])
 
     report = asyncio.run(report_recent(prefix))
+    assert asyncio.run(verify_recent(prefix)).ok  # the rollups' cache counters match the records
     total = report.total().counters
     assert total.cache_hits >= 2 and total.cache_misses >= 1
     assert total.cache_avoided_micro_usd == total.cache_hits * int(miss["cost_micro_usd"])
