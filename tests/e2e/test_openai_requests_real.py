@@ -267,3 +267,11 @@ def test_tool_calls_forced_and_auto_directly_and_through_the_gateway(served: tup
     assert response.usage is not None
     _priced(_record(prefix, translated.headers["x-request-id"]), "responses", "flagship", response.usage.input_tokens,
             response.usage.output_tokens)
+
+
+def test_what_the_engine_refuses_on_an_endpoint_comes_back_as_its_400(served: tuple[str, str]) -> None:
+    for path, body in (("/v1/completions", {"model": "micro", "prompt": "x", "max_tokens": 2, "logprobs": 50}),
+                       ("/v1/responses", {"model": "micro", "input": "x", "max_output_tokens": 2,
+                                          "truncation": "sometimes"})):
+        routed = _same_outcome(*served, path, body)
+        assert routed.status_code == 400 and routed.json()["error"]["code"] == "upstream_rejected", routed.text
