@@ -39,7 +39,7 @@ tenants:
     cache: {{mode: exact, ttl_s: 600}}
   semantic:
     api_key_sha256: ['{hash_key("sk-semantic")}']
-    cache: {{mode: semantic, ttl_s: 600, min_similarity: 0.95}}
+    cache: {{mode: semantic, ttl_s: 600, min_similarity: 0.99}}
 """
 PROMPT = "Write one sentence about lighthouses."
 
