@@ -104,8 +104,9 @@ class OutputChecker:
                         pool_spec.output_checks if pool_spec is not None else None, policy.output_checks))
 
     def judge(self, policy: Policy, tenant: str, decision: RouteDecision, request: Mapping[str, Any],
-              answer: Mapping[str, Any]) -> Verdict:
-        """Run on every choice of `answer` (a chat.completion object) the checks that apply to `request`."""
+              answer: Mapping[str, Any], count: bool = True) -> Verdict:
+        """Run on every choice of `answer` (a chat.completion object) the checks that apply to `request`.
+        `count=False`: a second look at an answer already judged (the response cache's), not counted again."""
         actions, loop = self.plan(policy, tenant, decision.pool)
         results: dict[str, str] = {}
         for check in actions:
@@ -118,7 +119,8 @@ class OutputChecker:
                 log.exception("output check %s failed; the answer is served", check)
                 results[check] = "error"
         verdict = Verdict(results, {c: actions[c] for c in results})
-        self._count(decision, verdict)
+        if count:
+            self._count(decision, verdict)
         return verdict
 
     def _count(self, decision: RouteDecision, verdict: Verdict) -> None:

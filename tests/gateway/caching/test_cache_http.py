@@ -227,3 +227,31 @@ def test_an_answer_that_failed_an_output_check_is_not_kept(gateway: str, upstrea
         assert time.monotonic() < deadline, "the passing answer was never kept"
         time.sleep(0.05)
     assert again.parse().choices[0].message.content == '{"answer": 42}'
+
+
+def test_a_streamed_answer_that_fails_an_output_check_is_not_kept(gateway: str, prefix: str,
+                                                                 upstreams: Upstreams) -> None:
+    client, micro = _client(gateway, "sk-checked"), upstreams[0]
+
+    def stream(text: str) -> str:
+        with client.chat.completions.with_streaming_response.create(
+            model="micro", messages=[{"role": "user", "content": text}], max_tokens=8, temperature=0, stream=True,
+            response_format={"type": "json_object"},
+        ) as streamed:
+            cache = streamed.headers["x-cascade-cache"]
+            list(streamed.parse())
+        return cache
+
+    micro.content = "not json at all"
+    assert stream("Stream me JSON") == "miss"
+    time.sleep(0.3)  # what would have been kept had it passed
+    assert stream("Stream me JSON") == "miss"
+    index = redis.Redis.from_url(SHARED_URL)
+    assert not index.zcard(prefix + "cache:{checked}:xi")
+    micro.content = '{"answer": 42}'
+    assert stream("Stream me JSON, again") == "miss"
+    deadline = time.monotonic() + 5
+    while stream("Stream me JSON, again") != "hit":  # a passing streamed answer is kept
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert _metric(gateway, "cascade_output_checks_total", check="json", result="fail") == 2  # not counted twice
