@@ -4,10 +4,12 @@ side, streamed and not.
 A zero-latency fake vLLM upstream (`loadtest.fake_upstream`, which serves all three endpoints) and one gateway in
 front of it (`python -m gateway serve --scorer none --no-engines`, one worker, the real Redis ledger under a
 throw-away prefix, every request pinned to the micro pool: no scoring, so the figures compare the endpoints' own
-paths) are driven by `wrk` with the same short prompt on each endpoint, 16 tokens answered. For every round,
-concurrency, endpoint and mode, the upstream is called directly and through the gateway back to back (the order
-alternates per round). Reported per cell, as medians over rounds: requests/s, p50/p99, the added p50 (gateway minus
-direct, paired per round), and the gateway process's CPU per completed request (`/proc`).
+paths) are driven by `wrk` with the same short prompt on each endpoint, 16 tokens answered. A fourth cell,
+`responses-via-chat`, sends the Responses request to the flagship pool, marked `responses: chat`: the gateway
+translates it to chat and the answer back (its direct cell is the chat request the engine then gets). For every
+round, concurrency, endpoint and mode, the upstream is called directly and through the gateway back to back (the
+order alternates per round). Reported per cell, as medians over rounds: requests/s, p50/p99, the added p50
+(gateway minus direct, paired per round), and the gateway process's CPU per completed request (`/proc`).
 
 Run: `python -m loadtest.bench.overhead_endpoints --rounds 3 --duration 5 --concurrency 1,16`; results go to
 `loadtest/results/overhead-endpoints-<timestamp>.json`.
@@ -43,22 +45,28 @@ from loadtest.processes import (
 __all__ = ["ENDPOINT_BODIES", "main", "summary"]
 
 PROMPT = "Say hello to the new team in one short sentence."
-ENDPOINT_BODIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "chat": ("/v1/chat/completions", {"model": "micro", "messages": [{"role": "user", "content": PROMPT}],
-                                      "max_tokens": 16}),
-    "responses": ("/v1/responses", {"model": "micro", "input": PROMPT, "max_output_tokens": 16}),
-    "completions": ("/v1/completions", {"model": "micro", "prompt": PROMPT, "max_tokens": 16}),
+_CHAT = ("/v1/chat/completions", {"model": "micro", "messages": [{"role": "user", "content": PROMPT}],
+                                  "max_tokens": 16})
+_RESPONSES = ("/v1/responses", {"model": "micro", "input": PROMPT, "max_output_tokens": 16})
+# name -> ((gateway path, body), (direct path, body)): the direct call is what the engine is asked
+ENDPOINT_BODIES: dict[str, tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = {
+    "chat": (_CHAT, _CHAT),
+    "responses": (_RESPONSES, _RESPONSES),
+    "completions": (("/v1/completions", {"model": "micro", "prompt": PROMPT, "max_tokens": 16}),) * 2,
+    "responses-via-chat": (("/v1/responses", {**_RESPONSES[1], "model": "flagship"}), _CHAT),
 }
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 
-def _scripts(tmp: Path) -> dict[tuple[str, bool], tuple[str, Path]]:
+def _scripts(tmp: Path) -> dict[tuple[str, bool, str], tuple[str, Path]]:
+    """(endpoint, stream, target) -> (path, wrk script)."""
     out = {}
-    for name, (path, body) in ENDPOINT_BODIES.items():
+    for name, calls in ENDPOINT_BODIES.items():
         for stream in (False, True):
-            lua = tmp / f"{name}-{'stream' if stream else 'json'}.lua"
-            lua.write_text(lua_script(orjson.dumps({**body, "stream": stream})))
-            out[(name, stream)] = (path, lua)
+            for target, (path, body) in zip(("gateway", "direct"), calls, strict=True):
+                lua = tmp / f"{name}-{'stream' if stream else 'json'}-{target}.lua"
+                lua.write_text(lua_script(orjson.dumps({**body, "stream": stream})))
+                out[(name, stream, target)] = (path, lua)
     return out
 
 
@@ -71,13 +79,15 @@ def _cell(url: str, lua: Path, pid: int | None, conc: int, args: argparse.Namesp
             "cpu_ms_per_req": None if cpu is None or not res.requests else 1000.0 * cpu / res.requests}
 
 
-def _check(base: str, path: str, body: dict[str, Any]) -> None:
+def _check(base: str, path: str, body: dict[str, Any], pool: str | None = None) -> None:
     status, headers, payload = post_json(base + path, orjson.dumps(body))
     if status != 200:
         raise RuntimeError(f"{path}: HTTP {status}: {payload[:300]!r}")
-    endpoint = {k.lower(): v for k, v in headers.items()}.get("x-cascade-endpoint")
-    if endpoint is not None and endpoint != next(n for n, (p, _) in ENDPOINT_BODIES.items() if p == path):
-        raise RuntimeError(f"{path}: answered as {endpoint}")
+    lower = {k.lower(): v for k, v in headers.items()}
+    if pool is not None and lower.get("x-cascade-pool") != pool:
+        raise RuntimeError(f"{path}: answered by {lower.get('x-cascade-pool')}, not {pool}")
+    if pool == "flagship" and b'"resp_chatcmpl' not in payload:
+        raise RuntimeError(f"{path}: the flagship answer was not translated from chat: {payload[:200]!r}")
 
 
 def run(args: argparse.Namespace, tmp: Path, procs: Procs, prefix: str) -> list[dict[str, Any]]:
@@ -86,24 +96,30 @@ def run(args: argparse.Namespace, tmp: Path, procs: Procs, prefix: str) -> list[
     upstream = f"http://127.0.0.1:{up_port}"
     wait_ready(upstream + "/health", up, 60, "fake upstream", lambda: procs.log_tail("fake-upstream"))
     policy = tmp / "policy.yaml"
-    policy.write_text(policy_text(upstream, "fake", upstream, "fake"))
+    text = policy_text(upstream, "fake", upstream, "fake")
+    policy.write_text(text.replace("    model: fake\n    price: {input_per_mtok: \"3.00\"",
+                                   "    model: fake\n    responses: chat\n    price: {input_per_mtok: \"3.00\"", 1))
+    if "responses: chat" not in policy.read_text():
+        raise RuntimeError("could not mark the flagship pool chat-only")
     cmd, _ = gateway_command(policy, gw_port, "h1", prefix, "warning")
     gw = procs.start("gateway", cmd, {"CASCADE_HOME": str(tmp / "home"), "CASCADE_REDIS_URL": args.redis_url})
     gateway = f"http://127.0.0.1:{gw_port}"
     wait_ready(gateway + "/readyz", gw, 60, "gateway", lambda: procs.log_tail("gateway"))
-    for path, body in ENDPOINT_BODIES.values():
-        _check(upstream, path, body)
-        _check(gateway, path, body)
+    for (path, body), (direct_path, direct_body) in ENDPOINT_BODIES.values():
+        _check(upstream, direct_path, direct_body)
+        _check(gateway, path, body, body["model"])
     cells = []
     for rnd in range(1, args.rounds + 1):
         for conc in args.concurrency:
-            for (name, stream), (path, lua) in _scripts(tmp).items():
+            scripts = _scripts(tmp)
+            for name, stream in sorted({(n, s) for n, s, _ in scripts}, key=lambda k: (k[1], k[0])):
                 order = (("direct", upstream, None), ("gateway", gateway, gw.pid))
                 for target, base, pid in order if rnd % 2 else order[::-1]:
+                    path, lua = scripts[(name, stream, target)]
                     cell = {"round": rnd, "concurrency": conc, "endpoint": name, "stream": stream, "target": target,
                             **_cell(base + path, lua, pid, conc, args), "loadavg_1m": os.getloadavg()[0]}
                     cells.append(cell)
-                    print(f"  r{rnd} c={conc:<3} {name:<11} {'sse ' if stream else 'json'} {target:<8} "
+                    print(f"  r{rnd} c={conc:<3} {name:<18} {'sse ' if stream else 'json'} {target:<8} "
                           f"{cell['rps']:8.0f} req/s  p50 {cell['p50_ms']:6.2f} ms  "
                           f"cpu {cell['cpu_ms_per_req'] or 0:.3f} ms/req", flush=True)
     return cells
