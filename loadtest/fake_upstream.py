@@ -300,10 +300,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay-ms", type=float, default=0.0,
                         help="sleep before each streamed token (whole answer: per token) unless the request says")
     parser.add_argument("--max-running", type=int, default=None, help="requests served at once; more queue")
+    parser.add_argument("--content", default=None, help="every text answer is this (4 characters a token)")
     args = parser.parse_args(argv)
     import uvicorn
 
     app = FakeUpstream(args.model, args.delay_ms, args.max_running)
+    app.content = args.content
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 loop="uvloop", http="httptools", access_log=False)
 

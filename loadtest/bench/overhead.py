@@ -31,12 +31,12 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from backends.clients.transports import TRANSPORTS
 from backends.engines.cpu_pinning import cpus_of, engine_processes, set_affinity
+from loadtest.bench.cells import Target, measure
 from loadtest.bench.report import (
     LITELLM_RPS,
     TARGET_ADDED_P50_MS,
@@ -53,7 +53,6 @@ from loadtest.processes import (
     Env,
     Procs,
     cleanup_redis,
-    cpu_seconds,
     free_port,
     gateway_command,
     policy_text,
@@ -70,43 +69,12 @@ RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 # --------------------------------------------------------------------------------- non-streaming phase
 
 
-@dataclass(slots=True)
-class Target:
-    name: str
-    url: str
-    pid: int
-
-
 def _check_target(target: Target, body: bytes) -> None:
     status, headers, payload = post_json(target.url, body)
     if status != 200 or b'"choices"' not in payload:
         raise RuntimeError(f"{target.name}: probe request failed: HTTP {status}: {payload[:300]!r}")
     if target.name != "direct" and "x-cascade-pool" not in {k.lower() for k in headers}:
         raise RuntimeError(f"{target.name}: no x-cascade-pool header; is this the gateway?")
-
-
-def _measure(target: Target, lua: Path, conc: int, args: argparse.Namespace, rnd: int) -> dict[str, Any]:
-    load_before = os.getloadavg()[0]
-    cpu_before = _tree_cpu(target.pid)
-    res = run_wrk(target.url, lua, conc, args.duration, args.wrk_threads, args.wrk_timeout)
-    cpu = _tree_cpu(target.pid) - cpu_before
-    cell = {"round": rnd, "target": target.name, "concurrency": conc, **asdict(res),
-            "server_cpu_ms_per_req": 1000.0 * cpu / res.requests if res.requests else None,
-            "loadavg_1m": [load_before, os.getloadavg()[0]]}
-    errs = f" ERRORS non2xx={res.non2xx} socket={res.socket_errors}" if res.non2xx or res.socket_errors else ""
-    errs += f" (timeouts > {args.wrk_timeout:g} s: {res.timeouts})" if res.timeouts else ""
-    print(f"  round {rnd} c={conc:<3} {target.name:<12} {res.rps:9.0f} req/s  p50 {res.p50_ms:7.2f} ms  "
-          f"p99 {res.p99_ms:7.2f} ms  cpu {cell['server_cpu_ms_per_req'] or 0:.2f} ms/req{errs}", flush=True)
-    return cell
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and its direct children (the workers of `serve --workers N`)."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        children = []
-    return cpu_seconds(pid) + sum(cpu_seconds(int(child)) for child in children)
 
 
 def _start_workers(env: Env, name: str, upstream_url: str, model: str, transport: str, workers: int) -> tuple[str, int]:
@@ -171,7 +139,7 @@ def nonstream_phase(env: Env) -> dict[str, Any]:
     for rnd in range(1, args.rounds + 1):
         for conc in args.concurrency:
             order = targets if rnd % 2 else [targets[0], *reversed(targets[1:])]
-            cells.extend(_measure(t, lua, conc, args, rnd) for t in order)
+            cells.extend(measure(t, lua, conc, args, rnd) for t in order)
     profile = profile_gateway(env, targets[1], lua) if args.profile else None
     summary = summarise_nonstream(cells)
     scaling = worker_scaling(summary)
@@ -383,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-stream", action="store_true", help="skip the streaming part (no engine needed)")
     p.add_argument("--cache", action="store_true", help="also the response-cache phase: gateway CPU per request "
                    "with the exact cache off, missing and hitting (loadtest.bench.overhead_cache)")
+    p.add_argument("--checks", action="store_true", help="also the output-checks phase: gateway CPU per request "
+                   "with every output check off and on (loadtest.bench.overhead_checks)")
     p.add_argument("--redis-url", default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
                    help="Redis of the ledger; keys go under bench:<uuid>: and are deleted at the end")
     p.add_argument("--ready-timeout", type=float, default=60, help="seconds to wait for a gateway/upstream")
@@ -418,11 +388,19 @@ def run(env: Env) -> dict[str, Any]:
         from loadtest.bench.overhead_cache import cache_phase
 
         print("== response cache: off / miss / hit ==", flush=True)
-        results["cache"] = cache_phase(env, lambda name, url, pid, lua, conc, rnd: _measure(
-            Target(name, url, pid), lua, conc, env.args, rnd))
+        results["cache"] = cache_phase(env)
         for row in results["cache"]["summary"]:
             print(f"  c={row['concurrency']:<3} {row['cell']:<11} {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} "
                   f"ms  cpu {row['cpu_ms_per_req'] or 0:.3f} ms/req  hit share {row['hit_share']}", flush=True)
+        env.procs.stop_all()
+    if env.args.checks:
+        from loadtest.bench.overhead_checks import checks_phase
+
+        print("== output checks: off / on ==", flush=True)
+        results["checks"] = checks_phase(env)
+        for row in results["checks"]["summary"]:
+            print(f"  c={row['concurrency']:<3} {row['cell']:<11} {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} "
+                  f"ms  cpu {row['cpu_ms_per_req'] or 0:.3f} ms/req  errors {row['errors']}", flush=True)
         env.procs.stop_all()
     if not env.args.skip_stream:
         print("== streaming tokens/s ==", flush=True)

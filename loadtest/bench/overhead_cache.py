@@ -13,22 +13,17 @@ The CPU is the gateway process's (`/proc`), per completed request; Redis's own C
 from __future__ import annotations
 
 import os
-import statistics
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
+from loadtest.bench.cells import Target, measure, summary, tenant_gateway
 from loadtest.bench.wrk import run_wrk
-from loadtest.processes import Env, free_port, gateway_command, http_get, policy_text, wait_ready
+from loadtest.processes import Env, http_get
 
-__all__ = ["Measure", "cache_lua", "cache_phase"]
-
-Measure = Callable[[str, str, int, Path, int, int], dict[str, Any]]
-"""(cell name, URL, gateway pid, wrk script, concurrency, round) -> one measured cell (`overhead._measure`)."""
+__all__ = ["TENANTS", "cache_lua", "cache_phase"]
 
 _PROMPTS = 256
 
@@ -64,34 +59,18 @@ def _lookups(url: str) -> dict[str, float]:
     return out
 
 
-def _start(env: Env, upstream: str) -> tuple[str, int]:
-    policy = env.tmp / "gateway-cache.yaml"
-    policy.write_text(policy_text(upstream, "fake-model", upstream, "fake-model") + f"""tenants:
+TENANTS = f"""tenants:
   nocache: {{api_key_sha256: ['{hash_key("sk-off")}']}}
   cached:
     api_key_sha256: ['{hash_key("sk-on")}']
     cache: {{mode: exact, ttl_s: 3600, max_entries: 1000000}}
-""")
-    port, args = free_port(), env.args
-    cmd, env.launcher = gateway_command(policy, port, "h1", env.prefix, args.gateway_log_level, "redis",
-                                        args.gateway_cmd)
-    proc = env.procs.start("gateway-cache", cmd, {"CASCADE_HOME": str(env.tmp / "cache-home"),
-                                                  "CASCADE_REDIS_URL": args.redis_url})
-    base = f"http://127.0.0.1:{port}"
-    wait_ready(base + "/readyz", proc, args.ready_timeout, "gateway cache", lambda: env.procs.log_tail("gateway-cache"))
-    return base, proc.pid
+"""
 
 
-def cache_phase(env: Env, measure: Measure) -> dict[str, Any]:
-    """Interleaved cells (see the module docstring), each measured by `measure`; returns the cells and medians per
-    (cell, concurrency)."""
+def cache_phase(env: Env) -> dict[str, Any]:
+    """Interleaved cells (see the module docstring); returns the cells and medians per (cell, concurrency)."""
     args = env.args
-    port = free_port()
-    up = env.procs.start("fake-upstream-cache", [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port),
-                                                 "--model", "fake-model"])
-    upstream = f"http://127.0.0.1:{port}"
-    wait_ready(upstream + "/health", up, args.ready_timeout, "fake upstream", lambda: "")
-    base, pid = _start(env, upstream)
+    base, pid = tenant_gateway(env, "cache", TENANTS)
     url = base + "/v1/chat/completions"
     scripts: dict[str, Path] = {}
     for name, key, unique in (("off", "sk-off", True), ("miss", "sk-on", True), ("hit", "sk-on", False)):
@@ -104,7 +83,7 @@ def cache_phase(env: Env, measure: Measure) -> dict[str, Any]:
             order = ["off", "miss", "hit"] if rnd % 2 else ["hit", "miss", "off"]
             for name in order:
                 before = _lookups(base)
-                cell = measure(f"cache-{name}", url, pid, scripts[name], conc, rnd)
+                cell = measure(Target(f"cache-{name}", url, pid), scripts[name], conc, args, rnd)
                 after = _lookups(base)
                 looked = sum(after.values()) - sum(before.values())
                 cell["hit_share"] = (after["hit"] - before["hit"]) / looked if looked else None
@@ -113,21 +92,6 @@ def cache_phase(env: Env, measure: Measure) -> dict[str, Any]:
                 cells.append(cell)
     env.procs.stop("gateway-cache")
     env.procs.stop("fake-upstream-cache")
-    return {"cells": cells, "summary": _summary(cells), "cpus": os.cpu_count()}
+    return {"cells": cells, "summary": summary(cells, ("cache-off", "cache-miss", "cache-hit"), ("hit_share",)),
+            "cpus": os.cpu_count()}
 
-
-def _summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for conc in sorted({c["concurrency"] for c in cells}):
-        for name in ("cache-off", "cache-miss", "cache-hit"):
-            mine = [c for c in cells if c["target"] == name and c["concurrency"] == conc]
-            cpu = [c["server_cpu_ms_per_req"] for c in mine if c["server_cpu_ms_per_req"] is not None]
-            hits = [c["hit_share"] for c in mine if c["hit_share"] is not None]
-            rows.append({"cell": name, "concurrency": conc, "rounds": len(mine),
-                         "rps": statistics.median(c["rps"] for c in mine),
-                         "p50_ms": statistics.median(c["p50_ms"] for c in mine),
-                         "p99_ms": statistics.median(c["p99_ms"] for c in mine),
-                         "cpu_ms_per_req": statistics.median(cpu) if cpu else None,
-                         "hit_share": statistics.median(hits) if hits else None,
-                         "errors": sum(c["non2xx"] + c["socket_errors"] for c in mine)})
-    return rows
