@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -387,21 +388,11 @@ def run(env: Env) -> dict[str, Any]:
     if env.args.cache:
         from loadtest.bench.overhead_cache import cache_phase
 
-        print("== response cache: off / miss / hit ==", flush=True)
-        results["cache"] = cache_phase(env)
-        for row in results["cache"]["summary"]:
-            print(f"  c={row['concurrency']:<3} {row['cell']:<11} {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} "
-                  f"ms  cpu {row['cpu_ms_per_req'] or 0:.3f} ms/req  hit share {row['hit_share']}", flush=True)
-        env.procs.stop_all()
+        results["cache"] = _tenant_phase(env, "response cache: off / miss / hit", cache_phase, "hit_share")
     if env.args.checks:
         from loadtest.bench.overhead_checks import checks_phase
 
-        print("== output checks: off / on ==", flush=True)
-        results["checks"] = checks_phase(env)
-        for row in results["checks"]["summary"]:
-            print(f"  c={row['concurrency']:<3} {row['cell']:<11} {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} "
-                  f"ms  cpu {row['cpu_ms_per_req'] or 0:.3f} ms/req  errors {row['errors']}", flush=True)
-        env.procs.stop_all()
+        results["checks"] = _tenant_phase(env, "output checks: off / on", checks_phase, "errors")
     if not env.args.skip_stream:
         print("== streaming tokens/s ==", flush=True)
         results["stream"] = asyncio.run(stream_phase(env))
@@ -410,6 +401,17 @@ def run(env: Env) -> dict[str, Any]:
     gateway = f"gw-{env.args.transports[0]}" if env.args.transports else "gw-aiohttp"
     results["verdicts"] = verdicts(results.get("nonstream"), results.get("stream"), gateway)
     return results
+
+
+def _tenant_phase(env: Env, title: str, phase: Callable[[Env], dict[str, Any]], last: str) -> dict[str, Any]:
+    """Run a phase that compares tenants of one gateway (`loadtest.bench.cells`) and print its medians."""
+    print(f"== {title} ==", flush=True)
+    result = phase(env)
+    for row in result["summary"]:
+        print(f"  c={row['concurrency']:<3} {row['cell']:<11} {row['rps']:8.0f} req/s  p50 {row['p50_ms']:6.2f} ms  "
+              f"cpu {row['cpu_ms_per_req'] or 0:.3f} ms/req  {last.replace('_', ' ')} {row[last]}", flush=True)
+    env.procs.stop_all()
+    return result
 
 
 def _interrupt(signum: int, frame: object) -> None:
