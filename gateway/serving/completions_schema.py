@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-import orjson
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from gateway.errors import BadRequest
 from gateway.serving.endpoints import COMPLETIONS, NativeBody
-from gateway.serving.schema import ChatRequest, NullIsUnset, StreamOptions
+from gateway.serving.schema import ChatRequest, NullIsUnset, StreamOptions, json_object
 from policies.loader import dotted_path
 
 __all__ = ["CompletionsRequest", "parse_completions_request", "prompt_parts"]
@@ -83,12 +82,7 @@ def parse_completions_request(body: bytes, max_messages: int = 1024, max_tokens_
     """Validate a completions request body. Returns the routing view (a `ChatRequest` and its dict) and the body
     the engine is sent (`max_tokens` clamped to `max_tokens_cap` when one is set). Raises `BadRequest` naming the
     offending field. `max_messages` bounds the number of prompts in a batch."""
-    try:
-        raw = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(raw, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    raw = json_object(body)
     texts, _ = _prompts(raw)
     raw = {k: v for k, v in raw.items() if v is not None or k not in CompletionsRequest.model_fields}
     prompt = raw["prompt"]

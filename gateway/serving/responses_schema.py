@@ -18,12 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from gateway.errors import BadRequest
 from gateway.serving.endpoints import RESPONSES, NativeBody
-from gateway.serving.schema import ChatRequest, NullIsUnset
+from gateway.serving.schema import ChatRequest, NullIsUnset, json_object
 from policies.loader import dotted_path
 
 __all__ = ["ITEM_TYPES", "STATEFUL_FIELDS", "ResponsesRequest", "input_messages", "parse_responses_request"]
@@ -196,12 +195,7 @@ def parse_responses_request(body: bytes, max_messages: int = 1024, max_tokens_ca
     """Validate a Responses request body. Returns the routing view (a `ChatRequest` and its dict) and the body
     the engine is sent (`max_output_tokens` clamped to `max_tokens_cap` when one is set). Raises `BadRequest`
     naming the offending field."""
-    try:
-        raw = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(raw, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    raw = json_object(body)
     _check_stateless(raw)
     messages = input_messages(raw) or [{"role": "user", "content": ""}]  # reasoning items only: the engine judges
     if len(messages) > max_messages:

@@ -17,7 +17,7 @@ from gateway.checking.schemas import check_request_schemas
 from gateway.errors import BadRequest
 from policies.loader import dotted_path
 
-__all__ = ["ChatMessage", "ChatRequest", "NullIsUnset", "StreamOptions", "parse_chat_request"]
+__all__ = ["ChatMessage", "ChatRequest", "NullIsUnset", "StreamOptions", "json_object", "parse_chat_request"]
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -92,6 +92,17 @@ def _apply_limits(request: ChatRequest, raw: dict[str, Any], max_messages: int, 
         raw[field] = max_tokens_cap  # clamped, not refused: the engine stops at the cap
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object (every endpoint's); `BadRequest` (invalid_json) otherwise."""
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(raw, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return raw
+
+
 def parse_chat_request(
     body: bytes, max_messages: int = 1024, max_tokens_cap: int | None = None
 ) -> tuple[ChatRequest, dict[str, Any]]:
@@ -101,12 +112,7 @@ def parse_chat_request(
     Raises `BadRequest` naming the offending field (`param`) for malformed JSON, a schema violation, more than
     `max_messages` messages, or a `response_format` / tool schema that is not a valid JSON Schema.
     """
-    try:
-        raw = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(raw, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    raw = json_object(body)
     # The engine sees what the gateway understood: a `null` the gateway read as its default is not sent.
     raw = {k: v for k, v in raw.items() if v is not None or not _optional(ChatRequest, k)}
     try:
