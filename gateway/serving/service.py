@@ -24,7 +24,7 @@ from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
-from gateway.serving.endpoints import CHAT, NativeBody, native_upstream
+from gateway.serving.endpoints import CHAT, RESPONSES, NativeBody, native_upstream
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.responses_via_chat import send_via_chat, translated
 from gateway.serving.router import RequestRouter
@@ -97,7 +97,7 @@ class ChatService:
         decision = await self._on_cold(decision, loaded, tenant, ladder, downgrade)
         if self._checker is not None:
             decision = json_fallback_refused(loaded.policy, decision, raw, ladder, self._checker.json_rates)
-        _check_limits(loaded, decision, request)
+        _check_limits(loaded, decision, request, native)
         turn = CascadeTurn(raw, ladder, downgrade, {}, native)
         upstream, extra = _upstream(turn, decision, request)
         turn = replace(turn, headers=extra)
@@ -242,11 +242,16 @@ def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str, l
     return other if move_refused(loaded.policy, tenant, other, ladder, downgrade) is None else None
 
 
-def _check_limits(loaded: LoadedPolicy, decision: RouteDecision, request: ChatRequest) -> None:
+def _check_limits(loaded: LoadedPolicy, decision: RouteDecision, request: ChatRequest,
+                  native: NativeBody | None = None) -> None:
+    """A completion limit the pool's context cannot hold is a 400 naming the client's field (`max_output_tokens`
+    on the Responses endpoint, the chat and completions names elsewhere)."""
     spec = loaded.policy.pools[decision.pool]
     limit = request.completion_limit
     if spec.type == "local" and limit is not None and limit >= spec.engine.max_model_len:
         field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        if native is not None and native.endpoint is RESPONSES:
+            field = "max_output_tokens"
         raise BadRequest(
             f"{field}={limit} does not fit pool {decision.pool!r}: its context is "
             f"{spec.engine.max_model_len} tokens including the prompt",
