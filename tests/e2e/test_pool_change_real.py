@@ -68,7 +68,7 @@ def _canary(served_name: str, port: int, weight: float) -> str:
 
 def _with_canary(block: str) -> object:
     def edit(text: str) -> str:
-        anchor = '      extra_args: ["--enforce-eager"]\n'  # the micro pool's last engine line (the first pool)
+        anchor = "      tool_calling: {parser: pythonic}\n"  # the micro pool's last engine line (the first pool)
         at = text.index(anchor) + len(anchor)
         return text[:at] + block + text[at:]
 
