@@ -63,6 +63,7 @@ def _canary(served_name: str, port: int, weight: float) -> str:
         kv_cache_space_gib: 1
         base_port: {port}
         extra_args: ["--enforce-eager"]
+        tool_calling: {{parser: pythonic}}
 """
 
 
