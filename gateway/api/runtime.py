@@ -208,7 +208,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
     versions = PoolVersions(pool_set.pools, pool_set.canaries)
     cache = AnswerCache(RedisCacheStore(redis) if redis is not None else None, CacheKeys(settings.redis_prefix), router,
-                        accountant, metrics, forwarder.checker)
+                        accountant, metrics)
     service = ChatService(policies, versions, router, forwarder, degradation, metrics, admission,
                           keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning,
                           cache=cache)

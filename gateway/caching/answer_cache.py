@@ -34,7 +34,7 @@ from gateway.caching.keys import (
 from gateway.caching.replies import answer_body, stream_relay
 from gateway.caching.store import CacheUnavailable, RedisCacheStore
 from gateway.caching.vectors import encode_row, nearest, quantise
-from gateway.checking.judge import CHECK_HEADER, OutputChecker
+from gateway.checking.judge import CHECK_HEADER
 from gateway.control.metrics import GatewayMetrics
 from gateway.serving.accounting import Accountant, RequestFacts
 from gateway.serving.assemble import assemble_events
@@ -71,11 +71,8 @@ class CacheLookup:
 
     def __init__(self, cache: AnswerCache | None, result: str, facts: RequestFacts,
                  spec: ResponseCache | None = None, slot: _Slot | None = None,
-                 reply: JSONReply | StreamReply | None = None, policy: Policy | None = None,
-                 raw: dict[str, Any] | None = None) -> None:
+                 reply: JSONReply | StreamReply | None = None) -> None:
         self._cache = cache
-        self._policy = policy
-        self._raw = raw
         self.result = result
         self._facts = facts
         self._spec = spec
@@ -95,7 +92,7 @@ class CacheLookup:
         if not self.result:
             return reply
         if self._cache is not None and self._spec is not None and self._slot is not None:
-            self._cache.keep_later(self._facts.tenant, self._spec, self._slot, reply, self._policy, self._raw)
+            self._cache.keep_later(self._facts.tenant, self._spec, self._slot, reply)
         return replace(reply, headers={**reply.headers, CACHE_HEADER: self.result})
 
 
@@ -103,10 +100,8 @@ class AnswerCache:
     """Shares, does not own, its collaborators. `store` None (no Redis): every eligible request is bypassed."""
 
     def __init__(self, store: RedisCacheStore | None, keys: CacheKeys, router: RequestRouter,
-                 accountant: Accountant, metrics: GatewayMetrics, checker: OutputChecker | None = None) -> None:
-        """`checker`: the output checks, asked again (not counted) of a streamed answer before it is kept."""
+                 accountant: Accountant, metrics: GatewayMetrics) -> None:
         self._store = store
-        self._checker = checker
         self._keys = keys
         self._router = router
         self._accountant = accountant
@@ -130,7 +125,7 @@ class AnswerCache:
             self._fail(facts.tenant, spec, "unavailable")
             return self._counted(CacheLookup(self, "bypass", facts), spec)
         if isinstance(found, _Slot):
-            return self._counted(CacheLookup(self, "miss", facts, spec, found, policy=policy, raw=raw), spec)
+            return self._counted(CacheLookup(self, "miss", facts, spec, found), spec)
         if found is None:
             return self._counted(CacheLookup(self, "bypass", facts), spec)
         entry, similarity = found
@@ -234,10 +229,10 @@ class AnswerCache:
 
     # ------------------------------------------------------------------------------------------------ keep
 
-    def keep_later(self, tenant: str, spec: ResponseCache, slot: _Slot, reply: JSONReply | StreamReply,
-                   policy: Policy | None = None, raw: dict[str, Any] | None = None) -> None:
+    def keep_later(self, tenant: str, spec: ResponseCache, slot: _Slot, reply: JSONReply | StreamReply) -> None:
         """Keep `reply`'s answer under `slot` once it is whole; one that an output check failed (its header says
-        so; a stream is judged again when it ends), or that answers a request the ladder changed, is not kept."""
+        so; a stream's verdict is on its relay when it ends), or that answers a request the ladder changed, is not
+        kept."""
         if any(h in reply.headers for h in _NOT_KEPT) or "=fail" in reply.headers.get(CHECK_HEADER, ""):
             return
         pool, model = reply.decision.pool, reply.decision.model
@@ -254,7 +249,7 @@ class AnswerCache:
             if not relay.completed or relay.error is not None or relay.usage is None:
                 return
             body = assemble_events(relay.events).answer()
-            if self._fails_a_check(policy, tenant, reply, raw, body):
+            if relay.output_check.startswith("fail"):  # the output checks' verdict (`Forwarder.relay`)
                 return
             body["usage"] = {"prompt_tokens": relay.usage.prompt_tokens,
                              "completion_tokens": relay.usage.completion_tokens,
@@ -262,13 +257,6 @@ class AnswerCache:
             self._keep(tenant, spec, slot, entry_of(pool, model, body, relay.usage))
 
         reply.relay.add_finish_callback(on_finish)
-
-    def _fails_a_check(self, policy: Policy | None, tenant: str, reply: StreamReply, raw: dict[str, Any] | None,
-                       body: dict[str, Any]) -> bool:
-        if self._checker is None or policy is None or raw is None:
-            return False
-        verdict = self._checker.judge(policy, tenant, reply.decision, raw, body, count=False)
-        return "fail" in verdict.results.values()
 
     def _keep(self, tenant: str, spec: ResponseCache, slot: _Slot, entry: CacheEntry | None) -> None:
         if entry is None or self._store is None:

@@ -115,9 +115,8 @@ class OutputChecker:
         return found
 
     def judge(self, policy: Policy, tenant: str, decision: RouteDecision, request: Mapping[str, Any],
-              answer: Mapping[str, Any], count: bool = True) -> Verdict:
-        """Run on every choice of `answer` (a chat.completion object) the checks that apply to `request`.
-        `count=False`: a second look at an answer already judged (the response cache's), not counted again."""
+              answer: Mapping[str, Any]) -> Verdict:
+        """Run on every choice of `answer` (a chat.completion object) the checks that apply to `request`."""
         actions, loop = self.plan(policy, tenant, decision.pool)
         results: dict[str, str] = {}
         for check in actions:
@@ -130,8 +129,7 @@ class OutputChecker:
                 log.exception("output check %s failed; the answer is served", check)
                 results[check] = "error"
         verdict = Verdict(results, {c: actions[c] for c in results})
-        if count:
-            self._count(decision, verdict)
+        self._count(decision, verdict)
         return verdict
 
     def _count(self, decision: RouteDecision, verdict: Verdict) -> None:

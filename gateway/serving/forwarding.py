@@ -151,6 +151,7 @@ class Forwarder:
     def relay(self, opened: OpenStream, first: bytes, upstream: dict[str, Any], request: ChatRequest,
               facts: RequestFacts, loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
         def on_finish(relay: StreamRelay) -> None:
+            relay.output_check = self._judge_stream(loaded, facts, upstream, relay)  # before later callbacks read it
             self._accountant.spawn(self._account_stream(loaded, facts, opened.replica, upstream, relay))
 
         relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, on_finish,
@@ -186,16 +187,22 @@ class Forwarder:
         if self._log is not None and facts.request is not None:
             self._log.write(facts, rec)
 
+    def _judge_stream(self, loaded: LoadedPolicy, facts: RequestFacts, upstream: dict[str, Any],
+                      relay: StreamRelay) -> str:
+        """The output checks' verdict (`Verdict.summary`) on a whole streamed chat answer: judged, never replaced
+        (it has left); "" when nothing judged it."""
+        if not relay.completed or self.checker is None or facts.endpoint != CHAT.name:
+            return ""
+        verdict = self.checker.judge(loaded.policy, facts.tenant, facts.decision, upstream,
+                                     assemble_events(relay.events).answer())
+        if verdict.action is not None:
+            self.checker.acted(facts.decision.pool, verdict, "flagged")
+        return verdict.summary
+
     async def _account_stream(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica,
                               upstream: dict[str, Any], relay: StreamRelay) -> None:
         status = "ok" if relay.completed else ("client_disconnect" if relay.disconnected else "upstream_error")
-        facts = replace(facts, ttft_s=relay.ttft_s, status=status)
-        if relay.completed and self.checker is not None and facts.endpoint == CHAT.name:  # judged, never replaced
-            verdict = self.checker.judge(loaded.policy, facts.tenant, facts.decision, upstream,
-                                         assemble_events(relay.events).answer())
-            facts = replace(facts, output_check=verdict.summary)
-            if verdict.action is not None:
-                self.checker.acted(facts.decision.pool, verdict, "flagged")
+        facts = replace(facts, ttft_s=relay.ttft_s, status=status, output_check=relay.output_check)
         text = relay.generated_text() if relay.usage is None else ""
         await self._record(loaded, facts, replica, upstream, relay.usage, text)
         itl = self._metrics.itl.labels(facts.decision.pool, facts.decision.pool_version or "none")

@@ -101,6 +101,7 @@ class StreamRelay:
         self._done_relayed = False  # the client has been handed `data: [DONE]`
         self.disconnected = False
         self.error: str | None = None
+        self.output_check = ""  # the output checks' verdict on the whole answer, set when it ends (`Forwarder.relay`)
 
     def add_finish_callback(self, callback: Callable[[StreamRelay], None]) -> None:
         """Also call `callback(relay)` when the body ends, after `on_finish`; the same rules apply (once,
