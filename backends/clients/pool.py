@@ -146,10 +146,26 @@ class Pool:
         the new replicas answer their health check (the supervisor that started them), so they take requests
         at once instead of after the next probe; a swap of replica sets then leaves no moment without one."""
         urls = [u.rstrip("/") for u in urls]
-        if self._connection is not None and isinstance(self._client, EngineClients):
-            self._client.configure(urls, self._connection)
+        self._configure(urls)
         known = {r.url: r for r in self.replicas}
         self.replicas = [known.get(u) or self._replica(u, ready) for u in urls]
+
+    def _configure(self, urls: list[str]) -> None:
+        """Tell the client how to reach `urls` (a pool with connection settings)."""
+        if self._connection is not None and isinstance(self._client, EngineClients):
+            self._client.configure(urls, self._connection)
+
+    async def move_to(self, urls: Iterable[str]) -> None:
+        """Replace the replica set with `urls` once the new replicas have been health-checked: those that stay
+        keep their state, the new ones take requests at once if they answered, and until then the old set keeps
+        serving (`set_urls` alone would leave the pool without an available replica until the next probe)."""
+        urls = [u.rstrip("/") for u in urls]
+        known = {r.url: r for r in self.replicas}
+        fresh = {u: self._replica(u) for u in urls if u not in known}
+        self._configure([*known, *fresh])
+        await asyncio.gather(*(self._probe(r) for r in fresh.values()))
+        self._configure(urls)
+        self.replicas = [known.get(u) or fresh[u] for u in urls]
 
     def _replica(self, url: str, ready: bool = False) -> Replica:
         return Replica(url=url.rstrip("/"), healthy=ready, breaker=CircuitBreaker(self._breaker, self._clock))

@@ -118,8 +118,7 @@ class PoolSet:
                 urls = published(self._registry, key)
                 if urls is not None and [u.rstrip("/") for u in urls] != [r.url for r in followed.replicas]:
                     log.info("%s: its engines now listen on %s", key, ", ".join(urls))
-                    followed.set_urls(urls)
-                    await followed.probe_once()
+                    await followed.move_to(urls)
             await asyncio.sleep(self._settings.probe_interval_s)
 
     @staticmethod

@@ -82,3 +82,32 @@ def test_slow_health_checks_do_not_take_out_a_replica_that_answers_traffic() -> 
     for _ in range(SLOW_PROBES_DOWN):
         asyncio.run(pool.probe_once())
     assert not pool.ready
+
+
+class _Gated:
+    """An engine client whose health check of `gated` waits for `open`; every other URL answers at once."""
+
+    def __init__(self, gated: str) -> None:
+        self.gated, self.open = gated, asyncio.Event()
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        if url.startswith(self.gated):
+            await self.open.wait()
+        return ""
+
+
+def test_a_pool_moved_to_new_ports_serves_from_the_old_ones_until_the_new_ones_answered() -> None:
+    async def scenario() -> None:
+        client = _Gated("http://new")
+        pool = Pool("micro", ["http://old"], client)  # type: ignore[arg-type]
+        await pool.probe_once()
+        move = asyncio.create_task(pool.move_to(["http://new/"]))
+        await asyncio.sleep(0.01)
+        chosen = pool.choose()
+        assert chosen is not None and chosen.url == "http://old"  # the new one is still being checked
+        client.open.set()
+        await move
+        chosen = pool.choose()
+        assert chosen is not None and chosen.url == "http://new" and [r.url for r in pool.replicas] == ["http://new"]
+
+    asyncio.run(scenario())
