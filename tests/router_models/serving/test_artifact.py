@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from router_models.embedders.factory import make_embedder
 from router_models.serving.artifact import (
     DEFAULT_ARTIFACT,
     ArtifactError,
@@ -16,6 +17,9 @@ from router_models.serving.artifact import (
     save_artifact,
 )
 from router_models.serving.classifier import LinearRouter
+from router_models.training.loso import leave_one_source_out
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR, data_hash, load_outcomes
+from router_models.training.trainer import TrainConfig, features
 
 
 def _saved(tmp_path: Path) -> Path:
@@ -85,23 +89,41 @@ def test_shipped_artifact_is_valid_and_small() -> None:
 
 
 FAST_ARTIFACT = DEFAULT_ARTIFACT.with_name("complexity-router-static.json")
+HELD_OUT = "routellm-gsm8k"
 
 
 @pytest.mark.parametrize("path", [DEFAULT_ARTIFACT, FAST_ARTIFACT], ids=["default", "fast"])
-def test_shipped_artifact_states_its_leave_one_source_out_figures(path: Path) -> None:
-    """The figures each shipped artifact reports about itself come from held-out sources of real outcomes:
-    mean APGR clearly above random routing (0.5) and a 21-point cost-quality curve from share 0 to 1."""
+def test_shipped_artifact_headline_is_the_mean_of_its_held_out_sources(path: Path) -> None:
+    """The mean APGR the learning loop compares candidates with is the mean of the per-source rows stored
+    beside it (`LosoResult.mean`), not a figure of its own; the curve spans shares 0 to 1 in 21 points."""
     meta = load_artifact(path).metadata
-    mean = meta["evaluation"]["mean"]
-    assert mean["apgr"] > 0.55, mean
-    assert 0.0 <= mean["brier"] <= 0.25 and 0.0 <= mean["ece"] <= 0.2, mean
-    assert len(meta["evaluation"]["per_source"]) == len(meta["sources"]) >= 2
-    curve = meta["quality_curve"]
-    assert "leave-one-source-out" in curve["basis"]
-    shares, pgr = curve["flagship_share"], curve["pgr"]
-    assert len(shares) == len(pgr) == 21
-    assert shares[0] == pytest.approx(0.0) and shares[-1] == pytest.approx(1.0)
-    assert shares == sorted(shares) and pgr[-1] == pytest.approx(1.0, abs=0.02)
+    rows = meta["evaluation"]["per_source"]
+    assert sorted(rows) == sorted(meta["sources"]) and len(rows) >= 2
+    for key, value in meta["evaluation"]["mean"].items():
+        assert value == pytest.approx(float(np.nanmean([float(r[key]) for r in rows.values()])), abs=1e-4), key
+    shares = meta["quality_curve"]["flagship_share"]
+    assert shares == pytest.approx([i / 20 for i in range(21)]) and len(meta["quality_curve"]["pgr"]) == 21
+
+
+@pytest.mark.skipif(not DEFAULT_ROUTING_DIR.is_dir(),
+                    reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR} (set CASCADE_ROUTING_DATA)")
+def test_shipped_leave_one_source_out_figures_are_recomputed_from_the_outcomes() -> None:
+    """The held-out figures the fast artifact states about itself are recomputed here: the smallest source
+    (GSM8K, 1,307 prompts) held out, the router fitted on the five others with the artifact's own configuration,
+    its held-out scores measured. A figure edited in the JSON, or a fit that no longer gives what was shipped,
+    fails this. (The default artifact's embedder takes minutes on 38,000 prompts; `cascade router eval` on it
+    prints the same table.) About 20 s, most of it the structural features of 38,000 prompts."""
+    art = load_artifact(FAST_ARTIFACT)
+    examples = load_outcomes(DEFAULT_ROUTING_DIR)
+    assert data_hash(examples) == art.metadata["data_sha256"], (
+        f"the outcomes under {DEFAULT_ROUTING_DIR} are not what {FAST_ARTIFACT.name} was trained on: retrain it")
+    cfg = TrainConfig(routing_dir=DEFAULT_ROUTING_DIR, target=art.metadata["target"],
+                      feature_set=art.metadata["feature_set"])
+    x = features(make_embedder(art.embedder), examples, cfg.feature_set)
+    result = leave_one_source_out(x, examples, cfg, sources=[HELD_OUT])
+    stored = art.metadata["evaluation"]["per_source"][HELD_OUT]
+    assert {**result.metrics[HELD_OUT].as_dict(), "alpha": result.alphas[HELD_OUT]} == stored
+    assert stored["apgr"] > 0.55  # better than random routing (0.5) on a kind of prompt the fit never saw
 
 
 def test_the_default_artifact_is_the_better_router_and_the_fast_one_is_static() -> None:
