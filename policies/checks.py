@@ -144,6 +144,8 @@ def _learning_problems(policy: Policy) -> Iterator[Problem]:
     yield from _unknown_pool(policy, shadow.judge_pool, (*loc, "judge_pool"))
     if shadow.sample > 0 and shadow.judge_pool is None:
         yield (*loc, "judge_pool"), "shadow comparisons need a judge: name the pool that judges the two answers"
+    if shadow.both_orders and shadow.judge_pool is None:
+        yield (*loc, "both_orders"), "both_orders judges with the judge pool, and none is named: set judge_pool"
     if shadow.sample > 0 and learning.keep_prompts.sample == 0:
         yield (*loc, "sample"), ("shadow compares kept requests only, and learning.keep_prompts.sample is 0: "
                                  "keep a share of prompts or set shadow.sample to 0")

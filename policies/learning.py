@@ -26,7 +26,8 @@ class KeepPrompts(Frozen):
 
 class Shadow(Frozen):
     """Ask the flagship too, off the response path, for a share of kept requests that the micro pool answered,
-    and have a judge pool say whether the micro answer fell short. Both calls are priced and recorded in the
+    and have a judge pool say which answer is better (shown in an order drawn per request; with `both_orders`,
+in both orders). Both calls are priced and recorded in the
     ledger (status "shadow", tenant "cascade.shadow"), never charged to the client's tenant; a daily budget
     caps what they spend."""
 
@@ -39,6 +40,9 @@ class Shadow(Frozen):
     max_tokens: int = Field(default=512, ge=1, le=32_768, description="completion limit of the flagship call")
     max_in_flight: int = Field(default=2, ge=1, le=64, description="comparisons at once per gateway process; "
                                "more are skipped, not queued")
+    both_orders: bool = Field(default=False, strict=True, description="judge each pair twice, the answers "
+                              "swapped, and keep a verdict only when both orders agree (twice the judge's cost; "
+                              "the second call is skipped when the budget is spent)")
 
     @field_validator("daily_budget_usd", mode="before")
     @classmethod

@@ -71,7 +71,7 @@ class LearningTap:
         self._metrics.learning.labels("prompt_kept").inc()
         shadow = policy.learning.shadow
         if micro and self._shadow is not None and shadow.sample > 0 and self._rng() < shadow.sample:
-            self._after_answer(reply, lambda answer: self._compare(request_id, raw, text, answer, loaded))
+            self._after_answer(reply, lambda answer: self._compare(request_id, raw, answer, loaded))
 
     def _after_answer(self, reply: JSONReply | StreamReply,
                       work: Callable[[str], Coroutine[Any, Any, None]]) -> None:
@@ -90,11 +90,10 @@ class LearningTap:
 
         reply.relay.add_finish_callback(finished)
 
-    async def _compare(self, request_id: str, raw: Mapping[str, Any], text: str, answer: str,
-                       loaded: LoadedPolicy) -> None:
+    async def _compare(self, request_id: str, raw: Mapping[str, Any], answer: str, loaded: LoadedPolicy) -> None:
         assert self._shadow is not None
         try:
-            await self._shadow.compare(request_id, raw, text, answer, loaded)
+            await self._shadow.compare(request_id, raw, answer, loaded)
         except Exception:  # Redis down or a bug: the comparison is lost, never the request
             log.exception("shadow comparison failed", extra={"request_id": request_id})
 

@@ -3,22 +3,29 @@
 Runs only in the background, after the client's answer is complete (never on the response path, never
 changing it). For one kept request that the micro pool answered: the flagship pool (policy
 `learning.shadow.flagship_pool`, default `routing.flagship_pool`) answers the same messages with at most
-`max_tokens`, then the judge pool says, with the fixed prompt of `gateway.learning.judge`, whether the micro answer
-falls short; the verdict goes to `LabelKeys.shadow`. Both calls are priced at their pools' prices and
-recorded in the ledger as their own records (`<id>-shadow`, `<id>-judge`, status "shadow", tenant
-`SHADOW_TENANT`, no flagship counterfactual), so their spend shows in cost reports without being charged to
-the client's tenant.
+`max_tokens`, then the judge pool compares the two answers with the fixed prompt of `gateway.learning.judge`:
+the conversation as the client sent it, the two answers in an order drawn per request id, and with
+`both_orders` a second time swapped. The combined outcome (micro, flagship, tie or inconsistent) goes to
+`LabelKeys.shadow`; only micro, tie (the micro answer is as good) and flagship carry a training label. All calls
+are priced at their pools' prices and recorded in the ledger as their own records (`<id>-shadow`,
+`<id>-judge`, `<id>-judge-swapped`, status "shadow", tenant `SHADOW_TENANT`, no flagship counterfactual), so
+their spend shows in cost reports without being charged to the client's tenant.
 
 Budget: before each call, today's (UTC) spend of `SHADOW_TENANT` (the ledger's own per-day spend counter)
 must be below `daily_budget_usd`; a budget of 0 makes no calls. The check comes before each call, so the
 calls in flight (at most `max_in_flight` per process) can take the day past the budget by their own cost.
+When the budget (or the judge) stops the swapped judgement, the first one alone is the verdict.
+
+Events (`cascade_learning_events`): `shadow_judged` per stored verdict, and `judge_<outcome>` with its outcome
+(`judge_inconsistent`: the two orders disagreed, the judge's position bias or indecision); skips and failures
+as `shadow_busy`, `shadow_budget`, `shadow_failed`, `shadow_unparsed`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -28,7 +35,17 @@ from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import GatewayError
-from gateway.learning.judge import JUDGE_MAX_TOKENS, judge_messages, parse_verdict
+from gateway.learning.judge import (
+    JUDGE_MAX_TOKENS,
+    Outcome,
+    Preference,
+    combine,
+    conversation_for_judge,
+    judge_messages,
+    micro_first,
+    parse_verdict,
+    preference,
+)
 from gateway.learning.store import LearningStore
 from gateway.ledger.keys import LedgerKeys, utc_periods
 from gateway.serving.accounting import Accountant, RequestFacts
@@ -41,6 +58,8 @@ __all__ = ["SHADOW_TENANT", "ShadowComparison", "answer_text"]
 
 log = logging.getLogger("cascade.shadow")
 SHADOW_TENANT = "cascade.shadow"
+# the training label of each outcome: "1" when the micro answer fell short, "" (no label) when inconsistent
+_SHORT: dict[Outcome, str] = {"flagship": "1", "micro": "0", "tie": "0", "inconsistent": ""}
 _DROPPED = ("stream", "stream_options", "logprobs", "top_logprobs", "max_completion_tokens", "n")
 
 
@@ -49,7 +68,8 @@ class ShadowComparison:
 
     def __init__(self, forwarder: Forwarder, pools: Mapping[str, Pool], engines: EngineClient,
                  accountant: Accountant, store: LearningStore, redis: aioredis.Redis, prefix: str,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, order: Callable[[str], bool] = micro_first) -> None:
+        """`order(request_id)` says whether the micro answer is shown first (tests may fix it)."""
         self._fw = forwarder
         self._pools = pools
         self._engines = engines
@@ -58,22 +78,24 @@ class ShadowComparison:
         self._redis = redis
         self._ledger = LedgerKeys(prefix)
         self._metrics = metrics
+        self._order = order
         self._in_flight = 0
 
-    async def compare(self, request_id: str, raw: Mapping[str, Any], prompt: str, micro_answer: str,
+    async def compare(self, request_id: str, raw: Mapping[str, Any], micro_answer: str,
                       loaded: LoadedPolicy) -> None:
-        """Compare one micro answer; stores the verdict, or counts why it did not (busy, budget, failed,
-        unparsed) in `cascade_learning_events`. Never raises for an engine failure."""
+        """Compare one micro answer to the request `raw` (the client's body); stores the verdict, or counts why
+        it did not (busy, budget, failed, unparsed) in `cascade_learning_events`. Never raises for an engine
+        failure."""
         cfg = loaded.policy.learning.shadow
         if self._in_flight >= cfg.max_in_flight:
             return self._event("shadow_busy")
         self._in_flight += 1
         try:
-            await self._compare(request_id, raw, prompt, micro_answer, loaded)
+            await self._compare(request_id, raw, micro_answer, loaded)
         finally:
             self._in_flight -= 1
 
-    async def _compare(self, request_id: str, raw: Mapping[str, Any], prompt: str, micro_answer: str,
+    async def _compare(self, request_id: str, raw: Mapping[str, Any], micro_answer: str,
                        loaded: LoadedPolicy) -> None:
         policy = loaded.policy
         cfg = policy.learning.shadow
@@ -82,19 +104,41 @@ class ShadowComparison:
         reference = await self._budgeted_call(loaded, flagship, f"{request_id}-shadow", body)
         if reference is None or cfg.judge_pool is None:
             return
-        judge_body = {"messages": judge_messages(prompt, micro_answer, reference),
-                      "max_tokens": JUDGE_MAX_TOKENS, "temperature": 0}
-        verdict = await self._budgeted_call(loaded, cfg.judge_pool, f"{request_id}-judge", judge_body)
-        if verdict is None:
+        conversation = conversation_for_judge(raw["messages"])
+        micro_is_a = self._order(request_id)
+        first = await self._judge(loaded, f"{request_id}-judge", conversation, micro_answer, reference, micro_is_a)
+        if first is None:
             return
-        short = parse_verdict(verdict)
-        if short is None:
-            log.warning("shadow judge gave no verdict", extra={"request_id": request_id, "reply": verdict[:80]})
-            return self._event("shadow_unparsed")
-        fields = {"short": "1" if short else "0", "verdict": verdict.strip()[:32], "at": repr(time.time())}
+        second = None
+        if cfg.both_orders:
+            second = await self._judge(loaded, f"{request_id}-judge-swapped", conversation, micro_answer,
+                                       reference, not micro_is_a)
+        outcome = combine(first[0], None if second is None else second[0])
+        replies = first[1] if second is None else f"{first[1]}/{second[1]}"
+        fields = {"short": _SHORT[outcome], "verdict": outcome, "replies": replies,
+                  "order": "micro-first" if micro_is_a else "flagship-first", "at": repr(time.time())}
         ttl_s = policy.learning.keep_prompts.ttl_days * 86_400
         await self._store.put(self._store.labels.shadow(request_id), fields, ttl_s)
         self._event("shadow_judged")
+        self._event(f"judge_{outcome}")
+
+    async def _judge(self, loaded: LoadedPolicy, record_id: str, conversation: str, micro_answer: str,
+                     reference: str, micro_is_a: bool) -> tuple[Preference, str] | None:
+        """The judge's preference in one order and its reply word; None when over budget, failed or unparsed."""
+        pool = loaded.policy.learning.shadow.judge_pool
+        assert pool is not None
+        answers = (micro_answer, reference) if micro_is_a else (reference, micro_answer)
+        body = {"messages": judge_messages(conversation, *answers), "max_tokens": JUDGE_MAX_TOKENS,
+                "temperature": 0}
+        reply = await self._budgeted_call(loaded, pool, record_id, body)
+        if reply is None:
+            return None
+        verdict = parse_verdict(reply)
+        if verdict is None:
+            log.warning("shadow judge gave no verdict", extra={"request_id": record_id, "reply": reply[:80]})
+            self._event("shadow_unparsed")
+            return None
+        return preference(verdict, micro_is_a), verdict
 
     async def _budgeted_call(self, loaded: LoadedPolicy, pool_name: str, record_id: str,
                              body: dict[str, Any]) -> str | None:

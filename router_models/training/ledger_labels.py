@@ -11,8 +11,11 @@ Keys (prefix = the ledger's `redis_prefix`, default ``cascade:``), one hash per 
   answer the client got), ``micro`` ("1" when that is the policy's micro pool), ``tenant``, ``at`` (UTC epoch s).
 - ``{prefix}learn:feedback:{id}``: the client's feedback (``POST /v1/feedback``): ``score`` in [0, 1]
   (thumbs up = 1, down = 0), ``thumbs`` ("up", "down" or ""), ``comment``, ``tenant``, ``at``. Last wins.
-- ``{prefix}learn:shadow:{id}``: the judge's verdict on a shadow comparison: ``short`` ("1" when the micro
-  answer fell short of the flagship's), ``verdict`` (the judge's word), ``at``.
+- ``{prefix}learn:shadow:{id}``: the judge's verdict on a shadow comparison (`gateway.learning.judge`):
+  ``short`` ("1" when the flagship's answer was better, "0" when the micro answer was as good or better, ""
+  when the judge's two orders disagreed: no label), ``verdict`` ("micro", "flagship", "tie" or
+  "inconsistent"), ``replies`` (the judge's words, "/" between the two orders), ``order`` ("micro-first" or
+  "flagship-first": the first judgement's), ``at``.
 - ``{prefix}learn:cascade:{id}``: the true cascade's weak label: ``confidence`` (micro answer confidence,
   "" when none), ``escalated`` ("1" when the gateway escalated to the flagship), ``at``.
 
@@ -45,7 +48,7 @@ __all__ = [
 DEFAULT_PREFIX = "cascade:"  # the ledger's default key prefix (gateway.settings.Settings.redis_prefix)
 PROMPT_FIELDS = ("text", "score", "pool", "micro", "tenant", "at")
 FEEDBACK_FIELDS = ("score", "thumbs", "comment", "tenant", "at")
-SHADOW_FIELDS = ("short", "verdict", "at")
+SHADOW_FIELDS = ("short", "verdict", "replies", "order", "at")
 CASCADE_FIELDS = ("confidence", "escalated", "at")
 
 

@@ -50,6 +50,17 @@ def test_shadow_needs_a_judge_and_kept_prompts() -> None:
     assert len(problems) == 2
 
 
+def test_both_orders_needs_a_judge_and_a_boolean() -> None:
+    text = BASE + "learning:\n  shadow:\n    both_orders: true\n"
+    (problem,) = _problems(text)
+    line = text.splitlines().index("    both_orders: true") + 1
+    assert problem.startswith(f"p.yaml:{line}: learning.shadow.both_orders: both_orders judges with the judge pool")
+    (problem,) = _problems(BASE + "learning:\n  shadow: {judge_pool: flagship, both_orders: sometimes}\n")
+    assert ": learning.shadow.both_orders:" in problem
+    both = parse_policy(BASE + "learning:\n  shadow: {judge_pool: flagship, both_orders: true}\n").policy
+    assert both.learning.shadow.both_orders is True and parse_policy(BASE).policy.learning.shadow.both_orders is False
+
+
 @pytest.mark.parametrize("bad, where", [
     ("learning:\n  keep_prompts: {sample: 1.5}\n", "learning.keep_prompts.sample"),
     ("learning:\n  shadow: {daily_budget_usd: '-1'}\n", "learning.shadow.daily_budget_usd"),
@@ -64,7 +75,7 @@ def test_json_schema_lists_the_section() -> None:
     schema = Policy.model_json_schema()
     assert "learning" in schema["properties"]
     shadow = schema["$defs"]["Shadow"]["properties"]
-    assert {"sample", "judge_pool", "flagship_pool", "daily_budget_usd", "max_tokens"} <= set(shadow)
+    assert {"sample", "judge_pool", "flagship_pool", "daily_budget_usd", "max_tokens", "both_orders"} <= set(shadow)
 
 
 def test_the_commented_example_in_the_default_policy_is_valid() -> None:

@@ -33,10 +33,10 @@ class FakeStore:
 
 class FakeShadow:
     def __init__(self) -> None:
-        self.calls: list[tuple[str, str, str]] = []
+        self.calls: list[tuple[str, Any, str]] = []
 
-    async def compare(self, request_id: str, raw: Any, prompt: str, answer: str, loaded: LoadedPolicy) -> None:
-        self.calls.append((request_id, prompt, answer))
+    async def compare(self, request_id: str, raw: Any, answer: str, loaded: LoadedPolicy) -> None:
+        self.calls.append((request_id, raw, answer))
 
 
 def _loaded(learning: str) -> LoadedPolicy:
@@ -70,7 +70,7 @@ async def test_a_sampled_micro_answer_is_kept_and_compared() -> None:
     assert ttl_s == 3 * 86_400
     assert (fields["text"], fields["score"], fields["pool"], fields["micro"], fields["tenant"]) == (
         "hi\n\nsys", "0.2", "micro", "1", "acme")
-    assert shadow.calls == [("req_1", "hi\n\nsys", "hello")]
+    assert shadow.calls == [("req_1", RAW, "hello")]  # the request as the client sent it, not the scorer's text
 
 
 async def test_not_sampled_unscored_or_off_keeps_nothing() -> None:

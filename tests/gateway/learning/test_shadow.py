@@ -16,9 +16,10 @@ import redis
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.app import create_app
-from gateway.learning.judge import JUDGE_SYSTEM_PROMPT, parse_verdict
+from gateway.learning.judge import JUDGE_SYSTEM_PROMPT, micro_first
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream, read_body
+from loadtest.scenarios.chaos_figures import ledger_records
 from router_models.training.ledger_labels import LabelKeys, read_ledger_labels
 from tests.conftest import SHARED_URL, policy_yaml, verify_recent
 from tests.servers import serve
@@ -65,9 +66,10 @@ Started = tuple[str, FakeUpstream, JudgeUpstream]
 def start(tmp_path: Path, prefix: str) -> Iterator[Callable[..., Started]]:
     """start(learning_yaml, verdict=..., flagship_delay_ms=...) -> (gateway url, flagship engine, judge engine)."""
     with ExitStack() as stack:
-        def run(learning: str, verdict: str = "SHORT", flagship_delay_ms: float = 0.0) -> Started:
+        def run(learning: str, verdict: str = "A", flagship_delay_ms: float = 0.0) -> Started:
             micro, flagship, judge = FakeUpstream("micro-model"), FakeUpstream("flagship-model"), JudgeUpstream(verdict)
             flagship.delay_ms = flagship_delay_ms
+            flagship.content = "the flagship's answer"
             urls = [stack.enter_context(serve(app)) for app in (micro, flagship, judge)]
             path = tmp_path / "policy.yaml"
             path.write_text(_policy(urls[0], urls[1], urls[2], learning))
@@ -85,12 +87,7 @@ SHADOW = """learning:
 
 
 def _records(prefix: str) -> dict[str, dict[str, str]]:
-    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
-    try:
-        entries: list[tuple[str, dict[str, str]]] = client.xrange(prefix + "records")  # type: ignore[assignment]
-        return {fields["request_id"]: fields for _, fields in entries}
-    finally:
-        client.close()
+    return {fields["request_id"]: fields for fields in ledger_records(SHARED_URL, prefix)}
 
 
 def _wait_for(check: Callable[[], Any], timeout_s: float = 10.0) -> Any:
@@ -124,7 +121,10 @@ async def test_shadow_runs_after_the_answer_and_is_priced_as_its_own_records(sta
     request_id = r.headers["x-request-id"]
     assert _shadow_label(prefix, request_id) == {}  # the client had its answer before the shadow was done
     label = _wait_for(lambda: _shadow_label(prefix, request_id))
-    assert (label["short"], label["verdict"]) == ("1", "SHORT")
+    micro_is_a = micro_first(request_id)  # the judge says "A": the pool whose answer was shown first wins
+    assert (label["short"], label["verdict"], label["replies"]) == (("0", "micro", "A") if micro_is_a
+                                                                    else ("1", "flagship", "A"))
+    assert label["order"] == ("micro-first" if micro_is_a else "flagship-first")
     records = _wait_for(lambda: (recs := _records(prefix)) and len(recs) == 3 and recs)
     shadow, verdict = records[f"{request_id}-shadow"], records[f"{request_id}-judge"]
     assert (shadow["status"], shadow["tenant"], shadow["pool"], shadow["rule"]) == ("shadow", "cascade.shadow",
@@ -138,22 +138,25 @@ async def test_shadow_runs_after_the_answer_and_is_priced_as_its_own_records(sta
     assert records[request_id]["tenant"] == "default"  # the client's own record is untouched
     (body,) = judge.bodies
     assert body["messages"][0]["content"] == JUDGE_SYSTEM_PROMPT
-    assert "w0 w1 w2 w3" in body["messages"][1]["content"] and "w7" in body["messages"][1]["content"]
+    shown = body["messages"][1]["content"]
+    first, second = ("w0 w1 w2 w3", "the flagship's answer")[:: 1 if micro_is_a else -1]
+    assert f"Answer A:\n{first}\n\nAnswer B:\n{second}" in shown
     (row,) = read_ledger_labels(SHARED_URL, key_prefix=prefix)
-    assert (row["id"], row["source"], row["needs_flagship"], row["pool"]) == (request_id, "shadow", 1.0, "micro")
+    assert (row["id"], row["source"], row["pool"]) == (request_id, "shadow", "micro")
+    assert row["needs_flagship"] == (0.0 if micro_is_a else 1.0)
     result = await verify_recent(prefix)
     assert result.ok and result.records == 3, result
     assert 'cascade_learning_events_total{event="shadow_judged"} 1.0' in httpx.get(url + "/metrics").text
 
 
 def test_a_streamed_answer_is_compared_once_complete(start: Any, prefix: str) -> None:
-    url, _, judge = start(SHADOW.format(budget="1.00"), verdict="OK.")
+    url, _, judge = start(SHADOW.format(budget="1.00"), verdict="Tie.")
     with httpx.stream("POST", url + "/v1/chat/completions", timeout=30,
                       json={"model": "auto", "messages": MESSAGES, "max_tokens": 3, "stream": True}) as r:
         request_id = r.headers["x-request-id"]
         assert "[DONE]" in r.read().decode()
     label = _wait_for(lambda: _shadow_label(prefix, request_id))
-    assert label["short"] == "0"
+    assert (label["short"], label["verdict"]) == ("0", "tie")  # as good as the flagship's
     assert "w0 w1 w2" in judge.bodies[0]["messages"][1]["content"]
 
 
@@ -196,7 +199,44 @@ def test_cascade_escalations_are_weak_labels(start: Any, prefix: str) -> None:
     assert float(stored["confidence"]) == pytest.approx(0.0067, abs=1e-4)
 
 
-def test_verdict_parsing_takes_the_first_word() -> None:
-    assert parse_verdict("SHORT") is True and parse_verdict(" short, because...") is True
-    assert parse_verdict("OK.") is False and parse_verdict("ok") is False
-    assert parse_verdict("") is None and parse_verdict("Answer A is worse") is None
+BOTH_ORDERS = """learning:
+  keep_prompts: {sample: 1}
+  shadow: {sample: 1, judge_pool: judge, daily_budget_usd: "1.00", max_tokens: 8, both_orders: true}
+"""
+
+
+def test_a_judge_that_follows_the_position_gives_no_pool_a_win(start: Any, prefix: str) -> None:
+    url, _, judge = start(BOTH_ORDERS, verdict="A")  # always prefers whatever it is shown first
+    ids = [_chat(url).headers["x-request-id"] for _ in range(4)]
+    labels = _wait_for(lambda: all(ls := [_shadow_label(prefix, i) for i in ids]) and ls)
+    assert [label["verdict"] for label in labels] == ["inconsistent"] * 4
+    assert all(label["short"] == "" and label["replies"] == "A/A" for label in labels)
+    assert len(judge.bodies) == 8  # each pair judged twice, once in each order
+    for request_id, label in zip(ids, labels, strict=True):
+        assert label["order"] == ("micro-first" if micro_first(request_id) else "flagship-first")
+    shown = [body["messages"][1]["content"] for body in judge.bodies]
+    assert sum("Answer A:\nw0" in text for text in shown) == 4  # the micro answer first in half of them
+    assert read_ledger_labels(SHARED_URL, key_prefix=prefix) == []  # no label says either pool is better
+    records = _wait_for(lambda: (recs := _records(prefix)) and len(recs) == 16 and recs)
+    assert all(f"{i}-judge-swapped" in records for i in ids)
+    metrics = httpx.get(url + "/metrics").text
+    assert 'cascade_learning_events_total{event="judge_inconsistent"} 4.0' in metrics
+
+
+def test_the_judge_reads_the_conversation_the_client_sent(start: Any, prefix: str) -> None:
+    url, _, judge = start(SHADOW.format(budget="1.00"))
+    context = " ".join(f"fact{i:03d}{'x' * 32}" for i in range(160))  # 6,399 characters, past the scorer's 2,000
+    # (160 long words: the length scorer's cut of it scores low, so the micro pool answers)
+    messages = [{"role": "system", "content": "You answer in French."},
+                {"role": "user", "content": [{"type": "text", "text": context}]},
+                {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": "now name the last fact"}]
+    request_id = _chat(url, messages=messages).headers["x-request-id"]
+    assert _wait_for(lambda: _shadow_label(prefix, request_id))
+    shown = judge.bodies[0]["messages"][1]["content"]
+    assert f"[system]\nYou answer in French.\n\n[user]\n{context}\n\n[assistant]\nNoted.\n\n" \
+           "[user]\nnow name the last fact" in shown
+    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
+    kept = str(client.hget(LabelKeys(prefix).prompt(request_id), "text"))
+    client.close()
+    assert "fact159" not in kept and "fact159" in shown  # the scorer's cut would have lost the tail
