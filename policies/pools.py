@@ -219,6 +219,9 @@ class RemotePool(Frozen):
         "the tokens of answers the servers did not count (a client that left mid-stream); without one they are "
         "estimated (4 characters a token) and recorded as usage_source: estimate. Prompts are never sent to the "
         "servers again to be counted"))
+    context_tokens: int | None = Field(default=None, ge=64, description=(
+        "the servers' context window (prompt and completion together, in tokens): a request that does not fit "
+        "goes to the other tier or gets a 400 (gateway.serving.context_fit); unset: not checked here"))
     required_for_ready: bool = Field(default=False, description=(
         "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: no (a cloud "
         "outage must not take every gateway out of service). An optional pool that is down is reported as "

@@ -72,6 +72,11 @@ class Forwarder:
         self._degradation = degradation
         self._log = request_log
 
+    @property
+    def engines(self) -> EngineClient:
+        """The engine client it forwards with (also what counts tokens at the engines)."""
+        return self._engines
+
     async def complete(self, pool: Pool, body: bytes, path: str = CHAT.path) -> tuple[Replica, bytes]:
         try:
             return await self.proxy.complete(pool, body, path)

@@ -37,4 +37,6 @@ async def count_request_usage(endpoint: str, pool: LocalPool | RemotePool | None
             return replace(counted, prompt_tokens=given)
         counted = await count_usage(pool, client, base_url, model, [], completion_text, "\n".join(texts))
         return replace(counted, prompt_tokens=counted.prompt_tokens + given)
-    return await count_usage(pool, client, base_url, model, upstream["messages"], completion_text)
+    tools = upstream.get("tools")
+    return await count_usage(pool, client, base_url, model, upstream["messages"], completion_text,
+                             tools=tools if isinstance(tools, list) else None)

@@ -24,7 +24,8 @@ from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
-from gateway.serving.endpoints import CHAT, RESPONSES, NativeBody, native_upstream
+from gateway.serving.context_fit import ContextFit, Need
+from gateway.serving.endpoints import CHAT, NativeBody, native_upstream
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.responses_via_chat import send_via_chat, translated
 from gateway.serving.router import RequestRouter
@@ -36,7 +37,7 @@ from policies.decide import RouteDecision, served_model
 from policies.escalation import escalation
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from policies.tenant_moves import move_refused
+from policies.tenant_moves import move_refused, other_tier
 
 __all__ = ["ChatService", "JSONReply", "StreamReply"]
 
@@ -49,11 +50,13 @@ class ChatService:
     def __init__(self, policies: PolicyHolder, versions: PoolVersions, router: RequestRouter, forwarder: Forwarder,
                  degradation: DegradationMonitor, metrics: GatewayMetrics, admission: Admission,
                  keep_requests: bool = False, wake: Wake | None = None,
-                 learning: LearningTap | None = None, cache: AnswerCache | None = None) -> None:
+                 learning: LearningTap | None = None, cache: AnswerCache | None = None,
+                 fit: ContextFit | None = None) -> None:
         """`versions` gives each routed request its pool's replicas (the pool's own, or its canary's). `wake(pool)`
         (scale to zero, `gateway.control.on_demand`) returns the pool that serves now. `learning` sees every
         answered request (policy `learning:`). `cache` answers from, and keeps answers in, a tenant's response cache
-        (`gateway.caching`: after routing, before forwarding)."""
+        (`gateway.caching`: after routing, before forwarding). `fit` places a request by its length
+        (`gateway.serving.context_fit`; None: `versions`' pools, counted by the forwarder's engine client)."""
         self._policies = policies
         self._wake = wake
         self._versions = versions
@@ -68,6 +71,7 @@ class ChatService:
         self._cache = cache
         self._guard = InputGuard(metrics.guard_decision)
         self._checker = forwarder.checker
+        self._fit = fit or ContextFit(forwarder.engines, versions.pool)
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
@@ -97,7 +101,7 @@ class ChatService:
         decision = await self._on_cold(decision, loaded, tenant, ladder, downgrade)
         if self._checker is not None:
             decision = json_fallback_refused(loaded.policy, decision, raw, ladder, self._checker.json_rates)
-        _check_limits(loaded, decision, request, native)
+        decision = await self._fit.place(loaded, decision, request, raw, native, tenant, ladder, downgrade)
         turn = CascadeTurn(raw, ladder, downgrade, {}, native)
         upstream, extra = _upstream(turn, decision, request)
         turn = replace(turn, headers=extra)
@@ -167,7 +171,8 @@ class ChatService:
             return await self._forward(upstream, request, facts, loaded, turn)
         except NoReplicaAvailable:
             other = _failover_pool(loaded, decision, tenant, ladder, turn.downgrade)
-            if other is None:
+            if other is None or not (await self._fit.fits(loaded, other, Need.of(request, turn.raw, turn.native),
+                                                          turn.raw, turn.native, ladder))[0]:
                 raise
             moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
                             reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
@@ -232,29 +237,7 @@ def _upstream(turn: CascadeTurn, decision: RouteDecision, request: ChatRequest,
 def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str, ladder: LadderState,
                    downgrade: bool) -> str | None:
     """The other tier, when the policy allows failing over to it and the tenant may be moved there
-    (`policies.tenant_moves`: its allowed pools, its budget, the ladder's shedding). A pinned model is never
-    swapped for another: its caller asked for that model."""
-    routing = loaded.policy.routing
-    if not routing.failover or decision.rule == "pinned" or decision.pool not in (routing.micro_pool,
-                                                                                      routing.flagship_pool):
+    (`policies.tenant_moves`: its allowed pools, its budget, the ladder's shedding)."""
+    if not loaded.policy.routing.failover:
         return None
-    other = routing.flagship_pool if decision.pool == routing.micro_pool else routing.micro_pool
-    return other if move_refused(loaded.policy, tenant, other, ladder, downgrade) is None else None
-
-
-def _check_limits(loaded: LoadedPolicy, decision: RouteDecision, request: ChatRequest,
-                  native: NativeBody | None = None) -> None:
-    """A completion limit the pool's context cannot hold is a 400 naming the client's field (`max_output_tokens`
-    on the Responses endpoint, the chat and completions names elsewhere)."""
-    spec = loaded.policy.pools[decision.pool]
-    limit = request.completion_limit
-    if spec.type == "local" and limit is not None and limit >= spec.engine.max_model_len:
-        field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-        if native is not None and native.endpoint is RESPONSES:
-            field = "max_output_tokens"
-        raise BadRequest(
-            f"{field}={limit} does not fit pool {decision.pool!r}: its context is "
-            f"{spec.engine.max_model_len} tokens including the prompt",
-            param=field,
-            code="context_length_exceeded",
-        )
+    return other_tier(loaded.policy, decision, tenant, ladder, downgrade)

@@ -66,20 +66,23 @@ async def count_usage(
     messages: Sequence[Mapping[str, Any]],
     completion_text: str,
     prompt_text: str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> Usage:
     """Count prompt tokens (with the chat template) and completion tokens: with the engine's tokenizer at
     `base_url` for a local pool; on this machine for a remote one or an unknown one (`None`: nothing is sent
     to `base_url`). A `prompt_text` (a completions prompt) is counted as it is, without the chat template, in
-    place of `messages`."""
+    place of `messages`. `tools` (chat tools) are part of the prompt the template writes."""
     if prompt_text is not None:
         messages = [{"role": "user", "content": prompt_text}]
     if not isinstance(pool, LocalPool):
         return await _count_locally(pool.tokenizer if pool is not None else None, messages, completion_text,
-                                    prompt_text)
+                                    prompt_text, tools)
+    chat: dict[str, Any] = {"model": model, "messages": list(messages), "add_generation_prompt": True}
+    if tools:
+        chat["tools"] = list(tools)
     try:
         prompt = await _tokenize_count(
-            client, base_url, {"model": model, "messages": list(messages), "add_generation_prompt": True}
-            if prompt_text is None else {"model": model, "prompt": prompt_text}
+            client, base_url, chat if prompt_text is None else {"model": model, "prompt": prompt_text}
         )
         completion = 0
         if completion_text:
@@ -99,11 +102,12 @@ def estimate_usage(messages: Sequence[Mapping[str, Any]], completion_text: str) 
 
 
 async def _count_locally(tokenizer: str | None, messages: Sequence[Mapping[str, Any]], completion_text: str,
-                         prompt_text: str | None = None) -> Usage:
+                         prompt_text: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None) -> Usage:
     if tokenizer is None:
         return estimate_usage(messages, completion_text)
     try:  # loading and encoding are CPU work: off the event loop
-        return await asyncio.to_thread(_count_with, tokenizer, list(messages), completion_text, prompt_text)
+        return await asyncio.to_thread(_count_with, tokenizer, list(messages), completion_text, prompt_text,
+                                       list(tools) if tools else None)
     except Exception as exc:  # a missing or broken tokenizer directory, a template that rejects the messages
         log.warning("token count with the pool's tokenizer failed, estimating",
                     extra={"tokenizer": tokenizer, "error": f"{type(exc).__name__}: {exc}"})
@@ -111,12 +115,12 @@ async def _count_locally(tokenizer: str | None, messages: Sequence[Mapping[str, 
 
 
 def _count_with(tokenizer_dir: str, messages: list[Mapping[str, Any]], completion_text: str,
-                prompt_text: str | None = None) -> Usage:
+                prompt_text: str | None = None, tools: list[Mapping[str, Any]] | None = None) -> Usage:
     tokenizer = _tokenizer(tokenizer_dir)
     if prompt_text is not None:
         ids = tokenizer.encode(prompt_text)
     else:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, Mapping):  # transformers >= 5 answers a BatchEncoding
         ids = ids["input_ids"]
     completion = len(tokenizer.encode(completion_text, add_special_tokens=False)) if completion_text else 0

@@ -32,6 +32,10 @@ class PoolVersions:
             return replace(decision, model=canary.model, pool_version=canary.version), canary.pool
         return self.own(decision)
 
+    def pool(self, name: str) -> Pool | None:
+        """The own version of pool `name` (its replicas), or None where it is not running."""
+        return self._pools.get(name)
+
     def own(self, decision: RouteDecision) -> tuple[RouteDecision, Pool]:
         """`decision` (as routed, before `target`: its model is the pool's own) on the pool's own version."""
         pool = self._pools.get(decision.pool)
