@@ -21,6 +21,7 @@ from typing import Any
 
 from loadtest.load.metrics import samples
 from loadtest.processes import Procs, cleanup_redis, http_get
+from loadtest.scenarios.checks import flagship_share
 from loadtest.scenarios.fake_engines import real_policy, start_gateway
 
 __all__ = ["Surge", "add_autoscale_arguments", "autoscale_scenario"]
@@ -124,10 +125,12 @@ def autoscale_scenario(args: argparse.Namespace, run_surge: Surge) -> dict[str, 
     rows = []
     for name, rec in (("fixed", fixed), ("autoscaled", scaled)):
         for phase, s in rec["summary"]["phases"].items():
-            rows.append((name, phase, s["sent"], s["ok"], s["rejected_429"], s["classes"].get("5xx", 0)))
+            share = flagship_share(s)
+            rows.append((name, phase, s["sent"], s["ok"], s["rejected_429"], s["classes"].get("5xx", 0),
+                         "-" if share is None else f"{share:.0%}"))
     print("\n=== fixed vs autoscaled micro pool, same surge")
-    print(f"{'variant':<12}{'phase':<10}{'sent':>6}{'ok':>6}{'429':>6}{'5xx':>6}")
+    print(f"{'variant':<12}{'phase':<10}{'sent':>6}{'ok':>6}{'429':>6}{'5xx':>6}{'flagship':>10}")
     for row in rows:
-        print(f"{row[0]:<12}{row[1]:<10}{row[2]:>6}{row[3]:>6}{row[4]:>6}{row[5]:>6}")
+        print(f"{row[0]:<12}{row[1]:<10}{row[2]:>6}{row[3]:>6}{row[4]:>6}{row[5]:>6}{row[6]:>10}")
     print(f"autoscaled replicas: {scaled['replicas']}")
     return {"fixed": fixed, "autoscaled": scaled}

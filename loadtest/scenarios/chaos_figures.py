@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from gateway.costs.report import verify
 from gateway.ledger.keys import LedgerKeys
+from gateway.ledger.layouts import stream_names
 from loadtest.load.client import Sample
 from loadtest.load.metrics import samples as metric_samples
 from loadtest.processes import http_get
@@ -30,10 +31,13 @@ PREFIX = "chaos:"  # the ledger's key prefix; the private Redis holds nothing el
 
 
 def ledger_records(url: str, prefix: str = PREFIX) -> list[dict[str, str]]:
-    """Every cost record in the ledger stream under `prefix` (the chaos tests' own prefixes use it too)."""
+    """Every cost record in the ledger streams under `prefix` (the chaos tests' own prefixes use it too)."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        entries: list[tuple[str, dict[str, str]]] = client.xrange(prefix + "records")  # type: ignore[assignment]
+        keys = LedgerKeys(prefix)
+        tenants: set[str] = client.smembers(keys.tenants)  # type: ignore[assignment]
+        entries: list[tuple[str, dict[str, str]]] = [
+            entry for stream in stream_names(keys, tenants) for entry in client.xrange(stream)]  # type: ignore[misc, union-attr]
         return [fields for _, fields in entries]
     finally:
         client.close()

@@ -36,7 +36,7 @@ from loadtest.load.generator import RESULTS_DIR, LoadConfig, LoadRun, TenantKey,
 from loadtest.load.phases import Phase
 from loadtest.load.prompt_mix import DEFAULT_MIX, parse_mix
 from loadtest.processes import Procs, cleanup_redis
-from loadtest.scenarios.checks import Check, format_checks, surge_checks
+from loadtest.scenarios.checks import ROUTED_MODEL, Check, flagship_share, format_checks, routing_checks, surge_checks
 from loadtest.scenarios.fake_engines import FREE_KEY, GOLD_KEY, InProcessServer, ShedStep, fake_policy, start_gateway
 
 __all__ = ["build_parser", "ladder_spans", "main", "run_scenario", "surge_phases"]
@@ -95,13 +95,21 @@ def run_scenario(name: str, config: LoadConfig, out: Path, hooks: list[Hook] | N
     if run.ladder is not None:
         print(f"  ladder engaged: {'yes' if spans else 'no'}; degraded responses: "
               f"{summary['overall']['degraded_responses']}")
-    found = checks(summary) if checks else []
+    shares = ", ".join(f"{phase} {_share(s)}" for phase, s in summary["phases"].items())
+    print(f"  realised flagship share: {shares}" + ("" if config.model == ROUTED_MODEL else
+                                                    f" (model {config.model}: pinned, not routed)"))
+    found = (checks(summary) if checks else []) + routing_checks(summary, config.model)
     if found:
         print(format_checks(found))
     json_path, png = write_results(run, out, f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
     print(f"  results: {json_path}  plot: {png}", flush=True)
     return {"scenario": name, "summary": summary, "ladder": spans, "checks": [c.to_json() for c in found],
             "files": [str(json_path), str(png)]}
+
+
+def _share(phase: dict[str, Any]) -> str:
+    share = flagship_share(phase)
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _tenants() -> list[TenantKey]:
@@ -310,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_scenario("surge", _config(url, args.model, phases, args, "surge"), args.out)
 
         record = autoscale_scenario(args, surge)
+        record["checks"] = record["fixed"]["checks"] + record["autoscaled"]["checks"]
     else:
         record = slow_engine(args) if args.scenario == "slow-engine" else dead_replica(args)
     path = args.out / f"scenario-{args.scenario}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}.json"
@@ -317,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     path.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2, default=str))
     print(f"\nscenario record: {path}")
     failed = [c for c in record.get("checks", []) if c["ok"] is False]
+    for check in failed:
+        print(f"FAILED: {check['name']}: {check['detail']}")
     return 1 if failed else 0
 
 

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import yaml
 
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.processes import Procs, free_port, wait_ready
 
-__all__ = ["FREE_KEY", "GOLD_KEY", "InProcessServer", "ShedStep", "fake_policy", "ladder_yaml", "real_policy",
-           "start_gateway", "tenants_yaml"]
+__all__ = ["FREE_KEY", "GOLD_KEY", "SHIPPED_POLICY", "InProcessServer", "ShedStep", "fake_policy", "ladder_yaml",
+           "real_policy", "shipped_routing", "start_gateway", "tenants_yaml"]
 
 GOLD_KEY, FREE_KEY = "sk-load-gold", "sk-load-free"
 
@@ -58,11 +59,23 @@ def ladder_yaml(steps: Sequence[ShedStep]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_ROUTING = """routing:
-  micro_pool: micro
-  flagship_pool: flagship
-  threshold: 0.5
-"""
+SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+
+def shipped_routing(policy: Path = SHIPPED_POLICY) -> str:
+    """The `routing:` block of the shipped policy, as its text (comments and all), so that a scenario routes as
+    a deployment does: its share-based threshold keeps a share of the requests on the flagship whatever the
+    scorer's scale (a fixed cut above the calibrated scores sent every request to micro). The scenarios' pools
+    are named as the shipped ones; a block that names others is refused here."""
+    lines = policy.read_text().splitlines()
+    start = lines.index("routing:")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), len(lines))
+    block = "\n".join(lines[start:end]).rstrip() + "\n"
+    routing = yaml.safe_load(block)["routing"]
+    if (routing.get("micro_pool"), routing.get("flagship_pool")) != ("micro", "flagship"):
+        raise ValueError(f"{policy}: the scenarios' pools are micro and flagship, its routing block names "
+                         f"{routing.get('micro_pool')} and {routing.get('flagship_pool')}")
+    return block
 
 
 def fake_policy(micro_urls: Sequence[str], flagship_urls: Sequence[str], steps: Sequence[ShedStep]) -> str:
@@ -72,7 +85,8 @@ def fake_policy(micro_urls: Sequence[str], flagship_urls: Sequence[str], steps: 
         return (f"  {name}:\n    type: remote\n    urls: [{quoted}]\n    model: {name}-model\n"
                 f'    price: {{input_per_mtok: "{price[0]}", output_per_mtok: "{price[1]}"}}\n')
     return ("version: 1\npools:\n" + pool("micro", micro_urls, ("0.20", "0.20"))
-            + pool("flagship", flagship_urls, ("3.00", "15.00")) + _ROUTING + tenants_yaml() + ladder_yaml(steps))
+            + pool("flagship", flagship_urls, ("3.00", "15.00")) + shipped_routing() + tenants_yaml()
+            + ladder_yaml(steps))
 
 
 def real_policy(steps: Sequence[ShedStep], max_num_seqs: int | None = None, micro_autoscale: str = "") -> str:
@@ -92,7 +106,7 @@ pools:
     type: local
     price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
     engine: {{model: demo:flagship, served_name: flagship, {engine}, base_port: 8201}}
-{_ROUTING}{tenants_yaml()}{ladder_yaml(steps)}"""
+{shipped_routing()}{tenants_yaml()}{ladder_yaml(steps)}"""
 
 
 class InProcessServer:

@@ -18,6 +18,7 @@ from loadtest.load.metrics import active_steps, counter_sum, samples
 from loadtest.load.phases import Phase
 from loadtest.load.prompt_mix import parse_mix
 from loadtest.processes import Procs, cleanup_redis, http_get
+from loadtest.scenarios.checks import ROUTED_MODEL, format_checks, routing_checks
 from loadtest.scenarios.fake_engines import GOLD_KEY, ShedStep, real_policy, start_gateway
 
 __all__ = ["add_real_arguments", "engine_url", "real_load", "real_suite", "routing_comparison", "warm_up"]
@@ -89,6 +90,7 @@ def routing_comparison(url: str, args: argparse.Namespace) -> dict[str, Any]:
                      "ttft_ms": s["ttft_ms"], "e2e_ms": s["e2e_ms"], "tokens_per_s": s["tokens_per_s"]})
     auto, flag = rows
     saving = 1 - auto["cost_micro_usd"] / flag["cost_micro_usd"] if flag["cost_micro_usd"] else None
+    share = auto["pool_share"].get("flagship", 0.0) if auto["ok"] else None
     print(f"\n=== routed mix vs all-flagship ({args.routing_s:g} s at {args.routing_rate:g} req/s each, same prompts)")
     print(f"{'model':<10}{'ok':>5}{'err':>5}{'µUSD':>9}{'µUSD/req':>10}{'TTFT p50/p99 ms':>18}{'e2e p50/p99 ms':>17}"
           "  pools")
@@ -98,8 +100,11 @@ def routing_comparison(url: str, args: argparse.Namespace) -> dict[str, Any]:
               f"{r['micro_usd_per_request'] or 0:>10}"
               f"{_pair(r['ttft_ms']):>18}{_pair(r['e2e_ms']):>17}  {pools}")
     if saving is not None:
-        print(f"  the routed mix cost {saving:.0%} less than all-flagship")
-    return {"rows": rows, "saving_fraction": saving}
+        print(f"  the routed mix (flagship share {share or 0:.0%}) cost {saving:.0%} less than all-flagship")
+    checks = routing_checks({"phases": {"routed mix": {"ok": auto["ok"], "pool_share": auto["pool_share"]}}},
+                            ROUTED_MODEL)
+    print(format_checks(checks))
+    return {"rows": rows, "saving_fraction": saving, "flagship_share": share, "checks": [c.to_json() for c in checks]}
 
 
 def _pair(p: dict[str, float | None]) -> str:
@@ -168,7 +173,8 @@ def real_suite(args: argparse.Namespace, load_scenario: LoadScenario) -> dict[st
                 print(f"LiteLLM skipped: {exc}")
                 record["litellm_error"] = str(exc)
             print(f"\n=== side by side: the micro engine directly, through the gateway and through LiteLLM "
-                  f"(closed loop c={args.peer_concurrency}, {args.peer_rounds} rounds x {args.peer_s:g} s)")
+                  f"(closed loop c={args.peer_concurrency}, {args.peer_rounds} rounds x {args.peer_s:g} s; "
+                  "model micro: pinned, flagship share 0% by design)")
             peers = asyncio.run(side_by_side(targets, args.peer_concurrency, args.peer_s, args.peer_rounds,
                                              args.max_tokens))
             print(format_side_by_side(peers))
@@ -176,5 +182,5 @@ def real_suite(args: argparse.Namespace, load_scenario: LoadScenario) -> dict[st
         finally:
             procs.stop_all()
             cleanup_redis(args.redis_url, args.redis_prefix)
-    record["checks"] = record["surge"]["checks"]
+    record["checks"] = record["surge"]["checks"] + record["routing"]["checks"]
     return record
