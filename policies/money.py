@@ -3,26 +3,37 @@
 A pool is priced in one of two forms:
 
 - per token: ``{input_per_mtok: "0.20", output_per_mtok: "0.60"}`` (USD per million tokens);
-- per GPU-hour: ``{gpu_hour_usd: "2.50", tokens_per_second: 2400}``, where ``gpu_hour_usd`` is what one
-  replica's hardware costs per hour (all its GPUs) and ``tokens_per_second`` is that replica's measured
-  throughput (prompt + completion tokens per second at representative load). Both per-token prices are
-  then derived, and equal::
+- per GPU-hour: ``{gpu_hour_usd: "2.50", prefill_tokens_per_second: 24000, decode_tokens_per_second: 2400}``,
+  where ``gpu_hour_usd`` is what one replica's hardware costs per hour (all its GPUs) and the two throughputs
+  are that replica's measured tokens/s at full load on prompts (prefill) and on completions (decode);
+  `python -m loadtest.bench.saturation` measures both and prints the block. A replica-second costs the same
+  whichever kind of token it spends, and prefill runs many times faster per token than decode, so each
+  per-token price is the GPU-second's price over its own throughput::
 
-      micro-USD per Mtok = round_half_up(gpu_hour_usd * 10**6 * 10**6 / (tokens_per_second * 3600))
+      micro-USD per Mtok = round_half_up(gpu_hour_usd * 10**6 * 10**6 / (throughput * 3600))
 
-  e.g. 2.50 USD/h at 2400 tok/s → 289_352 micro-USD (0.289352 USD) per million tokens.
+  e.g. 2.50 USD/h: prompts at 24,000 tok/s -> 28_935 micro-USD (0.028935 USD) per million prompt tokens,
+  completions at 2,400 tok/s -> 289_352 micro-USD per million completion tokens.
+
+  The older ``{gpu_hour_usd, tokens_per_second}`` still loads: one blended throughput, so prompt and
+  completion tokens get the same price (which overstates what long prompts cost). Given beside the two split
+  rates it must lie between them (any blend of the two does); the split rates then set the prices.
 """
 
 from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from policies.frozen import Frozen
 
-__all__ = ["Price", "mtok_price_from_gpu_hour", "usd_to_micro"]
+__all__ = ["PRICE_FORMS", "Price", "PriceForm", "mtok_price_from_gpu_hour", "usd_to_micro"]
+
+PriceForm = Literal["per_token", "gpu_hour", "gpu_hour_flat"]
+PRICE_FORMS: tuple[PriceForm, ...] = ("per_token", "gpu_hour", "gpu_hour_flat")
+_PREFILL, _DECODE, _FLAT = "prefill_tokens_per_second", "decode_tokens_per_second", "tokens_per_second"
 
 
 def usd_to_micro(value: Any) -> int:
@@ -48,26 +59,67 @@ def mtok_price_from_gpu_hour(gpu_hour_micro_usd: int, tokens_per_second: Decimal
     return int(per_mtok.quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
-def _document_both_forms(schema: dict[str, Any]) -> None:
-    """JSON Schema as ops write it: USD as strings or numbers, and either of the two forms."""
+def _throughput(data: dict[str, Any], name: str) -> Decimal | None:
+    """`data[name]` as a throughput > 0 (None when absent). Raises ValueError naming the key."""
+    value = data.get(name)
+    if value is None:
+        return None
+    try:
+        rate = Decimal(str(value)) if not isinstance(value, bool) else Decimal("NaN")
+    except InvalidOperation:
+        rate = Decimal("NaN")
+    if not rate.is_finite() or rate <= 0:
+        raise ValueError(f"{name} must be a number > 0 (tokens/s of one replica), got {value!r}")
+    return rate
+
+
+def _gpu_hour_rates(data: dict[str, Any]) -> tuple[Decimal, Decimal]:
+    """(prompt, completion) throughput a GPU-hour price divides by. Raises ValueError for a missing, half-given,
+    non-positive or inconsistent throughput."""
+    prefill, decode, flat = _throughput(data, _PREFILL), _throughput(data, _DECODE), _throughput(data, _FLAT)
+    if (prefill is None) != (decode is None):
+        raise ValueError(f"give both {_PREFILL} and {_DECODE}: a GPU-hour price needs one replica's throughput "
+                         "on prompts and on completions")
+    if prefill is None or decode is None:
+        if flat is None:
+            raise ValueError(f"gpu_hour_usd needs the measured throughput of one replica: {_PREFILL} and {_DECODE} "
+                             f"(`python -m loadtest.bench.saturation` measures them), or the older single {_FLAT}")
+        return flat, flat
+    if flat is not None and not min(prefill, decode) <= flat <= max(prefill, decode):
+        raise ValueError(f"{_FLAT} {data[_FLAT]!r} is not between {_DECODE} {data[_DECODE]!r} and {_PREFILL} "
+                         f"{data[_PREFILL]!r} (a blend of the two lies between them); remove {_FLAT}: the two "
+                         "split rates set the prices")
+    return prefill, decode
+
+
+def _document_forms(schema: dict[str, Any]) -> None:
+    """JSON Schema as ops write it: USD as strings or numbers, and one of the forms."""
     for name in ("input_per_mtok", "output_per_mtok", "gpu_hour_usd"):
         schema["properties"][name] = {**schema["properties"][name], "type": ["string", "number"]}
         schema["properties"][name].pop("anyOf", None)
     schema.pop("required", None)
     schema["oneOf"] = [{"required": ["input_per_mtok", "output_per_mtok"]},
-                       {"required": ["gpu_hour_usd", "tokens_per_second"]}]
+                       {"required": ["gpu_hour_usd", _PREFILL, _DECODE]},
+                       {"required": ["gpu_hour_usd", _FLAT]}]
 
 
 class Price(Frozen):
-    """Integer micro-USD per million tokens. Give the two per-Mtok prices, or `gpu_hour_usd` with
-    `tokens_per_second` (see the module docstring for the formula); never both forms."""
+    """Integer micro-USD per million tokens. Give the two per-Mtok prices, or `gpu_hour_usd` with the prefill
+    and decode throughputs (or the older single `tokens_per_second`); see the module docstring for the
+    formula. Never both forms."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_document_both_forms)
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_document_forms)
 
     input_per_mtok: int = Field(description="USD per 1M prompt tokens, e.g. 0.20")
     output_per_mtok: int = Field(description="USD per 1M completion tokens, e.g. 0.60")
     gpu_hour_usd: int | None = Field(default=None, description="USD per replica-hour, e.g. 2.50 (derived form)")
-    tokens_per_second: float | None = Field(default=None, gt=0, description="measured tokens/s of one replica")
+    prefill_tokens_per_second: float | None = Field(
+        default=None, gt=0, description="prompt tokens/s one replica processes at full load (prices prompt tokens)")
+    decode_tokens_per_second: float | None = Field(
+        default=None, gt=0, description="completion tokens/s of one replica at full load (prices completion tokens)")
+    tokens_per_second: float | None = Field(
+        default=None, gt=0, description="older single rate: measured tokens/s of one replica, prompt and completion "
+        "alike (both get one price); prefer the prefill and decode rates")
 
     @model_validator(mode="before")
     @classmethod
@@ -75,24 +127,36 @@ class Price(Frozen):
         if not isinstance(data, dict) or data.get("gpu_hour_usd") is None:
             return data
         if "input_per_mtok" in data or "output_per_mtok" in data:
-            raise ValueError("give either input_per_mtok/output_per_mtok or gpu_hour_usd/tokens_per_second, not both")
-        tps = data.get("tokens_per_second")
-        if tps is None:
-            raise ValueError("gpu_hour_usd needs tokens_per_second > 0 (measured throughput of one replica)")
-        try:
-            throughput = Decimal(str(tps))
-        except InvalidOperation as exc:
-            raise ValueError(f"tokens_per_second must be a number > 0, got {tps!r}") from exc
-        if not throughput.is_finite() or throughput <= 0:
-            raise ValueError("gpu_hour_usd needs tokens_per_second > 0 (measured throughput of one replica)")
-        per_mtok = mtok_price_from_gpu_hour(usd_to_micro(data["gpu_hour_usd"]), throughput)
-        usd = str(Decimal(per_mtok) / 1_000_000)  # the field validators parse USD
-        return {**data, "input_per_mtok": usd, "output_per_mtok": usd}
+            raise ValueError("give either input_per_mtok/output_per_mtok or gpu_hour_usd with throughputs, not both")
+        prefill, decode = _gpu_hour_rates(data)
+        hour = usd_to_micro(data["gpu_hour_usd"])
+        # the field validators parse USD
+        usd = {name: str(Decimal(mtok_price_from_gpu_hour(hour, rate)) / 1_000_000)
+               for name, rate in (("input_per_mtok", prefill), ("output_per_mtok", decode))}
+        return {**data, **usd}
 
     @field_validator("input_per_mtok", "output_per_mtok", "gpu_hour_usd", mode="before")
     @classmethod
     def _parse_usd(cls, value: Any) -> int | None:
         return None if value is None else usd_to_micro(value)
+
+    @property
+    def form(self) -> PriceForm:
+        """How the per-token prices were set: given (`per_token`), from a GPU-hour and two throughputs
+        (`gpu_hour`), or from a GPU-hour and one throughput for both kinds of token (`gpu_hour_flat`)."""
+        if self.gpu_hour_usd is None:
+            return "per_token"
+        return "gpu_hour" if self.prefill_tokens_per_second is not None else "gpu_hour_flat"
+
+    @property
+    def prefill_rate(self) -> float | None:
+        """Prompt tokens/s of one replica, as declared (the split rate, else the single one); None if not."""
+        return self.prefill_tokens_per_second or self.tokens_per_second
+
+    @property
+    def decode_rate(self) -> float | None:
+        """Completion tokens/s of one replica, as declared (the split rate, else the single one); None if not."""
+        return self.decode_tokens_per_second or self.tokens_per_second
 
     def cost_micro_usd(self, prompt_tokens: int, completion_tokens: int) -> int:
         """Cost of one request in micro-USD, rounded half up once per request."""

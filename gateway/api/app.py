@@ -159,8 +159,9 @@ async def admin_costs(request: Request) -> Response:
     if runtime.redis is None:
         return _error(BadRequest("this gateway runs without the Redis ledger; no report to show"))
     report = await load_report(runtime.redis, LedgerKeys(runtime.settings.redis_prefix), start, end)
-    report = await served_with_quality(report, runtime.policies.current.policy, runtime.settings.redis_url,
-                                       runtime.settings.redis_prefix)
+    current = runtime.policies.current
+    report = await served_with_quality(report.with_prices(current.policy, current.source), current.policy,
+                                       runtime.settings.redis_url, runtime.settings.redis_prefix)
     return Response(render_html(report, by), media_type="text/html; charset=utf-8")
 
 

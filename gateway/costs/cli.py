@@ -12,6 +12,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -111,7 +112,7 @@ def write_report(redis_url: str, prefix: str, start: date, end: date, *, by: str
     report = _with_redis(redis_url, lambda client: load_report(client, keys, start, end))
     if report is None:
         return 2
-    text = render(_with_quality(report, redis_url, prefix, policy, artifact), by, fmt)
+    text = render(_with_policy_figures(report, redis_url, prefix, policy, artifact), by, fmt)
     write_output(text, out)
     return 0
 
@@ -122,18 +123,23 @@ def print_report(redis_url: str, by: str = "tenant", days: int = 7, prefix: str 
     return write_report(redis_url, prefix, end - timedelta(days=days - 1), end, by=by)
 
 
-def _with_quality(report: CostReport, redis_url: str, prefix: str, policy_path: Path | None,
-                  artifact: Path | None) -> CostReport:
-    """`report` with the quality routing kept (`gateway.costs.quality`); never fails the report."""
+def _with_policy_figures(report: CostReport, redis_url: str, prefix: str, policy_path: Path | None,
+                         artifact: Path | None) -> CostReport:
+    """`report` with the quality routing kept (`gateway.costs.quality`) and the rates of its pools
+    (`gateway.costs.prices`), both read from the policy; never fails the report."""
+    from gateway.costs.prices import PriceBasis
     from gateway.costs.quality import read_label_estimate, with_quality
     from policies.loader import PolicyError, default_policy_path, load_policy
 
+    path = policy_path or default_policy_path()
     try:
-        policy = load_policy(policy_path or default_policy_path()).policy
+        loaded = load_policy(path)
     except PolicyError as exc:
-        return with_quality(report, None, policy_problem=str(exc).splitlines()[-1].strip())
-    labels = read_label_estimate(redis_url, prefix, policy.routing.micro_pool)
-    return with_quality(report, policy, artifact, labels)
+        problem = str(exc).splitlines()[-1].strip()
+        report = replace(report, prices=PriceBasis(str(path), unavailable=f"policy refused: {problem}"))
+        return with_quality(report, None, policy_problem=problem)
+    labels = read_label_estimate(redis_url, prefix, loaded.policy.routing.micro_pool)
+    return with_quality(report.with_prices(loaded.policy, loaded.source), loaded.policy, artifact, labels)
 
 
 def _run_verify(args: argparse.Namespace) -> int:

@@ -48,6 +48,7 @@ def render_html(report: CostReport, by: str) -> str:
         f"{escape(report.end.isoformat())} (UTC days) · table grouped by {escape(by)}</p>",
         _cards(total),
         *([] if report.quality is None else [_quality(report.quality.lines())]),
+        *([] if report.prices is None else [_prices(report.prices.lines())]),
         _section("Spend per day, stacked by pool", _spend_chart(report)),
         _section("Savings over time (flagship counterfactual vs. actual spend)", _savings_chart(report)),
         _section("Top tenants by spend", _tenants_chart(report)),
@@ -64,6 +65,12 @@ def _quality(lines: list[str]) -> str:
     """The quality kept, right under the savings: a saving is never shown without its price in quality."""
     items = "".join(f"<p>{escape(line)}</p>" for line in lines)
     return f'<section class="quality"><h2>Quality kept by routing</h2>{items}</section>'
+
+
+def _prices(lines: list[str]) -> str:
+    """The rate each pool's cost was derived from (`gateway.costs.prices`)."""
+    items = "".join(f"<p>{escape(line.strip())}</p>" for line in lines)
+    return f'<section class="prices"><h2>Prices</h2>{items}</section>'
 
 
 def _section(title: str, body: str) -> str:

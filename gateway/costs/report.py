@@ -15,7 +15,7 @@ import csv
 import io
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from gateway.costs.prices import PriceBasis, price_basis
 from gateway.ledger.record import ENDPOINT_FIELDS, SPLIT_ENDPOINTS
 from gateway.ledger.store import (
     ROLLUP_FIELDS,
@@ -36,6 +37,7 @@ from gateway.ledger.store import (
 
 if TYPE_CHECKING:
     from gateway.costs.estimate import QualityEstimate
+    from policies.schema import Policy
 
 __all__ = [
     "GROUPINGS",
@@ -187,13 +189,18 @@ def days_between(start: date, end: date) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class CostReport:
-    """The day rollups of `start..end` (inclusive, UTC), and the quality routing kept (`gateway.costs.quality`,
-    shown beside the savings when set)."""
+    """The day rollups of `start..end` (inclusive, UTC), the quality routing kept (`gateway.costs.quality`,
+    shown beside the savings when set) and the rates the costs were derived from (`gateway.costs.prices`)."""
 
     start: date
     end: date
     cells: tuple[Cell, ...]
     quality: QualityEstimate | None = None
+    prices: PriceBasis | None = None
+
+    def with_prices(self, policy: Policy, source: str) -> CostReport:
+        """This report stating the rates of its pools and the flagship in `policy` (read from `source`)."""
+        return replace(self, prices=price_basis(self.pools, policy, source))
 
     @property
     def pools(self) -> list[str]:
@@ -302,6 +309,7 @@ def render_json(report: CostReport, by: str) -> str:
         "rows": [row_fields(r, pools) for r in report.rows(by)],
         "total": row_fields(report.total(), pools),
         "quality": None if report.quality is None else report.quality.fields(),
+        "prices": None if report.prices is None else report.prices.fields(),
     }
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
 
@@ -350,8 +358,9 @@ def render_table(report: CostReport, by: str) -> str:
     header = f"Costs {report.start.isoformat()} .. {report.end.isoformat()} (UTC) by {by}"
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
     lines = [header, "", line([t for _, t in columns]), rule, *(line(c) for c in cells[:-1]), rule]
+    prices = [] if report.prices is None else ["", *report.prices.lines()]
     quality = [] if report.quality is None else ["", *report.quality.lines()]
-    return "\n".join([*lines, line(cells[-1]), *quality]) + "\n"
+    return "\n".join([*lines, line(cells[-1]), *prices, *quality]) + "\n"
 
 
 @dataclass(frozen=True, slots=True)

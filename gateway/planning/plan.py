@@ -58,9 +58,9 @@ def _gpus(spec: LocalPool) -> int:
 def _capacity(name: str, spec: LocalPool | RemotePool, forecast: Forecast) -> Capacity | None:
     if name in forecast.capacity:
         return forecast.capacity[name]
-    tps = spec.price.tokens_per_second
-    if tps is not None:  # the policy's declared throughput, prompt and output tokens alike
-        return Capacity(prefill_tokens_per_s=tps, decode_tokens_per_s=tps)
+    prefill, decode = spec.price.prefill_rate, spec.price.decode_rate
+    if prefill is not None and decode is not None:  # the policy price's declared throughputs
+        return Capacity(prefill_tokens_per_s=prefill, decode_tokens_per_s=decode)
     if isinstance(spec, LocalPool):
         raise PlanError(f"pool {name!r}: no per-replica throughput; add `capacity: {{{name}: ...}}` to the "
                         "forecast (measure it with `python -m loadtest.bench.saturation`)")

@@ -2,7 +2,8 @@
 
 Per-replica capacity lives here, not in the policy: a pool's `capacity` is what one replica sustains while
 meeting the ITL SLO (measure it with `python -m loadtest.bench.saturation`, or declare it). A pool without a
-`capacity` falls back to its policy price's `tokens_per_second` (prompt and output tokens alike).
+`capacity` falls back to its policy price's `prefill_tokens_per_second` and `decode_tokens_per_second` (or
+the older single `tokens_per_second`, prompt and output tokens alike).
 """
 
 from __future__ import annotations

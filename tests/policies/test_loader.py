@@ -216,18 +216,13 @@ tenants:
     assert f"{where}: the same key hash is already tenant 'b'" in problems
 
 
-def test_gpu_hour_price_derives_equal_per_token_prices() -> None:
-    price = Price.model_validate({"gpu_hour_usd": "2.50", "tokens_per_second": 2400})
-    assert (price.input_per_mtok, price.output_per_mtok, price.gpu_hour_usd) == (289_352, 289_352, 2_500_000)
-    assert price.cost_micro_usd(1_000_000, 1_000_000) == 578_704
-    loaded = load_policy(ROOT / "policies" / "gpu.yaml")
-    assert loaded.policy.pools["flagship"].price.input_per_mtok == 771_605  # 5.00 USD/h at 1800 tok/s
+def test_a_price_in_both_forms_is_refused_at_its_line() -> None:
     both = GOOD.replace('{input_per_mtok: "0.20", output_per_mtok: "0.20"}',
                         '{input_per_mtok: "0.20", output_per_mtok: "0.20", gpu_hour_usd: 1}')
     (problem,) = _problems(both)
     assert problem.startswith(f"p.yaml:{_line(both, 'gpu_hour_usd')}: pools.micro.price:") and "not both" in problem
     (problem,) = _problems(GOOD.replace('{input_per_mtok: "0.20", output_per_mtok: "0.20"}', "{gpu_hour_usd: 1}"))
-    assert "needs tokens_per_second > 0" in problem
+    assert "needs the measured throughput of one replica" in problem  # more in tests/policies/test_money.py
 
 
 def test_malformed_budget_rejected_at_load() -> None:

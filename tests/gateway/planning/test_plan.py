@@ -83,7 +83,6 @@ def test_example_plan_costs_gpu_hours_and_beats_all_flagship() -> None:
 
 def test_remote_pools_pay_per_token_and_missing_capacity_falls_back_to_the_policy() -> None:
     policy = load_policy(GPU).policy
-    # the price's 2400 tokens/s counts prompt tokens as slowly as output ones: a slow prefill, so a looser TTFT
     plan = make_plan(policy, forecast(capacity={}, slo={"ttft_s": 10, "itl_s": 0.05}), {"micro": 0.5, "cloud": 0.5})
     micro, cloud = plan.pools
     assert cloud.replicas is None and cloud.gpu_hours == 0 and cloud.pricing == "per_token"
@@ -91,10 +90,15 @@ def test_remote_pools_pay_per_token_and_missing_capacity_falls_back_to_the_polic
     expected = (round(cloud.requests_per_day * tokens_per_request["prompt"]) * 2_500_000
                 + round(cloud.requests_per_day * tokens_per_request["output"]) * 10_000_000 + 500_000) // 1_000_000
     assert cloud.cost_micro_usd == expected
-    # micro's capacity comes from its price: 2400 tokens/s, prompt and output alike
+    # micro's capacity comes from its price: prompts at 24,000 tokens/s, output at 2,400
     assert micro.saturation_rps_per_replica is not None
-    s = (0.6 * 550 + 0.3 * 2200 + 0.1 * 6900) / 2400
+    s = (0.6 * 400 + 0.3 * 1800 + 0.1 * 6000) / 24_000 + (0.6 * 150 + 0.3 * 400 + 0.1 * 900) / 2400
     assert micro.saturation_rps_per_replica == pytest.approx(0.75 / s, rel=1e-6)
+    flat = policy.pools["flagship-fp8"]  # the older single rate: prompt and output tokens alike
+    slow_prefill = forecast(capacity={}, slo={"ttft_s": 60, "itl_s": 0.05})  # a TTFT that leaves the ceiling
+    fp8, = make_plan(policy, slow_prefill, {"flagship-fp8": 1.0}).pools
+    assert fp8.saturation_rps_per_replica == pytest.approx(
+        0.75 / ((0.6 * 550 + 0.3 * 2200 + 0.1 * 6900) / (flat.price.tokens_per_second or 0)), rel=1e-6)
 
 
 def test_unknown_pool_and_local_pool_without_any_capacity() -> None:
