@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 import redis
 
 from gateway.api.app import create_app
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
+from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, verify_recent
 from tests.servers import serve
 
@@ -31,10 +33,9 @@ def gateway(policy_file: Path, tmp_path: Path, prefix: str) -> Iterator[str]:
 
 
 def _records(prefix: str, n: int, timeout: float = 10.0) -> list[dict[str, str]]:
-    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
     deadline = time.monotonic() + timeout
     while True:
-        entries = [fields for _, fields in client.xrange(prefix + "records")]
+        entries = ledger_records(SHARED_URL, prefix)
         if len(entries) >= n or time.monotonic() > deadline:
             return entries
         time.sleep(0.05)
@@ -71,7 +72,7 @@ async def test_concurrent_requests_record_exactly_their_usage(gateway: str, pref
         assert int(rec["cost_micro_usd"]) == cost(pool, prompt, completion)
         assert int(rec["flagship_cost_micro_usd"]) == cost("flagship", prompt, completion)
     day = redis.Redis.from_url(SHARED_URL, decode_responses=True)
-    rollups = [day.hgetall(k) for k in day.scan_iter(match=prefix + "rollup:day:*")]
+    rollups = [day.hgetall(k) for k in day.scan_iter(match=prefix + "ledger:{*}:day:*")]
     assert sum(int(h["completion_tokens"]) for h in rollups) == sum(u[3] for u in usages)
     assert sum(int(h["prompt_tokens"]) for h in rollups) == sum(u[2] for u in usages)
     assert sum(int(h["cost_micro_usd"]) for h in rollups) == sum(cost(*u[1:]) for u in usages)
@@ -80,17 +81,25 @@ async def test_concurrent_requests_record_exactly_their_usage(gateway: str, pref
     assert result.ok and result.records == 200, result
 
 
-async def test_client_gone_mid_stream_is_charged_in_redis(gateway: str, prefix: str) -> None:
+async def test_client_gone_mid_stream_is_charged_in_redis(gateway: str, prefix: str,
+                                                          upstreams: tuple[FakeUpstream, str, FakeUpstream, str]
+                                                          ) -> None:
+    """A 4-character token every 0.3 s, the client gone after the fourth: Redis holds a charge for exactly
+    the four tokens it was sent, priced at the flagship's rates."""
+    upstreams[2].content = "wxyz" * 50
     body = {"model": "flagship", "messages": [{"role": "user", "content": "one two three"}], "stream": True,
-            "metadata": {"fake_tokens": "300", "fake_delay_ms": "10"}}
+            "metadata": {"fake_delay_ms": "300"}}
+    received: list[str] = []
     async with httpx.AsyncClient() as client, client.stream("POST", gateway + "/v1/chat/completions",
                                                              json=body) as r:
-        seen = 0
         async for line in r.aiter_lines():
-            seen += line.startswith("data: {")
-            if seen >= 8:
+            if line.startswith("data: {"):
+                received += [c["delta"]["content"] for c in orjson.loads(line[6:])["choices"]
+                             if c["delta"].get("content")]
+            if len(received) >= 4:
                 break
     (rec,) = await asyncio.to_thread(_records, prefix, 1)
     assert rec["status"] == "client_disconnect" and rec["usage_source"] == "estimate"  # a remote pool: not re-sent
-    assert 1 <= int(rec["completion_tokens"]) < 300
-    assert int(rec["cost_micro_usd"]) > 0
+    assert received == ["wxyz"] * 4
+    assert (int(rec["prompt_tokens"]), int(rec["completion_tokens"])) == (3, 4)  # 13 characters; 4 tokens sent
+    assert int(rec["cost_micro_usd"]) == (3 * 3_000_000 + 4 * 15_000_000 + 500_000) // 1_000_000
