@@ -13,6 +13,10 @@
    a step passes while p95 TTFT stays within the SLO (and under 1% fail): past saturation requests queue, and
    the queue grows through the step. The measured saturation point is the highest passing rate.
 
+The calibrated prefill and decode rates are what a GPU-hour price divides by (`policies.money`): with
+`--gpu-hour-usd` the result carries the pool's `price:` block to paste into the policy (`price_block`), and
+`--price-only` stops after the calibration (steps 1-2).
+
 `python -m loadtest.bench.saturation --out sat.json` (run real engines under `flock /tmp/cascade-engines.lock`).
 """
 
@@ -34,8 +38,9 @@ import numpy as np
 from gateway.planning.model import mean_service_s, saturation_rps
 from gateway.planning.schema import Capacity, Slo, TokenClass
 from loadtest.load.stream_client import StreamSample, percentile, scan_sse_line, stream_body
+from policies.money import Price, usd_to_micro
 
-__all__ = ["FACTORS", "Step", "Workload", "calibrate", "main", "measure_knee", "run"]
+__all__ = ["FACTORS", "Step", "Workload", "calibrate", "main", "measure_knee", "price_block", "run"]
 
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "small", "robots",
           "count", "red", "apples", "in", "the", "garden", "near", "an", "old", "stone", "bridge")
@@ -182,12 +187,37 @@ async def _idle_ttft(session: aiohttp.ClientSession, base: str, model: str, cap:
 FACTORS = (0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5, 1.7)
 
 
+def _three_figures(rate: float) -> str:
+    """A rate as YAML reads a number: 23874.3 -> "23900", 12.74 -> "12.7" (never an exponent, which YAML 1.1
+    would read as a string)."""
+    value = float(f"{rate:.3g}")
+    return str(int(value)) if value >= 100 else f"{value:.3g}"
+
+
+def price_block(cap: Capacity, gpu_hour_usd: str) -> str:
+    """The policy `price:` line for one replica costing `gpu_hour_usd` per hour at the calibrated rates (to 3
+    significant figures: the calibration is no more precise), checked to load as a `Price`. Raises ValueError
+    for a price the policy would refuse."""
+    prefill, decode = (_three_figures(rate) for rate in (cap.prefill_tokens_per_s, cap.decode_tokens_per_s))
+    Price.model_validate({"gpu_hour_usd": gpu_hour_usd, "prefill_tokens_per_second": prefill,
+                          "decode_tokens_per_second": decode})
+    return (f'price: {{gpu_hour_usd: "{gpu_hour_usd}", prefill_tokens_per_second: {prefill}, '
+            f"decode_tokens_per_second: {decode}}}")
+
+
 async def run(base: str, model: str, batch: int, slo: Slo, calib_s: float, step_s: float,
-              factors: tuple[float, ...] = FACTORS) -> dict[str, Any]:
-    """Calibrate, predict, measure; the JSON-ready result (predicted vs measured req/s, relative error)."""
+              factors: tuple[float, ...] = FACTORS, gpu_hour_usd: str | None = None,
+              price_only: bool = False) -> dict[str, Any]:
+    """Calibrate, predict, measure; the JSON-ready result (predicted vs measured req/s, relative error), with
+    the policy's `price_block` when `gpu_hour_usd` is given. `price_only`: the calibration and the price alone."""
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024), timeout=timeout) as session:
         corners, cap, notes = await calibrate(session, base, model, batch, calib_s)
+        price = None if gpu_hour_usd is None else price_block(cap, gpu_hour_usd)
+        if price is not None:
+            print(f"{price}  # one replica at batch {batch}, calibrated by loadtest.bench.saturation", file=sys.stderr)
+        if price_only:
+            return {"capacity": cap.model_dump(), "calibration": notes, "batch": batch, "price_block": price}
         mixed = await _tokens(session, base, model, MIXED)
         cap = await _idle_ttft(session, base, model, cap, mixed, slo, step_s)
         predicted = saturation_rps(cap, [mixed], slo)
@@ -198,7 +228,8 @@ async def run(base: str, model: str, batch: int, slo: Slo, calib_s: float, step_
     return {"capacity": cap.model_dump(), "capacity_from_corners": corners.model_dump(), "calibration": notes,
             "mixed": mixed.model_dump(), "batch": batch, "slo": slo.model_dump(), "predicted_rps": predicted,
             "predicted_rps_from_corners": unseen, "measured_rps": measured, "relative_error": error,
-            "within_25_percent": error is not None and abs(error) <= 0.25, "steps": [asdict(s) for s in steps]}
+            "within_25_percent": error is not None and abs(error) <= 0.25, "steps": [asdict(s) for s in steps],
+            "price_block": price}
 
 
 async def _with_engine(args: argparse.Namespace, slo: Slo) -> dict[str, Any]:
@@ -209,7 +240,8 @@ async def _with_engine(args: argparse.Namespace, slo: Slo) -> dict[str, Any]:
                       kv_cache_space_gib=1, base_port=8151,
                       extra_args=("--enforce-eager", "--max-num-seqs", str(args.batch)))
     async with EngineSupervisor("saturation", spec) as sup:
-        return await run(sup.urls[0], "micro", args.batch, slo, args.calibrate_s, args.step_s)
+        return await run(sup.urls[0], "micro", args.batch, slo, args.calibrate_s, args.step_s,
+                         gpu_hour_usd=args.gpu_hour_usd, price_only=args.price_only)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,17 +256,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibrate-s", type=float, default=10.0, help="seconds per calibration run")
     p.add_argument("--step-s", type=float, default=15.0, help="seconds per open-loop rate step")
     p.add_argument("--out", type=Path, help="write the JSON result here too")
+    p.add_argument("--gpu-hour-usd", help="what one replica's GPUs cost per hour, e.g. 2.50: prints the policy's "
+                   "price block at the calibrated prefill and decode rates")
+    p.add_argument("--price-only", action="store_true", help="calibrate and print the price; no saturation ramp")
     args = p.parse_args(argv)
+    if args.gpu_hour_usd is not None:
+        try:
+            usd_to_micro(args.gpu_hour_usd)
+        except ValueError as exc:
+            p.error(f"--gpu-hour-usd: {exc}")
     slo = Slo(ttft_s=args.ttft_slo_s, itl_s=args.itl_slo_s)
     if args.url:
-        result = asyncio.run(run(args.url.rstrip("/"), args.model, args.batch, slo, args.calibrate_s, args.step_s))
+        result = asyncio.run(run(args.url.rstrip("/"), args.model, args.batch, slo, args.calibrate_s, args.step_s,
+                                 gpu_hour_usd=args.gpu_hour_usd, price_only=args.price_only))
     else:
         result = asyncio.run(_with_engine(args, slo))
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
-    return 0 if result["within_25_percent"] else 1
+    return 0 if args.price_only or result["within_25_percent"] else 1
 
 
 if __name__ == "__main__":

@@ -5,10 +5,18 @@ check, predicted vs measured within 25%, is `python -m loadtest.bench.saturation
 
 from __future__ import annotations
 
-from gateway.planning.schema import Slo
-from loadtest.bench.saturation import run
+from pathlib import Path
+
+import pytest
+
+from gateway.planning.schema import Capacity, Slo
+from loadtest.bench.saturation import price_block, run
 from loadtest.fake_upstream import FakeUpstream
+from policies.loader import parse_policy
+from tests.conftest import with_fixed_threshold
 from tests.servers import serve
+
+ROOT = Path(__file__).resolve().parents[3]
 
 SLOTS, DELAY_MS, TOKENS = 8, 10.0, 16  # the fake caps answers at 16 tokens: 8 / (16 x 10 ms) = 50 requests/s
 CAPACITY = SLOTS / (TOKENS * DELAY_MS / 1000)
@@ -26,3 +34,26 @@ async def test_calibration_and_knee_match_a_known_capacity() -> None:
     assert result["measured_rps"] is not None
     assert 0.6 * CAPACITY <= result["measured_rps"] <= 1.3 * CAPACITY, result["steps"]
     assert not result["steps"][-1]["passed"]  # the ramp went past the knee
+
+
+async def test_the_calibrated_rates_print_a_price_block_the_policy_loads() -> None:
+    with serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
+        result = await run(url, "fake", SLOTS, Slo(ttft_s=0.5, itl_s=1.0), calib_s=1.0, step_s=3.0,
+                           gpu_hour_usd="2.50", price_only=True)
+    assert "steps" not in result, "price_only stops after the calibration"
+    block = result["price_block"]
+    decode = result["capacity"]["decode_tokens_per_s"]
+    assert 0.6 * SLOTS * 1000 / DELAY_MS <= decode <= 1.05 * SLOTS * 1000 / DELAY_MS, result["capacity"]
+    policy_text = with_fixed_threshold((ROOT / "policies" / "default.yaml").read_text())
+    pasted = parse_policy(policy_text.replace('price: {input_per_mtok: "0.20", output_per_mtok: "0.20"}', block, 1))
+    price = pasted.policy.pools["micro"].price
+    assert price.form == "gpu_hour" and price.decode_tokens_per_second == pytest.approx(decode, rel=0.01)
+    assert price.output_per_mtok == pytest.approx(2_500_000 * 10**6 / (decode * 3600), rel=0.01)
+
+
+def test_a_price_block_is_refused_for_a_price_the_policy_would_refuse() -> None:
+    cap = Capacity(prefill_tokens_per_s=23_874.3, decode_tokens_per_s=2_412.9)
+    assert price_block(cap, "2.50") == ('price: {gpu_hour_usd: "2.50", prefill_tokens_per_second: 23900, '
+                                        "decode_tokens_per_second: 2410}")
+    with pytest.raises(ValueError, match="not a price in USD"):
+        price_block(cap, "two fifty")
