@@ -29,6 +29,7 @@ from gateway.learning.loop import LearningTap
 from gateway.learning.shadow import ShadowComparison
 from gateway.learning.store import LearningStore
 from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
+from gateway.redis_client import redis_from_url
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
 from gateway.serving.proxy import Proxy
@@ -196,7 +197,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
     forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log,
                           on_outcome=pool_set.guard.observe, checker=OutputChecker(metrics))
-    redis = aioredis.from_url(settings.redis_url) if settings.ledger == "redis" else None
+    redis = redis_from_url(settings.redis_url) if settings.ledger == "redis" else None  # or a cluster's
     if redis is not None:  # one ladder for every gateway process on this Redis and prefix
         degradation.share(LadderSync(redis, settings.redis_prefix))
     admission = _admission(redis, settings, metrics)

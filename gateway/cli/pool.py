@@ -39,10 +39,10 @@ def _canary_of(loaded: LoadedPolicy, pool: str) -> Any:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
     from gateway.costs.versions import compare_versions, render_comparison
+    from gateway.redis_client import redis_from_url
     from policies.pools import engine_version
 
     loaded = _load(args.policy, args.pool)
@@ -56,7 +56,7 @@ def _compare(args: argparse.Namespace) -> int:
         roles[engine_version(canary.engine)] = f"canary {canary.weight:.0%}"
 
     async def run() -> str:
-        client = aioredis.Redis.from_url(args.redis_url, socket_connect_timeout=2.0, socket_timeout=30.0)
+        client = redis_from_url(args.redis_url, socket_connect_timeout=2.0, socket_timeout=30.0)
         try:
             rows = await compare_versions(client, args.prefix, args.pool, args.hours)
         finally:

@@ -33,6 +33,7 @@ from gateway.costs.report import (
     verify,
 )
 from gateway.ledger.store import LedgerKeys
+from gateway.redis_client import redis_from_url
 
 __all__ = ["print_report", "register", "render", "write_report"]
 
@@ -188,7 +189,7 @@ def _with_redis(url: str, work: Callable[[aioredis.Redis], Awaitable[T]]) -> T |
     """Run `work` with a client it does not own (closed here); None after a one-line error on stderr."""
 
     async def run() -> T:
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=30.0)
+        client = redis_from_url(url, socket_connect_timeout=2.0, socket_timeout=30.0)
         try:
             return await work(client)
         finally:

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from gateway.costs.prices import PriceBasis, price_basis
+from gateway.ledger.layouts import RollupKey, rollup_keys, rollup_name, stream_keys
 from gateway.ledger.record import ENDPOINT_FIELDS, SPLIT_ENDPOINTS
 from gateway.ledger.store import (
     ROLLUP_FIELDS,
@@ -260,18 +261,30 @@ def _row(key: str, cells: Iterable[Cell]) -> ReportRow:
 
 
 async def load_report(client: Redis, keys: LedgerKeys, start: date, end: date) -> CostReport:
-    """Read the day rollups of `start..end` through the per-day index: 2 round trips per day."""
-    cells: list[Cell] = []
-    for day in days_between(start, end):
-        members = sorted(_text(m) for m in await client.smembers(keys.day_index(day)))
-        async with client.pipeline(transaction=False) as pipe:
-            for member in members:
-                pipe.hgetall(keys.day(day, member))
-            hashes = await pipe.execute()
-        for member, raw in zip(members, hashes, strict=True):
-            tenant, pool, model = member.split(":")
-            cells.append(Cell(day, tenant, pool, model, Counters.from_hash(raw)))
+    """Read the day rollups of `start..end` through the per-day registries and indexes, in both key layouts
+    (`gateway.ledger.layouts`): 3 pipelined round trips in all. A rollup kept in both layouts (written on
+    the day of the upgrade) is one cell, the sum of the two."""
+    merged: dict[tuple[str, str], Counters] = {}
+    for found, counters in await _read_hashes(client, await rollup_keys(client, keys, days_between(start, end))):
+        merged[(found.day, found.member)] = merged.get((found.day, found.member), Counters()) + counters
+    cells = [Cell(day, *_triple(member), counters) for (day, member), counters in merged.items()]
     return CostReport(start, end, tuple(cells))
+
+
+def _triple(member: str) -> tuple[str, str, str]:
+    tenant, pool, model = member.split(":")
+    return tenant, pool, model
+
+
+async def _read_hashes(client: Redis, found: list[RollupKey]) -> list[tuple[RollupKey, Counters]]:
+    """Each rollup's counters, one pipelined round trip (one per master on a cluster)."""
+    if not found:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for one in found:
+            pipe.hgetall(one.key)
+        hashes = await pipe.execute()
+    return [(one, Counters.from_hash(raw)) for one, raw in zip(found, hashes, strict=True)]
 
 
 def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
@@ -392,7 +405,8 @@ class Reconciliation:
 
 
 async def verify(client: Redis, keys: LedgerKeys, start: date, end: date) -> Reconciliation:
-    """Recompute the day and hour rollups of `start..end` from the stream and compare them."""
+    """Recompute the day and hour rollups of `start..end` from the streams and compare them, by rollup name
+    (`gateway.ledger.layouts.rollup_name`: the sum over both key layouts on both sides)."""
     scan = await _recompute(client, keys, start, end)
     stored = await _read_rollups(client, keys, days_between(start, end))
     differences = [
@@ -429,62 +443,70 @@ async def _recompute(client: Redis, keys: LedgerKeys, start: date, end: date) ->
         if rec is None:
             scan.malformed.append(entry_id)
         else:
-            _add_entry(scan, keys, days, rec)
+            _add_entry(scan, days, rec)
     return scan
 
 
 async def stream_records(client: Redis, keys: LedgerKeys,
                          start_ms: int) -> AsyncIterator[tuple[str, CostRecord | None]]:
-    """(entry id, record) of every entry of the ledger's record stream from `start_ms` (epoch ms) on, in
-    pages of 1,000; the record is None for an entry that does not decode (malformed). Raises `RedisError`."""
-    cursor = str(start_ms)
-    while entries := await client.xrange(keys.stream, min=cursor, max="+", count=1000):
-        for entry_id, raw in entries:
-            try:
-                rec = record_from_fields({_text(k): _text(v) for k, v in (raw or {}).items()})
-            except (InvalidCostRecord, UnicodeDecodeError):
-                rec = None
-            yield _text(entry_id), rec
-        cursor = "(" + _text(entries[-1][0])
+    """(entry id, record) of every entry of the ledger's record streams (every tenant's, and the old layout's
+    single one) from `start_ms` (epoch ms) on, stream by stream in pages of 1,000; the record is None for an
+    entry that does not decode (malformed). Raises `RedisError`."""
+    for stream in await stream_keys(client, keys):
+        cursor = str(start_ms)
+        while entries := await client.xrange(stream, min=cursor, max="+", count=1000):
+            for entry_id, raw in entries:
+                try:
+                    rec = record_from_fields({_text(k): _text(v) for k, v in (raw or {}).items()})
+                except (InvalidCostRecord, UnicodeDecodeError):
+                    rec = None
+                yield _text(entry_id), rec
+            cursor = "(" + _text(entries[-1][0])
 
 
-def _add_entry(scan: _Scan, keys: LedgerKeys, days: set[str], rec: CostRecord) -> None:
+def _add_entry(scan: _Scan, days: set[str], rec: CostRecord) -> None:
     day, member, hour_member = rollup_slot(rec)
     if day not in days:
         return
     (scan.duplicates if rec.request_id in scan.seen else scan.seen).add(rec.request_id)
     scan.records += 1
     one = Counters.of(rec)
-    for key in (keys.day(day, member), keys.hour(day, hour_member)):
-        scan.expected[key] = scan.expected.get(key, Counters()) + one
+    for name in (rollup_name("day", day, member), rollup_name("hour", day, hour_member)):
+        scan.expected[name] = scan.expected.get(name, Counters()) + one
 
 
 async def _read_rollups(client: Redis, keys: LedgerKeys, days: list[str]) -> dict[str, Counters]:
-    names: list[str] = []
-    for day in days:
-        names += [keys.day(day, _text(m)) for m in await client.smembers(keys.day_index(day))]
-        names += [keys.hour(day, _text(m)) for m in await client.smembers(keys.hour_index(day))]
-    async with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.hgetall(name)
-        hashes = await pipe.execute()
-    return {name: Counters.from_hash(raw) for name, raw in zip(names, hashes, strict=True)}
+    """Day and hour rollups of `days` by name (`rollup_name`), each the sum over both layouts."""
+    found = [*await rollup_keys(client, keys, days, "day"), *await rollup_keys(client, keys, days, "hour")]
+    out: dict[str, Counters] = {}
+    for one, counters in await _read_hashes(client, found):
+        out[one.name] = out.get(one.name, Counters()) + counters
+    return out
 
 
 async def _trimmed_through(client: Redis, keys: LedgerKeys, start: date) -> str | None:
-    """The oldest stream id kept, when older entries were removed and it is later than the range's start
-    (records of the range added before it are gone). Redis trims by MINID without updating
-    `max-deleted-entry-id` (only XDEL does), so removal is told by `entries-added` > `length`."""
-    try:
-        info = await client.xinfo_stream(keys.stream)
-    except ResponseError:  # no stream yet
-        return None
-    if int(info.get("entries-added") or 0) <= int(info.get("length") or 0):
-        return None  # nothing removed (or Redis < 7: no `entries-added`)
-    first = info.get("first-entry")
-    oldest = _text(first[0] if first else info.get("last-generated-id"))
+    """The latest of the streams' oldest kept ids, among the streams from which older entries were removed
+    and whose oldest kept id is later than the range's start (records of the range added before it are
+    gone); None when no stream is. Redis trims by MINID without updating `max-deleted-entry-id` (only XDEL
+    does), so removal is told by `entries-added` > `length`."""
     start_ms = int(datetime.combine(start, datetime.min.time(), UTC).timestamp() * 1000)
-    return oldest if int(oldest.split("-")[0]) > start_ms else None
+    latest: str | None = None
+    for stream in await stream_keys(client, keys):
+        try:
+            info = await client.xinfo_stream(stream)
+        except ResponseError:  # no such stream
+            continue
+        if int(info.get("entries-added") or 0) <= int(info.get("length") or 0):
+            continue  # nothing removed (or Redis < 7: no `entries-added`)
+        first = info.get("first-entry")
+        oldest = _text(first[0] if first else info.get("last-generated-id"))
+        if _id_ms(oldest) > start_ms and (latest is None or _id_ms(oldest) > _id_ms(latest)):
+            latest = oldest
+    return latest
+
+
+def _id_ms(entry_id: str) -> int:
+    return int(entry_id.split("-")[0])
 
 
 def _text(value: bytes | str | None) -> str:

@@ -85,7 +85,7 @@ class FeedbackService:
 
     async def submit(self, tenant: str, feedback: Feedback) -> dict[str, Any]:
         """Store `feedback` from `tenant`; the response object. Raises `RequestNotFound` (nothing stored)."""
-        if await self._store.owner(feedback.request_id) != tenant:
+        if not await self._store.owned_by(feedback.request_id, tenant):
             self._metrics.feedback.labels("not_found").inc()
             raise RequestNotFound(f"no request {feedback.request_id!r} of yours is on record (unknown or "
                                   "expired id; use the x-request-id of your own response)", param="request_id")

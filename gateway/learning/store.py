@@ -2,8 +2,9 @@
 
 Keys and field names are `router_models.training.ledger_labels`' (the training reader's), under the ledger's prefix.
 Every write is one MULTI round trip that replaces the whole hash and sets its TTL, so a later write for the
-same request id wins whole (no field of an older one lingers). Who owns a request id is read from the kept
-prompt or, for requests not kept, from the request's ledger record (`gateway.ledger.keys`).
+same request id wins whole (no field of an older one lingers). Whether a tenant owns a request id is read from
+the kept prompt or, for requests not kept, from the request's ledger record (`gateway.ledger.layouts`: the
+ledger keeps a record under its tenant's key, or under the request id alone in the layout before).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.ledger.keys import LedgerKeys
+from gateway.ledger.layouts import record_entry
 from router_models.training.ledger_labels import LabelKeys
 
 __all__ = ["LearningStore"]
@@ -39,28 +41,29 @@ class LearningStore:
             pipe.expire(key, ttl_s)
             await pipe.execute()
 
-    async def owner(self, request_id: str) -> str | None:
-        """The tenant that made `request_id`, or None when neither a kept prompt nor a ledger record of it
-        exists. Retries briefly before None: the record of an answer just sent may still be on its way."""
+    async def owned_by(self, request_id: str, tenant: str) -> bool:
+        """Whether `tenant` made `request_id`: a kept prompt or a ledger record of it names `tenant`. Retries
+        briefly before False: the record of an answer just sent may still be on its way."""
         for delay in (0.0, *_OWNER_RETRIES_S):
             if delay:
                 await asyncio.sleep(delay)
-            tenant = await self._owner_once(request_id)
-            if tenant is not None:
-                return tenant
-        return None
+            owner = await self._owner_once(request_id, tenant)
+            if owner is not None:
+                return owner == tenant
+        return False
 
-    async def _owner_once(self, request_id: str) -> str | None:
+    async def _owner_once(self, request_id: str, tenant: str) -> str | None:
         kept = await self._client.hget(self.labels.prompt(request_id), "tenant")
         if kept:
             return _text(kept)
-        entry_id = await self._client.get(self._ledger.request(request_id))
-        if not entry_id:
+        found = await record_entry(self._client, self._ledger, tenant, request_id)
+        if found is None:
             return None
-        entries = await self._client.xrange(self._ledger.stream, min=entry_id, max=entry_id, count=1)
+        stream, entry_id = found
+        entries = await self._client.xrange(stream, min=entry_id, max=entry_id, count=1)
         for _, fields in entries or ():
-            tenant = (fields or {}).get(b"tenant")
-            return _text(tenant) if tenant else None
+            owner = (fields or {}).get(b"tenant")
+            return _text(owner) if owner else None
         return None
 
 

@@ -1,6 +1,20 @@
 """The ledger's Redis key schema and its record script, shared by the writer (`RedisLedger`) and the
 readers (`costs_report`, `BudgetGuard`). Pure: no I/O. `gateway.ledger.store` re-exports `LedgerKeys` and
-`rollup_slot`.
+`rollup_slot`; the layout written before this one is `gateway.ledger.layouts.LegacyLedgerKeys` (read only).
+
+Redis Cluster: every key one record's script touches carries the hash tag of its tenant,
+`{prefix}ledger:{<tenant>}:...`, so the record's script (idempotency key, stream, both rollups, both
+indexes, spend) runs in one slot and stays one atomic, idempotent step. The tenant is the tag because it is
+what the readers read together: the budget guard reads one tenant's spend (one HMGET, one slot), a report
+reads per tenant and day. A tag per UTC day would send every write of a day to one master (all of the
+cluster's write load on one node); a tag per request would split the record over slots (no atomic step,
+so a replay could count half a record twice). The cost of the tenant tag: one tenant's write load stays on
+one master (as its rate-limit keys, `rl:{<tenant>}`, already do), so a single huge tenant does not spread.
+
+Readers find the tenants through registries outside any tag: `{prefix}ledger:tenants:{day}` (tenants with
+a record that started that UTC day: reports) and `{prefix}ledger:tenants` (every tenant: stream readers).
+The writer adds a tenant to both before the first record script of that tenant and day (once per process),
+so a record that counts is always in a registry. The prefix must not hold `{` or `}` (it would take the tag).
 
 Days are `YYYY-MM-DD` and months `YYYY-MM`, both UTC, taken from a record's `started_at`.
 """
@@ -21,34 +35,51 @@ SPEND_TTL_EXTRA_S = 31 * 86_400  # a spend hash lives retention + 31 days after 
 @dataclass(frozen=True, slots=True)
 class LedgerKeys:
     """The Redis key schema, shared by the writer and the readers. Days are `YYYY-MM-DD` (UTC), hours
-    `YYYY-MM-DDTHH`; index members are `tenant:pool:model` (day) and `HH:tenant:pool:model` (hour)."""
+    `YYYY-MM-DDTHH`; index members are `tenant:pool:model` (day) and `HH:tenant:pool:model` (hour), as in
+    the layout before; every per-record key is in its tenant's slot (see the module docstring)."""
 
     prefix: str = "cascade:"
 
-    @property
-    def stream(self) -> str:
-        return f"{self.prefix}records"
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError(f"ledger key prefix {self.prefix!r} must not contain '{{' or '}}' (Redis hash tags)")
 
-    def request(self, request_id: str) -> str:
-        return f"{self.prefix}req:{request_id}"
+    def _tenant(self, tenant: str) -> str:
+        return f"{self.prefix}ledger:{{{tenant}}}:"
+
+    @property
+    def tenants(self) -> str:
+        """Set of every tenant with a record (stream readers walk their streams)."""
+        return f"{self.prefix}ledger:tenants"
+
+    def tenants_of_day(self, day: str) -> str:
+        """Set of the tenants with a record that started on UTC day `day` (reports read it first)."""
+        return f"{self.prefix}ledger:tenants:{day}"
+
+    def stream(self, tenant: str) -> str:
+        return f"{self._tenant(tenant)}records"
+
+    def request(self, tenant: str, request_id: str) -> str:
+        return f"{self._tenant(tenant)}req:{request_id}"
 
     def day(self, day: str, member: str) -> str:
-        return f"{self.prefix}rollup:day:{day}:{member}"
+        tenant, rest = member.split(":", 1)
+        return f"{self._tenant(tenant)}day:{day}:{rest}"
 
     def hour(self, day: str, hour_member: str) -> str:
-        hour, member = hour_member.split(":", 1)
-        return f"{self.prefix}rollup:hour:{day}T{hour}:{member}"
+        hour, tenant, rest = hour_member.split(":", 2)
+        return f"{self._tenant(tenant)}hour:{day}T{hour}:{rest}"
 
-    def day_index(self, day: str) -> str:
-        return f"{self.prefix}rollup:idx:{day}"
+    def day_index(self, tenant: str, day: str) -> str:
+        return f"{self._tenant(tenant)}idx:{day}"
 
-    def hour_index(self, day: str) -> str:
-        return f"{self.prefix}rollup:hidx:{day}"
+    def hour_index(self, tenant: str, day: str) -> str:
+        return f"{self._tenant(tenant)}hidx:{day}"
 
     def spend(self, tenant: str, month: str) -> str:
         """Hash of one tenant's spend in one UTC month `YYYY-MM`, integer micro-USD: field `month` (the
         whole month) and one field per UTC day `YYYY-MM-DD`. Written only by the record script."""
-        return f"{self.prefix}spend:{tenant}:{month}"
+        return f"{self._tenant(tenant)}spend:{month}"
 
 
 def rollup_slot(rec: CostRecord) -> tuple[str, str, str]:
@@ -64,17 +95,19 @@ def utc_periods(epoch_s: float) -> tuple[str, str]:
     return when.strftime("%Y-%m"), when.strftime("%Y-%m-%d")
 
 
-# KEYS: idempotency key, stream, day rollup, hour rollup, day index, hour index, tenant spend (month hash)
+# KEYS (one tenant's slot): idempotency key, stream, day rollup, hour rollup, day index, hour index, spend
 # ARGV: ttl_s, retention_ms, prompt, completion, cost, flagship, day member, hour member, spend ttl_s,
 #       day (spend field), n, n pairs (extra counter name, value), stream fields...
 # Everything below the EXISTS check happens only for a request id not seen before: a retry or an outbox
-# replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings.
+# replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings. The
+# stream expires a retention after its last record: a tenant that stopped leaves no stream behind.
 RECORD_LUA = """#!lua
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local now = redis.call('TIME')
 local minid = string.format('%.0f', tonumber(now[1]) * 1000 - tonumber(ARGV[2]))
 local extra = tonumber(ARGV[11])
 local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 12 + 2 * extra))
+redis.call('EXPIRE', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[1], id, 'EX', ARGV[1])
 local fields = {'prompt_tokens', 'completion_tokens', 'cost_micro_usd', 'flagship_cost_micro_usd'}
 for k = 3, 4 do

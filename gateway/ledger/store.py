@@ -1,12 +1,14 @@
 """Cost ledger: one `CostRecord` per finished request, recorded exactly once, in Redis.
 
-`RedisLedger` runs one Lua script per record that, atomically: skips a request id it has seen (idempotency
-key `{prefix}req:{id}`, TTL = retention), XADDs the record to the stream `{prefix}records` (trimmed by
+`RedisLedger` runs one Lua script per record that, atomically and in the tenant's slot (every key carries the
+hash tag `{<tenant>}`, so it also runs on Redis Cluster): skips a request id it has seen (idempotency key
+`{prefix}ledger:{<tenant>}:req:{id}`, TTL = retention), XADDs the record to the tenant's stream (trimmed by
 MINID to the retention), HINCRBYs the rollups per tenant x pool x model x UTC day and x UTC hour, adds
 the rollup to a per-day index so readers never SCAN, and HINCRBYs the tenant's spend for the UTC day and
 month (read by `gateway.tenancy.budgets`). The record type and codec live in `gateway.ledger.record`, the key
-schema and the script in `gateway.ledger.keys`; this module re-exports them. Money is integer micro-USD
-end to end: counters go to HINCRBY as decimal strings and never pass through a float.
+schema and the script in `gateway.ledger.keys`, reading the layout before it in `gateway.ledger.layouts`;
+this module re-exports the first two. Money is integer micro-USD end to end: counters go to HINCRBY as
+decimal strings and never pass through a float. The URL may name a cluster (`gateway.redis_client`).
 
 Loss window (details in docs/ledger.md): `record` returns only once Redis applied the record or the
 outbox fsynced it. A record is lost only if (a) the process dies before `record` returns (the records in
@@ -25,13 +27,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from backends.background import cancel_requested, stop
 from gateway.ledger.keys import RECORD_LUA, SPEND_TTL_EXTRA_S, LedgerKeys, rollup_slot
+from gateway.ledger.layouts import LegacyLedgerKeys
 from gateway.ledger.outbox import Outbox
 from gateway.ledger.record import (
     EXTRA_COUNTERS,
@@ -44,6 +46,7 @@ from gateway.ledger.record import (
     record_to_fields,
     validate_record,
 )
+from gateway.redis_client import redis_from_url
 
 __all__ = [
     "EXTRA_COUNTERS",
@@ -140,7 +143,9 @@ class RedisLedger:
         self.keys = LedgerKeys(key_prefix)
         self.counts = LedgerCounts()
         self._ttl_s = retention_days * 86_400
-        self._client = aioredis.Redis.from_url(
+        self._legacy = LegacyLedgerKeys(key_prefix)
+        self._registered: set[tuple[str, str]] = set()  # (day, tenant) this process put in the registries
+        self._client = redis_from_url(
             redis_url,
             socket_connect_timeout=op_timeout_s,
             socket_timeout=op_timeout_s,
@@ -236,16 +241,46 @@ class RedisLedger:
                 if not done.done():
                     done.set_result(None)
 
-    async def _apply_all(self, recs: list[CostRecord]) -> list[Any]:
-        """Run the record script for each of `recs` in one pipeline (one round trip); each result is 1 if the
-        record is new, 0 if a duplicate. Calls EVALSHA directly: redis-py's Script in a pipeline would ask
-        SCRIPT EXISTS first, a second round trip per batch. If Redis lost the script (a restart, SCRIPT
-        FLUSH), every call of the batch failed alike: load it and run the batch once more."""
+    async def _apply_all(self, recs: list[CostRecord], *, replay: bool = False) -> list[Any]:
+        """Apply `recs`; each result is 1 if the record is new, 0 if a duplicate. First (one round trip, only
+        when there is something to do) puts new (day, tenant) pairs in the registries, so a counted record is
+        always found by the readers, and for a replay asks the old layout's idempotency keys: a record an
+        earlier version counted and left in its outbox is a duplicate, not counted again."""
+        seen = await self._prepare(recs, replay=replay)
+        results = iter(await self._run_scripts([rec for rec, old in zip(recs, seen, strict=True) if not old]))
+        return [0 if old else next(results) for old in seen]
+
+    async def _prepare(self, recs: list[CostRecord], *, replay: bool) -> list[bool]:
+        """Register new (day, tenant) pairs; for a replay, whether each record is in the old layout."""
+        pairs = {(rollup_slot(rec)[0], rec.tenant) for rec in recs} - self._registered
+        if not pairs and not replay:
+            return [False] * len(recs)
+        async with self._client.pipeline(transaction=False) as pipe:
+            for day, tenant in sorted(pairs):
+                pipe.sadd(self.keys.tenants_of_day(day), tenant)
+                pipe.sadd(self.keys.tenants, tenant)
+            for rec in recs if replay else ():
+                pipe.exists(self._legacy.request(rec.request_id))
+            answers = await pipe.execute()
+        if len(self._registered) > 100_000:  # bound the memory; registering again is harmless
+            self._registered.clear()
+        self._registered |= pairs
+        return [bool(n) for n in answers[2 * len(pairs):]] if replay else [False] * len(recs)
+
+    async def _run_scripts(self, recs: list[CostRecord]) -> list[Any]:
+        """Run the record script for each of `recs` in one pipeline (one round trip; on a cluster, one per
+        master, in parallel). Sends EVALSHA as a raw command: redis-py's Script in a pipeline would ask SCRIPT
+        EXISTS first, a second round trip per batch, and its cluster pipeline refuses the `evalsha` method
+        (not the command, which it routes by the first key). If Redis lost the script (a restart, SCRIPT
+        FLUSH), load it (on every master) and run the batch once more: records a master had already applied
+        come back as duplicates, so nothing counts twice."""
+        if not recs:
+            return []
         for attempt in (1, 2):
             async with self._client.pipeline(transaction=False) as pipe:
                 for rec in recs:
                     keys, args = self._script_call(rec)
-                    pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                    pipe.execute_command("EVALSHA", self._script.sha, len(keys), *keys, *args)
                 try:
                     return list(await pipe.execute())
                 except NoScriptError:
@@ -258,8 +293,8 @@ class RedisLedger:
         """The record script's keys and arguments for `rec`."""
         day, member, hour_member = rollup_slot(rec)
         k = self.keys
-        keys = [k.request(rec.request_id), k.stream, k.day(day, member), k.hour(day, hour_member)]
-        keys += [k.day_index(day), k.hour_index(day)]
+        keys = [k.request(rec.tenant, rec.request_id), k.stream(rec.tenant), k.day(day, member)]
+        keys += [k.hour(day, hour_member), k.day_index(rec.tenant, day), k.hour_index(rec.tenant, day)]
         counters = [rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd]
         flat = [item for pair in record_to_fields(rec).items() for item in pair]
         keys.append(k.spend(rec.tenant, day[:7]))
@@ -281,7 +316,7 @@ class RedisLedger:
     async def _replay(self) -> None:
         while (good := await self._outbox.claim(record_from_fields)) is not None:
             for start in range(0, len(good), self._batch):
-                for applied in await self._apply_all(good[start : start + self._batch]):
+                for applied in await self._apply_all(good[start : start + self._batch], replay=True):
                     self._count(applied, replay=True)
             await self._outbox.release()
 

@@ -1,9 +1,10 @@
 """Per-tenant spend budgets (UTC day and month, integer micro-USD), read from the ledger's spend counters.
 
-The ledger's record script HINCRBYs `{prefix}spend:{tenant}:{YYYY-MM}` (fields `month` and `YYYY-MM-DD`)
+The ledger's record script HINCRBYs `{prefix}ledger:{<tenant>}:spend:{YYYY-MM}` (fields `month` and `YYYY-MM-DD`)
 once per new request id, in the same atomic step as the rollups, so spend is exact and shared by every
 gateway process, and retries or outbox replays never count twice. A record counts in the UTC day and
-month of its `started_at`. `BudgetGuard.check` reads both fields with one HMGET.
+month of its `started_at`. `BudgetGuard.check` reads both fields in one round trip, summed with the same
+hash of the key layout before (`gateway.ledger.layouts.read_spend`), so spend from before an upgrade counts.
 
 Contract for the caller, before routing each request: `verdict = await guard.check(tenant, budget)`;
 `verdict.state == "exceeded"` → `raise verdict.error(tenant)` when `verdict.on_exceed == "reject"`, route to
@@ -29,6 +30,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.errors import BudgetExceeded
 from gateway.ledger.keys import SPEND_MONTH_FIELD, LedgerKeys, utc_periods
+from gateway.ledger.layouts import read_spend
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Budget
 
@@ -136,7 +138,7 @@ class BudgetChecker(Protocol):
 class BudgetGuardCounts:
     """What this process's guard did since start (for metrics and tests); not persisted."""
 
-    reads: int = 0  # HMGETs sent to Redis
+    reads: int = 0  # spend reads sent to Redis (one round trip each)
     cached: int = 0  # checks answered from the local cache
     fail_open: int = 0  # checks answered "ok" because Redis was unreachable
     soft_warnings: int = 0  # "soft" warnings logged (once per tenant and period)
@@ -190,7 +192,8 @@ class BudgetGuard:
 
     async def check(self, tenant: str, budget: Budget) -> BudgetVerdict:
         """Verdict for `tenant` now. No I/O when `budget` sets no limit or the cache is fresh; else one
-        HMGET. Never raises for Redis trouble (fail open: "ok", `fail_open=True`)."""
+        round trip (two HMGETs: both key layouts). Never raises for Redis trouble (fail open: "ok",
+        `fail_open=True`)."""
         if budget.daily_usd is None and budget.monthly_usd is None:
             return BudgetVerdict("ok", budget.on_exceed)
         now = self._clock()
@@ -209,13 +212,13 @@ class BudgetGuard:
         if hit is not None and hit.day == day and mono - hit.fetched_at < self._cache_s:
             self.counts.cached += 1
             return hit
-        key = self._keys.spend(tenant, month)
-        raw = await self._guard.call(lambda: self._client.hmget(key, [SPEND_MONTH_FIELD, day]))
+        raw = await self._guard.call(lambda: read_spend(self._client, self._keys, tenant, month,
+                                                        [SPEND_MONTH_FIELD, day]))
         if raw is None:
             self.counts.fail_open += 1
             return None
         self.counts.reads += 1
-        fresh = _Cached(mono, month, day, int(raw[0] or 0), int(raw[1] or 0))
+        fresh = _Cached(mono, month, day, raw[0], raw[1])
         self._cache[tenant] = fresh
         return fresh
 

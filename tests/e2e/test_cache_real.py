@@ -20,11 +20,11 @@ from typing import Any
 
 import openai
 import pytest
-import redis
 
 from gateway.api.auth import hash_key
 from gateway.cli.demo import stop_process_group
 from gateway.costs.report import render_table, row_fields
+from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import delete_prefix, report_recent
 from tests.servers import free_port, wait_ready
 
@@ -70,10 +70,9 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 
 
 def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:
-    client = redis.Redis(decode_responses=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for _, fields in client.xrange(prefix + "records"):
+        for fields in ledger_records("redis://127.0.0.1:6379/0", prefix):
             if fields.get("request_id") == request_id:
                 return fields
         time.sleep(0.1)

@@ -21,13 +21,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.cli.demo import stop_process_group
 from gateway.serving.completions_schema import CompletionsRequest
 from gateway.serving.responses_schema import ResponsesRequest
+from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import load_policy
 from policies.pools import LocalPool
 from tests.conftest import delete_prefix
@@ -152,11 +152,9 @@ def test_the_gateway_serves_the_completions_requests_the_engine_serves(served: t
 
 
 def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:
-    client = redis.Redis(decode_responses=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        entries: Any = client.xrange(prefix + "records")
-        for _, fields in entries:
+        for fields in ledger_records("redis://127.0.0.1:6379/0", prefix):
             if fields.get("request_id") == request_id:
                 return dict(fields)
         time.sleep(0.1)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
+from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL
 from tests.servers import free_port, start_gateway
 
@@ -35,7 +35,7 @@ def test_sigterm_finishes_streams_in_flight_and_records_them(policy_file: Path, 
             proc.kill()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-    entries = redis.Redis.from_url(SHARED_URL, decode_responses=True).xrange(prefix + "records")
+    entries = ledger_records(SHARED_URL, prefix)
     assert len(entries) == 1
-    fields = entries[0][1]
+    fields = entries[0]
     assert (fields["status"], fields["completion_tokens"]) == ("ok", "60")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from gateway.api.auth import hash_key
 from loadtest.fake_upstream import FakeUpstream
+from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, policy_yaml
 from tests.servers import free_port, start_gateway
 
@@ -70,5 +70,5 @@ def test_one_budget_and_one_ledger_across_two_processes(two: list[str], prefix: 
         codes.append(_post(two[len(codes) % 2], "sk-broke"))
         time.sleep(1.1)  # past the guard's 1 s cache, so the shared spend is read again
     assert codes == [200, 200, 200, 200, 429]
-    records = redis.Redis.from_url(SHARED_URL, decode_responses=True).xrange(prefix + "records")
+    records = ledger_records(SHARED_URL, prefix)
     assert len(records) == codes.count(200)

@@ -24,6 +24,7 @@ from gateway.api.workers import exported, workers_problem
 from gateway.control.metrics import MULTIPROC_ENV
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
+from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
 from tests.servers import free_port, serve, wait_ready
 
@@ -154,14 +155,13 @@ def test_one_rate_limit_across_two_workers(workers: Workers) -> None:
 
 def test_one_budget_and_one_ledger_across_two_workers(workers: Workers) -> None:
     # each request costs ~132 micro-USD on the flagship; the budget is 500: the fifth one is refused
-    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
-    before = len(client.xrange(workers.prefix + "records") or [])
+    before = len(ledger_records(SHARED_URL, workers.prefix))
     codes: list[int] = []
     while 429 not in codes and len(codes) < 12:
         codes.append(_post(workers.url, "sk-broke").status_code)
         time.sleep(1.1)  # past the guard's 1 s cache, so the shared spend is read again
     assert codes == [200, 200, 200, 200, 429]
-    assert len(client.xrange(workers.prefix + "records") or []) - before == 4
+    assert len(ledger_records(SHARED_URL, workers.prefix)) - before == 4
 
 
 def test_one_degradation_step_across_two_workers(workers: Workers) -> None:

@@ -22,6 +22,7 @@ from gateway.costs.html import render_html
 from gateway.costs.report import render_table, row_fields
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
+from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, policy_yaml, report_recent, verify_recent
 from tests.servers import PrivateRedis, serve
 
@@ -67,10 +68,9 @@ def _ask(client: openai.OpenAI, text: str = "What is the capital of France?", **
 
 
 def _record(prefix: str, request_id: str) -> dict[str, str]:
-    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for _, fields in client.xrange(prefix + "records"):
+        for fields in ledger_records(SHARED_URL, prefix):
             if fields.get("request_id") == request_id:
                 return fields
         time.sleep(0.05)

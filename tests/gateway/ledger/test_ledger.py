@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.costs.report import Counters
+from gateway.ledger.layouts import stream_keys
 from gateway.ledger.outbox import Outbox, OutboxBusy
 from gateway.ledger.store import (
     CostRecord,
@@ -72,7 +73,8 @@ async def assert_exact(url: str, keys: LedgerKeys, recs: list[CostRecord]) -> No
         want = expected_rollups(keys, recs)
         got = {k: Counters.from_hash(await client.hgetall(k)) for k in want}
         assert got == want
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(keys.stream)  # type: ignore[assignment]
+        streams = await stream_keys(client, keys)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = [e for s in streams for e in await client.xrange(s)]
         ids = [fields[b"request_id"].decode() for _, fields in entries]
         assert sorted(ids) == sorted(r.request_id for r in recs)
     finally:

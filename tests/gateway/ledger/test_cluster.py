@@ -1,0 +1,148 @@
+"""The ledger on a real Redis Cluster: three masters on free loopback ports, started by the test and stopped
+by their PIDs. Records go through `RedisLedger` (a `redis+cluster://` URL: redis-py's cluster client), a
+replay from the outbox counts once, and the cost report, `verify`, the budget guard and the feedback owner
+check read them back through the cluster client. A record script whose keys span slots would be refused
+(CROSSSLOT) and spilled to the outbox: `spilled == 0` is what proves one slot per record."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+
+import pytest
+import redis
+from redis.asyncio.cluster import RedisCluster
+
+from gateway.costs.report import Counters, load_report, verify
+from gateway.learning.store import LearningStore
+from gateway.ledger.outbox import Outbox
+from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger, record_to_fields
+from gateway.redis_client import is_cluster_url, redis_from_url
+from gateway.tenancy.budgets import BudgetGuard
+from policies.tenants import Budget
+from tests.gateway.ledger.test_ledger import DAY0, make_record
+from tests.servers import free_port
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+PREFIX = "cl:"
+pytestmark = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server is not installed")
+
+
+def _wait(check: object, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except (redis.RedisError, OSError):
+            pass
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
+        time.sleep(0.05)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000, which Redis opens beside it) is free too."""
+    while True:
+        port = free_port()
+        if port + 10_000 <= 65_535:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + 10_000))
+                except OSError:
+                    continue
+            return port
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[str]:
+    """A three-master Redis Cluster (no replicas, nothing on disk); yields its `redis+cluster://` URL."""
+    ports = [_cluster_port() for _ in range(3)]
+    procs = [subprocess.Popen([REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(p), "--dir", str(tmp_path),
+                               "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{p}.conf",
+                               "--save", "", "--appendonly", "no"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for p in ports]
+    nodes = [redis.Redis(host="127.0.0.1", port=p, socket_timeout=1.0) for p in ports]
+    try:
+        for node in nodes:
+            _wait(node.ping, "redis-server answering")
+        subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=30)
+        for node in nodes:
+            _wait(lambda n=node: n.cluster("info")["cluster_state"] == "ok", "cluster_state:ok")  # type: ignore[misc]
+        yield f"redis+cluster://127.0.0.1:{ports[0]}"
+    finally:
+        for node in nodes:
+            node.close()
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _sums(recs: list[CostRecord]) -> Counters:
+    total = Counters()
+    for rec in recs:
+        total += Counters.of(rec)
+    return total
+
+
+@pytest.mark.redis
+async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str, tmp_path: Path) -> None:
+    recs = [make_record(i, tenant=f"tenant-{i % 5}") for i in range(60)]  # 5 tenants over 2 UTC days
+    led = RedisLedger(cluster, tmp_path / "outbox", PREFIX)
+    await led.start()
+    for start in range(0, 50, 10):  # several batches: the registries are written once per tenant and day
+        for rec in recs[start:start + 10]:
+            await led.record(rec)
+    await led.aclose()
+    assert (led.counts.recorded, led.counts.spilled, led.counts.lost) == (50, 0, 0)
+
+    box = Outbox(tmp_path / "outbox")  # a replay: 5 already counted (as after a timeout), 10 new
+    await box.open()
+    for rec in recs[45:]:
+        await box.append(record_to_fields(rec))
+    await box.aclose()
+    client = redis_from_url(cluster)
+    await client.script_flush()  # on every master: the replay has to load the record script again
+    await client.aclose()
+    replayer = RedisLedger(cluster, tmp_path / "outbox", PREFIX)
+    await replayer.start()  # drains before returning
+    await replayer.record(recs[0])  # a retry on the direct path
+    await replayer.aclose()
+    assert (replayer.counts.replayed, replayer.counts.duplicates, replayer.counts.spilled) == (10, 6, 0)
+
+    assert is_cluster_url(cluster)
+    client = redis_from_url(cluster)
+    assert isinstance(client, RedisCluster)
+    keys = LedgerKeys(PREFIX)
+    try:
+        await client.initialize()  # type: ignore[attr-defined]  # the slot map, read now (else on first use)
+        masters = {client.get_node_from_key(keys.stream(f"tenant-{t}")).name  # type: ignore[attr-defined]
+                   for t in range(5)}
+        assert len(masters) >= 2, "the tenants' keys must spread over the masters, or the test proves little"
+        report = await load_report(client, keys, date(2026, 1, 1), date(2026, 1, 2))  # type: ignore[arg-type]
+        assert report.total().counters == _sums(recs)
+        assert len({(c.day, c.tenant, c.pool, c.model) for c in report.cells}) == len(report.cells)
+        checked = await verify(client, keys, date(2026, 1, 1), date(2026, 1, 2))  # type: ignore[arg-type]
+        assert checked.ok and checked.records == 60, checked
+
+        day2 = DAY0 + 86_400 + 3600.0  # 2026-01-02T01:00Z
+        mine = [r for r in recs if r.tenant == "tenant-2"]
+        on_day2 = sum(r.cost_micro_usd for r in mine if r.started_at >= DAY0 + 86_400)
+        guard = BudgetGuard(client, keys, cache_s=0, clock=lambda: day2)
+        verdict = await guard.check("tenant-2", Budget.model_validate({"daily_usd": "1000", "monthly_usd": "1000"}))
+        assert not verdict.fail_open
+        assert (verdict.day_spent_micro_usd, verdict.month_spent_micro_usd) == (
+            on_day2, sum(r.cost_micro_usd for r in mine))
+
+        store = LearningStore(client, PREFIX)
+        assert await store.owned_by(mine[0].request_id, "tenant-2")
+        assert not await store.owned_by(mine[0].request_id, "tenant-3")
+    finally:
+        await client.aclose()
