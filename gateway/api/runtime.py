@@ -126,6 +126,7 @@ class Runtime:
         await self.ledger.aclose()
         if self.redis is not None:
             await self.redis.aclose()
+        await self.metrics.aclose()
         await self.engines.aclose()
 
 
@@ -186,6 +187,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     counts = getattr(ledger, "counts", None)  # a RedisLedger's (the memory ledger keeps none)
     if isinstance(counts, LedgerCounts):
         counts.on_event = metrics.ledger_event
+    metrics.outbox_records = getattr(ledger, "outbox_records", None)  # a RedisLedger's backlog on disk (a method)
+    metrics.start(settings.probe_interval_s)
     pool_set.on_engine_restart = metrics.engine_restarted
     _observe(scorer, metrics)
     accountant = Accountant(ledger, metrics)

@@ -16,7 +16,8 @@ Design:
 - `/metrics` of any worker is the sum over all workers: the parent empties `<home>/metrics` and starts each
   worker with `PROMETHEUS_MULTIPROC_DIR` set to it (prometheus_client's multiprocess mode,
   `gateway.control.metrics`), never the engines (vLLM would write its own metrics there); a dead worker's
-  counters stay in the sum, its live gauges (`cascade_replica_in_flight` among them) are dropped. The parent,
+  counters stay in the sum, its live gauges (`cascade_replica_in_flight` among them) are dropped. Each worker
+  gets its index in `CASCADE_WORKER`: the `worker` label of the gauges that hold its own view. The parent,
   which alone supervises the engines, counts their restarts into that folder itself
   (`cascade_engine_restarts_total`, once per restart whatever the number of workers).
 - SIGTERM or SIGINT to the parent: every worker drains (uvicorn's graceful shutdown), then the engines stop.
@@ -53,6 +54,7 @@ from backends.engines.registry import REGISTRY_ENV
 from backends.engines.supervisor import CommandFactory, choose_ports
 from gateway.control.engine_host import EngineHost
 from gateway.control.metrics import MULTIPROC_ENV, ParentRestartCounter, prepare_multiprocess_dir, worker_exited
+from gateway.control.worker_gauges import WORKER_ENV
 from gateway.settings import Settings
 from policies.loader import load_policy
 from policies.schema import LocalPool
@@ -151,7 +153,8 @@ class WorkerGroup:
         host, port, log_level, json_logs = self._args
         proc = self._ctx.Process(target=_worker_main, name=f"cascade-worker-{index}",
                                  args=(self._worker_settings(index), host, port, log_level, json_logs))
-        with exported(MULTIPROC_ENV, str(self._metrics_dir)), exported(REGISTRY_ENV, str(self._registry)):
+        with (exported(MULTIPROC_ENV, str(self._metrics_dir)), exported(REGISTRY_ENV, str(self._registry)),
+              exported(WORKER_ENV, str(index))):
             proc.start()  # this worker's environment, not the engines'
         log.info("worker %d started (pid %s)", index, proc.pid)
         return proc

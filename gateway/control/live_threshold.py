@@ -190,7 +190,9 @@ class LiveThreshold:
 
 
 class ThresholdCollector(Collector):
-    """/metrics gauges: the routing threshold in use, and for a share policy its target and realised share."""
+    """/metrics gauges: the routing threshold in use, and for a share policy its target and realised share. Each
+    worker's own (it routes with what its last refresh computed): under `--workers` they carry a `worker` label
+    (`gateway.control.metrics`)."""
 
     def __init__(self, live: LiveThreshold, policy: Callable[[], Policy]) -> None:
         self._live, self._policy = live, policy
@@ -218,6 +220,6 @@ def start_live_threshold(client: aioredis.Redis | None, prefix: str, policy: Cal
     registered in `metrics`. The caller owns it (`aclose`)."""
     window: ScoreWindow = MemoryWindow() if client is None else RedisWindow(client, prefix)
     live = LiveThreshold(window, policy)
-    metrics.register_scrape_time(ThresholdCollector(live, policy))
+    metrics.register_scrape_time(ThresholdCollector(live, policy), own_view=True)  # per worker: its own refresh
     live.start()
     return live

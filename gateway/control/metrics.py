@@ -7,24 +7,54 @@ the pools at scrape time.
 Several processes (`cascade serve --workers N`): the parent sets `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's
 multiprocess mode, see `multiprocess_dir`) before it spawns the workers. Every counter, histogram and gauge then
 lives in memory-mapped files there, and `render()` in any worker answers the sum over all workers, dead ones
-included for counters (totals never drop when a worker restarts); gauges declare how they combine
-(`multiprocess_mode`). In that mode:
-- `cascade_replica_in_flight` is the sum over the live workers (`livesum`): each worker writes its own count of a
-  replica whenever it changes (`in_flight_changed`, called by the proxy) and refreshes all of its replicas before
-  it renders, so every scrape, whichever worker answers, reads the requests the whole host has open to each
-  replica; a worker that exits drops out of the sum (`worker_exited`). With one process it is read from the pools
-  at scrape time, as before: the same meaning, requests in flight from this gateway (this pod).
-- `cascade_engine_restarts_total{pool,reason}` is counted once, by the process that supervises the engines. Under
-  `--workers N` that is the parent (the workers run with `start_engines=False` and count none): it serves no
-  metrics and its environment must not carry `PROMETHEUS_MULTIPROC_DIR` (the engines inherit it), so it writes its
-  counter into the folder's own file (`ParentRestartCounter`), summed in like a worker's.
-- The other per-replica gauges (health, KV-cache use, queue depth, breaker state, speculative decoding:
-  `gateway.control.speculation_metrics`) are read at scrape time from the answering worker's pools: they describe
-  the shared engines, which every worker probes alike.
+included for counters (totals never drop when a worker restarts). Counters and histograms are summed. Each gauge
+is true on every scrape, whichever worker answers, in one of four ways:
+- Summed over the live workers (`livesum`), each worker writing its own share:
+  `cascade_replica_in_flight` (each worker writes its count of a replica whenever it changes, `in_flight_changed`,
+  called by the proxy, and refreshes all of its replicas before it renders: the requests the whole host has open
+  to each replica) and `cascade_ledger_outbox_records` (the records waiting in this worker's outbox on disk,
+  written every second and before it renders). A worker that exits drops out of the sum (`worker_exited`).
+- The highest over the live workers (`livemax`), for a state that is one across workers:
+  `cascade_degradation_active{step}` (one ladder leader decides for all, `gateway.control.ladder_sync`; the
+  others follow it) and `cascade_admission_store_unreachable{check}` (1 while any worker finds Redis unreachable).
+- One series per worker, labelled `worker` (`gateway.control.worker_gauges`), for a view each worker holds
+  alone: `cascade_replica_healthy` and `cascade_replica_breaker_open` (what this worker's probes and requests saw,
+  and so whether it routes to the replica), and the routing gauges of `gateway.control.live_threshold`
+  (`cascade_routing_threshold`, `_flagship_share_target`, `_flagship_share`, `_window_scores`: each worker
+  routes with the value its own refresh of the shared window computed, up to a second apart). Dashboards take
+  `min` / `max` by (pool, replica) or `max` over the workers. With one process there is no `worker` label.
+- Read at scrape time from the answering worker, for what every worker reads alike from one source:
+  `cascade_replica_kv_cache_usage` and `_queue_depth` (the engine's own figures, scraped by every worker from the
+  same `/metrics` of the engine each probe interval: they differ between workers only by when each scraped),
+  `cascade_pool_replicas` (the pool's replicas, from the one policy and engine registry) and the speculative
+  decoding figures (`gateway.control.speculation_metrics`, engine counters scraped alike).
+`cascade_engine_restarts_total{pool,reason}` is counted once, by the process that supervises the engines. Under
+`--workers N` that is the parent (the workers run with `start_engines=False` and count none): it serves no
+metrics and its environment must not carry `PROMETHEUS_MULTIPROC_DIR` (the engines inherit it), so it writes its
+counter into the folder's own file (`ParentRestartCounter`), summed in like a worker's.
+
+The ledger and the limiter: `cascade_ledger_records_total{outcome}` counts what the ledger did with each record;
+`outcome="lost"` is the records lost (Redis down and the outbox write failed), so no separate lost counter is
+kept. `cascade_ledger_outbox_records` is the backlog on disk, `cascade_limiter_decisions_total{tenant,decision}`
+the rate limiter's admitted / limited / unchecked decisions.
+
+Latency histograms, and why they are apart:
+- `cascade_ttft_seconds`: a stream's (or a JSON answer assembled from a stream's) time to its first content
+  event. It is also what the ledger's `ttft_ms`, the degradation ladder's `ttft_p95_s` and the canary guard read.
+- `cascade_first_byte_seconds`: a non-streamed answer's time to the engine's first response byte. An OpenAI
+  server (vLLM included) sends a JSON answer's headers with its body once it is generated, so this is the time to
+  the whole answer, and it is taken when the answer has arrived. Mixed into `cascade_ttft_seconds` it would put
+  whole generations into a time-to-first-token p99 (and trip the ladder's TTFT step, and make the ledger's
+  `ttft_ms` report an inter-token latency of about 0 for them), so it is a histogram of its own and a
+  non-streamed record's `ttft_ms` stays None.
+- `cascade_inter_token_seconds`: per streamed content event, measured per arrival of a network chunk
+  (`gateway.serving.streaming`: a chunk of k events after a gap g counts g/k k times).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping
@@ -35,14 +65,17 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import Collector
 
+from backends.background import stop
 from backends.clients.breaker import BreakerState
 from backends.clients.pool import Pool, Replica
 from gateway.control.speculation_metrics import SpeculationCollector
+from gateway.control.worker_gauges import WorkerGauges
 from gateway.ledger.store import CostRecord
 
 __all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "ParentRestartCounter", "multiprocess_dir",
            "prepare_multiprocess_dir", "worker_exited"]
 
+log = logging.getLogger("cascade.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
@@ -95,7 +128,10 @@ class ParentRestartCounter:
         self._file.write_value(key, value + 1.0, 0.0)  # type: ignore[no-untyped-call]
 
 
-class _PoolCollector(Collector):
+class _EngineCollector(Collector):
+    """Per-replica gauges every worker reads alike (the engine's figures) and, in one process, the in-flight
+    counts."""
+
     def __init__(self, pools: Callable[[], Mapping[str, Pool]], in_flight: bool = True) -> None:
         """`in_flight=False`: leave `cascade_replica_in_flight` to the multiprocess gauge."""
         self._pools = pools
@@ -104,14 +140,10 @@ class _PoolCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         in_flight = GaugeMetricFamily("cascade_replica_in_flight", "requests in flight per replica, as the gateway "
                                       "sees them", labels=["pool", "replica"])
-        healthy = GaugeMetricFamily("cascade_replica_healthy", "1 if the replica passed its last probe",
-                                    labels=["pool", "replica"])
         kv = GaugeMetricFamily("cascade_replica_kv_cache_usage", "engine KV-cache use (0..1), as scraped",
                                labels=["pool", "replica"])
         queue = GaugeMetricFamily("cascade_replica_queue_depth", "engine waiting requests, as scraped",
                                   labels=["pool", "replica"])
-        breaker = GaugeMetricFamily("cascade_replica_breaker_open", "circuit breaker: 0 closed, 0.5 half-open "
-                                    "(probing), 1 open", labels=["pool", "replica"])
         replicas = GaugeMetricFamily("cascade_pool_replicas", "replicas the pool routes to (autoscaled pools change "
                                      "it)", labels=["pool"])
         for name, pool in self._pools().items():
@@ -119,12 +151,28 @@ class _PoolCollector(Collector):
             for r in pool.replicas:
                 labels = [name, r.url]
                 in_flight.add_metric(labels, r.in_flight)
-                healthy.add_metric(labels, 1.0 if r.healthy else 0.0)
                 kv.add_metric(labels, r.load.kv_cache_usage)
                 queue.add_metric(labels, r.load.waiting)
-                breaker.add_metric(labels, _BREAKER_LEVEL[r.breaker.state])
-        shared = [healthy, kv, queue, breaker, replicas]
+        shared = [kv, queue, replicas]
         return [in_flight, *shared] if self._in_flight else shared
+
+
+class _ViewCollector(Collector):
+    """Per-replica gauges of this process's own view: health as its probes saw it, its circuit breaker."""
+
+    def __init__(self, pools: Callable[[], Mapping[str, Pool]]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterable[Metric]:
+        healthy = GaugeMetricFamily("cascade_replica_healthy", "1 if the replica passed its last probe",
+                                    labels=["pool", "replica"])
+        breaker = GaugeMetricFamily("cascade_replica_breaker_open", "circuit breaker: 0 closed, 0.5 half-open "
+                                    "(probing), 1 open", labels=["pool", "replica"])
+        for name, pool in self._pools().items():
+            for r in pool.replicas:
+                healthy.add_metric([name, r.url], 1.0 if r.healthy else 0.0)
+                breaker.add_metric([name, r.url], _BREAKER_LEVEL[r.breaker.state])
+        return [healthy, breaker]
 
 
 class GatewayMetrics:
@@ -147,8 +195,12 @@ class GatewayMetrics:
                                ["tenant"], registry=r)
         self.ttft = Histogram("cascade_ttft_seconds", "time to first token (streams)", ["pool", "version"],
                               buckets=_TTFT, registry=r)
-        self.itl = Histogram("cascade_inter_token_seconds", "gap between streamed content events",
-                             ["pool", "version"], buckets=_ITL, registry=r)
+        self.first_byte = Histogram("cascade_first_byte_seconds", "non-streamed answers: time to the engine's "
+                                    "first byte, which for a JSON answer comes with the whole answer",
+                                    ["pool", "version"], buckets=_TTFT, registry=r)
+        self.itl = Histogram("cascade_inter_token_seconds", "gap per streamed content event: a network chunk's gap "
+                             "since the last, shared by the content events it carries", ["pool", "version"],
+                             buckets=_ITL, registry=r)
         self.latency = Histogram("cascade_request_seconds", "end-to-end request latency", ["pool", "version"],
                                  buckets=_LATENCY, registry=r)
         self.overhead = Histogram("cascade_gateway_overhead_seconds", "time spent in the gateway before the "
@@ -212,21 +264,57 @@ class GatewayMetrics:
                                       ["tenant", "mode", "reason"], registry=r)
         self.cache_avoided = Counter("cascade_cache_avoided_micro_usd", "what cache hits would have cost on their "
                                      "pool, micro-USD", ["tenant", "pool"], registry=r)
+        self.outbox = Gauge("cascade_ledger_outbox_records", "cost records waiting in the ledger's outbox on disk "
+                            "(Redis was unreachable), to be replayed; summed over the workers", registry=r,
+                            multiprocess_mode="livesum")
+        self.outbox_records: Callable[[], int] | None = None
+        """The records in this process's outbox now (the Redis ledger's `outbox_records`; None: no outbox)."""
         self._pools = pools
-        shared = multiprocess_dir() is not None
+        path = multiprocess_dir()
+        shared = path is not None
         self._in_flight = Gauge("cascade_replica_in_flight", "requests in flight per replica, as the gateway sees "
                                 "them (summed over the live workers)", ["pool", "replica"], registry=None,
                                 multiprocess_mode="livesum") if shared else None  # registry=None: in the files only
-        r.register(_PoolCollector(pools, in_flight=not shared))
+        r.register(_EngineCollector(pools, in_flight=not shared))
         r.register(SpeculationCollector(pools))
         self._scrape_time = CollectorRegistry(auto_describe=True)  # multiprocess mode only: live, per worker
-        self._scrape_time.register(_PoolCollector(pools, in_flight=not shared))
+        self._scrape_time.register(_EngineCollector(pools, in_flight=not shared))
         self._scrape_time.register(SpeculationCollector(pools))
+        self._views: list[Collector] = []
+        self._worker_gauges = WorkerGauges(path, self._views) if path is not None else None
+        self._task: asyncio.Task[None] | None = None
+        self.register_scrape_time(_ViewCollector(pools), own_view=True)
 
-    def register_scrape_time(self, collector: Collector) -> None:
-        """Add a collector read at scrape time (from this process's state, in either mode)."""
+    def register_scrape_time(self, collector: Collector, own_view: bool = False) -> None:
+        """Add a collector of gauges read at scrape time from this process's state. `own_view`: a state each
+        worker holds for itself, published with a `worker` label under `--workers` (see the module docstring);
+        else one every worker reads alike, read from the answering worker."""
         self.registry.register(collector)
-        self._scrape_time.register(collector)
+        if own_view:
+            self._views.append(collector)
+        else:
+            self._scrape_time.register(collector)
+
+    def start(self, interval_s: float = 1.0) -> None:
+        """Under `--workers`: `publish` every `interval_s` (an owned task, stopped by `aclose`), so that another
+        worker's scrape reads this one's figures. With one process `render` publishes: nothing to start."""
+        if self._worker_gauges is not None:
+            self._task = asyncio.create_task(self._publish_every(interval_s), name="metrics-publish")
+
+    async def _publish_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.publish()
+            except Exception:  # a full disk must not stop the worker: the last figures stay
+                log.exception("publishing this worker's gauges failed")
+
+    async def aclose(self) -> None:
+        """Stop publishing; under `--workers` this worker's own view leaves the exposition with it."""
+        await stop(self._task)
+        self._task = None
+        if self._worker_gauges is not None:
+            self._worker_gauges.remove()
 
     def observe_record(self, rec: CostRecord) -> None:
         version = rec.pool_version or "none"
@@ -279,15 +367,25 @@ class GatewayMetrics:
         """A request that never reached an engine (bad input, auth, no replica)."""
         self.requests.labels("none", "none", str(status), tenant, "none").inc()
 
+    def publish(self) -> None:
+        """Write what this process holds alone into the gauges read at scrape time (its outbox backlog) and,
+        under `--workers`, its own view into its file; called every second (`start`) and by `render`."""
+        if self.outbox_records is not None:
+            self.outbox.set(self.outbox_records())
+        if self._worker_gauges is not None:
+            self._worker_gauges.publish()
+
     def render(self) -> bytes:
         """The exposition text: this process's registry, or the sum of every worker's in multiprocess mode
         plus this worker's scrape-time collectors."""
         path = multiprocess_dir()
         if path is None:
+            self.publish()
             return generate_latest(self.registry)
         for name, pool in self._pools().items():  # every replica present, this worker's share exact now
             for replica in pool.replicas:
                 self.in_flight_changed(name, replica)
+        self.publish()
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, str(path))  # type: ignore[no-untyped-call]
         return generate_latest(merged) + generate_latest(self._scrape_time)

@@ -64,6 +64,8 @@ class Outbox:
         self._io = asyncio.Lock()  # serialises flushes, claim's rename and release
         self._has_lines = False
         self.rejected = 0  # malformed lines moved to the rejected file since open
+        self.waiting = 0  # lines on disk not yet released (left at open, appended since, or claimed)
+        self._claimed = 0  # lines of the batch `claim` returned last (released together)
 
     @property
     def has_lines(self) -> bool:
@@ -73,7 +75,8 @@ class Outbox:
     async def open(self) -> None:
         """Create the directory, take the process lock (raises `OutboxBusy`), cut a torn tail."""
         self._lock_fd = await asyncio.to_thread(self._open_sync)
-        self._has_lines = await asyncio.to_thread(self._any_lines_sync)
+        self.waiting = await asyncio.to_thread(self._count_lines_sync)
+        self._has_lines = self.waiting > 0
 
     async def append(self, obj: Mapping[str, str]) -> None:
         """Append one object durably; returns after it is fsynced. Raises `OSError` if the disk fails."""
@@ -97,7 +100,9 @@ class Outbox:
             lines = await asyncio.to_thread(self._claim_sync)
             if lines is None:
                 self._has_lines = bool(self._pending)
+                self.waiting = self._claimed = 0
                 return None
+            self._claimed = len(lines)
         objects, bad = _decode(lines, decode)
         if bad:
             self.rejected += len(bad)
@@ -109,6 +114,8 @@ class Outbox:
         """Forget the claimed batch: every line in it has been applied."""
         async with self._io:
             await asyncio.to_thread(self._release_sync)
+            self.waiting = max(0, self.waiting - self._claimed)
+            self._claimed = 0
 
     async def _reject(self, lines: list[bytes]) -> None:
         async with self._io:
@@ -133,6 +140,7 @@ class Outbox:
                     _settle(batch, exc)
                     continue
                 self._has_lines = True
+                self.waiting += len(batch)
                 _settle(batch, None)
 
     def _open_sync(self) -> int:
@@ -147,8 +155,8 @@ class Outbox:
             _cut_torn_tail(path)
         return fd
 
-    def _any_lines_sync(self) -> bool:
-        return any(p.exists() and p.stat().st_size > 0 for p in (self._outbox, self._draining))
+    def _count_lines_sync(self) -> int:
+        return sum(p.read_bytes().count(b"\n") for p in (self._outbox, self._draining) if p.exists())
 
     def _claim_sync(self) -> list[bytes] | None:
         if not self._draining.exists():

@@ -172,6 +172,10 @@ class RedisLedger:
             _log.warning("ledger outbox not replayed at start (Redis unreachable); retrying in background")
         self._drain_task = asyncio.create_task(self._drain_loop(), name="ledger-drain")
 
+    def outbox_records(self) -> int:
+        """Records waiting in the outbox on disk for Redis (`cascade_ledger_outbox_records`)."""
+        return self._outbox.waiting
+
     async def record(self, rec: CostRecord) -> None:
         """Count `rec` once. Raises `InvalidCostRecord` for a malformed record; never for an outage.
 

@@ -108,7 +108,7 @@ class CascadeFlow:
         return await self._run_json(pool, body, call)
 
     async def _run_json(self, pool: Pool, body: bytes, call: _Call) -> JSONReply:
-        replica, answer = await self._fw.complete(pool, body)
+        replica, answer = await self._fw.complete(pool, body, started=call.facts.started)
         conf = confidence(answer_logprobs(answer))
         if conf is None or conf >= call.loaded.policy.routing.cascade.min_confidence:
             return self._keep_json(call, replica, answer, {**call.turn.headers, **cascade_headers(False, conf)})

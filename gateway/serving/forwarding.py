@@ -8,6 +8,7 @@ degradation monitor's windows, and the replay log when enabled.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -77,12 +78,18 @@ class Forwarder:
         """The engine client it forwards with (also what counts tokens at the engines)."""
         return self._engines
 
-    async def complete(self, pool: Pool, body: bytes, path: str = CHAT.path) -> tuple[Replica, bytes]:
+    async def complete(self, pool: Pool, body: bytes, path: str = CHAT.path,
+                       started: float | None = None) -> tuple[Replica, bytes]:
+        """A non-streamed call. `started` (the request's arrival, monotonic seconds): observe the time to the
+        engine's answer into `cascade_first_byte_seconds` (`gateway.control.metrics` says why not TTFT)."""
         try:
-            return await self.proxy.complete(pool, body, path)
+            answered = await self.proxy.complete(pool, body, path)
         except GatewayError as exc:
             self._note_failure(pool, exc)
             raise
+        if started is not None:
+            self._metrics.first_byte.labels(pool.name, pool.version or "none").observe(time.monotonic() - started)
+        return answered
 
     async def open(self, pool: Pool, body: bytes, path: str = CHAT.path) -> OpenStream:
         try:
@@ -99,7 +106,8 @@ class Forwarder:
 
     async def json(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
                    headers: dict[str, str] | None = None) -> JSONReply:
-        replica, body = await self.complete(pool, orjson.dumps(upstream), ENDPOINTS[facts.endpoint].path)
+        replica, body = await self.complete(pool, orjson.dumps(upstream), ENDPOINTS[facts.endpoint].path,
+                                            facts.started)
         facts, checked = self.judged(loaded, facts, replica, upstream, body)
         self.account_json(loaded, facts, replica, upstream, body)
         return JSONReply(body, facts.decision, {**(headers or {}), **checked})
@@ -211,5 +219,5 @@ class Forwarder:
         text = relay.generated_text() if relay.usage is None else ""
         await self._record(loaded, facts, replica, upstream, relay.usage, text)
         itl = self._metrics.itl.labels(facts.decision.pool, facts.decision.pool_version or "none")
-        for gap in relay.gaps_s:
+        for gap in relay.gaps_s:  # one per content event, timed per network chunk (`StreamRelay._content_arrived`)
             itl.observe(gap)

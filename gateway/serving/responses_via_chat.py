@@ -34,7 +34,7 @@ async def send_via_chat(fw: Forwarder, pool: Pool, upstream: dict[str, Any], req
     from it, as for a native Responses request."""
     chat = chat_request(upstream, facts.decision.pool)
     if not request.stream:
-        replica, body = await fw.complete(pool, orjson.dumps(chat), CHAT.path)
+        replica, body = await fw.complete(pool, orjson.dumps(chat), CHAT.path, facts.started)
         fw.account_json(loaded, facts, replica, upstream, body)
         return JSONReply(response_object(upstream, body), facts.decision, headers)
     opened = await fw.open(pool, orjson.dumps(chat), CHAT.path)
