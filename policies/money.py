@@ -98,9 +98,11 @@ def _document_forms(schema: dict[str, Any]) -> None:
         schema["properties"][name] = {**schema["properties"][name], "type": ["string", "number"]}
         schema["properties"][name].pop("anyOf", None)
     schema.pop("required", None)
+    # the single rate with the split ones is the split form (the loader checks it lies between them)
     schema["oneOf"] = [{"required": ["input_per_mtok", "output_per_mtok"]},
                        {"required": ["gpu_hour_usd", _PREFILL, _DECODE]},
-                       {"required": ["gpu_hour_usd", _FLAT]}]
+                       {"required": ["gpu_hour_usd", _FLAT], "not": {"anyOf": [{"required": [_PREFILL]},
+                                                                              {"required": [_DECODE]}]}}]
 
 
 class Price(Frozen):

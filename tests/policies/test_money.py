@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from policies.loader import PolicyError, load_policy, parse_policy
@@ -91,7 +92,23 @@ def test_a_gpu_hour_price_without_the_throughput_it_needs_is_refused_with_file_l
     assert says in _problem(price)
 
 
-def test_the_json_schema_lists_the_three_forms() -> None:
-    schema = Price.model_json_schema()
-    assert {"required": ["gpu_hour_usd", "prefill_tokens_per_second", "decode_tokens_per_second"]} in schema["oneOf"]
-    assert {"required": ["gpu_hour_usd", "tokens_per_second"]} in schema["oneOf"]
+@pytest.mark.parametrize(("price", "loads"), [
+    ({"input_per_mtok": "0.2", "output_per_mtok": "0.6"}, True),
+    ({"gpu_hour_usd": "1", "prefill_tokens_per_second": 4000, "decode_tokens_per_second": 100}, True),
+    ({"gpu_hour_usd": "1", "tokens_per_second": 400}, True),
+    ({"gpu_hour_usd": "1", "prefill_tokens_per_second": 4000, "decode_tokens_per_second": 100,
+      "tokens_per_second": 400}, True),
+    ({"gpu_hour_usd": "1"}, False),
+    ({"gpu_hour_usd": "1", "prefill_tokens_per_second": 4000, "tokens_per_second": 400}, False),
+    ({"gpu_hour_usd": "1", "decode_tokens_per_second": 0, "prefill_tokens_per_second": 10}, False),
+    ({"input_per_mtok": "0.2", "output_per_mtok": "0.6", "gpu_hour_usd": "1", "tokens_per_second": 400}, False),
+])
+def test_the_json_schema_editors_check_against_agrees_with_the_loader(price: dict[str, object], loads: bool) -> None:
+    validator = jsonschema.Draft202012Validator(Price.model_json_schema())
+    assert validator.is_valid(price) == loads
+    try:
+        Price.model_validate(price)
+    except ValueError:
+        assert not loads
+    else:
+        assert loads
