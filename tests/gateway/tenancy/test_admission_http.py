@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -66,8 +67,12 @@ def test_budget_rejects_once_spent(gateway: str) -> None:
     while (r := _post(gateway, "sk-broke")).status_code == 200 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
-    assert "0.0001" in r.json()["error"]["message"] or "USD" in r.json()["error"]["message"]
-    assert int(r.headers["retry-after"]) > 0
+    now = datetime.now(UTC)
+    midnight = datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+    message = r.json()["error"]["message"]
+    assert "of its daily budget of 0.000100 USD" in message, message
+    assert f"it resets at {midnight:%Y-%m-%dT%H:%M:%SZ} (UTC)" in message, message
+    assert abs(int(r.headers["retry-after"]) - (midnight - now).total_seconds()) <= 2  # to the UTC day's end
 
 
 def test_budget_downgrades_to_micro(gateway: str) -> None:
