@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
     report.add_argument("--format", choices=sorted(_RENDERERS), default="table")
     report.add_argument("--out", type=Path, help="write here instead of stdout")
     report.add_argument("--policy", type=Path, help="policy naming the micro and flagship pools, for the quality "
-                        "kept (default: the demo policy)")
+                        "kept, and the prices stated under the table (default: the demo policy)")
     report.add_argument("--artifact", type=Path, help="router artifact .json whose evaluation curve estimates the "
                         "quality kept (default: the shipped one)")
     report.set_defaults(func=_run_report)

@@ -131,3 +131,19 @@ def test_cost_page_served_at_admin_costs_renders_in_chromium(gateway: str, tmp_p
     # the stacked day bar has a micro part and a flagship part, each a solid block of its colour
     assert pixels_of(shot, MICRO_RGB) > 2_000
     assert pixels_of(shot, FLAGSHIP_RGB) > 2_000
+
+
+def test_cost_page_states_the_running_policys_prices(gateway: str, tmp_path: Path) -> None:
+    _post(gateway, "sk-acme", "micro", 4)
+    today = datetime.now(UTC).date()
+    query = {"from": str(today - timedelta(days=1)), "to": str(today + timedelta(days=1)), "by": "pool"}
+    deadline = time.monotonic() + 10
+    while True:  # the record is written after the answer
+        r = httpx.get(gateway + "/admin/costs", params=query, headers={"authorization": f"Bearer {ADMIN}"})
+        if "<b>1</b>" in r.text or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert r.status_code == 200 and "<h2>Prices</h2>" in r.text, r.text
+    assert f"(policy {tmp_path / 'policy.yaml'};" in r.text
+    assert "<p>micro: $0.20/M prompt tokens, $0.20/M completion tokens (per-token price)</p>" in r.text
+    assert "<p>flagship: $3.00/M prompt tokens, $15.00/M completion tokens (per-token price) [flagship:" in r.text
