@@ -50,6 +50,10 @@ def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     assert shipped.count(line) == 1, "the shipped routing threshold changed: update this test"
     # ...and output checks: a JSON answer that does not hold its schema escalates (requests tagged
     # metadata.check=json go to micro by a rule: no score, so no cascade escalation comes first)
+    # ...and a flagship whose context is twice micro's: a conversation too long for micro is placed there
+    flagship_context = "served_name: flagship\n      replicas: 1\n      max_model_len: 1024\n"
+    assert shipped.count(flagship_context) == 1, "the shipped flagship engine block changed: update this test"
+    shipped = shipped.replace(flagship_context, flagship_context.replace("1024", str(FLAGSHIP_CONTEXT)))
     policy.write_text(shipped.replace(
         line, line + "\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"
         "\n  rules:\n    - {name: json-on-micro, match: {metadata: {check: [json]}}, pool: micro}")
@@ -75,6 +79,10 @@ tenants:
   redacting: {{api_key_sha256: ['{hash_key("sk-e2e-redact")}'], guards: {{pii: {{action: redact}}}}}}
   refusing: {{api_key_sha256: ['{hash_key("sk-e2e-refuse")}'], guards: {{pii: {{action: refuse}}}}}}
 """
+
+FLAGSHIP_CONTEXT = 2048  # micro keeps the shipped 1024
+MICRO_ENGINE = "http://127.0.0.1:8101"  # default.yaml's base ports
+FLAGSHIP_ENGINE = "http://127.0.0.1:8201"
 
 # default.yaml routes a flagship share, starting from this threshold until it has seen 200 scores
 POLICY_INITIAL_THRESHOLD = 0.28
@@ -257,3 +265,52 @@ def test_a_card_number_is_redacted_before_the_engine_or_refused(gateway: str, st
     metrics = httpx.get(gateway + "/metrics").text
     assert 'cascade_guard_decisions_total{action="redacted",guard="pii",kind="card",tenant="redacting"}' in metrics
     assert 'cascade_guard_decisions_total{action="refused",guard="pii",kind="card",tenant="refusing"}' in metrics
+
+
+def _conversation(tokens: int) -> list[dict[str, str]]:
+    """A multi-turn conversation of about `tokens` prompt tokens as the micro engine counts them."""
+    turn = "Here is the next part of the incident log we are reviewing together, line by line. " * 4
+    messages: list[dict[str, str]] = []
+    while True:
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "Noted, go on."}]
+        asked = [*messages, {"role": "user", "content": "Summarise the log in one line."}]
+        count = httpx.post(MICRO_ENGINE + "/tokenize", json={"model": "micro", "messages": asked},
+                           timeout=30).json()["count"]
+        if count >= tokens:
+            return asked
+
+
+def test_a_conversation_too_long_for_micro_is_served_by_the_flagship_whose_context_holds_it(
+        gateway: str, prefix: str) -> None:
+    """Routed to micro by a rule, a 1,300-token conversation does not fit micro's 1,024: the flagship (2,048)
+    answers it, streamed and not, and the engine's 400 is never seen."""
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    messages = _conversation(1300)
+    direct = httpx.post(MICRO_ENGINE + "/v1/chat/completions", timeout=60,
+                        json={"model": "micro", "messages": messages, "max_tokens": 16})
+    assert direct.status_code == 400  # what the client got before: micro's engine refuses it
+    for stream in (False, True):
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", messages=messages, max_tokens=16, metadata={"check": "json"}, stream=stream)
+        if stream:
+            chunks = list(raw.parse())
+            assert any(c.choices and c.choices[0].delta.content for c in chunks)
+        else:
+            assert raw.parse().choices[0].message.content
+        assert (raw.headers["x-cascade-pool"], raw.headers["x-cascade-rule"]) == ("flagship", "context-fit")
+        rec = _record(prefix, raw.headers["x-request-id"])
+        assert (rec["pool"], rec["rule"], rec["status"]) == ("flagship", "context-fit", "ok")
+        assert 1024 < int(rec["prompt_tokens"]) <= FLAGSHIP_CONTEXT - 16
+
+
+def test_a_conversation_no_pool_holds_is_a_400_naming_the_sizes(gateway: str) -> None:
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+    with pytest.raises(openai.BadRequestError) as pinned:  # a pinned model is never moved
+        client.chat.completions.create(model="micro", messages=_conversation(1300), max_tokens=16)
+    assert pinned.value.code == "context_length_exceeded"
+    assert "'micro' holds 1024 tokens" in pinned.value.message and "pinned" in pinned.value.message
+    with pytest.raises(openai.BadRequestError) as routed:
+        client.chat.completions.create(model="auto", messages=_conversation(2100), max_tokens=16)
+    assert routed.value.code == "context_length_exceeded"
+    assert "'micro' holds 1024 tokens" in routed.value.message
+    assert f"'flagship' holds {FLAGSHIP_CONTEXT} tokens" in routed.value.message
