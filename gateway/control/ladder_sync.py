@@ -8,8 +8,10 @@ Followers adopt the written state. A process that becomes leader starts from the
 leader change keeps the steps' entry times. Entry times cross processes as UTC epoch seconds and are
 mapped to each process's monotonic clock.
 
-Keys under `<prefix>ladder:`: `leader` (process id, PX lease), `state` (JSON {"active": {step: epoch},
-"at": epoch}), `reports` (hash process id -> JSON report).
+Keys under `<prefix>ladder:{sync}:` (one hash tag: the lease script reads `leader` and writes `state` in one
+slot, so it also runs on Redis Cluster): `leader` (process id, PX lease), `state` (JSON {"active": {step:
+epoch}, "at": epoch}), `reports` (hash process id -> JSON report). Processes of a version that used the
+untagged `<prefix>ladder:leader` keys keep a ladder of their own until they are replaced.
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ class LadderSync:
 
     def __init__(self, redis: aioredis.Redis, prefix: str, lease_s: float = 3.0, stale_s: float = 5.0) -> None:
         self._redis = redis
-        self._leader_key = f"{prefix}ladder:leader"
-        self._state_key = f"{prefix}ladder:state"
-        self._reports_key = f"{prefix}ladder:reports"
+        self._leader_key = f"{prefix}ladder:{{sync}}:leader"
+        self._state_key = f"{prefix}ladder:{{sync}}:state"
+        self._reports_key = f"{prefix}ladder:{{sync}}:reports"
         self._lease_ms = int(lease_s * 1000)
         self._stale_s = stale_s
         self.me = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -67,7 +67,7 @@ routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
                 r = httpx.post(base + "/v1/chat/completions", json=body, timeout=60)
                 assert r.status_code == 200 and r.headers["x-cascade-pool"] == "micro", r.text
             time.sleep(1.5)
-            assert len(redis.Redis.from_url(SHARED_URL).hgetall(prefix + "ladder:reports")) == 2
+            assert len(redis.Redis.from_url(SHARED_URL).hgetall(prefix + "ladder:{sync}:reports")) == 2
             engine_pid = next(p for p, c in children.items() if ENGINE in c)
         finally:
             proc.send_signal(signal.SIGTERM)

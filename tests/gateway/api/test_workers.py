@@ -89,7 +89,7 @@ def test_two_worker_processes_serve_the_port_and_both_report(workers: Workers) -
     for _ in range(40):
         assert _post(workers.url, model="micro").status_code == 200
     time.sleep(1.5)  # a ladder tick: each worker publishes its own report
-    reports = redis.Redis.from_url(SHARED_URL).hgetall(workers.prefix + "ladder:reports")
+    reports = redis.Redis.from_url(SHARED_URL).hgetall(workers.prefix + "ladder:{sync}:reports")
     assert len(reports) == 2  # both workers are alive, share the ladder, and (40 connections) served requests
 
 
@@ -173,7 +173,7 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
     deadline = time.monotonic() + 10
     while pools() != {"flagship"}:
         assert time.monotonic() < deadline, "the step never engaged in every worker"
-    state = redis.Redis.from_url(SHARED_URL).get(workers.prefix + "ladder:state")
+    state = redis.Redis.from_url(SHARED_URL).get(workers.prefix + "ladder:{sync}:state")
     assert state is not None and b"micro-kv-high" in state
     assert _ladder_gauges(workers.url) == [1.0] * 6  # whichever worker answers
     workers.micro.kv_cache_usage = 0.7  # between exit_below and enter_above: held in every worker

@@ -65,7 +65,7 @@ def test_merge_reports_adds_up_in_flight_over_the_processes() -> None:
 
 async def test_reports_of_an_older_worker_without_in_flight_still_count(client: aioredis.Redis, prefix: str) -> None:
     sync = LadderSync(client, prefix)
-    await client.hset(f"{prefix}ladder:reports", "old-worker", b'{"at": 9e12, "ttft": {}, "outcomes": {"f": [1, 2]}}')
+    await client.hset(f"{prefix}ladder:{{sync}}:reports", "old-worker", b'{"at": 9e12, "ttft": {}, "outcomes": {"f": [1, 2]}}')
     await sync.publish(Report({}, {"f": (0, 2)}, {"f": 2}))
     merged = merge_reports(await sync.reports())
     assert merged[("in_flight", "f")] == 2.0 and merged[("error_rate", "f")] == 0.25
@@ -96,7 +96,7 @@ async def test_hysteresis_survives_a_leader_change(client: aioredis.Redis, prefi
     assert a.leader and a.state.names == b.state.names == ("errors-high",)
     since_a = a.state.active[0].since
     await asyncio.sleep(0.4)  # a stops ticking (a dead process); its lease runs out, its report goes stale
-    await client.hdel(f"{prefix}ladder:reports", a._sync.me)  # type: ignore[union-attr]
+    await client.hdel(f"{prefix}ladder:{{sync}}:reports", a._sync.me)  # type: ignore[union-attr]
     for _ in range(10):
         b.observe("flagship", error=False)
     state = await b.shared_tick()

@@ -1,8 +1,9 @@
 """The ledger on a real Redis Cluster: three masters on free loopback ports, started by the test and stopped
-by their PIDs. Records go through `RedisLedger` (a `redis+cluster://` URL: redis-py's cluster client), a
+by their PIDs (one cluster for the module). Records go through `RedisLedger` (a `redis+cluster://` URL: redis-py's cluster client), a
 replay from the outbox counts once, and the cost report, `verify`, the budget guard and the feedback owner
 check read them back through the cluster client. A record script whose keys span slots would be refused
-(CROSSSLOT) and spilled to the outbox: `spilled == 0` is what proves one slot per record."""
+(CROSSSLOT) and spilled to the outbox: `spilled == 0` is what proves one slot per record. The rate limiter's
+and the shared ladder's two-key scripts run on the same cluster."""
 
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ import pytest
 import redis
 from redis.asyncio.cluster import RedisCluster
 
+from gateway.control.ladder_sync import LadderSync
 from gateway.costs.report import Counters, load_report, verify
+from gateway.errors import RateLimited
 from gateway.learning.store import LearningStore
 from gateway.ledger.outbox import Outbox
 from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger, record_to_fields
 from gateway.redis_client import is_cluster_url, redis_from_url
 from gateway.tenancy.budgets import BudgetGuard
-from policies.tenants import Budget
+from gateway.tenancy.limits import RateLimiter
+from policies.tenants import Budget, RateLimits
 from tests.gateway.ledger.test_ledger import DAY0, make_record
 from tests.servers import free_port
 
@@ -59,9 +63,11 @@ def _cluster_port() -> int:
             return port
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
-    """A three-master Redis Cluster (no replicas, nothing on disk); yields its `redis+cluster://` URL."""
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A three-master Redis Cluster (no replicas, nothing on disk); yields its `redis+cluster://` URL. Shared by
+    this module's tests, which use prefixes of their own."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
     ports = [_cluster_port() for _ in range(3)]
     procs = [subprocess.Popen([REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(p), "--dir", str(tmp_path),
                                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{p}.conf",
@@ -144,5 +150,24 @@ async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str
         store = LearningStore(client, PREFIX)
         assert await store.owned_by(mine[0].request_id, "tenant-2")
         assert not await store.owned_by(mine[0].request_id, "tenant-3")
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.redis
+async def test_the_rate_limiter_and_the_shared_ladder_run_on_a_redis_cluster(cluster: str) -> None:
+    """Their scripts touch two keys each, kept in one slot by a hash tag (else CROSSSLOT, an error)."""
+    client = redis_from_url(cluster)
+    try:
+        limiter = RateLimiter(client, "rl:")
+        limits = RateLimits(requests_per_minute=2)
+        assert [await limiter.admit("acme", limits, 10) for _ in range(2)] == [True, True]  # checked, admitted
+        with pytest.raises(RateLimited):
+            await limiter.admit("acme", limits, 10)
+        ladder, other = LadderSync(client, "ls:"), LadderSync(client, "ls:")
+        assert (await ladder.hold_lease(), await other.hold_lease()) == (2, 0)
+        assert await ladder.write_state({"raise_threshold": 1_767_225_600.0})
+        assert not await other.write_state({})  # only the lease holder writes
+        assert await other.read_state() == {"raise_threshold": 1_767_225_600.0}
     finally:
         await client.aclose()
