@@ -44,9 +44,9 @@ Latency histograms, and why they are apart:
 - `cascade_first_byte_seconds`: a non-streamed answer's time to the engine's first response byte. An OpenAI
   server (vLLM included) sends a JSON answer's headers with its body once it is generated, so this is the time to
   the whole answer, and it is taken when the answer has arrived. Mixed into `cascade_ttft_seconds` it would put
-  whole generations into a time-to-first-token p99 (and trip the ladder's TTFT step, and make the ledger's
-  `ttft_ms` report an inter-token latency of about 0 for them), so it is a histogram of its own and a
-  non-streamed record's `ttft_ms` stays None.
+  whole generations into a time-to-first-token p99, trip the ladder's TTFT step, and, through the ledger's
+  `ttft_ms`, give the version report (`gateway.costs.versions`: (latency - TTFT) / tokens) an inter-token latency
+  of about 0. So it is a histogram of its own, and a non-streamed record's `ttft_ms` stays None.
 - `cascade_inter_token_seconds`: per streamed content event, measured per arrival of a network chunk
   (`gateway.serving.streaming`: a chunk of k events after a gap g counts g/k k times).
 """

@@ -149,7 +149,10 @@ class StreamRelay:
             self.ttft_s = now - self._started
         else:
             gap = (now - self._last_content) / events
-            self.gaps_s.extend([gap] * events)
+            if events == 1:  # the common case: no list to build
+                self.gaps_s.append(gap)
+            else:
+                self.gaps_s.extend([gap] * events)
         self._last_content = now
 
     async def body(self) -> AsyncIterator[bytes]:
