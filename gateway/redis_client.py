@@ -7,6 +7,9 @@ master of its key's slot and follows MOVED/ASK when slots move. A cluster has on
 
 On a cluster every multi-key command or script must keep its keys in one slot (hash tags). Which of the
 gateway's Redis users do is listed in docs/ledger.md ("Redis Cluster").
+
+`REDIS_FAILURES` is what a Redis user catches to treat Redis as unreachable: redis-py's cluster client raises
+`RedisClusterException`, which is not a `RedisError`, when no node of the cluster answers.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
-__all__ = ["CLUSTER_SCHEMES", "is_cluster_url", "redis_from_url"]
+__all__ = ["CLUSTER_SCHEMES", "REDIS_FAILURES", "is_cluster_url", "redis_from_url"]
+
+REDIS_FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}  # cluster scheme -> redis-py's scheme
 

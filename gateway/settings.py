@@ -112,8 +112,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("redis_url", "CASCADE_REDIS_URL", str, "Redis of the ledger, limits, budgets and the shared ladder",
-           metavar="URL"),
+    Option("redis_url", "CASCADE_REDIS_URL", str, "Redis of the ledger, limits, budgets and the shared ladder "
+           "(redis+cluster://HOST:PORT for a Redis Cluster)", metavar="URL"),
     Option("redis_prefix", "CASCADE_REDIS_PREFIX", str, "key prefix of everything the gateway keeps in Redis"),
     Option("ledger", "CASCADE_LEDGER", str, "where cost records go (memory: experiments only, nothing is kept)",
            choices=("redis", "memory")),

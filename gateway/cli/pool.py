@@ -39,10 +39,8 @@ def _canary_of(loaded: LoadedPolicy, pool: str) -> Any:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from redis.exceptions import RedisError
-
     from gateway.costs.versions import compare_versions, render_comparison
-    from gateway.redis_client import redis_from_url
+    from gateway.redis_client import REDIS_FAILURES, redis_from_url
     from policies.pools import engine_version
 
     loaded = _load(args.policy, args.pool)
@@ -65,7 +63,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     try:
         print(asyncio.run(run()))
-    except (RedisError, OSError) as exc:
+    except REDIS_FAILURES as exc:
         print(f"cascade pool compare: the ledger's Redis is unreachable or failing: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -21,13 +21,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-import redis.asyncio as aioredis
-
 from backends.background import cancel_requested, stop
 from backends.clients.pool import Pool
 from gateway.control.ladder_sync import MAX_SAMPLES, LadderSync, Report, merge_reports
 from gateway.control.percentile import nearest_rank
 from gateway.logs import LogThrottle
+from gateway.redis_client import REDIS_FAILURES
 from policies.ladder import Ladder, LadderState
 from policies.loader import LoadedPolicy
 
@@ -178,7 +177,7 @@ class DegradationMonitor:
         """`shared_tick`, or a local tick when Redis cannot be reached (said at most every warn_interval_s)."""
         try:
             await self.shared_tick()
-        except (OSError, aioredis.RedisError) as exc:
+        except REDIS_FAILURES as exc:
             ticks = self._unshared.due("shared")
             if ticks is not None:
                 log.warning("shared ladder unavailable (%s); deciding locally, %d tick(s) since the last line",

@@ -28,10 +28,10 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from redis.exceptions import RedisError
 
 from backends.background import stop
 from gateway.control.metrics import GatewayMetrics
+from gateway.redis_client import REDIS_FAILURES
 from policies.context import AUTO_MODEL, RouteContext
 from policies.decide import RouteDecision
 from policies.schema import Policy
@@ -150,7 +150,7 @@ class LiveThreshold:
         pending, self._buffer = self._buffer, []
         try:
             entries = await self._window.exchange(pending, target.window)
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             self._buffer = (pending + self._buffer)[-target.window:]
             if not self._down:
                 log.warning("shared score window unavailable; keeping the last routing threshold",

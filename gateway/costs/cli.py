@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from gateway.cli.output import write_output
 from gateway.costs.html import render_html
@@ -33,7 +32,7 @@ from gateway.costs.report import (
     verify,
 )
 from gateway.ledger.store import LedgerKeys
-from gateway.redis_client import redis_from_url
+from gateway.redis_client import REDIS_FAILURES, redis_from_url
 
 __all__ = ["print_report", "register", "render", "write_report"]
 
@@ -197,7 +196,7 @@ def _with_redis(url: str, work: Callable[[aioredis.Redis], Awaitable[T]]) -> T |
 
     try:
         return asyncio.run(run())
-    except (RedisError, OSError) as exc:
+    except REDIS_FAILURES as exc:
         print(f"cascade costs: Redis at {_safe_url(url)} unreachable or failing: {exc}", file=sys.stderr)
         return None
     except ValueError as exc:  # e.g. a malformed URL or an unexpected reply

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import orjson
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from backends.background import cancel_requested, stop
 from gateway.ledger.keys import RECORD_LUA, SPEND_TTL_EXTRA_S, LedgerKeys, rollup_slot
@@ -46,7 +46,7 @@ from gateway.ledger.record import (
     record_to_fields,
     validate_record,
 )
-from gateway.redis_client import redis_from_url
+from gateway.redis_client import REDIS_FAILURES, redis_from_url
 
 __all__ = [
     "EXTRA_COUNTERS",
@@ -202,7 +202,7 @@ class RedisLedger:
             try:
                 await self._client.ping()
                 await self._replay()
-            except (RedisError, OSError) as exc:
+            except REDIS_FAILURES as exc:
                 self._mark_down(exc)
                 return False
         if not self._redis_up:

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
 from gateway.errors import RateLimited
 from gateway.logs import LogThrottle
+from gateway.redis_client import REDIS_FAILURES
 from policies.schema import RateLimits
 
 __all__ = ["FailOpen", "Limiter", "MemoryRateLimiter", "RateLimiter", "RateLimiterCounts", "retry_stale_connections"]
@@ -161,7 +161,7 @@ class FailOpen:
             async with asyncio.timeout(self._timeout), self._slots:
                 in_redis = True
                 result = await retry_stale_connections(fn, _ATTEMPTS)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:  # TimeoutError (ours, from asyncio.timeout) is an OSError
             self._failed(exc, trip=in_redis)
             return None
         if self._down:

@@ -1,9 +1,10 @@
-"""The ledger on a real Redis Cluster: three masters on free loopback ports, started by the test and stopped
-by their PIDs (one cluster for the module). Records go through `RedisLedger` (a `redis+cluster://` URL: redis-py's cluster client), a
-replay from the outbox counts once, and the cost report, `verify`, the budget guard and the feedback owner
-check read them back through the cluster client. A record script whose keys span slots would be refused
-(CROSSSLOT) and spilled to the outbox: `spilled == 0` is what proves one slot per record. The rate limiter's
-and the shared ladder's two-key scripts run on the same cluster."""
+"""The ledger on a real Redis Cluster: three masters on free loopback ports, started by the test (one cluster
+for the module) and stopped by their PIDs. Records go through `RedisLedger` (a `redis+cluster://` URL:
+redis-py's cluster client), a replay from the outbox counts once, and the cost report, `verify`, the budget
+guard and the feedback owner check read them back through the cluster client. A record script whose keys
+span slots would be refused (CROSSSLOT) and spilled to the outbox: `spilled == 0` is what proves one slot
+per record. The rate limiter's and the shared ladder's two-key scripts run on the same cluster, and a
+cluster that does not answer is an outage (outbox, fail open), not an error."""
 
 from __future__ import annotations
 
@@ -169,5 +170,27 @@ async def test_the_rate_limiter_and_the_shared_ladder_run_on_a_redis_cluster(clu
         assert await ladder.write_state({"raise_threshold": 1_767_225_600.0})
         assert not await other.write_state({})  # only the lease holder writes
         assert await other.read_state() == {"raise_threshold": 1_767_225_600.0}
+    finally:
+        await client.aclose()
+
+
+async def test_an_unreachable_cluster_is_an_outage_not_an_error(tmp_path: Path) -> None:
+    """No node answers: redis-py's cluster client raises `RedisClusterException` (not a `RedisError`); the
+    ledger still spills to its outbox and starts, the budget guard and the rate limiter fail open."""
+    url = f"redis+cluster://127.0.0.1:{free_port()}"
+    box = Outbox(tmp_path / "outbox")
+    await box.open()
+    await box.append(record_to_fields(make_record(1)))
+    await box.aclose()
+    led = RedisLedger(url, tmp_path / "outbox", PREFIX, op_timeout_s=0.2)
+    await led.start()  # the replay fails: an outage, logged, retried in the background
+    await led.record(make_record(2))
+    await led.aclose()
+    assert (led.counts.spilled, led.counts.recorded) == (1, 0)
+    client = redis_from_url(url, socket_connect_timeout=0.2)
+    try:
+        verdict = await BudgetGuard(client, LedgerKeys(PREFIX)).check("t", Budget.model_validate({"daily_usd": "1"}))
+        assert verdict.fail_open and verdict.state == "ok"
+        assert await RateLimiter(client, "rl:").admit("t", RateLimits(requests_per_minute=1), 1) is False
     finally:
         await client.aclose()
