@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from router_models.serving.artifact import ArtifactError
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES, SOURCES
 from router_models.training.targets import TARGETS
 
 __all__ = ["register"]
@@ -33,7 +33,7 @@ def _train(args: argparse.Namespace) -> int:
                            embedder=args.embedder, labels=tuple(args.labels), from_ledger=args.from_ledger,
                            redis_url=args.redis_url, redis_prefix=args.redis_prefix, out=args.out,
                            promote=not args.no_promote, held_back=args.held_back,
-                           max_per_source=args.max_per_source)
+                           max_per_source=args.max_per_source, sources=args.sources)
     try:
         return run_training(request)
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
@@ -46,7 +46,8 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         return run_eval(EvalRequest(artifact=args.artifact, routing_dir=args.routing_dir, target=args.target,
                                     feature_set=args.feature_set, embedder=args.embedder, out_dir=args.out_dir,
-                                    compare=args.compare, max_per_source=args.max_per_source))
+                                    compare=args.compare, max_per_source=args.max_per_source,
+                                    sources=args.sources))
     except (ArtifactError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
 
@@ -88,6 +89,15 @@ def _rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_list(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in {s.name for s in SOURCES}]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown source {', '.join(unknown) or '(none given)'}; known: "
+                                         f"{', '.join(s.name for s in SOURCES)}")
+    return names
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR,
                    help="folder of real model outcomes (../shared/data/routing; env CASCADE_ROUTING_DATA)")
@@ -101,6 +111,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "two side by side")
     p.add_argument("--max-per-source", type=int, default=None,
                    help="use at most N evenly spaced prompts per source (quick runs; the figures then differ)")
+    p.add_argument("--sources", type=_source_list, default=None, metavar="NAME,NAME",
+                   help=f"outcome sources to use (default: the artifact's, else {','.join(DEFAULT_SOURCES)}; "
+                   f"all: {','.join(s.name for s in SOURCES)})")
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -5,6 +5,8 @@ from training, and score S. That is how production meets the router: a user's tr
 saw. Per held-out source: APGR, CPT(50%), CPT(80%), AUC, Brier, ECE (`evaluate.metrics`); the headline
 is their mean over sources. The pooled quality curve (mean PGR over held-out sources at 21 flagship shares)
 is what the gateway's cost report and `cascade router calibrate` read as "quality kept at this share".
+`by_kind` gives the mean APGR over the exam-style sources and over the chat sources apart
+(`SourceSpec.kind`; a user's own labels count as chat), since a mean over six exams hides how chat fares.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.training.evaluate import RoutingMetrics, example_curve, example_metrics, plot_curves
-from router_models.training.outcomes import Example
+from router_models.training.outcomes import SOURCES, Example
 from router_models.training.trainer import TrainConfig, fit_router
 
 __all__ = ["CURVE_SHARES", "LosoResult", "leave_one_source_out", "print_table", "quality_curve"]
@@ -44,7 +46,17 @@ class LosoResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"per_source": {s: {**m.as_dict(), "alpha": self.alphas[s]} for s, m in self.metrics.items()},
-                "mean": self.mean(), "quality_curve": quality_curve(self)}
+                "mean": self.mean(), "by_kind": self.by_kind(), "quality_curve": quality_curve(self)}
+
+    def by_kind(self) -> dict[str, dict[str, float]]:
+        """Mean APGR and AUC over the held-out sources of each kind ("exam", "chat") that has any."""
+        out: dict[str, dict[str, float]] = {}
+        for kind in ("exam", "chat"):
+            rows = [m for s, m in self.metrics.items() if _kind(s) == kind]
+            if rows:
+                out[kind] = {"sources": len(rows), "apgr": round(float(np.nanmean([m.apgr for m in rows])), 4),
+                             "auc": round(float(np.nanmean([m.auc for m in rows])), 4)}
+        return out
 
 
 def leave_one_source_out(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig,
@@ -67,17 +79,23 @@ def leave_one_source_out(x: npt.NDArray[np.float32], examples: Sequence[Example]
     return LosoResult(scores, kept, result, alphas)
 
 
+def _kind(source: str) -> str:
+    return next((s.kind for s in SOURCES if s.name == source), "chat")
+
+
 def quality_curve(result: LosoResult) -> dict[str, Any]:
     """Mean PGR over held-out sources at `CURVE_SHARES` flagship shares (the router's cost-quality curve)."""
-    curves = []
+    curves, kinds = [], []
     for source, scores in result.scores.items():
         shares, pgr = example_curve(scores, result.examples[source])
         if not np.isnan(pgr).all():
             curves.append(np.interp(CURVE_SHARES, shares, pgr))
+            kinds.append(_kind(source))
     pgr_mean = np.mean(curves, axis=0) if curves else np.full(len(CURVE_SHARES), np.nan)
     return {"flagship_share": [round(float(s), 4) for s in CURVE_SHARES],
             "pgr": [round(float(p), 4) for p in pgr_mean],
-            "basis": f"leave-one-source-out, mean over {len(curves)} held-out sources of real model outcomes"}
+            "basis": f"leave-one-source-out, mean over {len(curves)} held-out sources of real model outcomes "
+                     f"({kinds.count('exam')} exam-style, {kinds.count('chat')} chat)"}
 
 
 def plot_loso(result: LosoResult, path: Path) -> Path:
@@ -100,4 +118,6 @@ def print_table(result: LosoResult, title: str) -> None:
                                         for c in _COLUMNS))
     mean = result.mean()
     print(f"{'mean':<20}{'':>11}" + "".join(f"{mean[c]:>11.3f}" for c in _COLUMNS if c != "n"))
+    for kind, figures in result.by_kind().items():
+        print(f"{'mean, ' + kind:<20}{figures['sources']:>11}{figures['apgr']:>11.3f}")
     print(f"{'random routing':<20}{'':>11}{0.5:>11.3f}{0.5:>11.3f}{0.8:>11.3f}{0.5:>11.3f}")

@@ -1,10 +1,14 @@
 """Real per-prompt outcomes of real models, read from the shared routing data (`../shared/data/routing`).
 
-Six sources, each a folder with its own SOURCE.md (origin, licence, fields). For every prompt we keep the text a
-user would send, and each model's correctness (1, 0, or nan where the model gave no output). Every source
-names its *micro-class* models (7-9B dense, what the micro pool serves) and its *frontier-class* models (what
-the flagship serves); `weak` and `strong` are their mean correctness on the prompt. Nothing here is labelled by
-hand: the outcomes are the sources' own grading of real model outputs.
+Seven sources, each a folder with its own SOURCE.md (origin, licence, fields). Six are exam-style (multiple
+choice, math, code): for every prompt we keep the text a user would send, and each model's correctness (1, 0,
+or nan where the model gave no output). One is chat (`rmb-helpfulness`: real user requests of twelve kinds)
+with judged *preferences* instead: its per-model value is the model's within-prompt win rate, and its judged
+pairs (`Example.pairs`) feed a pairwise fit (`preferences.py`). Every source names its *micro-class* models
+(7-9B dense, what the micro pool serves) and its *frontier-class* models (what the flagship serves); `weak`
+and `strong` are their mean correctness (win rate) on the prompt. Nothing here is labelled by hand: the
+outcomes are the sources' own grading of real model outputs. `DEFAULT_SOURCES` are those trained on by
+default (`cascade router train --sources` picks others); `SourceSpec.kind` says exam or chat.
 
 The routing event is "the micro pool's answer falls short of the flagship's". For one (micro, frontier) pair
 that is `micro wrong and frontier right`; averaged over every pair of the two classes it is
@@ -32,6 +36,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_ROUTING_DIR",
+    "DEFAULT_SOURCES",
     "SOURCES",
     "Example",
     "SourceSpec",
@@ -46,7 +51,8 @@ DEFAULT_ROUTING_DIR = Path(
 MAX_CHARS = 2000  # what `conversation_text` keeps of a prompt at serving time
 csv.field_size_limit(10_000_000)
 _NAN = float("nan")
-_Rows = Iterator[tuple[str, str, dict[str, float]]]  # (text, group, {model: 1, 0 or nan})
+_Pairs = tuple[tuple[str, str], ...]  # judged (winner, loser) model names, preference sources only
+_Rows = Iterator[tuple[str, str, dict[str, float], _Pairs]]  # (text, group, {model: 1, 0 or nan}, pairs)
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Example:
     key: str
     models: tuple[str, ...] = field(repr=False, default=())
     outcomes: tuple[float, ...] = field(repr=False, default=())
+    pairs: tuple[tuple[int, int], ...] = field(repr=False, default=())  # (winner, loser) indices into models
 
     @property
     def target(self) -> float:
@@ -79,7 +86,8 @@ class SourceSpec:
     name: str
     weak_models: tuple[str, ...]
     strong_models: tuple[str, ...]
-    rows: Callable[[Path], _Rows]  # (text, group, {model: 0/1/nan})
+    rows: Callable[[Path], _Rows]  # (text, group, {model: 0/1/nan}, judged pairs)
+    kind: str = "exam"  # "exam" (graded correctness) or "chat" (judged preferences, pairwise fit)
 
 
 def prompt_key(text: str) -> str:
@@ -122,7 +130,7 @@ def _routellm(folder: str, pattern: str) -> Callable[[Path], _Rows]:
                     text = row["prompt"].strip()
                     if text not in skip:
                         models = {k: _num(v) for k, v in row.items() if v in ("True", "False")}
-                        yield text, group, models
+                        yield text, group, models, ()
     return rows
 
 
@@ -133,7 +141,7 @@ def _routerbench(root: Path) -> _Rows:
                 parts = _python_list_text(row["prompt"])
                 text = parts.strip().rsplit("\n\n", 1)[-1].strip()  # the question after the few-shot examples
                 models = {k: _num(v) for k, v in row.items() if "|" not in k and v in ("0", "1", "0.0", "1.0")}
-                yield text, path.name.split("_train")[0], models
+                yield text, path.name.split("_train")[0], models, ()
 
 
 def _python_list_text(value: str) -> str:
@@ -155,7 +163,7 @@ def _with_all_models(folder: str, main: str, everyone: str) -> Callable[[Path], 
         meta = ("id", "prompt", "source", "overlap", "reference_answer", "answer", "orig_src")
         for r in _jsonl_gz(base / main):
             models = {**_model_columns(r, meta), **extra.get(r["id"], {})}
-            yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models
+            yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models, ()
     return rows
 
 
@@ -164,7 +172,20 @@ def _dcrouter(root: Path) -> _Rows:
     for r in _jsonl_gz(root / "llmrouter-dcrouter" / "llmrouter-dcrouter.jsonl.gz"):
         # CommonGen coverage is continuous; every other task is 0/1. Scores >= 0.5 count as correct.
         models = {k: (_NAN if math.isnan(v) else float(v >= 0.5)) for k, v in _model_columns(r, meta).items()}
-        yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models
+        yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models, ()
+
+
+def _rmb(root: Path) -> _Rows:
+    """RMB helpfulness: the text as the gateway scores the conversation (multi-turn rows: the last user turn
+    first, `conversation_text`), the scenario group (`Helpfulness/<group>/...`), win rates and judged pairs."""
+    from router_models.serving.scorer import conversation_text
+
+    for r in _jsonl_gz(root / "rmb-helpfulness" / "rmb-helpfulness.jsonl.gz"):
+        messages = r.get("messages")
+        text = conversation_text(messages, max_chars=MAX_CHARS) if messages else str(r["prompt"])
+        scores = {str(k): _num(v) for k, v in r["scores"].items()}
+        pairs = tuple((str(a), str(b)) for a, b in r["pairs"])
+        yield text.strip(), str(r["category"]).split("/")[1], scores, pairs
 
 
 _MIXTRAL, _GPT4 = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"
@@ -190,7 +211,16 @@ SOURCES: tuple[SourceSpec, ...] = (
         ("llama-3.3-nemotron-super-49b-v1", "llama-3.1-nemotron-51b-instruct"),  # its strongest: no frontier model
         _dcrouter,
     ),
+    SourceSpec(
+        "rmb-helpfulness",
+        ("Llama-2-7b-chat-hf", "Mistral-7B-Instruct-v0.1", "vicuna-7b-v1.5"),
+        ("claude-3-5-sonnet-20240620", "claude-3-opus-20240229", "gemini-1.5-pro-exp-0801"),  # not gpt-4o-mini
+        _rmb,
+        kind="chat",
+    ),
 )
+# all seven: with the chat source in training the exam sources' leave-one-source-out APGR did not drop (MODEL_CARD.md)
+DEFAULT_SOURCES: tuple[str, ...] = tuple(s.name for s in SOURCES)
 
 
 def _mean(models: Mapping[str, float], names: Sequence[str]) -> float:
@@ -200,22 +230,24 @@ def _mean(models: Mapping[str, float], names: Sequence[str]) -> float:
 
 def _examples(spec: SourceSpec, root: Path) -> list[Example]:
     raw = list(spec.rows(root))
-    names = tuple(sorted({m for _, _, models in raw for m in models}))
+    names = tuple(sorted({m for _, _, models, pairs in raw for m in [*models, *(n for p in pairs for n in p)]}))
+    index = {n: i for i, n in enumerate(names)}
     out: list[Example] = []
     seen: set[str] = set()
-    for text, group, models in raw:
+    for text, group, models, pairs in raw:
         weak, strong = _mean(models, spec.weak_models), _mean(models, spec.strong_models)
         if not text or math.isnan(weak) or math.isnan(strong) or text in seen:
             continue
         seen.add(text)
         out.append(Example(text[:MAX_CHARS], spec.name, group, weak, strong, prompt_key(text), names,
-                           tuple(models.get(n, _NAN) for n in names)))
+                           tuple(models.get(n, _NAN) for n in names),
+                           tuple((index[a], index[b]) for a, b in pairs)))
     return out
 
 
 def load_outcomes(root: Path = DEFAULT_ROUTING_DIR, sources: Sequence[str] | None = None,
                   max_per_source: int | None = None) -> list[Example]:
-    """Every usable prompt of the named sources (default: all six), in a fixed order; with `max_per_source`,
+    """Every usable prompt of the named sources (default: `DEFAULT_SOURCES`), in a fixed order; with `max_per_source`,
     an evenly spaced subset of at most that many per source (quick runs and tests; deterministic).
 
     A prompt is dropped when its source's micro- or frontier-class models all lack an outcome for it, or when
@@ -223,7 +255,7 @@ def load_outcomes(root: Path = DEFAULT_ROUTING_DIR, sources: Sequence[str] | Non
     """
     if not root.is_dir():
         raise FileNotFoundError(f"routing data folder {root} not found; set CASCADE_ROUTING_DATA or --routing-dir")
-    wanted = set(sources) if sources is not None else {s.name for s in SOURCES}
+    wanted = set(sources) if sources is not None else set(DEFAULT_SOURCES)
     unknown = wanted - {s.name for s in SOURCES}
     if unknown:
         raise ValueError(f"unknown sources {sorted(unknown)}; known: {[s.name for s in SOURCES]}")

@@ -23,7 +23,7 @@ from router_models.embedders.protocol import Embedder
 from router_models.serving.artifact import RouterArtifact, load_artifact, save_artifact
 from router_models.serving.artifact_store import ArtifactStore
 from router_models.training.loso import LosoResult, leave_one_source_out, plot_loso, print_table
-from router_models.training.outcomes import Example, load_outcomes
+from router_models.training.outcomes import SOURCES, Example, load_outcomes
 from router_models.training.trainer import (
     FEATURE_SETS,
     TrainConfig,
@@ -56,6 +56,7 @@ class TrainRequest:
     promote: bool = True
     held_back: float = 0.3
     max_per_source: int | None = None
+    sources: tuple[str, ...] | None = None  # None: outcomes.DEFAULT_SOURCES
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class EvalRequest:
     out_dir: Path = Path(".cascade/router-eval")
     compare: bool = False
     max_per_source: int | None = None
+    sources: tuple[str, ...] | None = None  # None: the artifact's training sources, else DEFAULT_SOURCES
 
 
 def _user_labels(req: TrainRequest) -> list[Example]:
@@ -147,8 +149,9 @@ def run_training(req: TrainRequest) -> int:
     from router_models.training.labels import split_held_back
 
     cfg = _config(req.target, req.feature_set, req.routing_dir)
-    public = load_outcomes(req.routing_dir, max_per_source=req.max_per_source)
-    print(f"[train] {len(public)} prompts with real outcomes from {req.routing_dir}")
+    public = load_outcomes(req.routing_dir, sources=req.sources, max_per_source=req.max_per_source)
+    print(f"[train] {len(public)} prompts with real outcomes from {req.routing_dir} "
+          f"({', '.join(dict.fromkeys(ex.source for ex in public))})")
     train_rows, held = split_held_back(_user_labels(req), req.held_back)
     embedder = make_embedder(req.embedder or DEFAULT_TRAIN_EMBEDDER)
     candidate, loso = _fit_and_evaluate(cfg, embedder, public, train_rows)
@@ -184,7 +187,8 @@ def run_eval(req: EvalRequest) -> int:
     art = load_artifact(req.artifact)
     cfg = _config(req.target or art.metadata.get("target"), req.feature_set or art.metadata.get("feature_set"),
                   req.routing_dir)
-    public = load_outcomes(req.routing_dir, max_per_source=req.max_per_source)
+    public = load_outcomes(req.routing_dir, sources=req.sources or _artifact_sources(art),
+                           max_per_source=req.max_per_source)
     embedder = make_embedder(req.embedder or art.embedder)
     x = features(embedder, public, "embedding+structure")
     report: dict[str, Any] = {}
@@ -201,6 +205,13 @@ def run_eval(req: EvalRequest) -> int:
     (req.out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {req.out_dir / 'eval.json'}")
     return 0
+
+
+def _artifact_sources(art: RouterArtifact) -> tuple[str, ...] | None:
+    """The public sources `art` was trained on (None: not recorded, use the default)."""
+    known = {s.name for s in SOURCES}
+    trained = tuple(s for s in art.metadata.get("sources", {}) if s in known)
+    return trained or None
 
 
 def _targets() -> tuple[str, ...]:

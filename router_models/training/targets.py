@@ -11,6 +11,10 @@ All are computed per source from that source's own outcomes (never from a held-o
   against the micro pool's ability, comparable across sources.
 - `gap`: `strong - weak`, the quality gap itself (in [-1, 1]).
 
+A preference source (`SourceSpec.kind == "chat"`: judged pairs, no correctness) gets both IRT targets from
+the pairwise fit of its pairs (`preferences.fit_pairwise`): P(a frontier-class answer is preferred to a
+micro-class one), the same event in its own terms.
+
 `cascade router eval --target NAME` compares them on leave-one-source-out traffic.
 """
 
@@ -23,6 +27,7 @@ import numpy.typing as npt
 
 from router_models.training.irt import fit_rasch, sigmoid
 from router_models.training.outcomes import SOURCES, Example
+from router_models.training.preferences import fit_pairwise, p_preferred
 
 __all__ = ["TARGETS", "targets"]
 
@@ -35,6 +40,8 @@ def _irt_targets(examples: Sequence[Example], name: str) -> Floats:
     if spec is None:  # a user's or the gateway's labels: no outcome matrix, the observed event itself
         return np.asarray([ex.target for ex in examples], dtype=np.float64)
     models = examples[0].models
+    if spec.kind == "chat":
+        return _preference_targets(examples, spec.strong_models, spec.weak_models)
     fit = fit_rasch(np.asarray([ex.outcomes for ex in examples], dtype=np.float64))
     weak = float(np.mean([fit.ability[models.index(m)] for m in spec.weak_models if m in models]))
     strong = float(np.mean([fit.ability[models.index(m)] for m in spec.strong_models if m in models]))
@@ -42,6 +49,15 @@ def _irt_targets(examples: Sequence[Example], name: str) -> Floats:
     if name == "irt-fail":
         return sigmoid(d - weak)
     return (1.0 - sigmoid(weak - d)) * sigmoid(strong - d)
+
+
+def _preference_targets(examples: Sequence[Example], strong: Sequence[str], weak: Sequence[str]) -> Floats:
+    models = examples[0].models
+    rows = [(i, w, lo) for i, ex in enumerate(examples) for w, lo in ex.pairs]
+    item, winner, loser = zip(*rows, strict=True) if rows else ((), (), ())
+    fit = fit_pairwise(len(examples), len(models), item, winner, loser)
+    return p_preferred(fit, [models.index(m) for m in strong if m in models],
+                       [models.index(m) for m in weak if m in models])
 
 
 def targets(examples: Sequence[Example], name: str) -> Floats:

@@ -13,6 +13,10 @@ Targets are centred within each source (`center_per_source`): the ridge learns w
 than others of its kind, not which exam a prompt comes from (a cue that says nothing about a kind of traffic
 it never saw); the overall level comes back through the calibration. Measured leave-one-source-out, centring
 raised the mean APGR from 0.584 to 0.598 (pairwise target) and from 0.574 to 0.598 (irt-fail).
+
+Preference sources (`SourceSpec.kind == "chat"`) teach the ranking but not the calibration: their event is a
+win rate among the answers judged for a prompt, not an absolute P(the micro answer falls short), so the Platt
+fit gives their rows no weight (`calibration_weights`) and the score keeps the scale of graded outcomes.
 """
 
 from __future__ import annotations
@@ -32,12 +36,12 @@ from router_models.embedders.protocol import Embedder
 from router_models.serving.classifier import LinearRouter, feature_matrix
 from router_models.training.evaluate import apgr, example_curve
 from router_models.training.fit import fit_platt, group_stats, solve_ridge, union
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, data_hash
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR, SOURCES, Example, data_hash
 from router_models.training.targets import targets
 
 __all__ = [
-    "FEATURE_SETS", "Fitted", "TrainConfig", "features", "fit_router", "mask_features", "source_weights",
-    "training_metadata",
+    "FEATURE_SETS", "Fitted", "TrainConfig", "calibration_weights", "features", "fit_router", "mask_features",
+    "source_weights", "training_metadata",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -99,6 +103,13 @@ def source_weights(examples: Sequence[Example], balance: bool = True) -> Floats:
     return np.asarray(w * len(w) / w.sum(), dtype=np.float64)
 
 
+def calibration_weights(examples: Sequence[Example], weights: Floats) -> Floats:
+    """`weights` with the rows of preference sources set to 0 (all of them kept when nothing else is left)."""
+    chat = {s.name for s in SOURCES if s.kind == "chat"}
+    keep = np.asarray([ex.source not in chat for ex in examples])
+    return np.asarray(weights * keep, dtype=np.float64) if keep.any() else weights
+
+
 def _groups(examples: Sequence[Example]) -> list[str]:
     """Fold of each example: its source, or (one source only) one of 5 folds by its prompt key."""
     sources = [ex.source for ex in examples]
@@ -141,7 +152,7 @@ def fit_router(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: Tra
         oof[alpha] = raw
         inner[str(alpha)] = float(np.mean([_apgr(raw[index[g]], [examples[i] for i in index[g]]) for g in names]))
     best = max(cfg.alphas, key=lambda a: inner[str(a)])
-    a, c = fit_platt(oof[best], event, w)
+    a, c = fit_platt(oof[best], event, calibration_weights(examples, w))
     final = solve_ridge(union(stats, names), best)
     return Fitted(router=final.calibrated(a, c), alpha=best, platt=(a, c), inner_apgr=inner)
 
@@ -163,6 +174,7 @@ def training_metadata(cfg: TrainConfig, examples: Sequence[Example], fitted: Fit
         "model": {"type": "ridge on standardised features + Platt calibration",
                   "alpha": fitted.alpha, "platt": list(fitted.platt), "balance_sources": cfg.balance_sources,
                   "center_per_source": cfg.center_per_source,
+                  "calibrated_on": "graded outcomes (preference sources rank, they do not calibrate)",
                   "inner_out_of_source_apgr": fitted.inner_apgr},
         "python": platform.python_version(),
     }

@@ -38,7 +38,7 @@ def test_router_eval_writes_the_table_json_and_curve_of_a_leave_one_source_out_f
     written = report[key]
     assert sorted(written["per_source"]) == sorted(art.metadata["sources"])
 
-    examples = load_outcomes(DEFAULT_ROUTING_DIR, max_per_source=PER_SOURCE)
+    examples = load_outcomes(DEFAULT_ROUTING_DIR, sources=tuple(art.metadata["sources"]), max_per_source=PER_SOURCE)
     cfg = TrainConfig(routing_dir=DEFAULT_ROUTING_DIR, target=art.metadata["target"],
                       feature_set=art.metadata["feature_set"])
     expected = leave_one_source_out(features(make_embedder(art.embedder), examples, cfg.feature_set), examples, cfg)
@@ -47,8 +47,21 @@ def test_router_eval_writes_the_table_json_and_curve_of_a_leave_one_source_out_f
     for key_, value in written["mean"].items():
         assert value == pytest.approx(np.nanmean([r[key_] for r in written["per_source"].values()]), abs=1e-4)
     assert written["quality_curve"]["pgr"][0] == 0.0 and written["quality_curve"]["pgr"][-1] == pytest.approx(1.0)
+    exam = [row["apgr"] for source, row in written["per_source"].items() if source != "rmb-helpfulness"]
+    assert written["by_kind"]["exam"] == {"sources": 6, "apgr": pytest.approx(np.mean(exam), abs=1e-4),
+                                          "auc": pytest.approx(written["by_kind"]["exam"]["auc"])}
+    assert written["by_kind"]["chat"]["apgr"] == written["per_source"]["rmb-helpfulness"]["apgr"]
+    assert "(6 exam-style, 1 chat)" in written["quality_curve"]["basis"]
 
     for source, row in written["per_source"].items():  # the printed table is the written one
         assert row["n"] == PER_SOURCE
         assert f"{source:<20}{PER_SOURCE:>11}{row['apgr']:>11.3f}" in printed
     assert (out / "curve_loso.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_unknown_source_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["router", "eval", "--sources", "routellm-mmlu,chatbot-arena"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown source chatbot-arena; known: routellm-mmlu" in err and "rmb-helpfulness" in err

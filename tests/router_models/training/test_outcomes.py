@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR, SOURCES, load_outcomes, prompt_key
+from router_models.serving.scorer import conversation_text
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES, SOURCES, load_outcomes, prompt_key
 from router_models.training.targets import TARGETS, targets
 
 
@@ -56,6 +57,44 @@ def test_each_format_is_read_with_its_models_and_keys(tmp_path: Path) -> None:
     assert (zero.weak, zero.strong) == (1.0, 1.0)  # the missing Qwen outcome is not counted as wrong
     assert "o1-mini" in zero.models and math.isnan(zero.outcomes[zero.models.index("Qwen2-7B-Instruct")])
     assert zero.key == by_source["routellm-gsm8k"].key == prompt_key("Janet has 3 ducks.")
+
+
+_LLAMA, _MISTRAL, _SONNET, _OPUS = ("Llama-2-7b-chat-hf", "Mistral-7B-Instruct-v0.1", "claude-3-5-sonnet-20240620",
+                                    "claude-3-opus-20240229")
+TURNS = [{"role": "user", "content": "Write a haiku."}, {"role": "assistant", "content": "..."},
+         {"role": "user", "content": "Now one about rain."}]
+
+
+def _rmb(root: Path) -> list[str]:
+    """A miniature rmb-helpfulness file; returns the texts of its usable rows (as the gateway scores them)."""
+    rows = [
+        {"id": "r1", "prompt": "Fix my SQL join", "category": "Helpfulness/Code/Debugging",
+         "scores": {_LLAMA: 0.0, _SONNET: 1.0, _OPUS: 1.0}, "pairs": [[_SONNET, _LLAMA], [_OPUS, _LLAMA]]},
+        {"id": "r2", "prompt": "Write a haiku.", "messages": TURNS, "category": "Helpfulness/Generation/Poetry",
+         "scores": {_MISTRAL: 1.0, _OPUS: 0.0, "Gemini-pro": 0.5},
+         "pairs": [[_MISTRAL, _OPUS], ["Gemini-pro", _OPUS], [_MISTRAL, "Gemini-pro"]]},
+        {"id": "r3", "prompt": "No frontier answer judged", "category": "Helpfulness/Chat/Small talk",
+         "scores": {_LLAMA: 1.0, "Gemini-pro": 0.0}, "pairs": [[_LLAMA, "Gemini-pro"]]},
+    ]
+    beaten = [[big, small] for big in (_SONNET, _OPUS) for small in (_LLAMA, _MISTRAL)]  # the usual order
+    rows += [{"id": f"u{i}", "prompt": f"Prove lemma {i}", "category": "Helpfulness/Reasoning/Math",
+              "scores": {_LLAMA: 0.0, _MISTRAL: 0.0, _SONNET: 1.0, _OPUS: 1.0}, "pairs": beaten} for i in range(4)]
+    _jsonl_gz(root / "rmb-helpfulness" / "rmb-helpfulness.jsonl.gz", rows)
+    return ["Fix my SQL join", conversation_text(TURNS)]
+
+
+def test_preferences_are_read_with_their_pairs_and_the_conversation_text(tmp_path: Path) -> None:
+    texts = _rmb(tmp_path)
+    code, haiku, *usual = load_outcomes(tmp_path, sources=["rmb-helpfulness"])  # r3: no frontier score, dropped
+    assert len(usual) == 4
+    assert [code.text, haiku.text] == texts and haiku.text.startswith("Now one about rain.")
+    assert (code.group, code.weak, code.strong, haiku.weak, haiku.strong) == ("Code", 0.0, 1.0, 1.0, 0.0)
+    named = [(haiku.models[w], haiku.models[lo]) for w, lo in haiku.pairs]
+    assert named == [(_MISTRAL, _OPUS), ("Gemini-pro", _OPUS), (_MISTRAL, "Gemini-pro")]
+    for name in ("irt-fail", "irt-pairwise"):  # the pairwise fit: the frontier won the first, lost the second
+        first, second, *_ = targets([code, haiku, *usual], name)
+        assert 0.0 < second < 0.5 < first < 1.0, name
+    assert "rmb-helpfulness" in DEFAULT_SOURCES
 
 
 def test_every_target_is_finite_and_bounded(tmp_path: Path) -> None:
