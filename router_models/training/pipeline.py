@@ -5,7 +5,9 @@ evaluate leave-one-source-out on the public sources, write the candidate, then c
 artifact and promote it only when it is better:
 - with user labels: APGR on the held-back labels (ties broken by Brier), both models scoring the same rows;
 - without: the mean leave-one-source-out APGR, the candidate's against the figure stored in the current
-  artifact (when the current one has none, e.g. an older format, the candidate wins).
+  artifact, over the public sources both were evaluated on (a six-source artifact against a seven-source
+  candidate: the six); when the current one has no per-source figures, its stored mean; when it has no figure
+  at all (e.g. an older format), the candidate wins.
 The report says by how much either way. `--out` writes a file and skips the store (for the shipped artifact).
 """
 
@@ -113,13 +115,26 @@ def _compare(candidate: RouterArtifact, embedder: Embedder, held: list[Example])
         cur = _held_back_metrics(store_current, current_embedder, held)
         basis = f"{len(held)} held-back labels of your traffic"
     else:
-        cand = {"apgr": float(candidate.metadata["evaluation"]["mean"]["apgr"]), "brier": 0.0}
-        stored = store_current.metadata.get("evaluation", {}).get("mean", {})
-        cur = {"apgr": float(stored.get("apgr", float("nan"))), "brier": 0.0}
-        basis = "mean leave-one-source-out APGR on the public outcomes"
+        cand, cur, basis = _stored_figures(candidate, store_current)
     delta = cand["apgr"] - cur["apgr"]
     return _better(cand, cur), (f"candidate APGR {cand['apgr']:.4f} vs current {cur['apgr']:.4f} "
                                 f"({delta:+.4f}) on {basis}")
+
+
+def _stored_figures(candidate: RouterArtifact, current: RouterArtifact) -> tuple[dict[str, float],
+                                                                             dict[str, float], str]:
+    """The two artifacts' stored leave-one-source-out APGR, over the sources both were evaluated on."""
+    cand_eval, cur_eval = candidate.metadata["evaluation"], current.metadata.get("evaluation", {})
+    cand_rows, cur_rows = cand_eval.get("per_source", {}), cur_eval.get("per_source", {})
+    common = [s for s in cand_rows if s in cur_rows]
+    if not common:
+        return ({"apgr": float(cand_eval["mean"]["apgr"]), "brier": 0.0},
+                {"apgr": float(cur_eval.get("mean", {}).get("apgr", float("nan"))), "brier": 0.0},
+                "mean leave-one-source-out APGR on the public outcomes")
+    cand = float(np.nanmean([float(cand_rows[s]["apgr"]) for s in common]))
+    cur = float(np.nanmean([float(cur_rows[s]["apgr"]) for s in common]))
+    return ({"apgr": cand, "brier": 0.0}, {"apgr": cur, "brier": 0.0},
+            f"mean leave-one-source-out APGR on the {len(common)} public sources both were evaluated on")
 
 
 def _config(target: str | None, feature_set: str | None, routing_dir: Path) -> TrainConfig:

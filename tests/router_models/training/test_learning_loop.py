@@ -95,6 +95,8 @@ def _seed_current(home: Path, recorded_apgr: float) -> str:
     shutil.copyfile(DEFAULT_ARTIFACT.with_suffix(".npz"), seed.with_suffix(".npz"))
     meta = json.loads(DEFAULT_ARTIFACT.read_text())
     meta["evaluation"]["mean"]["apgr"] = recorded_apgr
+    for row in meta["evaluation"]["per_source"].values():
+        row["apgr"] = recorded_apgr
     seed.write_text(json.dumps(meta))
     return ArtifactStore(home / "router").promote(seed).version
 
@@ -196,7 +198,8 @@ def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolle
     run = _train(home, "--from-ledger", "--redis-url", LEDGER_URL, "--held-back", "0")
     assert run.returncode == 0, run.stdout + run.stderr
     cand, cur, delta, basis = _verdict(run.stdout)
-    assert (cur, basis) == (0.0, "mean leave-one-source-out APGR on the public outcomes") and cand > 0.3
+    assert (cur, basis) == (0.0, "mean leave-one-source-out APGR on the 7 public sources both were evaluated on")
+    assert cand > 0.3
     version = _find(r"promoted as version (\S+)", run.stdout)
     versions = _cascade(home, "router", "versions").stdout
     assert f"  {seed}\n" in versions and f"  {version}  (current)" in versions
