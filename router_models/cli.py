@@ -119,7 +119,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "train", help="train on real outcomes (+ your labels), evaluate, promote only if better",
-        description="Fit the router on the six public outcome sources (and, with --labels / --from-ledger, "
+        description="Fit the router on the seven public outcome sources (and, with --labels / --from-ledger, "
         "your own labels), evaluate it leave-one-source-out, compare it with the current artifact on "
         "held-back traffic, and promote it only if it is better. Label file format: router_models/training/labels.py.")
     _add_common(p)

@@ -1,8 +1,8 @@
 """Offline training of the complexity router (`cascade router train`). Never imported by serving code.
 
-Data: real outcomes only (`outcomes.load_outcomes`: six public sources, 7B to frontier models), optionally
-plus a user's own label rows (`labels.py`: a label file or the gateway's ledger). Each source gets the same
-total weight, so the 14,000 MMLU questions do not drown the 1,300 GSM8K ones.
+Data: real outcomes only (`outcomes.load_outcomes`: seven public sources, six exam-style and one chat, 7B to
+frontier models), optionally plus a user's own label rows (`labels.py`: a label file or the gateway's ledger).
+Each source gets the same total weight, so the 14,000 MMLU questions do not drown the 1,300 GSM8K ones.
 
 Fit (`fit_router`): the target (`targets.py`) is regressed by ridge on [embedding, structural features];
 the ridge strength is chosen by leave-one-source-out inside the training sources (mean APGR of the
