@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.serving.upstream import BILLED_STREAM_OPTIONS
 from policies.decide import RouteDecision
 from policies.ladder import LadderState
 
@@ -55,6 +56,6 @@ def native_upstream(native: NativeBody, decision: RouteDecision, stream: bool,
     streamed Responses request needs nothing: usage comes in its `response.completed` event."""
     upstream = dict(native.body, model=decision.model)
     if stream and native.endpoint is COMPLETIONS:
-        upstream["stream_options"] = {**(native.body.get("stream_options") or {}), "include_usage": True}
+        upstream["stream_options"] = dict(BILLED_STREAM_OPTIONS)
     extra = {"x-cascade-degraded": ",".join(ladder.names)} if ladder.active else {}
     return upstream, extra

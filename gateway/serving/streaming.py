@@ -120,11 +120,13 @@ class StreamRelay:
         out = []
         content = 0
         for event in parts:
-            if self._fmt.content in event and self._fmt.empty not in event:
-                content += 1
-            if _USAGE in event and self.usage is None:
-                self.usage = _parse_usage(event)
-                if not self._forward_usage:
+            has_content = self._fmt.content in event and self._fmt.empty not in event
+            content += has_content
+            if _USAGE in event:
+                # the last usage seen counts: an engine that reports usage on every chunk (vLLM's
+                # continuous_usage_stats) sends running totals, and the first of them counts 0 completion tokens
+                self.usage = _parse_usage(event) or self.usage
+                if not self._forward_usage and not has_content:
                     continue
             if event.startswith(self._fmt.final):
                 self._done_relayed = True

@@ -10,7 +10,12 @@ from policies.decide import RouteDecision
 from policies.ladder import LadderState
 from policies.truncate import truncate_messages
 
-__all__ = ["prepare_upstream"]
+__all__ = ["BILLED_STREAM_OPTIONS", "prepare_upstream"]
+
+BILLED_STREAM_OPTIONS = {"include_usage": True}
+"""What a stream asks the engine for, whatever the client sent: one usage event, at the end, which the ledger bills
+(the client sees it only if it asked for `include_usage`). vLLM's `continuous_usage_stats` is not passed on: with it
+every chunk carries a running total, and a client could have had a stream billed from its first chunk's."""
 
 
 def prepare_upstream(raw: dict[str, Any], decision: RouteDecision, request: ChatRequest,
@@ -21,7 +26,7 @@ def prepare_upstream(raw: dict[str, Any], decision: RouteDecision, request: Chat
     upstream = dict(raw, model=decision.model)
     extra: dict[str, str] = {}
     if request.stream:
-        upstream["stream_options"] = {**(raw.get("stream_options") or {}), "include_usage": True}
+        upstream["stream_options"] = dict(BILLED_STREAM_OPTIONS)
     limit = ladder.applying_to(decision.pool).truncate_tokens
     if limit is not None:
         kept, dropped = truncate_messages(raw["messages"], limit, estimate_tokens)

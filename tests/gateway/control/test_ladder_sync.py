@@ -65,7 +65,8 @@ def test_merge_reports_adds_up_in_flight_over_the_processes() -> None:
 
 async def test_reports_of_an_older_worker_without_in_flight_still_count(client: aioredis.Redis, prefix: str) -> None:
     sync = LadderSync(client, prefix)
-    await client.hset(f"{prefix}ladder:{{sync}}:reports", "old-worker", b'{"at": 9e12, "ttft": {}, "outcomes": {"f": [1, 2]}}')
+    await client.hset(f"{prefix}ladder:{{sync}}:reports", "old-worker",
+                      b'{"at": 9e12, "ttft": {}, "outcomes": {"f": [1, 2]}}')
     await sync.publish(Report({}, {"f": (0, 2)}, {"f": 2}))
     merged = merge_reports(await sync.reports())
     assert merged[("in_flight", "f")] == 2.0 and merged[("error_rate", "f")] == 0.25
