@@ -360,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", choices=["redis", "memory"], default="redis",
                    help="gateway --ledger (default redis, as in production; memory shows the ledger's cost)")
     p.add_argument("--gateway-cmd", help="command taking `serve ...` arguments instead of `python -m gateway`, "
-                   "e.g. 'python /tmp/patched.py' for an A/B run of a proposed change")
+                   "e.g. 'env -C /tmp/old-tree .venv-python -m gateway' for an A/B run against another tree (-C: "
+                   "python -m puts the working directory first on sys.path, ahead of PYTHONPATH)")
     p.add_argument("--gateway-log-level", default="WARNING", help="gateway --log-level (default WARNING)")
     p.add_argument("--out", type=Path, help="JSON path (default loadtest/results/overhead-<timestamp>.json)")
     p.add_argument("--keep-logs", action="store_true", help="keep the temp dir with process logs and policies")
