@@ -82,17 +82,19 @@ class ContextFit:
         self._pools = pools
 
     async def _prompt_tokens(self, loaded: LoadedPolicy, pool: str, raw: dict[str, Any],
-                             native: NativeBody | None) -> tuple[int, str]:
-        """The prompt's tokens as `pool` counts them, and how they were counted ("tokenizer" or "estimate")."""
-        spec = loaded.policy.pools[pool]
+                             native: NativeBody | None) -> int:
+        """The prompt's tokens as `pool` counts them: at a healthy replica of a local pool, on this machine for a
+        remote one, estimated for a local pool with no replica answering (`count_request_usage`)."""
+        spec: LocalPool | RemotePool | None = loaded.policy.pools[pool]
         replicas = self._pools(pool)
-        url = next((r.url for r in replicas.replicas if r.healthy), None) if replicas is not None else None
+        url = next((r.url for r in replicas.replicas if r.healthy), "") if replicas is not None else ""
+        if isinstance(spec, LocalPool) and not url:
+            spec = None  # nothing to count at: estimated
         body = raw if native is None else native.body
         endpoint = CHAT.name if native is None else native.endpoint.name
-        counted = await count_request_usage(endpoint, spec if url is not None or isinstance(spec, RemotePool)
-                                            else None, self._engines, url or "", served_model(loaded.policy, pool),
+        counted = await count_request_usage(endpoint, spec, self._engines, url, served_model(loaded.policy, pool),
                                             body, "")
-        return counted.prompt_tokens, counted.source
+        return counted.prompt_tokens
 
     async def fits(self, loaded: LoadedPolicy, pool: str, need: Need, raw: dict[str, Any],
                    native: NativeBody | None, ladder: LadderState) -> tuple[bool, int | None]:
@@ -103,7 +105,7 @@ class ContextFit:
             return True, None
         if need.completion >= context:
             return False, None  # no prompt fits beside it: nothing to count
-        tokens, _ = await self._prompt_tokens(loaded, pool, raw, native)
+        tokens = await self._prompt_tokens(loaded, pool, raw, native)
         truncate = ladder.applying_to(pool).truncate_tokens if native is None else None
         if truncate is not None:
             tokens = min(tokens, truncate)
