@@ -149,6 +149,10 @@ def _learning_problems(policy: Policy) -> Iterator[Problem]:
     if shadow.sample > 0 and learning.keep_prompts.sample == 0:
         yield (*loc, "sample"), ("shadow compares kept requests only, and learning.keep_prompts.sample is 0: "
                                  "keep a share of prompts or set shadow.sample to 0")
+    if learning.retrain.every_hours > 0 and learning.keep_prompts.sample == 0:
+        yield ("learning", "retrain", "every_hours"), (
+            "retraining learns from kept requests only, and learning.keep_prompts.sample is 0: keep a share of "
+            "prompts or set retrain.every_hours to 0")
 
 
 def _autoscale_problems(policy: Policy) -> Iterator[Problem]:

@@ -1,6 +1,7 @@
-"""The policy's `learning:` section: what the gateway keeps of its own traffic so the router can learn from it.
+"""The policy's `learning:` section: what the gateway keeps of its own traffic so the router can learn from it,
+and how often it retrains the router on what it kept.
 
-Both parts are off by default. Kept prompts are user data (the text of their requests): turn them on only
+Every part is off by default. Kept prompts are user data (the text of their requests): turn them on only
 where that is allowed, with a TTL that matches the retention you promise.
 """
 
@@ -13,7 +14,7 @@ from pydantic import Field, field_validator
 from policies.frozen import Frozen
 from policies.money import usd_to_micro
 
-__all__ = ["KeepPrompts", "Learning", "Shadow"]
+__all__ = ["KeepPrompts", "Learning", "Retrain", "Shadow"]
 
 
 class KeepPrompts(Frozen):
@@ -50,6 +51,27 @@ in both orders). Both calls are priced and recorded in the
         return usd_to_micro(value)
 
 
+class Retrain(Frozen):
+    """Retrain the router on a schedule from the labelled requests in the ledger (`gateway.learning.retrain`):
+    every `every_hours`, when at least `min_new_labels` labelled requests are new since the last training,
+    `cascade router train --from-ledger` runs in a niced subprocess; it promotes its candidate into the
+    artifact store only when it beats the current artifact on `held_back` of those labels, and the gateway
+    swaps the promoted artifact in without a restart. Needs the Redis ledger and a gateway that serves the
+    store (no `--router-artifact`)."""
+
+    every_hours: int = Field(default=0, ge=0, le=8784, description="hours between two looks at the labels "
+                             "(0: off); the first look comes at start when none was made before")
+    min_new_labels: int = Field(default=200, ge=10, le=10_000_000, description="labelled requests the "
+                                "last training did not see, needed to train again (fewer: the look is skipped)")
+    held_back: float = Field(default=0.3, ge=0.05, le=0.9, description="share of the labels kept out of "
+                             "training to compare the candidate with the current artifact")
+    embedder: str | None = Field(default=None, description="embedder of the candidate, e.g. "
+                                 "all-MiniLM-L6-v2:static (default: the trainer's, the shipped artifact's)")
+    timeout_minutes: int = Field(default=60, ge=1, le=1440, description="a training still running after "
+                                 "this long is stopped and counted as failed")
+
+
 class Learning(Frozen):
     keep_prompts: KeepPrompts = KeepPrompts()
     shadow: Shadow = Shadow()
+    retrain: Retrain = Retrain()

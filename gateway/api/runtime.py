@@ -26,8 +26,10 @@ from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
 from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
+from gateway.learning.retrain import LedgerLabelIds, RetrainSchedule
 from gateway.learning.shadow import ShadowComparison
 from gateway.learning.store import LearningStore
+from gateway.learning.train_process import TrainerProcess, TrainResult
 from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
 from gateway.redis_client import redis_from_url
 from gateway.serving.accounting import Accountant
@@ -71,6 +73,7 @@ class Runtime:
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
+    retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -110,6 +113,8 @@ class Runtime:
             return False
 
     async def aclose(self) -> None:
+        if self.retrain is not None:  # first: a training child still running is stopped
+            await self.retrain.aclose()
         if self.autoscaler is not None:
             await self.autoscaler.aclose()
         if self.live_threshold is not None:
@@ -219,10 +224,26 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live)
     router_swap.on_swap = runtime.scorer_swapped
+    runtime.retrain = _retrain(runtime)
+    runtime.retrain.start()
     if settings.start_engines:
         runtime.autoscaler = Autoscaler(pool_set, degradation.signals, metrics.scale_event, settings.probe_interval_s)
         runtime.autoscaler.start()
     return runtime
+
+
+def _retrain(runtime: Runtime) -> RetrainSchedule:
+    """The retraining schedule (`gateway.learning.retrain`): a promotion is swapped in here at once, and in the
+    other processes on the store by their watchers."""
+    settings, metrics = runtime.settings, runtime.metrics
+
+    def finished(result: TrainResult, at: float) -> None:
+        metrics.retrain_finished(result.outcome, at, result.apgr_delta)
+
+    return RetrainSchedule(settings, lambda: runtime.policies.current, runtime.redis,
+                           TrainerProcess(settings.redis_url, settings.redis_prefix),
+                           LedgerLabelIds(settings.redis_url, settings.redis_prefix), on_result=finished,
+                           swap=runtime.router_swap.reload)
 
 
 def _observe(scorer: Scorer | None, metrics: GatewayMetrics) -> None:

@@ -33,6 +33,10 @@ is true on every scrape, whichever worker answers, in one of four ways:
 metrics and its environment must not carry `PROMETHEUS_MULTIPROC_DIR` (the engines inherit it), so it writes its
 counter into the folder's own file (`ParentRestartCounter`), summed in like a worker's.
 
+Router retraining is counted by the one process that ran it (`gateway.learning.retrain`):
+`cascade_router_retrain_runs_total{outcome}` is summed, `_last_run_timestamp_seconds` is the highest over all
+workers (`max`: kept after a worker exits), `_last_apgr_delta` the value written last (`mostrecent`).
+
 The ledger and the limiter: `cascade_ledger_records_total{outcome}` counts what the ledger did with each record;
 `outcome="lost"` is the records lost (Redis down and the outbox write failed), so no separate lost counter is
 kept. `cascade_ledger_outbox_records` is the backlog on disk, `cascade_limiter_decisions_total{tenant,decision}`
@@ -264,6 +268,15 @@ class GatewayMetrics:
                                       ["tenant", "mode", "reason"], registry=r)
         self.cache_avoided = Counter("cascade_cache_avoided_micro_usd", "what cache hits would have cost on their "
                                      "pool, micro-USD", ["tenant", "pool"], registry=r)
+        self.retrain_runs = Counter("cascade_router_retrain_runs", "router retraining looks (policy learning.retrain, "
+                                    "gateway.learning.retrain) by outcome: promoted, not_better (trained, not "
+                                    "better on the held-back labels), skipped (too few new labels), failed",
+                                    ["outcome"], registry=r)
+        self.retrain_last = Gauge("cascade_router_retrain_last_run_timestamp_seconds", "UTC epoch seconds of the "
+                                  "last retraining look, whatever its outcome", registry=r, multiprocess_mode="max")
+        self.retrain_delta = Gauge("cascade_router_retrain_last_apgr_delta", "the last trained candidate's APGR "
+                                   "minus the current artifact's, on the held-back labels", registry=r,
+                                   multiprocess_mode="mostrecent")
         self.outbox = Gauge("cascade_ledger_outbox_records", "cost records waiting in the ledger's outbox on disk "
                             "(Redis was unreachable), to be replayed; summed over the workers", registry=r,
                             multiprocess_mode="livesum")
@@ -346,6 +359,13 @@ class GatewayMetrics:
     def scale_event(self, pool: str, direction: str, outcome: str) -> None:
         """The autoscaler changed, or tried to change, `pool`'s replicas (`gateway.control.autoscale.ScaleEvent`)."""
         self.scale_events.labels(pool, direction, outcome).inc()
+
+    def retrain_finished(self, outcome: str, at: float, apgr_delta: float | None) -> None:
+        """A retraining look ended (`gateway.learning.retrain.RetrainSchedule`) at `at` (UTC epoch seconds)."""
+        self.retrain_runs.labels(outcome).inc()
+        self.retrain_last.set(at)
+        if apgr_delta is not None:
+            self.retrain_delta.set(apgr_delta)
 
     def router_scored(self, model: str, texts: int) -> None:
         """The classifier scored `texts` texts with `model`: "primary" or "overflow" (`ClassifierScorer.on_scored`)."""

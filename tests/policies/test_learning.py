@@ -84,3 +84,42 @@ def test_the_commented_example_in_the_default_policy_is_valid() -> None:
     example = text[text.index("# learning:"):].splitlines()
     learning = parse_policy(text + "\n" + "\n".join(line[2:] for line in example if line.startswith("# "))).policy
     assert learning.learning.shadow.judge_pool == "flagship" and learning.learning.keep_prompts.sample == 0.05
+
+
+def test_retrain_is_off_by_default_and_parses() -> None:
+    retrain = parse_policy(BASE).policy.learning.retrain
+    assert (retrain.every_hours, retrain.min_new_labels, retrain.held_back, retrain.embedder) == (0, 200, 0.3, None)
+    text = BASE + """learning:
+  keep_prompts: {sample: 0.1}
+  retrain: {every_hours: 24, min_new_labels: 500, held_back: 0.25, embedder: "all-MiniLM-L6-v2:static",
+            timeout_minutes: 30}
+"""
+    retrain = parse_policy(text).policy.learning.retrain
+    assert (retrain.every_hours, retrain.min_new_labels, retrain.held_back) == (24, 500, 0.25)
+    assert (retrain.embedder, retrain.timeout_minutes) == ("all-MiniLM-L6-v2:static", 30)
+
+
+def test_retrain_without_kept_prompts_is_refused_with_its_line() -> None:
+    text = BASE + "learning:\n  retrain:\n    every_hours: 24\n"
+    (problem,) = _problems(text)
+    line = text.splitlines().index("    every_hours: 24") + 1
+    assert problem.startswith(f"p.yaml:{line}: learning.retrain.every_hours: retraining learns from kept "
+                              "requests only, and learning.keep_prompts.sample is 0")
+    parse_policy(BASE + "learning:\n  retrain: {every_hours: 0}\n")  # off needs nothing
+
+
+@pytest.mark.parametrize("bad, where", [
+    ("retrain: {every_hours: -1}", "learning.retrain.every_hours"),
+    ("retrain: {every_hours: 24, held_back: 0}", "learning.retrain.held_back"),
+    ("retrain: {every_hours: 24, min_new_labels: 3}", "learning.retrain.min_new_labels"),
+    ("retrain: {every_hours: 24, timeout_minute: 5}", "learning.retrain.timeout_minute"),
+])
+def test_retrain_schema_errors_name_the_field(bad: str, where: str) -> None:
+    (problem,) = _problems(BASE + f"learning:\n  keep_prompts: {{sample: 0.1}}\n  {bad}\n")
+    assert f": {where}:" in problem
+
+
+def test_json_schema_lists_the_retrain_fields() -> None:
+    retrain = Policy.model_json_schema()["$defs"]["Retrain"]["properties"]
+    assert set(retrain) == {"every_hours", "min_new_labels", "held_back", "embedder", "timeout_minutes"}
+    assert all(field.get("description") for field in retrain.values())
