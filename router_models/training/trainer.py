@@ -22,8 +22,9 @@ fit gives their rows no weight (`calibration_weights`) and the score keeps the s
 from __future__ import annotations
 
 import platform
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,15 @@ from router_models.embedders.disk_cache import embed_cached
 from router_models.embedders.protocol import Embedder
 from router_models.serving.classifier import LinearRouter, feature_matrix
 from router_models.training.evaluate import apgr, example_curve
-from router_models.training.fit import fit_platt, group_stats, solve_ridge, union
+from router_models.training.fit import GroupStats, fit_platt, group_stats, solve_ridge, union
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, SOURCES, Example, data_hash
+from router_models.training.own_labels import OWN_LABEL_MODES, fit_correction, is_own, own_share
 from router_models.training.targets import targets
 
 __all__ = [
-    "FEATURE_SETS", "Fitted", "TrainConfig", "calibration_weights", "features", "fit_router", "mask_features",
-    "source_weights", "training_metadata",
+    "FEATURE_SETS", "Fitted", "SourceRows", "TrainConfig", "calibration_weights", "correct", "features",
+    "fit_router", "fit_sources", "mask_features", "own_source_rows", "source_rows", "source_weights",
+    "training_metadata",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -50,7 +53,9 @@ FEATURE_SETS = ("embedding+structure", "embedding", "structure")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What the router is fitted on and how. `alphas`: ridge strengths tried (per unit of weight)."""
+    """What the router is fitted on and how. `alphas`: ridge strengths tried (per unit of weight); `own_labels`:
+    how a user's own label rows enter (`own_labels.OWN_LABEL_MODES`), with `own_k` (share mode) and
+    `own_penalty` (correction mode)."""
 
     routing_dir: Path = DEFAULT_ROUTING_DIR
     target: str = "irt-pairwise"
@@ -58,6 +63,13 @@ class TrainConfig:
     alphas: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
     balance_sources: bool = True
     center_per_source: bool = True
+    own_labels: str = "equal"
+    own_k: float = 1000.0
+    own_penalty: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.own_labels not in OWN_LABEL_MODES:
+            raise ValueError(f"unknown own-label mode {self.own_labels!r}; choose one of {', '.join(OWN_LABEL_MODES)}")
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ class Fitted:
     alpha: float
     platt: tuple[float, float]
     inner_apgr: dict[str, float] = field(default_factory=dict)
+    own: dict[str, Any] = field(default_factory=dict)  # how own label rows were used (empty: none were given)
 
 
 def features(embedder: Embedder, examples: Sequence[Example], feature_set: str) -> npt.NDArray[np.float32]:
@@ -93,13 +106,23 @@ def mask_features(x: npt.NDArray[np.float32], dim: int, feature_set: str) -> npt
     return out
 
 
-def source_weights(examples: Sequence[Example], balance: bool = True) -> Floats:
-    """Per-example weights, mean 1; with `balance`, every source carries the same total weight."""
+def source_weights(examples: Sequence[Example], balance: bool = True, own_k: float | None = None) -> Floats:
+    """Per-example weights, mean 1; with `balance`, every public source carries the same total weight.
+
+    Own label rows (`own_labels.is_own`): with `own_k` None, each own source weighs like a public one (the
+    `equal` mode); with `own_k`, all own rows together carry the share n_own / (n_own + own_k) of the total
+    (the `share` mode), one weight per own row, the public sources the rest.
+    """
     if not balance:
         return np.ones(len(examples))
     sources = [ex.source for ex in examples]
-    counts = {s: sources.count(s) for s in set(sources)}
+    counts = Counter(sources)
     w = np.asarray([1.0 / counts[s] for s in sources], dtype=np.float64)
+    own = np.asarray([is_own(s) for s in sources])
+    if own_k is not None and own.any() and not own.all():
+        share = own_share(int(own.sum()), own_k)
+        w[~own] *= (1.0 - share) / w[~own].sum()
+        w[own] = share / own.sum()
     return np.asarray(w * len(w) / w.sum(), dtype=np.float64)
 
 
@@ -110,12 +133,49 @@ def calibration_weights(examples: Sequence[Example], weights: Floats) -> Floats:
     return np.asarray(weights * keep, dtype=np.float64) if keep.any() else weights
 
 
+@dataclass(frozen=True)
+class SourceRows:
+    """The rows of one source (or one fold of a lone source) in a fit: features, examples, the training
+    target (centred when configured) and the rows' unweighted sufficient statistics."""
+
+    x: npt.NDArray[np.float32]
+    examples: list[Example]
+    y: Floats
+    stats: GroupStats
+
+
+def source_rows(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig) -> dict[str, SourceRows]:
+    """`examples` split into the fit's groups (`_groups`), with their targets (centred within each source)."""
+    y = targets(examples, cfg.target)
+    if cfg.center_per_source:
+        y = _centred(y, [ex.source for ex in examples])
+    groups = _groups(examples)
+    out: dict[str, SourceRows] = {}
+    for g in sorted(set(groups)):
+        idx = np.asarray([i for i, gi in enumerate(groups) if gi == g])
+        out[g] = SourceRows(x[idx], [examples[i] for i in idx], y[idx],
+                            group_stats(x[idx], y[idx], np.ones(len(idx))))
+    return out
+
+
+def own_source_rows(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig) -> dict[str, SourceRows]:
+    """One own source's rows as `source_rows` gives them beside public sources: 5 folds `<source>#fold<k>`."""
+    rows = source_rows(x, examples, cfg)  # a lone source: folds fold0..fold4
+    return {f"{examples[0].source}#{g}": r for g, r in rows.items()}
+
+
+def _fold(ex: Example) -> str:
+    return f"fold{sum(map(ord, ex.key)) % 5}"
+
+
 def _groups(examples: Sequence[Example]) -> list[str]:
-    """Fold of each example: its source, or (one source only) one of 5 folds by its prompt key."""
+    """Fold of each example in the inner cross-validation: a public source is one fold; an own source (a user's
+    labels, `own_labels.is_own`) is 5 folds by prompt key, `<source>#fold<k>`, so its out-of-fold scores come
+    from a model that saw the rest of the user's labels (the calibration reads them); a lone source: 5 folds."""
     sources = [ex.source for ex in examples]
-    if len(set(sources)) > 1:
-        return sources
-    return [f"fold{sum(map(ord, ex.key)) % 5}" for ex in examples]
+    if len(set(sources)) == 1:
+        return [_fold(ex) for ex in examples]
+    return [f"{ex.source}#{_fold(ex)}" if is_own(ex.source) else ex.source for ex in examples]
 
 
 def _centred(y: Floats, sources: Sequence[str]) -> Floats:
@@ -132,29 +192,63 @@ def _apgr(scores: Floats, examples: Sequence[Example]) -> float:
 
 
 def fit_router(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig) -> Fitted:
-    """Fit, choose alpha by out-of-group APGR, calibrate on the out-of-group scores, and fold it all."""
-    y = targets(examples, cfg.target)
-    if cfg.center_per_source:
-        y = _centred(y, [ex.source for ex in examples])
-    event = np.asarray([ex.target for ex in examples], dtype=np.float64)
-    w = source_weights(examples, cfg.balance_sources)
-    groups = _groups(examples)
-    names = sorted(set(groups))
-    index = {g: np.asarray([i for i, gi in enumerate(groups) if gi == g]) for g in names}
-    stats = {g: group_stats(x[idx], y[idx], w[idx]) for g, idx in index.items()}
+    """Fit, choose alpha by out-of-group APGR, calibrate on the out-of-group scores, and fold it all.
+
+    Own label rows enter as `cfg.own_labels` says (`own_labels.py`)."""
+    own = np.asarray([is_own(ex.source) for ex in examples])
+    if cfg.own_labels == "correction" and own.any() and not own.all():
+        public = np.flatnonzero(~own)
+        fitted = fit_sources(source_rows(x[public], [examples[i] for i in public], cfg), cfg)
+        return correct(fitted, x[own], [ex for ex, o in zip(examples, own, strict=True) if o], cfg)
+    return fit_sources(source_rows(x, examples, cfg), cfg)
+
+
+def correct(fitted: Fitted, x: npt.NDArray[np.float32], own: Sequence[Example], cfg: TrainConfig) -> Fitted:
+    """`fitted` (public sources only) with a per-user correction fitted on own rows `x` (`own_labels`)."""
+    fix = fit_correction(fitted.router, x, own, cfg.own_penalty)
+    return replace(fitted, router=fix.router, own={"mode": "correction", "rows": len(own),
+                                                   "penalty": cfg.own_penalty, "shift": round(fix.shift, 6)})
+
+
+def fit_sources(rows: Mapping[str, SourceRows], cfg: TrainConfig) -> Fitted:
+    """`fit_router` on rows already split by source (so callers fitting many subsets compute each once)."""
+    names = sorted(rows)
+    examples = [ex for g in names for ex in rows[g].examples]
+    k = cfg.own_k if cfg.own_labels == "share" else None
+    w = source_weights(examples, cfg.balance_sources, k)
+    starts = np.cumsum([0] + [len(rows[g].examples) for g in names])
+    index = {g: np.arange(starts[i], starts[i + 1]) for i, g in enumerate(names)}
+    # weights are constant within a source (a lone source's folds: all 1), so its stats scale by one number
+    stats = {g: _scaled(rows[g].stats, float(w[index[g][0]])) for g in names}
     oof: dict[float, Floats] = {}
     inner: dict[str, float] = {}
     for alpha in cfg.alphas:
         raw = np.zeros(len(examples))
         for g in names:
             ridge = solve_ridge(union(stats, [h for h in names if h != g]), alpha)
-            raw[index[g]] = ridge.predict(x[index[g]])
+            raw[index[g]] = ridge.predict(rows[g].x)
         oof[alpha] = raw
-        inner[str(alpha)] = float(np.mean([_apgr(raw[index[g]], [examples[i] for i in index[g]]) for g in names]))
+        inner[str(alpha)] = _inner_apgr({g: _apgr(raw[index[g]], rows[g].examples) for g in names})
     best = max(cfg.alphas, key=lambda a: inner[str(a)])
+    event = np.asarray([ex.target for ex in examples], dtype=np.float64)
     a, c = fit_platt(oof[best], event, calibration_weights(examples, w))
     final = solve_ridge(union(stats, names), best)
-    return Fitted(router=final.calibrated(a, c), alpha=best, platt=(a, c), inner_apgr=inner)
+    own = sum(1 for ex in examples if is_own(ex.source))
+    mode = {"mode": cfg.own_labels, "rows": own} if own else {}
+    return Fitted(router=final.calibrated(a, c), alpha=best, platt=(a, c), inner_apgr=inner, own=mode)
+
+
+def _inner_apgr(per_group: Mapping[str, float]) -> float:
+    """Mean out-of-group APGR over sources, an own source's folds averaged first (it counts as one source)."""
+    per_source: dict[str, list[float]] = {}
+    for g, value in per_group.items():
+        per_source.setdefault(g.split("#")[0], []).append(value)
+    means = [float(np.mean(f)) for v in per_source.values() if len(f := [x for x in v if not np.isnan(x)])]
+    return float(np.mean(means)) if means else float("nan")
+
+
+def _scaled(stats: GroupStats, c: float) -> GroupStats:
+    return GroupStats(stats.s0 * c, stats.s1 * c, stats.s2 * c, stats.t1 * c, stats.t2 * c)
 
 
 def training_metadata(cfg: TrainConfig, examples: Sequence[Example], fitted: Fitted) -> dict[str, Any]:

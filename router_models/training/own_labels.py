@@ -1,0 +1,118 @@
+"""How a user's own label rows enter the router's fit, beside the public outcomes.
+
+Own rows are those whose source is not a public source (`outcomes.SOURCES`): a label file's
+`labels:<name>` rows and the gateway ledger's `labels:ledger` rows. Their target is the observed event
+(`Example.target`, no outcome matrix to fit). Three ways to use them (`OWN_LABEL_MODES`), compared on the
+learning curve (`learning_curve.py`, MODEL_CARD.md "Learning curve"):
+
+- `equal`: the own rows are one more source, with the same total weight as each public source (so 400 own
+  labels weigh like 14,000 MMLU rows: one source of eight).
+- `share`: the own rows together carry the share `n / (n + k)` of the total weight (`k` = `own_k`), the
+  public sources the rest, equally; the more own labels, the more they count.
+- `correction`: the public model is fitted without them, then a per-user correction is fitted on them alone:
+  a logistic regression on the own rows' event with the public model's logit as an offset, its weights
+  (on standardised features) pulled towards 0 by a ridge penalty `own_penalty` per column. With few labels it
+  stays the public model; with many, the labels move it as far as they agree. Logit and correction are both
+  linear in the features, so the result is again one `LinearRouter`, calibrated on the own rows' event.
+
+Everything here is deterministic (closed-form weights, Newton's method from a fixed start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from router_models.serving.classifier import LinearRouter
+from router_models.training.outcomes import SOURCES, Example
+
+__all__ = ["OWN_LABEL_MODES", "Correction", "fit_correction", "is_own", "own_share", "public_names"]
+
+Floats = npt.NDArray[np.float64]
+OWN_LABEL_MODES = ("equal", "share", "correction")
+
+
+def public_names() -> frozenset[str]:
+    """The public sources' names (`outcomes.SOURCES`)."""
+    return frozenset(s.name for s in SOURCES)
+
+
+def is_own(source: str) -> bool:
+    """True for a user's own label rows (any source that is not a public one)."""
+    return source not in public_names()
+
+
+def own_share(n_own: int, k: float) -> float:
+    """The share of the total training weight that `n_own` own label rows carry under the `share` mode."""
+    return n_own / (n_own + k) if n_own > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Correction:
+    """A per-user correction on top of a public `LinearRouter`: `router` is the corrected one; `shift` is the
+    norm of the weight change on standardised features (0: the public ranking kept)."""
+
+    router: LinearRouter
+    shift: float
+    iterations: int
+
+
+def _sigmoid(z: Floats) -> Floats:
+    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0))), dtype=np.float64)
+
+
+def _objective(z: Floats, offset: Floats, y: Floats, ridge: Floats, theta: Floats) -> float:
+    logit = offset + z @ theta
+    return float(np.sum(np.logaddexp(0.0, logit) - y * logit) + 0.5 * ridge @ theta**2)
+
+
+def _newton(z: Floats, offset: Floats, y: Floats, ridge: Floats, iterations: int) -> tuple[Floats, int]:
+    """Penalised logistic regression with an offset: Newton steps from 0, halved until the objective falls."""
+    theta = np.zeros(z.shape[1])
+    current = _objective(z, offset, y, ridge, theta)
+    done = 0
+    while done < iterations:
+        done += 1
+        p = _sigmoid(offset + z @ theta)
+        grad = z.T @ (p - y) + ridge * theta
+        hess = (z * (p * (1.0 - p))[:, None]).T @ z + np.diag(ridge)
+        step = np.linalg.solve(hess, grad)
+        for _ in range(30):
+            trial = _objective(z, offset, y, ridge, theta - step)
+            if trial <= current:
+                break
+            step = step / 2.0
+        else:
+            break
+        theta, current = theta - step, trial
+        if np.abs(step).max() < 1e-8:
+            break
+    return theta, done
+
+
+def fit_correction(public: LinearRouter, x: npt.NDArray[np.floating], examples: Sequence[Example],
+                   penalty: float, iterations: int = 25) -> Correction:
+    """The public router corrected on own rows `x` (n, d) with outcomes `examples` (their `target`).
+
+    Minimises the log-loss of sigmoid(public logit + c + u . z) against the soft event, plus
+    `penalty / 2 * |u|^2`, where z is x standardised by the own rows (columns constant on them are left out).
+    The penalty does not grow with n, so more labels move the model further. Newton's method from u = 0, c = 0.
+    """
+    xd = np.asarray(x, dtype=np.float64)
+    y = np.asarray([ex.target for ex in examples], dtype=np.float64)
+    offset = xd @ np.asarray(public.weights, dtype=np.float64) + public.bias
+    mean, scale = xd.mean(axis=0), xd.std(axis=0)
+    used = scale > 1e-6
+    z = np.hstack([np.ones((len(y), 1)), (xd[:, used] - mean[used]) / scale[used]])
+    ridge = np.full(z.shape[1], float(penalty))
+    ridge[0] = 1e-6  # the intercept is (almost) free: the own rows set the level
+    theta, done = _newton(z, offset, y, ridge, iterations)
+    coef = np.zeros(xd.shape[1])
+    coef[used] = theta[1:] / scale[used]
+    weights = np.asarray(public.weights, dtype=np.float64) + coef
+    bias = public.bias + theta[0] - float(mean @ coef)
+    router = LinearRouter(weights=weights.astype(np.float32), bias=float(bias))
+    return Correction(router=router, shift=float(np.linalg.norm(theta[1:])), iterations=done)
