@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -127,7 +128,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="JSONL label file of your own traffic (repeatable)")
     p.add_argument("--from-ledger", action="store_true",
                    help="also train on the gateway's own labels in Redis (feedback, shadow, escalations)")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis of the ledger (--from-ledger)")
+    p.add_argument("--redis-url", default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                   help="Redis of the ledger (--from-ledger; default $CASCADE_REDIS_URL, else the local one)")
     p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis (as for serve)")
     p.add_argument("--held-back", type=float, default=0.3, help="share of your labels kept for the comparison")
     p.add_argument("--out", type=Path, default=None,

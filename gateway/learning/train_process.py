@@ -115,7 +115,7 @@ async def _relay(proc: asyncio.subprocess.Process) -> list[str]:
     assert proc.stdout is not None
     lines: list[str] = []
     while raw := await proc.stdout.readline():
-        line = raw.decode("utf-8", "replace").rstrip()
+        line = raw.decode("utf-8", "replace").rstrip().rsplit("\r", 1)[-1]  # a progress bar: its last state
         lines.append(line)
         log.info("retrain: %s", line)
     return lines
