@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,7 +43,7 @@ from router_models.serving.classifier import LinearRouter
 from router_models.serving.scorer import conversation_text
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR
 from tests.conftest import delete_prefix, policy_yaml
-from tests.servers import ROOT, serve, until
+from tests.servers import ROOT, free_port, serve, until
 
 pytestmark = [
     pytest.mark.redis,
@@ -201,3 +205,33 @@ def test_the_gateway_runs_the_schedule_and_counts_its_looks(home: Path, ledger: 
         body = httpx.get(url + "/metrics").text
         stamp = re.search(r"^cascade_router_retrain_last_run_timestamp_seconds (\S+)$", body, re.MULTILINE)
         assert stamp is not None and abs(float(stamp[1]) - time.time()) < 60
+
+
+def test_of_several_workers_one_takes_the_look(home: Path, ledger: str, tmp_path: Path) -> None:
+    """`cascade serve --workers 3`: each worker runs the schedule and looks at start; one look is taken (summed
+    over the workers in /metrics), the others find it recorded."""
+    policy = home / "policy.yaml"
+    policy.write_text(policy_yaml("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", RETRAIN))
+    _length_artifact(home, 1.0)
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway", "serve", "--workers", "3", "--policy", str(policy), "--port", str(port),
+           "--scorer", "classifier", "--router-overflow", "none", "--no-engines", "--redis-url", LEDGER_URL,
+           "--redis-prefix", ledger, "--log-level", "INFO"]
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CASCADE_HOME": str(home)}, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        def looked_at_by_all() -> bool:
+            text = log_path.read_text()
+            assert proc.poll() is None, text[-3000:]
+            return text.count("gateway up") == 3
+
+        until(looked_at_by_all, 120)
+        time.sleep(1.0)  # each worker's first look runs just after its start
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'cascade_router_retrain_runs_total{outcome="skipped"} 1.0' in body, log_path.read_text()[-3000:]
+        assert log_path.read_text().count("retrain: skipped: 0 labelled requests") == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
