@@ -4,8 +4,8 @@
 sent. It decides (policy `learning.keep_prompts.sample`) whether to keep the request; a kept request gets,
 in the background (tracked by the `Accountant`, so shutdown waits for it):
 
-- its prompt record (`LabelKeys.prompt`): the text the scorer saw, the score, the answering pool, the tenant,
-  the time, living `keep_prompts.ttl_days`;
+- its prompt record (`LabelKeys.prompt`): the text and the conversation's shape the scorer saw (a retrain from
+  the ledger reads both), the score, the answering pool, the tenant, the time, living `keep_prompts.ttl_days`;
 - for a true-cascade request, the micro answer's confidence and whether it escalated (`LabelKeys.cascade`);
 - with probability `learning.shadow.sample`, when the micro pool answered in full, a shadow comparison
   (`gateway.learning.shadow`), started once the client's answer is whole: a JSON answer when it is built (sending it
@@ -32,7 +32,8 @@ from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import JSONReply, StreamReply
 from gateway.serving.streaming import StreamRelay
 from policies.loader import LoadedPolicy
-from router_models.serving.scorer import conversation_text
+from router_models.serving.scorer import conversation_shape, conversation_text
+from router_models.training.ledger_labels import shape_fields
 
 __all__ = ["LearningTap"]
 
@@ -60,9 +61,10 @@ class LearningTap:
         if decision.score is None or keep.sample <= 0 or self._rng() >= keep.sample:
             return
         micro = decision.pool == policy.routing.micro_pool
-        text = conversation_text(raw["messages"])
-        prompt = {"text": text, "score": repr(float(decision.score)), "pool": decision.pool,
-                  "micro": "1" if micro else "0", "tenant": tenant, "at": repr(time.time())}
+        messages = raw["messages"]
+        prompt = {"text": conversation_text(messages), "score": repr(float(decision.score)), "pool": decision.pool,
+                  "micro": "1" if micro else "0", "tenant": tenant, "at": repr(time.time()),
+                  **shape_fields(conversation_shape(messages))}
         writes = [(self._store.labels.prompt(request_id), prompt)]
         cascade = _cascade_label(reply.headers)
         if cascade is not None:

@@ -30,7 +30,7 @@ from policies.decide import (
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from router_models.embedders.protocol import FloatArray
-from router_models.serving.scorer import EmbeddingSource, Scorer, conversation_text
+from router_models.serving.scorer import EmbeddingSource, Scorer, conversation_shape, conversation_text
 
 __all__ = ["RequestRouter"]
 
@@ -66,12 +66,14 @@ class RequestRouter:
         self._scorer = scorer
 
     async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str, str]:
-        """The score, the model that gave it and its version; (None, "", "") when scoring failed."""
+        """The score of the conversation (its scoring text and its shape: turns, whole length), the model that
+        gave it and its version; (None, "", "") when scoring failed."""
         scorer = self._scorer
         assert scorer is not None
         began = time.monotonic()
         try:
-            score, scored_by = await scorer.score_one(conversation_text(raw["messages"]))
+            messages = raw["messages"]
+            score, scored_by = await scorer.score_one(conversation_text(messages), conversation_shape(messages))
         except Exception:
             log.exception("scoring failed; routing without a score")
             return None, "", ""

@@ -2,9 +2,11 @@
 
 An embedding says what a prompt is about; these say how much work it asks for: its length, code, math
 notation, multi-step and constraint cues, and cues of the light task kinds (classify, extract, summarise,
-greet). Each is a small count squashed with log1p so no single long prompt dominates. Bump
-`FEATURE_VERSION` whenever names, order or definitions change: artifacts trained on another version are
-refused at load time.
+greet). The last columns read the conversation's shape (`router_models.serving.scorer.ConversationShape`): its
+user, assistant and tool turns, a system prompt, its whole length and its latest user turn's, uncut, which the
+scoring text (at most 2,000 characters, the latest turn first) and the embedder (its first 64 word pieces) cannot
+show. Each is a small count squashed with log1p so no single long prompt dominates. Bump `FEATURE_VERSION`
+whenever names, order or definitions change: artifacts trained on another version are refused at load time.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from router_models.serving.scorer import ConversationShape, prompt_shape
+
 __all__ = ["FEATURE_NAMES", "FEATURE_VERSION", "structural_features"]
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: the conversation-shape columns
 
 _I = re.IGNORECASE
 
@@ -121,16 +125,25 @@ _COUNTERS: tuple[tuple[str, _Counter], ...] = (
     ("sentences", _SENTENCES),
 )
 
+_SHAPE_NAMES = ("user_turns", "assistant_turns", "tool_messages", "system_prompt", "conversation_chars",
+                "latest_turn_chars")
+
 FEATURE_NAMES: tuple[str, ...] = (
     "log_chars",
     "log_words",
     "log_lines",
     "short_prompt",
     *(name for name, _ in _COUNTERS),
+    *_SHAPE_NAMES,
 )
 
 
-def _one(text: str) -> list[float]:
+def _shape(shape: ConversationShape) -> list[float]:
+    return [math.log1p(shape.user_turns), math.log1p(shape.assistant_turns), math.log1p(shape.tool_messages),
+            1.0 if shape.system_prompt else 0.0, math.log1p(shape.total_chars), math.log1p(shape.latest_chars)]
+
+
+def _one(text: str, shape: ConversationShape | None) -> list[float]:
     words = len(text.split())
     row = [
         math.log1p(len(text)),
@@ -139,11 +152,17 @@ def _one(text: str) -> list[float]:
         1.0 if words <= 8 else 0.0,
     ]
     row.extend(math.log1p(count(text)) for _, count in _COUNTERS)
+    row.extend(_shape(shape if shape is not None else prompt_shape(text)))
     return row
 
 
-def structural_features(texts: Sequence[str]) -> npt.NDArray[np.float32]:
-    """(n, len(FEATURE_NAMES)) float32 array of structural features, row i for texts[i]. Pure, fast."""
+def structural_features(texts: Sequence[str],
+                        shapes: Sequence[ConversationShape | None] | None = None) -> npt.NDArray[np.float32]:
+    """(n, len(FEATURE_NAMES)) float32 array of structural features, row i for texts[i] and shapes[i] (a None
+    shape, or no `shapes`: the text is a plain prompt, `prompt_shape`). Pure, fast."""
+    if shapes is not None and len(shapes) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(shapes)} shapes")
     if not texts:
         return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
-    return np.asarray([_one(t) for t in texts], dtype=np.float32)
+    given = shapes if shapes is not None else [None] * len(texts)
+    return np.asarray([_one(t, s) for t, s in zip(texts, given, strict=True)], dtype=np.float32)

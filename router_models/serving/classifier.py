@@ -13,17 +13,20 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.embedders.features import structural_features
+from router_models.serving.scorer import ConversationShape
 
 __all__ = ["LinearRouter", "feature_matrix"]
 
 FloatArray = npt.NDArray[np.float32]
 
 
-def feature_matrix(embeddings: FloatArray, texts: Sequence[str]) -> FloatArray:
-    """The classifier's input: embeddings (n, dim) beside the structural features of the same texts."""
+def feature_matrix(embeddings: FloatArray, texts: Sequence[str],
+                   shapes: Sequence[ConversationShape | None] | None = None) -> FloatArray:
+    """The classifier's input: embeddings (n, dim) beside the structural features of the same texts and their
+    conversations' shapes (None: plain prompts)."""
     if len(texts) != embeddings.shape[0]:
         raise ValueError(f"{len(texts)} texts but {embeddings.shape[0]} embeddings")
-    return np.hstack([embeddings.astype(np.float32), structural_features(texts)])
+    return np.hstack([embeddings.astype(np.float32), structural_features(texts, shapes)])
 
 
 @dataclass(frozen=True)

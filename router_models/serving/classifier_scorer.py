@@ -1,5 +1,7 @@
 """The serving-side scorer: a micro-batcher and a TTL cache in front of embedder + classifier.
 
+What is scored is a conversation: its scoring text and its shape (`scorer.ConversationShape`; a text alone is a
+plain prompt). The cache keys on both: the same latest turn after a long history is another conversation.
 Concurrent `score` calls put their cache misses on one queue. `workers` collector tasks take whatever is
 waiting, up to `max_batch` texts, optionally wait up to `max_wait_ms` for more, de-duplicate them and score the
 batch in ONE model call on one of `workers` executor threads, so the event loop never runs model code and at
@@ -46,6 +48,7 @@ from router_models.serving.artifact import (
     overflow_artifact,
 )
 from router_models.serving.classifier import LinearRouter, feature_matrix
+from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
 __all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "EmbeddingModel", "load_model",
@@ -56,9 +59,10 @@ _EWMA = 0.1  # weight of the latest batch in the primary's time per text
 
 
 class BatchModel(Protocol):
-    """Synchronous, CPU-bound: scores a batch of texts, one float in [0, 1] per text, in order."""
+    """Synchronous, CPU-bound: scores a batch of conversations, texts[i] of shape shapes[i], one float in [0, 1]
+    per text, in order. Without `shapes`, every text is a plain prompt (`scorer.prompt_shape`)."""
 
-    def __call__(self, texts: Sequence[str]) -> list[float]: ...
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]: ...
 
 
 @runtime_checkable
@@ -68,7 +72,8 @@ class EmbeddingModel(BatchModel, Protocol):
 
     embedder_name: str
 
-    def score_and_embed(self, texts: Sequence[str]) -> tuple[list[float], FloatArray]: ...
+    def score_and_embed(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
+                        ) -> tuple[list[float], FloatArray]: ...
 
 
 class EmbeddingClassifier:
@@ -83,13 +88,14 @@ class EmbeddingClassifier:
     def embedder_name(self) -> str:
         return self._embedder.name
 
-    def __call__(self, texts: Sequence[str]) -> list[float]:
-        return self.score_and_embed(texts)[0]
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
+        return self.score_and_embed(texts, shapes)[0]
 
-    def score_and_embed(self, texts: Sequence[str]) -> tuple[list[float], FloatArray]:
-        """The scores and the embeddings they came from (one model call for both)."""
+    def score_and_embed(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
+                        ) -> tuple[list[float], FloatArray]:
+        """The scores and the embeddings of the texts they came from (one model call for both)."""
         vectors = self._embedder.embed(texts)
-        feats = feature_matrix(vectors, texts)
+        feats = feature_matrix(vectors, texts, shapes)
         return [float(p) for p in self._router.predict_proba(feats)], vectors
 
 
@@ -116,17 +122,19 @@ class BatchingConfig:
 
 
 _Scored = tuple[float, str]  # a score and the model that gave it ("primary" | "overflow")
-_Item = tuple[str, "asyncio.Future[_Scored]", float]  # text, its caller's future, loop time it was queued
+_Key = tuple[str, ConversationShape]  # what is scored, and cached: the scoring text and the conversation's shape
+_Item = tuple[_Key, "asyncio.Future[_Scored]", float]  # what, its caller's future, loop time it was queued
 
 
-def _timed(model: BatchModel, texts: list[str], embed: bool) -> tuple[list[float], FloatArray | None, float]:
+def _timed(model: BatchModel, keys: list[_Key], embed: bool) -> tuple[list[float], FloatArray | None, float]:
     """(scores, embeddings when `embed` and the model gives them, seconds taken)."""
     started = time.perf_counter()
+    texts, shapes = [text for text, _ in keys], [shape for _, shape in keys]
     vectors: FloatArray | None = None
     if embed and isinstance(model, EmbeddingModel):
-        values, vectors = model.score_and_embed(texts)
+        values, vectors = model.score_and_embed(texts, shapes)
     else:
-        values = model(texts)
+        values = model(texts, shapes)
     return values, vectors, time.perf_counter() - started
 
 
@@ -159,9 +167,9 @@ class ClassifierScorer:
         self._config = config or BatchingConfig()
         if self._config.workers < 1 or self._config.max_batch < 1:
             raise ValueError(f"workers and max_batch must be >= 1, got {self._config}")
-        self.cache: TTLCache[float] = TTLCache(self._config.cache_entries, self._config.cache_ttl_s, clock)
+        self.cache: TTLCache[_Key, float] = TTLCache(self._config.cache_entries, self._config.cache_ttl_s, clock)
         self.embedding_space = model.embedder_name if isinstance(model, EmbeddingModel) else ""
-        self._vectors: TTLCache[FloatArray] = TTLCache(
+        self._vectors: TTLCache[str, FloatArray] = TTLCache(
             self._config.cache_entries if self.embedding_space else 0, self._config.cache_ttl_s, clock)
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=self._config.workers, thread_name_prefix="router-scorer")
@@ -171,26 +179,30 @@ class ClassifierScorer:
         self.on_batch: Callable[[int], None] | None = None
 
     async def score(self, texts: Sequence[str]) -> list[float]:
-        """One P(micro falls short) per text, in order. Cached texts are answered without the model."""
+        """One P(micro falls short) per text, each a plain prompt, in order. Cached ones are answered without
+        the model."""
         if self._closed:
             raise RuntimeError("scorer is closed")
         if len(texts) == 1:  # one future, no gather
             return [(await self.score_one(texts[0]))[0]]
-        results: list[float | None] = [self.cache.get(t) for t in texts]
-        pending = [(i, self._enqueue(t)) for i, t in enumerate(texts) if results[i] is None]
+        keys = [(t, prompt_shape(t)) for t in texts]
+        results: list[float | None] = [self.cache.get(k) for k in keys]
+        pending = [(i, self._enqueue(k)) for i, k in enumerate(keys) if results[i] is None]
         if pending:
             values = await asyncio.gather(*(fut for _, fut in pending))
             for (i, _), (value, _) in zip(pending, values, strict=True):
                 results[i] = value
         return [float(r) for r in results if r is not None]
 
-    async def score_one(self, text: str) -> tuple[float, str]:
-        """The gateway's case: one text's score and the model that gave it (a cached score is the primary's)."""
+    async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
+        """The gateway's case: one conversation's score (None `shape`: a plain prompt) and the model that gave it
+        (a cached score is the primary's)."""
         if self._closed:
             raise RuntimeError("scorer is closed")
-        cached = self.cache.get(text)
+        key = (text, shape if shape is not None else prompt_shape(text))
+        cached = self.cache.get(key)
         if cached is None:
-            return await self._enqueue(text)
+            return await self._enqueue(key)
         self._vectors.get(text)  # kept as recently used as its score: evicted together
         return cached, "primary"
 
@@ -199,13 +211,13 @@ class ClassifierScorer:
         evicted, or a model without embeddings). Row vector, not normalised; do not modify it."""
         return self._vectors.peek(text)
 
-    def _enqueue(self, text: str) -> asyncio.Future[_Scored]:
+    def _enqueue(self, key: _Key) -> asyncio.Future[_Scored]:
         loop = asyncio.get_running_loop()
         if not self._collectors:
             self._collectors = [loop.create_task(self._collect(), name=f"router-scorer-collector-{k}")
                                 for k in range(self._config.workers)]
         fut: asyncio.Future[_Scored] = loop.create_future()
-        self._queue.put_nowait((text, fut, loop.time()))
+        self._queue.put_nowait((key, fut, loop.time()))
         return fut
 
     def _drain(self, batch: list[_Item]) -> None:
@@ -246,7 +258,7 @@ class ClassifierScorer:
             live = [item for item in batch if not item[1].done()]
             if not live:
                 continue
-            unique = list(dict.fromkeys(t for t, _, _ in live))
+            unique = list(dict.fromkeys(key for key, _, _ in live))
             self.batch_sizes.append(len(unique))
             if self.on_batch is not None:
                 self.on_batch(len(unique))
@@ -267,19 +279,19 @@ class ClassifierScorer:
             self.scored_by[which] += len(unique)
             if self.on_scored is not None:
                 self.on_scored(which, len(unique))
-            by_text = dict(zip(unique, values, strict=True))
+            by_key = dict(zip(unique, values, strict=True))
             if which == "primary":
                 per_text = took_s / len(unique)
                 self._primary_s_per_text += _EWMA * (per_text - self._primary_s_per_text) \
                     if self._primary_s_per_text else per_text
-                for text, value in by_text.items():
-                    self.cache.put(text, value)
-                if vectors is not None:
-                    for text, vector in zip(unique, vectors, strict=True):
+                for key, value in by_key.items():
+                    self.cache.put(key, value)
+                if vectors is not None:  # an embedding depends on the text alone
+                    for (text, _), vector in zip(unique, vectors, strict=True):
                         self._vectors.put(text, vector)
-            for text, fut, _ in live:
+            for key, fut, _ in live:
                 if not fut.done():
-                    fut.set_result((by_text[text], which))
+                    fut.set_result((by_key[key], which))
 
     def load_overflow_in_background(self, load: Callable[[], BatchModel], what: str) -> threading.Thread:
         """Build the overflow model on a low-priority daemon thread (its first load may build a cache for a

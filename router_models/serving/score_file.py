@@ -15,13 +15,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from router_models.serving.classifier_scorer import BatchModel
-from router_models.serving.scorer import conversation_text
+from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
 
 __all__ = ["parse_line", "score_file", "score_rows"]
 
 
-def parse_line(line: str) -> tuple[Any, str]:
-    """(id, text) of one input line; raises ValueError saying what is wrong."""
+_Row = tuple[Any, str, ConversationShape]  # id, scoring text, the conversation's shape
+
+
+def parse_line(line: str) -> _Row:
+    """(id, text, shape) of one input line, as the gateway would score it; raises ValueError saying what is
+    wrong."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -29,18 +33,18 @@ def parse_line(line: str) -> tuple[Any, str]:
     if not isinstance(row, Mapping) or "id" not in row:
         raise ValueError('expected an object with an "id"')
     if isinstance(row.get("prompt"), str):
-        return row["id"], str(row["prompt"])
+        return row["id"], str(row["prompt"]), prompt_shape(str(row["prompt"]))
     messages = row.get("messages")
     if isinstance(messages, list) and all(isinstance(m, Mapping) for m in messages):
         text = conversation_text(messages)
         if text:
-            return row["id"], text
+            return row["id"], text, conversation_shape(messages)
         raise ValueError("messages hold no user or system text")
     raise ValueError('expected "prompt" (a string) or "messages" (a list of {role, content})')
 
 
-def _read(lines: Iterable[str], err: TextIO) -> tuple[list[tuple[Any, str]], int]:
-    good: list[tuple[Any, str]] = []
+def _read(lines: Iterable[str], err: TextIO) -> tuple[list[_Row], int]:
+    good: list[_Row] = []
     bad = 0
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -60,13 +64,13 @@ def _load_model(artifact: Path | None) -> BatchModel:
 
 
 def score_rows(
-    rows: Sequence[tuple[Any, str]], model: BatchModel, threshold: float, pools: tuple[str, str], batch: int
+    rows: Sequence[_Row], model: BatchModel, threshold: float, pools: tuple[str, str], batch: int
 ) -> Iterable[str]:
-    """Output JSON lines for (id, text) rows, scoring `batch` texts per model call."""
+    """Output JSON lines for (id, text, shape) rows, scoring `batch` texts per model call."""
     micro, flagship = pools
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
-        for (rid, _), score in zip(part, model([t for _, t in part]), strict=True):
+        for (rid, _, _), score in zip(part, model([t for _, t, _ in part], [s for _, _, s in part]), strict=True):
             pool = flagship if score >= threshold else micro
             yield json.dumps({"id": rid, "score": round(score, 6), "pool": pool}, ensure_ascii=False)
 

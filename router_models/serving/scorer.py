@@ -1,22 +1,25 @@
-"""The scoring contract: text in, P(micro pool's answer falls short) out.
+"""The scoring contract: a conversation's text and shape in, P(micro pool's answer falls short) out.
 
-The gateway depends only on `Scorer` and `conversation_text`; the trained classifier, its micro-batcher and
-the stand-in below all satisfy the same protocol.
+The gateway depends only on `Scorer`, `conversation_text` and `conversation_shape`; the trained classifier, its
+micro-batcher and the stand-in below all satisfy the same protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EmbeddingSource", "LengthScorer", "Scorer", "conversation_text"]
+__all__ = ["ConversationShape", "EmbeddingSource", "LengthScorer", "Scorer", "conversation_shape", "conversation_text",
+           "prompt_shape"]
 
 
 class Scorer(Protocol):
-    """Scores texts in one batch. Returns one float in [0, 1] per text, in input order.
+    """Scores texts in one batch. Returns one float in [0, 1] per text, in input order. `score` reads each text as
+    a plain prompt (one user turn); `score_one` also takes the conversation's shape.
 
     Implementations run CPU work off the event loop (a worker thread) and may batch concurrent callers.
     `version` names what scores: the trained artifact's version (`artifact.artifact_version`), or the
@@ -27,8 +30,9 @@ class Scorer(Protocol):
 
     async def score(self, texts: Sequence[str]) -> list[float]: ...
 
-    async def score_one(self, text: str) -> tuple[float, str]:
-        """The score of one text and the model that gave it: "primary" or "overflow" for the trained
+    async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
+        """The score of one conversation (`conversation_text`, and its `conversation_shape`; None: `text` is a
+        plain prompt, `prompt_shape(text)`) and the model that gave it: "primary" or "overflow" for the trained
         classifier (`router_models.serving.classifier_scorer`), the scorer's own name otherwise. The ledger keeps
         it, so a cost report can price the quality of what a surge sent to the cheaper model."""
         ...
@@ -74,6 +78,42 @@ def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 20
     return "\n\n".join(p for p in parts if p)[:max_chars]
 
 
+@dataclass(frozen=True, slots=True)
+class ConversationShape:
+    """What the scoring text cannot show of a conversation: its turns and its whole length, computed once from
+    the messages (`conversation_shape`). Characters count every message's text, uncut (`conversation_text` keeps
+    at most 2,000 of them); `latest_chars` is the latest user turn's. A plain prompt has the shape of one user
+    turn of that text (`prompt_shape`). Hashable: the scorer's cache keys on (text, shape)."""
+
+    user_turns: int = 1
+    assistant_turns: int = 0
+    tool_messages: int = 0
+    system_prompt: bool = False
+    total_chars: int = 0
+    latest_chars: int = 0
+
+
+def prompt_shape(text: str) -> ConversationShape:
+    """The shape of a plain prompt (an exam question, a legacy completion prompt, a label row's `prompt`)."""
+    return ConversationShape(total_chars=len(text), latest_chars=len(text))
+
+
+def conversation_shape(messages: Sequence[Mapping[str, Any]]) -> ConversationShape:
+    """The shape of a chat conversation, counted over every message (roles `user`, `assistant`, `tool` or
+    `function`, `system` or `developer`; others count toward the length only)."""
+    roles = [str(m.get("role")) for m in messages]
+    texts = [_content_text(m.get("content")).strip() for m in messages]
+    users = [text for role, text in zip(roles, texts, strict=True) if role == "user" and text]
+    return ConversationShape(
+        user_turns=len(users),
+        assistant_turns=roles.count("assistant"),
+        tool_messages=roles.count("tool") + roles.count("function"),
+        system_prompt=any(role in ("system", "developer") and text for role, text in zip(roles, texts, strict=True)),
+        total_chars=sum(map(len, texts)),
+        latest_chars=len(users[-1]) if users else 0,
+    )
+
+
 class LengthScorer:
     """Stand-in scorer for tests and for running without a trained artifact: longer prompts score higher.
 
@@ -88,7 +128,7 @@ class LengthScorer:
     async def score(self, texts: Sequence[str]) -> list[float]:
         return [min(1.0, len(t.split()) / self._saturation) for t in texts]
 
-    async def score_one(self, text: str) -> tuple[float, str]:
+    async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
         return (await self.score([text]))[0], "length"
 
     async def aclose(self) -> None:

@@ -5,31 +5,32 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 __all__ = ["TTLCache"]
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class TTLCache(Generic[V]):
-    """Maps str -> V (the scorer's: scores, and the embeddings behind them). At most `max_entries` (least
-    recently used evicted first); an entry older than `ttl_s` seconds (by `clock`, monotonic by default) is a
-    miss. `max_entries=0` disables caching."""
+class TTLCache(Generic[K, V]):
+    """Maps K -> V (the scorer's: scores by (text, conversation shape), and the embeddings behind them by text).
+    At most `max_entries` (least recently used evicted first); an entry older than `ttl_s` seconds (by `clock`,
+    monotonic by default) is a miss. `max_entries=0` disables caching."""
 
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._max = max_entries
         self._ttl = ttl_s
         self._clock = clock
-        self._data: OrderedDict[str, tuple[float, V]] = OrderedDict()
+        self._data: OrderedDict[K, tuple[float, V]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
         return len(self._data)
 
-    def get(self, key: str) -> V | None:
+    def get(self, key: K) -> V | None:
         """The cached value, or None when absent or expired (expired entries are dropped)."""
         item = self._data.get(key)
         if item is None or self._clock() - item[0] > self._ttl:
@@ -41,14 +42,14 @@ class TTLCache(Generic[V]):
         self.hits += 1
         return item[1]
 
-    def peek(self, key: str) -> V | None:
+    def peek(self, key: K) -> V | None:
         """Like `get`, without counting a hit or a miss (a second reader of what `get` already counted)."""
         item = self._data.get(key)
         if item is None or self._clock() - item[0] > self._ttl:
             return None
         return item[1]
 
-    def put(self, key: str, value: V) -> None:
+    def put(self, key: K, value: V) -> None:
         """Insert or refresh `key`; evicts the least recently used entries beyond `max_entries`."""
         if self._max <= 0:
             return

@@ -7,10 +7,13 @@ Label file (`cascade router train --labels FILE`): JSON Lines, one prompt per li
     {"prompt": "...", "micro": 0.4, "flagship": 0.9}             # quality of each pool's answer, in [0, 1]
     optional on every line: "id" (string), "source" (a name for your traffic; default "labels")
 
-Give `prompt` or `messages` (scored as the gateway scores them: system prompt + last user turn), and either
+Give `prompt` or `messages` (scored as the gateway scores them: `conversation_text`, the latest user turn first,
+and `conversation_shape`, the turns and whole length; a `prompt` is one user turn), and either
 `needs_flagship` or both `micro` and `flagship`. `needs_flagship = p` is read as micro quality `1 - p`
 against flagship quality 1. Rows from the gateway's ledger (`ledger_labels.read_ledger_labels`) use the
-same fields. A bad row is refused with its line number and field, and nothing is trained.
+same fields, plus the shape the gateway saw of the conversation their `prompt` came from (`"shape": {...}`, the
+counts named in `ledger_labels.SHAPE_FIELDS`). A bad row is refused with its line number and field, and nothing is
+trained.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from router_models.serving.scorer import conversation_text
+from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
 from router_models.training.outcomes import MAX_CHARS, Example, prompt_key
 
 __all__ = ["LabelError", "examples_from_rows", "read_label_file", "split_held_back"]
@@ -40,21 +43,37 @@ def _quality(row: Mapping[str, Any], field: str, where: str) -> float:
     return float(value)
 
 
-def _text(row: Mapping[str, Any], where: str) -> str:
+def _text(row: Mapping[str, Any], where: str) -> tuple[str, ConversationShape]:
     if isinstance(row.get("prompt"), str) and row["prompt"].strip():
-        return str(row["prompt"]).strip()[:MAX_CHARS]
+        prompt = str(row["prompt"]).strip()
+        return prompt[:MAX_CHARS], _given_shape(row, where) or prompt_shape(prompt)
     messages = row.get("messages")
     if isinstance(messages, list) and messages and all(isinstance(m, Mapping) for m in messages):
         text = conversation_text(messages)
         if text:
-            return text
+            return text, conversation_shape(messages)
     raise LabelError(f"{where}: give a non-empty 'prompt' string or a 'messages' list with text")
+
+
+def _given_shape(row: Mapping[str, Any], where: str) -> ConversationShape | None:
+    """The row's "shape" (what the gateway saw of the conversation a ledger row's prompt came from), if any."""
+    given = row.get("shape")
+    if given is None:
+        return None
+    fields = ("user_turns", "assistant_turns", "tool_messages", "total_chars", "latest_chars")
+    if not isinstance(given, Mapping) or not isinstance(given.get("system_prompt", False), bool) or any(
+            isinstance(given.get(f, 0), bool) or not isinstance(given.get(f, 0), int) or given.get(f, 0) < 0
+            for f in fields):
+        raise LabelError(f"{where}: field 'shape' must be an object of counts ({', '.join(fields)}) "
+                         "and 'system_prompt' (true or false)")
+    base = ConversationShape()
+    return ConversationShape(**{f: given.get(f, getattr(base, f)) for f in (*fields, "system_prompt")})
 
 
 def _example(row: Any, where: str, default_source: str) -> Example:
     if not isinstance(row, Mapping):
         raise LabelError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    text = _text(row, where)
+    text, shape = _text(row, where)
     if "needs_flagship" in row:
         weak, strong = 1.0 - _quality(row, "needs_flagship", where), 1.0
     elif "micro" in row and "flagship" in row:
@@ -64,7 +83,7 @@ def _example(row: Any, where: str, default_source: str) -> Example:
     source = row.get("source", default_source)
     if not isinstance(source, str) or not source.strip():
         raise LabelError(f"{where}: field 'source' must be a non-empty string")
-    return Example(text, f"labels:{source.strip()}", "labels", weak, strong, prompt_key(text))
+    return Example(text, f"labels:{source.strip()}", "labels", weak, strong, prompt_key(text), shape=shape)
 
 
 def examples_from_rows(rows: Iterable[Any], default_source: str = "labels", origin: str = "row") -> list[Example]:

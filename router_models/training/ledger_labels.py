@@ -8,7 +8,10 @@ Keys (prefix = the ledger's `redis_prefix`, default ``cascade:``), one hash per 
 
 - ``{prefix}learn:prompt:{id}``: a kept request (policy ``learning.keep_prompts``): ``text`` (what the
   scorer saw, `router_models.serving.scorer.conversation_text`), ``score`` (router score), ``pool`` (the pool whose
-  answer the client got), ``micro`` ("1" when that is the policy's micro pool), ``tenant``, ``at`` (UTC epoch s).
+  answer the client got), ``micro`` ("1" when that is the policy's micro pool), ``tenant``, ``at`` (UTC epoch s),
+  and the conversation's shape as the scorer saw it (`SHAPE_FIELDS`, `shape_fields`: ``user_turns``,
+  ``assistant_turns``, ``tool_messages``, ``system_prompt`` "1"/"0", ``total_chars``, ``latest_chars``; absent
+  from records kept before the scorer read shapes, which train as one user turn of ``text``).
 - ``{prefix}learn:feedback:{id}``: the client's feedback (``POST /v1/feedback``): ``score`` in [0, 1]
   (thumbs up = 1, down = 0), ``thumbs`` ("up", "down" or ""), ``comment``, ``tenant``, ``at``. Last wins.
 - ``{prefix}learn:shadow:{id}``: the judge's verdict on a shadow comparison (`gateway.learning.judge`):
@@ -22,7 +25,9 @@ Keys (prefix = the ledger's `redis_prefix`, default ``cascade:``), one hash per 
 Row format (`read_ledger_labels`, and the documented user label-file format)::
 
     {"id": str, "prompt": str, "needs_flagship": float in [0, 1],
-     "source": "feedback" | "shadow" | "escalation", "tenant": str, "pool": str, "score": float}
+     "source": "feedback" | "shadow" | "escalation", "tenant": str, "pool": str, "score": float,
+     "shape": {"user_turns": int, "assistant_turns": int, "tool_messages": int, "system_prompt": bool,
+               "total_chars": int, "latest_chars": int}}      # "shape" only when the record kept one
 """
 
 from __future__ import annotations
@@ -34,19 +39,24 @@ from typing import Any
 
 import redis
 
+from router_models.serving.scorer import ConversationShape
+
 __all__ = [
     "CASCADE_FIELDS",
     "DEFAULT_PREFIX",
     "FEEDBACK_FIELDS",
     "PROMPT_FIELDS",
     "SHADOW_FIELDS",
+    "SHAPE_FIELDS",
     "LabelKeys",
     "label_row",
     "read_ledger_labels",
+    "shape_fields",
 ]
 
 DEFAULT_PREFIX = "cascade:"  # the ledger's default key prefix (gateway.settings.Settings.redis_prefix)
-PROMPT_FIELDS = ("text", "score", "pool", "micro", "tenant", "at")
+SHAPE_FIELDS = ("user_turns", "assistant_turns", "tool_messages", "system_prompt", "total_chars", "latest_chars")
+PROMPT_FIELDS = ("text", "score", "pool", "micro", "tenant", "at", *SHAPE_FIELDS)
 FEEDBACK_FIELDS = ("score", "thumbs", "comment", "tenant", "at")
 SHADOW_FIELDS = ("short", "verdict", "replies", "order", "at")
 CASCADE_FIELDS = ("confidence", "escalated", "at")
@@ -75,6 +85,24 @@ class LabelKeys:
         """SCAN pattern of every kept prompt (glob characters in the prefix are escaped)."""
         escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self.prefix)
         return f"{escaped}learn:prompt:*"
+
+
+def shape_fields(shape: ConversationShape) -> dict[str, str]:
+    """The prompt record's shape fields (`SHAPE_FIELDS`) of a conversation's shape."""
+    return {"user_turns": str(shape.user_turns), "assistant_turns": str(shape.assistant_turns),
+            "tool_messages": str(shape.tool_messages), "system_prompt": "1" if shape.system_prompt else "0",
+            "total_chars": str(shape.total_chars), "latest_chars": str(shape.latest_chars)}
+
+
+def _shape(prompt: Mapping[str, str]) -> dict[str, Any] | None:
+    """The label row's "shape" from a prompt record's fields; None when the record has none (or a bad one)."""
+    try:
+        counts = {f: int(prompt[f]) for f in SHAPE_FIELDS if f != "system_prompt"}
+    except (KeyError, ValueError):
+        return None
+    if min(counts.values()) < 0 or prompt.get("system_prompt") not in ("0", "1"):
+        return None
+    return {**counts, "system_prompt": prompt["system_prompt"] == "1"}
 
 
 def _fraction(value: str | None) -> float | None:
@@ -109,8 +137,13 @@ def label_row(request_id: str, prompt: Mapping[str, str], feedback: Mapping[str,
     if label is None:
         return None
     needs_flagship, source = label
-    return {"id": request_id, "prompt": prompt["text"], "needs_flagship": needs_flagship, "source": source,
-            "tenant": prompt.get("tenant", ""), "pool": prompt.get("pool", ""), "score": score}
+    row: dict[str, Any] = {"id": request_id, "prompt": prompt["text"], "needs_flagship": needs_flagship,
+                           "source": source, "tenant": prompt.get("tenant", ""), "pool": prompt.get("pool", ""),
+                           "score": score}
+    shape = _shape(prompt)
+    if shape is not None:
+        row["shape"] = shape
+    return row
 
 
 def _text(value: Any) -> str:

@@ -14,6 +14,9 @@ The routing event is "the micro pool's answer falls short of the flagship's". Fo
 that is `micro wrong and frontier right`; averaged over every pair of the two classes it is
 `target = (1 - weak) * strong`, a probability in [0, 1]. Binary metrics (AUC) use `label = target >= 0.5`.
 
+Each example carries its conversation's shape (`Example.shape`, `router_models.serving.scorer.ConversationShape`):
+the chat source's multi-turn rows from their messages, every other prompt one user turn of its whole text.
+
 Prompts that recur across sources (MMLU stems in MMLU-Pro, GSM8K in ZeroEval and LLMRouter) share a `key`,
 so a leave-one-source-out split can keep every copy of a held-out prompt out of training.
 """
@@ -34,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
+
 __all__ = [
     "DEFAULT_ROUTING_DIR",
     "DEFAULT_SOURCES",
@@ -52,12 +57,14 @@ MAX_CHARS = 2000  # what `conversation_text` keeps of a prompt at serving time
 csv.field_size_limit(10_000_000)
 _NAN = float("nan")
 _Pairs = tuple[tuple[str, str], ...]  # judged (winner, loser) model names, preference sources only
-_Rows = Iterator[tuple[str, str, dict[str, float], _Pairs]]  # (text, group, {model: 1, 0 or nan}, pairs)
+# (text, group, {model: 1, 0 or nan}, pairs, the conversation's shape: None for a plain prompt)
+_Rows = Iterator[tuple[str, str, dict[str, float], _Pairs, ConversationShape | None]]
 
 
 @dataclass(frozen=True)
 class Example:
-    """One prompt with real outcomes. `models` and `outcomes` align (nan = no output from that model)."""
+    """One prompt with real outcomes. `models` and `outcomes` align (nan = no output from that model). `shape`:
+    the conversation's (None: `text` is a plain prompt, `prompt_shape(text)`)."""
 
     text: str
     source: str
@@ -68,6 +75,7 @@ class Example:
     models: tuple[str, ...] = field(repr=False, default=())
     outcomes: tuple[float, ...] = field(repr=False, default=())
     pairs: tuple[tuple[int, int], ...] = field(repr=False, default=())  # (winner, loser) indices into models
+    shape: ConversationShape | None = field(repr=False, default=None)
 
     @property
     def target(self) -> float:
@@ -86,7 +94,7 @@ class SourceSpec:
     name: str
     weak_models: tuple[str, ...]
     strong_models: tuple[str, ...]
-    rows: Callable[[Path], _Rows]  # (text, group, {model: 0/1/nan}, judged pairs)
+    rows: Callable[[Path], _Rows]  # (text, group, {model: 0/1/nan}, judged pairs, shape or None)
     kind: str = "exam"  # "exam" (graded correctness) or "chat" (judged preferences, pairwise fit)
 
 
@@ -130,7 +138,7 @@ def _routellm(folder: str, pattern: str) -> Callable[[Path], _Rows]:
                     text = row["prompt"].strip()
                     if text not in skip:
                         models = {k: _num(v) for k, v in row.items() if v in ("True", "False")}
-                        yield text, group, models, ()
+                        yield text, group, models, (), None
     return rows
 
 
@@ -141,7 +149,7 @@ def _routerbench(root: Path) -> _Rows:
                 parts = _python_list_text(row["prompt"])
                 text = parts.strip().rsplit("\n\n", 1)[-1].strip()  # the question after the few-shot examples
                 models = {k: _num(v) for k, v in row.items() if "|" not in k and v in ("0", "1", "0.0", "1.0")}
-                yield text, path.name.split("_train")[0], models, ()
+                yield text, path.name.split("_train")[0], models, (), None
 
 
 def _python_list_text(value: str) -> str:
@@ -163,7 +171,7 @@ def _with_all_models(folder: str, main: str, everyone: str) -> Callable[[Path], 
         meta = ("id", "prompt", "source", "overlap", "reference_answer", "answer", "orig_src")
         for r in _jsonl_gz(base / main):
             models = {**_model_columns(r, meta), **extra.get(r["id"], {})}
-            yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models, ()
+            yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models, (), None
     return rows
 
 
@@ -172,20 +180,20 @@ def _dcrouter(root: Path) -> _Rows:
     for r in _jsonl_gz(root / "llmrouter-dcrouter" / "llmrouter-dcrouter.jsonl.gz"):
         # CommonGen coverage is continuous; every other task is 0/1. Scores >= 0.5 count as correct.
         models = {k: (_NAN if math.isnan(v) else float(v >= 0.5)) for k, v in _model_columns(r, meta).items()}
-        yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models, ()
+        yield str(r["prompt"]).strip(), str(r["source"]).split("/", 1)[-1], models, (), None
 
 
 def _rmb(root: Path) -> _Rows:
-    """RMB helpfulness: the text as the gateway scores the conversation (multi-turn rows: the last user turn
-    first, `conversation_text`), the scenario group (`Helpfulness/<group>/...`), win rates and judged pairs."""
-    from router_models.serving.scorer import conversation_text
-
+    """RMB helpfulness: the text and shape as the gateway scores the conversation (multi-turn rows: the last user
+    turn first, `conversation_text`, and `conversation_shape`), the scenario group (`Helpfulness/<group>/...`),
+    win rates and judged pairs."""
     for r in _jsonl_gz(root / "rmb-helpfulness" / "rmb-helpfulness.jsonl.gz"):
         messages = r.get("messages")
         text = conversation_text(messages, max_chars=MAX_CHARS) if messages else str(r["prompt"])
         scores = {str(k): _num(v) for k, v in r["scores"].items()}
         pairs = tuple((str(a), str(b)) for a, b in r["pairs"])
-        yield text.strip(), str(r["category"]).split("/")[1], scores, pairs
+        yield text.strip(), str(r["category"]).split("/")[1], scores, pairs, \
+            conversation_shape(messages) if messages else None
 
 
 _MIXTRAL, _GPT4 = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"
@@ -230,18 +238,18 @@ def _mean(models: Mapping[str, float], names: Sequence[str]) -> float:
 
 def _examples(spec: SourceSpec, root: Path) -> list[Example]:
     raw = list(spec.rows(root))
-    names = tuple(sorted({m for _, _, models, pairs in raw for m in [*models, *(n for p in pairs for n in p)]}))
+    names = tuple(sorted({m for _, _, models, pairs, _ in raw for m in [*models, *(n for p in pairs for n in p)]}))
     index = {n: i for i, n in enumerate(names)}
     out: list[Example] = []
     seen: set[str] = set()
-    for text, group, models, pairs in raw:
+    for text, group, models, pairs, shape in raw:
         weak, strong = _mean(models, spec.weak_models), _mean(models, spec.strong_models)
         if not text or math.isnan(weak) or math.isnan(strong) or text in seen:
             continue
         seen.add(text)
         out.append(Example(text[:MAX_CHARS], spec.name, group, weak, strong, prompt_key(text), names,
                            tuple(models.get(n, _NAN) for n in names),
-                           tuple((index[a], index[b]) for a, b in pairs)))
+                           tuple((index[a], index[b]) for a, b in pairs), shape or prompt_shape(text)))
     return out
 
 
@@ -270,8 +278,9 @@ def load_outcomes(root: Path = DEFAULT_ROUTING_DIR, sources: Sequence[str] | Non
 
 
 def data_hash(examples: Sequence[Example]) -> str:
-    """sha256 over (source, text, weak, strong) of every example, in order: identifies the training data."""
+    """sha256 over (source, text, weak, strong, shape) of every example, in order: identifies the training data."""
     h = hashlib.sha256()
     for ex in examples:
-        h.update(f"{ex.source}\x00{ex.text}\x00{ex.weak:.6f}\x00{ex.strong:.6f}\x01".encode())
+        shape = ex.shape or prompt_shape(ex.text)
+        h.update(f"{ex.source}\x00{ex.text}\x00{ex.weak:.6f}\x00{ex.strong:.6f}\x00{shape}\x01".encode())
     return h.hexdigest()

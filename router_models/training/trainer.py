@@ -91,7 +91,8 @@ def features(embedder: Embedder, examples: Sequence[Example], feature_set: str) 
     if feature_set not in FEATURE_SETS:
         raise ValueError(f"unknown feature set {feature_set!r}; choose one of {', '.join(FEATURE_SETS)}")
     texts = [ex.text for ex in examples]
-    return mask_features(feature_matrix(embed_cached(embedder, texts), texts), embedder.dim, feature_set)
+    shapes = [ex.shape for ex in examples]
+    return mask_features(feature_matrix(embed_cached(embedder, texts), texts, shapes), embedder.dim, feature_set)
 
 
 def mask_features(x: npt.NDArray[np.float32], dim: int, feature_set: str) -> npt.NDArray[np.float32]:

@@ -27,7 +27,7 @@ from gateway.serving.router import RequestRouter
 from gateway.serving.schema import parse_chat_request
 from policies.decide import RouteDecision
 from policies.loader import PolicyError, parse_policy
-from router_models.serving.scorer import conversation_text
+from router_models.serving.scorer import ConversationShape, conversation_text
 from tests.conftest import SHARED_URL, policy_yaml
 
 pytestmark = pytest.mark.redis
@@ -55,7 +55,7 @@ class VectorScorer:
     async def score(self, texts: Sequence[str]) -> list[float]:
         return [0.1] * len(texts)
 
-    async def score_one(self, text: str) -> tuple[float, str]:
+    async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
         return 0.1, "primary"
 
     def embedding(self, text: str) -> npt.NDArray[np.float32] | None:

@@ -26,6 +26,7 @@ from router_models.serving.artifact import (
 )
 from router_models.serving.artifact_store import ArtifactStore
 from router_models.serving.classifier import LinearRouter
+from router_models.serving.scorer import ConversationShape
 from tests.servers import serve
 
 ADMIN = "router-swap-admin-key"
@@ -135,7 +136,7 @@ class _NotProbabilities:
     async def score(self, texts: list[str]) -> list[float]:
         return [float("nan")] + [2.0] * (len(texts) - 1)
 
-    async def score_one(self, text: str) -> tuple[float, str]:
+    async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
         return float("nan"), "primary"
 
     async def aclose(self) -> None:

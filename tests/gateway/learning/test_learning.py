@@ -14,7 +14,9 @@ from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import JSONReply
 from policies.decide import RouteDecision
 from policies.loader import LoadedPolicy, parse_policy
-from router_models.training.ledger_labels import LabelKeys
+from router_models.serving.scorer import conversation_shape, conversation_text
+from router_models.training.labels import examples_from_rows
+from router_models.training.ledger_labels import LabelKeys, label_row
 from tests.conftest import policy_yaml
 
 RAW = {"model": "auto", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
@@ -95,3 +97,21 @@ async def test_cascade_headers_become_a_weak_label() -> None:
                               headers={"x-cascade-escalated": "false", "x-cascade-confidence": "none"})
     assert store.puts["p:learn:cascade:req_1"][0]["escalated"] == "0"
     assert store.puts["p:learn:cascade:req_1"][0]["confidence"] == ""
+
+
+async def test_the_kept_record_carries_the_shape_a_retrain_reads_back() -> None:
+    """A retrain from the ledger sees the conversation as the gateway scored it: its text and its shape."""
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "write a parser " * 200},
+                {"role": "assistant", "content": "def parse(): ..." * 50}, {"role": "user", "content": "shorter"}]
+    store, accountant = FakeStore(), Accountant(MemoryLedger())
+    tap = LearningTap(store, accountant, GatewayMetrics(lambda: dict[str, Pool]()), None,  # type: ignore[arg-type]
+                      rng=lambda: 0.1)
+    tap.observe(JSONReply(ANSWER, _decision(), {}), {**RAW, "messages": messages}, "acme", "req_1",
+                _loaded(KEEP_AND_SHADOW))
+    await accountant.drain()
+    fields, _ = store.puts["p:learn:prompt:req_1"]
+    assert (fields["user_turns"], fields["assistant_turns"], fields["system_prompt"]) == ("2", "1", "1")
+    row = label_row("req_1", fields, {}, {"short": "1"}, {})
+    assert row is not None
+    (example,) = examples_from_rows([row], default_source="ledger")
+    assert (example.text, example.shape) == (conversation_text(messages).strip(), conversation_shape(messages))

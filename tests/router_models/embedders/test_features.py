@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from router_models.embedders.features import _COUNTERS, FEATURE_NAMES, _Counter, structural_features
+from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, load_outcomes
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -47,3 +48,18 @@ def test_the_needle_check_gives_the_regex_counts(name: str, counter: _Counter) -
 def test_features_have_their_names_and_shape() -> None:
     rows = structural_features(TRICKY)
     assert rows.shape == (len(TRICKY), len(FEATURE_NAMES)) and (rows >= 0).all()
+
+
+def test_a_conversation_and_its_latest_turn_alone_give_different_rows() -> None:
+    """The same scoring text read as a plain prompt and as the latest turn of a long conversation: the text columns
+    agree, the shape columns do not (turns, the whole length)."""
+    text = "Now make it shorter."
+    long_chat = ConversationShape(user_turns=6, assistant_turns=5, total_chars=9000, latest_chars=len(text))
+    plain, chat = structural_features([text, text], [None, long_chat])
+    shape_cols = [FEATURE_NAMES.index(n) for n in ("user_turns", "assistant_turns", "conversation_chars")]
+    text_cols = [i for i in range(len(FEATURE_NAMES)) if FEATURE_NAMES[i] in FEATURE_NAMES[:16]]
+    assert (plain[text_cols] == chat[text_cols]).all()
+    assert all(chat[i] > plain[i] for i in shape_cols)
+    assert (structural_features([text])[0] == structural_features([text], [prompt_shape(text)])[0]).all()
+    with pytest.raises(ValueError, match="1 texts but 2 shapes"):
+        structural_features([text], [None, None])

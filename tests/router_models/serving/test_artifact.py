@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from router_models.embedders.factory import make_embedder
+from router_models.embedders.features import FEATURE_VERSION
 from router_models.serving.artifact import (
     DEFAULT_ARTIFACT,
     ArtifactError,
@@ -63,7 +64,8 @@ def test_garbage_metadata_refused(tmp_path: Path) -> None:
         load_artifact(meta)
 
 
-@pytest.mark.parametrize(("key", "value"), [("feature_version", 999), ("artifact_format", 0)])
+@pytest.mark.parametrize(("key", "value"), [("feature_version", 999), ("feature_version", FEATURE_VERSION - 1),
+                                           ("artifact_format", 0)])
 def test_incompatible_versions_refused(tmp_path: Path, key: str, value: int) -> None:
     meta = _saved(tmp_path)
     doc = json.loads(meta.read_text())

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer
+from router_models.serving.scorer import ConversationShape, prompt_shape
 
 
 class FakeModel:
@@ -21,7 +22,7 @@ class FakeModel:
         self.calls: list[list[str]] = []
         self.threads: set[str] = set()
 
-    def __call__(self, texts: Sequence[str]) -> list[float]:
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
         self.calls.append(list(texts))
         self.threads.add(threading.current_thread().name)
         time.sleep(self.delay)
@@ -133,7 +134,7 @@ class ConcurrencyProbe(FakeModel):
         self.running = 0
         self.most = 0
 
-    def __call__(self, texts: Sequence[str]) -> list[float]:
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
         with self._lock:
             self.running += 1
             self.most = max(self.most, self.running)
@@ -193,3 +194,23 @@ async def test_aclose_fails_the_batch_in_flight() -> None:
 def test_config_is_checked() -> None:
     with pytest.raises(ValueError, match="workers"):
         ClassifierScorer(FakeModel(), BatchingConfig(workers=0))
+
+
+class ShapeModel(FakeModel):
+    """Score = len(text) / 100 + user turns / 10: a model that reads the conversation's shape."""
+
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
+        assert shapes is not None and len(shapes) == len(texts)
+        return [v + s.user_turns / 10 for v, s in zip(super().__call__(texts), shapes, strict=True)]
+
+
+async def test_the_cache_keys_on_the_shape_too() -> None:
+    model = ShapeModel()
+    scorer = ClassifierScorer(model)
+    long_chat = ConversationShape(user_turns=5, assistant_turns=4, total_chars=5000, latest_chars=4)
+    assert await scorer.score_one("more") == (pytest.approx(0.14), "primary")
+    assert await scorer.score_one("more", long_chat) == (pytest.approx(0.54), "primary")  # not the cached 0.14
+    assert await scorer.score_one("more", prompt_shape("more")) == (pytest.approx(0.14), "primary")  # cached
+    assert await scorer.score(["more"]) == [pytest.approx(0.14)]  # a text alone is a plain prompt
+    assert model.calls == [["more"], ["more"]]
+    await scorer.aclose()

@@ -1,8 +1,9 @@
-"""What the scorer reads of a conversation: the latest user turn first, then the system prompt, then history."""
+"""What the scorer reads of a conversation: the latest user turn first, then the system prompt, then history; and
+the shape of the whole conversation (turns, uncut length)."""
 
 from __future__ import annotations
 
-from router_models.serving.scorer import conversation_text
+from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
 
 
 def test_latest_user_turn_first_then_system_then_earlier_turns() -> None:
@@ -25,3 +26,20 @@ def test_no_user_turn_scores_the_last_message_with_text() -> None:
     messages = [{"role": "assistant", "content": "Here is the plan."}, {"role": "tool", "content": ""}]
     assert conversation_text(messages) == "Here is the plan."
     assert conversation_text([]) == ""
+
+
+def test_the_shape_counts_turns_and_the_whole_uncut_length() -> None:
+    history = [{"role": "user", "content": "x" * 3000}, {"role": "assistant", "content": "y" * 1500}]
+    messages = [{"role": "system", "content": "be brief"}, *history, {"role": "tool", "content": "42"},
+                {"role": "user", "content": [{"type": "text", "text": "and now?"}]}]
+    assert len(conversation_text(messages)) == 2000  # the text is cut; the shape is not
+    assert conversation_shape(messages) == ConversationShape(
+        user_turns=2, assistant_turns=1, tool_messages=1, system_prompt=True,
+        total_chars=len("be brief") + 3000 + 1500 + 2 + len("and now?"), latest_chars=len("and now?"))
+
+
+def test_a_plain_prompt_is_one_user_turn() -> None:
+    text = "What is 2 + 2?"
+    assert prompt_shape(text) == conversation_shape([{"role": "user", "content": text}])
+    assert prompt_shape(text) == ConversationShape(user_turns=1, total_chars=len(text), latest_chars=len(text))
+    assert conversation_shape([]) == ConversationShape(user_turns=0)

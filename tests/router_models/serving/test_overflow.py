@@ -24,6 +24,7 @@ from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import load_policy
 from router_models.serving.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT, ArtifactError, overflow_artifact
 from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer, load_model, load_scorer
+from router_models.serving.scorer import ConversationShape
 from tests.conftest import SHARED_URL, delete_prefix, report_recent
 from tests.servers import serve
 
@@ -38,7 +39,7 @@ class Model:
         self.per_text = per_text
         self.texts: list[str] = []
 
-    def __call__(self, texts: Sequence[str]) -> list[float]:
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
         self.texts.extend(texts)
         time.sleep(self.per_text * len(texts))
         return [self.value] * len(texts)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from router_models.cli import register
 from router_models.serving.score_file import score_file
+from router_models.serving.scorer import ConversationShape
 
 LINES = [
     '{"id": 1, "prompt": "hi"}',
@@ -23,7 +24,7 @@ LINES = [
 ]
 
 
-def fake_model(texts: Sequence[str]) -> list[float]:
+def fake_model(texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
     return [min(1.0, len(t.split()) / 8) for t in texts]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer, EmbeddingModel
-from router_models.serving.scorer import EmbeddingSource
+from router_models.serving.scorer import ConversationShape, EmbeddingSource
 
 
 class EmbeddingFake:
@@ -21,10 +21,11 @@ class EmbeddingFake:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, texts: Sequence[str]) -> list[float]:
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
         return self.score_and_embed(texts)[0]
 
-    def score_and_embed(self, texts: Sequence[str]) -> tuple[list[float], npt.NDArray[np.float32]]:
+    def score_and_embed(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
+                        ) -> tuple[list[float], npt.NDArray[np.float32]]:
         self.calls += 1
         vectors = np.zeros((len(texts), 8), dtype=np.float32)
         vectors[:, 0] = [len(t) for t in texts]
@@ -33,7 +34,7 @@ class EmbeddingFake:
 
 
 class ScoresOnly:
-    def __call__(self, texts: Sequence[str]) -> list[float]:
+    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
         return [0.5] * len(texts)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.training.labels import LabelError, examples_from_rows, read_label_file, split_held_back
 
 
@@ -25,6 +26,8 @@ def test_both_forms_and_messages(tmp_path: Path) -> None:
     a, b = read_label_file(path)
     assert (a.text, a.weak, a.strong, a.target, a.source) == ("a", 0.0, 1.0, 1.0, "labels:labels")
     assert (b.text, b.weak, b.strong, b.source) == ("b\n\nbe brief", 0.4, 0.9, "labels:support")
+    assert a.shape == prompt_shape("a")
+    assert b.shape == ConversationShape(system_prompt=True, total_chars=9, latest_chars=1)
 
 
 @pytest.mark.parametrize(("row", "message"), [
@@ -33,6 +36,8 @@ def test_both_forms_and_messages(tmp_path: Path) -> None:
     ({"prompt": "x", "micro": 0.5}, "give 'needs_flagship'"),
     ({"prompt": "x", "micro": "high", "flagship": 1}, "'micro'"),
     ({"prompt": "x", "needs_flagship": 0, "source": ""}, "'source'"),
+    ({"prompt": "x", "needs_flagship": 0, "shape": {"user_turns": -1}}, "'shape'"),
+    ({"prompt": "x", "needs_flagship": 0, "shape": {"system_prompt": "yes"}}, "'shape'"),
     ([1, 2], "expected a JSON object"),
 ])
 def test_bad_rows_name_line_and_field(tmp_path: Path, row: object, message: str) -> None:

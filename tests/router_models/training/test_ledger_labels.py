@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 import redis
 
+from router_models.serving.scorer import ConversationShape, prompt_shape
+from router_models.training.labels import examples_from_rows
 from router_models.training.ledger_labels import LabelKeys, label_row, read_ledger_labels
 from tests.conftest import SHARED_URL
 
@@ -74,3 +76,18 @@ def test_reader_scans_every_kept_prompt_and_joins_its_labels(prefix: str) -> Non
     assert (by_id["req_00001"]["source"], by_id["req_00001"]["needs_flagship"]) == ("shadow", 0.0)
     assert "req_00002" not in by_id and "req_gone" not in by_id
     assert read_ledger_labels(SHARED_URL, key_prefix=prefix + "other:") == []
+
+
+def test_a_record_without_shape_fields_trains_as_one_user_turn() -> None:
+    """Records kept before the gateway stored shapes (or with a broken one) give rows without a shape; they train
+    as a plain prompt of their text."""
+    shaped = {**PROMPT, "user_turns": "3", "assistant_turns": "2", "tool_messages": "0", "system_prompt": "1",
+              "total_chars": "4000", "latest_chars": "12"}
+    row = label_row("r", shaped, {}, {"short": "1"}, {})
+    assert row is not None and row["shape"] == {"user_turns": 3, "assistant_turns": 2, "tool_messages": 0,
+                                                "system_prompt": True, "total_chars": 4000, "latest_chars": 12}
+    assert examples_from_rows([row])[0].shape == ConversationShape(3, 2, 0, True, 4000, 12)
+    for record in (PROMPT, {**shaped, "total_chars": "-1"}, {**shaped, "system_prompt": "yes"}):
+        old = label_row("r", record, {}, {"short": "1"}, {})
+        assert old is not None and "shape" not in old
+        assert examples_from_rows([old])[0].shape == prompt_shape(PROMPT["text"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router_models.serving.scorer import conversation_text
+from router_models.serving.scorer import conversation_shape, conversation_text, prompt_shape
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES, SOURCES, load_outcomes, prompt_key
 from router_models.training.targets import TARGETS, targets
 
@@ -83,11 +83,13 @@ def _rmb(root: Path) -> list[str]:
     return ["Fix my SQL join", conversation_text(TURNS)]
 
 
-def test_preferences_are_read_with_their_pairs_and_the_conversation_text(tmp_path: Path) -> None:
+def test_preferences_are_read_with_their_pairs_and_the_conversation_text_and_shape(tmp_path: Path) -> None:
     texts = _rmb(tmp_path)
     code, haiku, *usual = load_outcomes(tmp_path, sources=["rmb-helpfulness"])  # r3: no frontier score, dropped
     assert len(usual) == 4
     assert [code.text, haiku.text] == texts and haiku.text.startswith("Now one about rain.")
+    assert (code.shape, haiku.shape) == (prompt_shape("Fix my SQL join"), conversation_shape(TURNS))
+    assert haiku.shape is not None and (haiku.shape.user_turns, haiku.shape.assistant_turns) == (2, 1)
     assert (code.group, code.weak, code.strong, haiku.weak, haiku.strong) == ("Code", 0.0, 1.0, 1.0, 0.0)
     named = [(haiku.models[w], haiku.models[lo]) for w, lo in haiku.pairs]
     assert named == [(_MISTRAL, _OPUS), ("Gemini-pro", _OPUS), (_MISTRAL, "Gemini-pro")]

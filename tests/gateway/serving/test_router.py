@@ -1,0 +1,54 @@
+"""`RequestRouter` with the shipped router artifact: it scores the conversation (its text and its shape: turns,
+whole length), not only the text the embedder reads."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest_asyncio
+
+from gateway.control.metrics import GatewayMetrics
+from gateway.serving.router import RequestRouter
+from gateway.serving.schema import parse_chat_request
+from policies.ladder import LadderState
+from policies.loader import parse_policy
+from router_models.serving.artifact import DEFAULT_ARTIFACT
+from router_models.serving.classifier_scorer import ClassifierScorer, load_scorer
+from router_models.serving.scorer import conversation_shape, conversation_text
+from tests.conftest import policy_yaml
+
+LOADED = parse_policy(policy_yaml("http://127.0.0.1:9", "http://127.0.0.1:9"))  # threshold 0.5: every request scored
+LATEST = {"role": "user", "content": "Can you make it shorter and keep the numbers?"}
+# Written here: these show which input reaches the scorer, never which conversation is harder.
+HISTORY = [{"role": "assistant", "content": "Here is the quarterly report you asked for. " * 80},
+           {"role": "tool", "content": '{"rows": 1200, "revenue": [1.2, 3.4, 5.6]}'},
+           {"role": "assistant", "content": "I added the revenue table and the notes. " * 40}]
+
+
+@pytest_asyncio.fixture
+async def scorer() -> AsyncIterator[ClassifierScorer]:
+    scorer = load_scorer(str(DEFAULT_ARTIFACT), torch_threads=1)
+    yield scorer
+    await scorer.aclose()
+
+
+async def _score(router: RequestRouter, messages: list[dict[str, Any]]) -> float | None:
+    request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": messages}))
+    decision = await router.route(request, raw, "anyone", {}, LOADED, LadderState())
+    return decision.score
+
+
+async def test_the_same_latest_turn_after_a_long_history_scores_differently(scorer: ClassifierScorer) -> None:
+    """The history here is assistant and tool turns, which the scoring text leaves out: the text is the same, so
+    only the conversation's shape (its turns and whole length) can move the score."""
+    router = RequestRouter(scorer, GatewayMetrics(dict))
+    alone, long_chat = [LATEST], [*HISTORY, LATEST]
+    assert conversation_text(alone) == conversation_text(long_chat)
+    score_alone, score_long = await _score(router, alone), await _score(router, long_chat)
+    assert score_alone is not None and score_long is not None
+    assert abs(score_long - score_alone) > 1e-3
+    direct = await scorer.score_one(conversation_text(long_chat), conversation_shape(long_chat))
+    assert score_long == direct[0]  # the router hands the scorer the conversation's shape
+    assert score_alone == (await scorer.score([conversation_text(alone)]))[0]  # one user turn: a plain prompt
