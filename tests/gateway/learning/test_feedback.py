@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ from gateway.errors import BadRequest
 from gateway.learning.feedback import parse_feedback
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from router_models.serving.scorer import conversation_text
+from router_models.serving.scorer import conversation_shape, conversation_text
 from router_models.training.ledger_labels import LabelKeys, read_ledger_labels
 from tests.conftest import SHARED_URL, policy_yaml
 from tests.servers import serve
@@ -80,7 +81,8 @@ def test_feedback_is_stored_and_read_back_for_training(gateway: str, prefix: str
                                                                                          "wrong colour", "acme")
     (row,) = read_ledger_labels(SHARED_URL, key_prefix=prefix)
     assert row == {"id": request_id, "prompt": conversation_text(MESSAGES), "needs_flagship": 1.0,
-                   "source": "feedback", "tenant": "acme", "pool": "micro", "score": pytest.approx(score, abs=1e-4)}
+                   "source": "feedback", "tenant": "acme", "pool": "micro", "score": pytest.approx(score, abs=1e-4),
+                   "shape": asdict(conversation_shape(MESSAGES))}  # the shape the gateway scored, for a retrain
     # the last feedback wins, whole: the earlier comment does not linger
     assert _feedback(gateway, "key-acme", {"request_id": request_id, "score": 0.75}).status_code == 200
     assert _hash(keys.feedback(request_id))["comment"] == ""
