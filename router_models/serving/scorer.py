@@ -65,8 +65,9 @@ def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 20
     The latest user turn comes first: it carries the task, and the router was trained on bare user prompts,
     whose start is all the embedder reads (64 word pieces). Then the system prompt (it often carries the kind
     of work: "you are a JSON extractor"), then earlier user turns, latest first: a follow-up ("now make it
-    shorter") is as hard as the task it follows, and the structural features count the whole context. A
-    conversation with no user turn (only assistant or tool messages) is scored on its last message's text.
+    shorter") is as hard as the task it follows, and the structural features count what the cut keeps. A
+    conversation with no user turn (only assistant or tool messages) is scored on its last message's text. What
+    the cut and the embedder cannot show (the turns, the whole length) is `conversation_shape`'s.
     """
     turns = [(str(m.get("role")), _content_text(m.get("content")).strip()) for m in messages]
     users = [text for role, text in turns if role == "user" and text]
