@@ -152,6 +152,9 @@ def _fit_and_evaluate(cfg: TrainConfig, embedder: Embedder, public: list[Example
     x = np.vstack([x_pub, features(embedder, extra, cfg.feature_set)]) if extra else x_pub
     print(f"[train] final fit on {len(everything)} prompts")
     fitted = fit_router(x, everything, cfg)
+    if fitted.own:
+        print(f"[train] {fitted.own['rows']} own label rows used the {fitted.own['mode']!r} way "
+              f"(router_models/training/own_labels.py)")
     meta: dict[str, Any] = training_metadata(cfg, everything, fitted)
     evaluation = loso.as_dict()
     meta["evaluation"] = {k: v for k, v in evaluation.items() if k != "quality_curve"}

@@ -2,7 +2,9 @@
 
 Data: real outcomes only (`outcomes.load_outcomes`: seven public sources, six exam-style and one chat, 7B to
 frontier models), optionally plus a user's own label rows (`labels.py`: a label file or the gateway's ledger).
-Each source gets the same total weight, so the 14,000 MMLU questions do not drown the 1,300 GSM8K ones.
+Each public source gets the same total weight, so the 14,000 MMLU questions do not drown the 1,300 GSM8K ones;
+own label rows enter as `TrainConfig.own_labels` says (`own_labels.py`): by default as a per-user correction
+on top of the public model (penalty 3,000), the best of the modes tried on the learning curve (MODEL_CARD.md).
 
 Fit (`fit_router`): the target (`targets.py`) is regressed by ridge on [embedding, structural features];
 the ridge strength is chosen by leave-one-source-out inside the training sources (mean APGR of the
@@ -63,9 +65,9 @@ class TrainConfig:
     alphas: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
     balance_sources: bool = True
     center_per_source: bool = True
-    own_labels: str = "equal"
+    own_labels: str = "correction"  # chosen on the learning curve (MODEL_CARD.md, "Learning curve")
     own_k: float = 1000.0
-    own_penalty: float = 100.0
+    own_penalty: float = 3000.0
 
     def __post_init__(self) -> None:
         if self.own_labels not in OWN_LABEL_MODES:
@@ -270,6 +272,7 @@ def training_metadata(cfg: TrainConfig, examples: Sequence[Example], fitted: Fit
                   "alpha": fitted.alpha, "platt": list(fitted.platt), "balance_sources": cfg.balance_sources,
                   "center_per_source": cfg.center_per_source,
                   "calibrated_on": "graded outcomes (preference sources rank, they do not calibrate)",
-                  "inner_out_of_source_apgr": fitted.inner_apgr},
+                  "inner_out_of_source_apgr": fitted.inner_apgr,
+                  **({"own_labels": fitted.own} if fitted.own else {})},
         "python": platform.python_version(),
     }
