@@ -1,5 +1,6 @@
-"""The learning-curve benchmark end to end on a few real rows per source: it runs, covers every source and
-method, and writes its JSON. The figures of so small a run mean nothing; the full run is in BENCHMARKS.md."""
+"""The learning-curve benchmark end to end on a few real rows of two sources (one exam-style, one chat): it runs,
+covers both and every method, prints its tables and writes its JSON. The figures of so small a run mean nothing;
+the full run is in BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -9,20 +10,23 @@ from pathlib import Path
 import pytest
 
 from loadtest.bench.learning_curve import main
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR
 
 pytestmark = pytest.mark.skipif(not DEFAULT_ROUTING_DIR.is_dir(),
                                 reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR}")
 
 
+SOURCES = ("routellm-gsm8k", "rmb-helpfulness")
+
+
 def test_a_small_curve_covers_every_source_and_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "curve.json"
-    assert main(["--max-per-source", "160", "--sizes", "0,100", "--min-rest", "50", "--draws", "1",
-                 "--ks", "1000", "--penalties", "1000", "--json", str(out)]) == 0
+    assert main(["--sources", ",".join(SOURCES), "--max-per-source", "160", "--sizes", "0,100", "--min-rest", "50",
+                 "--draws", "1", "--ks", "1000", "--penalties", "1000", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     methods = {"equal", "share k=1000", "correction penalty=1000", "own-only"}
     assert set(doc["summary"]) == methods
-    assert {p["source"] for p in doc["points"]} == set(DEFAULT_SOURCES)
+    assert {p["source"] for p in doc["points"]} == set(SOURCES)
     assert {(p["method"], p["n"]) for p in doc["points"]} == {(m, n) for m in methods for n in (0, 100)}
     assert all(p["test"] == 60 for p in doc["points"])
     printed = capsys.readouterr().out
