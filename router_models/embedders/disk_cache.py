@@ -2,12 +2,17 @@
 
 The cache file is keyed by the embedder's name and `cache_tag` (e.g. the ONNX graph's hash, so a re-export
 never reuses stale vectors); entries by the sha1 of the text. Checkpointed every few thousand texts, so an
-interrupted run keeps its work. Offline tooling only: serving never reads it.
+interrupted run keeps its work. Several processes may fill one cache file at once (a training beside a
+benchmark): a save holds an exclusive lock on `<file>.lock`, merges in what the others saved, writes its own
+temporary file and renames it into place, so none crashes and none drops another's vectors. Offline tooling only:
+serving never reads it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,8 +45,7 @@ def embed_cached(embedder: Embedder, texts: Sequence[str], cache_dir: Path | Non
     keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
     cache: dict[str, FloatArray] = {}
     if path.exists():
-        with np.load(path, allow_pickle=False) as npz:
-            cache = dict(zip(npz["keys"].tolist(), npz["vecs"], strict=True))
+        cache = _load(path)
     missing = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items())
     chunk = 256
     for n, start in enumerate(tqdm(range(0, len(missing), chunk), desc=f"embedding {len(missing)} texts",
@@ -56,8 +60,22 @@ def embed_cached(embedder: Embedder, texts: Sequence[str], cache_dir: Path | Non
     return np.stack([cache[k] for k in keys]).astype(np.float32)
 
 
+def _load(path: Path) -> dict[str, FloatArray]:
+    with np.load(path, allow_pickle=False) as npz:
+        return dict(zip(npz["keys"].tolist(), npz["vecs"], strict=True))
+
+
 def _save(path: Path, cache: dict[str, FloatArray]) -> None:
+    """Write `cache` plus whatever another process saved to `path` since this one read it (added to `cache`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, keys=np.asarray(list(cache)), vecs=np.stack(list(cache.values())))
-    tmp.replace(path)
+    with path.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.exists():
+            try:
+                for key, vec in _load(path).items():
+                    cache.setdefault(key, vec)
+            except (OSError, ValueError, KeyError):
+                pass  # an unreadable file is replaced by this process's vectors
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, keys=np.asarray(list(cache)), vecs=np.stack(list(cache.values())))
+        tmp.replace(path)
