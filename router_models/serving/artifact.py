@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,10 @@ __all__ = [
     "overflow_artifact",
     "promoted_artifacts",
     "save_artifact",
+    "servable_artifact",
 ]
+
+_log = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = 1
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1] / "artifacts" / "complexity-router.json"
@@ -103,7 +107,8 @@ def _read_metadata(meta_path: Path) -> dict[str, Any]:
     return meta
 
 
-def _check_compatible(meta: dict[str, Any], meta_path: Path, embedder: str | None) -> None:
+def _compatibility_problem(meta: dict[str, Any], meta_path: Path, embedder: str | None) -> str | None:
+    """What in `meta` this code cannot serve (format, features, or the embedder asked for), or None."""
     checks = (
         ("artifact_format", ARTIFACT_FORMAT),
         ("feature_version", FEATURE_VERSION),
@@ -111,15 +116,17 @@ def _check_compatible(meta: dict[str, Any], meta_path: Path, embedder: str | Non
     )
     for key, expected in checks:
         if meta.get(key) != expected:
-            raise ArtifactError(
-                f"router artifact {meta_path} has {key}={meta.get(key)!r} but this code needs {expected!r}; "
-                f"{_FIX}"
-            )
+            return f"router artifact {meta_path} has {key}={meta.get(key)!r} but this code needs {expected!r}; {_FIX}"
     if embedder is not None and meta.get("embedder") != embedder:
-        raise ArtifactError(
-            f"router artifact {meta_path} was trained with embedder {meta.get('embedder')!r}, not {embedder!r}; "
-            f"serve it with its own embedder or {_FIX}"
-        )
+        return (f"router artifact {meta_path} was trained with embedder {meta.get('embedder')!r}, not {embedder!r}; "
+                f"serve it with its own embedder or {_FIX}")
+    return None
+
+
+def _check_compatible(meta: dict[str, Any], meta_path: Path, embedder: str | None) -> None:
+    problem = _compatibility_problem(meta, meta_path, embedder)
+    if problem is not None:
+        raise ArtifactError(problem)
 
 
 def _read_payload(meta: dict[str, Any], meta_path: Path) -> LinearRouter:
@@ -163,12 +170,37 @@ def promoted_artifacts(store: Path) -> list[tuple[str, Path]]:
 
 def current_artifact_path(store: Path | None = None) -> Path:
     """The artifact served when none is named: `$CASCADE_ROUTER_ARTIFACT`, else the last one promoted into
-    the versioned store, else the one shipped in the package."""
+    the versioned store that this code can serve, else the one shipped in the package.
+
+    A promoted artifact built for other code (another artifact format or feature version: promoted before an
+    upgrade that added feature columns) is passed over with a warning, not served and not fatal: after an
+    upgrade the gateway starts and serves the newest compatible version (else the shipped artifact) until a
+    retraining on this code promotes a new one. A corrupt artifact is still refused when loaded."""
     named = os.environ.get("CASCADE_ROUTER_ARTIFACT")
     if named:
         return Path(named)
-    promoted = promoted_artifacts(store or default_store_dir())
-    return promoted[-1][1] if promoted else DEFAULT_ARTIFACT
+    return servable_artifact(store or default_store_dir())
+
+
+def servable_artifact(store: Path) -> Path:
+    """The last artifact promoted into `store` that this code can serve, else the shipped one (warns of
+    each newer one passed over)."""
+    for version, path in reversed(promoted_artifacts(store)):
+        problem = _incompatibility(path)
+        if problem is None:
+            return path
+        _log.warning("router version %s in the store is not served: %s", version, problem)
+    return DEFAULT_ARTIFACT
+
+
+def _incompatibility(meta_path: Path) -> str | None:
+    """Why this code cannot serve the artifact at `meta_path` (format or features), None when it can or when
+    that cannot be told from its metadata (a missing or unreadable one is refused at load, loudly)."""
+    try:
+        meta = _read_metadata(meta_path)
+    except ArtifactError:
+        return None
+    return _compatibility_problem(meta, meta_path, None)
 
 
 def artifact_version(path: str | Path, metadata: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from router_models.serving.artifact import (
     load_artifact,
     promoted_artifacts,
     save_artifact,
+    servable_artifact,
 )
 
 __all__ = ["ArtifactStore", "StoreEntry", "default_store_dir"]
@@ -55,9 +56,9 @@ class ArtifactStore:
         return [StoreEntry(version, path) for version, path in promoted_artifacts(self.root)]
 
     def current_artifact(self) -> Path:
-        """The artifact to serve: the last promoted one, else the package's shipped artifact."""
-        entries = self.history()
-        return entries[-1].path if entries else DEFAULT_ARTIFACT
+        """The artifact to serve: the last promoted one this code can serve (`artifact.current_artifact_path`:
+        one built for other features is passed over), else the package's shipped artifact."""
+        return servable_artifact(self.root)
 
     def promote(self, artifact: Path) -> StoreEntry:
         """Verify `artifact` (metadata .json), write it in as a new version and make it current."""

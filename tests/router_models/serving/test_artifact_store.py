@@ -64,3 +64,34 @@ def test_served_artifact_follows_env_and_store(tmp_path: Path, monkeypatch: pyte
     assert current_artifact_path() == entry.path
     monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", "/elsewhere/r.json")
     assert current_artifact_path() == Path("/elsewhere/r.json")
+
+
+def _age(meta_path: Path, feature_version: int) -> None:
+    """Make a promoted artifact look as if an older code (other feature columns) had written it."""
+    import json
+
+    meta = json.loads(meta_path.read_text())
+    meta["feature_version"] = feature_version
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_after_an_upgrade_a_promoted_artifact_of_other_features_is_passed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A store promoted into before an upgrade that changed the features must not stop the gateway: the newest
+    version this code can serve is served (else the shipped one), with a warning naming the one passed over."""
+    from router_models.embedders.features import FEATURE_VERSION
+    from router_models.serving.artifact import load_artifact
+
+    monkeypatch.delenv("CASCADE_ROUTER_ARTIFACT", raising=False)
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    store = ArtifactStore()
+    first = store.promote(_artifact(tmp_path, "one", 1.0))
+    second = store.promote(_artifact(tmp_path, "two", 2.0))
+    _age(second.path, FEATURE_VERSION - 1)
+    assert current_artifact_path() == first.path == store.current_artifact()
+    assert load_artifact(None).metadata["feature_version"] == FEATURE_VERSION
+    assert f"router version {second.version} in the store is not served" in caplog.text
+    _age(first.path, FEATURE_VERSION - 1)
+    assert current_artifact_path() == DEFAULT_ARTIFACT
+    with pytest.raises(ArtifactError, match="feature_version"):  # named explicitly, it is still refused
+        load_artifact(second.path)
