@@ -77,11 +77,15 @@ def split(examples: Sequence[Example], held_out: str, tune_n: int, ridge_n: int,
 
 def routed(vectors: FloatArray, train: Sequence[Example], test_vectors: FloatArray,
            test: Sequence[Example]) -> dict[str, float]:
-    """APGR and AUC on `test` of the trainer's ridge + Platt fitted on `train`'s vectors + structure."""
+    """APGR and AUC on `test` of the trainer's ridge + Platt fitted on `train`'s vectors + structure.
+
+    Both read only the ranking, so the test rows are ranked by the router's logit rather than its probability:
+    a Platt fit whose Newton steps run away (seen once here: slope 3.7e10) saturates every probability to one
+    value and would score as random routing, while the logit keeps the ridge's order."""
     cfg = TrainConfig(target="irt-fail")
     fitted = fit_router(feature_matrix(vectors, [ex.text for ex in train]), train, cfg)
-    scores = fitted.router.predict_proba(feature_matrix(test_vectors, [ex.text for ex in test]))
-    return _figures(scores, test)
+    x = feature_matrix(test_vectors, [ex.text for ex in test]).astype(np.float64)
+    return _figures(x @ fitted.router.weights.astype(np.float64) + fitted.router.bias, test)
 
 
 def _figures(scores: Any, test: Sequence[Example]) -> dict[str, float]:
