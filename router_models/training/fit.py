@@ -75,20 +75,35 @@ def solve_ridge(stats: GroupStats, alpha: float) -> Ridge:
     return Ridge(coef=coef, intercept=float(stats.t1 / stats.s0 - mean @ coef))
 
 
+def _log_loss(design: Floats, params: Floats, target: Floats, weights: Floats) -> float:
+    logit = design @ params
+    return float(np.sum(weights * (np.logaddexp(0.0, logit) - target * logit)))
+
+
 def fit_platt(raw: Floats, target: Floats, weights: Floats, iterations: int = 50) -> tuple[float, float]:
     """(a, c) minimising the weighted log-loss of sigmoid(a * raw + c) against soft targets in [0, 1]
-    (Newton's method on two parameters, from a = 1, c = 0). Deterministic."""
+    (Newton's method on two parameters from a = 1, c = 0, each step halved until the loss does not rise).
+
+    The halving matters where the best slope is near 0 (a ranking that barely carries the event): plain Newton
+    steps then oscillate and ran away to a slope of 1e10 on real outcomes, every probability saturated and the
+    router a constant. Where the full step lowers the loss (the usual case) the result is plain Newton's.
+    Deterministic."""
     z = (raw - raw.mean()) / (raw.std() + 1e-12)
     params = np.zeros(2)
     params[0] = 1.0
     design = np.stack([z, np.ones_like(z)], axis=1)
+    loss = _log_loss(design, params, target, weights)
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-np.clip(design @ params, -30, 30)))
         grad = design.T @ (weights * (p - target))
         hess = (design * (weights * p * (1 - p))[:, None]).T @ design + 1e-9 * np.eye(2)
         delta = np.linalg.solve(hess, grad)
-        params = params - delta
-        if np.abs(delta).max() < 1e-10:
+        step = 1.0
+        while step > 1e-6 and _log_loss(design, params - step * delta, target, weights) > loss:
+            step /= 2
+        params = params - step * delta
+        loss = _log_loss(design, params, target, weights)
+        if np.abs(step * delta).max() < 1e-10:
             break
     a = float(params[0] / (raw.std() + 1e-12))
     return a, float(params[1] - a * raw.mean())

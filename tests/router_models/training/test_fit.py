@@ -53,3 +53,14 @@ def test_platt_on_soft_targets_matches_the_mean() -> None:
     raw = np.zeros(100)
     _, c = fit_platt(raw + np.linspace(-1e-9, 1e-9, 100), np.full(100, 0.25), np.ones(100))
     assert 1.0 / (1.0 + np.exp(-c)) == pytest.approx(0.25, abs=1e-3)
+
+
+def test_platt_does_not_run_away_where_the_best_slope_is_near_zero() -> None:
+    """Plain Newton from slope 1 oscillates and diverges here (slope ~4e6, every probability saturated: a
+    constant router); the halved steps find the flat optimum: slope 0, intercept logit(0.5) = 0."""
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=2000)
+    z = (raw - raw.mean()) / raw.std()
+    weights = (np.abs(z) > 2.5).astype(np.float64)  # only the tails weigh: a full Newton step overshoots
+    a, c = fit_platt(raw, np.full(2000, 0.5), weights)
+    assert abs(a) < 1e-6 and abs(c) < 1e-6
