@@ -2,7 +2,7 @@
 
 An embedding says what a prompt is about; these say how much work it asks for: its length, code, math
 notation, multi-step and constraint cues, and cues of the light task kinds (classify, extract, summarise,
-greet). The last columns read the conversation's shape (`router_models.serving.scorer.ConversationShape`): its
+greet). The last columns read the conversation's shape (`router_models.embedders.conversation.ConversationShape`): its
 user, assistant and tool turns, a system prompt, its whole length and its latest user turn's, uncut, which the
 scoring text (at most 2,000 characters, the latest turn first) and the embedder (its first 64 word pieces) cannot
 show. Each is a small count squashed with log1p so no single long prompt dominates. Bump `FEATURE_VERSION`
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from router_models.serving.scorer import ConversationShape, prompt_shape
+from router_models.embedders.conversation import ConversationShape, prompt_shape
 
 __all__ = ["FEATURE_NAMES", "FEATURE_VERSION", "structural_features"]
 

@@ -6,12 +6,18 @@ micro-batcher and the stand-in below all satisfy the same protocol.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from router_models.embedders.conversation import (
+    ConversationShape,
+    conversation_shape,
+    conversation_text,
+    prompt_shape,
+)
 
 __all__ = ["ConversationShape", "EmbeddingSource", "LengthScorer", "Scorer", "conversation_shape", "conversation_text",
            "prompt_shape"]
@@ -49,70 +55,6 @@ class EmbeddingSource(Protocol):
     embedding_space: str
 
     def embedding(self, text: str) -> npt.NDArray[np.float32] | None: ...
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts: keep the text parts only
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return ""
-
-
-def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> str:
-    """The text the scorer sees for a conversation, cut to `max_chars`.
-
-    The latest user turn comes first: it carries the task, and the router was trained on bare user prompts,
-    whose start is all the embedder reads (64 word pieces). Then the system prompt (it often carries the kind
-    of work: "you are a JSON extractor"), then earlier user turns, latest first: a follow-up ("now make it
-    shorter") is as hard as the task it follows, and the structural features count what the cut keeps. A
-    conversation with no user turn (only assistant or tool messages) is scored on its last message's text. What
-    the cut and the embedder cannot show (the turns, the whole length) is `conversation_shape`'s.
-    """
-    turns = [(str(m.get("role")), _content_text(m.get("content")).strip()) for m in messages]
-    users = [text for role, text in turns if role == "user" and text]
-    system = next((text for role, text in turns if role in ("system", "developer") and text), "")
-    if users:
-        parts = [users[-1], system, *reversed(users[:-1])]
-    else:
-        parts = [next((text for _, text in reversed(turns) if text), "")]
-    return "\n\n".join(p for p in parts if p)[:max_chars]
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationShape:
-    """What the scoring text cannot show of a conversation: its turns and its whole length, computed once from
-    the messages (`conversation_shape`). Characters count every message's text, uncut (`conversation_text` keeps
-    at most 2,000 of them); `latest_chars` is the latest user turn's. A plain prompt has the shape of one user
-    turn of that text (`prompt_shape`). Hashable: the scorer's cache keys on (text, shape)."""
-
-    user_turns: int = 1
-    assistant_turns: int = 0
-    tool_messages: int = 0
-    system_prompt: bool = False
-    total_chars: int = 0
-    latest_chars: int = 0
-
-
-def prompt_shape(text: str) -> ConversationShape:
-    """The shape of a plain prompt (an exam question, a legacy completion prompt, a label row's `prompt`)."""
-    return ConversationShape(total_chars=len(text), latest_chars=len(text))
-
-
-def conversation_shape(messages: Sequence[Mapping[str, Any]]) -> ConversationShape:
-    """The shape of a chat conversation, counted over every message (roles `user`, `assistant`, `tool` or
-    `function`, `system` or `developer`; others count toward the length only)."""
-    roles = [str(m.get("role")) for m in messages]
-    texts = [_content_text(m.get("content")).strip() for m in messages]
-    users = [text for role, text in zip(roles, texts, strict=True) if role == "user" and text]
-    return ConversationShape(
-        user_turns=len(users),
-        assistant_turns=roles.count("assistant"),
-        tool_messages=roles.count("tool") + roles.count("function"),
-        system_prompt=any(role in ("system", "developer") and text for role, text in zip(roles, texts, strict=True)),
-        total_chars=sum(map(len, texts)),
-        latest_chars=len(users[-1]) if users else 0,
-    )
 
 
 class LengthScorer:
