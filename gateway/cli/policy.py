@@ -84,12 +84,12 @@ def _headers(given: list[str]) -> dict[str, str]:
 def _classifier_score(messages: Any) -> float:
     """The score the gateway would compute: the shipped classifier on the gateway's scoring text and shape."""
     from router_models.serving.classifier_scorer import load_scorer
-    from router_models.serving.scorer import conversation_shape, conversation_text
+    from router_models.serving.scorer import read_conversation
 
     async def run() -> float:
         scorer = load_scorer()
         try:
-            return (await scorer.score_one(conversation_text(messages), conversation_shape(messages)))[0]
+            return (await scorer.score_one(*read_conversation(messages)))[0]
         finally:
             await scorer.aclose()
 

@@ -32,7 +32,7 @@ from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import JSONReply, StreamReply
 from gateway.serving.streaming import StreamRelay
 from policies.loader import LoadedPolicy
-from router_models.serving.scorer import conversation_shape, conversation_text
+from router_models.serving.scorer import read_conversation
 from router_models.training.ledger_labels import shape_fields
 
 __all__ = ["LearningTap"]
@@ -61,10 +61,10 @@ class LearningTap:
         if decision.score is None or keep.sample <= 0 or self._rng() >= keep.sample:
             return
         micro = decision.pool == policy.routing.micro_pool
-        messages = raw["messages"]
-        prompt = {"text": conversation_text(messages), "score": repr(float(decision.score)), "pool": decision.pool,
+        text, shape = read_conversation(raw["messages"])
+        prompt = {"text": text, "score": repr(float(decision.score)), "pool": decision.pool,
                   "micro": "1" if micro else "0", "tenant": tenant, "at": repr(time.time()),
-                  **shape_fields(conversation_shape(messages))}
+                  **shape_fields(shape)}
         writes = [(self._store.labels.prompt(request_id), prompt)]
         cascade = _cascade_label(reply.headers)
         if cascade is not None:

@@ -30,7 +30,7 @@ from policies.decide import (
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from router_models.embedders.protocol import FloatArray
-from router_models.serving.scorer import EmbeddingSource, Scorer, conversation_shape, conversation_text
+from router_models.serving.scorer import EmbeddingSource, Scorer, conversation_text, read_conversation
 
 __all__ = ["RequestRouter"]
 
@@ -72,8 +72,7 @@ class RequestRouter:
         assert scorer is not None
         began = time.monotonic()
         try:
-            messages = raw["messages"]
-            score, scored_by = await scorer.score_one(conversation_text(messages), conversation_shape(messages))
+            score, scored_by = await scorer.score_one(*read_conversation(raw["messages"]))
         except Exception:
             log.exception("scoring failed; routing without a score")
             return None, "", ""

@@ -10,7 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConversationShape", "conversation_shape", "conversation_text", "prompt_shape"]
+__all__ = ["ConversationShape", "conversation_shape", "conversation_text", "prompt_shape", "read_conversation"]
+
+_Turns = list[tuple[str, str]]  # (role, stripped text) of each message
 
 
 def _content_text(content: Any) -> str:
@@ -19,6 +21,17 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):  # OpenAI content parts: keep the text parts only
         return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
     return ""
+
+
+def _turns(messages: Sequence[Mapping[str, Any]]) -> _Turns:
+    return [(str(m.get("role")), _content_text(m.get("content")).strip()) for m in messages]
+
+
+def read_conversation(messages: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> tuple[str, ConversationShape]:
+    """(`conversation_text`, `conversation_shape`) of `messages`, reading each message once (the gateway's
+    per-request case)."""
+    turns = _turns(messages)
+    return _text(turns, max_chars), _shape(turns)
 
 
 def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> str:
@@ -31,7 +44,10 @@ def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 20
     conversation with no user turn (only assistant or tool messages) is scored on its last message's text. What
     the cut and the embedder cannot show (the turns, the whole length) is `conversation_shape`'s.
     """
-    turns = [(str(m.get("role")), _content_text(m.get("content")).strip()) for m in messages]
+    return _text(_turns(messages), max_chars)
+
+
+def _text(turns: _Turns, max_chars: int) -> str:
     users = [text for role, text in turns if role == "user" and text]
     system = next((text for role, text in turns if role in ("system", "developer") and text), "")
     if users:
@@ -64,14 +80,17 @@ def prompt_shape(text: str) -> ConversationShape:
 def conversation_shape(messages: Sequence[Mapping[str, Any]]) -> ConversationShape:
     """The shape of a chat conversation, counted over every message (roles `user`, `assistant`, `tool` or
     `function`, `system` or `developer`; others count toward the length only)."""
-    roles = [str(m.get("role")) for m in messages]
-    texts = [_content_text(m.get("content")).strip() for m in messages]
-    users = [text for role, text in zip(roles, texts, strict=True) if role == "user" and text]
+    return _shape(_turns(messages))
+
+
+def _shape(turns: _Turns) -> ConversationShape:
+    roles = [role for role, _ in turns]
+    users = [text for role, text in turns if role == "user" and text]
     return ConversationShape(
         user_turns=len(users),
         assistant_turns=roles.count("assistant"),
         tool_messages=roles.count("tool") + roles.count("function"),
-        system_prompt=any(role in ("system", "developer") and text for role, text in zip(roles, texts, strict=True)),
-        total_chars=sum(map(len, texts)),
+        system_prompt=any(role in ("system", "developer") and text for role, text in turns),
+        total_chars=sum(len(text) for _, text in turns),
         latest_chars=len(users[-1]) if users else 0,
     )

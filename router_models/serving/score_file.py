@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from router_models.serving.classifier_scorer import BatchModel
-from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
+from router_models.serving.scorer import ConversationShape, prompt_shape, read_conversation
 
 __all__ = ["parse_line", "score_file", "score_rows"]
 
@@ -36,9 +36,9 @@ def parse_line(line: str) -> _Row:
         return row["id"], str(row["prompt"]), prompt_shape(str(row["prompt"]))
     messages = row.get("messages")
     if isinstance(messages, list) and all(isinstance(m, Mapping) for m in messages):
-        text = conversation_text(messages)
+        text, shape = read_conversation(messages)
         if text:
-            return row["id"], text, conversation_shape(messages)
+            return row["id"], text, shape
         raise ValueError("messages hold no user or system text")
     raise ValueError('expected "prompt" (a string) or "messages" (a list of {role, content})')
 

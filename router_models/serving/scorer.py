@@ -17,10 +17,11 @@ from router_models.embedders.conversation import (
     conversation_shape,
     conversation_text,
     prompt_shape,
+    read_conversation,
 )
 
 __all__ = ["ConversationShape", "EmbeddingSource", "LengthScorer", "Scorer", "conversation_shape", "conversation_text",
-           "prompt_shape"]
+           "prompt_shape", "read_conversation"]
 
 
 class Scorer(Protocol):

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
+from router_models.serving.scorer import ConversationShape, prompt_shape, read_conversation
 from router_models.training.outcomes import MAX_CHARS, Example, prompt_key
 
 __all__ = ["LabelError", "examples_from_rows", "read_label_file", "split_held_back"]
@@ -49,9 +49,9 @@ def _text(row: Mapping[str, Any], where: str) -> tuple[str, ConversationShape]:
         return prompt[:MAX_CHARS], _given_shape(row, where) or prompt_shape(prompt)
     messages = row.get("messages")
     if isinstance(messages, list) and messages and all(isinstance(m, Mapping) for m in messages):
-        text = conversation_text(messages)
+        text, shape = read_conversation(messages)
         if text:
-            return text, conversation_shape(messages)
+            return text, shape
     raise LabelError(f"{where}: give a non-empty 'prompt' string or a 'messages' list with text")
 
 

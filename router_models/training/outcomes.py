@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
+from router_models.serving.scorer import ConversationShape, prompt_shape, read_conversation
 
 __all__ = [
     "DEFAULT_ROUTING_DIR",
@@ -189,11 +189,10 @@ def _rmb(root: Path) -> _Rows:
     win rates and judged pairs."""
     for r in _jsonl_gz(root / "rmb-helpfulness" / "rmb-helpfulness.jsonl.gz"):
         messages = r.get("messages")
-        text = conversation_text(messages, max_chars=MAX_CHARS) if messages else str(r["prompt"])
+        text, shape = read_conversation(messages, MAX_CHARS) if messages else (str(r["prompt"]), None)
         scores = {str(k): _num(v) for k, v in r["scores"].items()}
         pairs = tuple((str(a), str(b)) for a, b in r["pairs"])
-        yield text.strip(), str(r["category"]).split("/")[1], scores, pairs, \
-            conversation_shape(messages) if messages else None
+        yield text.strip(), str(r["category"]).split("/")[1], scores, pairs, shape
 
 
 _MIXTRAL, _GPT4 = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"

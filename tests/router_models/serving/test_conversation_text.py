@@ -3,7 +3,15 @@ the shape of the whole conversation (turns, uncut length)."""
 
 from __future__ import annotations
 
-from router_models.serving.scorer import ConversationShape, conversation_shape, conversation_text, prompt_shape
+from typing import Any
+
+from router_models.serving.scorer import (
+    ConversationShape,
+    conversation_shape,
+    conversation_text,
+    prompt_shape,
+    read_conversation,
+)
 
 
 def test_latest_user_turn_first_then_system_then_earlier_turns() -> None:
@@ -43,3 +51,13 @@ def test_a_plain_prompt_is_one_user_turn() -> None:
     assert prompt_shape(text) == conversation_shape([{"role": "user", "content": text}])
     assert prompt_shape(text) == ConversationShape(user_turns=1, total_chars=len(text), latest_chars=len(text))
     assert conversation_shape([]) == ConversationShape(user_turns=0)
+
+
+def test_one_reading_gives_both_the_text_and_the_shape() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "developer", "content": "reply in JSON"}, {"role": "user", "content": "first " * 500},
+        {"role": "assistant", "content": "ok"}, {"role": "function", "content": "{}"},
+        {"role": "user", "content": [{"type": "text", "text": "then?"}, {"type": "image_url"}]}]
+    for given in (messages, messages[-1:], messages[2:4], []):
+        assert read_conversation(given) == (conversation_text(given), conversation_shape(given))
+    assert read_conversation(messages, 50)[0] == conversation_text(messages, 50)
