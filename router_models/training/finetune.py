@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from router_models.training.outcomes import Example
 from router_models.training.targets import targets
-from router_models.training.trainer import source_weights
+from router_models.training.trainer import centred, source_weights
 
 __all__ = ["Encoder", "FinetuneConfig", "Tuning", "finetune", "minilm_dir", "tuning_target"]
 
@@ -106,10 +106,7 @@ class Encoder:
 def tuning_target(examples: Sequence[Example], target: str = "irt-fail") -> tuple[Floats, Floats]:
     """(target, weight) per example: the trainer's target centred within each source and scaled to unit
     variance, and `source_weights` (every source the same total weight)."""
-    y = targets(examples, target)
-    sources = np.asarray([ex.source for ex in examples])
-    for source in set(sources.tolist()):
-        y[sources == source] -= y[sources == source].mean()
+    y = centred(targets(examples, target), [ex.source for ex in examples])
     spread = float(y.std())
     return y / (spread if spread > 0 else 1.0), source_weights(examples)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,14 @@ def _given_shape(row: Mapping[str, Any], where: str) -> ConversationShape | None
     given = row.get("shape")
     if given is None:
         return None
-    fields = ("user_turns", "assistant_turns", "tool_messages", "total_chars", "latest_chars")
+    counts = tuple(f.name for f in fields(ConversationShape) if f.name != "system_prompt")
     if not isinstance(given, Mapping) or not isinstance(given.get("system_prompt", False), bool) or any(
             isinstance(given.get(f, 0), bool) or not isinstance(given.get(f, 0), int) or given.get(f, 0) < 0
-            for f in fields):
-        raise LabelError(f"{where}: field 'shape' must be an object of counts ({', '.join(fields)}) "
+            for f in counts):
+        raise LabelError(f"{where}: field 'shape' must be an object of counts ({', '.join(counts)}) "
                          "and 'system_prompt' (true or false)")
     base = ConversationShape()
-    return ConversationShape(**{f: given.get(f, getattr(base, f)) for f in (*fields, "system_prompt")})
+    return ConversationShape(**{f: given.get(f, getattr(base, f)) for f in (*counts, "system_prompt")})
 
 
 def _example(row: Any, where: str, default_source: str) -> Example:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import redis
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "cascade:"  # the ledger's default key prefix (gateway.settings.Settings.redis_prefix)
-SHAPE_FIELDS = ("user_turns", "assistant_turns", "tool_messages", "system_prompt", "total_chars", "latest_chars")
+SHAPE_FIELDS = tuple(f.name for f in fields(ConversationShape))  # user_turns ... system_prompt ... latest_chars
 PROMPT_FIELDS = ("text", "score", "pool", "micro", "tenant", "at", *SHAPE_FIELDS)
 FEEDBACK_FIELDS = ("score", "thumbs", "comment", "tenant", "at")
 SHADOW_FIELDS = ("short", "verdict", "replies", "order", "at")

@@ -44,7 +44,7 @@ from router_models.training.own_labels import OWN_LABEL_MODES, fit_correction, i
 from router_models.training.targets import targets
 
 __all__ = [
-    "FEATURE_SETS", "Fitted", "SourceRows", "TrainConfig", "calibration_weights", "correct", "features",
+    "FEATURE_SETS", "Fitted", "SourceRows", "TrainConfig", "calibration_weights", "centred", "correct", "features",
     "fit_router", "fit_sources", "mask_features", "own_source_rows", "source_rows", "source_weights",
     "training_metadata",
 ]
@@ -151,7 +151,7 @@ def source_rows(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: Tr
     """`examples` split into the fit's groups (`_groups`), with their targets (centred within each source)."""
     y = targets(examples, cfg.target)
     if cfg.center_per_source:
-        y = _centred(y, [ex.source for ex in examples])
+        y = centred(y, [ex.source for ex in examples])
     groups = _groups(examples)
     out: dict[str, SourceRows] = {}
     for g in sorted(set(groups)):
@@ -181,7 +181,8 @@ def _groups(examples: Sequence[Example]) -> list[str]:
     return [f"{ex.source}#{_fold(ex)}" if is_own(ex.source) else ex.source for ex in examples]
 
 
-def _centred(y: Floats, sources: Sequence[str]) -> Floats:
+def centred(y: Floats, sources: Sequence[str]) -> Floats:
+    """`y` less its mean within each source (`sources[i]` of `y[i]`)."""
     out = y.copy()
     labels = np.asarray(sources)
     for source in set(sources):
