@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from router_models.serving.artifact import ArtifactError
+from router_models.training.exit_codes import NOT_BETTER
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES, SOURCES
 from router_models.training.targets import TARGETS
 
@@ -122,7 +123,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "train", help="train on real outcomes (+ your labels), evaluate, promote only if better",
         description="Fit the router on the seven public outcome sources (and, with --labels / --from-ledger, "
         "your own labels), evaluate it leave-one-source-out, compare it with the current artifact on "
-        "held-back traffic, and promote it only if it is better. Label file format: router_models/training/labels.py.")
+        "held-back traffic, and promote it only if it is better. Label file format: router_models/training/labels.py. "
+        "Exit codes: 0 written (and promoted, unless --out or --no-promote), 1 failed, 2 refused (usage, a bad "
+        f"label row, a missing file), {NOT_BETTER} not promoted because not better than the current artifact.")
     _add_common(p)
     p.add_argument("--labels", type=Path, action="append", default=[],
                    help="JSONL label file of your own traffic (repeatable)")

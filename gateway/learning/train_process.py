@@ -4,12 +4,14 @@ The gateway never trains in its own process (embedding thousands of prompts and 
 minutes). `TrainerProcess.run` starts ``nice -n 10 timeout -k 30 <deadline> python -m gateway router train
 --from-ledger --redis-prefix P --held-back H [--embedder E]`` in a session of its own, logs every line the
 training prints (logger `cascade.retrain`, each line prefixed ``retrain:``) and reads the outcome from its
-exit code and its report lines (`router_models.training.pipeline.run_training`):
+exit code (`router_models.training.exit_codes`, the contract of `router_models.training.pipeline.run_training`):
 
-- ``promoted``: exit 0 and ``promoted as version V``: the candidate is the store's current artifact now;
-- ``not_better``: exit 1 and ``not promoted (not better ...)``: the candidate was worse on the held-back labels;
-- ``failed``: anything else (a bad label row, a crash, the deadline).
+- ``promoted``: exit 0: the candidate is the store's current artifact now (its version from the report line
+  ``promoted as version V``);
+- ``not_better``: exit `NOT_BETTER` (3): the candidate was not better on the held-back labels, not promoted;
+- ``failed``: any other exit (1 a crash, 2 a refused input such as a bad label row, 124/137 the deadline).
 
+The printed lines never decide the outcome (a failure may print anything); they only fill in its detail.
 The verdict line (``candidate APGR X vs current Y (+D) on N held-back labels of your traffic``) is kept
 whatever the outcome: it says by how much. The deadline is enforced by coreutils `timeout` around the
 training, so a child outlives neither its deadline nor, by more than that, a gateway killed meanwhile; a
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from policies.learning import Retrain
+from router_models.training.exit_codes import NOT_BETTER
 
 __all__ = ["NICENESS", "CommandFactory", "Outcome", "TrainResult", "Trainer", "TrainerProcess", "train_command"]
 
@@ -43,7 +46,6 @@ NICENESS = 10  # below every request-serving thread: a training shares the machi
 _KILL_AFTER_S = 30  # `timeout -k`: SIGKILL this long after the deadline's SIGTERM
 _VERDICT = re.compile(r"candidate APGR .* \(([+-]\d+\.\d+)\) on .*")
 _PROMOTED = re.compile(r"promoted as version (\S+)")
-_NOT_BETTER = "not promoted (not better"
 _TAIL = 5  # lines of a failed training's output kept in its result
 
 
@@ -143,12 +145,14 @@ def _signal(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
 
 
 def _result(code: int, lines: list[str], timeout_minutes: int) -> TrainResult:
+    """The outcome from the exit code (module docstring); the report lines give only version, verdict and delta."""
     verdict = next((line.removeprefix("[train] ") for line in reversed(lines) if _VERDICT.search(line)), None)
     delta = float(match[1]) if verdict and (match := _VERDICT.search(verdict)) else None
-    promoted = next((m[1] for line in lines if (m := _PROMOTED.search(line))), None)
-    if code == 0 and promoted is not None:
-        return TrainResult("promoted", verdict or f"promoted as version {promoted}", promoted, delta)
-    if code == 1 and any(_NOT_BETTER in line for line in lines):
+    if code == 0:
+        version = next((m[1] for line in lines if (m := _PROMOTED.search(line))), None)
+        detail = verdict or (f"promoted as version {version}" if version else "promoted (no version reported)")
+        return TrainResult("promoted", detail, version, delta)
+    if code == NOT_BETTER:
         return TrainResult("not_better", verdict or "not better than the current artifact", None, delta)
     if code in (124, 137):  # `timeout`: the deadline's SIGTERM, or its SIGKILL
         return TrainResult("failed", f"stopped after {timeout_minutes} min (learning.retrain.timeout_minutes)")

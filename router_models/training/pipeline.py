@@ -9,6 +9,8 @@ artifact and promote it only when it is better:
   candidate: the six); when the current one has no per-source figures, its stored mean; when it has no figure
   at all (e.g. an older format), the candidate wins.
 The report says by how much either way. `--out` writes a file and skips the store (for the shipped artifact).
+Exit codes (`router_models.training.exit_codes`): 0 written (and promoted unless `--out` / `--no-promote`),
+`NOT_BETTER` (3) not promoted because not better; failures exit 1 (a crash) or 2 (refused input, in the CLI).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from router_models.embedders.factory import make_embedder
 from router_models.embedders.protocol import Embedder
 from router_models.serving.artifact import RouterArtifact, load_artifact, save_artifact
 from router_models.serving.artifact_store import ArtifactStore
+from router_models.training.exit_codes import NOT_BETTER
 from router_models.training.loso import LosoResult, leave_one_source_out, plot_loso, print_table
 from router_models.training.outcomes import SOURCES, Example, load_outcomes
 from router_models.training.trainer import (
@@ -163,7 +166,8 @@ def _fit_and_evaluate(cfg: TrainConfig, embedder: Embedder, public: list[Example
 
 
 def run_training(req: TrainRequest) -> int:
-    """`cascade router train`. Returns the exit code (0 written, and promoted unless not better)."""
+    """`cascade router train`. Returns the exit code (`exit_codes`): 0 written, and promoted unless `--out` or
+    `--no-promote`; `NOT_BETTER` (3) when the candidate lost the comparison and was not promoted."""
     from router_models.training.labels import split_held_back
 
     cfg = _config(req.target, req.feature_set, req.routing_dir)
@@ -186,7 +190,7 @@ def run_training(req: TrainRequest) -> int:
     if not req.promote or not better:
         print(f"[train] not promoted ({'--no-promote' if better else 'not better than the current artifact'}); "
               f"candidate kept at {path}")
-        return 0 if req.promote is False else 1
+        return NOT_BETTER if req.promote else 0  # promoting, so the candidate was not better
     entry = store.promote(path)
     print(f"[train] promoted as version {entry.version} (running gateways swap to it within seconds; "
           "`cascade router rollback` restores the previous one)")

@@ -1,6 +1,6 @@
-"""The training child process: its outcome read from exit code and report lines, its output logged line by line,
-niced, stopped at its deadline and when the gateway shuts down. The commands here are small Python scripts
-standing in for `cascade router train` (the real one runs in test_retrain_run.py)."""
+"""The training child process: its outcome read from its exit code (the report lines only fill in the detail), its
+output logged line by line, niced, stopped at its deadline and when the gateway shuts down. The commands here are
+small Python scripts standing in for `cascade router train` (the real one runs in test_retrain_run.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from gateway.learning.train_process import NICENESS, TrainerProcess, train_command
 from policies.learning import Retrain
+from router_models.training.exit_codes import NOT_BETTER
 from tests.servers import alive
 
 RETRAIN = Retrain(every_hours=24, min_new_labels=10, held_back=0.3)
@@ -37,25 +38,36 @@ async def test_a_promotion_is_read_from_exit_code_and_report_with_its_verdict(
     assert "retrain: [train] 40 labelled requests" in logged and f"retrain: {VERDICT}" in logged
 
 
-async def test_not_better_and_failures_are_told_apart() -> None:
+async def test_not_better_and_failures_are_told_apart_by_exit_code() -> None:
+    assert NOT_BETTER not in (0, 1, 2)  # not success, not a crash, not argparse's or the CLI's refusal
     worse = VERDICT.replace("(+0.1123)", "(-0.0420)")
-    body = f"import sys; print({worse!r}); " \
-           "print('[train] not promoted (not better than the current artifact); candidate kept at /x'); sys.exit(1)"
+    report = "[train] not promoted (not better than the current artifact); candidate kept at /x"
+    body = f"import sys; print({worse!r}); print({report!r}); sys.exit({NOT_BETTER})"
     result = await _script(body).run(RETRAIN)
     assert (result.outcome, result.apgr_delta) == ("not_better", -0.042)
     assert "(-0.0420)" in result.detail
-    # exit 1 without the report line is a crash (Python's own exit code for a traceback), not a verdict
+    # a failure that happens to print the not-better report (and a verdict) is still a failure: exit 1
+    misleading = await _script(f"import sys; print({worse!r}); print({report!r}); sys.exit('Traceback: boom')"
+                               ).run(RETRAIN)
+    assert misleading.outcome == "failed" and "exited with 1" in misleading.detail
+    assert "Traceback: boom" in misleading.detail and misleading.apgr_delta == -0.042
+    # exit 3 is a verdict even without any report line to read
+    silent = await _script(f"import sys; sys.exit({NOT_BETTER})").run(RETRAIN)
+    assert (silent.outcome, silent.detail, silent.apgr_delta) == (
+        "not_better", "not better than the current artifact", None)
     crashed = await _script("import sys; print('loading'); sys.exit(\"Traceback: boom\")").run(RETRAIN)
     assert crashed.outcome == "failed" and "exited with 1" in crashed.detail and "Traceback: boom" in crashed.detail
-    bad_labels = await _script("import sys; sys.exit('error: ledger row 3: field needs_flagship')").run(RETRAIN)
-    assert bad_labels.outcome == "failed" and "ledger row 3" in bad_labels.detail
+    bad_labels = await _script("import sys; print('error: ledger row 3: field needs_flagship', file=sys.stderr); "
+                               "sys.exit(2)").run(RETRAIN)
+    assert bad_labels.outcome == "failed" and "exited with 2" in bad_labels.detail
+    assert "ledger row 3" in bad_labels.detail
 
 
 async def test_the_child_is_niced_gets_the_redis_url_in_its_environment_and_not_the_artifact_override(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", "/pinned.json")
     body = "import os, sys; print('nice', os.nice(0)); print('url', os.environ['CASCADE_REDIS_URL']); " \
-           "print('pinned', os.environ.get('CASCADE_ROUTER_ARTIFACT')); sys.exit(3)"
+           "print('pinned', os.environ.get('CASCADE_ROUTER_ARTIFACT')); sys.exit(5)"
     trainer = _script(body)
     assert trainer._argv(RETRAIN)[:7] == ["nice", "-n", str(NICENESS), "timeout", "-k", "30s", "3600s"]
     result = await trainer.run(RETRAIN)

@@ -30,6 +30,7 @@ from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from router_models.serving.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact
 from router_models.serving.artifact_store import ArtifactStore
+from router_models.training.exit_codes import NOT_BETTER
 from router_models.training.labels import examples_from_rows, split_held_back
 from router_models.training.ledger_labels import read_ledger_labels
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR
@@ -221,7 +222,7 @@ def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolle
 def test_a_candidate_not_better_than_current_is_not_promoted_and_the_report_says_by_how_much(home: Path) -> None:
     seed = _seed_current(home, recorded_apgr=1.0)  # no candidate can beat a perfect recorded figure
     run = _train(home)
-    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.returncode == NOT_BETTER, run.stdout + run.stderr
     cand, cur, delta, _ = _verdict(run.stdout)
     assert cur == 1.0 and delta < 0 and delta == pytest.approx(cand - 1.0, abs=2e-4)
     assert "not promoted (not better than the current artifact)" in run.stdout
