@@ -9,12 +9,17 @@ embedder before its int8 rounding. It is an `Embedder` (`name`, `dim`, `embed`),
 against a target (the trainer's: `irt-fail` centred per source, sources balanced; `tuning_target`), for
 `epochs` passes in a seeded random order, AdamW, the encoder at `lr` and the head at `head_lr`, with
 dropout on as in the checkpoint's own training. Deterministic for a seed on one torch thread.
+
+`finetune_top` trains only the upper `trainable` layers: the lower layers' hidden states are computed once per
+text (`Encoder.lower_states`, kept in fp16 without padding) and every step runs the upper layers alone, about
+a seventh of the CPU of a step through all three layers and the tokenizer. Both take a `validate` callback
+(the head's score on rows outside the training, after each epoch) and keep the best epoch's weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ from router_models.training.outcomes import Example
 from router_models.training.targets import targets
 from router_models.training.trainer import centred, source_weights
 
-__all__ = ["Encoder", "FinetuneConfig", "Tuning", "finetune", "minilm_dir", "tuning_target"]
+__all__ = ["Encoder", "FinetuneConfig", "Tuning", "finetune", "finetune_top", "minilm_dir", "tuning_target"]
 
 FloatArray = npt.NDArray[np.float32]
 Floats = npt.NDArray[np.float64]
@@ -46,11 +51,14 @@ class FinetuneConfig:
 @dataclass(frozen=True)
 class Tuning:
     """What `finetune` leaves besides the tuned encoder: the loss of each step and the linear head
-    (`embed(texts) @ head_weights + head_bias` is the head's prediction of the scaled target)."""
+    (`embed(texts) @ head_weights + head_bias` is the head's prediction of the scaled target); with a
+    `validate` callback, its score after each epoch and the epoch kept (1-based; the weights are that epoch's)."""
 
     losses: list[float]
     head_weights: FloatArray
     head_bias: float
+    epoch_scores: list[float] = field(default_factory=list)
+    best_epoch: int = 0
 
 
 def minilm_dir() -> Path:
@@ -93,13 +101,61 @@ class Encoder:
         return torch.nn.functional.normalize(pooled, dim=1)
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        return self._in_batches(len(texts), lambda i: len(texts[i]), lambda idx: self.pooled([texts[i] for i in idx]))
+
+    def lower_states(self, texts: Sequence[str], frozen: int) -> list[Any]:
+        """Per text, the (pieces, dim) fp16 hidden states after the lower `frozen` layers (the embeddings
+        when 0), padding cut off: what `pooled_from` continues from. No autograd graph."""
+        torch = self._torch
+        out: list[Any] = [None] * len(texts)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         self.model.eval()
-        with self._torch.inference_mode():
+        with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 idx = order[start : start + self.batch_size]
-                out[idx] = self.pooled([texts[i] for i in idx]).numpy()
+                enc = self.tokenizer([texts[i] or " " for i in idx], padding=True, truncation=True,
+                                     max_length=self.max_tokens, return_tensors="pt")
+                hidden = self._layers(self.model.embeddings(input_ids=enc["input_ids"]), enc["attention_mask"],
+                                      self.model.encoder.layer[:frozen])
+                for row, i in enumerate(idx):
+                    out[i] = hidden[row, : int(enc["attention_mask"][row].sum())].to(torch.float16).clone()
+        return out
+
+    def pooled_from(self, states: Sequence[Any], frozen: int) -> Any:
+        """(n, dim) pooled, normed vectors of texts whose `lower_states(.., frozen)` are `states`, through the
+        upper layers (with the autograd graph when enabled): equal to `pooled` of the texts up to fp16."""
+        torch = self._torch
+        hidden = torch.nn.utils.rnn.pad_sequence([s.to(torch.float32) for s in states], batch_first=True)
+        lengths = torch.as_tensor([len(s) for s in states])
+        mask = (torch.arange(hidden.shape[1])[None, :] < lengths[:, None]).to(torch.long)
+        hidden = self._layers(hidden, mask, self.model.encoder.layer[frozen:])
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        return torch.nn.functional.normalize(pooled, dim=1)
+
+    def embed_states(self, states: Sequence[Any], frozen: int) -> FloatArray:
+        """`embed` of the texts whose lower states are `states`."""
+        return self._in_batches(len(states), lambda i: len(states[i]),
+                                lambda idx: self.pooled_from([states[i] for i in idx], frozen))
+
+    def _layers(self, hidden: Any, mask: Any, layers: Any) -> Any:
+        """`hidden` through `layers` with the additive attention mask eager BERT attention takes."""
+        torch = self._torch
+        additive = (1.0 - mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        for layer in layers:
+            out = layer(hidden, attention_mask=additive)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+    def _in_batches(self, n: int, size: Callable[[int], int], pool: Callable[[list[int]], Any]) -> FloatArray:
+        """(n, dim) vectors from `pool` over length-sorted batches, eval mode, no autograd graph."""
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        order = sorted(range(n), key=size)
+        self.model.eval()
+        with self._torch.inference_mode():
+            for start in range(0, n, self.batch_size):
+                idx = order[start : start + self.batch_size]
+                out[idx] = pool(idx).numpy()
         return out
 
 
@@ -112,25 +168,49 @@ def tuning_target(examples: Sequence[Example], target: str = "irt-fail") -> tupl
 
 
 def finetune(encoder: Encoder, texts: Sequence[str], y: Floats, weights: Floats, cfg: FinetuneConfig,
-             progress: Callable[[int, int, float], None] | None = None) -> Tuning:
+             progress: Callable[[int, int, float], None] | None = None,
+             validate: Callable[[Any], float] | None = None) -> Tuning:
     """Train `encoder` and a linear head on (texts, y) by weighted MSE, `progress(step, steps, loss)` after
     every step. The router does not need the head (its ridge is refitted on the tuned vectors); it is
-    returned to measure the encoder's own prediction."""
+    returned to measure the encoder's own prediction. `validate(head)` after each epoch scores the head (higher
+    is better) and the best epoch's weights are kept."""
+    return _train(encoder, encoder.model, lambda idx: encoder.pooled([texts[i] for i in idx]), len(texts),
+                  y, weights, cfg, progress, validate)
+
+
+def finetune_top(encoder: Encoder, states: Sequence[Any], frozen: int, y: Floats, weights: Floats,
+                 cfg: FinetuneConfig, progress: Callable[[int, int, float], None] | None = None,
+                 validate: Callable[[Any], float] | None = None) -> Tuning:
+    """`finetune` of the layers above the lower `frozen` ones only, from the texts' `lower_states`."""
+    upper = encoder.model.encoder.layer[frozen:]
+    return _train(encoder, upper, lambda idx: encoder.pooled_from([states[i] for i in idx], frozen), len(states),
+                  y, weights, cfg, progress, validate)
+
+
+def _train(encoder: Encoder, trained: Any, pool: Callable[[list[int]], Any], n: int, y: Floats, weights: Floats,
+           cfg: FinetuneConfig, progress: Callable[[int, int, float], None] | None,
+           validate: Callable[[Any], float] | None) -> Tuning:
+    """The loop both share: `pool(batch indices)` gives pooled vectors with the graph of `trained`'s weights."""
+    import copy
+
     torch = encoder._torch
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     head = torch.nn.Linear(encoder.dim, 1)
-    optimiser = torch.optim.AdamW([{"params": encoder.model.parameters(), "lr": cfg.lr},
+    optimiser = torch.optim.AdamW([{"params": trained.parameters(), "lr": cfg.lr},
                                    {"params": head.parameters(), "lr": cfg.head_lr}], weight_decay=0.01)
+    per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
     batches = [order[i : i + cfg.batch_size] for _ in range(cfg.epochs)
-               for order in [rng.permutation(len(texts))] for i in range(0, len(texts), cfg.batch_size)]
+               for order in [rng.permutation(n)] for i in range(0, n, cfg.batch_size)]
     batches = batches[: cfg.max_steps] if cfg.max_steps is not None else batches
     target = torch.as_tensor(y, dtype=torch.float32)
     weight = torch.as_tensor(weights, dtype=torch.float32)
-    encoder.model.train()
     losses: list[float] = []
+    scores: list[float] = []
+    best: tuple[float, int, Any, Any] | None = None
+    encoder.model.train()
     for step, idx in enumerate(batches):
-        pred = head(encoder.pooled([texts[i] for i in idx])).squeeze(1)
+        pred = head(pool(list(idx))).squeeze(1)
         loss = (weight[idx] * (pred - target[idx]) ** 2).sum() / weight[idx].sum()
         optimiser.zero_grad()
         loss.backward()
@@ -138,6 +218,16 @@ def finetune(encoder: Encoder, texts: Sequence[str], y: Floats, weights: Floats,
         losses.append(loss.item())
         if progress is not None:
             progress(step + 1, len(batches), losses[-1])
+        if validate is not None and ((step + 1) % per_epoch == 0 or step + 1 == len(batches)):
+            encoder.model.eval()
+            scores.append(float(validate(head)))
+            encoder.model.train()
+            if best is None or scores[-1] > best[0]:
+                best = (scores[-1], len(scores), copy.deepcopy(trained.state_dict()),
+                        copy.deepcopy(head.state_dict()))
     encoder.model.eval()
+    if best is not None:
+        trained.load_state_dict(best[2])
+        head.load_state_dict(best[3])
     weights_out = head.weight.detach().numpy()[0].astype(np.float32)
-    return Tuning(losses, weights_out, float(head.bias.item()))
+    return Tuning(losses, weights_out, float(head.bias.item()), scores, best[1] if best is not None else 0)

@@ -4,9 +4,20 @@ they show that training runs, never that it helps (the benchmark measures that o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
-from router_models.training.finetune import Encoder, FinetuneConfig, finetune, minilm_dir, tuning_target
+from router_models.training.finetune import (
+    Encoder,
+    FinetuneConfig,
+    Tuning,
+    finetune,
+    finetune_top,
+    minilm_dir,
+    tuning_target,
+)
 from router_models.training.outcomes import Example
 
 TEXTS = [f"Question {i}: what is {i} times {i + 3}?" if i % 2 else f"hello number {i}, how are you" for i in range(12)]
@@ -41,3 +52,53 @@ def test_finetuning_moves_the_vectors_reproducibly() -> None:
     assert np.abs(tuned - frozen).max() > 1e-3
     again, again_losses = _tuned(seed=0)
     assert again_losses == losses and np.allclose(again.embed(TEXTS), tuned, atol=1e-6)
+
+
+def test_upper_layers_from_lower_states_equal_the_whole_encoder() -> None:
+    encoder = Encoder(minilm_dir(), layers=3, max_tokens=16)
+    whole = encoder.embed(TEXTS)
+    for frozen in (0, 2, 3):
+        states = encoder.lower_states(TEXTS, frozen)
+        assert all(s.shape[1] == encoder.dim and len(s) <= 16 for s in states)
+        assert np.allclose(encoder.embed_states(states, frozen), whole, atol=2e-3)  # fp16 states
+
+
+def _top_tuned(seed: int, epochs: int = 1,
+               validate: Callable[[Any], float] | None = None) -> tuple[Encoder, list[Any], Tuning]:
+    import torch
+
+    torch.set_num_threads(1)
+    encoder = Encoder(minilm_dir(), layers=2, max_tokens=16)
+    states = encoder.lower_states(TEXTS, 1)
+    y = np.asarray([1.0 if i % 2 else -1.0 for i in range(len(TEXTS))])
+    cfg = FinetuneConfig(epochs=epochs, batch_size=4, lr=1e-3, seed=seed)
+    tuning = finetune_top(encoder, states, 1, y, np.ones(len(TEXTS)), cfg, validate=validate)
+    return encoder, states, tuning
+
+
+def test_top_layer_tuning_moves_only_the_upper_layers_reproducibly() -> None:
+    frozen_encoder = Encoder(minilm_dir(), layers=2, max_tokens=16)
+    before = [p.detach().clone() for p in frozen_encoder.model.parameters()]
+    encoder, _, tuning = _top_tuned(seed=0)
+    lower = {n for n, _ in encoder.model.named_parameters() if not n.startswith("encoder.layer.1.")}
+    moved = {n for (n, p), b in zip(encoder.model.named_parameters(), before, strict=True)
+             if not np.allclose(p.detach().numpy(), b.numpy())}
+    assert moved and not moved & lower  # the embeddings and layer 0 are untouched
+    assert np.abs(encoder.embed(TEXTS) - frozen_encoder.embed(TEXTS)).max() > 1e-3
+    _, _, again = _top_tuned(seed=0)
+    assert again.losses == tuning.losses
+
+
+def test_validation_keeps_the_best_epochs_weights() -> None:
+    calls: list[int] = []
+
+    def validate(head: Any) -> float:
+        calls.append(1)
+        return [0.3, 0.9, 0.1][len(calls) - 1]  # the second epoch scores best
+
+    encoder, states, tuning = _top_tuned(seed=0, epochs=3, validate=validate)
+    assert tuning.epoch_scores == [0.3, 0.9, 0.1] and tuning.best_epoch == 2
+    _, _, two = _top_tuned(seed=0, epochs=2)  # the same seed and order, stopped after the second epoch
+    assert np.allclose(tuning.head_weights, two.head_weights, atol=1e-6)
+    assert np.allclose(encoder.embed_states(states, 1),
+                       _top_tuned(seed=0, epochs=2)[0].embed_states(states, 1), atol=1e-5)
