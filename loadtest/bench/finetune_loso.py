@@ -12,7 +12,8 @@ held-out source H, on the rows of every other source with every copy of H's prom
   artifact is built;
 - **tuned**: the same encoder whose top layer (and a linear head) is trained on at most `--tune-per-source`
   rows of each training source but one, by weighted MSE on the same target; the one left out (the *inner*
-  source: the next source after H in name order) picks the epoch: after each of `--epochs` passes the head's
+  source: the next source after H in name order; its prompts' copies are kept out of the tuning rows) picks
+  the epoch: after each of `--epochs` passes the head's
   APGR on it is measured and the best epoch's weights are kept. Then its vectors + structure -> the same
   ridge on every training row. So only the embedding differs.
 
@@ -33,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench.finetune_scorer import routed
-from router_models.training.evaluate import example_metrics
+from loadtest.bench.finetune_scorer import figures, routed
 from router_models.training.finetune import Encoder, FinetuneConfig, finetune_top, minilm_dir, tuning_target
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, load_outcomes
 
@@ -61,28 +61,23 @@ class States:
 
 def fold_rows(examples: Sequence[Example], held_out: str, tune_n: int, valid_n: int,
               seed: int) -> tuple[list[Example], list[Example], list[Example], list[Example], str]:
-    """(training rows, tuning rows, inner validation rows, held-out rows, inner source) for one fold."""
+    """(training rows, tuning rows, inner validation rows, held-out rows, inner source) for one fold. No copy of
+    a held-out prompt is in the training rows, and none of a validation prompt in the tuning rows (sources share
+    prompts: every routellm-gsm8k prompt is in zeroeval, half of mmlu-pro's are in routellm-mmlu)."""
     test = [ex for ex in examples if ex.source == held_out]
     keys = {ex.key for ex in test}
     train = [ex for ex in examples if ex.source != held_out and ex.key not in keys]
     names = sorted({ex.source for ex in examples})
     inner = names[(names.index(held_out) + 1) % len(names)]
     rng = np.random.default_rng(seed)
+    valid = [ex for ex in train if ex.source == inner]
+    valid = [valid[i] for i in rng.permutation(len(valid))][:valid_n]
+    valid_keys = {ex.key for ex in valid}
     tune: list[Example] = []
-    valid: list[Example] = []
-    for source in sorted({ex.source for ex in train}):
-        rows = [ex for ex in train if ex.source == source]
-        rows = [rows[i] for i in rng.permutation(len(rows))]
-        if source == inner:
-            valid = rows[:valid_n]
-        else:
-            tune.extend(rows[:tune_n])
+    for source in sorted({ex.source for ex in train} - {inner}):
+        rows = [ex for ex in train if ex.source == source and ex.key not in valid_keys]
+        tune.extend(rows[i] for i in rng.permutation(len(rows))[:tune_n])
     return train, tune, valid, test, inner
-
-
-def figures(scores: Any, rows: Sequence[Example]) -> dict[str, float]:
-    m = example_metrics(scores, rows)
-    return {"apgr": round(float(m.apgr), 4), "auc": round(float(m.auc), 4)}
 
 
 def run_fold(args: argparse.Namespace, examples: Sequence[Example], held_out: str, states: States,

@@ -85,10 +85,11 @@ def routed(vectors: FloatArray, train: Sequence[Example], test_vectors: FloatArr
     cfg = TrainConfig(target="irt-fail")
     fitted = fit_router(feature_matrix(vectors, [ex.text for ex in train]), train, cfg)
     x = feature_matrix(test_vectors, [ex.text for ex in test]).astype(np.float64)
-    return _figures(x @ fitted.router.weights.astype(np.float64) + fitted.router.bias, test)
+    return figures(x @ fitted.router.weights.astype(np.float64) + fitted.router.bias, test)
 
 
-def _figures(scores: Any, test: Sequence[Example]) -> dict[str, float]:
+def figures(scores: Any, test: Sequence[Example]) -> dict[str, float]:
+    """APGR and AUC of `scores` on `test`, rounded to 4 places."""
     m = example_metrics(scores, test)
     return {"apgr": round(float(m.apgr), 4), "auc": round(float(m.auc), 4)}
 
@@ -115,7 +116,7 @@ def run_fold(args: argparse.Namespace, examples: Sequence[Example], held_out: st
     tuning = finetune(encoder, [ex.text for ex in tune], y, w, cfg, progress)
     test_vectors = encoder.embed([ex.text for ex in test])
     row["tuned"] = routed(encoder.embed([ex.text for ex in ridge]), ridge, test_vectors, test)
-    row["tuned_head"] = _figures(test_vectors @ tuning.head_weights + tuning.head_bias, test)
+    row["tuned_head"] = figures(test_vectors @ tuning.head_weights + tuning.head_bias, test)
     row["steps"], row["final_loss"] = len(tuning.losses), round(float(np.mean(tuning.losses[-20:])), 4)
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.bench.finetune_loso import fold_rows
+from loadtest.bench.finetune_loso import main as loso_main
 from loadtest.bench.finetune_scorer import main, split
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example
 
@@ -40,5 +42,35 @@ def test_a_tiny_run_reports_every_column(tmp_path: Path, capsys: pytest.CaptureF
     (fold,) = json.loads(out.read_text())["folds"]
     assert fold["held_out"] == "routellm-gsm8k" and fold["n"] == 24 and fold["steps"] == 2
     for column in ("frozen", "frozen_both_halves", "tuned", "tuned_head"):
+        assert 0.0 < fold[column]["auc"] < 1.0
+    assert "mean APGR" in capsys.readouterr().out
+
+
+def test_loso_folds_keep_held_out_and_validation_prompts_out_of_tuning() -> None:
+    rows = [_ex("a-held", f"h{i}", i) for i in range(10)]
+    rows += [_ex("b-inner", f"v{i}", i) for i in range(10)]
+    rows += [_ex("c-big", f"c{i}", i) for i in range(40)] + [_ex("c-big", f"h{i}", 100 + i) for i in range(3)]
+    rows += [_ex("c-big", f"v{i}", 200 + i) for i in range(4)]  # copies of validation prompts
+    train, tune, valid, test, inner = fold_rows(rows, "a-held", tune_n=30, valid_n=6, seed=1)
+    assert inner == "b-inner" and len(valid) == 6 and {ex.source for ex in valid} == {"b-inner"}
+    assert [ex.source for ex in test] == ["a-held"] * 10
+    assert not {ex.key for ex in test} & {ex.key for ex in train}
+    assert not {ex.key for ex in valid} & {ex.key for ex in tune}
+    assert len(tune) == 30 and {ex.source for ex in tune} == {"c-big"}
+    assert len(train) == 10 + 40 + 4  # every other row, validation copies included, ridge on them all
+    assert fold_rows(rows, "a-held", 30, 6, seed=1)[1] == tune
+
+
+@pytest.mark.skipif(not DEFAULT_ROUTING_DIR.is_dir(),
+                    reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR} (set CASCADE_ROUTING_DATA)")
+def test_a_tiny_loso_run_reports_every_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "loso.json"
+    loso_main(["--held-out", "routerbench", "--max-per-source", "24", "--tune-per-source", "8",
+               "--valid-rows", "12", "--epochs", "2", "--batch-size", "4", "--json", str(out)])
+    (fold,) = json.loads(out.read_text())["folds"]
+    assert fold["held_out"] == "routerbench" and fold["inner"] == "zeroeval"
+    assert fold["tune_rows"] == 5 * 8 and fold["steps"] == 2 * 10  # 7 sources less held-out and inner
+    assert len(fold["inner_apgr_by_epoch"]) == 2 and fold["best_epoch"] in (1, 2)
+    for column in ("frozen", "tuned", "tuned_head"):
         assert 0.0 < fold[column]["auc"] < 1.0
     assert "mean APGR" in capsys.readouterr().out
