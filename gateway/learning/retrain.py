@@ -5,7 +5,7 @@ is due: `every_hours` after the last look, whose time lives in Redis, so that a 
 neither repeats nor resets the schedule (the first look ever comes at once). A due look is taken by the one
 process that gets the store's lock, which checks the time again under it:
 
-1. count the labelled requests of the ledger (`read_ledger_labels`, in a worker thread) and those the last
+1. count the labelled requests of the ledger (`read_ledger_label_ids`, in a worker thread) and those the last
    completed training did not see; fewer than `min_new_labels` new: ``skipped``, logged with the counts;
 2. else train in a child process (`gateway.learning.train_process`: ``promoted``, ``not_better`` or
    ``failed``). The training promotes into the artifact store only a candidate better on the held-back labels;
@@ -69,17 +69,17 @@ class LabelSource(Protocol):
 
 
 class LedgerLabelIds:
-    """The ledger's labelled requests (`router_models.training.ledger_labels`), read in a worker thread."""
+    """The ledger's labelled requests (`router_models.training.ledger_labels.read_ledger_label_ids`: the ids
+    that the training's reader would give rows for, without their prompt texts), read in a worker thread."""
 
     def __init__(self, redis_url: str, prefix: str) -> None:
         self._url = redis_url
         self._prefix = prefix
 
     async def label_ids(self) -> set[str]:
-        from router_models.training.ledger_labels import read_ledger_labels
+        from router_models.training.ledger_labels import read_ledger_label_ids
 
-        rows = await asyncio.to_thread(read_ledger_labels, self._url, key_prefix=self._prefix)
-        return {str(row["id"]) for row in rows}
+        return await asyncio.to_thread(read_ledger_label_ids, self._url, key_prefix=self._prefix)
 
 
 class RetrainKeys:

@@ -1,4 +1,5 @@
-"""Labels the gateway collects from its own traffic, and the reader that turns them into training rows.
+"""Labels the gateway collects from its own traffic, the reader that turns them into training rows, and the one
+that only lists the labelled requests' ids (`read_ledger_label_ids`: the retraining schedule counts them).
 
 This module is the one place that names the Redis keys and fields of the learning loop; the gateway's
 writers (`gateway.learning.store`, `gateway.learning.feedback`, `gateway.learning.shadow`) import them from
@@ -33,7 +34,7 @@ Row format (`read_ledger_labels`, and the documented user label-file format)::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "SHAPE_FIELDS",
     "LabelKeys",
     "label_row",
+    "read_ledger_label_ids",
     "read_ledger_labels",
     "shape_fields",
 ]
@@ -127,19 +129,26 @@ def _label(feedback: Mapping[str, str], shadow: Mapping[str, str], cascade: Mapp
     return None
 
 
+def _usable_label(has_text: bool, prompt: Mapping[str, str], feedback: Mapping[str, str],
+                  shadow: Mapping[str, str], cascade: Mapping[str, str]) -> tuple[float, str] | None:
+    """(needs_flagship, source) of a kept request, or None when it yields no row: no label, no prompt text (an
+    expired record has none) or no router score. The one test of both readers; `prompt` needs ``score`` and
+    ``micro`` only (`has_text` says whether its ``text`` is non-empty)."""
+    if not has_text or _fraction(prompt.get("score")) is None:
+        return None
+    return _label(feedback, shadow, cascade, prompt.get("micro") == "1")
+
+
 def label_row(request_id: str, prompt: Mapping[str, str], feedback: Mapping[str, str],
               shadow: Mapping[str, str], cascade: Mapping[str, str]) -> dict[str, Any] | None:
     """The training row of one kept request, or None when it has no usable label (or no prompt)."""
-    score = _fraction(prompt.get("score"))
-    if not prompt.get("text") or score is None:
-        return None
-    label = _label(feedback, shadow, cascade, prompt.get("micro") == "1")
+    label = _usable_label(bool(prompt.get("text")), prompt, feedback, shadow, cascade)
     if label is None:
         return None
     needs_flagship, source = label
     row: dict[str, Any] = {"id": request_id, "prompt": prompt["text"], "needs_flagship": needs_flagship,
                            "source": source, "tenant": prompt.get("tenant", ""), "pool": prompt.get("pool", ""),
-                           "score": score}
+                           "score": float(prompt["score"])}
     shape = _shape(prompt)
     if shape is not None:
         row["shape"] = shape
@@ -162,20 +171,43 @@ def read_ledger_labels(redis_url: str, *, key_prefix: str = DEFAULT_PREFIX) -> l
     `redis.RedisError` when Redis cannot be read.
     """
     keys = LabelKeys(key_prefix)
-    start = len(keys.prefix) + len("learn:prompt:")
     client = redis.Redis.from_url(redis_url)
     rows: list[dict[str, Any]] = []
     try:
-        batch: list[str] = []
-        for key in client.scan_iter(match=keys.prompt_pattern, count=1000):
-            batch.append(_text(key)[start:])
-            if len(batch) >= 500:
-                rows += _read_batch(client, keys, batch)
-                batch = []
-        rows += _read_batch(client, keys, batch)
+        for batch in _kept_ids(client, keys):
+            rows += _read_batch(client, keys, batch)
     finally:
         client.close()
     return sorted(rows, key=lambda row: str(row["id"]))
+
+
+def read_ledger_label_ids(redis_url: str, *, key_prefix: str = DEFAULT_PREFIX) -> set[str]:
+    """The request ids `read_ledger_labels` would return rows for, without reading prompt texts or any field
+    the decision does not need: per kept request the text's length (HSTRLEN), the record's ``score`` and
+    ``micro``, and the one field of each label record that `_label` reads. Same SCAN, same batches, same test
+    (`_usable_label`); raises `redis.RedisError` when Redis cannot be read."""
+    keys = LabelKeys(key_prefix)
+    client = redis.Redis.from_url(redis_url)
+    ids: set[str] = set()
+    try:
+        for batch in _kept_ids(client, keys):
+            ids |= _read_id_batch(client, keys, batch)
+    finally:
+        client.close()
+    return ids
+
+
+def _kept_ids(client: redis.Redis, keys: LabelKeys, size: int = 500) -> Iterator[list[str]]:
+    """The request ids of every kept prompt, in batches of `size`, by SCAN (never KEYS)."""
+    start = len(keys.prefix) + len("learn:prompt:")
+    batch: list[str] = []
+    for key in client.scan_iter(match=keys.prompt_pattern, count=1000):
+        batch.append(_text(key)[start:])
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _read_batch(client: redis.Redis, keys: LabelKeys, request_ids: list[str]) -> list[dict[str, Any]]:
@@ -190,3 +222,27 @@ def _read_batch(client: redis.Redis, keys: LabelKeys, request_ids: list[str]) ->
         if row is not None:
             rows.append(row)
     return rows
+
+
+def _read_id_batch(client: redis.Redis, keys: LabelKeys, request_ids: list[str]) -> set[str]:
+    pipe = client.pipeline(transaction=False)
+    for request_id in request_ids:
+        pipe.hstrlen(keys.prompt(request_id), "text")
+        pipe.hmget(keys.prompt(request_id), ["score", "micro"])
+        pipe.hget(keys.feedback(request_id), "score")
+        pipe.hget(keys.shadow(request_id), "short")
+        pipe.hget(keys.cascade(request_id), "escalated")
+    replies = pipe.execute()
+    ids = set()
+    for i, request_id in enumerate(request_ids):
+        text_len, (score, micro), feedback, shadow, cascade = replies[5 * i : 5 * i + 5]
+        prompt = _present({"score": score, "micro": micro})
+        if _usable_label(int(text_len) > 0, prompt, _present({"score": feedback}), _present({"short": shadow}),
+                         _present({"escalated": cascade})) is not None:
+            ids.add(request_id)
+    return ids
+
+
+def _present(fields: Mapping[str, Any]) -> dict[str, str]:
+    """The fields an HGET / HMGET found, as text (a missing field is absent, as in HGETALL's reply)."""
+    return {name: _text(value) for name, value in fields.items() if value is not None}

@@ -1,4 +1,5 @@
-"""The training reader of the gateway's own labels: row format, label mapping, precedence, SCAN over many keys."""
+"""The training reader of the gateway's own labels: row format, label mapping, precedence, SCAN over many keys;
+the id reader agrees with it without reading prompt texts."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import redis
 
 from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.training.labels import examples_from_rows
-from router_models.training.ledger_labels import LabelKeys, label_row, read_ledger_labels
+from router_models.training.ledger_labels import LabelKeys, label_row, read_ledger_label_ids, read_ledger_labels
 from tests.conftest import SHARED_URL
 
 PROMPT = {"text": "sys\n\nwhat is 2+2", "score": "0.25", "pool": "micro", "micro": "1", "tenant": "acme", "at": "1.0"}
@@ -91,3 +92,55 @@ def test_a_record_without_shape_fields_trains_as_one_user_turn() -> None:
         old = label_row("r", record, {}, {"short": "1"}, {})
         assert old is not None and "shape" not in old
         assert examples_from_rows([old])[0].shape == prompt_shape(PROMPT["text"])
+
+
+@pytest.mark.redis
+def test_the_id_reader_lists_exactly_the_rows_of_the_row_reader_without_reading_prompt_texts(
+        prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = LabelKeys(prefix)
+    flagship = {**PROMPT, "pool": "flagship", "micro": "0"}
+    records: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str]]] = {
+        "feedback": (PROMPT, {"score": "0.8"}, {}, {}),
+        "shadow": (PROMPT, {}, {"short": "1"}, {}),
+        "shadow-inconsistent-then-feedback": (PROMPT, {"score": "0.1"}, {"short": ""}, {}),
+        "escalation": (flagship, {}, {}, {"escalated": "0"}),
+        "flagship-feedback-only": (flagship, {"score": "0.0"}, {}, {}),
+        "no-label": (PROMPT, {}, {}, {}),
+        "bad-labels": (PROMPT, {"score": "1.5"}, {"short": "maybe"}, {"escalated": "2"}),
+        "empty-text": ({**PROMPT, "text": ""}, {}, {"short": "1"}, {}),
+        "no-text": ({k: v for k, v in PROMPT.items() if k != "text"}, {}, {"short": "1"}, {}),
+        "nan-score": ({**PROMPT, "score": "nan"}, {}, {"short": "1"}, {}),
+        "no-score": ({k: v for k, v in PROMPT.items() if k != "score"}, {}, {"short": "1"}, {}),
+        "no-micro-field": ({k: v for k, v in PROMPT.items() if k != "micro"}, {"score": "0.5"}, {}, {}),
+    }
+    client = redis.Redis.from_url(SHARED_URL)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for i in range(1100):  # more than one read batch; every case many times over
+            name, (prompt, feedback, shadow, cascade) = list(records.items())[i % len(records)]
+            rid = f"{name}-{i:04d}"
+            stored = {**prompt, "text": f"secret prompt {i}"} if prompt.get("text") else prompt
+            pipe.hset(keys.prompt(rid), mapping=dict[Any, Any](stored))
+            for key, fields in ((keys.feedback, feedback), (keys.shadow, shadow), (keys.cascade, cascade)):
+                if fields:
+                    pipe.hset(key(rid), mapping=dict[Any, Any](fields))
+        pipe.hset(keys.shadow("expired"), mapping={"short": "1"})  # a label whose prompt has expired
+        pipe.execute()
+    finally:
+        client.close()
+    rows = read_ledger_labels(SHARED_URL, key_prefix=prefix)
+    kinds = {str(r["id"]).rsplit("-", 1)[0] for r in rows}
+    assert kinds == {"feedback", "shadow", "shadow-inconsistent-then-feedback", "escalation"}  # rows kept and dropped
+
+    replies: list[Any] = []
+    execute = redis.client.Pipeline.execute
+
+    def spy(self: redis.client.Pipeline, raise_on_error: bool = True) -> list[Any]:
+        replies.extend(result := execute(self, raise_on_error))
+        return result
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", spy)
+    ids = read_ledger_label_ids(SHARED_URL, key_prefix=prefix)
+    assert ids == {str(r["id"]) for r in rows} and len(ids) == len(rows)
+    assert replies and "secret prompt" not in repr(replies)  # no prompt text crossed the wire
+    assert read_ledger_label_ids(SHARED_URL, key_prefix=prefix + "other:") == set()
