@@ -34,19 +34,19 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench.finetune_scorer import figures, routed
+from loadtest.bench.finetune_scorer import encoder_arguments, figures, routed
 from router_models.training.finetune import Encoder, FinetuneConfig, finetune_top, minilm_dir, tuning_target
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, load_outcomes
+from router_models.training.outcomes import Example, load_outcomes
 
 
 class States:
     """Every text's hidden states below the trained layers, computed once (they never change)."""
 
     def __init__(self, encoder: Encoder, frozen: int, texts: Sequence[str]) -> None:
-        unique = list(dict.fromkeys(texts))
+        self.texts = list(dict.fromkeys(texts))  # each text once, in first-seen order; `states` aligns
         self.frozen = frozen
-        self._index = {t: i for i, t in enumerate(unique)}
-        self.states = encoder.lower_states(unique, frozen)
+        self._index = {t: i for i, t in enumerate(self.texts)}
+        self.states = encoder.lower_states(self.texts, frozen)
 
     def of(self, texts: Sequence[str]) -> list[Any]:
         return [self.states[self._index[t]] for t in texts]
@@ -135,19 +135,12 @@ def print_table(rows: Sequence[dict[str, Any]]) -> None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR, help="real outcomes folder")
+    encoder_arguments(p)
     p.add_argument("--held-out", default="", help="sources held out, one fold each (default: every source)")
     p.add_argument("--tune-per-source", type=int, default=3000, help="top-layer tuning rows per training source")
     p.add_argument("--valid-rows", type=int, default=2000, help="rows of the inner source that pick the epoch")
-    p.add_argument("--max-per-source", type=int, default=None, help="read at most this many rows per source")
-    p.add_argument("--layers", type=int, default=3, help="lower encoder layers kept (the shipped embedder: 3)")
     p.add_argument("--trained-layers", type=int, default=1, help="upper layers trained (the rest are frozen)")
-    p.add_argument("--max-tokens", type=int, default=64, help="word pieces per text")
     p.add_argument("--epochs", type=int, default=3, help="passes over the tuning rows (the best one is kept)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-5, help="encoder learning rate (the head's is 2e-3)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--json", type=Path, default=None, help="write the results here (rewritten after each fold)")
     return p.parse_args(argv)
 
@@ -163,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     texts = [ex.text for ex in examples]
     base = Encoder(minilm_dir(), args.layers, args.max_tokens)
     states = States(base, args.layers - args.trained_layers, texts)
-    frozen_vectors = dict(zip(dict.fromkeys(texts), states.vectors(base, list(dict.fromkeys(texts))), strict=True))
+    frozen_vectors = dict(zip(states.texts, base.embed_states(states.states, states.frozen), strict=True))
     print(f"{len(examples)} prompts, {len(frozen_vectors)} texts; lower states and frozen vectors in "
           f"{time.perf_counter() - started:.0f} s; held out in turn: {', '.join(held)}", flush=True)
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "encoder": base.name, "folds": []}

@@ -166,9 +166,8 @@ def onnx_int8_graph(encoder: Encoder, path: Path) -> Path:
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            return torch.nn.functional.normalize(pooled, dim=1)
+            pooled: torch.Tensor = encoder.mean_normed(hidden, attention_mask)
+            return pooled
 
     dummy = torch.ones((1, 8), dtype=torch.long)
     axes = {0: "batch", 1: "tokens"}
@@ -212,22 +211,27 @@ def print_table(rows: Sequence[dict[str, Any]]) -> None:
     print("cells: APGR (AUC) on the held-out source; random routing 0.500 (0.500)")
 
 
+def encoder_arguments(p: argparse.ArgumentParser) -> None:
+    """The options both fine-tuning benchmarks take: the data, the encoder, and how it is trained."""
+    p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR, help="real outcomes folder")
+    p.add_argument("--max-per-source", type=int, default=None, help="read at most this many rows per source")
+    p.add_argument("--layers", type=int, default=3, help="lower encoder layers kept (the shipped embedder: 3)")
+    p.add_argument("--max-tokens", type=int, default=64, help="word pieces per text")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-5, help="encoder learning rate (the head's is 2e-3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR, help="real outcomes folder")
+    encoder_arguments(p)
     p.add_argument("--held-out", default=",".join(HELD_OUT), help="sources held out, one fold each")
     p.add_argument("--tune-per-source", type=int, default=600, help="fine-tuning rows per training source")
     p.add_argument("--ridge-per-source", type=int, default=600, help="ridge rows per training source")
-    p.add_argument("--max-per-source", type=int, default=None, help="read at most this many rows per source")
-    p.add_argument("--layers", type=int, default=3, help="lower encoder layers kept")
-    p.add_argument("--max-tokens", type=int, default=64, help="word pieces per text")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-5, help="encoder learning rate (the head's is 2e-3)")
     p.add_argument("--max-steps", type=int, default=None, help="stop fine-tuning after this many steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--mpnet-dir", type=Path, default=None, help="unpacked all-mpnet-base-v2 checkpoint")
     p.add_argument("--mpnet-quality", action="store_true", help="frozen mpnet vectors in the frozen columns")
     p.add_argument("--speed-texts", type=int, default=100, help="texts timed per encoder (with --mpnet-dir)")

@@ -10,7 +10,7 @@ against a target (the trainer's: `irt-fail` centred per source, sources balanced
 `epochs` passes in a seeded random order, AdamW, the encoder at `lr` and the head at `head_lr`, with
 dropout on as in the checkpoint's own training. Deterministic for a seed on one torch thread.
 
-`finetune_top` trains only the upper `trainable` layers: the lower layers' hidden states are computed once per
+`finetune_top` trains only the layers above the lower `frozen` ones: their hidden states are computed once per
 text (`Encoder.lower_states`, kept in fp16 without padding) and every step runs the upper layers alone, about
 a seventh of the CPU of a step through all three layers and the tokenizer. Both take a `validate` callback
 (the head's score on rows outside the training, after each epoch) and keep the best epoch's weights.
@@ -18,7 +18,8 @@ a seventh of the CPU of a step through all three layers and the tokenizer. Both 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import copy
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,13 +93,9 @@ class Encoder:
 
     def pooled(self, texts: Sequence[str]) -> Any:
         """(n, dim) torch tensor of mean-pooled, L2-normalised vectors, with the autograd graph when enabled."""
-        torch = self._torch
-        enc = self.tokenizer([t or " " for t in texts], padding=True, truncation=True,
-                             max_length=self.max_tokens, return_tensors="pt")
+        enc = self._tokens(texts)
         hidden = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
-        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        return torch.nn.functional.normalize(pooled, dim=1)
+        return self.mean_normed(hidden, enc["attention_mask"])
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         return self._in_batches(len(texts), lambda i: len(texts[i]), lambda idx: self.pooled([texts[i] for i in idx]))
@@ -108,13 +105,10 @@ class Encoder:
         when 0), padding cut off: what `pooled_from` continues from. No autograd graph."""
         torch = self._torch
         out: list[Any] = [None] * len(texts)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         self.model.eval()
         with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start : start + self.batch_size]
-                enc = self.tokenizer([texts[i] or " " for i in idx], padding=True, truncation=True,
-                                     max_length=self.max_tokens, return_tensors="pt")
+            for idx in self._sorted_batches(len(texts), lambda i: len(texts[i])):
+                enc = self._tokens([texts[i] for i in idx])
                 hidden = self._layers(self.model.embeddings(input_ids=enc["input_ids"]), enc["attention_mask"],
                                       self.model.encoder.layer[:frozen])
                 for row, i in enumerate(idx):
@@ -128,15 +122,23 @@ class Encoder:
         hidden = torch.nn.utils.rnn.pad_sequence([s.to(torch.float32) for s in states], batch_first=True)
         lengths = torch.as_tensor([len(s) for s in states])
         mask = (torch.arange(hidden.shape[1])[None, :] < lengths[:, None]).to(torch.long)
-        hidden = self._layers(hidden, mask, self.model.encoder.layer[frozen:])
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-        return torch.nn.functional.normalize(pooled, dim=1)
+        return self.mean_normed(self._layers(hidden, mask, self.model.encoder.layer[frozen:]), mask)
 
     def embed_states(self, states: Sequence[Any], frozen: int) -> FloatArray:
         """`embed` of the texts whose lower states are `states`."""
         return self._in_batches(len(states), lambda i: len(states[i]),
                                 lambda idx: self.pooled_from([states[i] for i in idx], frozen))
+
+    def _tokens(self, texts: Sequence[str]) -> Any:
+        """The texts' first `max_tokens` word pieces, padded to the longest, as torch tensors."""
+        return self.tokenizer([t or " " for t in texts], padding=True, truncation=True, max_length=self.max_tokens,
+                              return_tensors="pt")
+
+    def mean_normed(self, hidden: Any, mask: Any) -> Any:
+        """`hidden`'s mean over the pieces `mask` keeps, L2-normalised (the sentence-transformers pooling)."""
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        return self._torch.nn.functional.normalize(pooled, dim=1)
 
     def _layers(self, hidden: Any, mask: Any, layers: Any) -> Any:
         """`hidden` through `layers` with the additive attention mask eager BERT attention takes."""
@@ -147,14 +149,18 @@ class Encoder:
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden
 
-    def _in_batches(self, n: int, size: Callable[[int], int], pool: Callable[[list[int]], Any]) -> FloatArray:
-        """(n, dim) vectors from `pool` over length-sorted batches, eval mode, no autograd graph."""
-        out = np.zeros((n, self.dim), dtype=np.float32)
+    def _sorted_batches(self, n: int, size: Callable[[int], int]) -> Iterator[list[int]]:
+        """Indices 0..n-1 in batches of `batch_size`, shortest first (less padding per batch)."""
         order = sorted(range(n), key=size)
+        for start in range(0, n, self.batch_size):
+            yield order[start : start + self.batch_size]
+
+    def _in_batches(self, n: int, size: Callable[[int], int], pool: Callable[[list[int]], Any]) -> FloatArray:
+        """(n, dim) vectors from `pool` over `_sorted_batches`, eval mode, no autograd graph."""
+        out = np.zeros((n, self.dim), dtype=np.float32)
         self.model.eval()
         with self._torch.inference_mode():
-            for start in range(0, n, self.batch_size):
-                idx = order[start : start + self.batch_size]
+            for idx in self._sorted_batches(n, size):
                 out[idx] = pool(idx).numpy()
         return out
 
@@ -191,8 +197,6 @@ def _train(encoder: Encoder, trained: Any, pool: Callable[[list[int]], Any], n: 
            cfg: FinetuneConfig, progress: Callable[[int, int, float], None] | None,
            validate: Callable[[Any], float] | None) -> Tuning:
     """The loop both share: `pool(batch indices)` gives pooled vectors with the graph of `trained`'s weights."""
-    import copy
-
     torch = encoder._torch
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
