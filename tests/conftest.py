@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from gateway.costs.report import CostReport, Reconciliation, load_report, verify
 from gateway.ledger.keys import LedgerKeys
 from loadtest.fake_upstream import FakeUpstream
+from tests.engines import SharedEngines
 from tests.servers import PrivateRedis, serve
 
 # The tests assert the tiny demo models' behaviour: a real micro model chosen for the demo must not leak in.
@@ -132,3 +133,51 @@ def private_redis(stopped_redis: PrivateRedis) -> PrivateRedis:
     """`stopped_redis`, started."""
     stopped_redis.start()
     return stopped_redis
+
+
+@pytest.fixture(scope="session")
+def shared_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngines]:
+    """Real vLLM engines shared by the session's tests, one per engine configuration (`tests/engines.py`)."""
+    engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"))
+    try:
+        yield engines
+    finally:
+        engines.close()
+
+
+def _engine_order(item: pytest.Item) -> int:
+    """0: no real engine; 1: the session's shared engines; 2: engines of its own."""
+    if item.get_closest_marker("engines") is None:
+        return 0
+    return 1 if "shared_engines" in getattr(item, "fixturenames", ()) else 2
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests with real engines run last, those on the shared engines first among them (file order kept within
+    each kind), so that each shared engine starts once and is stopped before tests start engines of their own.
+    Under pytest-xdist (`-n`, `--dist loadgroup`) they all run on one worker (two tests' engines never compete
+    for the two cores); the other tests spread over the workers."""
+    items.sort(key=_engine_order)
+    for item in items:
+        if _engine_order(item) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("engines"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that starts engines of its own gets the cores and the memory the shared ones held."""
+    if _engine_order(item) == 2:
+        for engines in SharedEngines.instances:
+            engines.stop_all()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that used shared engines carries their log tails: a dead or sick engine shows there."""
+    report = yield
+    if report.failed and "shared_engines" in getattr(item, "fixturenames", ()):
+        engines = item.funcargs.get("shared_engines") if hasattr(item, "funcargs") else None
+        if isinstance(engines, SharedEngines):
+            for name, tail in engines.log_tails().items():
+                report.sections.append((f"shared engine {name} (log tail)", tail))
+    return report

@@ -9,29 +9,22 @@ avoided cost. Slow (engine start-up is minutes on 2 CPU cores): one gateway for 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from gateway.api.auth import hash_key
-from gateway.cli.demo import stop_process_group
 from gateway.costs.report import render_table, row_fields
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import delete_prefix, report_recent
-from tests.servers import free_port, wait_ready
+from tests.engines import SharedEngines, demo_policy_text, gateway_on_shared_engines
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
-ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 TENANTS = f"""
 tenants:
   exact:
@@ -50,22 +43,14 @@ def prefix() -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("e2e-cache") / "gateway.log"
-    policy = log_path.parent / "policy.yaml"
-    policy.write_text((ROOT / "policies" / "default.yaml").read_text() + TENANTS)
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port),
-           "--redis-prefix", prefix]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                                cwd=ROOT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+def gateway(prefix: str, shared_engines: SharedEngines, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The demo engines (shared) behind a gateway with the trained classifier and two caching tenants."""
+    policy = tmp_path_factory.mktemp("e2e-cache") / "policy.yaml"
+    policy.write_text(demo_policy_text() + TENANTS)
     try:
-        wait_ready(base, proc, READY_TIMEOUT_S, log_path.read_text, poll_s=2)
-        yield base
+        with gateway_on_shared_engines(shared_engines, policy, prefix) as served:
+            yield served.url
     finally:
-        stop_process_group(proc)
         delete_prefix(prefix)
 
 

@@ -12,16 +12,14 @@ requests the next step moves away from the flagship) and a `fallback_pool` step 
 the flagship pool for every request, pinned ones included (`policies.decide`: the ladder's remap comes after the
 pinned pool is chosen), so a request pinned to `flagship` shows it.
 
-Slow (engine start-up is minutes on 2 CPU cores): one gateway and its two engines, one test.
+Slow (engine start-up is minutes on 2 CPU cores): one gateway, the shared micro engine and a flagship engine of
+its own (its KV cache is this test's), one test.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,14 +32,12 @@ import httpx
 import pytest
 import yaml
 
-from gateway.cli.demo import stop_process_group
 from tests.conftest import delete_prefix
-from tests.servers import free_port, wait_ready
+from tests.engines import Gateway, SharedEngines, gateway_on_shared_engines
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
 ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 ENGAGE_TIMEOUT_S = 120.0
 RELEASE_TIMEOUT_S = 90.0
 
@@ -64,38 +60,21 @@ WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
          "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor")
 
 
-@dataclass
-class Gateway:
-    url: str
-    log_path: Path
-
-    def log_tail(self, limit: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-limit:]
-
-
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(shared_engines: SharedEngines, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The shipped micro engine (shared), a flagship engine with the small KV cache above, and a gateway with the
+    ladder in front of them."""
     prefix = f"test:ladder:{uuid.uuid4().hex[:8]}:"
-    port = free_port()
-    work = tmp_path_factory.mktemp("ladder")
-    log_path = work / "gateway.log"
     policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
     policy["pools"]["flagship"]["engine"]["extra_args"] = FLAGSHIP_ARGS
     policy["degradation"] = LADDER
-    policy_path = work / "policy.yaml"
+    policy_path = tmp_path_factory.mktemp("ladder") / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
     # Only pinned requests are sent: the length scorer spares loading the classifier.
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port),
-           "--redis-prefix", prefix, "--scorer", "length"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                                cwd=ROOT, start_new_session=True)
-    gw = Gateway(f"http://127.0.0.1:{port}", log_path)
     try:
-        wait_ready(gw.url, proc, READY_TIMEOUT_S, gw.log_tail, poll_s=2)
-        yield gw
+        with gateway_on_shared_engines(shared_engines, policy_path, prefix, ["--scorer", "length"]) as gw:
+            yield gw
     finally:
-        stop_process_group(proc)
         delete_prefix(prefix)
 
 

@@ -10,9 +10,6 @@ way by the engine directly, with routing headers and the exact ledger record (re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,19 +21,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.cli.demo import stop_process_group
 from gateway.serving.completions_schema import CompletionsRequest
 from gateway.serving.responses_schema import ResponsesRequest
 from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import load_policy
 from policies.pools import LocalPool
 from tests.conftest import delete_prefix
+from tests.engines import SharedEngines, gateway_on_shared_engines
 from tests.openai_requests import requests
-from tests.servers import ROOT, free_port, wait_ready
+from tests.servers import ROOT
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
-READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=24)
 AFFORDABLE = {
     "model": st.just("auto"),
@@ -56,25 +52,22 @@ def prefix() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, prefix: str) -> Iterator[tuple[str, str]]:
-    """(gateway URL, engine URL): one local demo micro engine, started with the shipped policies' tool-call parser;
-    the flagship pool is the same engine as a remote pool that the gateway treats as chat-only (`responses:
-    chat`: Responses requests routed there are translated)."""
+def served(shared_engines: SharedEngines, tmp_path_factory: pytest.TempPathFactory,
+           prefix: str) -> Iterator[tuple[str, str]]:
+    """(gateway URL, engine URL): the shipped demo micro engine (shared), with the shipped policies' tool-call
+    parser; the flagship pool is the same engine as a remote pool that the gateway treats as chat-only
+    (`responses: chat`: Responses requests routed there are translated)."""
     shipped = load_policy(ROOT / "policies" / "default.yaml").policy.pools["micro"]
     assert isinstance(shipped, LocalPool) and shipped.engine.tool_calling is not None
-    parser = shipped.engine.tool_calling.parser
+    ((engine,),) = shared_engines.urls([shipped.engine])
     tmp = tmp_path_factory.mktemp("openai-real")
-    engine_port, port = free_port(), free_port()
-    engine = f"http://127.0.0.1:{engine_port}"
     policy = tmp / "policy.yaml"
     policy.write_text(f"""version: 1
 pools:
   micro:
     type: local
     price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
-    engine: {{model: "demo:micro", served_name: micro, replicas: 1, max_model_len: 512, dtype: bfloat16,
-              kv_cache_space_gib: 1, base_port: {engine_port}, extra_args: ["--enforce-eager"],
-              tool_calling: {{parser: {parser}}}}}
+    engine: {shipped.engine.model_dump_json(exclude_defaults=True)}
   flagship:
     type: remote
     urls: ["{engine}"]
@@ -83,18 +76,9 @@ pools:
     price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
 routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
 """)
-    log_path = tmp / "gateway.log"
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--redis-prefix",
-           prefix, "--scorer", "length", "--home", str(tmp)]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base, proc, READY_TIMEOUT_S, log_path.read_text, poll_s=2)
-        yield base, engine
-    finally:
-        stop_process_group(proc)
+    with gateway_on_shared_engines(shared_engines, policy, prefix, ["--scorer", "length", "--home", str(tmp)]) as gw:
+        assert gw.engines["micro"] == engine
+        yield gw.url, engine
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

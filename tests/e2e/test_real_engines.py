@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,17 +18,14 @@ import openai
 import pytest
 
 from gateway.api.auth import hash_key
-from gateway.cli.demo import stop_process_group
 from gateway.costs.report import row_fields
 from loadtest.load.metrics import samples
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import delete_prefix, report_recent
-from tests.servers import free_port, wait_ready
+from tests.engines import FLAGSHIP_CONTEXT, Gateway, SharedEngines, demo_policy_text, gateway_on_shared_engines
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
-ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 
 
 @pytest.fixture(scope="module")
@@ -41,37 +34,35 @@ def prefix() -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("e2e") / "gateway.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    # The demo policy with the true cascade on: micro answers first, unsure answers escalate to the flagship.
-    policy = log_path.parent / "policy.yaml"
-    shipped = (ROOT / "policies" / "default.yaml").read_text()
+def served(prefix: str, shared_engines: SharedEngines, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The demo policy's engines (shared; the flagship with twice micro's context), and a gateway in front of
+    them with the trained classifier, the true cascade, output checks and input guards."""
+    policy = tmp_path_factory.mktemp("e2e") / "policy.yaml"
+    shipped = demo_policy_text()
     line = "  threshold: {flagship_share: 0.3, initial: 0.28}"
     assert shipped.count(line) == 1, "the shipped routing threshold changed: update this test"
+    # The demo policy with the true cascade on: micro answers first, unsure answers escalate to the flagship.
     # ...and output checks: a JSON answer that does not hold its schema escalates (requests tagged
     # metadata.check=json go to micro by a rule: no score, so no cascade escalation comes first)
-    # ...and a flagship whose context is twice micro's: a conversation too long for micro is placed there
-    flagship_context = "served_name: flagship\n      replicas: 1\n      max_model_len: 1024\n"
-    assert shipped.count(flagship_context) == 1, "the shipped flagship engine block changed: update this test"
-    shipped = shipped.replace(flagship_context, flagship_context.replace("1024", str(FLAGSHIP_CONTEXT)))
     policy.write_text(shipped.replace(
         line, line + "\n  cascade: {enabled: true, min_confidence: 0.5, first_tokens: 8}"
         "\n  rules:\n    - {name: json-on-micro, match: {metadata: {check: [json]}}, pool: micro}")
         + "\noutput_checks: {json: escalate}\n" + GUARD_TENANTS)
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
-           "--port", str(port), "--redis-prefix", prefix]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base, proc, READY_TIMEOUT_S, log_path.read_text, poll_s=2)
-        yield base
+        with gateway_on_shared_engines(shared_engines, policy, prefix) as gateway:
+            yield gateway
     finally:
-        stop_process_group(proc)
         delete_prefix(prefix)
+
+
+@pytest.fixture(scope="module")
+def gateway(served: Gateway) -> str:
+    return served.url
+
+
+@pytest.fixture(scope="module")
+def micro_engine(served: Gateway) -> str:
+    return served.engines["micro"]
 
 
 # Input guards need tenants: the other tests' key ("unused") stays the open gateway's tenant name, `default`
@@ -82,9 +73,6 @@ tenants:
   refusing: {{api_key_sha256: ['{hash_key("sk-e2e-refuse")}'], guards: {{pii: {{action: refuse}}}}}}
 """
 
-FLAGSHIP_CONTEXT = 2048  # micro keeps the shipped 1024
-MICRO_ENGINE = "http://127.0.0.1:8101"  # default.yaml's base ports
-FLAGSHIP_ENGINE = "http://127.0.0.1:8201"
 
 # default.yaml routes a flagship share, starting from this threshold until it has seen 200 scores
 POLICY_INITIAL_THRESHOLD = 0.28
@@ -283,26 +271,26 @@ def test_a_card_number_is_redacted_before_the_engine_or_refused(gateway: str, st
     assert 'cascade_guard_decisions_total{action="refused",guard="pii",kind="card",tenant="refusing"}' in metrics
 
 
-def _conversation(tokens: int) -> list[dict[str, str]]:
+def _conversation(engine: str, tokens: int) -> list[dict[str, str]]:
     """A multi-turn conversation of about `tokens` prompt tokens as the micro engine counts them."""
     turn = "Here is the next part of the incident log we are reviewing together, line by line. " * 4
     messages: list[dict[str, str]] = []
     while True:
         messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "Noted, go on."}]
         asked = [*messages, {"role": "user", "content": "Summarise the log in one line."}]
-        count = httpx.post(MICRO_ENGINE + "/tokenize", json={"model": "micro", "messages": asked},
+        count = httpx.post(engine + "/tokenize", json={"model": "micro", "messages": asked},
                            timeout=30).json()["count"]
         if count >= tokens:
             return asked
 
 
 def test_a_conversation_too_long_for_micro_is_served_by_the_flagship_whose_context_holds_it(
-        gateway: str, prefix: str) -> None:
+        gateway: str, prefix: str, micro_engine: str) -> None:
     """Routed to micro by a rule, a 1,300-token conversation does not fit micro's 1,024: the flagship (2,048)
     answers it, streamed and not, and the engine's 400 is never seen."""
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
-    messages = _conversation(1300)
-    direct = httpx.post(MICRO_ENGINE + "/v1/chat/completions", timeout=60,
+    messages = _conversation(micro_engine, 1300)
+    direct = httpx.post(micro_engine + "/v1/chat/completions", timeout=60,
                         json={"model": "micro", "messages": messages, "max_tokens": 16})
     assert direct.status_code == 400  # what the client got before: micro's engine refuses it
     for stream in (False, True):
@@ -319,14 +307,14 @@ def test_a_conversation_too_long_for_micro_is_served_by_the_flagship_whose_conte
         assert 1024 < int(rec["prompt_tokens"]) <= FLAGSHIP_CONTEXT - 16
 
 
-def test_a_conversation_no_pool_holds_is_a_400_naming_the_sizes(gateway: str) -> None:
+def test_a_conversation_no_pool_holds_is_a_400_naming_the_sizes(gateway: str, micro_engine: str) -> None:
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
     with pytest.raises(openai.BadRequestError) as pinned:  # a pinned model is never moved
-        client.chat.completions.create(model="micro", messages=_conversation(1300), max_tokens=16)
+        client.chat.completions.create(model="micro", messages=_conversation(micro_engine, 1300), max_tokens=16)
     assert pinned.value.code == "context_length_exceeded"
     assert "'micro' holds 1024 tokens" in pinned.value.message and "pinned" in pinned.value.message
     with pytest.raises(openai.BadRequestError) as routed:
-        client.chat.completions.create(model="auto", messages=_conversation(2100), max_tokens=16)
+        client.chat.completions.create(model="auto", messages=_conversation(micro_engine, 2100), max_tokens=16)
     assert routed.value.code == "context_length_exceeded"
     assert "'micro' holds 1024 tokens" in routed.value.message
     assert f"'flagship' holds {FLAGSHIP_CONTEXT} tokens" in routed.value.message

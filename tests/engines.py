@@ -1,0 +1,195 @@
+"""Real vLLM engines shared by every test of a session that can share them, and gateways that route to them.
+
+Starting a demo engine costs 30-50 s of the two CPU cores; most end-to-end tests only send requests to one, so
+each distinct engine configuration (an `EngineSpec`, its port aside) is started once per session, on first use,
+by the project's own `EngineSupervisor`, and kept until the session ends (at most `MAX_LIVE` at once: the least
+recently used one is stopped to start another). A test's gateway runs with `--no-engines` and follows the shared
+engines through an engine registry (`backends.engines.registry`), as the workers of `cascade serve --workers N`
+follow the engines their parent runs. Tests isolate through their own Redis prefix, tenants and pool names.
+
+Tests that kill, restart, change or scale engines start their own (the supervisor, chaos and pool-change tests).
+
+A shared engine that dies is restarted by its supervisor; a test that fails while using shared engines gets
+their log tails in its report (`tests/conftest.py`), and the next test that asks for the configuration waits for
+the restarted engine, or gets a fresh one if it does not come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from backends.engines.registry import REGISTRY_ENV, publish
+from backends.engines.supervisor import EngineStartError, EngineSupervisor, log_tail
+from backends.models.demo import models_root
+from gateway.cli.demo import stop_process_group
+from policies.loader import load_policy
+from policies.schema import EngineSpec, LocalPool
+from tests.servers import ROOT, free_port, wait_ready
+
+__all__ = ["FLAGSHIP_CONTEXT", "MAX_LIVE", "READY_TIMEOUT_S", "Gateway", "SharedEngines", "demo_policy_text",
+           "gateway_on_shared_engines"]
+
+READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
+T = TypeVar("T")
+MAX_LIVE = int(os.environ.get("CASCADE_TEST_MAX_ENGINES", "3"))
+"""Shared engines kept running at once: a demo engine's three processes hold about 3 GiB, and the tests that start
+their own engines need the rest of the 24 GiB."""
+FLAGSHIP_CONTEXT = 2048
+"""The shared demo flagship's context: twice micro's shipped 1,024, so that a conversation micro cannot hold has
+a pool that holds it (context fit); nothing else the shared tests assert depends on it."""
+
+
+def demo_policy_text() -> str:
+    """`policies/default.yaml` with the flagship engine's context at `FLAGSHIP_CONTEXT`: the engine pair most
+    end-to-end tests share (micro exactly as shipped)."""
+    shipped = (ROOT / "policies" / "default.yaml").read_text()
+    block = "served_name: flagship\n      replicas: 1\n      max_model_len: 1024\n"
+    assert shipped.count(block) == 1, "the shipped flagship engine block changed: update tests/engines.py"
+    return shipped.replace(block, block.replace("1024", str(FLAGSHIP_CONTEXT)))
+
+
+class SharedEngines:
+    """Engines keyed by configuration, run by supervisors on an event loop of their own (a daemon thread), so
+    that synchronous tests and tests with their own event loops can both use them."""
+
+    instances: ClassVar[list[SharedEngines]] = []
+    """Those not closed yet (the conftest stops their engines before a test that starts its own)."""
+
+    def __init__(self, home: Path, models: Path | None = None) -> None:
+        """`home`: where the engines' logs go (`home/logs`); `models`: the built demo models (default: the
+        cascade home's), linked into `home` so the supervisor finds them."""
+        self._home = home
+        home.mkdir(parents=True, exist_ok=True)
+        link = models_root(home)
+        if not link.exists():
+            link.symlink_to(models or models_root(), target_is_directory=True)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="shared-engines", daemon=True)
+        self._thread.start()
+        self._engines: OrderedDict[str, EngineSupervisor] = OrderedDict()
+        self._lock = threading.Lock()
+        self._started = 0
+        SharedEngines.instances.append(self)
+
+    @staticmethod
+    def key(spec: EngineSpec) -> str:
+        """What makes two engines the same: the whole spec but its port."""
+        return spec.model_copy(update={"base_port": 0}).model_dump_json()
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def urls(self, specs: Sequence[EngineSpec], timeout_s: float = READY_TIMEOUT_S) -> list[tuple[str, ...]]:
+        """Each spec's replicas' base URLs, once all answer `/health`: running ones are reused, missing ones
+        started side by side. Raises `EngineStartError` (with the engine's log tail) if one does not come up."""
+        with self._lock:
+            return self._run(self._urls(list(specs), timeout_s), timeout_s + 60)
+
+    async def _urls(self, specs: list[EngineSpec], timeout_s: float) -> list[tuple[str, ...]]:
+        keys = [self.key(spec) for spec in specs]
+        wanted = dict(zip(keys, specs, strict=True))
+        for key in wanted:
+            if key in self._engines:
+                self._engines.move_to_end(key)
+        missing = [key for key in wanted if key not in self._engines]
+        idle = [key for key in self._engines if key not in wanted]
+        while idle and len(self._engines) + len(missing) > MAX_LIVE:
+            await self._engines.pop(idle.pop(0)).aclose()
+        await asyncio.gather(*(self._start(key, wanted[key]) for key in missing))
+        for key in wanted:
+            if key not in missing:
+                await self._await_ready(key, timeout_s)
+        return [self._engines[key].urls for key in keys]
+
+    async def _start(self, key: str, spec: EngineSpec) -> None:
+        self._started += 1
+        name = f"shared-{spec.served_name}-{self._started}"
+        sup = EngineSupervisor(name, spec.model_copy(update={"base_port": free_port()}), home=self._home)
+        await sup.start()  # raises EngineStartError with the log tail; it has stopped what it started
+        self._engines[key] = sup
+
+    async def _await_ready(self, key: str, timeout_s: float) -> None:
+        """A running engine that died is being restarted by its supervisor: wait for it, else replace it."""
+        sup = self._engines[key]
+        deadline = time.monotonic() + timeout_s
+        while len(sup.ready_urls) < len(sup.replicas):
+            if time.monotonic() > deadline:
+                tails = "\n".join(log_tail(r.log_path) for r in sup.replicas)
+                del self._engines[key]
+                await sup.aclose()
+                raise EngineStartError(f"shared engine {sup.pool} did not come back in {timeout_s:.0f} s:\n{tails}")
+            await asyncio.sleep(0.5)
+
+    def log_tails(self, limit: int = 3000) -> dict[str, str]:
+        """Each running shared engine's log tail, by its supervisor's pool name (for failure reports)."""
+        return {f"{sup.pool}[{r.index}]": log_tail(r.log_path, limit)
+                for sup in list(self._engines.values()) for r in sup.replicas}
+
+    def stop_all(self) -> None:
+        """Stop every running engine (a test that starts its own engines wants the cores and the memory); the
+        next test that asks for one starts it again."""
+        if self._engines:
+            with self._lock:
+                self._run(self._stop_all(), 120)
+
+    async def _stop_all(self) -> None:
+        engines, self._engines = list(self._engines.values()), OrderedDict()
+        await asyncio.gather(*(sup.aclose() for sup in engines), return_exceptions=True)
+
+    def close(self) -> None:
+        """Stop every engine and the loop."""
+        SharedEngines.instances.remove(self)
+        try:
+            self.stop_all()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
+@dataclass
+class Gateway:
+    """A `cascade serve --no-engines` process routing to shared engines."""
+
+    url: str
+    log_path: Path
+    engines: Mapping[str, str]  # local pool name: the first replica's base URL
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-limit:]
+
+
+@contextmanager
+def gateway_on_shared_engines(shared: SharedEngines, policy: Path, prefix: str, args: Sequence[str] = (),
+                              env: Mapping[str, str] | None = None) -> Iterator[Gateway]:
+    """`cascade serve --policy policy --no-engines` (its log beside the policy), its local pools' engines shared
+    (started if no engine of their configuration runs), until the block ends."""
+    local = {name: spec.engine for name, spec in load_policy(policy).policy.pools.items()
+             if isinstance(spec, LocalPool)}
+    urls = dict(zip(local, shared.urls(list(local.values())), strict=True))
+    registry = policy.parent / f"{policy.stem}-engines"
+    for name, pool_urls in urls.items():
+        publish(registry, name, pool_urls)
+    port = free_port()
+    log_path = policy.parent / f"{policy.stem}-gateway.log"
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port), "--redis-prefix",
+           prefix, "--no-engines", *args]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", REGISTRY_ENV: str(registry), **(env or {})})
+    gateway = Gateway(f"http://127.0.0.1:{port}", log_path, {name: u[0] for name, u in urls.items()})
+    try:
+        wait_ready(gateway.url, proc, 300, gateway.log_tail, poll_s=0.3)
+        yield gateway
+    finally:
+        stop_process_group(proc)
