@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, step 2: the tests. Sets up what is missing, makes sure Redis answers, then runs pytest:
 # unit tests, integration tests against the real Redis, and end-to-end tests with real vLLM engines.
+# Arguments go to pytest; while editing, `./scripts/test.sh -m "not engines"` is the fast tier (no engine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,4 +18,12 @@ from gateway.cli.demo import ensure_redis
 import os
 print("[test]", ensure_redis(os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0")))
 PY
-exec .venv/bin/python -m pytest "$@"
+# In parallel by default (pytest-xdist): the tests with real engines run on one worker, in the order
+# tests/conftest.py gives them (shared engines first), the others spread over the rest. CASCADE_TEST_WORKERS=0
+# runs everything in this process; an -n/--numprocesses or -p no:xdist of your own wins.
+PARALLEL=(-n "${CASCADE_TEST_WORKERS:-2}" --dist loadgroup)
+for arg in "$@"; do
+  case "$arg" in -n|-n*|--numprocesses*|no:xdist) PARALLEL=() ;; esac
+done
+if [ "${CASCADE_TEST_WORKERS:-2}" = 0 ]; then PARALLEL=(); fi
+exec .venv/bin/python -m pytest "${PARALLEL[@]}" "$@"

@@ -145,27 +145,28 @@ def shared_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedE
         engines.close()
 
 
-def _engine_order(item: pytest.Item) -> int:
-    """0: no real engine; 1: the session's shared engines; 2: engines of its own."""
+def _engines_of(item: pytest.Item) -> str | None:
+    """"shared": the session's shared engines; "own": engines of its own; None: no real engine."""
     if item.get_closest_marker("engines") is None:
-        return 0
-    return 1 if "shared_engines" in getattr(item, "fixturenames", ()) else 2
+        return None
+    return "shared" if "shared_engines" in getattr(item, "fixturenames", ()) else "own"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests with real engines run last, those on the shared engines first among them (file order kept within
+    """Tests with real engines run first, those on the shared engines first among them (file order kept within
     each kind), so that each shared engine starts once and is stopped before tests start engines of their own.
-    Under pytest-xdist (`-n`, `--dist loadgroup`) they all run on one worker (two tests' engines never compete
-    for the two cores); the other tests spread over the workers."""
-    items.sort(key=_engine_order)
+    Under pytest-xdist (`-n`, `--dist loadgroup`) they all run on one worker, the first unit handed out (the
+    longest; two tests' engines never compete for the two cores); the other tests spread over the workers."""
+    items.sort(key=lambda item: {"shared": 0, "own": 1, None: 2}[_engines_of(item)])
     for item in items:
-        if _engine_order(item) and item.get_closest_marker("xdist_group") is None:
+        if _engines_of(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("engines"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test that starts engines of its own gets the cores and the memory the shared ones held."""
-    if _engine_order(item) == 2:
+    if _engines_of(item) == "own":
         for engines in SharedEngines.instances:
             engines.stop_all()
 

@@ -7,7 +7,7 @@
 No request fails in any of them. The figures of each change (its time, requests meanwhile, p99 before, during
 and after, the models that answered) are printed for BENCHMARKS.md.
 
-Slow: both demo engines start, then three more, one after another (minutes on 2 CPU cores)."""
+Slow: the demo micro engine starts, then three more, one after another (minutes on 2 CPU cores)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.models.demo import models_root
 from gateway.cli.demo import stop_process_group
+from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.change import edit_then_reload, figures, measure_change, reload_after_edit
 from policies.canary_edit import promote_canary, remove_canary
 from tests.conftest import delete_prefix
-from tests.servers import free_port, wait_ready
+from tests.servers import free_port, serve, wait_ready
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
@@ -40,6 +42,12 @@ ADMIN = "e2e-pool-change-admin"
 # engine beside the old ones (back to back, the serving engine and the starting one share vLLM's one worker
 # core, and the new one did not start within its 600 s startup_timeout_s; the reload then said so, 422)
 THINK_S = 0.5
+FLAGSHIP = """  flagship:
+    type: remote
+    urls: ["{url}"]
+    model: flagship
+    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
+"""
 MICRO = "      max_model_len: 1024\n      dtype: bfloat16\n      kv_cache_space_gib: 1\n      base_port: 8101\n"
 
 
@@ -84,28 +92,34 @@ class Gateway:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """The gateway with the shipped policy and its real engines, shared by this module's tests (in order)."""
+    """The gateway with the shipped micro pool and its real engine, shared by this module's tests (in order). The
+    flagship, which no request here reaches, is a remote pool on a fake upstream: one engine start less."""
     tmp_path = tmp_path_factory.mktemp("change")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(models_root(), target_is_directory=True)  # reuse the built demo models
     policy = tmp_path / "policy.yaml"
     shipped = (ROOT / "policies" / "default.yaml").read_text()
     assert shipped.count(MICRO) == 1, "the shipped micro pool changed: update this test"
-    policy.write_text(shipped)
+    start, end = shipped.index("  flagship:\n    type: local\n"), shipped.index("\nrouting:\n")
     prefix = f"test:e2e:change:{uuid.uuid4().hex[:8]}:"
     port = free_port()
     log_path = tmp_path / "gateway.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CASCADE_ADMIN_KEY": ADMIN, "CASCADE_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CASCADE_ADMIN_KEY": ADMIN, "CASCADE_HOME": str(home)}
     env.pop("CASCADE_DEMO_MICRO", None)
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port",
-                                 str(port), "--redis-prefix", prefix], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=ROOT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base, proc, READY_TIMEOUT_S, log_path.read_text, poll_s=2)
-        yield Gateway(base, policy)
-    finally:
-        stop_process_group(proc)
-        delete_prefix(prefix)
+    with serve(FakeUpstream("flagship")) as flagship:
+        policy.write_text(shipped[:start] + FLAGSHIP.format(url=flagship) + shipped[end:])
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port",
+                                     str(port), "--redis-prefix", prefix, "--scorer", "length"], stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(base, proc, READY_TIMEOUT_S, log_path.read_text, poll_s=1)
+            yield Gateway(base, policy)
+        finally:
+            stop_process_group(proc)
+            delete_prefix(prefix)
 
 
 def _measured(gateway: Gateway, edit: object, name: str, steady_s: float = 8, after_s: float = 12) -> dict[str, object]:
