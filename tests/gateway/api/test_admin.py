@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 from gateway.api.app import create_app
 from gateway.settings import Settings
 from tests.conftest import delete_prefix
-from tests.servers import serve
+from tests.servers import serve, until
 
 pytestmark = pytest.mark.redis
 ADMIN = "test-admin-key"
@@ -65,15 +66,16 @@ def test_reload_rejects_a_broken_file_and_keeps_serving(gateway: str, policy_fil
     assert httpx.post(gateway + "/admin/policy/reload").status_code == 401
 
 
-def test_file_change_adds_a_pool_live_and_a_broken_edit_is_ignored(policy_file: Path, tmp_path: Path) -> None:
+def test_file_change_adds_a_pool_live_and_a_broken_edit_is_ignored(policy_file: Path, tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="memory",
                         home=tmp_path, policy_watch_interval_s=0.2)
     good = policy_file.read_text()
     flagship_url = good.split('urls: ["')[2].split('"')[0]
-    with serve(create_app(settings)) as url:
+    with serve(create_app(settings)) as url, caplog.at_level(logging.ERROR, logger="cascade.policy"):
         before = httpx.get(url + "/readyz").json()["policy_version"]
         policy_file.write_text(good + "\n# oops\nrouting: [\n")
-        time.sleep(1.0)
+        until(lambda: any("was rejected" in r.getMessage() for r in caplog.records), timeout=10)  # the watcher saw it
         assert httpx.get(url + "/readyz").json()["policy_version"] == before
         extra = f"""
   spare:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import signal
 import socket
@@ -375,14 +376,17 @@ def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
 
 def test_a_remote_pool_whose_new_servers_start_late_is_switched_by_the_watcher_once_they_answer(
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr("gateway.control.pool_set.REPLACE_WAIT_S", 0.5)
     _, _, _, flagship_url = upstreams
     port = free_port()
-    with serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0.2))) as url:
+    with (serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0.2))) as url,
+          caplog.at_level(logging.WARNING, logger="cascade.policy")):
         before = httpx.get(url + "/readyz").json()["policy_version"]
         _edit(policy_file, f'urls: ["{flagship_url}"]', f'urls: ["http://127.0.0.1:{port}"]')  # pods starting
-        time.sleep(3)  # the watcher tried (refused: nothing answers there yet) and will try again
+        # the watcher tried (refused: nothing answers there yet) and will try again
+        until(lambda: any("cannot be applied yet" in r.getMessage() for r in caplog.records), timeout=10)
         assert httpx.get(url + "/readyz").json()["policy_version"] == before
         assert httpx.post(url + "/v1/chat/completions", json=FLAGSHIP, timeout=10).status_code == 200
         with serve(FakeUpstream("flagship-model"), port=port):  # the new pods are up
