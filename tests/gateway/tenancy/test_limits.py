@@ -208,31 +208,33 @@ async def test_two_limiters_on_two_connections_share_one_limit(prefix: str) -> N
 
 
 HAMMER = """
-import asyncio, json, sys, time
+import asyncio, json, sys
 import redis.asyncio as aioredis
 from gateway.errors import RateLimited
 from gateway.tenancy.limits import RateLimiter
 from policies.schema import RateLimits
 
-async def main(prefix: str, start_at: float) -> None:
+async def main(prefix: str) -> None:
     client = aioredis.Redis.from_url("redis://127.0.0.1:6379/0")
     limiter = RateLimiter(client, prefix, op_timeout_s=5.0)
     limits = RateLimits(requests_per_minute=120, tokens_per_minute=100_000)
     await client.ping()
-    await asyncio.sleep(max(0.0, start_at - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()  # the go: both processes start firing at the same instant
     results = await asyncio.gather(*(limiter.admit("acme", limits, 5) for _ in range(150)), return_exceptions=True)
     assert all(r is True or isinstance(r, RateLimited) for r in results), results
     await client.aclose()
     print(json.dumps({"admitted": sum(r is True for r in results), "fail_open": limiter.counts.fail_open}))
 
-asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+asyncio.run(main(sys.argv[1]))
 """
 
 
 def spawn(script: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, str(script), *args]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, int]]:
@@ -248,8 +250,14 @@ def collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, int]]:
 def test_two_os_processes_share_one_limit(tmp_path: Path, prefix: str) -> None:
     script = tmp_path / "hammer.py"
     script.write_text(HAMMER)
-    start_at = f"{time.time() + 2.0:.3f}"  # both start firing at the same instant, after their imports
-    results = collect([spawn(script, prefix, start_at) for _ in range(2)])
+    procs = [spawn(script, prefix) for _ in range(2)]
+    for proc in procs:  # both imported and connected
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n", proc.communicate(timeout=60)
+    for proc in procs:  # the go
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    results = collect(procs)
     assert sum(r["admitted"] for r in results) == 120
     assert all(r["fail_open"] == 0 for r in results)
 
