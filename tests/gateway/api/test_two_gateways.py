@@ -4,8 +4,9 @@ up exactly."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -13,33 +14,40 @@ import pytest
 from gateway.api.auth import hash_key
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
-from tests.conftest import SHARED_URL, policy_yaml
-from tests.servers import free_port, start_gateway
+from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
+from tests.servers import free_port, serve, start_gateway
 
 pytestmark = pytest.mark.redis
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 TENANTS = f"""tenants:
   capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 10}}}}
-  broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0005"}}}}
+  broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0002"}}}}
 """
 
 
-@pytest.fixture
-def two(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[list[str]]:
-    _, micro_url, _, flagship_url = upstreams
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
-    procs, urls = [], []
-    try:
-        for i in range(2):
-            port = free_port()
-            procs.append(start_gateway(policy, port, prefix, tmp_path / f"gw{i}"))
-            urls.append(f"http://127.0.0.1:{port}")
-        yield urls
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=60)
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], str]]:
+    """Two gateway processes on one Redis prefix, shared by the module's tests (each test uses its own tenant);
+    yields their URLs and the prefix."""
+    tmp_path = tmp_path_factory.mktemp("two-gateways")
+    prefix = f"test:{uuid.uuid4().hex}:"
+    micro, flagship = FakeUpstream("micro-model"), FakeUpstream("flagship-model")
+    with serve(micro) as micro_url, serve(flagship) as flagship_url:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
+        ports = [free_port() for _ in range(2)]
+        with ThreadPoolExecutor(2) as pool:  # both start at once
+            started = [pool.submit(start_gateway, policy, port, prefix, tmp_path / f"gw{i}")
+                       for i, port in enumerate(ports)]
+        procs = [f.result() for f in started if f.exception() is None]
+        try:
+            for f in started:
+                f.result()  # raises the first start's failure (the started one is stopped below)
+            yield [f"http://127.0.0.1:{port}" for port in ports], prefix
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=60)
+            delete_prefix(prefix)
 
 
 def _post(url: str, key: str) -> int:
@@ -56,19 +64,22 @@ def _unchecked(url: str) -> float:
                if line.startswith("cascade_admission_unchecked_total{") and 'check="rate' in line)
 
 
-def test_one_rate_limit_across_two_processes(two: list[str]) -> None:
-    codes = [_post(two[i % 2], "sk-capped") for i in range(30)]
-    unchecked = int(sum(_unchecked(url) for url in two))
+def test_one_rate_limit_across_two_processes(two: tuple[list[str], str]) -> None:
+    urls, _ = two
+    codes = [_post(urls[i % 2], "sk-capped") for i in range(30)]
+    unchecked = int(sum(_unchecked(url) for url in urls))
     assert unchecked <= 3, f"{unchecked} of 30 requests were admitted unchecked"
     assert codes.count(200) == 10 + unchecked and codes.count(429) == 20 - unchecked  # one limit, not one each
 
 
-def test_one_budget_and_one_ledger_across_two_processes(two: list[str], prefix: str) -> None:
-    # each request costs ~132 micro-USD on the flagship; the budget is 500: the fifth one is refused
+def test_one_budget_and_one_ledger_across_two_processes(two: tuple[list[str], str]) -> None:
+    # each request costs ~132 micro-USD on the flagship; the budget is 200: the third one is refused (with a
+    # budget per process each would have served two, the third going to the first again)
+    urls, prefix = two
+    before = len(ledger_records(SHARED_URL, prefix))
     codes: list[int] = []
     while 429 not in codes and len(codes) < 12:
-        codes.append(_post(two[len(codes) % 2], "sk-broke"))
+        codes.append(_post(urls[len(codes) % 2], "sk-broke"))
         time.sleep(1.1)  # past the guard's 1 s cache, so the shared spend is read again
-    assert codes == [200, 200, 200, 200, 429]
-    records = ledger_records(SHARED_URL, prefix)
-    assert len(records) == codes.count(200)
+    assert codes == [200, 200, 429]
+    assert len(ledger_records(SHARED_URL, prefix)) - before == codes.count(200)
