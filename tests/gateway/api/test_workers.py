@@ -26,7 +26,7 @@ from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
-from tests.servers import free_port, serve, wait_ready
+from tests.servers import free_port, serve, until, wait_ready
 
 pytestmark = pytest.mark.redis
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,7 +37,7 @@ EXTRA = f"""tenants:
   counted: {{api_key_sha256: ['{hash_key("sk-counted")}']}}
 degradation:
   steps:
-    - {{name: micro-kv-high, signal: kv_cache_usage, pool: micro, enter_above: 0.85, exit_below: 0.5, hold_s: 2,
+    - {{name: micro-kv-high, signal: kv_cache_usage, pool: micro, enter_above: 0.85, exit_below: 0.5, hold_s: 1,
         action: {{type: fallback_pool, to_pool: flagship}}}}
 """
 
@@ -65,8 +65,9 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
         cmd = [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--policy", str(policy), "--port", str(port),
                "--scorer", "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "WARNING"]
         log = (tmp / "gateway.log").open("wb")
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CASCADE_HOME": str(tmp)}, stdout=log,
-                                stderr=subprocess.STDOUT)
+        # probes, ladder ticks and the workers' gauge publishing 4x a second: the tests wait on them
+        env = {**os.environ, "CASCADE_HOME": str(tmp), "CASCADE_PROBE_INTERVAL_S": "0.25"}
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, proc, 90, (tmp / "gateway.log").read_text)
@@ -88,9 +89,10 @@ def test_two_worker_processes_serve_the_port_and_both_report(workers: Workers) -
     assert len(workers.children()) == 2
     for _ in range(40):
         assert _post(workers.url, model="micro").status_code == 200
-    time.sleep(1.5)  # a ladder tick: each worker publishes its own report
-    reports = redis.Redis.from_url(SHARED_URL).hgetall(workers.prefix + "ladder:{sync}:reports")
-    assert len(reports) == 2  # both workers are alive, share the ladder, and (40 connections) served requests
+    shared = redis.Redis.from_url(SHARED_URL)
+    # both workers are alive, share the ladder, and (40 connections) served requests: each publishes its own
+    # report on its next ladder tick
+    until(lambda: len(shared.hgetall(workers.prefix + "ladder:{sync}:reports")) == 2, timeout=10)
 
 
 def _sample(text: str, name: str, tenant: str) -> float:
@@ -177,14 +179,13 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
     assert state is not None and b"micro-kv-high" in state
     assert _ladder_gauges(workers.url) == [1.0] * 6  # whichever worker answers
     workers.micro.kv_cache_usage = 0.7  # between exit_below and enter_above: held in every worker
-    time.sleep(2.5)
+    time.sleep(1.5)  # past the step's hold_s: what keeps it is the band
     assert pools() == {"flagship"}
     workers.micro.kv_cache_usage = 0.1
     deadline = time.monotonic() + 10
     while pools() != {"micro"}:
         assert time.monotonic() < deadline, "the step never released in every worker"
-    time.sleep(1.5)  # a ladder tick: every worker has adopted the release
-    assert _ladder_gauges(workers.url) == [0.0] * 6
+    until(lambda: _ladder_gauges(workers.url) == [0.0] * 6, timeout=10)  # every worker adopted the release
 
 
 def _ladder_gauges(url: str) -> list[float]:
