@@ -89,6 +89,25 @@ def _restarts(text: str) -> float:
                if s.name == "cascade_engine_restarts_total" and s.labels == {"pool": "micro", "reason": "exited"})
 
 
+def _healthy(url: str) -> list[tuple[str, str, float]]:
+    """`cascade_replica_healthy` of the micro pool on one scrape: (worker, replica URL, value) per series."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return [(s.labels.get("worker", ""), s.labels["replica"], s.value) for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "cascade_replica_healthy" and s.labels.get("pool") == "micro"]
+
+
+def _replicas(url: str) -> set[str]:
+    return {replica for _, replica, _ in _healthy(url)}
+
+
+def _routed_by_worker(url: str) -> dict[str, bool]:
+    """Per worker: whether its view holds a healthy replica (each worker publishes its view every second)."""
+    seen: dict[str, bool] = {}
+    for worker, _, value in _healthy(url):
+        seen[worker] = seen.get(worker, False) or value == 1.0
+    return seen
+
+
 def test_a_restart_by_the_parent_is_counted_once_on_every_scrape(group: Group) -> None:
     (engine,) = group.engine_pids()
     assert _restarts(httpx.get(group.url + "/metrics", timeout=10).text) == 0
@@ -131,7 +150,11 @@ def test_every_worker_follows_an_engine_restarted_on_another_port(group: Group) 
         while httpx.get(group.url + "/readyz", timeout=10).status_code != 200:
             assert time.monotonic() < deadline, "no worker became ready on the new port"
             time.sleep(0.2)
-        time.sleep(3)  # every worker has read the move by now (they poll it each probe interval)
+        old = f"http://127.0.0.1:{group.engine_port}"
+        deadline = time.monotonic() + 30
+        while _routed_by_worker(group.url) != {"0": True, "1": True} or old in _replicas(group.url):
+            assert time.monotonic() < deadline, f"not every worker followed the move: {_replicas(group.url)}"
+            time.sleep(0.2)
         codes = [httpx.post(group.url + "/v1/chat/completions", json=body, timeout=10).status_code
                  for _ in range(40)]  # a new connection each: the kernel spreads them over both workers
         assert codes == [200] * 40
