@@ -147,7 +147,8 @@ async def test_a_pool_grows_under_load_and_shrinks_when_idle_losing_no_request(g
             async def watch() -> list[int]:
                 try:
                     await asyncio.to_thread(until, lambda: len(pool_set.pools["spare"].replicas) == 2, 30)
-                    await asyncio.sleep(1.0)  # both replicas serve
+                    await asyncio.to_thread(until, lambda: all(r.in_flight for r in pool_set.pools["spare"].replicas),
+                                            10)  # both replicas serve
                     return [r.in_flight for r in pool_set.pools["spare"].replicas]
                 finally:
                     done.set()
