@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,10 @@ async def test_a_canary_added_weighted_promoted_and_rolled_back_loses_no_request
         async with httpx.AsyncClient(timeout=30) as client:
             done = asyncio.Event()
             steps: dict[str, Any] = {}
+            outcomes: list[tuple[str, str, str]] = []  # (outcome, the version that answered, user) per request
 
-            async def traffic(worker: int) -> list[tuple[str, str, str]]:
-                outcomes, stream, i = [], worker % 2 == 0, 0
+            async def traffic(worker: int) -> None:
+                stream, i = worker % 2 == 0, 0
                 while not done.is_set():
                     i += 1
                     body = {"model": "spare", "messages": [{"role": "user", "content": "hi"}], "stream": stream,
@@ -113,39 +115,44 @@ async def test_a_canary_added_weighted_promoted_and_rolled_back_loses_no_request
                     ok = r.status_code == 200 and (not stream or r.text.rstrip().endswith("data: [DONE]"))
                     outcomes.append(("ok" if ok else f"{r.status_code} {r.text[:200]}",
                                      r.headers.get("x-cascade-pool-version", ""), body["user"]))
-                return outcomes
+
+            async def answered(version: str, n: int = 8) -> None:
+                """Until `n` more requests were answered by `version` (traffic on it after each step)."""
+                start, deadline = len(outcomes), time.monotonic() + 30
+                while sum(v == version for _, v, _ in outcomes[start:]) < n:
+                    assert time.monotonic() < deadline, f"{version} answered no traffic: {outcomes[-3:]}"
+                    await asyncio.sleep(0.02)
 
             async def change() -> None:
                 try:
-                    await asyncio.sleep(0.3)
+                    await answered(first_version)
                     _add_canary(policy_file, _canary("spare-canary", 0.3, free_port()))
                     steps["add"] = await _reload(client, url)
                     steps["canary"] = pool_set.canaries["spare"]
                     (replica,) = pool_set.supervisors_of_canary("spare")
-                    await asyncio.sleep(0.5)
+                    await answered(steps["canary"].version)
                     policy_file.write_text(policy_file.read_text().replace("weight: 0.3", "weight: 0.8"))
                     steps["weight"] = await _reload(client, url)
                     assert pool_set.supervisors_of_canary("spare") == (replica,)  # reweighted, not restarted
                     steps["canary_pid"] = replica.pid
-                    await asyncio.sleep(0.5)
+                    await answered(steps["canary"].version)
                     policy_file.write_text(promote_canary(policy_file.read_text(), "spare"))
                     steps["promote"] = await _reload(client, url)
-                    await asyncio.sleep(0.5)
+                    await answered(steps["canary"].version)  # the promoted canary is the pool's version
                     _add_canary(policy_file, _canary("spare-canary2", 0.5, free_port()))
                     steps["add2"] = await _reload(client, url)
                     steps["canary2"] = pool_set.canaries["spare"]
                     (steps["canary2_replica"],) = pool_set.supervisors_of_canary("spare")
-                    await asyncio.sleep(0.5)
+                    await answered(steps["canary2"].version)
                     policy_file.write_text(remove_canary(policy_file.read_text(), "spare"))
                     steps["rollback"] = await _reload(client, url)
-                    await asyncio.sleep(0.5)
+                    await answered(steps["canary"].version)
                 finally:
                     done.set()
 
-            *results, _ = await asyncio.gather(*(traffic(w) for w in range(4)), change())
+            await asyncio.gather(*(traffic(w) for w in range(4)), change())
         for step in ("add", "weight", "promote", "add2", "rollback"):
             assert steps[step].status_code == 200, (step, steps[step].text)
-        outcomes = [o for worker in results for o in worker]
         assert [o for o, _, _ in outcomes if o != "ok"] == []
         served = {version for _, version, _ in outcomes}
         canary, canary2 = steps["canary"].version, steps["canary2"].version
