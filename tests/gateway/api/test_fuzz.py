@@ -47,14 +47,16 @@ bodies = st.fixed_dictionaries(
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A client of the gateway under fuzz, kept for the module (a new client per example costs more than the
+    request: httpx builds an SSL context for each)."""
     tmp = tmp_path_factory.mktemp("fuzz")
     with serve(FakeUpstream("micro-model")) as micro, serve(FakeUpstream("flagship-model")) as flagship:
         path = tmp / "policy.yaml"
         path.write_text(policy_yaml(micro, flagship))
         settings_ = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
-        with serve(create_app(settings_)) as url:
-            yield url
+        with serve(create_app(settings_)) as url, httpx.Client(base_url=url, timeout=10) as client:
+            yield client
 
 
 def _check(resp: httpx.Response) -> None:
@@ -66,11 +68,11 @@ def _check(resp: httpx.Response) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies)
-def test_structured_bodies_never_500(gateway: str, body: dict[str, Any]) -> None:
-    _check(httpx.post(gateway + "/v1/chat/completions", content=json.dumps(body), timeout=10))
+def test_structured_bodies_never_500(gateway: httpx.Client, body: dict[str, Any]) -> None:
+    _check(gateway.post("/v1/chat/completions", content=json.dumps(body)))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()))
-def test_arbitrary_bytes_never_500(gateway: str, raw: bytes) -> None:
-    _check(httpx.post(gateway + "/v1/chat/completions", content=raw, timeout=10))
+def test_arbitrary_bytes_never_500(gateway: httpx.Client, raw: bytes) -> None:
+    _check(gateway.post("/v1/chat/completions", content=raw))
