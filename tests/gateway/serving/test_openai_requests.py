@@ -26,6 +26,7 @@ from tests.openai_requests import requests
 from tests.servers import serve
 
 FAKE_TOKENS = 16  # the fake engine's answer length when the request sets no limit
+Gateway = tuple[httpx.Client, MemoryLedger]
 AFFORDABLE = {
     "model": st.sampled_from(["auto", "micro", "flagship"]),
     "max_tokens": st.integers(1, 8),
@@ -36,16 +37,18 @@ AFFORDABLE = {
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, MemoryLedger]]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A client of the gateway (one for the module: httpx builds an SSL context per client, which costs more
+    than a request here) and the gateway's ledger."""
     tmp = tmp_path_factory.mktemp("openai-requests")
     with serve(FakeUpstream("micro-model")) as micro, serve(FakeUpstream("flagship-model")) as flagship:
         path = tmp / "policy.yaml"
         path.write_text(policy_yaml(micro, flagship))
         app = create_app(Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp))
-        with serve(app) as url:
+        with serve(app) as url, httpx.Client(base_url=url, timeout=20) as client:
             runtime: Runtime = app.state.runtime
             assert isinstance(runtime.ledger, MemoryLedger)
-            yield url, runtime.ledger
+            yield client, runtime.ledger
 
 
 def _record(ledger: MemoryLedger, request_id: str) -> CostRecord:
@@ -62,9 +65,9 @@ def _choices_streamed(text: str) -> set[int]:
     return {c["index"] for e in events[:-1] for c in json.loads(e)["choices"]}
 
 
-def _served(gateway: tuple[str, MemoryLedger], body: dict[str, Any]) -> httpx.Response:
-    url, ledger = gateway
-    r = httpx.post(url + "/v1/chat/completions", content=json.dumps(body), timeout=20)
+def _served(gateway: Gateway, body: dict[str, Any]) -> httpx.Response:
+    client, ledger = gateway
+    r = client.post("/v1/chat/completions", content=json.dumps(body))
     assert r.status_code == 200, (body, r.text)
     n = body.get("n") or 1
     tokens = min(FAKE_TOKENS, body.get("max_completion_tokens") or body.get("max_tokens") or FAKE_TOKENS)
@@ -79,29 +82,29 @@ def _served(gateway: tuple[str, MemoryLedger], body: dict[str, Any]) -> httpx.Re
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=requests(AFFORDABLE))
-def test_every_request_the_schema_allows_is_served(gateway: tuple[str, MemoryLedger], body: dict[str, Any]) -> None:
+def test_every_request_the_schema_allows_is_served(gateway: Gateway, body: dict[str, Any]) -> None:
     _served(gateway, body)
 
 
 @pytest.mark.parametrize("field", ["n", "top_logprobs", "stream", "stream_options", "max_tokens", "logprobs",
                                    "temperature", "top_p", "user", "metadata", "max_completion_tokens"])
-def test_null_is_not_set(gateway: tuple[str, MemoryLedger], field: str) -> None:
+def test_null_is_not_set(gateway: Gateway, field: str) -> None:
     _served(gateway, {"model": "auto", "messages": [{"role": "user", "content": "hi", "name": None}], field: None})
 
 
-def test_null_inside_stream_options_is_not_set(gateway: tuple[str, MemoryLedger]) -> None:
+def test_null_inside_stream_options_is_not_set(gateway: Gateway) -> None:
     body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "stream": True,
             "stream_options": {"include_usage": None}}
     assert "usage" not in _served(gateway, body).text  # not asked for: the gateway's own usage chunk is not shown
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_several_choices_are_each_counted(gateway: tuple[str, MemoryLedger], stream: bool) -> None:
+def test_several_choices_are_each_counted(gateway: Gateway, stream: bool) -> None:
     _served(gateway, {"model": "flagship", "messages": [{"role": "user", "content": "hi"}], "n": 3,
                       "max_tokens": 5, "stream": stream})
 
 
-def test_a_conversation_of_assistant_and_tool_turns_is_routed_on_its_text(gateway: tuple[str, MemoryLedger]) -> None:
+def test_a_conversation_of_assistant_and_tool_turns_is_routed_on_its_text(gateway: Gateway) -> None:
     messages = [{"role": "assistant", "content": None,
                  "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "the tool's answer " * 20}]
@@ -109,11 +112,11 @@ def test_a_conversation_of_assistant_and_tool_turns_is_routed_on_its_text(gatewa
     assert r.headers["x-cascade-score"] != "none"  # scored on the tool turn's text
 
 
-def test_what_the_schema_forbids_is_still_refused(gateway: tuple[str, MemoryLedger]) -> None:
-    url, _ = gateway
+def test_what_the_schema_forbids_is_still_refused(gateway: Gateway) -> None:
+    client, _ = gateway
     for bad, param in (({"n": 0}, "n"), ({"n": 129}, "n"), ({"stream": "yes"}, "stream"), ({"model": None}, "model")):
         body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], **bad}
-        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+        r = client.post("/v1/chat/completions", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
@@ -127,10 +130,10 @@ COMPLETIONS_AFFORDABLE = {**AFFORDABLE, "n": st.integers(1, 2)}
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=requests(RESPONSES_AFFORDABLE, ResponsesRequest))
-def test_every_responses_request_the_schema_allows_is_served(gateway: tuple[str, MemoryLedger],
+def test_every_responses_request_the_schema_allows_is_served(gateway: Gateway,
                                                              body: dict[str, Any]) -> None:
-    url, ledger = gateway
-    r = httpx.post(url + "/v1/responses", content=json.dumps(body), timeout=20)
+    client, ledger = gateway
+    r = client.post("/v1/responses", content=json.dumps(body))
     assert r.status_code == 200, (body, r.text)
     tokens = min(FAKE_TOKENS, body.get("max_output_tokens") or FAKE_TOKENS)
     if body.get("stream"):
@@ -143,10 +146,10 @@ def test_every_responses_request_the_schema_allows_is_served(gateway: tuple[str,
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=requests(COMPLETIONS_AFFORDABLE, CompletionsRequest))
-def test_every_completions_request_the_schema_allows_is_served(gateway: tuple[str, MemoryLedger],
+def test_every_completions_request_the_schema_allows_is_served(gateway: Gateway,
                                                                body: dict[str, Any]) -> None:
-    url, ledger = gateway
-    r = httpx.post(url + "/v1/completions", content=json.dumps(body), timeout=20)
+    client, ledger = gateway
+    r = client.post("/v1/completions", content=json.dumps(body))
     assert r.status_code == 200, (body, r.text)
     prompt = body["prompt"]
     prompts = len(prompt) if isinstance(prompt, list) and not isinstance(prompt[0], int) else 1
