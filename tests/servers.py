@@ -31,11 +31,11 @@ def fake_engine(spec: Any, port: int, models_dir: Path) -> list[str]:
 
 
 def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Poll `check` every 0.1 s; fail the test when it is not true within `timeout` seconds."""
+    """Poll `check` every 0.05 s; fail the test when it is not true within `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:
@@ -69,19 +69,20 @@ def serve(app: Any, port: int | None = None, **options: Any) -> Iterator[str]:
 
 
 def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Callable[[], str],
-               poll_s: float = 0.3) -> None:
+               poll_s: float = 0.1) -> None:
     """Poll `base`/readyz until it answers 200. Fails the test with `log()` (the process's output) if the
     process exits first or the time runs out."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited early ({proc.returncode}):\n{log()[-4000:]}")
-        try:
-            if httpx.get(base + "/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(poll_s)
+    with httpx.Client(timeout=2) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"gateway exited early ({proc.returncode}):\n{log()[-4000:]}")
+            try:
+                if client.get(base + "/readyz").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(poll_s)
     raise AssertionError(f"gateway not ready in {timeout_s:.0f} s:\n{log()[-4000:]}")
 
 
@@ -102,7 +103,7 @@ def start_gateway(policy: Path, port: int, prefix: str, home: Path, env: Mapping
         return log_path.read_text(errors="replace")
 
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, timeout_s, log, poll_s=0.2)
+        wait_ready(f"http://127.0.0.1:{port}", proc, timeout_s, log)
     except BaseException:
         proc.kill()
         raise
