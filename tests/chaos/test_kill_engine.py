@@ -1,7 +1,8 @@
 """Chaos: SIGKILL a real vLLM engine replica (its whole process group) under load, with the gateway's
 engine supervisor running it. Requests in flight fail over to the other pool or fail cleanly (an OpenAI
 error body, in the stream if it had started; never a hang or a cut-off answer), the supervisor restarts
-the engine, traffic returns to it, and the ledger reconciles with the client's count.
+the engine (the killed group gone, the new engine core placed beside its worker), traffic returns to it, and
+the ledger reconciles with the client's count.
 
 One real engine (the micro pool, demo model) is started once; the flagship pool is a fake engine the
 policy fails over to. Slow: an engine start is 1-3 minutes on 2 CPU cores, and the test waits for two.
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from backends.engines.supervisor import EngineSupervisor
+from backends.engines.supervisor import EngineSupervisor, live_group_members
 from backends.models.demo import models_root
 from gateway.api.app import create_app
 from gateway.api.runtime import Runtime
@@ -28,6 +29,7 @@ from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.chaos.traffic import Kind, Traffic, reconcile
 from tests.conftest import SHARED_URL
+from tests.engines import assert_engine_cores_placed
 from tests.servers import free_port, serve
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
@@ -118,6 +120,8 @@ async def test_killed_engine_fails_over_restarts_and_reconciles(gateway: tuple[s
         await traffic.wait_for(lambda: engine.pid not in (None, old_pid) and engine.ready, START_TIMEOUT_S,
                                "the supervisor to restart the engine")
         restarted_s = time.monotonic() - killed_at
+        assert live_group_members(old_pid) == []  # the killed engine's whole group is gone (its workers too)
+        assert_engine_cores_placed({"micro": sup})  # the new engine core is placed beside its worker again
         back_at = time.monotonic()
         await traffic.wait_for(
             lambda: sum(o.pool == "micro" and o.kind is Kind.COMPLETED and o.started > back_at

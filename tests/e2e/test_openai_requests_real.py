@@ -32,6 +32,7 @@ from tests.openai_requests import requests
 from tests.servers import ROOT
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
+HTTP = httpx.Client()  # one client for the property tests' many requests (a new one builds an SSL context each)
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=24)
 AFFORDABLE = {
@@ -89,9 +90,9 @@ def test_the_gateway_serves_what_the_engine_serves(served: tuple[str, str], body
     # The gateway treats a top-level `null` as "not set" (the API allows it) and does not send it on, so the
     # engine is asked what the gateway asks it: the same body without those nulls.
     sent = {k: v for k, v in body.items() if v is not None}
-    direct = httpx.post(engine + "/v1/chat/completions", content=json.dumps(dict(sent, model="micro")),
+    direct = HTTP.post(engine + "/v1/chat/completions", content=json.dumps(dict(sent, model="micro")),
                         headers=as_json, timeout=60)
-    routed = httpx.post(gateway + "/v1/chat/completions", content=json.dumps(body), headers=as_json, timeout=60)
+    routed = HTTP.post(gateway + "/v1/chat/completions", content=json.dumps(body), headers=as_json, timeout=60)
     assert routed.status_code == direct.status_code, (body, direct.text, routed.text)
     if direct.status_code >= 400:
         engine_message = direct.json()["error"]["message"] if "error" in direct.json() else direct.json()["message"]
@@ -105,8 +106,8 @@ def _same_outcome(gateway: str, engine: str, path: str, body: dict[str, Any]) ->
     engine's own message when it refuses."""
     as_json = {"content-type": "application/json"}
     sent = {k: v for k, v in body.items() if v is not None}
-    direct = httpx.post(engine + path, content=json.dumps(dict(sent, model="micro")), headers=as_json, timeout=60)
-    routed = httpx.post(gateway + path, content=json.dumps(body), headers=as_json, timeout=60)
+    direct = HTTP.post(engine + path, content=json.dumps(dict(sent, model="micro")), headers=as_json, timeout=60)
+    routed = HTTP.post(gateway + path, content=json.dumps(body), headers=as_json, timeout=60)
     assert routed.status_code == direct.status_code, (body, direct.text, routed.text)
     if direct.status_code >= 400:
         engine_message = direct.json()["error"]["message"] if "error" in direct.json() else direct.json()["message"]

@@ -16,7 +16,7 @@ import redis
 
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import SHARED_URL
-from tests.servers import free_port, serve
+from tests.servers import free_port, serve, until
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +66,8 @@ routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
             for _ in range(20):  # new connections: the kernel spreads them over both workers
                 r = httpx.post(base + "/v1/chat/completions", json=body, timeout=60)
                 assert r.status_code == 200 and r.headers["x-cascade-pool"] == "micro", r.text
-            time.sleep(1.5)
-            assert len(redis.Redis.from_url(SHARED_URL).hgetall(prefix + "ladder:{sync}:reports")) == 2
+            reports = redis.Redis.from_url(SHARED_URL)
+            until(lambda: len(reports.hgetall(prefix + "ladder:{sync}:reports")) == 2, timeout=10)  # both report
             engine_pid = next(p for p, c in children.items() if ENGINE in c)
         finally:
             proc.send_signal(signal.SIGTERM)
