@@ -105,8 +105,17 @@ def test_table_is_cached_and_reused(static: StaticMiniLMEmbedder, cache: Path, m
 
 
 def test_rebuild_gives_the_same_table(static: StaticMiniLMEmbedder, tmp_path: Path) -> None:
-    """The build is deterministic (about a minute on 2 cores): a fresh clone gets the same table, hence the
-    vectors and scores the artifact was trained on."""
+    """A fresh build (about a minute on 2 cores) gives the cached table up to float16 rounding, hence the
+    vectors the artifact was trained on: bit for bit with the same kernels, within a rounding step on another
+    CPU (whose float32 model run differs in its last bits, and an entry that sat on a float16 rounding midpoint
+    lands one step away; measured with OpenBLAS's Sandybridge kernels and torch without AVX: 1.6% of the entries,
+    every row within 4.1e-4 of its norm, prompt vectors within 8e-5)."""
     fresh = StaticMiniLMEmbedder(NAME, 6, cache_dir=tmp_path)
     assert fresh.cache_tag == static.cache_tag
-    assert np.array_equal(fresh._table, static._table)
+    new, cached = fresh._table.astype(np.float64), static._table.astype(np.float64)
+    assert new.shape == cached.shape
+    # one float16 step (2^-10 of an entry at most) per entry, so 2^-10 of the row's norm: a changed recipe moves
+    # rows by far more
+    moved = np.linalg.norm(new - cached, axis=1) / np.linalg.norm(cached, axis=1)
+    assert moved.max() <= 2.0**-10, moved.max()
+    assert np.mean(new == cached) > 0.9  # only entries within the float noise of a rounding midpoint change

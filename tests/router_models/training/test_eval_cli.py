@@ -42,14 +42,18 @@ def test_router_eval_writes_the_table_json_and_curve_of_a_leave_one_source_out_f
     cfg = TrainConfig(routing_dir=DEFAULT_ROUTING_DIR, target=art.metadata["target"],
                       feature_set=art.metadata["feature_set"])
     expected = leave_one_source_out(features(make_embedder(art.embedder), examples, cfg.feature_set), examples, cfg)
+    # compared exactly: the command and this fit run the same code on the same inputs in one process, with the same
+    # kernels, so they give the same bits on any CPU (only a comparison with figures made elsewhere needs a bound)
     assert written["per_source"] == expected.as_dict()["per_source"]
     assert written["mean"] == expected.mean()
     for key_, value in written["mean"].items():
         assert value == pytest.approx(np.nanmean([r[key_] for r in written["per_source"].values()]), abs=1e-4)
     assert written["quality_curve"]["pgr"][0] == 0.0 and written["quality_curve"]["pgr"][-1] == pytest.approx(1.0)
-    exam = [row["apgr"] for source, row in written["per_source"].items() if source != "rmb-helpfulness"]
-    assert written["by_kind"]["exam"] == {"sources": 6, "apgr": pytest.approx(np.mean(exam), abs=1e-4),
-                                          "auc": pytest.approx(written["by_kind"]["exam"]["auc"])}
+    exam = [row for source, row in written["per_source"].items() if source != "rmb-helpfulness"]
+    exam_apgr, exam_auc = (float(np.nanmean([row[k] for row in exam])) for k in ("apgr", "auc"))
+    # the mean of rows rounded to 4 decimals, against the rounded mean: 5e-5 of rounding on each side
+    assert written["by_kind"]["exam"] == {"sources": 6, "apgr": pytest.approx(exam_apgr, abs=1e-4),
+                                          "auc": pytest.approx(exam_auc, abs=1e-4)}
     assert written["by_kind"]["chat"]["apgr"] == written["per_source"]["rmb-helpfulness"]["apgr"]
     assert "(6 exam-style, 1 chat)" in written["quality_curve"]["basis"]
 
