@@ -31,15 +31,15 @@ from typing import Any, ClassVar, TypeVar
 
 from backends.engines.cpu_pinning import cpus_of, engine_processes, thread_affinity
 from backends.engines.registry import REGISTRY_ENV, publish
-from backends.engines.supervisor import EngineStartError, EngineSupervisor, log_tail
+from backends.engines.supervisor import EngineStartError, EngineSupervisor, live_group_members, log_tail
 from backends.models.demo import models_root
 from gateway.cli.demo import stop_process_group
 from policies.loader import load_policy
 from policies.schema import EngineSpec, LocalPool
 from tests.servers import ROOT, free_port, wait_ready
 
-__all__ = ["FLAGSHIP_CONTEXT", "MAX_LIVE", "READY_TIMEOUT_S", "Gateway", "SharedEngines", "assert_engine_cores_placed",
-           "demo_policy_text", "gateway_on_shared_engines"]
+__all__ = ["FLAGSHIP_CONTEXT", "FLAGSHIP_KV_ARGS", "MAX_LIVE", "READY_TIMEOUT_S", "Gateway", "SharedEngines",
+           "assert_engine_cores_placed", "demo_policy_text", "gateway_on_shared_engines"]
 
 READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 T = TypeVar("T")
@@ -48,16 +48,27 @@ MAX_LIVE = int(os.environ.get("CASCADE_TEST_MAX_ENGINES", "3"))
 their own engines need the rest of the 24 GiB."""
 FLAGSHIP_CONTEXT = 2048
 """The shared demo flagship's context: twice micro's shipped 1,024, so that a conversation micro cannot hold has
-a pool that holds it (context fit); nothing else the shared tests assert depends on it."""
+a pool that holds it (context fit)."""
+FLAGSHIP_KV_ARGS = ("--block-size", "32", "--num-gpu-blocks-override", "65")
+"""The shared demo flagship's KV cache: 65 blocks of 32 tokens, of which vLLM keeps one back: 2,048 tokens, one
+request of its whole context. The
+demo models are tiny (2 KiB of KV cache per token) and vLLM's CPU KV space is set in whole GiB, so with the
+shipped 1 GiB the cache never fills; the ladder test fills this one with real requests. The other tests send the
+flagship one short request at a time, which this cache holds."""
 
 
 def demo_policy_text() -> str:
-    """`policies/default.yaml` with the flagship engine's context at `FLAGSHIP_CONTEXT`: the engine pair most
-    end-to-end tests share (micro exactly as shipped)."""
+    """`policies/default.yaml` with the flagship engine's context at `FLAGSHIP_CONTEXT` and its KV cache at
+    `FLAGSHIP_KV_ARGS`: the engine pair the end-to-end tests share (micro exactly as shipped)."""
     shipped = (ROOT / "policies" / "default.yaml").read_text()
-    block = "served_name: flagship\n      replicas: 1\n      max_model_len: 1024\n"
-    assert shipped.count(block) == 1, "the shipped flagship engine block changed: update tests/engines.py"
-    return shipped.replace(block, block.replace("1024", str(FLAGSHIP_CONTEXT)))
+    start, end = shipped.index("  flagship:\n    type: local\n"), shipped.index("\nrouting:\n")
+    block = shipped[start:end]
+    context, args = "      max_model_len: 1024\n", '      extra_args: ["--enforce-eager"]\n'
+    assert block.count(context) == block.count(args) == 1, "the shipped flagship changed: update tests/engines.py"
+    kv = ", ".join(f'"{arg}"' for arg in FLAGSHIP_KV_ARGS)
+    block = block.replace(context, context.replace("1024", str(FLAGSHIP_CONTEXT))).replace(
+        args, args.replace('"--enforce-eager"', f'"--enforce-eager", {kv}'))
+    return shipped[:start] + block + shipped[end:]
 
 
 class SharedEngines:
@@ -92,12 +103,17 @@ class SharedEngines:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     def urls(self, specs: Sequence[EngineSpec], timeout_s: float = READY_TIMEOUT_S) -> list[tuple[str, ...]]:
-        """Each spec's replicas' base URLs, once all answer `/health`: running ones are reused, missing ones
-        started side by side. Raises `EngineStartError` (with the engine's log tail) if one does not come up."""
-        with self._lock:
-            return self._run(self._urls(list(specs), timeout_s), timeout_s + 60)
+        """Each spec's replicas' base URLs, once all answer `/health` (see `supervisors`)."""
+        return [sup.urls for sup in self.supervisors(specs, timeout_s)]
 
-    async def _urls(self, specs: list[EngineSpec], timeout_s: float) -> list[tuple[str, ...]]:
+    def supervisors(self, specs: Sequence[EngineSpec], timeout_s: float = READY_TIMEOUT_S) -> list[EngineSupervisor]:
+        """Each spec's engine supervisor, once all its replicas answer `/health`: running ones are reused, missing
+        ones started side by side. Raises `EngineStartError` (with the engine's log tail) if one does not come
+        up. Read them; stopping or changing them is for tests with engines of their own."""
+        with self._lock:
+            return self._run(self._supervisors(list(specs), timeout_s), timeout_s + 60)
+
+    async def _supervisors(self, specs: list[EngineSpec], timeout_s: float) -> list[EngineSupervisor]:
         keys = [self.key(spec) for spec in specs]
         wanted = dict(zip(keys, specs, strict=True))
         for key in wanted:
@@ -106,12 +122,12 @@ class SharedEngines:
         missing = [key for key in wanted if key not in self._engines]
         idle = [key for key in self._engines if key not in wanted]
         while idle and len(self._engines) + len(missing) > MAX_LIVE:
-            await self._engines.pop(idle.pop(0)).aclose()
+            await _stopped([self._engines.pop(idle.pop(0))])
         await asyncio.gather(*(self._start(key, wanted[key]) for key in missing))
         for key in wanted:
             if key not in missing:
                 await self._await_ready(key, timeout_s)
-        return [self._engines[key].urls for key in keys]
+        return [self._engines[key] for key in keys]
 
     async def _start(self, key: str, spec: EngineSpec) -> None:
         self._started += 1
@@ -146,7 +162,7 @@ class SharedEngines:
 
     async def _stop_all(self) -> None:
         engines, self._engines = list(self._engines.values()), OrderedDict()
-        await asyncio.gather(*(sup.aclose() for sup in engines), return_exceptions=True)
+        await _stopped(engines)
 
     def close(self) -> None:
         """Stop every engine and the loop."""
@@ -174,6 +190,15 @@ def assert_engine_cores_placed(pools: dict[str, EngineSupervisor]) -> None:
         if cpus == everything:
             continue  # a worker bound to nothing (CUDA): nothing to place
         assert thread_affinity(core) == (everything if shared else cpus), (name, shared)
+
+
+async def _stopped(engines: Sequence[EngineSupervisor]) -> None:
+    """`aclose` each supervisor, then hold that every process of every replica's group is gone (the supervisor's
+    claim: its engine-core and worker children stop with the API server)."""
+    pids = [r.pid for sup in engines for r in sup.replicas if r.pid is not None]
+    await asyncio.gather(*(sup.aclose() for sup in engines))
+    left = {pid: live_group_members(pid) for pid in pids if live_group_members(pid)}
+    assert not left, f"engine processes still running after aclose (group: members): {left}"
 
 
 @dataclass

@@ -2,18 +2,18 @@
 long streaming requests sent straight to the flagship engine until its KV cache fills up.
 
 The demo models are tiny (2 KiB of KV cache per token) and vLLM's CPU KV space is set in whole GiB, so with
-defaults the cache never fills. The flagship engine therefore gets a cache of 64 blocks of 32 tokens
-(`--block-size 32 --num-gpu-blocks-override 64`: 2048 tokens, two max-length requests): ten concurrent
-requests of ~200 prompt + 600 generated tokens keep `vllm:kv_cache_usage_perc` between ~0.6 and 1.0 (vLLM
-preempts and recomputes when it is full) and it falls to 0 as soon as they are cancelled.
+defaults the cache never fills. The shared flagship engine (`tests/engines.py`) therefore has a cache of 64
+usable blocks of 32 tokens (`--block-size 32 --num-gpu-blocks-override 65`, one kept back: 2048 tokens; the CPU
+backend wants blocks of 32k):
+ten concurrent requests of ~200 prompt + 600 generated tokens keep `vllm:kv_cache_usage_perc` between ~0.6 and 1.0
+(vLLM preempts and recomputes when it is full) and it falls to 0 as soon as they are cancelled.
 
 The ladder watches the flagship's `kv_cache_usage`: a `truncate_context` step (`scope: all`, so it also cuts the
 requests the next step moves away from the flagship) and a `fallback_pool` step to micro. The fallback remaps
 the flagship pool for every request, pinned ones included (`policies.decide`: the ladder's remap comes after the
 pinned pool is chosen), so a request pinned to `flagship` shows it.
 
-Slow (engine start-up is minutes on 2 CPU cores): one gateway, the shared micro engine and a flagship engine of
-its own (its KV cache is this test's), one test.
+Slow (engine start-up is minutes on 2 CPU cores): one gateway on the shared demo engines, one test.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,17 +32,14 @@ import pytest
 import yaml
 
 from tests.conftest import delete_prefix
-from tests.engines import Gateway, SharedEngines, gateway_on_shared_engines
+from tests.engines import FLAGSHIP_KV_ARGS, Gateway, SharedEngines, demo_policy_text, gateway_on_shared_engines
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 
-ROOT = Path(__file__).resolve().parents[2]
 ENGAGE_TIMEOUT_S = 120.0
 RELEASE_TIMEOUT_S = 90.0
 
 TRUNCATE, FALLBACK = "flagship-kv-truncate", "flagship-kv-fallback"
-# A KV cache the load below fills: 64 blocks x 32 tokens = 2048 tokens (the CPU backend wants blocks of 32k).
-FLAGSHIP_ARGS = ["--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64"]
 LADDER = {
     "steps": [
         {"name": TRUNCATE, "signal": "kv_cache_usage", "pool": "flagship", "enter_above": 0.6, "exit_below": 0.15,
@@ -54,7 +50,7 @@ LADDER = {
     ]
 }
 LOAD_WORKERS = 10
-LOAD_PROMPT_WORDS = 50  # ~4 demo-tokenizer tokens per word: ~200 prompt tokens, + 600 generated < 1024
+LOAD_PROMPT_WORDS = 50  # ~4 demo-tokenizer tokens per word: ~200 prompt tokens, + 600 generated < its 2,048
 LOAD_MAX_TOKENS = 600
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
          "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor")
@@ -62,11 +58,11 @@ WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
 
 @pytest.fixture(scope="module")
 def gateway(shared_engines: SharedEngines, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """The shipped micro engine (shared), a flagship engine with the small KV cache above, and a gateway with the
-    ladder in front of them."""
+    """The shared demo engines (the flagship's KV cache is the small one above) and a gateway with the ladder in
+    front of them."""
     prefix = f"test:ladder:{uuid.uuid4().hex[:8]}:"
-    policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
-    policy["pools"]["flagship"]["engine"]["extra_args"] = FLAGSHIP_ARGS
+    policy = yaml.safe_load(demo_policy_text())
+    assert policy["pools"]["flagship"]["engine"]["extra_args"] == ["--enforce-eager", *FLAGSHIP_KV_ARGS]
     policy["degradation"] = LADDER
     policy_path = tmp_path_factory.mktemp("ladder") / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))

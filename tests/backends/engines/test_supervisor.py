@@ -9,7 +9,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ import pytest
 
 from backends.engines.args import engine_command, engine_env
 from backends.engines.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports, live_group_members
-from policies.schema import EngineSpec
+from policies.loader import parse_policy
+from policies.schema import EngineSpec, LocalPool
 from policies.speculative import NgramSpeculation
-from tests.engines import assert_engine_cores_placed
+from tests.engines import SharedEngines, assert_engine_cores_placed, demo_policy_text
 
 FAKE_ENGINE = r"""
 import http.server, subprocess, sys, time
@@ -268,21 +268,6 @@ def _spec(name: str, port: int) -> EngineSpec:
     )  # skips ~80 s of torch.compile per start
 
 
-@pytest.fixture
-async def engines(tmp_path: Path) -> AsyncIterator[dict[str, EngineSupervisor]]:
-    pools = {
-        "micro": EngineSupervisor("micro", _spec("micro", 8181), home=tmp_path, check_interval_s=1),
-        "flagship": EngineSupervisor("flagship", _spec("flagship", 8191), home=tmp_path, check_interval_s=1),
-    }
-    started = time.monotonic()
-    try:
-        await asyncio.gather(*(pool.start() for pool in pools.values()))
-        print(f"both engines healthy in {time.monotonic() - started:.0f} s")
-        yield pools
-    finally:
-        await asyncio.gather(*(pool.aclose() for pool in pools.values()))
-
-
 async def _chat(client: httpx.AsyncClient, url: str, model: str) -> None:
     body = {
         "model": model,
@@ -305,15 +290,17 @@ async def _chat(client: httpx.AsyncClient, url: str, model: str) -> None:
 
 
 @pytest.mark.engines
-async def test_real_engines_serve_side_by_side_and_stop(engines: dict[str, EngineSupervisor]) -> None:
-    """Two real engines of one host: each serves (plain and streamed), their engine cores are placed beside their
-    workers (or both left unbound where the workers share cores), and `aclose` stops every process of each group.
-    A killed engine restarted by the supervisor, its old group gone and the new one placed:
+async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) -> None:
+    """Two real engines of one host, the demo pair the end-to-end tests share (started by this supervisor): each
+    serves (plain and streamed), and their engine cores are placed beside their workers (or both left unbound where
+    the workers share cores). That `aclose` stops every process of each group is held each time shared engines are
+    stopped (`tests/engines.py`); a killed engine restarted, its old group gone and the new one placed:
     tests/chaos/test_kill_engine.py, on the supervisor a gateway runs."""
+    pools = parse_policy(demo_policy_text(), "demo.yaml").policy.pools
+    local = {name: pool.engine for name, pool in pools.items() if isinstance(pool, LocalPool)}
+    engines = dict(zip(local, await asyncio.to_thread(shared_engines.supervisors, list(local.values())),
+                       strict=True))
     async with httpx.AsyncClient(timeout=60) as client:
-        for name, pool in engines.items():
-            await _chat(client, pool.ready_urls[0], name)
+        for pool in engines.values():
+            await _chat(client, pool.ready_urls[0], pool.spec.served_name)
         assert_engine_cores_placed(engines)
-    pids = [r.pid for pool in engines.values() for r in pool.replicas if r.pid is not None]
-    await asyncio.gather(*(pool.aclose() for pool in engines.values()))
-    assert all(live_group_members(pid) == [] for pid in pids)
