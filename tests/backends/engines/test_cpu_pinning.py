@@ -23,10 +23,16 @@ from backends.engines.cpu_pinning import (
 )
 from backends.engines.supervisor import Backoff, EngineSupervisor
 from policies.schema import EngineSpec
+from tests.engines import SharedEngines
 
 ALL_CPUS = frozenset(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(ALL_CPUS) < 2 or not Path("/proc/self/task").is_dir(),
                                     reason="needs Linux and at least 2 usable CPUs")
+# The pinning looks at every vLLM worker process on the host (another engine's worker on the same cores leaves
+# an engine core unbound), so these tests must not overlap the real engines' tests nor one another under
+# pytest-xdist: they run on the worker of the "engines" group, after its engine tests (the shared engines are
+# stopped first, `_no_other_vllm_workers`).
+pytestmark = pytest.mark.xdist_group("engines")
 
 # A stand-in for vLLM's API server: it starts an engine core (unbound, with a second thread), which starts a
 # worker bound to `worker_cpus` (as vLLM binds its OpenMP threads); each renamed like vLLM's.
@@ -56,8 +62,11 @@ time.sleep(600)
 
 
 def _no_other_vllm_workers() -> None:
-    """Wait (10 s at most) until no vLLM worker is left on the host, e.g. a real engine of an earlier test still
-    dying: the pinning rightly leaves an engine core alone when another worker shares its cores."""
+    """Stop this session's shared real engines (a later test that wants one starts it again), then wait (10 s at
+    most) until no vLLM worker is left on the host, e.g. a real engine of an earlier test still dying: the
+    pinning rightly leaves an engine core alone when another worker shares its cores."""
+    for engines in SharedEngines.instances:
+        engines.stop_all()
     deadline = time.monotonic() + 10
     while any(_comm(p).startswith("VLLM::Worker") for p in Path("/proc").glob("[0-9]*/comm")):
         assert time.monotonic() < deadline, "another vLLM worker runs on this host"
