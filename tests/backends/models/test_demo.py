@@ -17,6 +17,9 @@ from backends.models.demo import (
     verify_model_dir,
 )
 
+# one xdist group: under pytest-xdist the module's real build (`built`, 10-20 s) runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("demo-build")
+
 
 def _fake_model(path: Path) -> Path:
     path.mkdir(parents=True)

@@ -17,7 +17,8 @@ from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
 from tests.servers import free_port, serve, start_gateway
 
-pytestmark = pytest.mark.redis
+# one xdist group: under pytest-xdist the module's two gateway processes (`two`) start once, not once per worker
+pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("two-gateways")]
 TENANTS = f"""tenants:
   capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 10}}}}
   broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0002"}}}}

@@ -28,7 +28,8 @@ from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
 from tests.servers import free_port, serve, until, wait_ready
 
-pytestmark = pytest.mark.redis
+# one xdist group: under pytest-xdist the module's two-worker gateway (`workers`) starts once, not once per worker
+pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("serve-workers")]
 ROOT = Path(__file__).resolve().parents[3]
 EXTRA = f"""tenants:
   capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 10}}}}

@@ -36,7 +36,10 @@ from tests.servers import free_port
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 PREFIX = "cl:"
-pytestmark = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server is not installed")
+pytestmark = [
+    pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server is not installed"),
+    pytest.mark.xdist_group("redis-cluster"),  # under pytest-xdist the module's cluster (`cluster`) starts once
+]
 
 
 def _wait(check: object, what: str, timeout_s: float = 10.0) -> None:

@@ -21,6 +21,8 @@ from router_models.embedders.torch_minilm import MiniLMEmbedder
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("onnxruntime")
 
+# one xdist group: under pytest-xdist the module's fresh ONNX export (`onnx_embedder`) is made once
+pytestmark = pytest.mark.xdist_group("onnx-export")
 NAME = "all-MiniLM-L6-v2:onnx-int8:t64:l3"
 TEXTS = [
     "hi there!",

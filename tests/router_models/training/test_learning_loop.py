@@ -54,6 +54,7 @@ Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 pytestmark = [
     pytest.mark.redis,
+    pytest.mark.xdist_group("learning-loop"),  # one embedding cache for the module's runs under pytest-xdist
     pytest.mark.skipif(not DEFAULT_ROUTING_DIR.is_dir(),
                        reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR} (set CASCADE_ROUTING_DATA)"),
 ]
