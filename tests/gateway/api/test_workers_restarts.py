@@ -35,7 +35,8 @@ def fake_engine(spec, port, models):
     return [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", spec.served_name]
 
 configure_logging("WARNING", json=False)
-settings = Settings(policy_path=Path(sys.argv[1]), home=Path(sys.argv[2]), redis_prefix=sys.argv[3], scorer="none")
+settings = Settings(policy_path=Path(sys.argv[1]), home=Path(sys.argv[2]), redis_prefix=sys.argv[3], scorer="none",
+                    probe_interval_s=0.25, policy_watch_interval_s=0.25)  # probes, gauges and the file: 4x a second
 group = WorkerGroup(settings, "127.0.0.1", int(sys.argv[4]), 2, "WARNING", False, command=fake_engine)
 sys.exit(asyncio.run(group.run()))
 """
