@@ -48,10 +48,11 @@ async def test_scoring_smoke_is_finite_bounded_and_deterministic() -> None:
                     reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR} (set CASCADE_ROUTING_DATA)")
 async def test_real_prompts_rank_better_than_random_routing() -> None:
     """In-sample regression guard, not a quality figure: the shipped artifact was trained on every source, so
-    this sample (100 evenly spaced prompts per source) was seen in training. It catches a scorer that
+    this sample (50 evenly spaced prompts per source, 350 in all: AUC 0.60, APGR 0.57 when written; 100 per
+    source gave 0.64 and 0.61 for twice the scoring time) was seen in training. It catches a scorer that
     serves a different model than the one trained (features, embedder, truncation), which drops to ~0.5.
     The held-out figures are the artifact's leave-one-source-out evaluation (`test_artifact.py`)."""
-    sample = load_outcomes(max_per_source=100)
+    sample = load_outcomes(max_per_source=50)
     assert len({ex.source for ex in sample}) >= 2 and len(sample) >= 300
     scores = await _scores([ex.text for ex in sample])
     m = metrics(scores, [ex.label for ex in sample], [ex.weak for ex in sample], [ex.strong for ex in sample],
