@@ -28,6 +28,7 @@ from backends.machine_checks import checked_here, quant_lines
 from backends.quantization.eval import EVAL_PROMPTS, JSON_PROMPTS
 from backends.quantization.metadata import METADATA_NAME, checkpoint_problem, read_figures, read_metadata
 from backends.quantization.venv import ensure_quant_venv, quant_venv_dir
+from gateway.cli.main import main
 from policies.loader import PolicyError, parse_policy
 
 pytestmark = pytest.mark.engines
@@ -59,22 +60,32 @@ def _policy(model: Path, ceiling: str) -> str:
 routing:""", 1)
 
 
-def test_demo_int8_fallback_from_nothing_is_measured_and_validates_the_shipped_ladder(tmp_path: Path) -> None:
+def _quantize_demo(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    """`cascade quantize --demo` in this process (its lines are measured for coverage), into `home`; its output."""
+    with monkeypatch.context() as patched:
+        patched.setenv("CASCADE_HOME", str(home))
+        code = main(["quantize", "--demo", "--samples", SAMPLES])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out[-2000:] + printed.err[-3000:]
+    return printed.out
+
+
+def test_demo_int8_fallback_from_nothing_is_measured_and_validates_the_shipped_ladder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     ensure_quant_venv()
     home = tmp_path / "home"
     home.mkdir()
     quant_venv_dir(home).symlink_to(quant_venv_dir())
 
-    built = _cascade(home, "quantize", "--demo", "--samples", SAMPLES)
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
-    assert "building the demo's calibrated int8 fallback" in built.stdout
+    built = _quantize_demo(home, monkeypatch, capsys)
+    assert "building the demo's calibrated int8 fallback" in built
     target = home / "models" / "flagship-w8a8"
     assert checkpoint_problem(target) is None
     config = json.loads((target / "config.json").read_text())["quantization_config"]
     assert config["quant_method"] == "compressed-tensors" and config["format"] == "int-quantized"
     figures, meta = read_figures(target), read_metadata(target)
     assert figures is not None and meta is not None and figures.prompts == len(EVAL_PROMPTS)
-    assert figures.summary() in built.stdout
+    assert figures.summary() in built
     assert json.loads((target / METADATA_NAME).read_text())["calibration"]["samples"] == int(SAMPLES)
     ev = meta["evaluation"]
     assert figures.positions == ev["positions"] == len(EVAL_PROMPTS) * int(ev["new_tokens"])
@@ -105,7 +116,6 @@ def test_demo_int8_fallback_from_nothing_is_measured_and_validates_the_shipped_l
     loaded = checked_here(parse_policy(_policy(target, f"{{max_kl: {ev['kl_mean'] * 2}}}"), "relaxed.yaml"))
     assert "flagship-int8: W8A8: next-token agreement" in quant_lines(loaded.policy)[1]
 
-    again = _cascade(home, "quantize", "--demo", "--samples", SAMPLES)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "building" not in again.stdout and "measuring" not in again.stdout
+    again = _quantize_demo(home, monkeypatch, capsys)
+    assert "building" not in again and "measuring" not in again
     assert read_figures(target) == figures
