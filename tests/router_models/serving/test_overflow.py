@@ -160,8 +160,10 @@ def test_the_setting_defaults_to_auto_and_tests_run_without_it(monkeypatch: pyte
 async def test_the_shipped_scorer_overflows_a_real_surge_to_the_fast_artifact() -> None:
     """The real models: the transformer primary and the static overflow (its table is built on first use,
     about a minute on 2 cores, then cached). A surge of unique prompts is partly scored by the overflow model,
-    with exactly the fast artifact's own scores; a lone prompt afterwards gets the primary's."""
-    scorer = load_scorer(None, BatchingConfig(workers=1), overflow="auto")
+    with exactly the fast artifact's own scores; a lone prompt afterwards gets the primary's. Overflow after
+    50 ms, not the default 10: the surge's later batches wait far longer, and a lone prompt's pickup on a busy
+    machine (under pytest-xdist) can take more than 10 ms, which sent it to the overflow model."""
+    scorer = load_scorer(None, BatchingConfig(workers=1, overflow_after_ms=50), overflow="auto")
     deadline = time.monotonic() + 300
     while scorer.overflow is None and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
