@@ -51,10 +51,9 @@ FLAGSHIP_CONTEXT = 2048
 a pool that holds it (context fit)."""
 FLAGSHIP_KV_ARGS = ("--block-size", "32", "--num-gpu-blocks-override", "65")
 """The shared demo flagship's KV cache: 65 blocks of 32 tokens, of which vLLM keeps one back: 2,048 tokens, one
-request of its whole context. The
-demo models are tiny (2 KiB of KV cache per token) and vLLM's CPU KV space is set in whole GiB, so with the
-shipped 1 GiB the cache never fills; the ladder test fills this one with real requests. The other tests send the
-flagship one short request at a time, which this cache holds."""
+request of its whole context. The demo models are tiny (2 KiB of KV cache per token) and vLLM's CPU KV space is set
+in whole GiB, so with the shipped 1 GiB the cache never fills; the ladder test fills this one with real requests.
+The other tests send the flagship one short request at a time, which this cache holds."""
 
 
 def demo_policy_text() -> str:

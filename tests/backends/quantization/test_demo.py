@@ -30,6 +30,7 @@ from backends.quantization.metadata import METADATA_NAME, checkpoint_problem, re
 from backends.quantization.venv import ensure_quant_venv, quant_venv_dir
 from gateway.cli.main import main
 from policies.loader import PolicyError, parse_policy
+from tests.backends.quantization.policy_text import with_checkpoint_pool
 
 pytestmark = pytest.mark.engines
 
@@ -46,18 +47,6 @@ def _cascade(home: Path, *args: str, timeout: float = 1800) -> subprocess.Comple
     env = {**os.environ, "CASCADE_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     return subprocess.run([str(CASCADE), *args], env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
-
-
-def _policy(model: Path, ceiling: str) -> str:
-    """The shipped demo policy with the checkpoint as a third pool, under `ceiling` (`max_quant_loss`)."""
-    text = (ROOT / "policies" / "default.yaml").read_text()
-    return text.replace("routing:", f"""  flagship-int8:
-    type: local
-    price: {{input_per_mtok: "1.00", output_per_mtok: "5.00"}}
-    engine: {{model: "{model}", served_name: flagship-int8, base_port: 8311}}
-    max_quant_loss: {ceiling}
-
-routing:""", 1)
 
 
 def _quantize_demo(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
@@ -110,10 +99,11 @@ def test_demo_int8_fallback_from_nothing_is_measured_and_validates_the_shipped_l
     # the same judgement in process, on the checkpoint's path: refused as a fallback, and listed when it holds
     tighter = ev["kl_mean"] / 2
     with pytest.raises(PolicyError) as strict:
-        checked_here(parse_policy(_policy(target, f"{{max_kl: {tighter}}}"), "strict.yaml"))
+        checked_here(parse_policy(with_checkpoint_pool(target, f"{{max_kl: {tighter}}}"), "strict.yaml"))
     assert f"max_kl {tighter:g} is tighter than the measured KL" in str(strict.value)
     assert "may not serve as a fallback" in str(strict.value)
-    loaded = checked_here(parse_policy(_policy(target, f"{{max_kl: {ev['kl_mean'] * 2}}}"), "relaxed.yaml"))
+    relaxed = with_checkpoint_pool(target, f"{{max_kl: {ev['kl_mean'] * 2}}}")
+    loaded = checked_here(parse_policy(relaxed, "relaxed.yaml"))
     assert "flagship-int8: W8A8: next-token agreement" in quant_lines(loaded.policy)[1]
 
     again = _quantize_demo(home, monkeypatch, capsys)

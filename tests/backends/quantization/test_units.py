@@ -17,6 +17,7 @@ from backends.quantization.metadata import METADATA_NAME, read_figures, write_me
 from backends.quantization.quantize import MOE_EXPERTS_IGNORE, default_ignore
 from gateway.cli.main import main
 from policies.loader import PolicyError, parse_policy
+from tests.backends.quantization.policy_text import with_checkpoint_pool
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -104,30 +105,19 @@ def _checkpoint(tmp_path: Path, agreement: float, kl: float, evaluated: bool = T
     return ckpt
 
 
-def _policy(model: Path, ceiling: str) -> str:
-    text = (ROOT / "policies" / "default.yaml").read_text()
-    return text.replace("routing:", f"""  flagship-int8:
-    type: local
-    price: {{input_per_mtok: "1.00", output_per_mtok: "5.00"}}
-    engine: {{model: "{model}", served_name: flagship-int8, base_port: 8301}}
-    max_quant_loss: {ceiling}
-
-routing:""", 1)
-
-
 def test_policy_with_a_tighter_ceiling_than_measured_is_refused(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path, agreement=0.95, kl=0.02)
     with pytest.raises(PolicyError) as err:
-        checked_here(parse_policy(_policy(ckpt, "{max_disagreement: 0.02}"), "p.yaml"))
+        checked_here(parse_policy(with_checkpoint_pool(ckpt, "{max_disagreement: 0.02}"), "p.yaml"))
     message = str(err.value)
     assert re.search(r"p\.yaml:\d+: pools\.flagship-int8\.max_quant_loss: ", message), message
-    parse_policy(_policy(ckpt, "{max_disagreement: 0.02}"), "p.yaml")  # parsing alone reads no checkpoint
+    parse_policy(with_checkpoint_pool(ckpt, "{max_disagreement: 0.02}"), "p.yaml")  # parsing alone reads no checkpoint
     assert "max_disagreement 0.02 is tighter than the measured next-token disagreement 0.0500" in message
     assert "may not serve as a fallback" in message
     with pytest.raises(PolicyError, match=r"max_kl 0\.01 is tighter than the measured KL 0\.02 nats"):
-        checked_here(parse_policy(_policy(ckpt, "{max_kl: 0.01}"), "p.yaml"))
+        checked_here(parse_policy(with_checkpoint_pool(ckpt, "{max_kl: 0.01}"), "p.yaml"))
     fits = "{max_disagreement: 0.06, max_kl: 0.05, min_json_valid: 0.9}"
-    loaded = checked_here(parse_policy(_policy(ckpt, fits), "p.yaml"))
+    loaded = checked_here(parse_policy(with_checkpoint_pool(ckpt, fits), "p.yaml"))
     lines = quant_lines(loaded.policy)
     assert lines[0] == "quantized pools:"
     assert "flagship-int8: W8A8: next-token agreement 95.0% over 384 positions" in lines[1]
@@ -137,8 +127,8 @@ def test_policy_with_a_tighter_ceiling_than_measured_is_refused(tmp_path: Path) 
 def test_unevaluated_checkpoint_is_refused_and_unbuilt_one_is_not_judged(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path, 0, 0, evaluated=False)
     with pytest.raises(PolicyError, match="has no measured loss; run `cascade quantize --evaluate"):
-        checked_here(parse_policy(_policy(ckpt, "{max_disagreement: 0.5}"), "p.yaml"))
-    checked_here(parse_policy(_policy(tmp_path / "not-built", "{max_disagreement: 0.5}"), "p.yaml"))
+        checked_here(parse_policy(with_checkpoint_pool(ckpt, "{max_disagreement: 0.5}"), "p.yaml"))
+    checked_here(parse_policy(with_checkpoint_pool(tmp_path / "not-built", "{max_disagreement: 0.5}"), "p.yaml"))
 
 
 def test_quantize_refuses_without_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
