@@ -52,9 +52,11 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], s
 
 
 def _post(url: str, key: str) -> int:
+    # the timeout is generous: CI runs this beside real engines on two cores, where one answer of a fake upstream
+    # has taken over 10 s; a request cut off by the client would still be served and recorded after the test
     body = {"model": "flagship", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"},
-                      timeout=10).status_code
+                      timeout=120).status_code
 
 
 def _unchecked(url: str) -> float:
@@ -77,10 +79,13 @@ def test_one_budget_and_one_ledger_across_two_processes(two: tuple[list[str], st
     # each request costs ~132 micro-USD on the flagship; the budget is 200: the third one is refused (with a
     # budget per process each would have served two, the third going to the first again)
     urls, prefix = two
-    before = len(ledger_records(SHARED_URL, prefix))
+    def broke_records() -> int:  # this tenant's only: the module's other test shares the prefix
+        return sum(record["tenant"] == "broke" for record in ledger_records(SHARED_URL, prefix))
+
+    before = broke_records()
     codes: list[int] = []
     while 429 not in codes and len(codes) < 12:
         codes.append(_post(urls[len(codes) % 2], "sk-broke"))
         time.sleep(1.1)  # past the guard's 1 s cache, so the shared spend is read again
     assert codes == [200, 200, 429]
-    assert len(ledger_records(SHARED_URL, prefix)) - before == codes.count(200)
+    assert broke_records() - before == codes.count(200)
