@@ -133,12 +133,14 @@ _FALLBACK_SERVE = (
 
 
 def gateway_command(policy: Path, port: int, transport: str, prefix: str, log_level: str,
-                    ledger: str = "redis", launcher: str | None = None) -> tuple[list[str], str]:
+                    ledger: str = "redis", launcher: str | None = None, scorer: str = "none",
+                    extra: Sequence[str] = ()) -> tuple[list[str], str]:
     """argv of one gateway worker; falls back to the same uvicorn call when `python -m gateway` cannot import
     (the CLI needs `gateway.costs.cli`, which may not exist yet). `launcher` replaces `python -m gateway`
-    (A/B runs of a patched build). Returns (argv, launcher name)."""
-    serve = ["serve", "--policy", str(policy), "--port", str(port), "--scorer", "none", "--no-engines",
-             "--log-level", log_level, "--transport", transport, "--redis-prefix", prefix, "--ledger", ledger]
+    (A/B runs of a patched build); `extra` is appended to `serve`'s flags. Returns (argv, launcher name)."""
+    serve = ["serve", "--policy", str(policy), "--port", str(port), "--scorer", scorer, "--no-engines",
+             "--log-level", log_level, "--transport", transport, "--redis-prefix", prefix, "--ledger", ledger,
+             *extra]
     if launcher:
         return [*shlex.split(launcher), *serve], launcher
     if find_spec("gateway.costs.cli") is not None:

@@ -26,6 +26,7 @@ from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
 from gateway.control.file_watch import FileWatcher
+from gateway.control.gc_pauses import GcPauses, freeze_heap
 from gateway.control.loop_lag import LoopLag
 from gateway.control.metrics import CONTENT_TYPE
 from gateway.control.router_swap import watched_paths
@@ -215,10 +216,15 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
                 watcher.start()
         lag = LoopLag(current.metrics.loop_lag.observe)
         lag.start()
+        pauses = GcPauses(current.metrics.gc_paused)
+        pauses.install()
+        if settings.gc_freeze:
+            freeze_heap("start-up")
         log.info("gateway up", extra={"policy_version": current.policies.current.version})
         try:
             yield
         finally:
+            pauses.uninstall()
             await lag.aclose()
             for watcher in watchers:
                 await watcher.aclose()

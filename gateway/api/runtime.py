@@ -17,6 +17,7 @@ from gateway.caching.store import RedisCacheStore
 from gateway.checking.judge import OutputChecker
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import DegradationMonitor
+from gateway.control.gc_pauses import freeze_heap
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.metrics import GatewayMetrics
@@ -94,6 +95,8 @@ class Runtime:
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
                 self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not
+                if self.settings.gc_freeze:
+                    freeze_heap("policy reload")
             return fresh
 
     def scorer_swapped(self, new: Scorer) -> None:
