@@ -100,11 +100,39 @@ def _start(env: Env, name: str, upstream: str, extra: list[str], launcher: str |
     port = free_port()
     cmd, _ = gateway_command(policy, port, "h1", env.prefix + name + ":", "WARNING", "redis", launcher,
                              scorer=args.scorer, extra=extra)
-    proc = env.procs.start(name, cmd, {"CASCADE_HOME": str(env.tmp / f"{name}-home"),
-                                       "CASCADE_REDIS_URL": args.redis_url})
+    home = env.tmp / f"{name}-home"
+    home.mkdir()
+    (home / "router-cache").symlink_to(_router_cache(), target_is_directory=True)
+    proc = env.procs.start(name, cmd, {"CASCADE_HOME": str(home), "CASCADE_REDIS_URL": args.redis_url})
     base = f"http://127.0.0.1:{port}"
     wait_ready(base + "/readyz", proc, args.ready_timeout, f"gateway {name}", lambda: env.procs.log_tail(name))
+    _await_overflow(base, name, args.ready_timeout)
     return Target(name, base + "/v1/chat/completions", proc.pid)
+
+
+def _router_cache() -> Path:
+    """The user's router cache ($CASCADE_HOME or ./.cascade): each gateway has its own home, but the embedding
+    model's caches are built once (the overflow table takes minutes on a loaded machine) and shared."""
+    home = Path(os.environ.get("CASCADE_HOME") or ".cascade").expanduser().resolve()
+    (home / "router-cache").mkdir(parents=True, exist_ok=True)
+    return home / "router-cache"
+
+
+def _await_overflow(base: str, name: str, timeout_s: float) -> None:
+    """Until the gateway's router overflow model has loaded (`/readyz` router_overflow): a first start builds its
+    table in the background, and measuring during that build measures the build."""
+    deadline, said = time.monotonic() + timeout_s, False
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(base + "/readyz", timeout=10) as resp:
+            state = json.loads(resp.read()).get("router_overflow", "none")
+        if state != "loading":
+            return
+        if not said:
+            print(f"  {name}: waiting for the router overflow model to load (a first build takes minutes)",
+                  flush=True)
+            said = True
+        time.sleep(2.0)
+    raise RuntimeError(f"gateway {name}: the router overflow model was still loading after {timeout_s:g} s")
 
 
 def _targets(env: Env) -> list[Target]:
@@ -238,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wrk-timeout", type=float, default=10.0, help="wrk per-request timeout in s (default 10)")
     p.add_argument("--soak", type=float, default=0.0, help="then this many seconds at c=16 printing RSS (0: none)")
     p.add_argument("--redis-url", default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--ready-timeout", type=float, default=180, help="seconds to wait for a gateway (default 180)")
+    p.add_argument("--ready-timeout", type=float, default=600,
+                   help="seconds to wait for a gateway and its router overflow model (default 600)")
     p.add_argument("--out", type=Path, help="JSON path (default loadtest/results/tail-<timestamp>.json)")
     return p
 

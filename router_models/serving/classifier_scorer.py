@@ -293,6 +293,16 @@ class ClassifierScorer:
                 if not fut.done():
                     fut.set_result((by_key[key], which))
 
+    @property
+    def overflow_state(self) -> str:
+        """"ready" (attached), "loading" (its thread runs), "failed" (the thread ended without one: logged), or
+        "none" (no overflow model asked for)."""
+        if self.overflow is not None:
+            return "ready"
+        if self.overflow_loader is None:
+            return "none"
+        return "loading" if self.overflow_loader.is_alive() else "failed"
+
     def load_overflow_in_background(self, load: Callable[[], BatchModel], what: str) -> threading.Thread:
         """Build the overflow model on a low-priority daemon thread (its first load may build a cache for a
         minute) and attach it when ready; until then, or if loading fails (logged), the primary scores all."""
