@@ -37,7 +37,16 @@ from typing import Any
 
 from loadtest.bench.cells import Target, measure
 from loadtest.bench.wrk import WRK_INSTALL_HINT, lua_script, run_wrk
-from loadtest.processes import Env, Procs, cleanup_redis, free_port, gateway_command, policy_text, wait_ready
+from loadtest.processes import (
+    Env,
+    Procs,
+    cleanup_redis,
+    cpu_seconds,
+    free_port,
+    gateway_command,
+    policy_text,
+    wait_ready,
+)
 
 __all__ = ["build_parser", "gc_counts", "main", "summarise"]
 
@@ -106,7 +115,7 @@ def _start(env: Env, name: str, upstream: str, extra: list[str], launcher: str |
     proc = env.procs.start(name, cmd, {"CASCADE_HOME": str(home), "CASCADE_REDIS_URL": args.redis_url})
     base = f"http://127.0.0.1:{port}"
     wait_ready(base + "/readyz", proc, args.ready_timeout, f"gateway {name}", lambda: env.procs.log_tail(name))
-    _await_overflow(base, name, args.ready_timeout)
+    _await_overflow(base, name, proc.pid, args.ready_timeout)
     return Target(name, base + "/v1/chat/completions", proc.pid)
 
 
@@ -118,14 +127,20 @@ def _router_cache() -> Path:
     return home / "router-cache"
 
 
-def _await_overflow(base: str, name: str, timeout_s: float) -> None:
-    """Until the gateway's router overflow model has loaded (`/readyz` router_overflow): a first start builds its
-    table in the background, and measuring during that build measures the build."""
+def _await_overflow(base: str, name: str, pid: int, timeout_s: float) -> None:
+    """Until the gateway's router overflow model has loaded (`/readyz` router_overflow; a tree without that field:
+    until the process idles, under 5% of a core over 3 s): a first start builds its table in the background, and
+    measuring during that build measures the build."""
     deadline, said = time.monotonic() + timeout_s, False
     while time.monotonic() < deadline:
         with urllib.request.urlopen(base + "/readyz", timeout=10) as resp:
-            state = json.loads(resp.read()).get("router_overflow", "none")
-        if state != "loading":
+            state = json.loads(resp.read()).get("router_overflow")
+        if state is None:
+            before = cpu_seconds(pid)
+            time.sleep(3.0)
+            if cpu_seconds(pid) - before < 0.15:
+                return
+        elif state != "loading":
             return
         if not said:
             print(f"  {name}: waiting for the router overflow model to load (a first build takes minutes)",
