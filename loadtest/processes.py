@@ -28,6 +28,7 @@ __all__ = [
     "http_get",
     "policy_text",
     "post_json",
+    "start_fake_upstream",
     "start_gateway",
     "wait_ready",
 ]
@@ -193,6 +194,17 @@ def start_gateway(env: Env, name: str, upstream_url: str, model: str, transport:
     proc = env.procs.start(name, cmd, extra)
     base = f"http://127.0.0.1:{port}"
     wait_ready(base + "/readyz", proc, args.ready_timeout, f"gateway {name}", lambda: env.procs.log_tail(name))
+    return base, proc.pid
+
+
+def start_fake_upstream(env: Env, name: str, args: Sequence[str] = ()) -> tuple[str, int]:
+    """A zero-latency fake vLLM upstream (`loadtest.fake_upstream`, serving `fake-model`, with `args`) as
+    `env.procs`' process `name`; returns (base URL, pid) once it answers /health."""
+    port = free_port()
+    proc = env.procs.start(name, [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port),
+                                  "--model", "fake-model", *args])
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/health", proc, env.args.ready_timeout, "fake upstream", lambda: env.procs.log_tail(name))
     return base, proc.pid
 
 

@@ -45,6 +45,7 @@ from loadtest.processes import (
     free_port,
     gateway_command,
     policy_text,
+    start_fake_upstream,
     wait_ready,
 )
 
@@ -152,12 +153,8 @@ def _await_overflow(base: str, name: str, pid: int, timeout_s: float) -> None:
 
 def _targets(env: Env) -> list[Target]:
     args = env.args
-    port = free_port()
-    up = env.procs.start("upstream", [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port),
-                                      "--model", "fake-model"])
-    upstream = f"http://127.0.0.1:{port}"
-    wait_ready(upstream + "/health", up, args.ready_timeout, "fake upstream", lambda: env.procs.log_tail("upstream"))
-    targets = [Target("direct", upstream + "/v1/chat/completions", up.pid)]
+    upstream, upstream_pid = start_fake_upstream(env, "upstream")
+    targets = [Target("direct", upstream + "/v1/chat/completions", upstream_pid)]
     variants = {"freeze": ([], None), "nofreeze": (["--no-gc-freeze"], None), "old": ([], args.old_cmd)}
     for name in args.variants:
         if name == "old" and not args.old_cmd:
