@@ -13,9 +13,11 @@ swap. A swap drops the old policy or router: objects in the permanent generation
 old router in a reference cycle would leak. `freeze_heap()` therefore unfreezes, runs one full collection (the
 one pause a swap costs, logged with its length) and freezes what is left.
 
-`GcPauses` records every collection's generation and pause through `gc.callbacks`, for the
-`cascade_gc_pause_seconds{generation}` histogram and the overhead benchmark. A callback runs inside the
-collector, on whichever thread triggered it; it only reads the clock and calls `observe`.
+`GcPauses` records every collection's generation, pause and the unreachable objects it freed through
+`gc.callbacks`, for the `cascade_gc_pause_seconds{generation}` histogram, the
+`cascade_gc_collected_objects_total{generation}` counter (objects only the cyclic collector could free: reference
+cycles; per request, near 0 is what a request path without cycles gives) and the tail benchmark. A callback runs
+inside the collector, on whichever thread triggered it; it only reads the clock and calls `observe`.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ def freeze_heap(why: str) -> None:
 
 
 class GcPauses:
-    """Calls `observe(generation, seconds)` after each collection; `install` / `uninstall` own the callback."""
+    """Calls `observe(generation, seconds, collected)` after each collection; `install` / `uninstall` own the
+    callback."""
 
-    def __init__(self, observe: Callable[[int, float], None]) -> None:
+    def __init__(self, observe: Callable[[int, float, int], None]) -> None:
         self._observe = observe
         self._started = 0.0
 
@@ -53,7 +56,7 @@ class GcPauses:
         if phase == "start":
             self._started = time.perf_counter()
         elif self._started:
-            self._observe(int(info["generation"]), time.perf_counter() - self._started)
+            self._observe(int(info["generation"]), time.perf_counter() - self._started, int(info["collected"]))
             self._started = 0.0
 
     def install(self) -> None:

@@ -231,6 +231,9 @@ class GatewayMetrics:
                                "(gateway.control.gc_pauses; 0: nothing frozen, --no-gc-freeze or an embedded app)",
                                registry=r, multiprocess_mode="livemax")
         self._gc_observe = tuple(gc_pause.labels(str(generation)).observe for generation in range(3))
+        gc_collected = Counter("cascade_gc_collected_objects", "unreachable objects the cyclic collector freed "
+                               "(reference cycles), by generation", ["generation"], registry=r)
+        self._gc_collected = tuple(gc_collected.labels(str(generation)).inc for generation in range(3))
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
@@ -386,9 +389,12 @@ class GatewayMetrics:
         if self._in_flight is not None:
             self._in_flight.labels(pool, replica.url).set(replica.in_flight)
 
-    def gc_paused(self, generation: int, seconds: float) -> None:
-        """One cyclic garbage collection of `generation` held this process `seconds` (gc.callbacks)."""
+    def gc_paused(self, generation: int, seconds: float, collected: int = 0) -> None:
+        """One cyclic garbage collection of `generation` held this process `seconds` and freed `collected`
+        unreachable objects (gc.callbacks)."""
         self._gc_observe[generation](seconds)
+        if collected:
+            self._gc_collected[generation](collected)
 
     def ladder_changed(self, engaged: set[str], released: set[str]) -> None:
         for step in engaged:

@@ -58,7 +58,8 @@ LAG_OVER_S = 0.025  # event-loop lag bucket bound: wakes later than this count a
 
 def gc_counts(metrics_text: str) -> dict[str, float]:
     """From a Prometheus exposition: collections and pause seconds per generation (`gen<N>_count`, `gen<N>_sum`,
-    `gen<N>_over_10ms`), and loop-lag wakes over `LAG_OVER_S` (`lag_over`) and in all (`lag_count`)."""
+    `gen<N>_over_10ms`), objects freed from reference cycles (`cycles`), and loop-lag wakes over `LAG_OVER_S`
+    (`lag_over`) and in all (`lag_count`)."""
     out: dict[str, float] = {}
     lag_le: float | None = None
     for line in metrics_text.splitlines():
@@ -73,6 +74,8 @@ def gc_counts(metrics_text: str) -> dict[str, float]:
                 out[f"gen{gen}_sum"] = float(value)
             elif 'le="0.01"' in name:
                 out[f"gen{gen}_le10ms"] = float(value)
+        elif name.startswith("cascade_gc_collected_objects_total"):
+            out["cycles"] = out.get("cycles", 0.0) + float(value)
         elif name.startswith("cascade_event_loop_lag_seconds_count"):
             out["lag_count"] = float(value)
         elif name.startswith("cascade_event_loop_lag_seconds_bucket") and f'le="{LAG_OVER_S}"' in name:
@@ -191,16 +194,18 @@ def summarise(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "p99_ms": statistics.median(c["p99_ms"] for c in mine),
                      "tail": statistics.median(c["p99_ms"] / c["p50_ms"] for c in mine if c["p50_ms"] > 0),
                      "cpu_ms_per_req": statistics.median(cpu) if cpu else None,
-                     "errors": sum(c["non2xx"] + c["socket_errors"] for c in mine), "gc": gc})
+                     "errors": sum(c["non2xx"] + c["socket_errors"] for c in mine), "gc": gc,
+                     "requests": sum(c["requests"] for c in mine)})
     return rows
 
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\nwrk -t1, medians of {args.rounds} rounds x {args.duration:g} s; tail = p99/p50 (target <= 3); "
           "gc: collections of generation 2 in all rounds, their summed pause, collections of any generation over "
-          f"10 ms; lag: event-loop wakes over {LAG_OVER_S * 1000:g} ms")
+          f"10 ms; lag: event-loop wakes over {LAG_OVER_S * 1000:g} ms; cycles/req: objects freed from reference "
+          "cycles per request")
     print(f"{'c':>3}  {'target':<16} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'tail':>5} {'cpu ms/req':>10} "
-          f"{'err':>4} {'gen2':>5} {'gen2 ms':>8} {'>10ms':>5} {'lag':>4}")
+          f"{'err':>4} {'gen2':>5} {'gen2 ms':>8} {'>10ms':>5} {'lag':>4} {'cycles/req':>10}")
     for r in rows:
         gc = r["gc"]
         over = sum(gc.get(f"gen{g}_over_10ms", 0.0) for g in "012")
@@ -208,9 +213,10 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         gen2_ms = f"{1000 * gc['gen2_sum']:.0f}" if "gen2_sum" in gc else "-"
         lag = f"{gc['lag_over']:.0f}" if "lag_over" in gc else "-"
         cpu = "-" if r["cpu_ms_per_req"] is None else f"{r['cpu_ms_per_req']:.3f}"
+        cycles = f"{gc['cycles'] / r['requests']:.2f}" if "cycles" in gc and r["requests"] else "-"
         print(f"{r['concurrency']:>3}  {r['target']:<16} {r['rps']:7.0f} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} "
               f"{r['tail']:5.1f} {cpu:>10} {r['errors']:>4} {gen2:>5} {gen2_ms:>8} "
-              f"{over if 'gen2_count' in gc else '-':>5} {lag:>4}")
+              f"{over if 'gen2_count' in gc else '-':>5} {lag:>4} {cycles:>10}")
 
 
 def _soak(env: Env, targets: list[Target], lua: Path) -> dict[str, list[float | None]]:

@@ -27,19 +27,21 @@ class _Node:
         self.me = self
 
 
-def test_each_collection_is_observed_with_its_generation_and_pause() -> None:
-    seen: list[tuple[int, float]] = []
-    pauses = GcPauses(lambda generation, seconds: seen.append((generation, seconds)))
+def test_each_collection_is_observed_with_its_generation_pause_and_freed_cycles() -> None:
+    seen: list[tuple[int, float, int]] = []
+    pauses = GcPauses(lambda generation, seconds, collected: seen.append((generation, seconds, collected)))
     pauses.install()
     pauses.install()  # idempotent: one callback, not two
     try:
         gc.collect(0)
+        _Node()  # a cycle nothing refers to: only the collector frees it
         gc.collect(2)
     finally:
         pauses.uninstall()
     gc.collect(1)  # after uninstall: not observed
-    assert [generation for generation, _ in seen] == [0, 2]
-    assert all(0.0 <= seconds < 5.0 for _, seconds in seen)
+    assert [generation for generation, _, _ in seen] == [0, 2]
+    assert all(0.0 <= seconds < 5.0 for _, seconds, _ in seen)
+    assert seen[1][2] >= 1
 
 
 def test_the_pause_histogram_is_exported_per_generation() -> None:
@@ -53,6 +55,8 @@ def test_the_pause_histogram_is_exported_per_generation() -> None:
     text = metrics.render().decode()
     assert 'cascade_gc_pause_seconds_count{generation="2"} 1.0' in text
     assert 'cascade_gc_pause_seconds_count{generation="0"} 0.0' in text
+    metrics.gc_paused(0, 0.001, 7)
+    assert 'cascade_gc_collected_objects_total{generation="0"} 7.0' in metrics.render().decode()
 
 
 def test_freezing_keeps_live_objects_out_and_a_later_freeze_frees_what_was_dropped(unfrozen: None) -> None:
