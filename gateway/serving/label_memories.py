@@ -9,8 +9,10 @@ request reads: `tenant` (its tenant's own memory: one tenant's labels never move
 verified (`memory_file.load_memory`: format, features, the payload's hash, and the scorer's embedder); a memory
 that fails to load is logged and the one loaded before keeps serving. Each memory is attached to the router the
 scorer serves (`router_models.serving.label_memory.MemoryRouter`: its residuals are against that router), and
-re-attached when a router swap brings another. `adjust` moves one score by one memory: only a score of the primary
-model, whose embedding the scorer kept (`Scorer` as `EmbeddingSource`); anything else keeps its score.
+re-attached when a router swap brings another. Memory names are tenant names of at most 40 characters
+(`memory_build.memory_path`): a longer tenant's requests get no memory. `adjust` moves one score by one memory:
+only a score of the primary model, whose embedding the scorer kept (`Scorer` as `EmbeddingSource`); anything else
+keeps its score.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class MemoryScore:
     labels: int
 
     def version(self, router_version: str) -> str:
-        return f"{router_version}+memory:{self.name}@{self.labels}"
+        """`<router version>+memory/<name>@<labels>`: a name the ledger accepts (no ":"; the router's version
+        and a memory name of at most 40 characters keep it under its 128)."""
+        return f"{router_version}+memory/{self.name}@{self.labels}"
 
 
 def _stamp(meta: Path) -> _Stamp | None:

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     x = features(embedder, examples, DEFAULT_FEATURES)
     cfg = TrainConfig(routing_dir=args.routing_dir, target=DEFAULT_TARGET, feature_set=DEFAULT_FEATURES)
     compared = methods(cfg, _floats(args.ks), _floats(args.penalties), own_only=not args.no_own_only,
-                       memories=_memories(args.memories))
+                       memories=_memories(args.memories), memory_penalties=_floats(args.memory_penalties))
     print(f"features ready after {time.perf_counter() - began:.0f} s; methods: {', '.join(compared)}", flush=True)
     points = learning_curve(x, examples, cfg, compared, sizes=tuple(int(v) for v in args.sizes.split(",")),
                             draws=args.draws, seed=args.seed, min_rest=args.min_rest,
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--penalties", default="10,30,100,300,1000", help="penalties of the correction mode")
     p.add_argument("--memories", default="", help="label memories on the correction (penalty: the trainer's), "
                    "as neighbours:bandwidth:prior,... (e.g. 30:0.05:1)")
+    p.add_argument("--memory-penalties", default="", help="correction penalties under the memories (default: the "
+                   "trainer's); 1e12 leaves the public ranking, so the memory alone moves it")
     p.add_argument("--no-own-only", action="store_true", help="skip the own-labels-alone reference")
     p.add_argument("--max-per-source", type=int, default=None, help="evenly spaced rows per source (smoke runs)")
     p.add_argument("--json", type=Path, default=None, help="also write every point and the summary here")

@@ -26,13 +26,13 @@ from router_models.training.trainer import features
 __all__ = ["SHARED", "MemoryUpdate", "add_labels", "memory_path"]
 
 SHARED = "shared"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # it goes into the router version cost records keep
 
 
 def memory_path(store: Path, name: str) -> Path:
     """The metadata file of memory `name` (a tenant's name, or `SHARED`) in the store `store`."""
     if not _NAME.match(name):
-        raise ValueError(f"memory name {name!r} must be letters, digits, '_', '.', '-' (a tenant's name)")
+        raise ValueError(f"memory name {name!r} must be 1-40 letters, digits, '_', '.', '-' (a tenant's name)")
     return store / "memory" / f"{name}.json"
 
 

@@ -15,6 +15,7 @@ import orjson
 import pytest_asyncio
 
 from gateway.control.metrics import GatewayMetrics
+from gateway.ledger.record import CostRecord, validate_record
 from gateway.serving.label_memories import LabelMemories
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import parse_chat_request
@@ -30,6 +31,16 @@ from tests.conftest import policy_yaml
 
 HARD = "Summarise the attached contract and list every clause that conflicts with the others."
 EASY = "What is the capital of France?"
+
+
+_RECORDED_AT = 1_767_225_600.0
+
+
+def _record(router_version: str) -> CostRecord:
+    return CostRecord(request_id="req-1", tenant="acme", pool="micro", model="micro-model", prompt_tokens=10,
+                      completion_tokens=2, cost_micro_usd=5, flagship_cost_micro_usd=50, rule="default",
+                      policy_version="v1", started_at=_RECORDED_AT, ttft_ms=1.0, latency_ms=2.0,
+                      scored_by="primary", router_version=router_version)
 
 
 def _policy(scope: str) -> LoadedPolicy:
@@ -70,7 +81,8 @@ async def test_a_tenants_labels_move_its_scores_at_once_and_no_one_elses(scorer:
     router = RequestRouter(scorer, GatewayMetrics(dict), memories=memories)
     base, _ = await scorer.score_one(HARD)
     moved, version = await _route(router, HARD, "acme", _policy("tenant"))
-    assert moved > base + 0.01 and version == f"{scorer.version}+memory:acme@2"
+    assert moved > base + 0.01 and version == f"{scorer.version}+memory/acme@2"
+    validate_record(_record(version), now=_RECORDED_AT)  # the ledger takes the version as a record's name
     assert await _route(router, HARD, "other", _policy("tenant")) == (base, scorer.version)
     assert await _route(router, HARD, "acme", _policy("none")) == (base, scorer.version)
 
