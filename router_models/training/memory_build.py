@@ -18,10 +18,10 @@ import numpy as np
 
 from router_models.embedders.factory import make_embedder
 from router_models.serving.artifact import load_artifact
+from router_models.serving.classifier import feature_matrix
 from router_models.serving.label_memory import LabelMemory, MemoryParams, gap_target
 from router_models.serving.memory_file import load_memory, memory_paths, save_memory
 from router_models.training.outcomes import Example
-from router_models.training.trainer import features
 
 __all__ = ["SHARED", "MemoryUpdate", "add_labels", "memory_path"]
 
@@ -53,7 +53,8 @@ def add_labels(rows: list[Example], path: Path, artifact: Path | None = None,
     or holds another embedder's vectors (nothing is written then)."""
     art = load_artifact(artifact)
     embedder = make_embedder(art.embedder)
-    x = features(embedder, rows, "embedding+structure")
+    texts = [ex.text for ex in rows]
+    x = feature_matrix(embedder.embed(texts), texts, [ex.shape for ex in rows])  # as the scorer computes them
     meta_path, _ = memory_paths(path)
     if meta_path.exists():
         memory, _ = load_memory(meta_path, embedder=embedder.name)
