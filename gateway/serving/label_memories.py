@@ -9,7 +9,8 @@ request reads: `tenant` (its tenant's own memory: one tenant's labels never move
 verified (`memory_file.load_memory`: format, features, the payload's hash, and the scorer's embedder); a memory
 that fails to load is logged and the one loaded before keeps serving. Each memory is attached to the router the
 scorer serves (`router_models.serving.label_memory.MemoryRouter`: its residuals are against that router), and
-re-attached when a router swap brings another. Memory names are tenant names of at most 40 characters
+re-attached when a router swap brings another (until then, at most `interval_s`, the new router's scores are
+not moved). Memory names are tenant names of at most 40 characters
 (`memory_build.memory_path`): a longer tenant's requests get no memory. `adjust` moves one score by one memory:
 only a score of the primary model, whose embedding the scorer kept (`Scorer` as `EmbeddingSource`); anything else
 keeps its score.
