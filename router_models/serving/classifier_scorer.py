@@ -88,6 +88,11 @@ class EmbeddingClassifier:
     def embedder_name(self) -> str:
         return self._embedder.name
 
+    @property
+    def router(self) -> LinearRouter:
+        """The trained head (label memories take their residuals against it)."""
+        return self._router
+
     def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
         return self.score_and_embed(texts, shapes)[0]
 
@@ -205,6 +210,11 @@ class ClassifierScorer:
             return await self._enqueue(key)
         self._vectors.get(text)  # kept as recently used as its score: evicted together
         return cached, "primary"
+
+    @property
+    def router(self) -> LinearRouter | None:
+        """The primary model's trained head (an `EmbeddingClassifier`'s), None for another model."""
+        return self._model.router if isinstance(self._model, EmbeddingClassifier) else None
 
     def embedding(self, text: str) -> FloatArray | None:
         """The primary model's embedding of `text`, kept when it scored it (None: not scored by it, expired or
