@@ -201,7 +201,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                                      on_change=metrics.ladder_changed)
     degradation.use_policy(policies.current)
     degradation.start()
-    request_log = RequestLog(settings.request_log) if settings.request_log else None
+    request_log = RequestLog(settings.request_log, settings.request_log_sample) if settings.request_log else None
     proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
     forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log,
                           on_outcome=pool_set.guard.observe, checker=OutputChecker(metrics))

@@ -2,7 +2,8 @@
 
 Format (see `policies/replay.py`): {"request": <chat body>, "tenant", "score", "pool", "pool_version" (the
 engine version that answered: the pool's or its canary's), "prompt_tokens", "completion_tokens"}. It holds
-prompt text, so it is off by default and meant for a sample of traffic on a trusted disk. Lines are appended
+prompt text, so it is off by default and meant for a sample of traffic on a trusted disk (`--request-log-sample`:
+each request is kept with that probability). Lines are appended
 with one write each (atomic for lines under PIPE_BUF on Linux when several workers share the file); no fsync:
 losing the tail of a replay log loses no money.
 """
@@ -22,9 +23,12 @@ __all__ = ["RequestLog"]
 
 
 class RequestLog:
-    """Appends sampled request lines to `path`. Owns one file descriptor (`close`)."""
+    """Appends sampled request lines to `path`: each request's with probability `sample`, in (0, 1]. Owns one file
+    descriptor (`close`)."""
 
     def __init__(self, path: Path, sample: float = 1.0) -> None:
+        if not 0 < sample <= 1:
+            raise ValueError(f"the replay log's sample must be in (0, 1], got {sample}")
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._sample = sample
