@@ -26,7 +26,7 @@ from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
 from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
-from gateway.learning.retrain import LedgerLabelIds, RetrainSchedule
+from gateway.learning.retrain import LedgerLabelIds, RetrainSchedule, check_retrain
 from gateway.learning.shadow import ShadowComparison
 from gateway.learning.store import LearningStore
 from gateway.learning.train_process import TrainerProcess, TrainResult
@@ -90,6 +90,7 @@ class Runtime:
         async with self._reload_lock:
             fresh = load_policy(self.policies.current.source)
             if fresh.version != self.policies.current.version:
+                check_retrain(fresh, self.settings)
                 await self.pool_set.apply(fresh, accept_interruption)
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
@@ -172,6 +173,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
     loaded = load_policy(settings.policy_path)
     PoolSet.check(loaded)
+    check_retrain(loaded, settings)
     policies = PolicyHolder(loaded)
     engines = make_engine_client(settings.transport)
     try:
