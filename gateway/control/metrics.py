@@ -76,6 +76,7 @@ from gateway.control.parent_counters import RESTARTS, SCALE_EVENTS, ParentCounte
 from gateway.control.speculation_metrics import SpeculationCollector
 from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector, remove_worker
 from gateway.ledger.store import CostRecord
+from policies.decide import RouteStep
 
 __all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "multiprocess_dir", "prepare_multiprocess_dir",
            "worker_exited"]
@@ -231,6 +232,9 @@ class GatewayMetrics:
                                        "error (the guard failed; the request is served without it); kind: the PII "
                                        "kind found, the size bound passed, the language detected, or none",
                                        ["tenant", "guard", "kind", "action"], registry=r)
+        self.route_steps = Counter("cascade_route_steps", "steps that chose or changed an answered request's pool "
+                                   "(policies.decide.RouteStep: score, rule:<name>, context-fit, failover, ...), by "
+                                   "the pool after the step", ["step", "pool"], registry=r)
         self.scale_events = Counter(SCALE_EVENTS[0], SCALE_EVENTS[1], list(SCALE_EVENTS[2]), registry=r)
         self.output_checks = Counter("cascade_output_checks", "output checks of answers (policies.output_checks): "
                                      "result pass, fail or error (the check itself failed; the answer is served)",
@@ -336,6 +340,11 @@ class GatewayMetrics:
     def guard_decision(self, tenant: str, guard: str, kind: str, action: str) -> None:
         """An input guard decided on a request (`gateway.guards.screen.DecisionHook`)."""
         self.guard_decisions.labels(tenant, guard, kind, action).inc()
+
+    def route_taken(self, route: Iterable[RouteStep]) -> None:
+        """An answered request's route (`RouteDecision.route`): each step counted once."""
+        for step in route:
+            self.route_steps.labels(step.step, step.pool).inc()
 
     def scale_event(self, pool: str, direction: str, outcome: str) -> None:
         """The autoscaler changed, or tried to change, `pool`'s replicas (`gateway.control.autoscale.ScaleEvent`)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -33,7 +33,7 @@ from gateway.errors import BadRequest
 from gateway.serving.endpoints import CHAT, COMPLETIONS, RESPONSES, NativeBody
 from gateway.serving.prompt_count import count_request_usage
 from gateway.serving.schema import ChatRequest
-from policies.decide import RouteDecision, served_model
+from policies.decide import RouteDecision, moved, served_model
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.pools import LocalPool, RemotePool
@@ -128,8 +128,9 @@ class ContextFit:
                        f"{context_of(loaded.policy.pools[decision.pool])} tokens): routed to {other!r} (context "
                        f"{context_of(loaded.policy.pools[other])} tokens)")
                 log.info("request moved by its length: %s", why)
-                return replace(decision, pool=other, model=served_model(loaded.policy, other), rule="context-fit",
-                               reason=f"{decision.reason}; {why}")
+                short = (f"{_size(tokens, need)} does not fit {decision.pool!r} "
+                         f"({context_of(loaded.policy.pools[decision.pool])} tokens)")
+                return moved(loaded.policy, decision, "context-fit", other, short, why)
         raise _too_long(loaded, sizes, need, decision, native)
 
 

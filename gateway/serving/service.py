@@ -33,7 +33,7 @@ from gateway.serving.schema import ChatRequest
 from gateway.serving.upstream import prepare_upstream
 from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
-from policies.decide import RouteDecision, served_model
+from policies.decide import RouteDecision, moved
 from policies.escalation import escalation
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
@@ -85,6 +85,7 @@ class ChatService:
                              "does not support here; use /v1/chat/completions", code="guard_unsupported_endpoint")
         request, raw = screened.request, screened.raw
         reply = await self._handle(request, raw, tenant, request_id, headers, native)
+        self._metrics.route_taken(reply.decision.route)
         if self._learning is not None and native is None:
             self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
         return replace(reply, headers={**reply.headers, **screened.headers}) if screened.decisions else reply
@@ -145,11 +146,13 @@ class ChatService:
         why = f"the {answered.pool!r} answer failed output check(s) {checks}"
         plan = escalation(loaded.policy, facts.tenant, turn.ladder, turn.downgrade)
         if rejected.action == "escalate" and plan.pool is not None:
-            decision = replace(answered, pool=plan.pool, model=served_model(loaded.policy, plan.pool),
-                               rule="output-check", reason=f"{answered.reason}; {why}: {plan.reason}")
+            decision = moved(loaded.policy, answered, "output-check", plan.pool, f"failed {checks}: escalated",
+                             f"{why}: {plan.reason}")
             done = "escalated"
         else:
-            decision, done = replace(answered, reason=f"{answered.reason}; {why}: retried"), "retried"
+            decision = answered.then("output-check", f"failed {checks}: retried",
+                                     reason=f"{answered.reason}; {why}: retried")
+            done = "retried"
         upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
         try:
             reply = await self._serve(upstream, request, replace(facts, decision=decision, redo=()), loaded,
@@ -174,11 +177,11 @@ class ChatService:
             if other is None or not (await self._fit.fits(loaded, other, Need.of(request, turn.raw, turn.native),
                                                           turn.raw, turn.native, ladder))[0]:
                 raise
-            moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
-                            reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
-            upstream, extra = _upstream(turn, moved, request)
+            why = f"no replica of {decision.pool!r} available"
+            other_decision = moved(loaded.policy, decision, "failover", other, why, f"{why}: failed over to {other!r}")
+            upstream, extra = _upstream(turn, other_decision, request)
             turn = replace(turn, headers=extra)
-            return await self._forward(upstream, request, replace(facts, decision=moved), loaded, turn)
+            return await self._forward(upstream, request, replace(facts, decision=other_decision), loaded, turn)
 
     async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy, tenant: str, ladder: LadderState,
                        downgrade: bool) -> RouteDecision:
@@ -190,8 +193,9 @@ class ChatService:
         target = decision.pool if self._wake is None else await self._wake(decision.pool, may_use)
         if target == decision.pool:
             return decision
-        return replace(decision, pool=target, model=served_model(loaded.policy, target), rule="on-demand-fallback",
-                       reason=f"pool {decision.pool!r} is starting on demand: served by {target!r} meanwhile")
+        why = f"{decision.pool!r} is starting on demand"
+        return moved(loaded.policy, decision, "on-demand-fallback", target, why,
+                     f"{why}: served by {target!r} meanwhile")
 
     async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                        loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
@@ -207,7 +211,8 @@ class ChatService:
                 raise
             log.warning("pool %s: its canary %s failed request %s (%s); the pool's own version serves it",
                         decision.pool, decision.pool_version, facts.request_id, exc.message)
-            decision, pool = self._versions.own(facts.decision)
+            decision, pool = self._versions.own(facts.decision.then(
+                "canary-fallback", f"its canary {decision.pool_version} failed before any byte"))
             return await self._send(pool, upstream, request, replace(facts, decision=decision), loaded, turn)
 
     async def _send(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
