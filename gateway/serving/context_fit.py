@@ -36,7 +36,7 @@ from gateway.serving.schema import ChatRequest
 from policies.decide import RouteDecision, moved, served_model
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from policies.pools import LocalPool, RemotePool
+from policies.pools import LocalPool, RemotePool, context_of
 from policies.tenant_moves import other_tier
 
 __all__ = ["TEMPLATE_MARGIN", "ContextFit", "Need", "context_of"]
@@ -45,11 +45,6 @@ log = logging.getLogger("cascade.context")
 
 TEMPLATE_MARGIN = 128
 """Tokens a chat template may add beyond the messages' JSON bytes (a default system prompt, role markers)."""
-
-
-def context_of(spec: LocalPool | RemotePool) -> int | None:
-    """The tokens a pool's engines hold (prompt and completion together); None where the policy does not say."""
-    return spec.engine.max_model_len if isinstance(spec, LocalPool) else spec.context_tokens
 
 
 @dataclass(frozen=True, slots=True)

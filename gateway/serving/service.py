@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,7 @@ from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import Wake
 from gateway.control.policy_holder import PolicyHolder
-from gateway.errors import BadRequest, NoReplicaAvailable, UpstreamError
+from gateway.errors import BadRequest, GatewayError, NoReplicaAvailable, UpstreamError
 from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
@@ -33,7 +33,7 @@ from gateway.serving.schema import ChatRequest
 from gateway.serving.upstream import prepare_upstream
 from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
-from policies.decide import RouteDecision, moved
+from policies.decide import RouteDecision, moved, route_text
 from policies.escalation import escalation
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
@@ -98,11 +98,14 @@ class ChatService:
         ladder = self._degradation.state
         verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
         downgrade = verdict is not None and verdict.downgrade
+        # the route, step by step (each appends to `decision.route`; `policies.decide` for the first ones)
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
-        decision = await self._on_cold(decision, loaded, tenant, ladder, downgrade)
+        decision = await _step("on-demand-fallback", request_id, decision,
+                               self._on_cold(decision, loaded, tenant, ladder, downgrade))
         if self._checker is not None:
             decision = json_fallback_refused(loaded.policy, decision, raw, ladder, self._checker.json_rates)
-        decision = await self._fit.place(loaded, decision, request, raw, native, tenant, ladder, downgrade)
+        decision = await _step("context-fit", request_id, decision,
+                               self._fit.place(loaded, decision, request, raw, native, tenant, ladder, downgrade))
         turn = CascadeTurn(raw, ladder, downgrade, {}, native)
         upstream, extra = _upstream(turn, decision, request)
         turn = replace(turn, headers=extra)
@@ -211,7 +214,8 @@ class ChatService:
                 raise
             log.warning("pool %s: its canary %s failed request %s (%s); the pool's own version serves it",
                         decision.pool, decision.pool_version, facts.request_id, exc.message)
-            decision, pool = self._versions.own(facts.decision.then(
+            routed = replace(facts.decision, route=decision.route)  # as routed, with the canary's step
+            decision, pool = self._versions.own(routed.then(
                 "canary-fallback", f"its canary {decision.pool_version} failed before any byte"))
             return await self._send(pool, upstream, request, replace(facts, decision=decision), loaded, turn)
 
@@ -228,6 +232,19 @@ class ChatService:
         if chat and turn.ladder.applying_to(facts.decision.pool).force_stream:
             return await self._fw.json_via_stream(pool, upstream, facts, loaded, extra)
         return await self._fw.json(pool, upstream, facts, loaded, extra)
+
+
+async def _step(name: str, request_id: str, decision: RouteDecision,
+                work: Awaitable[RouteDecision]) -> RouteDecision:
+    """`work`, the route step `name` on `decision`. An error it raises names the step in its message, and the log
+    has the route up to it (never the prompt: `policies.decide.RouteStep`)."""
+    try:
+        return await work
+    except GatewayError as exc:
+        log.info("request %s: route step %s refused it (%s) after route %s", request_id, name, exc.message,
+                 route_text(decision.route) or "-")
+        exc.message = f"{name}: {exc.message}"
+        raise
 
 
 def _upstream(turn: CascadeTurn, decision: RouteDecision, request: ChatRequest,
