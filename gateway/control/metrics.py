@@ -29,19 +29,15 @@ is true on every scrape, whichever worker answers, in one of four ways:
   `cascade_pool_replicas` (the pool's replicas, from the one policy and engine registry) and the speculative
   decoding figures (`gateway.control.speculation_metrics`, engine counters scraped alike).
 `cascade_engine_restarts_total{pool,reason}` and `cascade_scale_events_total{pool,direction,outcome}` are counted
-once, by the process that supervises the engines. Under `--workers N` that is the parent (the workers run with
-`start_engines=False` and count none): it serves no metrics and its environment must not carry
-`PROMETHEUS_MULTIPROC_DIR` (the engines inherit it), so it keeps them in a file of the folder
-(`gateway.control.parent_counters`) that every worker's `render()` adds.
+once, by the process that supervises the engines: under `--workers N` the parent, in a file of the folder that every
+worker's `render()` adds (`gateway.control.parent_counters`). Router retraining is counted by the one process that
+ran it (`gateway.learning.retrain`): `cascade_router_retrain_runs_total{outcome}` is summed, `_last_run_timestamp_
+seconds` the highest over all workers (`max`), `_last_apgr_delta` the value written last (`mostrecent`).
 
-Router retraining is counted by the one process that ran it (`gateway.learning.retrain`):
-`cascade_router_retrain_runs_total{outcome}` is summed, `_last_run_timestamp_seconds` is the highest over all
-workers (`max`: kept after a worker exits), `_last_apgr_delta` the value written last (`mostrecent`).
-
-The ledger and the limiter: `cascade_ledger_records_total{outcome}` counts what the ledger did with each record;
-`outcome="lost"` is the records lost (Redis down and the outbox write failed), so no separate lost counter is
-kept. `cascade_ledger_outbox_records` is the backlog on disk, `cascade_limiter_decisions_total{tenant,decision}`
-the rate limiter's admitted / limited / unchecked decisions.
+`cascade_ledger_records_total{outcome}` counts what the ledger did with each record (`lost`: Redis down and the
+outbox write failed), `cascade_ledger_outbox_records` is the backlog on disk, and
+`cascade_limiter_decisions_total{tenant,decision}` the rate limiter's admitted / limited / unchecked decisions.
+`cascade_route_steps_total{step,pool}` counts each step of an answered request's route (`RouteDecision.route`).
 
 Latency histograms, and why they are apart:
 - `cascade_ttft_seconds`: a stream's (or a JSON answer assembled from a stream's) time to its first content
@@ -50,8 +46,8 @@ Latency histograms, and why they are apart:
   server (vLLM included) sends a JSON answer's headers with its body once it is generated, so this is the time to
   the whole answer, and it is taken when the answer has arrived. Mixed into `cascade_ttft_seconds` it would put
   whole generations into a time-to-first-token p99, trip the ladder's TTFT step, and, through the ledger's
-  `ttft_ms`, give the version report (`gateway.costs.versions`: (latency - TTFT) / tokens) an inter-token latency
-  of about 0. So it is a histogram of its own, and a non-streamed record's `ttft_ms` stays None.
+  `ttft_ms`, give the version report (`gateway.costs.versions`) an inter-token latency of about 0. So it is a
+  histogram of its own, and a non-streamed record's `ttft_ms` stays None.
 - `cascade_inter_token_seconds`: per streamed content event, measured per arrival of a network chunk
   (`gateway.serving.streaming`: a chunk of k events after a gap g counts g/k k times).
 """
