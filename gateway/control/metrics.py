@@ -31,8 +31,8 @@ is true on every scrape, whichever worker answers, in one of four ways:
 `cascade_engine_restarts_total{pool,reason}` and `cascade_scale_events_total{pool,direction,outcome}` are counted
 once, by the process that supervises the engines: under `--workers N` the parent, in a file of the folder that every
 worker's `render()` adds (`gateway.control.parent_counters`). Router retraining is counted by the one process that
-ran it (`gateway.learning.retrain`): `cascade_router_retrain_runs_total{outcome}` is summed, `_last_run_timestamp_
-seconds` the highest over all workers (`max`), `_last_apgr_delta` the value written last (`mostrecent`).
+ran it (`gateway.learning.retrain`): `cascade_router_retrain_runs_total{outcome}` is summed,
+`_last_run_timestamp_seconds` the highest over all workers (`max`), `_last_apgr_delta` the last written.
 
 `cascade_ledger_records_total{outcome}` counts what the ledger did with each record (`lost`: Redis down and the
 outbox write failed), `cascade_ledger_outbox_records` is the backlog on disk, and
