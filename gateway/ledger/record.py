@@ -17,6 +17,7 @@ __all__ = [
     "ENDPOINT_COUNTERS",
     "ENDPOINT_FIELDS",
     "MAX_MICRO_USD",
+    "MAX_ROUTE",
     "MAX_TOKENS",
     "ROLLUP_FIELDS",
     "SPLIT_ENDPOINTS",
@@ -37,7 +38,8 @@ _EPOCH_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+\-]{0,127}")  # no ":" (key separator), no "{}" (hash tags)
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
-_ROUTE = re.compile(r"[^\x00-\x1f\x7f]{0,2048}")
+MAX_ROUTE = 2048  # characters of a record's `route`: its writer cuts a longer one (`Accountant.cost_record`)
+_ROUTE = re.compile(rf"[^\x00-\x1f\x7f]{{0,{MAX_ROUTE}}}")
 _STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow", "discarded",
                        "cache_hit"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})

@@ -7,13 +7,18 @@ canary-fallback (control/test_canary), on-demand-fallback and the context step t
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Any
 
 from backends.clients.pool import Pool
 from gateway.control.canaries import CanaryRoute
 from gateway.control.metrics import GatewayMetrics
+from gateway.ledger.store import MAX_ROUTE, MemoryLedger
+from gateway.serving.accounting import Accountant, RequestFacts
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import ChatRequest
+from gateway.serving.usage import Usage
 from gateway.serving.versions import PoolVersions
 from policies.decide import RouteDecision, RouteStep, route_text
 from policies.ladder import LadderState
@@ -46,3 +51,17 @@ def test_a_canary_that_takes_the_request_is_a_step_and_the_pools_own_version_is_
     never = PoolVersions({"micro": own}, {"micro": CanaryRoute(canary, "v2", "micro-v2", 0.0, None)})
     decision, pool = never.target(routed, {})
     assert pool is own and decision.route == routed.route  # the pool's own version: nothing chose anything new
+
+
+async def test_the_cost_record_keeps_the_route_and_cuts_one_too_long_for_it() -> None:
+    ledger = MemoryLedger()
+    route = tuple(RouteStep(f"rule:rule-{i}", "micro", "matched") for i in range(200))  # ~4,000 characters
+    decision = RouteDecision("micro", "micro-model", 0.1, "rule-199", "r", "v", route=route)
+    facts = RequestFacts("req_long", "default", decision, time.time(), time.monotonic(), None, "ok")
+    rec = await Accountant(ledger).record(LOADED.policy, facts, Usage(3, 4))
+    assert ledger.records["req_long"] is rec  # validated and kept: a route never costs a record
+    assert len(rec.route) == MAX_ROUTE and rec.route.startswith("rule:rule-0:micro, rule:rule-1:micro")
+    short = RequestFacts("req_short", "default", replace(decision, route=route[:2]), time.time(), time.monotonic(),
+                         None, "ok")
+    assert (await Accountant(ledger).record(LOADED.policy, short, Usage(3, 4))).route == (
+        "rule:rule-0:micro, rule:rule-1:micro")
