@@ -62,6 +62,7 @@ class Settings:
     probe_interval_s: float = 1.0
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
     request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
+    request_log_sample: float = 1.0  # the share of requests the replay log keeps, in (0, 1]
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
     router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
     # freeze the long-lived heap out of the cyclic collector (gateway.control.gc_pauses): `cascade serve` turns it
@@ -92,6 +93,13 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise ValueError(f"must be > 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError(f"must be in (0, 1], got {text}")
     return value
 
 
@@ -138,7 +146,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("probe_interval_s", "CASCADE_PROBE_INTERVAL_S", _positive_float,
            "seconds between health probes of each replica and ladder signal reads", metavar="SECONDS"),
     Option("policy_watch_interval_s", "CASCADE_POLICY_WATCH_INTERVAL_S", _non_negative_float,
-           "seconds between checks of the policy file for changes (0: reload only on POST /admin/reload)",
+           "seconds between checks of the policy file for changes (0: reload only on POST /admin/policy/reload)",
            metavar="SECONDS"),
     Option("home", HOME_ENV, Path, "state folder: engine logs, demo models, router caches, the ledger outbox",
            metavar="DIR"),
@@ -153,6 +161,9 @@ OPTIONS: tuple[Option, ...] = (
            metavar="auto|none|FILE"),
     Option("request_log", "CASCADE_REQUEST_LOG", Path, "append each request (with its prompt) as JSONL for "
            "`cascade policy replay` and `cascade router calibrate`; off by default", metavar="FILE"),
+    Option("request_log_sample", "CASCADE_REQUEST_LOG_SAMPLE", _fraction, "the share of requests the replay log "
+           "keeps, each drawn at random (it holds prompts: keep no more than replay and calibration need)",
+           metavar="SHARE"),
 )
 # built-in defaults; the fields read from the environment when built directly default to these without it
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)} | {

@@ -12,11 +12,17 @@ Order of a decision (each step says what it did in `reason`; `rule` names the la
 3. a pool the tenant may not use (`allowed_pools`) becomes the first of its allowed pools;
 4. active `fallback_pool` / `overflow` steps move the pool's traffic (rule ``ladder:<step>``), unless the
    tenant may not use the target, in which case the request stays.
+
+Each of these that picks or changes the pool appends a `RouteStep` to the decision's `route`: ``pinned``,
+``rule:<name>`` (a rule that names a pool), ``score`` (a threshold decision; no score: the micro pool),
+``ladder:<step>`` (a raised threshold, a pool move) and ``tenant`` (its allowed pools). The gateway's later steps
+append theirs (`RouteDecision.then`): the route is what headers, records, logs and `policy explain` show.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from policies.context import AUTO_MODEL, RouteContext
 from policies.ladder import LadderState
@@ -30,10 +36,13 @@ __all__ = [
     "PoolNotAllowed",
     "RouteContext",
     "RouteDecision",
+    "RouteStep",
     "decide",
     "known_model",
+    "moved",
     "needs_score",
     "pinned_pool",
+    "route_text",
     "rule_models",
     "rule_trace",
     "served_model",
@@ -59,6 +68,26 @@ class ModelNotRouted(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class RouteStep:
+    """One step that chose or changed where a request goes: `step` names it (``score``, ``rule:<name>``,
+    ``context-fit``, ``failover``, ...), `pool` is the pool after it, `why` says why in a few words. Never prompt
+    text: only names, numbers and sizes."""
+
+    step: str
+    pool: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.step}:{self.pool}"
+
+
+def route_text(route: tuple[RouteStep, ...]) -> str:
+    """The steps as the `x-cascade-route` header and the cost record show them: "score:micro, context-fit:flagship"
+    (each step's pool after its last ":")."""
+    return ", ".join(str(step) for step in route)
+
+
+@dataclass(frozen=True, slots=True)
 class RouteDecision:
     """Where a request goes and why. `score` is None when no score was needed; `scored_by` names the model
     that gave it (`router_models.serving.scorer.Scorer.score_one`; "" without a score) and `router_version`
@@ -74,6 +103,19 @@ class RouteDecision:
     scored_by: str = ""
     router_version: str = ""
     pool_version: str = ""
+    route: tuple[RouteStep, ...] = ()  # every step that chose or changed the pool, in order (`RouteStep`)
+
+    def then(self, step: str, why: str, **changes: Any) -> RouteDecision:
+        """This decision after one more step: `changes` (pool, model, rule, reason, ...) applied, and `step` with
+        the pool after it and `why` appended to `route`."""
+        return replace(self, route=(*self.route, RouteStep(step, changes.get("pool", self.pool), why)), **changes)
+
+
+def moved(policy: Policy, decision: RouteDecision, step: str, pool: str, why: str, reason: str) -> RouteDecision:
+    """`decision` sent to `pool` by `step`: its model the pool's, its rule the step's name, `reason` added to its
+    reason, and the step in its route."""
+    return decision.then(step, why, pool=pool, model=served_model(policy, pool), rule=step,
+                         reason=f"{decision.reason}; {reason}")
 
 
 def pinned_pool(policy: Policy, requested_model: str) -> str | None:
@@ -149,9 +191,13 @@ def _allowed(policy: Policy, tenant: str) -> tuple[str, ...] | None:
     return None if spec is None else spec.allowed_pools
 
 
+Base = tuple[str, str, str, tuple[RouteStep, ...]]
+"""(pool, rule, reason, route) of the first part of a decision (`_base`)."""
+
+
 def _by_score(policy: Policy, ctx: RouteContext, rule: Rule | None, score: float | None,
-              ladder: LadderState, live: float | None) -> tuple[str, str, str]:
-    """(pool, rule, reason) of a threshold decision, with the ladder's raised threshold applied."""
+              ladder: LadderState, live: float | None) -> Base:
+    """(pool, rule, reason, route) of a threshold decision, with the ladder's raised threshold applied."""
     routing = policy.routing
     tenant = policy.tenants.get(ctx.tenant)
     threshold, name = (base_threshold(routing.threshold) if live is None else live), "threshold"
@@ -160,24 +206,32 @@ def _by_score(policy: Policy, ctx: RouteContext, rule: Rule | None, score: float
     if rule is not None and rule.threshold is not None:
         threshold, name = rule.threshold, rule.name
     if score is None:
-        return routing.micro_pool, "no-score", "no score: default to the micro pool"
+        why = "no score: the micro pool"
+        return routing.micro_pool, "no-score", "no score: default to the micro pool", (
+            RouteStep("score", routing.micro_pool, why),)
     pool = routing.flagship_pool if score >= threshold else routing.micro_pool
     reason = f"score {score:.3f} {'>=' if score >= threshold else '<'} {threshold}"
+    scored = (RouteStep("score", pool, f"{reason} ({name})"),)
     if ladder.threshold is None or ladder.threshold <= threshold:
-        return pool, name, reason
+        return pool, name, reason, scored
     raised = routing.flagship_pool if score >= ladder.threshold else routing.micro_pool
     note = f"ladder step {ladder.threshold_step!r} raised the threshold {threshold} -> {ladder.threshold}"
     if raised == pool:
-        return pool, name, f"{reason}; {note} (same pool)"
-    return raised, f"ladder:{ladder.threshold_step}", f"{reason} ({name}); {note}: score {score:.3f} < it"
+        return pool, name, f"{reason}; {note} (same pool)", scored
+    step = f"ladder:{ladder.threshold_step}"
+    return raised, step, f"{reason} ({name}); {note}: score {score:.3f} < it", (
+        *scored, RouteStep(step, raised, f"threshold raised to {ladder.threshold}"))
 
 
-def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState,
-          live: float | None) -> tuple[str, str, str]:
+def _sent_by(rule: Rule, pool: str) -> Base:
+    return pool, rule.name, f"rule {rule.name!r} sends to {pool!r}", (RouteStep(f"rule:{rule.name}", pool, "matched"),)
+
+
+def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState, live: float | None) -> Base:
     model_rule = _model_rule(policy, ctx, score) if ctx.requested_model != AUTO_MODEL else None
     if model_rule is not None:
         if model_rule.pool is not None:
-            return model_rule.pool, model_rule.name, f"rule {model_rule.name!r} sends to {model_rule.pool!r}"
+            return _sent_by(model_rule, model_rule.pool)
         return _by_score(policy, ctx, model_rule, score, ladder, live)
     if ctx.requested_model != AUTO_MODEL:
         pool = pinned_pool(policy, ctx.requested_model)
@@ -186,11 +240,12 @@ def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: Ladder
         allowed = _allowed(policy, ctx.tenant)
         if allowed is not None and pool not in allowed:
             raise PoolNotAllowed(ctx.tenant, pool, allowed)
-        return pool, "pinned", f"model {ctx.requested_model!r} pins pool {pool!r}"
+        return pool, "pinned", f"model {ctx.requested_model!r} pins pool {pool!r}", (
+            RouteStep("pinned", pool, "the requested model names it"),)
     trace = rule_trace(policy, ctx, score)
     rule = trace[-1][0] if trace and trace[-1][1] is None else None
     if rule is not None and rule.pool is not None:
-        return rule.pool, rule.name, f"rule {rule.name!r} sends to {rule.pool!r}"
+        return _sent_by(rule, rule.pool)
     return _by_score(policy, ctx, rule, score, ladder, live)
 
 
@@ -203,15 +258,17 @@ def decide(
     The caller has checked that the model is known (`known_model`). Raises `PoolNotAllowed` for a pinned pool
     the tenant may not use, and `ModelNotRouted` for a rule-only model name none of whose rules matches."""
     ladder = ladder or LadderState()
-    pool, rule, reason = _base(policy, ctx, score, ladder, threshold)
+    pool, rule, reason, route = _base(policy, ctx, score, ladder, threshold)
     allowed = _allowed(policy, ctx.tenant)
     if allowed is not None and pool not in allowed:
         reason += f"; tenant {ctx.tenant!r} may not use {pool!r}: sent to {allowed[0]!r} (first allowed pool)"
+        route += (RouteStep("tenant", allowed[0], f"may not use {pool!r}: its first allowed pool"),)
         pool = allowed[0]
     target, steps = ladder.route(pool)
     if steps and allowed is not None and target not in allowed:
         reason += f"; ladder step {steps[-1]!r} would move it to {target!r}, which tenant {ctx.tenant!r} may not use"
     elif steps:
         rule, reason = f"ladder:{steps[-1]}", f"{reason}; ladder step(s) {list(steps)} move {pool!r} -> {target!r}"
+        route += (RouteStep(rule, target, f"{' then '.join(steps)} moves {pool!r}"),)
         pool = target
-    return RouteDecision(pool, served_model(policy, pool), score, rule, reason, version)
+    return RouteDecision(pool, served_model(policy, pool), score, rule, reason, version, route=route)

@@ -1,7 +1,11 @@
-"""Why a request goes where it goes: every rule tried, the rule that fired, the pool. Pure.
+"""Why a request goes where it goes: every rule tried, the rule that fired, the pool, and the route. Pure.
 
 `explain(loaded, ctx, score)` returns an `Explanation`; `render_explanation` turns it into the text
-`cascade policy explain` prints. Computing the score (the classifier) and the engine command are the
+`cascade policy explain` prints. Its route is the decision's (`policies.decide.RouteStep`: what `x-cascade-route`
+shows) and the gateway's context step on the prompt's token count as `ctx` gives it (estimated from its characters
+unless counted): a request too long for its pool moves to the other tier, as `gateway.serving.context_fit` moves it.
+Steps that depend on the pools' state while serving (on-demand fallback, failover, canary, cascade, cache, output
+checks) are not shown. Computing the score (the classifier) and the engine command are the
 caller's (see `gateway.cli.policy`), so this module stays free of models and processes.
 """
 
@@ -16,11 +20,15 @@ from policies.decide import (
     RouteDecision,
     decide,
     known_model,
+    moved,
     needs_score,
     rule_trace,
 )
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
+from policies.pools import context_of
+from policies.schema import Policy
+from policies.tenant_moves import other_tier
 
 __all__ = ["Explanation", "RuleOutcome", "explain", "render_explanation"]
 
@@ -49,9 +57,10 @@ class Explanation:
 
 
 def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
-            ladder: LadderState | None = None, threshold: float | None = None) -> Explanation:
+            ladder: LadderState | None = None, threshold: float | None = None, completion: int = 1) -> Explanation:
     """Decide `ctx` under `loaded` and record each rule tried (for a named model: the rules listing it).
-    `threshold` replaces the routing threshold (see `policies.decide.decide`)."""
+    `threshold` replaces the routing threshold (see `policies.decide.decide`). `completion`: the request's
+    completion limit (1 where the client set none), which its pool's context must hold beside the prompt."""
     policy = loaded.policy
     trace = rule_trace(policy, ctx, score)
     rules = tuple(
@@ -63,11 +72,29 @@ def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
     else:
         try:
             decision = decide(policy, loaded.version, ctx, score, ladder, threshold)
+            decision, refusal = _fit(policy, decision, ctx, completion, ladder or LadderState())
         except PoolNotAllowed as exc:
             refusal = f"403: {exc}"
         except ModelNotRouted as exc:
             refusal = f"404: {exc}"
     return Explanation(loaded.source, loaded.version, ctx, score, needs_score(policy, ctx), rules, decision, refusal)
+
+
+def _fit(policy: Policy, decision: RouteDecision, ctx: RouteContext, completion: int,
+         ladder: LadderState) -> tuple[RouteDecision | None, str | None]:
+    """The gateway's context step on `ctx.tokens`: (decision, None), the decision moved to the other tier, or
+    (None, the 400 the gateway would answer)."""
+    need, context = ctx.tokens + completion, context_of(policy.pools[decision.pool])
+    if context is None or need <= context:
+        return decision, None
+    counted = "" if ctx.prompt_tokens is not None else " (estimated)"
+    size = f"{ctx.tokens} prompt tokens{counted} and {completion} completion"
+    other = other_tier(policy, decision, ctx.tenant, ladder, False)
+    room = context_of(policy.pools[other]) if other is not None else None
+    if other is not None and (room is None or need <= room):
+        why = f"{size} do not fit {decision.pool!r} ({context} tokens)"
+        return moved(policy, decision, "context-fit", other, why, f"{why}: routed to {other!r}"), None
+    return None, f"400: {size} do not fit in any pool that may serve this request (context_length_exceeded)"
 
 
 def render_explanation(exp: Explanation, score_source: str) -> list[str]:
@@ -91,4 +118,6 @@ def render_explanation(exp: Explanation, score_source: str) -> list[str]:
     d = exp.decision
     lines.append(f"decision: pool {d.pool!r} (model {d.model!r}), rule {d.rule!r}")
     lines.append(f"reason:   {d.reason}")
+    lines.append("route:")
+    lines += [f"  {i}. {step.step} -> {step.pool!r}: {step.why}" for i, step in enumerate(d.route, 1)]
     return lines

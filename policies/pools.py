@@ -19,7 +19,7 @@ from policies.speculative import Speculation
 from policies.tool_calling import ToolCalling
 
 __all__ = ["Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "as_remote_pool",
-           "engine_version", "pool_version"]
+           "context_of", "engine_version", "pool_version"]
 
 
 class EngineSpec(Frozen):
@@ -235,6 +235,11 @@ class RemotePool(Frozen):
 
 
 Pool = Annotated[LocalPool | RemotePool, Field(discriminator="type")]
+
+
+def context_of(spec: LocalPool | RemotePool) -> int | None:
+    """The tokens a pool's engines hold (prompt and completion together); None where the policy does not say."""
+    return spec.engine.max_model_len if isinstance(spec, LocalPool) else spec.context_tokens
 
 
 def engine_version(engine: EngineSpec) -> str:

@@ -382,9 +382,13 @@ class EngineSupervisor:
         return EngineStartError(f"{where} {what}{why}. Log {replica.log_path}, last lines:\n{tail}")
 
     async def _monitor_loop(self) -> None:
+        """Checks every supervised replica each interval. The list is read once per round (`add_replica` and
+        `detach` change it while a check awaits), and a replica detached meanwhile is left to its caller."""
         while not self._closed:
             await asyncio.sleep(self._check_interval_s)
-            for replica in self._replicas:
+            for replica in tuple(self._replicas):
+                if replica not in self._replicas:
+                    continue
                 try:
                     await self._check(replica)
                 except Exception:  # one bad step must not end supervision of the pool
@@ -396,7 +400,10 @@ class EngineSupervisor:
             return
         process = replica.process
         if process is not None and process.returncode is None:
-            replica.ready = await self._healthy(replica)
+            healthy = await self._healthy(replica)
+            if replica not in self._replicas:  # detached while its health check ran: draining, then stopped
+                return
+            replica.ready = healthy
             if replica.ready:
                 replica.last_healthy = time.monotonic()
             silent = self._silent_for(replica)

@@ -146,7 +146,7 @@ async def admin_costs(request: Request) -> Response:
 
     from gateway.costs.html import render_html
     from gateway.costs.quality import served_with_quality
-    from gateway.costs.report import load_report
+    from gateway.costs.report import GROUPINGS, load_report
     from gateway.ledger.store import LedgerKeys
 
     runtime = _runtime(request)
@@ -156,8 +156,8 @@ async def admin_costs(request: Request) -> Response:
         start = date.fromisoformat(request.query_params.get("from", str(today - timedelta(days=6))))
         end = date.fromisoformat(request.query_params.get("to", str(today)))
         by = request.query_params.get("by", "tenant")
-        if by not in ("tenant", "pool", "model", "day") or end < start or (end - start).days > 366:
-            raise BadRequest("use by=tenant|pool|model|day and a range from <= to of at most a year", param="by")
+        if by not in GROUPINGS or end < start or (end - start).days > 366:
+            raise BadRequest(f"use by={'|'.join(GROUPINGS)} and a range from <= to of at most a year", param="by")
     except ValueError as exc:
         return _error(BadRequest(f"dates must be YYYY-MM-DD: {exc}", param="from"))
     except GatewayError as exc:
@@ -167,7 +167,8 @@ async def admin_costs(request: Request) -> Response:
     report = await load_report(runtime.redis, LedgerKeys(runtime.settings.redis_prefix), start, end)
     current = runtime.policies.current
     report = await served_with_quality(report.with_prices(current.policy, current.source), current.policy,
-                                       runtime.settings.redis_url, runtime.settings.redis_prefix)
+                                       runtime.settings.redis_url, runtime.settings.redis_prefix,
+                                       runtime.settings.router_artifact)
     return Response(render_html(report, by), media_type="text/html; charset=utf-8")
 
 

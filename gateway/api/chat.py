@@ -26,7 +26,7 @@ from gateway.serving.forwarding import JSONReply, StreamReply
 from gateway.serving.responses_schema import parse_responses_request
 from gateway.serving.schema import ChatRequest, parse_chat_request
 from gateway.serving.streaming import SSEResponse
-from policies.decide import RouteDecision
+from policies.decide import RouteDecision, route_text
 
 __all__ = ["ChatEndpoint", "endpoint_apps"]
 
@@ -59,6 +59,7 @@ def route_headers(request_id: str, decision: RouteDecision, endpoint: str = CHAT
         "x-cascade-router-version": decision.router_version or "none",
         "x-cascade-pool-version": decision.pool_version or "none",
         "x-cascade-rule": decision.rule,
+        "x-cascade-route": route_text(decision.route),
         "x-cascade-policy-version": decision.policy_version,
     }
 

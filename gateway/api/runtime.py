@@ -27,7 +27,7 @@ from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
 from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
-from gateway.learning.retrain import LedgerLabelIds, RetrainSchedule
+from gateway.learning.retrain import LedgerLabelIds, RetrainSchedule, check_retrain
 from gateway.learning.shadow import ShadowComparison
 from gateway.learning.store import LearningStore
 from gateway.learning.train_process import TrainerProcess, TrainResult
@@ -94,6 +94,7 @@ class Runtime:
         async with self._reload_lock:
             fresh = load_policy(self.policies.current.source)
             if fresh.version != self.policies.current.version:
+                check_retrain(fresh, self.settings)
                 await self.pool_set.apply(fresh, accept_interruption)
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
@@ -180,6 +181,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
     loaded = load_policy(settings.policy_path)
     PoolSet.check(loaded)
+    check_retrain(loaded, settings)
     policies = PolicyHolder(loaded)
     engines = make_engine_client(settings.transport)
     try:
@@ -209,7 +211,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                                      on_change=metrics.ladder_changed)
     degradation.use_policy(policies.current)
     degradation.start()
-    request_log = RequestLog(settings.request_log) if settings.request_log else None
+    request_log = RequestLog(settings.request_log, settings.request_log_sample) if settings.request_log else None
     proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
     forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log,
                           on_outcome=pool_set.guard.observe, checker=OutputChecker(metrics))

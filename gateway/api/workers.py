@@ -53,7 +53,7 @@ from backends.engines.args import engine_command
 from backends.engines.registry import REGISTRY_ENV
 from backends.engines.supervisor import CommandFactory, choose_ports
 from gateway.control.engine_host import EngineHost
-from gateway.control.metrics import MULTIPROC_ENV, ParentRestartCounter, prepare_multiprocess_dir, worker_exited
+from gateway.control.metrics import MULTIPROC_ENV, prepare_multiprocess_dir, worker_exited
 from gateway.control.worker_gauges import WORKER_ENV
 from gateway.settings import Settings
 from policies.loader import load_policy
@@ -162,8 +162,8 @@ class WorkerGroup:
     async def _start_engines(self) -> None:
         """The engines, run here for every worker (`gateway.control.engine_host`); a pool whose engines fail to
         start is reported by the workers' /readyz (503 for it), the others serve."""
-        restarts = ParentRestartCounter(self._metrics_dir)  # the workers start no engines: counted here, once
-        self.engines = EngineHost(self._settings, self._registry, self._metrics_dir, self._command, restarts)
+        # the workers start no engines: restarts and scale events are counted here, once (`EngineHost.counters`)
+        self.engines = EngineHost(self._settings, self._registry, self._metrics_dir, self._command)
         await self.engines.start()
 
     async def _watch(self) -> None:

@@ -205,7 +205,10 @@ class AnswerCache:
 
     def _hit(self, policy: Policy, facts: RequestFacts, request: ChatRequest, entry: CacheEntry,
              similarity: float | None) -> JSONReply | StreamReply:
-        decision = replace(facts.decision, pool=entry.pool, model=entry.model, pool_version="")  # no engine answered
+        why = "an exact repeat" if similarity is None else f"a similar request ({similarity:.4f})"
+        # no engine answered: no engine version
+        decision = facts.decision.then("cache", f"answered from the tenant's cache: {why}", pool=entry.pool,
+                                       model=entry.model, pool_version="")
         facts = replace(facts, decision=decision)
         headers = {CACHE_HEADER: "hit"}
         if similarity is not None:

@@ -10,12 +10,11 @@ window the rate is not trusted yet and the move stands.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from gateway.checking.judge import JsonRates
 from gateway.checking.schemas import response_schema
-from policies.decide import RouteDecision, served_model
+from policies.decide import RouteDecision, moved
 from policies.ladder import LadderState
 from policies.schema import FallbackPool, Policy
 
@@ -37,7 +36,6 @@ def json_fallback_refused(policy: Policy, decision: RouteDecision, raw: Mapping[
     rate, seen = rates.rate(target, step.action.json_window)
     if seen < step.action.json_window or rate <= step.action.max_json_failure_rate:
         return decision
-    reason = (f"{decision.reason}; {target!r} failed the json check on {rate:.0%} of its last {seen} JSON answers "
-              f"(bound {step.action.max_json_failure_rate:.0%}): kept on {origin!r}")
-    return replace(decision, pool=origin, model=served_model(policy, origin), rule=f"json-guard:{name}",
-                   reason=reason)
+    why = (f"{target!r} failed the json check on {rate:.0%} of its last {seen} JSON answers "
+           f"(bound {step.action.max_json_failure_rate:.0%})")
+    return moved(policy, decision, f"json-guard:{name}", origin, why, f"{why}: kept on {origin!r}")

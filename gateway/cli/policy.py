@@ -5,7 +5,9 @@
 - `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]
   [--threshold T]`:
   the score (the shipped classifier unless --score), every rule tried and why it did or did not match,
-  the decision, and for a local pool the engine command of its first replica;
+  the decision, its route (each step that chose or changed the pool, as `x-cascade-route` names them; the context
+  step on the prompt's estimated tokens and the body's completion limit), and for a local pool the engine command
+  of its first replica;
 - `replay FILE --log requests.jsonl [--against OTHER.yaml] [--threshold T]`: see `policies.replay` for the log
   format. A `flagship_share` threshold is live only in the gateway: offline, its `initial` (or `--threshold`)
   is used, and the output says so.
@@ -139,7 +141,9 @@ def _explain(args: argparse.Namespace) -> int:
     score, source = args.score, "given"
     if score is None and needs_score(loaded.policy, ctx):
         score, source = _classifier_score(body.get("messages") or []), "classifier"
-    exp = explain(loaded, ctx, score, threshold=args.threshold)
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    completion = limit if isinstance(limit, int) and limit > 0 else 1
+    exp = explain(loaded, ctx, score, threshold=args.threshold, completion=completion)
     note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold)
     lines = render_explanation(exp, source) + ([note] if note else []) + quant_lines(loaded.policy)
     if exp.decision is not None:

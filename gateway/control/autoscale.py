@@ -11,7 +11,9 @@ autoscaler watch the same figures) and decides, per pool:
 - nothing within `cooldown_s` of the last change (or failed attempt), nor while a change is under way.
 The change itself (room check, start beside the others, drain before stop) is `PoolSet.scale_up` /
 `scale_down`. Only the process that runs the engines decides (`Settings.start_engines`); under `--workers N` that
-is the parent, which runs no such loop yet (docs/scaling.md).
+is the parent (`gateway.control.engine_host`), which counts its changes in `gateway.control.parent_counters`.
+Every change ends in one `ScaleEvent`, whatever it raised: a pool a reload removed between the tick and the change,
+or any other error, is outcome "failed", logged with its traceback (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ log = logging.getLogger("cascade.autoscale")
 
 Signals = Callable[[float], Mapping[tuple[str, str], float]]
 ScaleEvent = Callable[[str, str, str], None]
-"""(pool, "up" | "down", outcome: "done" | "no_room" | "start_failed"): the metrics' counter."""
+"""(pool, "up" | "down", outcome: "done" | "no_room" | "start_failed" | "failed"): the metrics' counter."""
 
 
 @dataclass(slots=True)
@@ -126,12 +128,14 @@ class Autoscaler:
             decision = decide(scale, len(sup.replicas), state, now, over, idle)
             if decision is not None:
                 state.busy = True
-                task = asyncio.create_task(self._apply(name, *decision), name=f"autoscale:{name}")
+                task = asyncio.create_task(self.change(name, *decision), name=f"autoscale:{name}")
                 self._changes.add(task)
                 task.add_done_callback(self._changes.discard)
 
-    async def _apply(self, name: str, direction: str, why: str) -> None:
-        state = self.states[name]
+    async def change(self, name: str, direction: str, why: str) -> None:
+        """Add ("up") or remove ("down") one replica of pool `name` now, for reason `why`; never raises but
+        `CancelledError`. Its outcome is reported to `on_event` and kept in `status` (see the module docstring)."""
+        state = self.states.setdefault(name, ScaleState())
         outcome = "done"
         try:
             if direction == "up":
@@ -152,6 +156,10 @@ class Autoscaler:
             outcome = "start_failed"
             state.last = f"the new replica did not start ({why}): {str(exc).splitlines()[0]}"
             log.error("pool %s: %s", name, state.last)
+        except Exception as exc:  # a pool removed by a reload meanwhile (KeyError), a supervisor's RuntimeError
+            outcome = "failed"
+            state.last = f"could not {'add' if direction == 'up' else 'remove'} a replica ({why}): {exc!r}"
+            log.exception("pool %s: %s", name, state.last)
         finally:
             state.busy, state.changed_at, state.idle_since = False, self._clock(), None
             state.samples.clear()  # judged again from the new count

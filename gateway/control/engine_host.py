@@ -27,10 +27,11 @@ from prometheus_client import CollectorRegistry, multiprocess
 from backends.background import stop
 from backends.clients.shared import make_engine_client
 from backends.engines.registry import publish
-from backends.engines.supervisor import CommandFactory, EngineSupervisor, RestartHook
+from backends.engines.supervisor import CommandFactory, EngineSupervisor
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import engine_signals
 from gateway.control.file_watch import FileWatcher
+from gateway.control.parent_counters import ParentCounters
 from gateway.control.pool_set import PoolSet
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy, load_policy
@@ -58,17 +59,19 @@ def workers_in_flight(metrics_dir: Path) -> dict[str, float]:
 
 
 class EngineHost:
-    """Owns the parent's pool set, its watcher, publisher and autoscaler (`start` / `aclose`)."""
+    """Owns the parent's pool set, its watcher, publisher and autoscaler (`start` / `aclose`). Engine restarts
+    and the autoscaler's changes are counted in `metrics_dir` (`gateway.control.parent_counters`), where the
+    workers' `/metrics` reads them."""
 
-    def __init__(self, settings: Settings, registry: Path, metrics_dir: Path, command: CommandFactory,
-                 on_restart: RestartHook | None = None) -> None:
+    def __init__(self, settings: Settings, registry: Path, metrics_dir: Path, command: CommandFactory) -> None:
         self._settings = settings
         self._registry = registry
         self._metrics_dir = metrics_dir
         self._client = make_engine_client(settings.transport)
         self.pool_set = PoolSet(settings, self._client, elsewhere=self._elsewhere, drain_floor_s=DRAIN_FLOOR_S,
                                 supervisor=functools.partial(EngineSupervisor, command=command))
-        self.pool_set.on_engine_restart = on_restart
+        self.counters = ParentCounters(metrics_dir)
+        self.pool_set.on_engine_restart = self.counters.engine_restarted
         self._loaded: LoadedPolicy | None = None
         self._lock = asyncio.Lock()
         self._published: dict[str, tuple[str, ...]] = {}
@@ -76,7 +79,7 @@ class EngineHost:
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher = FileWatcher([settings.policy_path], self.reload, settings.policy_watch_interval_s,
                                     retry_s=max(1.0, 7.5 * settings.policy_watch_interval_s))
-        self._autoscaler = Autoscaler(self.pool_set, self._signals, None, settings.probe_interval_s)
+        self.autoscaler = Autoscaler(self.pool_set, self._signals, self.counters.scale_event, settings.probe_interval_s)
 
     async def start(self) -> None:
         """Start every pool's engines (in the background, as in one process) and the loops."""
@@ -86,7 +89,7 @@ class EngineHost:
         self._tasks.append(asyncio.create_task(self._publish_loop(), name="engine-registry"))
         if self._settings.policy_watch_interval_s > 0:
             self._watcher.start()
-        self._autoscaler.start()
+        self.autoscaler.start()
 
     async def reload(self) -> None:
         """Reconcile the engines with the policy file (the file watcher calls it). Raises `PolicyError`, or
@@ -144,7 +147,7 @@ class EngineHost:
         return out
 
     async def aclose(self) -> None:
-        await self._autoscaler.aclose()
+        await self.autoscaler.aclose()
         await self._watcher.aclose()
         for task in self._tasks:
             await stop(task)

@@ -28,19 +28,16 @@ is true on every scrape, whichever worker answers, in one of four ways:
   same `/metrics` of the engine each probe interval: they differ between workers only by when each scraped),
   `cascade_pool_replicas` (the pool's replicas, from the one policy and engine registry) and the speculative
   decoding figures (`gateway.control.speculation_metrics`, engine counters scraped alike).
-`cascade_engine_restarts_total{pool,reason}` is counted once, by the process that supervises the engines. Under
-`--workers N` that is the parent (the workers run with `start_engines=False` and count none): it serves no
-metrics and its environment must not carry `PROMETHEUS_MULTIPROC_DIR` (the engines inherit it), so it writes its
-counter into the folder's own file (`ParentRestartCounter`), summed in like a worker's.
+`cascade_engine_restarts_total{pool,reason}` and `cascade_scale_events_total{pool,direction,outcome}` are counted
+once, by the process that supervises the engines: under `--workers N` the parent, in a file of the folder that every
+worker's `render()` adds (`gateway.control.parent_counters`). Router retraining is counted by the one process that
+ran it (`gateway.learning.retrain`): `cascade_router_retrain_runs_total{outcome}` is summed,
+`_last_run_timestamp_seconds` the highest over all workers (`max`), `_last_apgr_delta` the last written.
 
-Router retraining is counted by the one process that ran it (`gateway.learning.retrain`):
-`cascade_router_retrain_runs_total{outcome}` is summed, `_last_run_timestamp_seconds` is the highest over all
-workers (`max`: kept after a worker exits), `_last_apgr_delta` the value written last (`mostrecent`).
-
-The ledger and the limiter: `cascade_ledger_records_total{outcome}` counts what the ledger did with each record;
-`outcome="lost"` is the records lost (Redis down and the outbox write failed), so no separate lost counter is
-kept. `cascade_ledger_outbox_records` is the backlog on disk, `cascade_limiter_decisions_total{tenant,decision}`
-the rate limiter's admitted / limited / unchecked decisions.
+`cascade_ledger_records_total{outcome}` counts what the ledger did with each record (`lost`: Redis down and the
+outbox write failed), `cascade_ledger_outbox_records` is the backlog on disk, and
+`cascade_limiter_decisions_total{tenant,decision}` the rate limiter's admitted / limited / unchecked decisions.
+`cascade_route_steps_total{step,pool}` counts each step of an answered request's route (`RouteDecision.route`).
 
 Latency histograms, and why they are apart:
 - `cascade_ttft_seconds`: a stream's (or a JSON answer assembled from a stream's) time to its first content
@@ -49,8 +46,8 @@ Latency histograms, and why they are apart:
   server (vLLM included) sends a JSON answer's headers with its body once it is generated, so this is the time to
   the whole answer, and it is taken when the answer has arrived. Mixed into `cascade_ttft_seconds` it would put
   whole generations into a time-to-first-token p99, trip the ladder's TTFT step, and, through the ledger's
-  `ttft_ms`, give the version report (`gateway.costs.versions`: (latency - TTFT) / tokens) an inter-token latency
-  of about 0. So it is a histogram of its own, and a non-streamed record's `ttft_ms` stays None.
+  `ttft_ms`, give the version report (`gateway.costs.versions`) an inter-token latency of about 0. So it is a
+  histogram of its own, and a non-streamed record's `ttft_ms` stays None.
 - `cascade_inter_token_seconds`: per streamed content event, measured per arrival of a network chunk
   (`gateway.serving.streaming`: a chunk of k events after a gap g counts g/k k times).
 """
@@ -67,18 +64,19 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import Collector
 
 from backends.background import stop
 from backends.clients.breaker import BreakerState
 from backends.clients.pool import Pool, Replica
+from gateway.control.parent_counters import RESTARTS, SCALE_EVENTS, ParentCountersCollector
 from gateway.control.speculation_metrics import SpeculationCollector
-from gateway.control.worker_gauges import WorkerGauges
+from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector, remove_worker
 from gateway.ledger.store import CostRecord
+from policies.decide import RouteStep
 
-__all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "ParentRestartCounter", "multiprocess_dir",
-           "prepare_multiprocess_dir", "worker_exited"]
+__all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "multiprocess_dir", "prepare_multiprocess_dir",
+           "worker_exited"]
 
 log = logging.getLogger("cascade.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -89,9 +87,6 @@ _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 _TTFT = (*(i / 100 for i in range(1, 26)), 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
 _ITL = (0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
         0.25, 0.5, 1, 2.5)
-_RESTARTS = ("cascade_engine_restarts", "local engine replicas restarted by the supervisor, by reason: exited (the "
-             "process died) or hung (alive, but it answered no health check or request for the pool's "
-             "hang_restart_after_s)")
 _BREAKER_LEVEL = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus_client reads it once, when it is imported: it must be in a worker's environment when it starts
@@ -115,22 +110,7 @@ def prepare_multiprocess_dir(path: Path) -> Path:
 def worker_exited(pid: int, path: Path) -> None:
     """Drop the live gauges of a worker process that has exited (its counters stay in the sum)."""
     multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
-
-
-class ParentRestartCounter:
-    """`cascade_engine_restarts_total` of a process that supervises engines but serves no `/metrics` (the
-    `--workers` parent), written into the multiprocess folder `path` as prometheus_client's counter file of this
-    pid, which every worker's `render()` sums in. A `backends.engines.supervisor.RestartHook`. Used from one thread;
-    `aclose`-free: the file stays for the workers (the next run's `prepare_multiprocess_dir` empties it)."""
-
-    def __init__(self, path: Path) -> None:
-        self._file = MmapedDict(str(path / f"counter_{os.getpid()}.db"))  # type: ignore[no-untyped-call]
-
-    def __call__(self, pool: str, index: int, reason: str) -> None:
-        name, doc = _RESTARTS
-        key = mmap_key(name, name + "_total", ["pool", "reason"], [pool, reason], doc)
-        value, _ = self._file.read_value(key)  # type: ignore[no-untyped-call]
-        self._file.write_value(key, value + 1.0, 0.0)  # type: ignore[no-untyped-call]
+    remove_worker(pid, path)
 
 
 class _EngineCollector(Collector):
@@ -247,7 +227,7 @@ class GatewayMetrics:
         self.escalations = Counter("cascade_escalations", "cascade micro answers below min_confidence: escalated "
                                    "(pool: where to) or held (pool: micro, held_by: why the policy kept it)",
                                    ["outcome", "pool", "held_by"], registry=r)
-        self.engine_restarts = Counter(*_RESTARTS, ["pool", "reason"], registry=r)
+        self.engine_restarts = Counter(RESTARTS[0], RESTARTS[1], list(RESTARTS[2]), registry=r)
         self.ledger_records = Counter("cascade_ledger_records", "cost records by what the ledger did with them: "
                                       "recorded, replayed (from the outbox), duplicates (already counted), spilled "
                                       "(to the outbox, Redis unreachable), lost (the outbox failed too)",
@@ -260,9 +240,10 @@ class GatewayMetrics:
                                        "error (the guard failed; the request is served without it); kind: the PII "
                                        "kind found, the size bound passed, the language detected, or none",
                                        ["tenant", "guard", "kind", "action"], registry=r)
-        self.scale_events = Counter("cascade_scale_events", "autoscaler changes of a pool's replicas: direction up "
-                                    "or down, outcome done, no_room or start_failed",
-                                    ["pool", "direction", "outcome"], registry=r)
+        self.route_steps = Counter("cascade_route_steps", "steps that chose or changed an answered request's pool "
+                                   "(policies.decide.RouteStep: score, rule:<name>, context-fit, failover, ...), by "
+                                   "the pool after the step", ["step", "pool"], registry=r)
+        self.scale_events = Counter(SCALE_EVENTS[0], SCALE_EVENTS[1], list(SCALE_EVENTS[2]), registry=r)
         self.output_checks = Counter("cascade_output_checks", "output checks of answers (policies.output_checks): "
                                      "result pass, fail or error (the check itself failed; the answer is served)",
                                      ["pool", "model", "check", "result"], registry=r)
@@ -368,6 +349,11 @@ class GatewayMetrics:
         """An input guard decided on a request (`gateway.guards.screen.DecisionHook`)."""
         self.guard_decisions.labels(tenant, guard, kind, action).inc()
 
+    def route_taken(self, route: Iterable[RouteStep]) -> None:
+        """An answered request's route (`RouteDecision.route`): each step counted once."""
+        for step in route:
+            self.route_steps.labels(step.step, step.pool).inc()
+
     def scale_event(self, pool: str, direction: str, outcome: str) -> None:
         """The autoscaler changed, or tried to change, `pool`'s replicas (`gateway.control.autoscale.ScaleEvent`)."""
         self.scale_events.labels(pool, direction, outcome).inc()
@@ -428,4 +414,6 @@ class GatewayMetrics:
         self.publish()
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, str(path))  # type: ignore[no-untyped-call]
+        merged.register(ParentCountersCollector(path))
+        merged.register(WorkerGaugesCollector(path))
         return generate_latest(merged) + generate_latest(self._scrape_time)

@@ -5,11 +5,11 @@ this worker's requests and probes saw, and so whether it routes there), the rout
 (refreshed from the shared window at its own moment). Summed or maxed over the workers they would mean nothing
 a worker does; read at scrape time they show whichever worker answered. So in multiprocess mode each worker
 collects them (`collectors`) and writes every sample, with `worker="<index>"` added, into its own file in the
-metrics folder, `gauge_livemostrecent_<pid>.db` (prometheus_client's format, which `MultiProcessCollector`
-merges: every series has one writer, the worker it names). The file is rewritten whole and renamed into
-place, so a replica that left the pool leaves the exposition too, and a reader never sees half a file; the
-parent deletes it when the worker exits (`multiprocess.mark_process_dead`, which removes a pid's `live*`
-gauge files). No other gauge of the gateway uses `livemostrecent`, so the file is this module's alone.
+metrics folder, `worker_gauges_<pid>.json`; every worker's render adds the files of all live workers
+(`WorkerGaugesCollector`): every series has one writer, the worker it names. The file is rewritten whole and renamed
+into place, so a replica that left the pool leaves the exposition too, and a reader never sees half a file; the
+parent deletes it when the worker exits (`remove_worker`). prometheus_client's multiprocess collector reads only its
+own `*.db` files, so it never sees these; only the public API of prometheus_client is used.
 
 `publish()` is called every second and before the worker renders `/metrics` (`GatewayMetrics.start`), so a
 scrape shows each worker's view as of at most a second ago, whichever worker answers.
@@ -18,24 +18,37 @@ scrape shows each worker's view as of at most a second ago, whichever worker ans
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["WORKER_ENV", "WorkerGauges", "worker_label"]
+__all__ = ["WORKER_ENV", "WorkerGauges", "WorkerGaugesCollector", "remove_worker", "worker_label"]
+
+log = logging.getLogger("cascade.metrics")
 
 WORKER_ENV = "CASCADE_WORKER"
 """The worker's index under `serve --workers N` (set by `gateway.api.workers` for each worker it starts)."""
-_MODE = "livemostrecent"
+_PREFIX = "worker_gauges_"
 
 
 def worker_label() -> str:
     """This process's `worker` label: its index under `--workers`, else its pid."""
     return os.environ.get(WORKER_ENV) or str(os.getpid())
+
+
+def _file_of(path: Path, pid: int) -> Path:
+    return path / f"{_PREFIX}{pid}.json"
+
+
+def remove_worker(pid: int, path: Path) -> None:
+    """Remove the file of worker process `pid`, which has exited: its view leaves the exposition."""
+    with contextlib.suppress(OSError):
+        _file_of(path, pid).unlink(missing_ok=True)
 
 
 class WorkerGauges:
@@ -46,28 +59,47 @@ class WorkerGauges:
         self._path = path
         self._collectors = collectors
         self._worker = worker_label()
-        self._file = path / f"gauge_{_MODE}_{os.getpid()}.db"
+        self._file = _file_of(path, os.getpid())
 
     def publish(self) -> None:
         """Write every gauge sample of the collectors, labelled with this worker, replacing the last file."""
-        draft = self._path / f".{self._file.name}.draft"  # not *.db: the collector never reads a draft
-        draft.unlink(missing_ok=True)
-        out = MmapedDict(str(draft))  # type: ignore[no-untyped-call]
-        now = time.time()
-        try:
-            for collector in self._collectors:
-                for family in collector.collect():
-                    if family.type != "gauge":
-                        continue
-                    for sample in family.samples:
-                        names, values = [*sample.labels, "worker"], [*sample.labels.values(), self._worker]
-                        key = mmap_key(family.name, sample.name, names, values, family.documentation)
-                        out.write_value(key, sample.value, now)  # type: ignore[no-untyped-call]
-        finally:
-            out.close()  # type: ignore[no-untyped-call]
+        families = []
+        for collector in self._collectors:
+            for family in collector.collect():
+                if family.type != "gauge":
+                    continue
+                samples = [[{**sample.labels, "worker": self._worker}, sample.value] for sample in family.samples]
+                families.append([family.name, family.documentation, samples])
+        draft = self._path / f".{self._file.name}.draft"
+        draft.write_text(json.dumps(families))
         os.replace(draft, self._file)
 
     def remove(self) -> None:
         """Remove this worker's file (it is leaving: its view goes with it)."""
         with contextlib.suppress(OSError):
             self._file.unlink(missing_ok=True)
+
+
+class WorkerGaugesCollector(Collector):
+    """The gauges every worker published in the metrics folder `path`, read at each scrape."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}  # by name: the family, its label names
+        for file in sorted(self._path.glob(f"{_PREFIX}*.json")):
+            try:
+                families = json.loads(file.read_text())
+            except FileNotFoundError:  # its worker exited meanwhile
+                continue
+            except (OSError, ValueError) as exc:
+                log.warning("could not read a worker's gauges from %s: %s", file, exc)
+                continue
+            for name, doc, samples in families:
+                for labels, value in samples:
+                    if name not in merged:
+                        merged[name] = GaugeMetricFamily(name, doc, labels=list(labels)), list(labels)
+                    family, names = merged[name]
+                    family.add_metric([labels.get(k, "") for k in names], value)
+        return [family for family, _ in merged.values()]

@@ -111,10 +111,12 @@ def _overflow_curve(primary: Path | None) -> QualityCurve | None:
         return None
 
 
-async def served_with_quality(report: CostReport, policy: Policy, redis_url: str, prefix: str) -> CostReport:
-    """`with_quality` for the running gateway (`GET /admin/costs`): the shipped artifact's curve and the
-    labels in its Redis, read in a worker thread."""
+async def served_with_quality(report: CostReport, policy: Policy, redis_url: str, prefix: str,
+                              artifact: Path | None = None) -> CostReport:
+    """`with_quality` for the running gateway (`GET /admin/costs`): the curve of the artifact it was started with
+    (`artifact`, its `--router-artifact`; None: the current one of the artifact store) and the labels in its
+    Redis, read in a worker thread."""
     import asyncio
 
     labels = await asyncio.to_thread(read_label_estimate, redis_url, prefix, policy.routing.micro_pool)
-    return await asyncio.to_thread(with_quality, report, policy, None, labels)
+    return await asyncio.to_thread(with_quality, report, policy, artifact, labels)

@@ -26,6 +26,9 @@ One lock per store, not per Redis: the workers of `cascade serve --workers N` sh
 one of them trains; gateways on separate hosts each own a store and retrain it (a promotion reaches only the
 store it is written into). Several hosts sharing one store folder over the network would each train it.
 
+Refused at load (and at a reload: `check_retrain`, a `PolicyError` naming the policy's line) on a Redis Cluster
+ledger (`redis+cluster://`): the label reader and the trainer read one Redis, so every look would fail.
+
 Not run where a promotion would not reach what this gateway serves: `--router-artifact` or
 `$CASCADE_ROUTER_ARTIFACT` (it serves that file, not the store), `--scorer length|none`, or the memory ledger
 (no labels). That is a warning, once per policy version, naming the policy's line, not a refused policy: a
@@ -48,12 +51,13 @@ import redis.asyncio as aioredis
 
 from backends.background import stop
 from gateway.learning.train_process import Trainer, TrainResult
+from gateway.redis_client import is_cluster_url
 from gateway.settings import Settings
 from policies.learning import Retrain
-from policies.loader import LoadedPolicy
+from policies.loader import LoadedPolicy, PolicyError
 from router_models.serving.artifact import default_store_dir
 
-__all__ = ["LabelSource", "LedgerLabelIds", "RetrainKeys", "RetrainSchedule", "store_problem"]
+__all__ = ["LabelSource", "LedgerLabelIds", "RetrainKeys", "RetrainSchedule", "check_retrain", "store_problem"]
 
 log = logging.getLogger("cascade.retrain")
 
@@ -89,6 +93,18 @@ class RetrainKeys:
         tag = hashlib.sha256(f"{host or socket.gethostname()}\0{store}".encode()).hexdigest()[:12]
         base = f"{prefix}router:retrain:{{{tag}}}:"
         self.lock, self.state, self.seen = base + "lock", base + "state", base + "seen"
+
+
+def check_retrain(loaded: LoadedPolicy, settings: Settings) -> None:
+    """Refuse a policy that turns retraining on for a gateway whose ledger is a Redis Cluster (the labels and the
+    training read one Redis); raises `PolicyError` with the policy's file:line."""
+    if (loaded.policy.learning.retrain.every_hours == 0 or settings.ledger != "redis"
+            or not is_cluster_url(settings.redis_url)):
+        return
+    why = ("retraining reads its labels from one Redis, and this gateway's ledger is a Redis Cluster "
+           f"({settings.redis_url.split('://', 1)[0]}://): set every_hours to 0 here, and retrain with `cascade "
+           "router train --from-ledger` against a single Redis copy of the ledger")
+    raise PolicyError(loaded.source, [loaded.at(("learning", "retrain", "every_hours"), why)])
 
 
 def store_problem(settings: Settings) -> str | None:

@@ -17,6 +17,7 @@ __all__ = [
     "ENDPOINT_COUNTERS",
     "ENDPOINT_FIELDS",
     "MAX_MICRO_USD",
+    "MAX_ROUTE",
     "MAX_TOKENS",
     "ROLLUP_FIELDS",
     "SPLIT_ENDPOINTS",
@@ -37,6 +38,8 @@ _EPOCH_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+\-]{0,127}")  # no ":" (key separator), no "{}" (hash tags)
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
+MAX_ROUTE = 2048  # characters of a record's `route`: its writer cuts a longer one (`Accountant.cost_record`)
+_ROUTE = re.compile(rf"[^\x00-\x1f\x7f]{{0,{MAX_ROUTE}}}")
 _STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow", "discarded",
                        "cache_hit"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
@@ -57,7 +60,7 @@ EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "c
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
-_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint")
+_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "route")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
 _ANSWERS = frozenset({"ok", "client_disconnect", "upstream_error"})  # the statuses of a request's final record
@@ -101,6 +104,8 @@ class CostRecord:
     cache_avoided_micro_usd: int = 0  # a hit's cost on its pool had the engine answered (0 for any other record)
     endpoint: str = "chat"  # the OpenAI endpoint asked: "chat", "responses" or "completions" (a record written
     # before the field existed reads as "chat", the only endpoint then)
+    route: str = ""  # the steps that chose its pool, as `x-cascade-route` shows them (`policies.decide.route_text`):
+    # "score:micro, context-fit:flagship"; "" in a record written before the field existed
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -139,6 +144,7 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
         _check(name, getattr(rec, name), _NAME)
     _check("request_id", rec.request_id, _REQUEST_ID)
     _check("rule", rec.rule, _TEXT)
+    _check("route", rec.route, _ROUTE)
     _check("policy_version", rec.policy_version, _TEXT)
     if rec.scored_by:
         _check("scored_by", rec.scored_by, _NAME)

@@ -37,6 +37,7 @@ from gateway.ledger.layouts import LegacyLedgerKeys
 from gateway.ledger.outbox import Outbox
 from gateway.ledger.record import (
     EXTRA_COUNTERS,
+    MAX_ROUTE,
     ROLLUP_FIELDS,
     CostRecord,
     InvalidCostRecord,
@@ -50,6 +51,7 @@ from gateway.redis_client import REDIS_FAILURES, redis_from_url
 
 __all__ = [
     "EXTRA_COUNTERS",
+    "MAX_ROUTE",
     "ROLLUP_FIELDS",
     "CostRecord",
     "InvalidCostRecord",

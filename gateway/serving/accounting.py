@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.control.metrics import GatewayMetrics
-from gateway.ledger.store import CostRecord, Ledger
+from gateway.ledger.store import MAX_ROUTE, CostRecord, Ledger
 from gateway.serving.usage import Usage
-from policies.decide import RouteDecision
+from policies.decide import RouteDecision, route_text
 from policies.schema import Policy
 
 __all__ = ["Accountant", "RequestFacts"]
@@ -81,6 +81,7 @@ class Accountant:
             router_version=decision.router_version,
             pool_version=decision.pool_version,
             endpoint=facts.endpoint,
+            route=route_text(decision.route)[:MAX_ROUTE],  # a record is never refused for its route's length
             cache=facts.cache,
             output_check=facts.output_check,
         )

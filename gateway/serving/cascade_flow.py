@@ -82,7 +82,8 @@ class _Call:
     def held(self, plan: Escalation, conf: float) -> tuple[_Call, dict[str, str]]:
         """This call with the decision saying why the unsure answer stays, and its response headers."""
         d = self.facts.decision
-        decision = replace(d, rule="cascade-held", reason=f"{d.reason}; {self.unsure(conf)}, kept: {plan.reason}")
+        decision = d.then("cascade-held", f"{self.unsure(conf)}; kept: {plan.held or 'unknown'}", rule="cascade-held",
+                          reason=f"{d.reason}; {self.unsure(conf)}, kept: {plan.reason}")
         headers = {**self.turn.headers, **cascade_headers(False, conf), HELD_HEADER: plan.held or "unknown"}
         return replace(self, facts=replace(self.facts, decision=decision)), headers
 
@@ -189,9 +190,10 @@ class CascadeFlow:
     async def _escalate(self, call: _Call, plan: Escalation, conf: float) -> JSONReply | StreamReply:
         assert plan.pool is not None
         target, loaded, request, turn = plan.pool, call.loaded, call.request, call.turn
-        decision, pool = self._pool_of(replace(call.facts.decision, pool=target, rule="cascade",
-                                               model=served_model(loaded.policy, target),
-                                               reason=f"{call.unsure(conf)}: {plan.reason}"), turn.raw)
+        escalated = call.facts.decision.then("cascade", call.unsure(conf), pool=target, rule="cascade",
+                                             model=served_model(loaded.policy, target),
+                                             reason=f"{call.unsure(conf)}: {plan.reason}")
+        decision, pool = self._pool_of(escalated, turn.raw)
         facts = replace(call.facts, decision=decision)
         upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
         headers = {**extra, **cascade_headers(True, conf)}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -33,10 +33,10 @@ from gateway.errors import BadRequest
 from gateway.serving.endpoints import CHAT, COMPLETIONS, RESPONSES, NativeBody
 from gateway.serving.prompt_count import count_request_usage
 from gateway.serving.schema import ChatRequest
-from policies.decide import RouteDecision, served_model
+from policies.decide import RouteDecision, moved, served_model
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from policies.pools import LocalPool, RemotePool
+from policies.pools import LocalPool, RemotePool, context_of
 from policies.tenant_moves import other_tier
 
 __all__ = ["TEMPLATE_MARGIN", "ContextFit", "Need", "context_of"]
@@ -45,11 +45,6 @@ log = logging.getLogger("cascade.context")
 
 TEMPLATE_MARGIN = 128
 """Tokens a chat template may add beyond the messages' JSON bytes (a default system prompt, role markers)."""
-
-
-def context_of(spec: LocalPool | RemotePool) -> int | None:
-    """The tokens a pool's engines hold (prompt and completion together); None where the policy does not say."""
-    return spec.engine.max_model_len if isinstance(spec, LocalPool) else spec.context_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +123,9 @@ class ContextFit:
                        f"{context_of(loaded.policy.pools[decision.pool])} tokens): routed to {other!r} (context "
                        f"{context_of(loaded.policy.pools[other])} tokens)")
                 log.info("request moved by its length: %s", why)
-                return replace(decision, pool=other, model=served_model(loaded.policy, other), rule="context-fit",
-                               reason=f"{decision.reason}; {why}")
+                short = (f"{_size(tokens, need)} does not fit {decision.pool!r} "
+                         f"({context_of(loaded.policy.pools[decision.pool])} tokens)")
+                return moved(loaded.policy, decision, "context-fit", other, short, why)
         raise _too_long(loaded, sizes, need, decision, native)
 
 

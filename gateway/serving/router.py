@@ -124,8 +124,8 @@ class RequestRouter:
         micro = policy.routing.micro_pool
         if downgrade and decision.pool != micro:
             reason = f"tenant {tenant!r} is over budget (policy: downgrade); {decision.reason}"
-            decision = replace(decision, pool=micro, model=served_model(policy, micro), rule="budget-downgrade",
-                               reason=reason)
+            decision = decision.then("budget-downgrade", "the tenant is over budget (policy: downgrade)", pool=micro,
+                                     model=served_model(policy, micro), rule="budget-downgrade", reason=reason)
         _shed(ladder.applying_to(decision.pool), priority)
         return decision
 

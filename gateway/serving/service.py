@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,7 @@ from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import Wake
 from gateway.control.policy_holder import PolicyHolder
-from gateway.errors import BadRequest, NoReplicaAvailable, UpstreamError
+from gateway.errors import BadRequest, GatewayError, NoReplicaAvailable, UpstreamError
 from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
@@ -33,7 +33,7 @@ from gateway.serving.schema import ChatRequest
 from gateway.serving.upstream import prepare_upstream
 from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
-from policies.decide import RouteDecision, served_model
+from policies.decide import RouteDecision, moved, route_text
 from policies.escalation import escalation
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
@@ -85,6 +85,7 @@ class ChatService:
                              "does not support here; use /v1/chat/completions", code="guard_unsupported_endpoint")
         request, raw = screened.request, screened.raw
         reply = await self._handle(request, raw, tenant, request_id, headers, native)
+        self._metrics.route_taken(reply.decision.route)
         if self._learning is not None and native is None:
             self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
         return replace(reply, headers={**reply.headers, **screened.headers}) if screened.decisions else reply
@@ -97,11 +98,14 @@ class ChatService:
         ladder = self._degradation.state
         verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
         downgrade = verdict is not None and verdict.downgrade
+        # the route, step by step (each appends to `decision.route`; `policies.decide` for the first ones)
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
-        decision = await self._on_cold(decision, loaded, tenant, ladder, downgrade)
+        decision = await _step("on-demand-fallback", request_id, decision,
+                               self._on_cold(decision, loaded, tenant, ladder, downgrade))
         if self._checker is not None:
             decision = json_fallback_refused(loaded.policy, decision, raw, ladder, self._checker.json_rates)
-        decision = await self._fit.place(loaded, decision, request, raw, native, tenant, ladder, downgrade)
+        decision = await _step("context-fit", request_id, decision,
+                               self._fit.place(loaded, decision, request, raw, native, tenant, ladder, downgrade))
         turn = CascadeTurn(raw, ladder, downgrade, {}, native)
         upstream, extra = _upstream(turn, decision, request)
         turn = replace(turn, headers=extra)
@@ -145,11 +149,13 @@ class ChatService:
         why = f"the {answered.pool!r} answer failed output check(s) {checks}"
         plan = escalation(loaded.policy, facts.tenant, turn.ladder, turn.downgrade)
         if rejected.action == "escalate" and plan.pool is not None:
-            decision = replace(answered, pool=plan.pool, model=served_model(loaded.policy, plan.pool),
-                               rule="output-check", reason=f"{answered.reason}; {why}: {plan.reason}")
+            decision = moved(loaded.policy, answered, "output-check", plan.pool, f"failed {checks}: escalated",
+                             f"{why}: {plan.reason}")
             done = "escalated"
         else:
-            decision, done = replace(answered, reason=f"{answered.reason}; {why}: retried"), "retried"
+            decision = answered.then("output-check", f"failed {checks}: retried",
+                                     reason=f"{answered.reason}; {why}: retried")
+            done = "retried"
         upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
         try:
             reply = await self._serve(upstream, request, replace(facts, decision=decision, redo=()), loaded,
@@ -174,11 +180,11 @@ class ChatService:
             if other is None or not (await self._fit.fits(loaded, other, Need.of(request, turn.raw, turn.native),
                                                           turn.raw, turn.native, ladder))[0]:
                 raise
-            moved = replace(decision, pool=other, model=served_model(loaded.policy, other), rule="failover",
-                            reason=f"no replica of {decision.pool!r} available: failed over to {other!r}")
-            upstream, extra = _upstream(turn, moved, request)
+            why = f"no replica of {decision.pool!r} available"
+            other_decision = moved(loaded.policy, decision, "failover", other, why, f"{why}: failed over to {other!r}")
+            upstream, extra = _upstream(turn, other_decision, request)
             turn = replace(turn, headers=extra)
-            return await self._forward(upstream, request, replace(facts, decision=moved), loaded, turn)
+            return await self._forward(upstream, request, replace(facts, decision=other_decision), loaded, turn)
 
     async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy, tenant: str, ladder: LadderState,
                        downgrade: bool) -> RouteDecision:
@@ -190,8 +196,9 @@ class ChatService:
         target = decision.pool if self._wake is None else await self._wake(decision.pool, may_use)
         if target == decision.pool:
             return decision
-        return replace(decision, pool=target, model=served_model(loaded.policy, target), rule="on-demand-fallback",
-                       reason=f"pool {decision.pool!r} is starting on demand: served by {target!r} meanwhile")
+        why = f"{decision.pool!r} is starting on demand"
+        return moved(loaded.policy, decision, "on-demand-fallback", target, why,
+                     f"{why}: served by {target!r} meanwhile")
 
     async def _forward(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                        loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
@@ -207,7 +214,9 @@ class ChatService:
                 raise
             log.warning("pool %s: its canary %s failed request %s (%s); the pool's own version serves it",
                         decision.pool, decision.pool_version, facts.request_id, exc.message)
-            decision, pool = self._versions.own(facts.decision)
+            routed = replace(facts.decision, route=decision.route)  # as routed, with the canary's step
+            decision, pool = self._versions.own(routed.then(
+                "canary-fallback", f"its canary {decision.pool_version} failed before any byte"))
             return await self._send(pool, upstream, request, replace(facts, decision=decision), loaded, turn)
 
     async def _send(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
@@ -223,6 +232,19 @@ class ChatService:
         if chat and turn.ladder.applying_to(facts.decision.pool).force_stream:
             return await self._fw.json_via_stream(pool, upstream, facts, loaded, extra)
         return await self._fw.json(pool, upstream, facts, loaded, extra)
+
+
+async def _step(name: str, request_id: str, decision: RouteDecision,
+                work: Awaitable[RouteDecision]) -> RouteDecision:
+    """`work`, the route step `name` on `decision`. An error it raises names the step in its message, and the log
+    has the route up to it (never the prompt: `policies.decide.RouteStep`)."""
+    try:
+        return await work
+    except GatewayError as exc:
+        log.info("request %s: route step %s refused it (%s) after route %s", request_id, name, exc.message,
+                 route_text(decision.route) or "-")
+        exc.message = f"{name}: {exc.message}"
+        raise
 
 
 def _upstream(turn: CascadeTurn, decision: RouteDecision, request: ChatRequest,

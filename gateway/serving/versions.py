@@ -29,7 +29,8 @@ class PoolVersions:
         `NoReplicaAvailable` for a pool that is not running."""
         canary = self._canaries.get(decision.pool)
         if canary is not None and canary.pool.ready and takes_canary(decision.pool, sticky_key(raw), canary.weight):
-            return replace(decision, model=canary.model, pool_version=canary.version), canary.pool
+            why = f"version {canary.version} takes {canary.weight:.0%} of the pool's requests"
+            return decision.then("canary", why, model=canary.model, pool_version=canary.version), canary.pool
         return self.own(decision)
 
     def pool(self, name: str) -> Pool | None:

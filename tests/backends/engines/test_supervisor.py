@@ -304,3 +304,23 @@ async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) ->
         for pool in engines.values():
             await _chat(client, pool.ready_urls[0], pool.spec.served_name)
         assert_engine_cores_placed(engines)
+
+
+async def test_a_replica_detached_while_its_health_check_runs_is_not_restarted(tmp_path: Path) -> None:
+    restarts: list[tuple[str, int, str]] = []
+    supervisor = _fake_supervisor(tmp_path, "serve", replicas=2, hang_restart_after_s=1.0,
+                                  on_restart=lambda *event: restarts.append(event))
+    await supervisor.start()
+    leaving = supervisor.replicas[1]
+    assert leaving.pid is not None
+    try:
+        os.kill(leaving.pid, signal.SIGSTOP)  # its health check now waits for the client's 5 s timeout
+        await asyncio.sleep(1.0)  # the monitor is inside that check
+        supervisor.detach(leaving)  # as a scale-down does: it drains, then its caller stops it
+        await asyncio.sleep(6.0)  # the check has ended and the hang limit (1 s) has long passed
+        assert restarts == [] and leaving.restarts == 0 and leaving.restart_task is None
+        assert supervisor.replicas == (supervisor.replicas[0],) and supervisor.replicas[0].ready
+    finally:
+        os.kill(leaving.pid, signal.SIGCONT)
+        await supervisor.stop(leaving)
+        await supervisor.aclose()

@@ -48,6 +48,21 @@ def test_cost_page_needs_the_admin_key_and_shows_the_traffic(gateway: str) -> No
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "from"
 
 
+def test_cost_page_groups_by_endpoint_as_the_cli_report_does(gateway: str) -> None:
+    r = httpx.post(gateway + "/v1/chat/completions",
+                   json={"model": "flagship", "messages": [{"role": "user", "content": "hello there"}]})
+    assert r.status_code == 200
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    deadline, page = time.monotonic() + 5, httpx.get(gateway + "/admin/costs?by=endpoint", headers=auth)
+    while page.status_code == 200 and ">chat<" not in page.text and time.monotonic() < deadline:
+        time.sleep(0.1)
+        page = httpx.get(gateway + "/admin/costs?by=endpoint", headers=auth)
+    assert page.status_code == 200, page.text
+    assert "By endpoint" in page.text and ">chat<" in page.text
+    bad = httpx.get(gateway + "/admin/costs?by=colour", headers=auth)
+    assert bad.status_code == 400 and "by=tenant|pool|model|day|endpoint" in bad.json()["error"]["message"]
+
+
 def test_reload_rejects_a_broken_file_and_keeps_serving(gateway: str, policy_file: Path) -> None:
     auth = {"authorization": f"Bearer {ADMIN}"}
     before = httpx.get(gateway + "/readyz").json()["policy_version"]

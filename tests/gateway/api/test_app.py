@@ -258,6 +258,7 @@ def test_failover_to_the_other_tier_when_the_policy_allows(tmp_path: Path, upstr
         r = httpx.post(url + "/v1/chat/completions", json=hard)
         assert r.status_code == 200
         assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "failover")
+        assert r.headers["x-cascade-route"] == "score:flagship, failover:micro"
         pinned = httpx.post(url + "/v1/chat/completions", json={**hard, "model": "flagship"})
         assert pinned.status_code == 503  # a pinned model is never swapped
 

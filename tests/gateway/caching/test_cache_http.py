@@ -108,6 +108,7 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
     assert answer.choices[0].message.content == engine_answer.choices[0].message.content
     assert answer.usage is not None and answer.usage.completion_tokens == engine_answer.usage.completion_tokens
     assert answer.id != engine_answer.id and hit.headers["x-cascade-pool"] == "micro"
+    assert hit.headers["x-cascade-route"] == "pinned:micro, cache:micro"
 
     with client.chat.completions.with_streaming_response.create(
         model="micro", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.checking.fallback import json_fallback_refused
 from gateway.checking.judge import JsonRates
 from policies.checks import reference_problems
-from policies.decide import RouteDecision
+from policies.decide import RouteDecision, RouteStep
 from policies.ladder import Ladder, LadderState
 from policies.output_checks import OutputChecks
 from policies.schema import Policy
@@ -39,6 +39,8 @@ def test_json_requests_stay_on_their_pool_while_the_fallback_breaks_json() -> No
     kept = json_fallback_refused(POLICY, MOVED, JSON, _active(), _rates(3, 10))
     assert (kept.pool, kept.model, kept.rule) == ("flagship", "flagship-model", "json-guard:kv-high")
     assert "30% of its last 10 JSON answers" in kept.reason
+    assert kept.route == (RouteStep("json-guard:kv-high", "flagship", "'int8' failed the json check on 30% of its last "
+                                    "10 JSON answers (bound 20%)"),)
 
 
 def test_the_move_stands_below_the_bound_without_json_or_with_too_few_answers() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.cli import policy as cli
 from policies.replay import LogError, parse_log
-from tests.conftest import with_fixed_threshold
+from tests.conftest import policy_yaml, with_fixed_threshold
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = ROOT / "policies" / "default.yaml"
@@ -55,7 +55,23 @@ def test_explain_shows_rules_decision_and_engine(capsys: pytest.CaptureFixture[s
     assert "2. globex-premium -> threshold 0.25: no: header 'x-plan' value 'free' does not match" in out
     assert "3. contracts -> threshold 0.26: MATCH" in out
     assert "decision: pool 'flagship' (model 'flagship'), rule 'contracts'" in out
+    assert "route:\n  1. score -> 'flagship': score 0.400 >= 0.26 (contracts)\n" in out
     assert "--served-model-name flagship" in out and "--port 8201" in out and "VLLM_CPU_KVCACHE_SPACE=1" in out
+
+
+def test_explain_prints_the_context_step_for_a_request_micro_cannot_hold(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1").replace(
+        "model: micro-model\n", "model: micro-model\n    context_tokens: 1024\n"))
+    body = tmp_path / "body.json"  # ~1,250 estimated tokens and 200 to write: over micro's context of 1,024
+    body.write_text(json.dumps({"model": "auto", "max_tokens": 200,
+                                "messages": [{"role": "user", "content": "word " * 1000}]}))
+    assert run("explain", str(policy), "--request", str(body), "--score", "0.1") == 0
+    out = capsys.readouterr().out
+    assert "route:\n  1. score -> 'micro': score 0.100 < 0.5 (threshold)\n  2. context-fit -> 'flagship': " in out
+    assert "and 200 completion do not fit 'micro' (1024 tokens)" in out
+    assert "decision: pool 'flagship' (model 'flagship-model'), rule 'context-fit'" in out
 
 
 def test_explain_runs_the_classifier_only_when_needed(

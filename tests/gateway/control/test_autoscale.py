@@ -171,7 +171,7 @@ async def test_a_pool_grows_under_load_and_shrinks_when_idle_losing_no_request(g
 
 async def test_a_pool_with_no_room_does_not_grow_and_says_why(gateway: Settings,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gateway.control.pool_set.judge_room", lambda spec, model_dir: Room(0, "memory: full"))
+    monkeypatch.setattr("gateway.control.replica_scaling.judge_room", lambda spec, model_dir: Room(0, "memory: full"))
     app = create_app(gateway)
     with serve(app) as url:
         await asyncio.to_thread(until, lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)

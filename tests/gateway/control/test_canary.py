@@ -188,6 +188,9 @@ async def test_a_failing_canary_is_rolled_back_by_its_guard_and_its_requests_are
                 replies.append(await client.post(url + "/v1/chat/completions", json=body))
             assert [r.status_code for r in replies] == [200] * 40  # the canary's failures went to the pool
             assert {r.headers["x-cascade-pool-version"] for r in replies} == {own}
+            fell_back = "pinned:spare, canary:spare, canary-fallback:spare"  # the split, then the pool's own version
+            routes = {r.headers["x-cascade-route"] for r in replies}
+            assert fell_back in routes and routes <= {fell_back, "pinned:spare"}, routes
             assert "spare" not in pool_set.canaries
             canary = httpx.get(url + "/readyz").json()["versions"]["spare"]["canary"]
             assert "error rate" in canary["rolled_back"] and "max_error_rate" in canary["rolled_back"]

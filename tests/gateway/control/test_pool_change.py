@@ -168,7 +168,7 @@ def test_no_room_is_refused_unless_the_interruption_is_accepted(
     gateway: tuple[Path, str, Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     policy_file, _, settings = gateway
-    monkeypatch.setattr("gateway.control.pool_set.judge_room", lambda spec, model_dir: Room(0, "memory: full"))
+    monkeypatch.setattr("gateway.control.version_change.judge_room", lambda spec, model_dir: Room(0, "memory: full"))
     app = create_app(settings)
     with serve(app) as url:
         until(lambda: _spare_ready(url))
@@ -195,7 +195,7 @@ async def test_where_only_one_new_replica_fits_the_pool_is_replaced_one_at_a_tim
     policy_file, _, settings = gateway
     policy_file.write_text(policy_file.read_text().replace("startup_timeout_s: 30, replicas: 1",
                                                            "startup_timeout_s: 30, replicas: 3"))
-    monkeypatch.setattr("gateway.control.pool_set.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
+    monkeypatch.setattr("gateway.control.version_change.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
     app = create_app(settings)
     with serve(app) as url:
         pool_set = app.state.runtime.pool_set
@@ -244,7 +244,7 @@ async def test_a_rolling_change_that_fails_half_way_puts_the_old_version_back(
     policy_file, _, settings = gateway
     policy_file.write_text(policy_file.read_text().replace("startup_timeout_s: 30, replicas: 1",
                                                            "startup_timeout_s: 30, replicas: 2"))
-    monkeypatch.setattr("gateway.control.pool_set.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
+    monkeypatch.setattr("gateway.control.version_change.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
     new_starts = []
 
     def second_new_one_fails(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
@@ -356,7 +356,7 @@ def _remote_only(policy_file: Path, tmp_path: Path, watch_s: float) -> Settings:
 def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("gateway.control.pool_set.REPLACE_WAIT_S", 1.0)
+    monkeypatch.setattr("gateway.control.version_change.REPLACE_WAIT_S", 1.0)
     _, micro_url, _, flagship_url = upstreams
     with serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0))) as url:
         before = httpx.get(url + "/readyz").json()["policy_version"]
@@ -378,7 +378,7 @@ def test_a_remote_pool_whose_new_servers_start_late_is_switched_by_the_watcher_o
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("gateway.control.pool_set.REPLACE_WAIT_S", 0.5)
+    monkeypatch.setattr("gateway.control.version_change.REPLACE_WAIT_S", 0.5)
     _, _, _, flagship_url = upstreams
     port = free_port()
     with (serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0.2))) as url,

@@ -165,3 +165,24 @@ def test_admin_cost_page_has_the_quality_section(gateway: str) -> None:
         time.sleep(0.1)
     assert "Quality kept by routing" in page
     assert "realised flagship share 0%" in page or "quality estimate unavailable (" in page
+
+
+@pytest.mark.redis
+def test_admin_cost_page_reads_the_curve_of_the_artifact_the_gateway_was_started_with(
+        policy_file: Path, tmp_path: Path) -> None:
+    named = tmp_path / "named-router.json"
+    named.write_text(json.dumps({"embedder": "x", "quality_curve": {**CURVE, "basis": "named artifact eval"}}))
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="redis",
+                        redis_prefix=prefix, admin_key="k", home=tmp_path, router_artifact=named)
+    try:
+        with serve(create_app(settings)) as url:
+            body = {"model": "flagship", "messages": [{"role": "user", "content": "hi"}]}
+            assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 200
+            deadline, page = time.monotonic() + 5, ""
+            while time.monotonic() < deadline and "realised flagship share" not in page:
+                page = httpx.get(url + "/admin/costs", headers={"authorization": "Bearer k"}).text
+                time.sleep(0.1)
+    finally:
+        delete_prefix(prefix)
+    assert "router eval curve: named artifact eval" in page, page

@@ -214,3 +214,22 @@ async def test_the_environment_pin_counts_as_not_serving_the_store(monkeypatch: 
     assert store_problem(settings) is None
     monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", "/srv/env-pinned.json")
     assert "this gateway serves /srv/env-pinned.json" in str(store_problem(settings))
+
+
+async def test_retraining_on_a_redis_cluster_ledger_is_refused_at_load_with_the_policy_line(tmp_path: Path) -> None:
+    from gateway.api.runtime import build_runtime
+    from gateway.learning.retrain import check_retrain
+    from policies.loader import PolicyError
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(_policy().text)
+    line = _policy().text.splitlines().index("    every_hours: 24") + 1
+    cluster = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", home=tmp_path,
+                       redis_url="redis+cluster://127.0.0.1:1")
+    with pytest.raises(PolicyError) as err:
+        await build_runtime(cluster)  # refused before anything connects
+    assert f"policy.yaml:{line}: learning.retrain.every_hours: retraining reads its labels from one Redis" in str(
+        err.value)
+    assert "Redis Cluster (redis+cluster://)" in str(err.value)
+    check_retrain(_policy(""), cluster)  # retraining off: nothing to refuse
+    check_retrain(_policy(), Settings(policy_path=path, redis_url="redis://127.0.0.1:1"))  # one Redis: fine

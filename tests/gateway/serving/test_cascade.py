@@ -78,6 +78,7 @@ def test_unsure_micro_answer_escalates_and_both_calls_are_charged(
     resp = httpx.post(url + "/v1/chat/completions", json=_body(-3.0, stream))
     assert resp.status_code == 200
     assert (resp.headers["x-cascade-pool"], resp.headers["x-cascade-rule"]) == ("flagship", "cascade")
+    assert resp.headers["x-cascade-route"] == "score:micro, cascade:flagship"
     assert resp.headers["x-cascade-escalated"] == "true"
     assert "flagship-model" in resp.text and "micro-model" not in resp.text  # no byte of the probe leaked
     rid = resp.headers["x-request-id"]
@@ -87,6 +88,7 @@ def test_unsure_micro_answer_escalates_and_both_calls_are_charged(
     # remote pools are counted here, 4 characters a token; the 4 probe tokens read are the floor (" w0" is 3)
     assert probe.completion_tokens >= 4
     assert (final.pool, final.status, final.rule) == ("flagship", "ok", "cascade")
+    assert (probe.route, final.route) == ("score:micro", "score:micro, cascade:flagship")
     assert upstreams[0].requests == 1 and upstreams[2].requests == 1
 
 
@@ -141,6 +143,7 @@ def _assert_held(resp: httpx.Response, why: str) -> None:
     assert resp.status_code == 200
     assert (resp.headers["x-cascade-pool"], resp.headers["x-cascade-escalated"]) == ("micro", "false")
     assert (resp.headers["x-cascade-rule"], resp.headers["x-cascade-escalation-held"]) == ("cascade-held", why)
+    assert resp.headers["x-cascade-route"] == "score:micro, cascade-held:micro"
     assert "micro-model" in resp.text and "flagship-model" not in resp.text
 
 

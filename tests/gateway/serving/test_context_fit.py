@@ -16,7 +16,7 @@ from gateway.errors import BadRequest
 from gateway.serving.context_fit import ContextFit
 from gateway.serving.endpoints import COMPLETIONS, RESPONSES, NativeBody
 from gateway.serving.schema import ChatRequest
-from policies.decide import RouteDecision
+from policies.decide import RouteDecision, RouteStep
 from policies.ladder import ActiveStep, LadderState
 from policies.ladder_schema import TruncateContext
 from policies.schema import Policy
@@ -89,6 +89,8 @@ def test_a_conversation_too_long_for_micro_goes_to_the_flagship_whose_context_ho
     fit, client = _fit({"http://micro": 1500, "http://flagship": 1500})
     decision = _place(fit, "word " * 1500, max_tokens=200)
     assert (decision.pool, decision.model, decision.rule) == ("flagship", "flagship", "context-fit")
+    assert decision.route == (RouteStep("context-fit", "flagship", "a prompt of 1500 tokens and max_tokens=200 does "
+                                        "not fit 'micro' (1024 tokens)"),)
     assert "a prompt of 1500 tokens and max_tokens=200 does not fit 'micro' (context 1024 tokens)" in decision.reason
     assert {url for url, _ in client.calls} == {"http://micro", "http://flagship"}  # counted by each pool's tokenizer
 

@@ -66,6 +66,7 @@ def test_a_micro_answer_that_is_not_json_is_escalated_and_both_calls_are_recorde
     assert (h["x-cascade-pool"], h["x-cascade-rule"]) == ("flagship", "output-check")
     assert h["x-cascade-output-check"] == "json=pass, empty=pass"
     assert h["x-cascade-output-check-action"] == "escalated:json"
+    assert h["x-cascade-route"] == "score:micro, output-check:flagship"
     rid = h["x-request-id"]
     records = _records(ledger, 2)
     dropped, served = records[rid + "-check"], records[rid]
@@ -108,6 +109,7 @@ def test_an_empty_answer_is_retried_once_on_the_same_pool(escalating: tuple[str,
     assert resp.headers["x-cascade-pool"] == "micro"
     assert resp.headers["x-cascade-output-check"] == "empty=fail"  # still empty: served, flagged, not retried again
     assert resp.headers["x-cascade-output-check-action"] == "retried:empty"
+    assert resp.headers["x-cascade-route"].endswith(":micro, output-check:micro")  # the same pool, asked again
     records = _records(ledger, 2)
     assert {r.status for r in records.values()} == {"discarded", "ok"}
 

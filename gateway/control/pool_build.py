@@ -1,0 +1,76 @@
+"""How a pool set builds a `Pool` from a pool's spec: its replicas' URLs, health path, breaker, connection
+settings, API key and version. No I/O but reading the engine registry and the environment."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from backends.clients.breaker import BreakerConfig
+from backends.clients.pool import Pool
+from backends.clients.shared import EngineClient
+from backends.engines.registry import REGISTRY_ENV, published
+from backends.engines.supervisor import Answered
+from backends.machine_checks import connection_settings
+from gateway.settings import Settings
+from policies.pools import pool_version
+from policies.schema import LocalPool, RemotePool
+
+__all__ = ["PoolBuilder", "api_key_headers", "last_answer"]
+
+log = logging.getLogger("cascade.pools")
+
+
+class PoolBuilder:
+    """Builds pools on the shared engine client (not owned). `registry`: where the process that runs the engines
+    publishes their ports (set by the parent of `--workers N` in its workers' environment), None otherwise."""
+
+    def __init__(self, settings: Settings, client: EngineClient) -> None:
+        self._settings = settings
+        self._client = client
+        registry = os.environ.get(REGISTRY_ENV)
+        self.registry = Path(registry) if registry and not settings.start_engines else None
+
+    def static_urls(self, name: str, spec: LocalPool | RemotePool) -> list[str]:
+        """A remote pool's URLs; a local pool's as published, else on its base ports (none while this process
+        starts them: filled in once its supervisor has them up)."""
+        if isinstance(spec, RemotePool):
+            return list(spec.urls)
+        if self._settings.start_engines:
+            return []
+        urls = None if self.registry is None else published(self.registry, name)
+        if urls is not None:  # where the process running the engines says they listen
+            return list(urls)
+        return [f"http://127.0.0.1:{spec.engine.base_port + i}" for i in range(spec.engine.replicas)]
+
+    def build(self, name: str, spec: LocalPool | RemotePool, urls: list[str] | None = None) -> Pool:
+        """A `Pool` of `spec`'s replicas (`urls`: these instead), not started."""
+        health = spec.health_path if isinstance(spec, RemotePool) else "/health"
+        breaker = BreakerConfig(**spec.breaker.model_dump())
+        connection = connection_settings(spec) if isinstance(spec, RemotePool) else None
+        return Pool(name, self.static_urls(name, spec) if urls is None else urls, self._client,
+                    probe_interval_s=self._settings.probe_interval_s, health_path=health,
+                    headers=api_key_headers(name, spec), breaker=breaker, connection=connection,
+                    version=pool_version(spec))
+
+
+def api_key_headers(name: str, spec: LocalPool | RemotePool) -> dict[str, str]:
+    """A remote pool's API key, read from the environment variable the policy names (never stored)."""
+    if isinstance(spec, LocalPool) or spec.api_key_env is None:
+        return {}
+    key = os.environ.get(spec.api_key_env)
+    if not key:
+        log.warning("pool %s: environment variable %s is not set; calling it without an API key",
+                    name, spec.api_key_env)
+        return {}
+    return {"authorization": f"Bearer {key}"}
+
+
+def last_answer(pool: Pool) -> Answered:
+    """When the gateway last got an answer to a request from the replica at a URL (its breaker's record, in
+    monotonic seconds), so that the supervisor does not take a busy engine that answers /health late for hung."""
+    def answered(url: str) -> float | None:
+        return next((r.breaker.last_success for r in pool.replicas if r.url == url.rstrip("/")), None)
+
+    return answered
