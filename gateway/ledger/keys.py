@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gateway.ledger.holds import RELEASE_FN, release_lua
 from gateway.ledger.record import CostRecord
 
 __all__ = ["RECORD_LUA", "SPEND_MONTH_FIELD", "SPEND_TTL_EXTRA_S", "LedgerKeys", "rollup_slot", "utc_periods"]
@@ -81,6 +82,14 @@ class LedgerKeys:
         whole month) and one field per UTC day `YYYY-MM-DD`. Written only by the record script."""
         return f"{self._tenant(tenant)}spend:{month}"
 
+    def holds(self, tenant: str) -> str:
+        """Hash of one tenant's budget holds: request id → micro-USD (`gateway.ledger.holds`)."""
+        return f"{self._tenant(tenant)}holds"
+
+    def hold_expiry(self, tenant: str) -> str:
+        """Sorted set of one tenant's budget holds by expiry (`gateway.ledger.holds`)."""
+        return f"{self._tenant(tenant)}holds:exp"
+
 
 def rollup_slot(rec: CostRecord) -> tuple[str, str, str]:
     """(day, day index member, hour index member) of a record, from `started_at` in UTC."""
@@ -95,18 +104,20 @@ def utc_periods(epoch_s: float) -> tuple[str, str]:
     return when.strftime("%Y-%m"), when.strftime("%Y-%m-%d")
 
 
-# KEYS (one tenant's slot): idempotency key, stream, day rollup, hour rollup, day index, hour index, spend
+# KEYS (one tenant's slot): idempotency key, stream, day rollup, hour rollup, day index, hour index, spend,
+#       budget holds, their expiry (`gateway.ledger.holds`)
 # ARGV: ttl_s, retention_ms, prompt, completion, cost, flagship, day member, hour member, spend ttl_s,
-#       day (spend field), n, n pairs (extra counter name, value), stream fields...
+#       day (spend field), n, n pairs (extra counter name, value), hold id (the request id), stream fields...
+# The request's budget hold is released first, even for a duplicate: its cost is in the spend either way.
 # Everything below the EXISTS check happens only for a request id not seen before: a retry or an outbox
 # replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings. The
 # stream expires a retention after its last record: a tenant that stopped leaves no stream behind.
-RECORD_LUA = """#!lua
+RECORD_LUA = "#!lua" + RELEASE_FN + "local extra = tonumber(ARGV[11])\n" + release_lua(
+    "KEYS[8]", "KEYS[9]", "ARGV[12 + 2 * extra]") + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local now = redis.call('TIME')
 local minid = string.format('%.0f', tonumber(now[1]) * 1000 - tonumber(ARGV[2]))
-local extra = tonumber(ARGV[11])
-local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 12 + 2 * extra))
+local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 13 + 2 * extra))
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[1], id, 'EX', ARGV[1])
 local fields = {'prompt_tokens', 'completion_tokens', 'cost_micro_usd', 'flagship_cost_micro_usd'}

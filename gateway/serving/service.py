@@ -84,7 +84,8 @@ class ChatService:
             raise BadRequest(f"the tenant's input guards rewrite prompts (redaction), which {native.endpoint.path} "
                              "does not support here; use /v1/chat/completions", code="guard_unsupported_endpoint")
         request, raw = screened.request, screened.raw
-        reply = await self._handle(request, raw, tenant, request_id, headers, native)
+        async with self._admission.refunds(request_id):  # refused after admission: its limits and hold go back
+            reply = await self._handle(request, raw, tenant, request_id, headers, native)
         if self._learning is not None and native is None:
             self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
         return replace(reply, headers={**reply.headers, **screened.headers}) if screened.decisions else reply
@@ -95,7 +96,7 @@ class ChatService:
         loaded = self._policies.current
         self._degradation.use_policy(loaded)
         ladder = self._degradation.state
-        verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
+        verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"], request_id)
         downgrade = verdict is not None and verdict.downgrade
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
         decision = await self._on_cold(decision, loaded, tenant, ladder, downgrade)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import delete_prefix, policy_yaml
+from loadtest.scenarios.chaos_figures import ledger_records
+from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
 from tests.servers import serve
 
 pytestmark = pytest.mark.redis
@@ -24,11 +26,13 @@ TENANTS = f"""tenants:
   capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 3}}}}
   broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0001"}}}}
   thrifty: {{api_key_sha256: ['{hash_key("sk-thrifty")}'], budget: {{daily_usd: "0.0001", on_exceed: downgrade}}}}
+  tight: {{api_key_sha256: ['{hash_key("sk-tight")}'], budget: {{daily_usd: "0.002"}}}}
+  small: {{api_key_sha256: ['{hash_key("sk-small")}'], rate_limits: {{requests_per_minute: 2}}}}
 """
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+def gateway_prefix(tmp_path: Path, upstreams: Upstreams) -> Iterator[tuple[str, str]]:
     _, micro_url, _, flagship_url = upstreams
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
@@ -36,13 +40,20 @@ def gateway(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
     settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
                         home=tmp_path)
     with serve(create_app(settings)) as url:
-        yield url
+        yield url, prefix
     delete_prefix(prefix)
 
 
-def _post(url: str, key: str, model: str = "flagship") -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+@pytest.fixture
+def gateway(gateway_prefix: tuple[str, str]) -> str:
+    return gateway_prefix[0]
+
+
+def _post(url: str, key: str, model: str = "flagship", max_tokens: int = 8) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
+            "metadata": {"fake_tokens": str(max_tokens)}}  # the fake upstream answers max_tokens tokens
+    return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"},
+                      timeout=120)
 
 
 def test_requests_per_minute(gateway: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -83,3 +94,30 @@ def test_budget_downgrades_to_micro(gateway: str) -> None:
         time.sleep(0.2)
     assert r.status_code == 200
     assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "budget-downgrade")
+
+
+def test_a_request_refused_after_admission_gives_its_rate_limit_back(gateway: str) -> None:
+    # an unknown model is refused by routing, after admission: it must not use up the tenant's 2 requests a minute
+    assert [_post(gateway, "sk-small", model="no-such-model").status_code for _ in range(3)] == [404] * 3
+    assert [_post(gateway, "sk-small").status_code for _ in range(2)] == [200, 200]
+    assert _post(gateway, "sk-small").status_code == 429  # the limit itself still holds
+
+
+def test_parallel_requests_stop_at_the_budget(gateway_prefix: tuple[str, str]) -> None:
+    # 30 requests at once against a daily budget of 2000 micro-USD, each ~490 on the flagship (32 tokens at
+    # $15/Mtok plus the prompt): every admission holds its worst case, so at most one request's cost goes over
+    url, prefix = gateway_prefix
+    with ThreadPoolExecutor(30) as pool:
+        codes = list(pool.map(lambda _: _post(url, "sk-tight", max_tokens=32).status_code, range(30)))
+    served = codes.count(200)
+    assert served + codes.count(429) == 30 and served >= 1
+    deadline = time.monotonic() + 30
+    while len(costs := _costs(prefix, "tight")) < served and time.monotonic() < deadline:
+        time.sleep(0.1)  # records are written in the background
+    assert len(costs) == served
+    print(f"30 parallel requests: {served} served, {sum(costs)} micro-USD spent of a 2000 budget")
+    assert sum(costs) <= 2000 + max(costs), (served, costs)
+
+
+def _costs(prefix: str, tenant: str) -> list[int]:
+    return [int(r["cost_micro_usd"]) for r in ledger_records(SHARED_URL, prefix) if r["tenant"] == tenant]
