@@ -62,6 +62,8 @@ class Settings:
     probe_interval_s: float = 1.0
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
     request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
+    access_log: str | None = "-"  # one JSON line per request, no text (`gateway.serving.access_log`): "-" stdout
+    access_log_sample: float = 1.0  # share of requests that get an access line
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
     router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
 
@@ -88,6 +90,17 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise ValueError(f"must be > 0, got {text}")
+    return value
+
+
+def _access_target(text: str) -> str | None:
+    return None if text.strip().lower() in ("", "off", "none") else text
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be in [0, 1], got {text}")
     return value
 
 
@@ -149,6 +162,11 @@ OPTIONS: tuple[Option, ...] = (
            metavar="auto|none|FILE"),
     Option("request_log", "CASCADE_REQUEST_LOG", Path, "append each request (with its prompt) as JSONL for "
            "`cascade policy replay` and `cascade router calibrate`; off by default", metavar="FILE"),
+    Option("access_log", "CASCADE_ACCESS_LOG", _access_target, "one JSON line per request (ids, tenant, key id, "
+           "pool, status, latency, TTFT, tokens, cost; never prompt text): - for stdout, a file, or off",
+           metavar="-|FILE|off"),
+    Option("access_log_sample", "CASCADE_ACCESS_LOG_SAMPLE", _share, "share of requests written to the access "
+           "log (0 to 1)", metavar="SHARE"),
 )
 # built-in defaults; the fields read from the environment when built directly default to these without it
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)} | {

@@ -7,13 +7,20 @@ import hashlib
 from gateway.errors import AuthenticationError
 from policies.schema import Policy
 
-__all__ = ["OPEN_TENANT", "hash_key", "tenant_for"]
+__all__ = ["OPEN_TENANT", "hash_key", "key_id", "tenant_for"]
 
 OPEN_TENANT = "default"
 
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id(authorization: str | None) -> str:
+    """A name for the bearer key that logs and records may carry: the first 12 hex digits of its SHA-256 (48 bits
+    of a digest: names a key among a tenant's, says nothing about it); "" without a bearer key."""
+    scheme, _, key = (authorization or "").partition(" ")
+    return hash_key(key.strip())[:12] if scheme.lower() == "bearer" and key.strip() else ""
 
 
 def tenant_for(policy: Policy, authorization: str | None) -> str:

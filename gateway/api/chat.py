@@ -12,12 +12,13 @@ import asyncio
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.auth import tenant_for
+from gateway.api.auth import key_id, tenant_for
 from gateway.api.runtime import Runtime
 from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, error_body
 from gateway.serving.completions_schema import parse_completions_request
@@ -108,16 +109,20 @@ class ChatEndpoint:
         # Always our own id: it is the ledger's idempotency key, so a client must not be able to choose it
         # (reusing one would make every later request free). The client's id is echoed for tracing.
         request_id = self._id_prefix + os.urandom(12).hex()
-        tenant = "unknown"
+        tenant, started, access = "unknown", time.monotonic(), runtime.access_log
+        access.begin(request_id, key_id(headers.get("authorization")), self._endpoint.name)
         try:
             tenant = tenant_for(runtime.policies.current.policy, headers.get("authorization"))
             reply = await self._handle(runtime, receive, headers, tenant, request_id)
         except GatewayError as exc:
             runtime.metrics.observe_rejected(exc.status, tenant)
+            access.refused(request_id, tenant, exc.status, exc.code or exc.type, started)
             return await _send_error(send, exc, request_id)
         except _Disconnected:
+            access.refused(request_id, tenant, 499, "client_disconnect", started)  # nginx's code: no response
             return None
         except Exception:
+            access.refused(request_id, tenant, 500, "internal_error", started)
             log.exception("unhandled error", extra={"request_id": request_id})
             body = error_body("internal gateway error; see the gateway log", "internal_error")
             return await _send(send, 500, body, {"x-request-id": request_id})

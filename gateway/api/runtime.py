@@ -32,6 +32,7 @@ from gateway.learning.store import LearningStore
 from gateway.learning.train_process import TrainerProcess, TrainResult
 from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
 from gateway.redis_client import redis_from_url
+from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
 from gateway.serving.proxy import Proxy
@@ -74,6 +75,7 @@ class Runtime:
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
+    access_log: AccessLog = field(default_factory=lambda: AccessLog(None))  # owned
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -124,6 +126,7 @@ class Runtime:
         await self.accountant.drain()
         if self.request_log is not None:
             self.request_log.close()
+        self.access_log.close()
         await self.pool_set.aclose()
         await self.router_swap.aclose()
         if self.scorer is not None:
@@ -196,7 +199,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     metrics.start(settings.probe_interval_s)
     pool_set.on_engine_restart = metrics.engine_restarted
     _observe(scorer, metrics)
-    accountant = Accountant(ledger, metrics)
+    access_log = AccessLog(settings.access_log, settings.access_log_sample)
+    accountant = Accountant(ledger, metrics, access_log)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
                                      on_change=metrics.ladder_changed)
     degradation.use_policy(policies.current)
@@ -222,7 +226,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                           keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning,
                           cache=cache)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
-                      degradation, request_log, on_demand, router_swap, feedback, live_threshold=live)
+                      degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
+                      access_log=access_log)
     router_swap.on_swap = runtime.scorer_swapped
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()
