@@ -58,6 +58,8 @@ class Settings:
     max_tokens_cap: int | None = None  # clamp on max_tokens / max_completion_tokens (None: pool context)
     deadline_s: float = 300.0  # until the whole answer (non-streaming) or the first chunk (streaming)
     admin_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_ADMIN_KEY"))
+    # who may read /metrics: unset or "" (anyone), "admin" (the admin key), any other value (that bearer key)
+    metrics_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_METRICS_KEY"))
     home: Path = field(default_factory=default_home)
     probe_interval_s: float = 1.0
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change

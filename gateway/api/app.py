@@ -67,6 +67,14 @@ async def list_models(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Open unless `Settings.metrics_key` (CASCADE_METRICS_KEY) asks for a bearer key: "admin" for the admin key,
+    any other value for itself."""
+    settings = _runtime(request).settings
+    if settings.metrics_key:
+        expected = settings.admin_key if settings.metrics_key == "admin" else settings.metrics_key
+        if not _bearer_is(request, expected):
+            what = "the admin key" if settings.metrics_key == "admin" else "the metrics key (CASCADE_METRICS_KEY)"
+            return _error(AuthenticationError(f"/metrics needs {what} as a bearer token"))
     return Response(_runtime(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
@@ -96,10 +104,13 @@ async def readyz(request: Request) -> Response:
     return _json(body, 200 if ready else 503)
 
 
-def _require_admin(request: Request) -> None:
-    expected = _runtime(request).settings.admin_key
+def _bearer_is(request: Request, expected: str | None) -> bool:
     given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+    return bool(expected) and hmac.compare_digest(given.encode(), (expected or "").encode())
+
+
+def _require_admin(request: Request) -> None:
+    if not _bearer_is(request, _runtime(request).settings.admin_key):
         raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
 
 

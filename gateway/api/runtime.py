@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
+from gateway.api.auth import OPEN_TENANT
 from gateway.caching.answer_cache import AnswerCache
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
@@ -175,6 +176,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
     loaded = load_policy(settings.policy_path)
     PoolSet.check(loaded)
+    if not loaded.policy.tenants:
+        log.warning("policy %s names no tenants: every caller is served as tenant %r, with or without a key",
+                    loaded.source, OPEN_TENANT)
     policies = PolicyHolder(loaded)
     engines = make_engine_client(settings.transport)
     try:
