@@ -5,7 +5,6 @@ Handlers parse, call the service, render. Every error leaves as the OpenAI error
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +20,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway.api.admin_keys import admin_key_routes
+from gateway.api.auth import bearer_matches
 from gateway.api.chat import endpoint_apps
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
@@ -105,8 +106,7 @@ async def readyz(request: Request) -> Response:
 
 
 def _bearer_is(request: Request, expected: str | None) -> bool:
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    return bool(expected) and hmac.compare_digest(given.encode(), (expected or "").encode())
+    return bearer_matches(request.headers.get("authorization"), expected)
 
 
 def _require_admin(request: Request) -> None:
@@ -245,6 +245,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
         Route("/admin/policy/reload", reload_policy, methods=["POST"]),
         Route("/admin/router/reload", reload_router, methods=["POST"]),
         Route("/admin/costs", admin_costs, methods=["GET"]),
+        *admin_key_routes(),
         Route("/v1/feedback", post_feedback, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _unexpected}

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
-from gateway.api.auth import OPEN_TENANT
+from gateway.api.auth import OPEN_TENANT, KeyAuth
 from gateway.caching.answer_cache import AnswerCache
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
@@ -43,6 +43,7 @@ from gateway.serving.service import ChatService
 from gateway.serving.versions import PoolVersions
 from gateway.settings import Settings
 from gateway.tenancy.admission import Admission
+from gateway.tenancy.api_keys import KeyStore
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
 from policies.loader import LoadedPolicy, load_policy
@@ -77,6 +78,7 @@ class Runtime:
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))  # owned
+    keys: KeyAuth = field(default_factory=lambda: KeyAuth(None))  # the policy's keys and, with Redis, issued ones
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -167,8 +169,8 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
     """Rate limits and budgets live in Redis; without it (memory ledger) they are in-process only."""
     if redis is None:
         return Admission(MemoryRateLimiter(), None, metrics)
-    keys = LedgerKeys(settings.redis_prefix)
-    return Admission(RateLimiter(redis, settings.redis_prefix), BudgetGuard(redis, keys), metrics)
+    guard = BudgetGuard(redis, LedgerKeys(settings.redis_prefix))
+    return Admission(RateLimiter(redis, settings.redis_prefix), guard, metrics, key_spend=guard)
 
 
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
@@ -231,7 +233,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                           cache=cache)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
-                      access_log=access_log)
+                      access_log=access_log, keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
     router_swap.on_swap = runtime.scorer_swapped
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()

@@ -57,7 +57,8 @@ EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "c
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
-_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint")
+_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "key_id")
+_KEY_ID = re.compile(r"[0-9a-f]{1,64}")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
 _ANSWERS = frozenset({"ok", "client_disconnect", "upstream_error"})  # the statuses of a request's final record
@@ -101,6 +102,7 @@ class CostRecord:
     cache_avoided_micro_usd: int = 0  # a hit's cost on its pool had the engine answered (0 for any other record)
     endpoint: str = "chat"  # the OpenAI endpoint asked: "chat", "responses" or "completions" (a record written
     # before the field existed reads as "chat", the only endpoint then)
+    key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`: 12 hex digits); "" when none
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -147,6 +149,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     if rec.pool_version:
         _check("pool_version", rec.pool_version, _NAME)
     _check("output_check", rec.output_check, _OUTPUT_CHECK)
+    if rec.key_id:
+        _check("key_id", rec.key_id, _KEY_ID)
     if rec.endpoint not in _ENDPOINTS:
         raise InvalidCostRecord(f"endpoint: must be one of {sorted(_ENDPOINTS)}, got {rec.endpoint!r}")
     if rec.cache not in _CACHE_RESULTS:

@@ -302,10 +302,12 @@ class RedisLedger:
         keys += [k.hour(day, hour_member), k.day_index(rec.tenant, day), k.hour_index(rec.tenant, day)]
         counters = [rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd]
         flat = [item for pair in record_to_fields(rec).items() for item in pair]
-        keys += [k.spend(rec.tenant, day[:7]), k.holds(rec.tenant), k.hold_expiry(rec.tenant)]
+        keys += [k.spend(rec.tenant, day[:7]), k.holds(rec.tenant), k.hold_expiry(rec.tenant),
+                 k.key_spend(rec.tenant, day)]
         args: list[str | int] = [self._ttl_s, self._ttl_s * 1000, *counters, member, hour_member]
         extra = [item for pair in zip(EXTRA_COUNTERS, extra_counters(rec), strict=True) for item in pair]
-        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, len(EXTRA_COUNTERS), *extra, rec.request_id, *flat]
+        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, len(EXTRA_COUNTERS), *extra, rec.request_id, rec.key_id,
+                 *flat]
         return keys, args
 
     async def _spill(self, rec: CostRecord) -> None:

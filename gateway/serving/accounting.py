@@ -41,6 +41,7 @@ class RequestFacts:
     cache: str = ""  # the response cache's answer for the ledger: "", "miss" or "bypass" (`gateway.caching`)
     output_check: str = ""  # the output checks' verdict for the ledger (`gateway.checking.judge.Verdict.summary`)
     redo: tuple[str, ...] = ()  # what a failed output check may still do with this answer: "retry", "escalate"
+    key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`)
 
 
 class Accountant:
@@ -87,6 +88,7 @@ class Accountant:
             endpoint=facts.endpoint,
             cache=facts.cache,
             output_check=facts.output_check,
+            key_id=facts.key_id,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

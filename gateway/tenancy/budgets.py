@@ -39,7 +39,8 @@ from gateway.ledger.layouts import LegacyLedgerKeys, read_spend
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Budget
 
-__all__ = ["BudgetChecker", "BudgetGuard", "BudgetGuardCounts", "BudgetVerdict", "StaticBudgets", "evaluate"]
+__all__ = ["BudgetChecker", "BudgetGuard", "BudgetGuardCounts", "BudgetVerdict", "KeySpend", "StaticBudgets",
+           "evaluate", "key_budget_error"]
 
 _log = logging.getLogger(__name__)
 
@@ -156,6 +157,21 @@ class BudgetChecker(Protocol):
         ...
 
 
+class KeySpend(Protocol):
+    """One API key's spend of the current UTC day, micro-USD; None when the store cannot be read."""
+
+    async def spent_today(self, tenant: str, key_id: str) -> int | None: ...
+
+
+def key_budget_error(tenant: str, key_id: str, spent: int, limit: int, now: float | None = None) -> BudgetExceeded:
+    """The 429 of an API key past its own daily budget: it names the key, not the tenant's budget."""
+    at = time.time() if now is None else now
+    resets = _period_end(datetime.fromtimestamp(at, UTC), "day")
+    message = (f"Budget exceeded for API key {key_id!r} of tenant {tenant!r}: spent {_usd(spent)} USD of the key's "
+               f"daily budget of {_usd(limit)} USD; it resets at {resets:%Y-%m-%dT%H:%M:%SZ} (UTC).")
+    return BudgetExceeded(message, max(1, math.ceil(resets.timestamp() - at)))
+
+
 @dataclass(slots=True)
 class BudgetGuardCounts:
     """What this process's guard did since start (for metrics and tests); not persisted."""
@@ -255,6 +271,16 @@ class BudgetGuard:
         if verdict.state == "soft" and verdict.period is not None:
             self._warn_soft(tenant, verdict.period, day if verdict.period == "day" else month, verdict)
         return verdict
+
+    async def spent_today(self, tenant: str, key_id: str) -> int | None:
+        """`KeySpend`: the key's cost today from the ledger's per-key spend (`LedgerKeys.key_spend`); one HGET."""
+        day = utc_periods(self._clock())[1]
+
+        async def read() -> tuple[Any]:  # boxed: a missing field (None inside) is not an outage (None)
+            return (await self._client.hget(self._keys.key_spend(tenant, day), f"{key_id}:cost_micro_usd"),)
+
+        boxed = await self._guard.call(read)
+        return None if boxed is None else int(boxed[0] or 0)
 
     async def release(self, tenant: str, hold_id: str) -> None:
         """`BudgetChecker.release`: one round trip; on a Redis outage the hold expires by itself."""
