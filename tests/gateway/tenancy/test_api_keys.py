@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -135,3 +136,26 @@ async def test_redis_outage_policy_keys_work_issued_keys_follow_the_tenant(tmp_p
     store.down, clock[0] = False, 20.0  # back, and past the interval in which an outage is not asked again
     with pytest.raises(AuthenticationError):
         await auth.identify(policy, "Bearer sk-never-seen")
+
+
+def test_a_keys_daily_budget_and_its_spend_in_the_report(gateways: list[str], prefix: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    made = httpx.post(gateways[0] + "/admin/keys", json={"tenant": "acme", "daily_usd": "0.000001"},
+                      headers=admin).json()
+    key, key_id = made["key"], made["id"]
+    served, deadline = 0, time.monotonic() + 10
+    while (reply := _post(gateways[served % 2], key)).status_code == 200 and time.monotonic() < deadline:
+        served += 1  # until its first record (a micro answer costs a few micro-USD) has landed
+        time.sleep(0.05)
+    message = reply.json()["error"]["message"]
+    assert reply.status_code == 429 and f"API key '{key_id}' of tenant 'acme'" in message and "daily budget" in message
+    assert served >= 1 and _post(gateways[0], "sk-policy").status_code == 200  # the tenant itself goes on
+    while len(mine := [r for r in ledger_records(SHARED_URL, prefix) if r["key_id"] == key_id]) < served:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert main(["costs", "report", "--by", "key", "--format", "json", "--prefix", prefix]) == 0
+    rows = {row["key_id"]: row for row in orjson.loads(capsys.readouterr().out)["rows"]}
+    assert rows[key_id]["tenant"] == "acme" and rows[key_id]["requests"] == served
+    assert rows[key_id]["cost_micro_usd"] == sum(int(r["cost_micro_usd"]) for r in mine) > 0
+    assert rows[hash_key("sk-policy")[:12]]["requests"] == 1
