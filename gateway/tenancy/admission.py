@@ -20,6 +20,7 @@ requests of one key can pass it by their cost in flight, while the tenant's budg
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -122,8 +123,9 @@ class Admission:
             grant = await self._rate_limit(tenant, spec, prompt + completion)
             grants += [(tenant, grant)] if grant is not None and grant.member is not None else []
             verdict = await self._budget(policy, tenant, spec, request_id, prompt, completion)
-        except GatewayError:
-            await self._give_back(request_id, _Taken(tenant, tuple(grants), False))
+        except (GatewayError, asyncio.CancelledError) as exc:  # refused, or cancelled with a hold maybe placed
+            held = isinstance(exc, asyncio.CancelledError) and bool(request_id)
+            await asyncio.shield(self._give_back(request_id, _Taken(tenant, tuple(grants), held)))
             raise
         if request_id and (grants or (verdict and verdict.held)):
             self._taken[request_id] = _Taken(tenant, tuple(grants), verdict is not None and verdict.held)
@@ -131,15 +133,16 @@ class Admission:
 
     @asynccontextmanager
     async def refunds(self, request_id: str) -> AsyncIterator[None]:
-        """Around a request's handling: a `GatewayError` (the request refused after admission) gives back what
-        `admit` took for `request_id`, its rate-limit entry and its budget hold; on success the ledger's record
-        releases the hold. Forgets the request on the way out, whatever happened."""
+        """Around a request's handling: a `GatewayError` (the request refused after admission) or a cancellation
+        (the gateway's deadline, a client gone before its answer) gives back what `admit` took for `request_id`,
+        its rate-limit entry and its budget hold; on success the ledger's record releases the hold (a record that
+        still comes after a give-back adds its cost all the same). Forgets the request on the way out."""
         try:
             yield
-        except GatewayError:
+        except (GatewayError, asyncio.CancelledError):
             taken = self._taken.pop(request_id, None)
             if taken is not None:
-                await self._give_back(request_id, taken)
+                await asyncio.shield(self._give_back(request_id, taken))
             raise
         finally:
             self._taken.pop(request_id, None)
