@@ -108,20 +108,27 @@ def test_a_request_refused_after_admission_gives_its_rate_limit_back(gateway: st
 def test_parallel_requests_stop_at_the_budget(gateway_prefix: tuple[str, str]) -> None:
     # 30 requests at once against a daily budget of 2000 micro-USD, each ~490 on the flagship (32 tokens at
     # $15/Mtok plus the prompt): every admission holds its worst case, so at most one request's cost goes over.
-    # The tenant fails closed: a hold that could not reach Redis in time (a loaded CI machine) is a 503, where a
-    # fail_open tenant would be served unchecked
+    # The tenant fails closed: a hold that could not reach Redis in time (a loaded CI machine, where one slow call
+    # makes the guard treat Redis as down for a second) is a 503, where a fail_open tenant would be served
+    # unchecked; a burst refused that way alone is sent again after that second, up to three times
     url, prefix = gateway_prefix
     assert _post(url, "sk-tight", max_tokens=32).status_code == 200  # warm: the scripts and connections are ready
+    codes: list[int] = []
     with ThreadPoolExecutor(30) as pool:
-        codes = list(pool.map(lambda _: _post(url, "sk-tight", max_tokens=32).status_code, range(30)))
+        for _ in range(3):
+            burst = list(pool.map(lambda _: _post(url, "sk-tight", max_tokens=32).status_code, range(30)))
+            codes += burst
+            if 429 in burst:
+                break
+            time.sleep(1.1)
     served = codes.count(200) + 1
-    assert served + codes.count(429) + codes.count(503) == 31 and codes.count(429) >= 1, codes
+    assert set(codes) <= {200, 429, 503} and 429 in codes, codes
     deadline = time.monotonic() + 30
     while len(costs := _costs(prefix, "tight")) < served and time.monotonic() < deadline:
         time.sleep(0.1)  # records are written in the background
     assert len(costs) == served
-    print(f"1 + 30 parallel requests: {served} served, {sum(costs)} micro-USD spent of a 2000 budget, "
-          f"{codes.count(503)} unchecked (503)")
+    print(f"1 + {len(codes)} requests (bursts of 30): {served} served, {sum(costs)} micro-USD spent of a 2000 "
+          f"budget, {codes.count(503)} unchecked (503)")
     assert sum(costs) <= 2000 + max(costs), (served, costs)
 
 
