@@ -68,6 +68,10 @@ class Settings:
     access_log_sample: float = 1.0  # share of requests that get an access line
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
     router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
+    # freeze the long-lived heap out of the cyclic collector (gateway.control.gc_pauses): `cascade serve` turns it
+    # on, its process being the gateway's own; an app built inside another process (tests, a host app) leaves
+    # that process's heap alone
+    gc_freeze: bool = False
 
     @property
     def outbox_dir(self) -> Path:

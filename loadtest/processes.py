@@ -28,6 +28,7 @@ __all__ = [
     "http_get",
     "policy_text",
     "post_json",
+    "start_fake_upstream",
     "start_gateway",
     "wait_ready",
 ]
@@ -133,12 +134,14 @@ _FALLBACK_SERVE = (
 
 
 def gateway_command(policy: Path, port: int, transport: str, prefix: str, log_level: str,
-                    ledger: str = "redis", launcher: str | None = None) -> tuple[list[str], str]:
+                    ledger: str = "redis", launcher: str | None = None, scorer: str = "none",
+                    extra: Sequence[str] = ()) -> tuple[list[str], str]:
     """argv of one gateway worker; falls back to the same uvicorn call when `python -m gateway` cannot import
     (the CLI needs `gateway.costs.cli`, which may not exist yet). `launcher` replaces `python -m gateway`
-    (A/B runs of a patched build). Returns (argv, launcher name)."""
-    serve = ["serve", "--policy", str(policy), "--port", str(port), "--scorer", "none", "--no-engines",
-             "--log-level", log_level, "--transport", transport, "--redis-prefix", prefix, "--ledger", ledger]
+    (A/B runs of a patched build); `extra` is appended to `serve`'s flags. Returns (argv, launcher name)."""
+    serve = ["serve", "--policy", str(policy), "--port", str(port), "--scorer", scorer, "--no-engines",
+             "--log-level", log_level, "--transport", transport, "--redis-prefix", prefix, "--ledger", ledger,
+             *extra]
     if launcher:
         return [*shlex.split(launcher), *serve], launcher
     if find_spec("gateway.costs.cli") is not None:
@@ -191,6 +194,17 @@ def start_gateway(env: Env, name: str, upstream_url: str, model: str, transport:
     proc = env.procs.start(name, cmd, extra)
     base = f"http://127.0.0.1:{port}"
     wait_ready(base + "/readyz", proc, args.ready_timeout, f"gateway {name}", lambda: env.procs.log_tail(name))
+    return base, proc.pid
+
+
+def start_fake_upstream(env: Env, name: str, args: Sequence[str] = ()) -> tuple[str, int]:
+    """A zero-latency fake vLLM upstream (`loadtest.fake_upstream`, serving `fake-model`, with `args`) as
+    `env.procs`' process `name`; returns (base URL, pid) once it answers /health."""
+    port = free_port()
+    proc = env.procs.start(name, [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port),
+                                  "--model", "fake-model", *args])
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/health", proc, env.args.ready_timeout, "fake upstream", lambda: env.procs.log_tail(name))
     return base, proc.pid
 
 

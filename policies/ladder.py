@@ -100,6 +100,9 @@ class LadderState:
         steps that act on requests routed to `pool`: `scope: all` steps and `scope: pool` steps watching it;
         None (not routed yet): only `scope: all` steps. `active`, the raised threshold and the pool moves stay
         whole: those act on routing. Always computed from `active`, so it may be applied again."""
+        if not self.active and self.truncate_tokens is None and not self.force_stream \
+                and self.shed_below_priority is None and self.retry_after_s is None:
+            return self  # what the lines below give here, without two new states: the common case, asked per step
         shaped = LadderState.combine([s for s in self.active if s.acts_on(pool)])
         return replace(self, truncate_tokens=shaped.truncate_tokens, force_stream=shaped.force_stream,
                        shed_below_priority=shaped.shed_below_priority, retry_after_s=shaped.retry_after_s)

@@ -7,14 +7,14 @@ where that is allowed, with a TTL that matches the retention you promise.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from policies.frozen import Frozen
 from policies.money import usd_to_micro
 
-__all__ = ["KeepPrompts", "Learning", "Retrain", "Shadow"]
+__all__ = ["KeepPrompts", "LabelMemory", "Learning", "Retrain", "Shadow"]
 
 
 class KeepPrompts(Frozen):
@@ -71,7 +71,19 @@ class Retrain(Frozen):
                                  "this long is stopped and counted as failed")
 
 
+class LabelMemory(Frozen):
+    """Label memories (`cascade router memory add`): labelled prompts that move the router's score of requests
+    near them at once, without retraining (`router_models.serving.label_memory`; MODEL_CARD.md, "Learning
+    curve"). `scope` says whose labels a request reads: `tenant` (the memory named after its tenant, so one
+    tenant's labels never move another's scores), `shared` (the `shared` memory, for every tenant) or `none`
+    (the default)."""
+
+    scope: Literal["none", "tenant", "shared"] = Field(default="none", description="whose label memory moves a "
+                                                      "request's score: none, tenant (its own) or shared")
+
+
 class Learning(Frozen):
     keep_prompts: KeepPrompts = KeepPrompts()
     shadow: Shadow = Shadow()
     retrain: Retrain = Retrain()
+    label_memory: LabelMemory = LabelMemory()

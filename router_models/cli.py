@@ -1,4 +1,4 @@
-"""`cascade router {train,eval,score,versions,rollback}`: offline tooling around the complexity router.
+"""`cascade router {train,eval,score,versions,rollback,memory}`: offline tooling around the complexity router.
 
 `register(subparsers)` adds the `router` command to the gateway's `cascade` CLI; every subcommand sets
 `func(args) -> int` (the exit code). Heavy imports happen inside the handlers, not at import time.
@@ -89,6 +89,39 @@ def _rollback(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     print(f"rolled back; current artifact: {current} (running gateways swap to it within seconds)")
     return 0
+
+
+def _memory_add(args: argparse.Namespace) -> int:
+    from router_models.serving.artifact import default_store_dir
+    from router_models.training.labels import LabelError, read_label_file
+    from router_models.training.memory_build import SHARED, add_labels, memory_path
+
+    try:
+        path = memory_path(args.store or default_store_dir(), args.tenant or SHARED)
+        rows = [ex for label_file in args.labels for ex in read_label_file(label_file)]
+        update = add_labels(rows, path, args.artifact)
+    except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    print(f"label memory {update.path}: {update.before} -> {update.after} labels, "
+          f"{update.conflicting_prompts} prompts with conflicting labels (running gateways read it within seconds)")
+    return 0
+
+
+def _add_memory(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    memory = sub.add_parser("memory", help="your labels as a label memory that moves scores at once",
+                            description="A label memory moves the router's score of a request by the labels of "
+                            "the prompts nearest to it (router_models/serving/label_memory.py); no training.")
+    msub: argparse._SubParsersAction = memory.add_subparsers(dest="memory_cmd", required=True)  # type: ignore[type-arg]
+    p = msub.add_parser("add", help="append label files to a tenant's (or the shared) label memory",
+                        description="Embed each label row as the gateway scores it and append it to "
+                        "$CASCADE_HOME/router/memory/<tenant | shared>.json. A bad row is refused with its line "
+                        "number and nothing is written. Label file format: router_models/training/labels.py.")
+    p.add_argument("--labels", type=Path, action="append", required=True, help="JSONL label file (repeatable)")
+    p.add_argument("--tenant", default=None, help="the tenant whose requests the labels move (default: shared, "
+                   "every tenant's)")
+    p.add_argument("--artifact", type=Path, default=None, help="artifact whose embedder to use (default: current)")
+    p.add_argument("--store", type=Path, default=None, help="artifact store folder (default $CASCADE_HOME/router)")
+    p.set_defaults(func=_memory_add)
 
 
 def _source_list(value: str) -> tuple[str, ...]:
@@ -186,4 +219,5 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
     _add_eval(sub)
     _add_score(sub)
     _add_store(sub)
+    _add_memory(sub)
     return sub

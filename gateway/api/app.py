@@ -5,7 +5,9 @@ Handlers parse, call the service, render. Every error leaves as the OpenAI error
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from backends.background import stop
 from gateway.api.admin_keys import admin_key_routes
 from gateway.api.auth import bearer_matches
 from gateway.api.chat import endpoint_apps
@@ -27,6 +30,7 @@ from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
 from gateway.control.file_watch import FileWatcher
+from gateway.control.gc_pauses import GcPauses, freeze_heap
 from gateway.control.loop_lag import LoopLag
 from gateway.control.metrics import CONTENT_TYPE
 from gateway.control.router_swap import watched_paths
@@ -97,7 +101,9 @@ async def readyz(request: Request) -> Response:
     down = sorted(name for name, ok in pools.items() if not ok)
     ready = redis_ok and not required.intersection(down) and len(down) < len(pools)
     router_version = runtime.scorer.version if runtime.scorer is not None else None
+    overflow = getattr(runtime.scorer, "overflow_state", "none")  # the trained classifier's: loads after start
     body = {"ready": ready, "policy_version": runtime.policies.current.version, "router_version": router_version,
+            "router_overflow": overflow,
             "pools": pools,
             "required": sorted(required.intersection(pools)), "degraded": [n for n in down if n not in required],
             "engines": runtime.pool_set.status, "versions": runtime.pool_set.versions(),
@@ -207,6 +213,12 @@ class GatewayApp:
         return await self._starlette(scope, receive, send)
 
 
+async def _freeze_after(loader: threading.Thread, poll_s: float = 1.0) -> None:
+    while loader.is_alive():  # in slices: a thread parked on join() would hold up the loop's shutdown
+        await asyncio.to_thread(loader.join, poll_s)
+    freeze_heap("router overflow loaded")
+
+
 def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp:
     """The ASGI app. Without `runtime`, its lifespan builds one from `settings` (and closes it)."""
 
@@ -226,10 +238,20 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
                 watcher.start()
         lag = LoopLag(current.metrics.loop_lag.observe)
         lag.start()
+        pauses = GcPauses(current.metrics.gc_paused)
+        pauses.install()
+        refreeze: asyncio.Task[None] | None = None
+        if settings.gc_freeze:
+            freeze_heap("start-up")
+            loader = getattr(current.scorer, "overflow_loader", None)
+            if loader is not None:  # the router's overflow model loads after start: its heap is long-lived too
+                refreeze = asyncio.create_task(_freeze_after(loader), name="freeze-after-overflow")
         log.info("gateway up", extra={"policy_version": current.policies.current.version})
         try:
             yield
         finally:
+            await stop(refreeze)
+            pauses.uninstall()
             await lag.aclose()
             for watcher in watchers:
                 await watcher.aclose()

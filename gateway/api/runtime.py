@@ -18,6 +18,7 @@ from gateway.caching.store import RedisCacheStore
 from gateway.checking.judge import OutputChecker
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import DegradationMonitor
+from gateway.control.gc_pauses import freeze_heap
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.metrics import GatewayMetrics
@@ -36,6 +37,7 @@ from gateway.redis_client import redis_from_url
 from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
+from gateway.serving.label_memories import LabelMemories
 from gateway.serving.proxy import Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.router import RequestRouter
@@ -47,6 +49,7 @@ from gateway.tenancy.api_keys import KeyStore
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
 from policies.loader import LoadedPolicy, load_policy
+from router_models.serving.artifact import default_store_dir
 from router_models.serving.classifier_scorer import ClassifierScorer
 from router_models.serving.scorer import Scorer
 
@@ -77,6 +80,7 @@ class Runtime:
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
+    memories: LabelMemories | None = None  # policy learning.label_memory (owned; started by build_runtime)
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))  # owned
     keys: KeyAuth = field(default_factory=lambda: KeyAuth(None))  # the policy's keys and, with Redis, issued ones
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -99,6 +103,8 @@ class Runtime:
                 self.policies.swap(fresh)
                 self.pool_set.retire_unused(fresh.policy)
                 self.degradation.use_policy(fresh)  # the new ladder applies from the next tick, traffic or not
+                if self.settings.gc_freeze:
+                    freeze_heap("policy reload")
             return fresh
 
     def scorer_swapped(self, new: Scorer) -> None:
@@ -120,6 +126,8 @@ class Runtime:
     async def aclose(self) -> None:
         if self.retrain is not None:  # first: a training child still running is stopped
             await self.retrain.aclose()
+        if self.memories is not None:
+            await self.memories.aclose()
         if self.autoscaler is not None:
             await self.autoscaler.aclose()
         if self.live_threshold is not None:
@@ -223,6 +231,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     on_demand.start()
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
     router = RequestRouter(scorer, metrics, live)
+    router.memories = LabelMemories(default_store_dir() / "memory", lambda: router.scorer)
     router_swap = RouterSwap(settings, router)
     learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
     versions = PoolVersions(pool_set.pools, pool_set.canaries)
@@ -237,6 +246,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     router_swap.on_swap = runtime.scorer_swapped
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()
+    runtime.memories = router.memories
+    runtime.memories.start()
     if settings.start_engines:
         runtime.autoscaler = Autoscaler(pool_set, degradation.signals, metrics.scale_event, settings.probe_interval_s)
         runtime.autoscaler.start()

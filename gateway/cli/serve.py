@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.settings import Settings, add_arguments, argparse_type, from_args, positive_int
@@ -24,7 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    settings = from_args(args, Path(args.policy))
+    settings = replace(from_args(args, Path(args.policy)), gc_freeze=args.gc_freeze)
     if args.workers > 1:
         return _serve_workers(settings, args)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, **UVICORN_OPTIONS)
@@ -81,5 +82,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="default INFO (any case)")
     p.add_argument("--log-format", choices=["json", "plain"], default="json")
+    p.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                   help="leave the long-lived heap (models, tokenizers, policy) in the cyclic garbage collector; "
+                   "by default it is frozen out once start-up is done and after each policy or router swap, so "
+                   "a collection walks only what requests create (gateway.control.gc_pauses; for A/B runs)")
     add_arguments(p)
     p.set_defaults(func=_serve)

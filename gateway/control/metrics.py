@@ -58,6 +58,7 @@ Latency histograms, and why they are apart:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import shutil
@@ -222,6 +223,17 @@ class GatewayMetrics:
         self.loop_lag = Histogram("cascade_event_loop_lag_seconds", "how much later than asked the event loop ran a "
                                   "timer (gateway.control.loop_lag): what holds every request in flight",
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1), registry=r)
+        gc_pause = Histogram("cascade_gc_pause_seconds", "how long each cyclic garbage collection held this process "
+                             "(gateway.control.gc_pauses), by generation: 2 is the full one", ["generation"],
+                             buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+                             registry=r)
+        self.gc_frozen = Gauge("cascade_gc_frozen_objects", "objects frozen out of the cyclic collector "
+                               "(gateway.control.gc_pauses; 0: nothing frozen, --no-gc-freeze or an embedded app)",
+                               registry=r, multiprocess_mode="livemax")
+        self._gc_observe = tuple(gc_pause.labels(str(generation)).observe for generation in range(3))
+        gc_collected = Counter("cascade_gc_collected_objects", "unreachable objects the cyclic collector freed "
+                               "(reference cycles), by generation", ["generation"], registry=r)
+        self._gc_collected = tuple(gc_collected.labels(str(generation)).inc for generation in range(3))
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
@@ -377,6 +389,13 @@ class GatewayMetrics:
         if self._in_flight is not None:
             self._in_flight.labels(pool, replica.url).set(replica.in_flight)
 
+    def gc_paused(self, generation: int, seconds: float, collected: int = 0) -> None:
+        """One cyclic garbage collection of `generation` held this process `seconds` and freed `collected`
+        unreachable objects (gc.callbacks)."""
+        self._gc_observe[generation](seconds)
+        if collected:
+            self._gc_collected[generation](collected)
+
     def ladder_changed(self, engaged: set[str], released: set[str]) -> None:
         for step in engaged:
             self.ladder.labels(step).set(1)
@@ -392,6 +411,7 @@ class GatewayMetrics:
         under `--workers`, its own view into its file; called every second (`start`) and by `render`."""
         if self.outbox_records is not None:
             self.outbox.set(self.outbox_records())
+        self.gc_frozen.set(gc.get_freeze_count())
         if self._worker_gauges is not None:
             self._worker_gauges.publish()
 

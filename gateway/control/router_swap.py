@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.control.gc_pauses import freeze_heap
 from gateway.serving.router import RequestRouter
 from gateway.settings import Settings
 from router_models.serving.artifact import ArtifactError, current_artifact_path
@@ -115,6 +116,9 @@ class RouterSwap:
             await asyncio.sleep(self._grace)  # requests scored by it a moment ago still hold it
         finally:
             await scorer.aclose()
+        if self._settings.gc_freeze:
+            del scorer
+            freeze_heap("router swap")  # the retired router collected, the new one frozen
 
     async def aclose(self) -> None:
         for task in list(self._retiring):

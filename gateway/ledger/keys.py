@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from gateway.ledger.holds import RELEASE_FN, release_lua
 from gateway.ledger.record import CostRecord
@@ -99,9 +100,17 @@ class LedgerKeys:
 
 def rollup_slot(rec: CostRecord) -> tuple[str, str, str]:
     """(day, day index member, hour index member) of a record, from `started_at` in UTC."""
-    when = datetime.fromtimestamp(rec.started_at, UTC)
+    day, hour = _utc_hour(int(rec.started_at // 3600))
     member = f"{rec.tenant}:{rec.pool}:{rec.model}"
-    return when.strftime("%Y-%m-%d"), member, f"{when:%H}:{member}"
+    return day, member, f"{hour}:{member}"
+
+
+@lru_cache(maxsize=64)
+def _utc_hour(hours: int) -> tuple[str, str]:
+    """(`YYYY-MM-DD`, `HH`) of the UTC hour that starts `hours` hours after the epoch (UTC hours are whole
+    multiples of 3,600 s): formatted once per hour, not per record."""
+    when = datetime.fromtimestamp(hours * 3600, UTC)
+    return when.strftime("%Y-%m-%d"), f"{when:%H}"
 
 
 def utc_periods(epoch_s: float) -> tuple[str, str]:

@@ -14,6 +14,7 @@ from typing import Any
 from gateway.control.live_threshold import LiveThreshold
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
+from gateway.serving.label_memories import LabelMemories
 from gateway.serving.schema import ChatRequest
 from policies.decide import (
     AUTO_MODEL,
@@ -41,10 +42,12 @@ class RequestRouter:
     """Routes requests under a given policy and ladder state. Shares, does not own, the scorer and the live
     threshold (a `flagship_share` policy's routing threshold, fed with each decision)."""
 
-    def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics, live: LiveThreshold | None = None) -> None:
+    def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics, live: LiveThreshold | None = None,
+                 memories: LabelMemories | None = None) -> None:
         self._scorer = scorer
         self._metrics = metrics
         self._live = live
+        self.memories = memories
 
     @property
     def scorer(self) -> Scorer | None:
@@ -79,6 +82,18 @@ class RequestRouter:
         self._metrics.scoring.observe(time.monotonic() - began)
         return score, scored_by, scorer.version
 
+    def _remembered(self, loaded: LoadedPolicy, tenant: str, raw: Mapping[str, Any], score: float,
+                    version: str) -> tuple[float, str]:
+        """The primary model's score moved by the label memory the policy gives this tenant
+        (`learning.label_memory.scope`), and the version naming both; unchanged when there is none."""
+        scope = loaded.policy.learning.label_memory.scope
+        scorer = self._scorer
+        if scope == "none" or self.memories is None or scorer is None:
+            return score, version
+        moved = self.memories.adjust(tenant if scope == "tenant" else "shared", scorer,
+                                     conversation_text(raw["messages"]), score)
+        return (score, version) if moved is None else (moved.score, moved.version(version))
+
     async def route(
         self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
         loaded: LoadedPolicy, ladder: LadderState, downgrade: bool = False,
@@ -94,6 +109,8 @@ class RequestRouter:
         ctx = RouteContext.from_request(raw, tenant, headers)
         score, scored_by, version = (await self._score(raw) if self._scorer is not None
                                      and needs_score(policy, ctx) else (None, "", ""))
+        if score is not None and scored_by == "primary":
+            score, version = self._remembered(loaded, tenant, raw, score, version)
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
             decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by,

@@ -12,13 +12,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from loadtest.bench.wrk import run_wrk
-from loadtest.processes import Env, cpu_seconds, free_port, gateway_command, policy_text, wait_ready
+from loadtest.processes import (
+    Env,
+    cpu_seconds,
+    free_port,
+    gateway_command,
+    policy_text,
+    start_fake_upstream,
+    wait_ready,
+)
 
 __all__ = ["Target", "measure", "summary", "tenant_gateway", "tree_cpu"]
 
@@ -60,11 +67,7 @@ def tenant_gateway(env: Env, name: str, tenants_yaml: str, upstream_args: tuple[
     in front of it for both pools, its policy ending with `tenants_yaml`. Returns (gateway base URL, its pid);
     both processes are `env.procs`' as `fake-upstream-<name>` and `gateway-<name>`."""
     args = env.args
-    port = free_port()
-    up = env.procs.start(f"fake-upstream-{name}", [sys.executable, "-m", "loadtest.fake_upstream", "--port",
-                                                   str(port), "--model", "fake-model", *upstream_args])
-    upstream = f"http://127.0.0.1:{port}"
-    wait_ready(upstream + "/health", up, args.ready_timeout, "fake upstream", lambda: "")
+    upstream, _ = start_fake_upstream(env, f"fake-upstream-{name}", upstream_args)
     policy = env.tmp / f"gateway-{name}.yaml"
     policy.write_text(policy_text(upstream, "fake-model", upstream, "fake-model") + tenants_yaml)
     port = free_port()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from router_models.embedders.factory import make_embedder
+from router_models.serving.label_memory import MemoryParams
 from router_models.training.learning_curve import SIZES, learning_curve, methods, summary
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, load_outcomes
 from router_models.training.pipeline import DEFAULT_FEATURES, DEFAULT_TARGET, DEFAULT_TRAIN_EMBEDDER
@@ -38,6 +39,15 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(v) for v in text.split(",") if v.strip())
 
 
+def _memories(text: str) -> tuple[MemoryParams, ...]:
+    """`neighbours:bandwidth:prior,...` -> the label memories compared."""
+    out = []
+    for item in (v for v in text.split(",") if v.strip()):
+        k, bandwidth, prior = item.split(":")
+        out.append(MemoryParams(int(k), float(bandwidth), float(prior)))
+    return tuple(out)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The curve as a JSON-ready document (arguments, machine, every point, the summary)."""
     began = time.perf_counter()
@@ -47,7 +57,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{len(examples)} prompts with real outcomes; features from {embedder.name} (cached on disk)", flush=True)
     x = features(embedder, examples, DEFAULT_FEATURES)
     cfg = TrainConfig(routing_dir=args.routing_dir, target=DEFAULT_TARGET, feature_set=DEFAULT_FEATURES)
-    compared = methods(cfg, _floats(args.ks), _floats(args.penalties))
+    compared = methods(cfg, _floats(args.ks), _floats(args.penalties), own_only=not args.no_own_only,
+                       memories=_memories(args.memories), memory_penalties=_floats(args.memory_penalties))
     print(f"features ready after {time.perf_counter() - began:.0f} s; methods: {', '.join(compared)}", flush=True)
     points = learning_curve(x, examples, cfg, compared, sizes=tuple(int(v) for v in args.sizes.split(",")),
                             draws=args.draws, seed=args.seed, min_rest=args.min_rest,
@@ -91,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-rest", type=int, default=300, help="rows a source keeps for testing (default 300)")
     p.add_argument("--ks", default="100,300,1000,3000", help="k of the share mode, own share N/(N+k)")
     p.add_argument("--penalties", default="10,30,100,300,1000", help="penalties of the correction mode")
+    p.add_argument("--memories", default="", help="label memories on the correction (penalty: the trainer's), "
+                   "as neighbours:bandwidth:prior,... (e.g. 30:0.05:1)")
+    p.add_argument("--memory-penalties", default="", help="correction penalties under the memories (default: the "
+                   "trainer's); 1e12 leaves the public ranking, so the memory alone moves it")
+    p.add_argument("--no-own-only", action="store_true", help="skip the own-labels-alone reference")
     p.add_argument("--max-per-source", type=int, default=None, help="evenly spaced rows per source (smoke runs)")
     p.add_argument("--json", type=Path, default=None, help="also write every point and the summary here")
     args = p.parse_args(argv)

@@ -58,6 +58,7 @@ from loadtest.processes import (
     gateway_command,
     policy_text,
     post_json,
+    start_fake_upstream,
     start_gateway,
     wait_ready,
 )
@@ -94,13 +95,9 @@ def _start_workers(env: Env, name: str, upstream_url: str, model: str, transport
 
 def _nonstream_targets(env: Env) -> list[Target]:
     args = env.args
-    port = free_port()
-    proc = env.procs.start("fake-upstream", [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port),
-                                             "--model", "fake-model"])
-    base = f"http://127.0.0.1:{port}"
-    wait_ready(base + "/health", proc, args.ready_timeout, "fake upstream", lambda: env.procs.log_tail("fake-upstream"))
+    base, upstream_pid = start_fake_upstream(env, "fake-upstream")
     chat = "/v1/chat/completions"
-    targets = [Target("direct", base + chat, proc.pid)]
+    targets = [Target("direct", base + chat, upstream_pid)]
     for transport in args.transports:
         for workers in args.workers:
             if workers == 1:

@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,11 @@ _log = logging.getLogger(__name__)
 
 
 def _table_key(model_dir: Path, layers: int) -> str:
-    import torch
-
+    # torch's version from its metadata (the same string as torch.__version__): a serving process that finds the
+    # table cached never imports torch (seconds of CPU and a few hundred thousand objects on its heap)
     with (model_dir / "model.safetensors").open("rb") as fh:
         digest = hashlib.file_digest(fh, "sha256")
-    digest.update(f"|static|l{layers}|v{STATIC_VERSION}|torch{torch.__version__}".encode())
+    digest.update(f"|static|l{layers}|v{STATIC_VERSION}|torch{version('torch')}".encode())
     return digest.hexdigest()[:24]
 
 

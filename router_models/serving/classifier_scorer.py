@@ -88,6 +88,11 @@ class EmbeddingClassifier:
     def embedder_name(self) -> str:
         return self._embedder.name
 
+    @property
+    def router(self) -> LinearRouter:
+        """The trained head (label memories take their residuals against it)."""
+        return self._router
+
     def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
         return self.score_and_embed(texts, shapes)[0]
 
@@ -206,6 +211,11 @@ class ClassifierScorer:
         self._vectors.get(text)  # kept as recently used as its score: evicted together
         return cached, "primary"
 
+    @property
+    def router(self) -> LinearRouter | None:
+        """The primary model's trained head (an `EmbeddingClassifier`'s), None for another model."""
+        return self._model.router if isinstance(self._model, EmbeddingClassifier) else None
+
     def embedding(self, text: str) -> FloatArray | None:
         """The primary model's embedding of `text`, kept when it scored it (None: not scored by it, expired or
         evicted, or a model without embeddings). Row vector, not normalised; do not modify it."""
@@ -292,6 +302,16 @@ class ClassifierScorer:
             for key, fut, _ in live:
                 if not fut.done():
                     fut.set_result((by_key[key], which))
+
+    @property
+    def overflow_state(self) -> str:
+        """"ready" (attached), "loading" (its thread runs), "failed" (the thread ended without one: logged), or
+        "none" (no overflow model asked for)."""
+        if self.overflow is not None:
+            return "ready"
+        if self.overflow_loader is None:
+            return "none"
+        return "loading" if self.overflow_loader.is_alive() else "failed"
 
     def load_overflow_in_background(self, load: Callable[[], BatchModel], what: str) -> threading.Thread:
         """Build the overflow model on a low-priority daemon thread (its first load may build a cache for a

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from router_models.serving.label_memory import MemoryParams
 from router_models.training.evaluate import apgr, example_curve
 from router_models.training.outcomes import Example
 from router_models.training.trainer import (
@@ -54,12 +55,19 @@ class CurvePoint:
 
 
 def methods(cfg: TrainConfig, ks: Sequence[float] = (100, 300, 1000, 3000),
-            penalties: Sequence[float] = (10, 30, 100, 300, 1000), own_only: bool = True) -> dict[str, TrainConfig]:
-    """The compared ways to use own labels, by name: `equal`, `share k=...`, `correction penalty=...`."""
+            penalties: Sequence[float] = (10, 30, 100, 300, 1000), own_only: bool = True,
+            memories: Sequence[MemoryParams] = (), memory_penalties: Sequence[float] = ()) -> dict[str, TrainConfig]:
+    """The compared ways to use own labels, by name: `equal`, `share k=...`, `correction penalty=...`,
+    `memory k=... bandwidth=... prior=...` (on the gap correction with `cfg.own_penalty`, or with each of
+    `memory_penalties`: a huge one keeps the public ranking, so the memory alone moves it)."""
     out = {"equal": replace(cfg, own_labels="equal")}
     out |= {f"share k={k:g}": replace(cfg, own_labels="share", own_k=float(k)) for k in ks}
     out |= {f"correction penalty={p:g}": replace(cfg, own_labels="correction", own_penalty=float(p))
             for p in penalties}
+    for penalty in memory_penalties or (cfg.own_penalty,):
+        tag = "" if not memory_penalties else f" penalty={penalty:g}"
+        out |= {f"memory k={m.neighbours} bandwidth={m.bandwidth:g} prior={m.prior:g}{tag}":
+                replace(cfg, own_labels="memory", memory=m, own_penalty=float(penalty)) for m in memories}
     if own_only:
         out[OWN_ONLY] = replace(cfg, own_labels="equal")
     return out
@@ -92,7 +100,7 @@ def _fit(name: str, mcfg: TrainConfig, public_rows: Mapping[str, SourceRows], pu
          x_own: npt.NDArray[np.float32], own: list[Example]) -> Fitted:
     if name == OWN_ONLY:
         return fit_sources(source_rows(x_own, own, mcfg), mcfg)
-    if mcfg.own_labels == "correction":
+    if mcfg.own_labels in ("correction", "memory"):
         return correct(public, x_own, own, mcfg)
     return fit_sources({**public_rows, **own_source_rows(x_own, own, mcfg)}, mcfg)
 
@@ -121,7 +129,7 @@ def learning_curve(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg:
                 for name, mcfg in compared.items():
                     fitted = _fit(name, mcfg, public_rows, public, x[order[:n]], own)
                     points.append(CurvePoint(source, name, n, draw,
-                                             _apgr(fitted.router.predict_proba(x[test]), rest), len(test)))
+                                             _apgr(fitted.predictor().predict_proba(x[test]), rest), len(test)))
             if progress is not None:
                 progress(f"{source} draw {draw + 1}/{draws}: N = {', '.join(map(str, ns))}, "
                          f"test rest {len(test)}, public-only APGR {base:.3f}")

@@ -14,6 +14,10 @@ learning curve (`learning_curve.py`, MODEL_CARD.md "Learning curve"):
   (on standardised features) pulled towards 0 by a ridge penalty `own_penalty` per column. With few labels it
   stays the public model; with many, the labels move it as far as they agree. Logit and correction are both
   linear in the features, so the result is again one `LinearRouter`, calibrated on the own rows' event.
+- `memory`: the correction fitted on the rows' quality gap (`fit_correction(target="gap")`) instead of their
+  event, plus the own rows kept as a label memory on the router's embedding (`router_models.serving.label_memory`):
+  a request's score moves by the residuals of its nearest labelled prompts, weighted by how close they are and
+  shrunk by how few. The memory is not a fit: served beside the artifact, it grows one label at a time.
 
 Everything here is deterministic (closed-form weights, Newton's method from a fixed start).
 """
@@ -27,12 +31,13 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
+from router_models.serving.label_memory import gap_target, level_shift
 from router_models.training.outcomes import SOURCES, Example
 
 __all__ = ["OWN_LABEL_MODES", "Correction", "fit_correction", "is_own", "own_share", "public_names"]
 
 Floats = npt.NDArray[np.float64]
-OWN_LABEL_MODES = ("equal", "share", "correction")
+OWN_LABEL_MODES = ("equal", "share", "correction", "memory")
 
 
 def public_names() -> frozenset[str]:
@@ -94,15 +99,22 @@ def _newton(z: Floats, offset: Floats, y: Floats, ridge: Floats, iterations: int
 
 
 def fit_correction(public: LinearRouter, x: npt.NDArray[np.floating], examples: Sequence[Example],
-                   penalty: float, iterations: int = 25) -> Correction:
-    """The public router corrected on own rows `x` (n, d) with outcomes `examples` (their `target`).
+                   penalty: float, iterations: int = 25, target: str = "event") -> Correction:
+    """The public router corrected on own rows `x` (n, d) with outcomes `examples`.
 
-    Minimises the log-loss of sigmoid(public logit + c + u . z) against the soft event, plus
+    Minimises the log-loss of sigmoid(public logit + c + u . z) against the soft `target` of each row, plus
     `penalty / 2 * |u|^2`, where z is x standardised by the own rows (columns constant on them are left out).
     The penalty does not grow with n, so more labels move the model further. Newton's method from u = 0, c = 0.
+    `target`: "event" (`Example.target`, P(micro wrong and flagship right)) or "gap" (`label_memory.gap_target`,
+    the quality gap the flagship recovers mapped to [0, 1], what APGR counts); after a gap fit the bias is shifted
+    so that the mean score on the own rows is their mean event again (the ranking is the gap fit's, the scale
+    the event's, as thresholds and the cost report read it).
     """
+    if target not in ("event", "gap"):
+        raise ValueError(f"unknown correction target {target!r}; choose event or gap")
     xd = np.asarray(x, dtype=np.float64)
-    y = np.asarray([ex.target for ex in examples], dtype=np.float64)
+    events = np.asarray([ex.target for ex in examples], dtype=np.float64)
+    y = events if target == "event" else np.asarray([gap_target(ex.weak, ex.strong) for ex in examples])
     offset = xd @ np.asarray(public.weights, dtype=np.float64) + public.bias
     mean, scale = xd.mean(axis=0), xd.std(axis=0)
     used = scale > 1e-6
@@ -114,5 +126,7 @@ def fit_correction(public: LinearRouter, x: npt.NDArray[np.floating], examples: 
     coef[used] = theta[1:] / scale[used]
     weights = np.asarray(public.weights, dtype=np.float64) + coef
     bias = public.bias + theta[0] - float(mean @ coef)
+    if target == "gap":
+        bias += level_shift(xd @ weights + bias, float(events.mean()))
     router = LinearRouter(weights=weights.astype(np.float32), bias=float(bias))
     return Correction(router=router, shift=float(np.linalg.norm(theta[1:])), iterations=done)

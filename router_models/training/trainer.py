@@ -35,8 +35,10 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.embedders.disk_cache import embed_cached
+from router_models.embedders.features import FEATURE_NAMES
 from router_models.embedders.protocol import Embedder
 from router_models.serving.classifier import LinearRouter, feature_matrix
+from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter, gap_target
 from router_models.training.evaluate import apgr, example_curve
 from router_models.training.fit import GroupStats, fit_platt, group_stats, solve_ridge, union
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, SOURCES, Example, data_hash
@@ -56,8 +58,8 @@ FEATURE_SETS = ("embedding+structure", "embedding", "structure")
 @dataclass(frozen=True)
 class TrainConfig:
     """What the router is fitted on and how. `alphas`: ridge strengths tried (per unit of weight); `own_labels`:
-    how a user's own label rows enter (`own_labels.OWN_LABEL_MODES`), with `own_k` (share mode) and
-    `own_penalty` (correction mode)."""
+    how a user's own label rows enter (`own_labels.OWN_LABEL_MODES`), with `own_k` (share mode),
+    `own_penalty` (correction and memory modes) and `memory` (memory mode: how the labels move nearby scores)."""
 
     routing_dir: Path = DEFAULT_ROUTING_DIR
     target: str = "irt-pairwise"
@@ -68,6 +70,7 @@ class TrainConfig:
     own_labels: str = "correction"  # chosen on the learning curve (MODEL_CARD.md, "Learning curve")
     own_k: float = 1000.0
     own_penalty: float = 3000.0
+    memory: MemoryParams = field(default_factory=MemoryParams)  # its defaults: the learning curve's best
 
     def __post_init__(self) -> None:
         if self.own_labels not in OWN_LABEL_MODES:
@@ -83,6 +86,11 @@ class Fitted:
     platt: tuple[float, float]
     inner_apgr: dict[str, float] = field(default_factory=dict)
     own: dict[str, Any] = field(default_factory=dict)  # how own label rows were used (empty: none were given)
+    memory: LabelMemory | None = None  # the own rows as a label memory (memory mode), served beside `router`
+
+    def predictor(self) -> LinearRouter | MemoryRouter:
+        """What scores: `router`, with `memory` attached when there is one."""
+        return self.router if self.memory is None else MemoryRouter.attach(self.router, self.memory)
 
 
 def features(embedder: Embedder, examples: Sequence[Example], feature_set: str) -> npt.NDArray[np.float32]:
@@ -200,7 +208,7 @@ def fit_router(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: Tra
 
     Own label rows enter as `cfg.own_labels` says (`own_labels.py`)."""
     own = np.asarray([is_own(ex.source) for ex in examples])
-    if cfg.own_labels == "correction" and own.any() and not own.all():
+    if cfg.own_labels in ("correction", "memory") and own.any() and not own.all():
         public = np.flatnonzero(~own)
         fitted = fit_sources(source_rows(x[public], [examples[i] for i in public], cfg), cfg)
         return correct(fitted, x[own], [ex for ex, o in zip(examples, own, strict=True) if o], cfg)
@@ -208,10 +216,20 @@ def fit_router(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: Tra
 
 
 def correct(fitted: Fitted, x: npt.NDArray[np.float32], own: Sequence[Example], cfg: TrainConfig) -> Fitted:
-    """`fitted` (public sources only) with a per-user correction fitted on own rows `x` (`own_labels`)."""
-    fix = fit_correction(fitted.router, x, own, cfg.own_penalty)
-    return replace(fitted, router=fix.router, own={"mode": "correction", "rows": len(own),
-                                                   "penalty": cfg.own_penalty, "shift": round(fix.shift, 6)})
+    """`fitted` (public sources only) with a per-user correction fitted on own rows `x` (`own_labels`); in the
+    memory mode, the same rows also as a `LabelMemory` on the corrected router."""
+    target = "gap" if cfg.own_labels == "memory" else "event"
+    fix = fit_correction(fitted.router, x, own, cfg.own_penalty, target=target)
+    used: dict[str, Any] = {"mode": cfg.own_labels, "rows": len(own), "penalty": cfg.own_penalty,
+                            "target": target, "shift": round(fix.shift, 6)}
+    if cfg.own_labels != "memory":
+        return replace(fitted, router=fix.router, own=used)
+    width = x.shape[1] - len(FEATURE_NAMES)  # the embedding's columns (all of a row narrower than the structure)
+    memory = LabelMemory(np.asarray(x, np.float32), np.asarray([gap_target(ex.weak, ex.strong) for ex in own]),
+                         width if width > 0 else x.shape[1], cfg.memory, tuple(ex.key for ex in own))
+    used["memory"] = {"neighbours": cfg.memory.neighbours, "bandwidth": cfg.memory.bandwidth,
+                      "prior": cfg.memory.prior, "conflicting_prompts": memory.conflicts()}
+    return replace(fitted, router=fix.router, own=used, memory=memory)
 
 
 def fit_sources(rows: Mapping[str, SourceRows], cfg: TrainConfig) -> Fitted:

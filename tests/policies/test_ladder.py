@@ -114,6 +114,8 @@ def test_scope_pool_shapes_only_requests_routed_to_the_watched_pool() -> None:
         assert (other.truncate_tokens, other.force_stream, other.shed_retry_after(0)) == (None, False, None)
         assert other.names == state.names and other.route("flagship") == ("fp8", ("fp8",))  # routing stays whole
     assert micro.applying_to("flagship") == flagship  # computed from `active`, not from an earlier view
+    calm = Ladder(steps).update({("queue_depth", "flagship"): 0}, now=0)
+    assert calm.names == () and all(calm.applying_to(p) is calm for p in ("flagship", "micro", None))  # no copy
 
 
 def test_scope_all_shapes_every_request() -> None:

@@ -47,6 +47,7 @@ def test_an_optional_pool_that_is_down_is_degraded_not_unready(tmp_path: Path, u
         body = ready.json()
         assert body["ready"] is True and body["pools"] == {"micro": True, "flagship": False}
         assert body["required"] == ["micro"] and body["degraded"] == ["flagship"]
+        assert body["router_overflow"] == "none"  # no trained router here: nothing loads after start
 
 
 def test_a_required_pool_that_is_down_makes_the_gateway_unready(tmp_path: Path, upstreams: Upstreams) -> None:

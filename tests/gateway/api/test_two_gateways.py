@@ -67,6 +67,15 @@ def _unchecked(url: str) -> float:
                if line.startswith("cascade_admission_unchecked_total{") and 'check="rate' in line)
 
 
+def test_a_served_gateway_freezes_its_long_lived_heap(two: tuple[list[str], str]) -> None:
+    # `cascade serve` owns its process: start-up ends with the heap frozen out of the cyclic collector
+    text = httpx.get(two[0][0] + "/metrics", timeout=30).text
+    frozen = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("cascade_gc_frozen_objects")]
+    assert frozen and frozen[0] > 10_000
+    assert "cascade_gc_pause_seconds_count" in text
+
+
 def test_one_rate_limit_across_two_processes(two: tuple[list[str], str]) -> None:
     urls, _ = two
     codes = [_post(urls[i % 2], "sk-capped") for i in range(30)]

@@ -375,3 +375,14 @@ def test_outbox_files_are_private(tmp_path: Path) -> None:
 
     asyncio.run(run())
     assert os.stat(tmp_path / "ledger-outbox.jsonl").st_mode & 0o077 == 0
+
+
+def test_the_rollup_slot_is_the_records_utc_hour_at_and_across_hour_boundaries() -> None:
+    from datetime import UTC, datetime
+
+    from gateway.ledger.keys import rollup_slot
+
+    for at in (1.8e9 - 0.001, 1.8e9, 1.8e9 + 3599.999, 1.8e9 + 3600, 1.8e9 + 86_399.5):  # 1.8e9 is a whole hour
+        rec = CostRecord("r", "t", "micro", "m", 1, 1, 1, 2, "threshold", "v", at, 5.0, 9.0)
+        when = datetime.fromtimestamp(at, UTC)
+        assert rollup_slot(rec) == (f"{when:%Y-%m-%d}", "t:micro:m", f"{when:%H}:t:micro:m")

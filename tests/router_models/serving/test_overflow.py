@@ -99,6 +99,7 @@ async def test_without_an_overflow_model_the_primary_scores_everything() -> None
 async def test_the_overflow_model_attaches_when_loaded_and_a_failed_load_is_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     scorer = ClassifierScorer(Model(0.7))
+    assert scorer.overflow_state == "none"
     gate = threading.Event()
 
     def slow_load() -> Model:
@@ -107,9 +108,10 @@ async def test_the_overflow_model_attaches_when_loaded_and_a_failed_load_is_logg
 
     thread = scorer.load_overflow_in_background(slow_load, "slow.json")
     assert scorer.overflow is None and await scorer.score(["while loading"]) == [0.7]
+    assert scorer.overflow_state == "loading"
     gate.set()
     thread.join(5)
-    assert isinstance(scorer.overflow, Model)
+    assert isinstance(scorer.overflow, Model) and scorer.overflow_state == "ready"
 
     def broken() -> Model:
         raise ArtifactError("payload fails its sha256 check")
@@ -117,7 +119,7 @@ async def test_the_overflow_model_attaches_when_loaded_and_a_failed_load_is_logg
     other = ClassifierScorer(Model(0.7))
     with caplog.at_level(logging.WARNING, logger="router_models.serving.classifier_scorer"):
         other.load_overflow_in_background(broken, "broken.json").join(5)
-    assert other.overflow is None
+    assert other.overflow is None and other.overflow_state == "failed"
     assert "router overflow model broken.json not loaded (payload fails its sha256 check)" in caplog.text
     await scorer.aclose()
     await other.aclose()

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from router_models.serving.label_memory import MemoryParams
 from router_models.training.learning_curve import (
     OWN_ONLY,
     CurvePoint,
@@ -84,3 +85,14 @@ def test_methods_name_every_mode() -> None:
     names = methods(replace(CFG), ks=(1000,), penalties=(100,))
     assert {m.own_labels for m in names.values()} == {"equal", "share", "correction"}
     assert names["share k=1000"].own_k == 1000.0 and names["correction penalty=100"].own_penalty == 100.0
+
+
+def test_the_label_memory_learns_a_learnable_source_and_is_kept_beside_the_corrected_router() -> None:
+    x, rows = _matrix()
+    cfg = replace(CFG, own_penalty=10.0)
+    compared = methods(cfg, ks=(), penalties=(), own_only=False, memories=(MemoryParams(),))
+    (name,) = [n for n in compared if n.startswith("memory")]
+    points = learning_curve(x, rows, cfg, compared, sources=["routellm-gsm8k"], sizes=(0, 100), draws=2,
+                            min_rest=250)
+    table = summary(points)[name]["routellm-gsm8k"]
+    assert table[0] < 0.6 and table[100] > 0.65

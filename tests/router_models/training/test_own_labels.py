@@ -83,3 +83,18 @@ def test_correction_with_a_huge_penalty_keeps_the_public_ranking() -> None:
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="own-label mode"):
         TrainConfig(own_labels="loudest")
+
+
+def test_the_memory_mode_keeps_its_labels_beside_a_gap_corrected_router_on_the_event_scale() -> None:
+    """The memory mode's correction learns the gap, then is shifted so its mean score on the own rows is their
+    mean event (the scale thresholds read); the rows are kept as a label memory that scores."""
+    parts = [_rows("routellm-mmlu", 600, 1.0, 1), _rows("routellm-gsm8k", 600, 1.0, 2)]
+    x, own = _rows("labels:mine", 200, -1.0, 3)
+    fitted = fit_router(np.vstack([p[0] for p in parts] + [x]), [ex for p in parts for ex in p[1]] + own,
+                        replace(CFG, own_labels="memory"))
+    assert fitted.memory is not None and len(fitted.memory) == len(own)
+    assert fitted.own["target"] == "gap" and fitted.own["memory"]["neighbours"] == fitted.memory.params.neighbours
+    corrected = fitted.router.predict_proba(x)
+    assert float(corrected.mean()) == pytest.approx(float(np.mean([ex.target for ex in own])), abs=1e-6)
+    moved = fitted.predictor().predict_proba(x)
+    assert moved.shape == corrected.shape and not np.allclose(moved, corrected)

@@ -1,0 +1,149 @@
+"""The label memories a running gateway reads: a tenant's labels move its requests' scores, at once.
+
+`cascade router memory add --tenant T` writes `<store>/memory/T.json` (+ `.npz`), `--tenant` omitted
+`shared.json` (`router_models.training.memory_build`). The policy's `learning.label_memory.scope` says which one a
+request reads: `tenant` (its tenant's own memory: one tenant's labels never move another's scores), `shared`
+(the shared one) or `none` (the default).
+
+`LabelMemories` polls the folder (`interval_s`) and reloads a memory whose files changed, in a worker thread,
+verified (`memory_file.load_memory`: format, features, the payload's hash, and the scorer's embedder); a memory
+that fails to load is logged and the one loaded before keeps serving. Each memory is attached to the router the
+scorer serves (`router_models.serving.label_memory.MemoryRouter`: its residuals are against that router), and
+re-attached when a router swap brings another (until then, at most `interval_s`, the new router's scores are
+not moved). Memory names are tenant names of at most 40 characters
+(`memory_build.memory_path`): a longer tenant's requests get no memory. `adjust` moves one score by one memory:
+only a score of the primary model, whose embedding the scorer kept (`Scorer` as `EmbeddingSource`); anything else
+keeps its score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from router_models.serving.artifact import ArtifactError
+from router_models.serving.classifier import LinearRouter
+from router_models.serving.label_memory import MemoryRouter
+from router_models.serving.memory_file import load_memory
+from router_models.serving.scorer import EmbeddingSource, Scorer
+
+__all__ = ["LabelMemories", "MemoryScore"]
+
+log = logging.getLogger("cascade.router")
+
+_Stamp = tuple[float, int, float, int]  # the metadata's and the payload's (mtime, size)
+
+
+@dataclass(frozen=True)
+class MemoryScore:
+    """A score moved by memory `name`, which held `labels` labels: `version` names both for the records."""
+
+    score: float
+    name: str
+    labels: int
+
+    def version(self, router_version: str) -> str:
+        """`<router version>+memory/<name>@<labels>`: a name the ledger accepts (no ":"; the router's version
+        and a memory name of at most 40 characters keep it under its 128)."""
+        return f"{router_version}+memory/{self.name}@{self.labels}"
+
+
+def _stamp(meta: Path) -> _Stamp | None:
+    try:
+        a, b = os.stat(meta), os.stat(meta.with_suffix(".npz"))
+    except OSError:
+        return None
+    return (a.st_mtime, a.st_size, b.st_mtime, b.st_size)
+
+
+class LabelMemories:
+    """The memories under `folder`, attached to the current scorer's router. Owns one polling task (`start`,
+    `aclose`). `current()` gives the scorer being served (it changes on a router swap)."""
+
+    def __init__(self, folder: Path, current: Callable[[], Scorer | None], interval_s: float = 2.0) -> None:
+        self.folder = folder
+        self._current = current
+        self._interval = interval_s
+        self._attached: dict[str, MemoryRouter] = {}
+        self._stamps: dict[str, _Stamp] = {}
+        self._base: LinearRouter | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def names(self) -> list[str]:
+        return sorted(self._attached)
+
+    def adjust(self, name: str, scorer: Scorer, text: str, score: float) -> MemoryScore | None:
+        """`score` (the primary model's, for the scoring `text`) moved by memory `name`; None when there is no
+        such memory, it is attached to another router than `scorer`'s, or `scorer` kept no embedding of `text`."""
+        attached = self._attached.get(name)
+        if attached is None or not isinstance(scorer, EmbeddingSource) or _router_of(scorer) is not attached.base:
+            return None
+        vector = scorer.embedding(text)
+        if vector is None:
+            return None
+        moved = attached.adjust(np.asarray(vector, np.float32)[None, :], np.asarray([score]))
+        return MemoryScore(float(moved[0]), name, len(attached.memory))
+
+    async def refresh(self) -> None:
+        """Load what changed under the folder and attach every memory to the current router (a worker thread)."""
+        scorer = self._current()
+        base = _router_of(scorer) if scorer is not None else None
+        if base is None or not isinstance(scorer, EmbeddingSource):
+            return
+        files = {p.stem: p for p in sorted(self.folder.glob("*.json"))} if self.folder.is_dir() else {}
+        stamps = {name: s for name, p in files.items() if (s := _stamp(p)) is not None}
+        if stamps == self._stamps and base is self._base:
+            return
+        embedder = scorer.embedding_space
+        self._attached = await asyncio.to_thread(self._load, files, stamps, base, embedder)
+        self._stamps, self._base = stamps, base
+
+    def _load(self, files: dict[str, Path], stamps: dict[str, _Stamp], base: LinearRouter,
+              embedder: str) -> dict[str, MemoryRouter]:
+        out: dict[str, MemoryRouter] = {}
+        for name, stamp in stamps.items():
+            before = self._attached.get(name)
+            if before is not None and stamp == self._stamps.get(name):
+                out[name] = before if before.base is base else MemoryRouter.attach(base, before.memory)
+                continue
+            try:
+                memory, _ = load_memory(files[name], embedder=embedder)
+                out[name] = MemoryRouter.attach(base, memory)
+                log.info("label memory %s loaded: %d labels", name, len(memory))
+            except (ArtifactError, ValueError) as exc:
+                log.warning("label memory %s not loaded (%s); %s", name, exc,
+                            "the previous one keeps serving" if before is not None else "none serves")
+                if before is not None:
+                    out[name] = before if before.base is base else MemoryRouter.attach(base, before.memory)
+        return out
+
+    def start(self) -> None:
+        async def poll() -> None:
+            while True:
+                try:
+                    await self.refresh()
+                except Exception:  # a poll that fails is logged and tried again; what serves stays
+                    log.exception("label memories not refreshed")
+                await asyncio.sleep(self._interval)
+
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(poll(), name="label-memories")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def _router_of(scorer: Scorer) -> LinearRouter | None:
+    router = getattr(scorer, "router", None)
+    return router if isinstance(router, LinearRouter) else None

@@ -1,0 +1,206 @@
+"""A user's labelled prompts, kept on the router's own embedding, moving its score on nearby traffic.
+
+A `LabelMemory` holds one row per label: the feature row the scorer computes for the prompt (`feature_matrix`:
+the L2-normalised embedding, then the structural columns) and the label's target in [0, 1], the quality gap it
+recorded mapped to [0, 1]: (flagship quality - micro quality + 1) / 2 (`gap_target`; a `needs_flagship = p` label
+is micro 1 - p against flagship 1, so (p + 1) / 2). The gap is what routing a prompt to the flagship gains, and
+what APGR counts; on the learning curve it taught the labels more than the event did (MODEL_CARD.md).
+
+Attached to a router (`MemoryRouter`), the router's score p is read on the targets' scale by a level shift `c`
+(fitted on the labels so that the mean of sigmoid(logit p + c) is the mean target; the slope is kept, so the
+router's ranking is untouched). Each label gets a residual r_j = t_j - sigmoid(logit p(x_j) + c), and a request
+with embedding e and router score p moves by its neighbours':
+
+    s_j = e . e_j (cosine similarity), over the `neighbours` labels most similar to e
+    w_j = exp((s_j - 1) / bandwidth)                            (a label identical to e weighs 1)
+    q = clip(sigmoid(logit p + c) + sum_j w_j r_j / (sum_j w_j + prior), eps, 1 - eps)
+    score = sigmoid(logit q - c)                                (back on the router's scale)
+
+So it blends the router with the labels by how many and how close they are: a request with no close label keeps
+the router's score (the weights vanish against the pseudo-count `prior`); many close labels that agree move it by
+their mean residual. No fit of any model: a label counts the moment it is added (`MemoryRouter.with_labels`
+scores only the new rows with the router; the level and the residuals are vector arithmetic over the labels).
+Residuals are taken against the router the memory is attached to, so the same labels serve a retrained artifact
+without relabelling. Conflicting labels of one prompt are all kept (their residuals average in the
+neighbourhood); `LabelMemory.conflicts` counts them.
+
+Cost per request: one (n_labels x dim) matrix-vector product and a partial sort. Everything is numpy and
+deterministic; objects are immutable, so a holder swaps them atomically.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from router_models.serving.classifier import LinearRouter
+
+__all__ = ["LabelMemory", "MemoryParams", "MemoryRouter", "gap_target", "level_shift"]
+
+Floats = npt.NDArray[np.float64]
+FloatArray = npt.NDArray[np.float32]
+
+
+_EPS = 1e-6
+
+
+def gap_target(weak: float, strong: float) -> float:
+    """A label's memory target: (strong - weak + 1) / 2, the quality gap micro -> flagship mapped to [0, 1]."""
+    return (float(strong) - float(weak) + 1.0) / 2.0
+
+
+def level_shift(logits: Floats, mean_target: float) -> float:
+    """c with mean(sigmoid(logits + c)) = `mean_target` (bisection; 0 for no rows). Monotone in c, so exact to
+    ~1e-9 after 60 halvings of [-40, 40]."""
+    if not len(logits):
+        return 0.0
+    lo, hi = -40.0, 40.0
+    target = min(max(mean_target, _EPS), 1.0 - _EPS)
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        if float(np.mean(_sigmoid(logits + mid))) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def _sigmoid(z: Floats) -> Floats:
+    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))), np.float64)
+
+
+def _logit(p: Floats) -> Floats:
+    q = np.clip(p, _EPS, 1.0 - _EPS)
+    return np.asarray(np.log(q) - np.log1p(-q), np.float64)
+
+
+@dataclass(frozen=True)
+class MemoryParams:
+    """How labels move a score (module docstring): `neighbours` read per request, the similarity `bandwidth`
+    of their weights and the pseudo-count `prior` the router's own score is worth. The defaults did best on the
+    learning curve (MODEL_CARD.md, "Learning curve")."""
+
+    neighbours: int = 100
+    bandwidth: float = 0.1
+    prior: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.neighbours < 1 or not self.bandwidth > 0 or not self.prior > 0:
+            raise ValueError(f"memory parameters must be positive (neighbours >= 1), got {self}")
+
+
+@dataclass(frozen=True)
+class LabelMemory:
+    """Labelled feature rows (`rows`, (n, d) float32; the first `embedding_dim` columns an L2-normalised
+    embedding), their targets (`targets`, (n,) in [0, 1]: `gap_target`) and the prompts' keys (`keys`, for
+    counting conflicting labels; "" when unknown)."""
+
+    rows: FloatArray
+    targets: Floats
+    embedding_dim: int
+    params: MemoryParams = MemoryParams()
+    keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rows.ndim != 2 or self.rows.shape[0] != self.targets.shape[0]:
+            raise ValueError(f"{self.rows.shape} rows for {self.targets.shape} targets")
+        if not 0 < self.embedding_dim <= self.rows.shape[1]:
+            raise ValueError(f"embedding_dim {self.embedding_dim} outside the rows' {self.rows.shape[1]} columns")
+        if not (np.all(np.isfinite(self.rows)) and np.all((self.targets >= 0.0) & (self.targets <= 1.0))):
+            raise ValueError("memory rows must be finite and targets in [0, 1]")
+        if self.keys and len(self.keys) != len(self.targets):
+            raise ValueError(f"{len(self.keys)} keys for {len(self.targets)} labels")
+
+    @classmethod
+    def empty(cls, dim: int, embedding_dim: int, params: MemoryParams = MemoryParams()) -> LabelMemory:
+        return cls(np.zeros((0, dim), np.float32), np.zeros(0), embedding_dim, params)
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
+    def extended(self, rows: npt.NDArray[np.floating], targets: Sequence[float] | Floats,
+                 keys: Sequence[str] = ()) -> LabelMemory:
+        """A new memory with these labels appended (this one is left as it was)."""
+        new_keys = tuple(keys) if keys else ("",) * len(targets)
+        old_keys = self.keys if self.keys else ("",) * len(self)
+        return LabelMemory(np.vstack([self.rows, np.asarray(rows, np.float32)]),
+                           np.concatenate([self.targets, np.asarray(targets, np.float64)]), self.embedding_dim,
+                           self.params, old_keys + new_keys)
+
+    def conflicts(self, tolerance: float = 0.5) -> int:
+        """Prompts (by key) labelled more than once whose targets differ by more than `tolerance`."""
+        by_key: dict[str, list[float]] = defaultdict(list)
+        for key, target in zip(self.keys, self.targets, strict=False):
+            if key:
+                by_key[key].append(float(target))
+        return sum(1 for v in by_key.values() if len(v) > 1 and max(v) - min(v) > tolerance)
+
+
+@dataclass(frozen=True)
+class MemoryRouter:
+    """A `LinearRouter` with a `LabelMemory` attached (module docstring): `predict_proba` as the router's, moved
+    by the labels. `logits` are the router's on the labels (computed once each), `level` the shift `c`,
+    `residuals` the labels' against the shifted router."""
+
+    base: LinearRouter
+    memory: LabelMemory
+    logits: Floats
+    level: float
+    residuals: Floats
+    unit: FloatArray = field(repr=False)
+
+    @classmethod
+    def attach(cls, base: LinearRouter, memory: LabelMemory) -> MemoryRouter:
+        if memory.rows.shape[1] != base.dim:
+            raise ValueError(f"memory rows have {memory.rows.shape[1]} columns, the router reads {base.dim}")
+        return cls._with(base, memory, _router_logits(base, memory.rows),
+                         _unit_rows(memory.rows[:, :memory.embedding_dim]))
+
+    @classmethod
+    def _with(cls, base: LinearRouter, memory: LabelMemory, logits: Floats, unit: FloatArray) -> MemoryRouter:
+        level = level_shift(logits, float(memory.targets.mean())) if len(memory) else 0.0
+        return cls(base, memory, logits, level, memory.targets - _sigmoid(logits + level), unit)
+
+    @property
+    def dim(self) -> int:
+        return self.base.dim
+
+    def with_labels(self, rows: npt.NDArray[np.floating], targets: Sequence[float] | Floats,
+                    keys: Sequence[str] = ()) -> MemoryRouter:
+        """This router with more labels: only the new rows are scored by the router (no fit of anything)."""
+        x = np.asarray(rows, np.float32)
+        memory = self.memory.extended(x, targets, keys)
+        return MemoryRouter._with(self.base, memory, np.concatenate([self.logits, _router_logits(self.base, x)]),
+                                  np.vstack([self.unit, _unit_rows(x[:, :memory.embedding_dim])]))
+
+    def predict_proba(self, features: FloatArray) -> Floats:
+        """One probability per row of `features` (n, dim), as `LinearRouter.predict_proba`."""
+        return self.adjust(features[:, :self.memory.embedding_dim], self.base.predict_proba(features))
+
+    def adjust(self, embeddings: npt.NDArray[np.floating], scores: Floats) -> Floats:
+        """`scores` (the base router's, one per row of `embeddings`, (m, embedding_dim)) moved by the labels."""
+        scores = np.asarray(scores, np.float64)
+        if not len(self.memory):
+            return scores
+        p = self.memory.params
+        sims = _unit_rows(np.asarray(embeddings, np.float32)) @ self.unit.T
+        k = min(p.neighbours, sims.shape[1])
+        nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / p.bandwidth)
+        shift = (weights * self.residuals[nearest]).sum(axis=1) / (weights.sum(axis=1) + p.prior)
+        moved = np.clip(_sigmoid(_logit(scores) + self.level) + shift, _EPS, 1.0 - _EPS)
+        return _sigmoid(_logit(moved) - self.level)
+
+
+def _router_logits(router: LinearRouter, x: npt.NDArray[np.floating]) -> Floats:
+    return np.asarray(np.asarray(x, np.float64) @ router.weights.astype(np.float64) + router.bias, np.float64)
+
+
+def _unit_rows(x: npt.NDArray[np.floating]) -> FloatArray:
+    """Rows scaled to unit length (the embedder's already are, up to int8 rounding; zero rows stay zero)."""
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.asarray(x / np.where(norms > 0, norms, 1.0), np.float32)

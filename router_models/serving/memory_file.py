@@ -1,0 +1,116 @@
+"""A `LabelMemory` on disk: `<stem>.npz` (rows, targets, keys) beside `<stem>.json` (metadata), as the router
+artifact is stored (`artifact.py`): plain arrays read with `allow_pickle=False`, the payload's sha256, the
+feature version and names and the embedder in the metadata, written payload first and metadata last, each
+through a temporary file renamed into place, so a reader sees the old memory or the new one, never half of one.
+
+`load_memory` verifies all of it and raises `ArtifactError` (with how to fix it) rather than serve labels
+computed for other features or another embedder; a caller that serves keeps its previous memory then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
+from router_models.serving.artifact import ArtifactError
+from router_models.serving.label_memory import LabelMemory, MemoryParams
+
+__all__ = ["MEMORY_FORMAT", "load_memory", "memory_paths", "save_memory"]
+
+MEMORY_FORMAT = 1
+_FIX = "rebuild it with `cascade router memory add` from the label files"
+
+
+def memory_paths(path: str | Path) -> tuple[Path, Path]:
+    """(metadata .json, payload .npz) of the memory named by `path` (either file, or the stem)."""
+    p = Path(path)
+    return p.with_suffix(".json"), p.with_suffix(".npz")
+
+
+def _payload(memory: LabelMemory) -> bytes:
+    buf = io.BytesIO()
+    keys = np.asarray(memory.keys if memory.keys else ("",) * len(memory), dtype=str)
+    np.savez(buf, rows=memory.rows.astype(np.float32), targets=memory.targets.astype(np.float64), keys=keys)
+    return buf.getvalue()
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def save_memory(memory: LabelMemory, path: str | Path, embedder: str, extra: dict[str, Any] | None = None) -> Path:
+    """Write `memory` (labels on `embedder`'s vectors) at `path`; returns the metadata path."""
+    meta_path, payload_path = memory_paths(path)
+    meta_path.parent.mkdir(parents=True, exist_ok=True)
+    payload = _payload(memory)
+    _replace(payload_path, payload)
+    meta = dict(extra or {})
+    meta.update(memory_format=MEMORY_FORMAT, feature_version=FEATURE_VERSION, feature_names=list(FEATURE_NAMES),
+                embedder=embedder, embedding_dim=memory.embedding_dim, dim=int(memory.rows.shape[1]),
+                labels=len(memory), conflicting_prompts=memory.conflicts(),
+                params={"neighbours": memory.params.neighbours, "bandwidth": memory.params.bandwidth,
+                        "prior": memory.params.prior},
+                updated=datetime.now(UTC).isoformat(timespec="seconds"),
+                payload_file=payload_path.name, payload_sha256=hashlib.sha256(payload).hexdigest())
+    _replace(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+    return meta_path
+
+
+def _metadata(meta_path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"label memory not found: {meta_path}; {_FIX}") from exc
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"label memory metadata {meta_path} is unreadable ({exc}); {_FIX}") from exc
+    if not isinstance(meta, dict):
+        raise ArtifactError(f"label memory metadata {meta_path} is not a JSON object; {_FIX}")
+    expected = {"memory_format": MEMORY_FORMAT, "feature_version": FEATURE_VERSION,
+                "feature_names": list(FEATURE_NAMES)}
+    for key, value in expected.items():
+        if meta.get(key) != value:
+            raise ArtifactError(f"label memory {meta_path} has {key}={meta.get(key)!r} but this code needs "
+                                f"{value!r}; {_FIX}")
+    return meta
+
+
+def load_memory(path: str | Path, embedder: str | None = None) -> tuple[LabelMemory, dict[str, Any]]:
+    """The memory at `path` and its metadata, verified (format, features, payload hash, and `embedder` when
+    given: the labels' vectors must come from the embedder the serving router uses). Raises `ArtifactError`."""
+    meta_path, _ = memory_paths(path)
+    meta = _metadata(meta_path)
+    if embedder is not None and meta.get("embedder") != embedder:
+        raise ArtifactError(f"label memory {meta_path} holds vectors of {meta.get('embedder')!r}, but the router "
+                            f"embeds with {embedder!r}; {_FIX}")
+    payload_path = meta_path.parent / str(meta.get("payload_file", ""))
+    try:
+        payload = payload_path.read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"label memory payload {payload_path} is missing ({exc}); {_FIX}") from exc
+    if hashlib.sha256(payload).hexdigest() != meta.get("payload_sha256"):
+        raise ArtifactError(f"label memory payload {payload_path} fails its sha256 check (corrupt?); {_FIX}")
+    try:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+            rows, targets, keys = npz["rows"], npz["targets"], npz["keys"]
+        params = MemoryParams(**meta["params"])
+        memory = LabelMemory(np.asarray(rows, np.float32), np.asarray(targets, np.float64),
+                             int(meta["embedding_dim"]), params, tuple(str(k) for k in keys))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"label memory {payload_path} is unreadable ({exc}); {_FIX}") from exc
+    if memory.rows.shape[1] != meta.get("dim"):
+        raise ArtifactError(f"label memory {payload_path} has {memory.rows.shape[1]} columns, its metadata "
+                            f"{meta.get('dim')}; {_FIX}")
+    return memory, meta

@@ -1,0 +1,66 @@
+"""`cascade router memory add`: a user's labels appended to their label memory, no training.
+
+Each label row (a label file, format in `labels.py`) is embedded as the gateway scores it (the artifact's
+embedder, the structural features of its text and conversation shape) and appended, with its target
+(`label_memory.gap_target`), to the memory at `<store>/memory/<name>.json` (`memory_file`; `<name>`: a tenant,
+or "shared" for labels every tenant's scores read). A running gateway that serves label memories picks the new
+file up within seconds. The memory's parameters are the ones measured on the learning curve (MODEL_CARD.md,
+"Learning curve"), unless the file already has its own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from router_models.embedders.factory import make_embedder
+from router_models.serving.artifact import load_artifact
+from router_models.serving.classifier import feature_matrix
+from router_models.serving.label_memory import LabelMemory, MemoryParams, gap_target
+from router_models.serving.memory_file import load_memory, memory_paths, save_memory
+from router_models.training.outcomes import Example
+
+__all__ = ["SHARED", "MemoryUpdate", "add_labels", "memory_path"]
+
+SHARED = "shared"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # it goes into the router version cost records keep
+
+
+def memory_path(store: Path, name: str) -> Path:
+    """The metadata file of memory `name` (a tenant's name, or `SHARED`) in the store `store`."""
+    if not _NAME.match(name):
+        raise ValueError(f"memory name {name!r} must be 1-40 letters, digits, '_', '.', '-' (a tenant's name)")
+    return store / "memory" / f"{name}.json"
+
+
+@dataclass(frozen=True)
+class MemoryUpdate:
+    """What `add_labels` did: the file written, labels before and after, prompts with conflicting labels."""
+
+    path: Path
+    before: int
+    after: int
+    conflicting_prompts: int
+
+
+def add_labels(rows: list[Example], path: Path, artifact: Path | None = None,
+               params: MemoryParams | None = None) -> MemoryUpdate:
+    """Append `rows` to the memory at `path` (created when missing), on the vectors of `artifact`'s embedder
+    (default: the artifact the gateway serves). Raises `ArtifactError` when the existing memory is unreadable
+    or holds another embedder's vectors (nothing is written then)."""
+    art = load_artifact(artifact)
+    embedder = make_embedder(art.embedder)
+    texts = [ex.text for ex in rows]
+    x = feature_matrix(embedder.embed(texts), texts, [ex.shape for ex in rows])  # as the scorer computes them
+    meta_path, _ = memory_paths(path)
+    if meta_path.exists():
+        memory, _ = load_memory(meta_path, embedder=embedder.name)
+    else:
+        memory = LabelMemory.empty(x.shape[1], embedder.dim, params or MemoryParams())
+    grown = memory.extended(x, np.asarray([gap_target(ex.weak, ex.strong) for ex in rows], np.float64),
+                            [ex.key for ex in rows])
+    save_memory(grown, meta_path, embedder.name)
+    return MemoryUpdate(meta_path, len(memory), len(grown), grown.conflicts())

@@ -1,0 +1,44 @@
+"""The tail benchmark reads the collector's pauses and the loop lag from a gateway's real metrics text, and its
+summary gives p99/p50 per cell."""
+
+from __future__ import annotations
+
+import gc
+
+from gateway.control.gc_pauses import GcPauses
+from gateway.control.metrics import GatewayMetrics
+from loadtest.bench.tail import build_parser, gc_counts, summarise
+
+
+def test_gc_counts_reads_a_gateways_metrics() -> None:
+    metrics = GatewayMetrics(lambda: {})
+    pauses = GcPauses(metrics.gc_paused)
+    pauses.install()
+    try:
+        gc.collect(2)
+        gc.collect(0)
+    finally:
+        pauses.uninstall()
+    metrics.gc_paused(1, 0.05, 3)  # one collection over 10 ms, freeing 3 objects of reference cycles
+    for lag in (0.001, 0.2):
+        metrics.loop_lag.observe(lag)
+    counts = gc_counts(metrics.render().decode())
+    assert counts["gen2_count"] == 1 and counts["gen0_count"] == 1 and counts["gen1_count"] == 1
+    assert counts["gen1_over_10ms"] == 1 and counts["gen1_sum"] >= 0.05
+    assert counts["lag_count"] == 2 and counts["lag_over"] == 1 and counts["cycles"] >= 3
+
+
+def test_summary_takes_medians_and_the_tail_ratio_per_cell() -> None:
+    cells = [{"target": "freeze/json", "concurrency": 16, "rps": rps, "p50_ms": 10.0, "p99_ms": p99,
+              "server_cpu_ms_per_req": 0.5, "non2xx": 0, "socket_errors": 0, "gc": {"gen2_count": 1.0},
+              "requests": 10}
+             for rps, p99 in ((100.0, 20.0), (300.0, 40.0), (200.0, 90.0))]
+    (row,) = summarise(cells)
+    assert row["rps"] == 200.0 and row["p99_ms"] == 40.0 and row["tail"] == 4.0 and row["gc"]["gen2_count"] == 3.0
+    assert row["requests"] == 30
+
+
+def test_defaults_match_the_saturation_setup() -> None:
+    args = build_parser().parse_args([])
+    assert args.scorer == "classifier" and args.concurrency == [16, 64] and args.bodies == ["json", "stream"]
+    assert args.variants == ["freeze", "nofreeze"]

@@ -1,0 +1,126 @@
+"""The label memory: labels move the scores of prompts near them and of no others, a label counts as soon as it is
+added (the same result as a memory built with it), and its file is verified like the router artifact.
+
+Vectors here are made up to test the arithmetic, never the router's quality (that is the learning curve's,
+on real outcomes: MODEL_CARD.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from router_models.serving.artifact import ArtifactError
+from router_models.serving.classifier import LinearRouter
+from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter
+from router_models.serving.memory_file import load_memory, memory_paths, save_memory
+
+EMBED, EXTRA = 8, 2  # an embedding of 8 numbers, then 2 structural columns
+# float32 rows and a float32 similarity product: results agree with the exact arithmetic to ~1e-6
+WITHIN = 1e-5
+
+
+def _unit(rng: np.random.Generator, n: int) -> npt.NDArray[np.float32]:
+    v = rng.normal(size=(n, EMBED))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return np.hstack([v, rng.normal(size=(n, EXTRA))]).astype(np.float32)
+
+
+def _router(rng: np.random.Generator) -> LinearRouter:
+    return LinearRouter(weights=rng.normal(scale=0.3, size=EMBED + EXTRA).astype(np.float32), bias=-1.0)
+
+
+def test_an_empty_memory_keeps_the_routers_scores() -> None:
+    rng = np.random.default_rng(0)
+    router, x = _router(rng), _unit(rng, 5)
+    attached = MemoryRouter.attach(router, LabelMemory.empty(EMBED + EXTRA, EMBED))
+    assert np.array_equal(attached.predict_proba(x), router.predict_proba(x))
+
+
+def test_labels_move_the_prompts_near_them_and_not_distant_ones() -> None:
+    rng = np.random.default_rng(1)
+    router = _router(rng)
+    high, low, far = _unit(rng, 3)[:, None, :]
+    high[0, :EMBED], low[0, :EMBED], far[0, :EMBED] = np.eye(EMBED)[:3]  # orthogonal: weight exp(-1 / 0.05), none
+    params = MemoryParams(neighbours=5, bandwidth=0.05, prior=1.0)
+    # `high` needed the flagship (target 1), `low` did not (target 0.5: no gap)
+    attached = MemoryRouter.attach(router, LabelMemory(np.vstack([high, low]), np.asarray([1.0, 0.5]), EMBED,
+                                                       params))
+    assert attached.predict_proba(high)[0] > router.predict_proba(high)[0] + 0.01
+    assert attached.predict_proba(low)[0] < router.predict_proba(low)[0] - 0.01
+    assert float(attached.predict_proba(far)[0]) == pytest.approx(float(router.predict_proba(far)[0]), abs=WITHIN)
+
+
+def test_with_no_residual_the_routers_score_comes_back() -> None:
+    """Labels that agree with the (level-shifted) router move nothing: the shift is undone exactly."""
+    rng = np.random.default_rng(8)
+    router, x, queries = _router(rng), _unit(rng, 6), _unit(rng, 4)
+    logits = x.astype(np.float64) @ router.weights.astype(np.float64) + router.bias
+    targets = 1.0 / (1.0 + np.exp(-(logits + 0.7)))  # the router's scores, one level up
+    attached = MemoryRouter.attach(router, LabelMemory(x, targets, EMBED))
+    assert attached.level == pytest.approx(0.7, abs=1e-6)
+    np.testing.assert_allclose(attached.predict_proba(queries), router.predict_proba(queries), atol=WITHIN)
+
+
+def test_many_close_labels_that_agree_move_a_score_further_than_few() -> None:
+    rng = np.random.default_rng(2)
+    router, query, other = _router(rng), _unit(rng, 1), _unit(rng, 20)
+    near = np.repeat(query, 20, axis=0)
+    near[:, :EMBED] += rng.normal(scale=0.02, size=(20, EMBED)).astype(np.float32)
+    base = float(router.predict_proba(query)[0])
+
+    def moved(count: int) -> float:
+        rows = np.vstack([near[:count], other])  # `other` (no gap) sets the level; `near` needed the flagship
+        targets = np.concatenate([np.ones(count), np.full(20, 0.5)])
+        memory = LabelMemory(rows, targets, EMBED, MemoryParams(neighbours=30))
+        return float(MemoryRouter.attach(router, memory).predict_proba(query)[0])
+
+    assert base < moved(1) < moved(20) <= 1.0
+
+
+def test_labels_added_one_by_one_score_as_a_memory_built_with_them() -> None:
+    rng = np.random.default_rng(3)
+    router, labelled, queries = _router(rng), _unit(rng, 40), _unit(rng, 30)
+    targets = rng.uniform(size=40)
+    whole = MemoryRouter.attach(router, LabelMemory(labelled, targets, EMBED, MemoryParams(neighbours=7)))
+    grown = MemoryRouter.attach(router, LabelMemory.empty(EMBED + EXTRA, EMBED, MemoryParams(neighbours=7)))
+    for i in range(40):
+        grown = grown.with_labels(labelled[i:i + 1], targets[i:i + 1])
+    assert len(grown.memory) == 40
+    np.testing.assert_allclose(grown.predict_proba(queries), whole.predict_proba(queries), atol=WITHIN)
+    assert not np.allclose(whole.predict_proba(queries), router.predict_proba(queries), atol=1e-3)
+
+
+def test_conflicting_labels_of_one_prompt_are_counted() -> None:
+    rng = np.random.default_rng(4)
+    x = _unit(rng, 4)
+    memory = LabelMemory(x, np.asarray([0.0, 1.0, 0.2, 0.3]), EMBED, keys=("a", "a", "b", "b"))
+    assert memory.conflicts() == 1  # "a" was labelled 0 and 1; "b" 0.2 and 0.3 agree within the tolerance
+
+
+def test_bad_rows_are_refused() -> None:
+    rng = np.random.default_rng(5)
+    with pytest.raises(ValueError, match="targets in"):
+        LabelMemory(_unit(rng, 2), np.asarray([0.5, 1.5]), EMBED)
+    with pytest.raises(ValueError, match="positive"):
+        MemoryParams(bandwidth=0.0)
+
+
+def test_the_file_round_trips_and_a_corrupt_or_foreign_one_is_refused(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    memory = LabelMemory(_unit(rng, 3), np.asarray([0.1, 0.9, 0.4]), EMBED, MemoryParams(11, 0.1, 2.0),
+                         keys=("a", "b", "c"))
+    path = save_memory(memory, tmp_path / "tenant-a.json", embedder="test-embedder")
+    loaded, meta = load_memory(path, embedder="test-embedder")
+    assert np.array_equal(loaded.rows, memory.rows) and np.array_equal(loaded.targets, memory.targets)
+    assert loaded.params == memory.params and loaded.keys == memory.keys and meta["labels"] == 3
+    with pytest.raises(ArtifactError, match="holds vectors of"):
+        load_memory(path, embedder="another-embedder")
+    _, payload = memory_paths(path)
+    data = bytearray(payload.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    payload.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        load_memory(path)
