@@ -22,6 +22,7 @@ __all__ = [
     "InputRefused",
     "ModelNotFound",
     "NoReplicaAvailable",
+    "NotFound",
     "PermissionDenied",
     "RateLimited",
     "TooManyRequests",
@@ -94,6 +95,14 @@ class ModelNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class NotFound(GatewayError):
+    """404 for a thing other than a model (an API key id at `/admin/keys/{id}`)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
 
 
 class NoReplicaAvailable(GatewayError):

@@ -58,11 +58,15 @@ class Settings:
     max_tokens_cap: int | None = None  # clamp on max_tokens / max_completion_tokens (None: pool context)
     deadline_s: float = 300.0  # until the whole answer (non-streaming) or the first chunk (streaming)
     admin_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_ADMIN_KEY"))
+    # who may read /metrics: unset or "" (anyone), "admin" (the admin key), any other value (that bearer key)
+    metrics_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_METRICS_KEY"))
     home: Path = field(default_factory=default_home)
     probe_interval_s: float = 1.0
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
     request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
     request_log_sample: float = 1.0  # the share of requests the replay log keeps, in (0, 1]
+    access_log: str | None = "-"  # one JSON line per request, no text (`gateway.serving.access_log`): "-" stdout
+    access_log_sample: float = 1.0  # share of requests that get an access line
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
     router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
     # freeze the long-lived heap out of the cyclic collector (gateway.control.gc_pauses): `cascade serve` turns it
@@ -100,6 +104,17 @@ def _fraction(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
         raise ValueError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _access_target(text: str) -> str | None:
+    return None if text.strip().lower() in ("", "off", "none") else text
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be in [0, 1], got {text}")
     return value
 
 
@@ -164,6 +179,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("request_log_sample", "CASCADE_REQUEST_LOG_SAMPLE", _fraction, "the share of requests the replay log "
            "keeps, each drawn at random (it holds prompts: keep no more than replay and calibration need)",
            metavar="SHARE"),
+    Option("access_log", "CASCADE_ACCESS_LOG", _access_target, "one JSON line per request (ids, tenant, key id, "
+           "pool, status, latency, TTFT, tokens, cost; never prompt text): - for stdout, a file, or off",
+           metavar="-|FILE|off"),
+    Option("access_log_sample", "CASCADE_ACCESS_LOG_SAMPLE", _share, "share of requests written to the access "
+           "log (0 to 1)", metavar="SHARE"),
 )
 # built-in defaults; the fields read from the environment when built directly default to these without it
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)} | {

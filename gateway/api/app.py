@@ -6,7 +6,6 @@ Handlers parse, call the service, render. Every error leaves as the OpenAI error
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import threading
 import time
@@ -24,6 +23,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from backends.background import stop
+from gateway.api.admin_keys import admin_key_routes
+from gateway.api.auth import bearer_matches
 from gateway.api.chat import endpoint_apps
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
@@ -71,6 +72,14 @@ async def list_models(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Open unless `Settings.metrics_key` (CASCADE_METRICS_KEY) asks for a bearer key: "admin" for the admin key,
+    any other value for itself."""
+    settings = _runtime(request).settings
+    if settings.metrics_key:
+        expected = settings.admin_key if settings.metrics_key == "admin" else settings.metrics_key
+        if not _bearer_is(request, expected):
+            what = "the admin key" if settings.metrics_key == "admin" else "the metrics key (CASCADE_METRICS_KEY)"
+            return _error(AuthenticationError(f"/metrics needs {what} as a bearer token"))
     return Response(_runtime(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
@@ -102,10 +111,12 @@ async def readyz(request: Request) -> Response:
     return _json(body, 200 if ready else 503)
 
 
+def _bearer_is(request: Request, expected: str | None) -> bool:
+    return bearer_matches(request.headers.get("authorization"), expected)
+
+
 def _require_admin(request: Request) -> None:
-    expected = _runtime(request).settings.admin_key
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+    if not _bearer_is(request, _runtime(request).settings.admin_key):
         raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
 
 
@@ -257,6 +268,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
         Route("/admin/policy/reload", reload_policy, methods=["POST"]),
         Route("/admin/router/reload", reload_router, methods=["POST"]),
         Route("/admin/costs", admin_costs, methods=["GET"]),
+        *admin_key_routes(),
         Route("/v1/feedback", post_feedback, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _unexpected}

@@ -1,30 +1,126 @@
-"""Who is calling: bearer API key → tenant name, by the key's SHA-256 (keys are never stored)."""
+"""Who is calling: bearer API key → tenant, by the key's SHA-256 (keys are never stored).
+
+Two sources: the policy's keys (`tenants.<name>.api_key_sha256`, no I/O) and the keys ops issue at run time
+(`gateway.tenancy.api_keys`, in Redis). `KeyAuth` asks the policy first, then Redis, each issued key at most once
+per `cache_s` (0.5 s), so a key created is served at once and a key revoked is refused within a second by every
+worker and gateway. Redis unreachable: policy keys still authenticate; an issued key seen before follows its
+tenant's `on_redis_outage` (fail_open: served as last seen; fail_closed: 503), one never seen is a 503.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import time
+from collections.abc import Callable
 
-from gateway.errors import AuthenticationError
+from gateway.errors import AdmissionUnavailable, AuthenticationError
+from gateway.tenancy.api_keys import ApiKey, KeyStore, id_of
+from gateway.tenancy.limits import FailOpen
 from policies.schema import Policy
 
-__all__ = ["OPEN_TENANT", "hash_key", "tenant_for"]
+__all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "tenant_for"]
 
 OPEN_TENANT = "default"
+_MAX_CACHED = 100_000
 
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def _bearer(authorization: str | None) -> str:
+    scheme, _, key = (authorization or "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
+
+
+def bearer_matches(authorization: str | None, expected: str | None) -> bool:
+    """Whether the bearer token is `expected` (compared in constant time); never when `expected` is unset."""
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    return bool(expected) and hmac.compare_digest(given.encode(), (expected or "").encode())
+
+
+def key_id(authorization: str | None) -> str:
+    """A name for the bearer key that logs and records may carry: the first 12 hex digits of its SHA-256 (48 bits
+    of a digest: names a key among a tenant's, says nothing about it); "" without a bearer key."""
+    key = _bearer(authorization)
+    return id_of(hash_key(key)) if key else ""
+
+
 def tenant_for(policy: Policy, authorization: str | None) -> str:
     """The tenant owning the bearer key. A policy without tenants is open: everyone is `default`."""
     if not policy.tenants:
         return OPEN_TENANT
-    scheme, _, key = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = _bearer(authorization)
+    if not key:
         raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
-    digest = hash_key(key.strip())
+    digest = hash_key(key)
     for name, tenant in policy.tenants.items():
         if digest in tenant.api_key_sha256:
             return name
     raise AuthenticationError("invalid API key")
+
+
+class KeyAuth:
+    """`identify` a caller from the policy's keys and the issued ones (`store`; None: the policy's only). See the
+    module docstring. `monotonic` and `clock` (UTC epoch s) are for tests. Used from one event loop."""
+
+    def __init__(self, store: KeyStore | None, cache_s: float = 0.5, *, op_timeout_s: float = 0.5,
+                 monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._cache_s = cache_s
+        self._monotonic = monotonic
+        self._clock = clock
+        self._cache: dict[str, tuple[float, ApiKey | None]] = {}  # digest -> (looked up at, key or unknown)
+        self._guard = FailOpen("API keys", op_timeout_s=op_timeout_s, monotonic=monotonic)
+
+    @property
+    def store(self) -> KeyStore | None:
+        """Where issued keys live (None: this gateway has no Redis, so only the policy's keys)."""
+        return self._store
+
+    async def identify(self, policy: Policy, authorization: str | None) -> ApiKey:
+        """The caller's key. Raises `AuthenticationError` (401: missing, unknown, revoked or expired key, or a
+        tenant the policy no longer names) or `AdmissionUnavailable` (503: see the module docstring)."""
+        key = _bearer(authorization)
+        if not policy.tenants:
+            return ApiKey(id=id_of(hash_key(key)) if key else "", tenant=OPEN_TENANT, source="policy")
+        if not key:
+            raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
+        digest = hash_key(key)
+        for name, tenant in policy.tenants.items():
+            if digest in tenant.api_key_sha256:
+                return ApiKey(id=id_of(digest), tenant=name, source="policy")
+        issued = await self._issued(digest, policy) if self._store is not None else None
+        if issued is None:
+            raise AuthenticationError("invalid API key")
+        if (why := issued.refusal(self._clock())) is not None:
+            raise AuthenticationError(f"API key {issued.id} is {why}")
+        if issued.tenant not in policy.tenants:
+            raise AuthenticationError(f"API key {issued.id} belongs to tenant {issued.tenant!r}, which the policy "
+                                      "does not name")
+        return issued
+
+    async def _issued(self, digest: str, policy: Policy) -> ApiKey | None:
+        assert self._store is not None
+        store, now = self._store, self._monotonic()
+        seen = self._cache.get(digest)
+        if seen is not None and now - seen[0] < self._cache_s:
+            return seen[1]
+        found = await self._guard.call(lambda: _found(store, digest))
+        if found is None:  # Redis unreachable
+            last = seen[1] if seen is not None else None
+            spec = policy.tenants.get(last.tenant) if last is not None else None
+            if last is None or spec is None or spec.on_redis_outage == "fail_closed":
+                raise AdmissionUnavailable("API keys cannot be checked right now (the gateway's store is "
+                                           "unreachable); retry shortly")
+            return last
+        if len(self._cache) >= _MAX_CACHED:
+            self._cache.clear()
+        self._cache[digest] = (now, found[0])
+        return found[0]
+
+
+async def _found(store: KeyStore, digest: str) -> tuple[ApiKey | None]:
+    """`store.get` in a tuple, so that "not found" (None inside) differs from "not asked" (`FailOpen`'s None)."""
+    return (await store.get(digest),)

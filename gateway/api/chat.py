@@ -12,12 +12,13 @@ import asyncio
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.auth import tenant_for
+from gateway.api.auth import key_id
 from gateway.api.runtime import Runtime
 from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, error_body
 from gateway.serving.completions_schema import parse_completions_request
@@ -26,6 +27,7 @@ from gateway.serving.forwarding import JSONReply, StreamReply
 from gateway.serving.responses_schema import parse_responses_request
 from gateway.serving.schema import ChatRequest, parse_chat_request
 from gateway.serving.streaming import SSEResponse
+from gateway.tenancy.api_keys import ApiKey
 from policies.decide import RouteDecision, route_text
 
 __all__ = ["ChatEndpoint", "endpoint_apps"]
@@ -109,16 +111,21 @@ class ChatEndpoint:
         # Always our own id: it is the ledger's idempotency key, so a client must not be able to choose it
         # (reusing one would make every later request free). The client's id is echoed for tracing.
         request_id = self._id_prefix + os.urandom(12).hex()
-        tenant = "unknown"
+        tenant, started, access = "unknown", time.monotonic(), runtime.access_log
+        access.begin(request_id, key_id(headers.get("authorization")), self._endpoint.name)
         try:
-            tenant = tenant_for(runtime.policies.current.policy, headers.get("authorization"))
-            reply = await self._handle(runtime, receive, headers, tenant, request_id)
+            key = await runtime.keys.identify(runtime.policies.current.policy, headers.get("authorization"))
+            tenant = key.tenant
+            reply = await self._handle(runtime, receive, headers, key, request_id)
         except GatewayError as exc:
             runtime.metrics.observe_rejected(exc.status, tenant)
+            access.refused(request_id, tenant, exc.status, exc.code or exc.type, started)
             return await _send_error(send, exc, request_id)
         except _Disconnected:
+            access.refused(request_id, tenant, 499, "client_disconnect", started)  # nginx's code: no response
             return None
         except Exception:
+            access.refused(request_id, tenant, 500, "internal_error", started)
             log.exception("unhandled error", extra={"request_id": request_id})
             body = error_body("internal gateway error; see the gateway log", "internal_error")
             return await _send(send, 500, body, {"x-request-id": request_id})
@@ -130,14 +137,14 @@ class ChatEndpoint:
             return await _send(send, 200, reply.body, out)
         await SSEResponse(reply.relay.body(), out)(scope, receive, send)
 
-    async def _handle(self, runtime: Runtime, receive: Receive, headers: dict[str, str], tenant: str,
+    async def _handle(self, runtime: Runtime, receive: Receive, headers: dict[str, str], key: ApiKey,
                       request_id: str) -> JSONReply | StreamReply:
         settings = runtime.settings
         body = await _read_body(receive, headers, settings.max_body_bytes)
         chat, raw, native = self._parse(body, settings.max_messages, settings.max_tokens_cap)
         try:
             async with asyncio.timeout(settings.deadline_s):
-                return await runtime.service.handle(chat, raw, tenant, request_id, headers, native)
+                return await runtime.service.handle(chat, raw, key.tenant, request_id, headers, native, key=key)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within the gateway's deadline of {settings.deadline_s:g} s; "
                                    "retry later or lower max_tokens") from exc

@@ -10,7 +10,6 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.auth import tenant_for
 from gateway.api.runtime import Runtime
 from gateway.errors import BadRequest, BodyTooLarge, GatewayError
 from gateway.learning.feedback import MAX_BODY_BYTES, parse_feedback
@@ -33,7 +32,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
 async def post_feedback(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     try:
-        tenant = tenant_for(runtime.policies.current.policy, request.headers.get("authorization"))
+        policy, authorization = runtime.policies.current.policy, request.headers.get("authorization")
+        tenant = (await runtime.keys.identify(policy, authorization)).tenant  # policy keys and issued ones
         try:
             feedback = parse_feedback(await _read_body(request, MAX_BODY_BYTES))
         except BadRequest:

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
+from gateway.api.auth import OPEN_TENANT, KeyAuth
 from gateway.caching.answer_cache import AnswerCache
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
@@ -33,6 +34,7 @@ from gateway.learning.store import LearningStore
 from gateway.learning.train_process import TrainerProcess, TrainResult
 from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
 from gateway.redis_client import redis_from_url
+from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
 from gateway.serving.label_memories import LabelMemories
@@ -43,6 +45,7 @@ from gateway.serving.service import ChatService
 from gateway.serving.versions import PoolVersions
 from gateway.settings import Settings
 from gateway.tenancy.admission import Admission
+from gateway.tenancy.api_keys import KeyStore
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
 from policies.loader import LoadedPolicy, load_policy
@@ -78,6 +81,8 @@ class Runtime:
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     memories: LabelMemories | None = None  # policy learning.label_memory (owned; started by build_runtime)
+    access_log: AccessLog = field(default_factory=lambda: AccessLog(None))  # owned
+    keys: KeyAuth = field(default_factory=lambda: KeyAuth(None))  # the policy's keys and, with Redis, issued ones
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -133,6 +138,7 @@ class Runtime:
         await self.accountant.drain()
         if self.request_log is not None:
             self.request_log.close()
+        self.access_log.close()
         await self.pool_set.aclose()
         await self.router_swap.aclose()
         if self.scorer is not None:
@@ -172,8 +178,8 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
     """Rate limits and budgets live in Redis; without it (memory ledger) they are in-process only."""
     if redis is None:
         return Admission(MemoryRateLimiter(), None, metrics)
-    keys = LedgerKeys(settings.redis_prefix)
-    return Admission(RateLimiter(redis, settings.redis_prefix), BudgetGuard(redis, keys), metrics)
+    guard = BudgetGuard(redis, LedgerKeys(settings.redis_prefix))
+    return Admission(RateLimiter(redis, settings.redis_prefix), guard, metrics, key_spend=guard)
 
 
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
@@ -182,6 +188,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     loaded = load_policy(settings.policy_path)
     PoolSet.check(loaded)
     check_retrain(loaded, settings)
+    if not loaded.policy.tenants:
+        log.warning("policy %s names no tenants: every caller is served as tenant %r, with or without a key",
+                    loaded.source, OPEN_TENANT)
     policies = PolicyHolder(loaded)
     engines = make_engine_client(settings.transport)
     try:
@@ -206,7 +215,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     metrics.start(settings.probe_interval_s)
     pool_set.on_engine_restart = metrics.engine_restarted
     _observe(scorer, metrics)
-    accountant = Accountant(ledger, metrics)
+    access_log = AccessLog(settings.access_log, settings.access_log_sample)
+    accountant = Accountant(ledger, metrics, access_log)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
                                      on_change=metrics.ladder_changed)
     degradation.use_policy(policies.current)
@@ -233,7 +243,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                           keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning,
                           cache=cache)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
-                      degradation, request_log, on_demand, router_swap, feedback, live_threshold=live)
+                      degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
+                      access_log=access_log, keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
     router_swap.on_swap = runtime.scorer_swapped
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()

@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     from backends.quantization.cli import register as register_quantize
     from gateway.cli.calibrate import register as register_calibrate
     from gateway.cli.demo import register as register_demo
+    from gateway.cli.keys import register as register_keys
     from gateway.cli.policy import register as register_policy
     from gateway.cli.pool import register as register_pool
     from gateway.cli.serve import register as register_serve
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_router(sub)
     register_calibrate(sub)  # `router calibrate`: needs policy prices, which router_models may not import
     register_costs(sub)
+    register_keys(sub)
     register_models(sub)
     register_quantize(sub)
     register_deploy(sub)

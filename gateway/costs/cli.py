@@ -57,7 +57,8 @@ def register(subparsers: Any) -> None:
     leaves = costs.add_subparsers(dest="costs_command", required=True)
     report = leaves.add_parser("report", help="tokens, cost and savings for a UTC date range")
     _common(report)
-    report.add_argument("--by", choices=GROUPINGS, default="tenant")
+    report.add_argument("--by", choices=(*GROUPINGS, "key"), default="tenant",
+                        help="key: spend per API key (table, csv or json)")
     report.add_argument("--format", choices=sorted(_RENDERERS), default="table")
     report.add_argument("--out", type=Path, help="write here instead of stdout")
     report.add_argument("--policy", type=Path, help="policy naming the micro and flagship pools, for the quality "
@@ -96,6 +97,8 @@ def _day(text: str) -> date:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    if args.by == "key":
+        return _write_key_report(args)
     return write_report(args.redis_url, args.prefix, args.start, args.end, by=args.by, fmt=args.format,
                         out=args.out, policy=args.policy, artifact=args.artifact)
 
@@ -114,6 +117,23 @@ def write_report(redis_url: str, prefix: str, start: date, end: date, *, by: str
         return 2
     text = render(_with_policy_figures(report, redis_url, prefix, policy, artifact), by, fmt)
     write_output(text, out)
+    return 0
+
+
+def _write_key_report(args: argparse.Namespace) -> int:
+    """`cascade costs report --by key` (`gateway.costs.by_key`)."""
+    from gateway.costs.by_key import load_key_rows, render_keys
+
+    if (code := _check_range(args.start, args.end)) is not None:
+        return code
+    if args.format == "html":
+        print("cascade costs: --by key comes as table, csv or json", file=sys.stderr)
+        return 2
+    keys = LedgerKeys(args.prefix)
+    rows = _with_redis(args.redis_url, lambda client: load_key_rows(client, keys, args.start, args.end))
+    if rows is None:
+        return 2
+    write_output(render_keys(rows, args.start, args.end, args.format), args.out)
     return 0
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 
+from gateway.ledger.holds import RELEASE_FN, release_lua
 from gateway.ledger.record import CostRecord
 
 __all__ = ["RECORD_LUA", "SPEND_MONTH_FIELD", "SPEND_TTL_EXTRA_S", "LedgerKeys", "rollup_slot", "utc_periods"]
@@ -82,6 +83,20 @@ class LedgerKeys:
         whole month) and one field per UTC day `YYYY-MM-DD`. Written only by the record script."""
         return f"{self._tenant(tenant)}spend:{month}"
 
+    def holds(self, tenant: str) -> str:
+        """Hash of one tenant's budget holds: request id → micro-USD (`gateway.ledger.holds`)."""
+        return f"{self._tenant(tenant)}holds"
+
+    def key_spend(self, tenant: str, day: str) -> str:
+        """Hash of one tenant's spend per API key on UTC day `day`: fields `<key id>:requests`,
+        `<key id>:prompt_tokens`, `<key id>:completion_tokens`, `<key id>:cost_micro_usd` (records with a key id
+        only). Written only by the record script; read by per-key budgets and `cascade costs report --by key`."""
+        return f"{self._tenant(tenant)}keys:{day}"
+
+    def hold_expiry(self, tenant: str) -> str:
+        """Sorted set of one tenant's budget holds by expiry (`gateway.ledger.holds`)."""
+        return f"{self._tenant(tenant)}holds:exp"
+
 
 def rollup_slot(rec: CostRecord) -> tuple[str, str, str]:
     """(day, day index member, hour index member) of a record, from `started_at` in UTC."""
@@ -104,18 +119,21 @@ def utc_periods(epoch_s: float) -> tuple[str, str]:
     return when.strftime("%Y-%m"), when.strftime("%Y-%m-%d")
 
 
-# KEYS (one tenant's slot): idempotency key, stream, day rollup, hour rollup, day index, hour index, spend
+# KEYS (one tenant's slot): idempotency key, stream, day rollup, hour rollup, day index, hour index, spend,
+#       budget holds, their expiry (`gateway.ledger.holds`), spend per API key of the day
 # ARGV: ttl_s, retention_ms, prompt, completion, cost, flagship, day member, hour member, spend ttl_s,
-#       day (spend field), n, n pairs (extra counter name, value), stream fields...
+#       day (spend field), n, n pairs (extra counter name, value), hold id (the request id), key id ('' = none),
+#       stream fields...
+# The request's budget hold is released first, even for a duplicate: its cost is in the spend either way.
 # Everything below the EXISTS check happens only for a request id not seen before: a retry or an outbox
 # replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings. The
 # stream expires a retention after its last record: a tenant that stopped leaves no stream behind.
-RECORD_LUA = """#!lua
+RECORD_LUA = "#!lua" + RELEASE_FN + "local extra = tonumber(ARGV[11])\n" + release_lua(
+    "KEYS[8]", "KEYS[9]", "ARGV[12 + 2 * extra]") + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local now = redis.call('TIME')
 local minid = string.format('%.0f', tonumber(now[1]) * 1000 - tonumber(ARGV[2]))
-local extra = tonumber(ARGV[11])
-local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 12 + 2 * extra))
+local id = redis.call('XADD', KEYS[2], 'MINID', '~', minid, '*', unpack(ARGV, 14 + 2 * extra))
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[1], id, 'EX', ARGV[1])
 local fields = {'prompt_tokens', 'completion_tokens', 'cost_micro_usd', 'flagship_cost_micro_usd'}
@@ -132,5 +150,13 @@ redis.call('SADD', KEYS[6], ARGV[8])
 redis.call('HINCRBY', KEYS[7], 'month', ARGV[5])
 redis.call('HINCRBY', KEYS[7], ARGV[10], ARGV[5])
 redis.call('EXPIRE', KEYS[7], ARGV[9])
+local key = ARGV[13 + 2 * extra]
+if key ~= '' then
+  redis.call('HINCRBY', KEYS[10], key .. ':requests', 1)
+  for i, field in ipairs({'prompt_tokens', 'completion_tokens', 'cost_micro_usd'}) do
+    redis.call('HINCRBY', KEYS[10], key .. ':' .. field, ARGV[2 + i])
+  end
+  redis.call('EXPIRE', KEYS[10], ARGV[9])
+end
 return 1
 """

@@ -60,7 +60,9 @@ EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "c
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
-_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "route")
+_LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "route",
+                     "key_id")
+_KEY_ID = re.compile(r"[0-9a-f]{1,64}")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
 _ANSWERS = frozenset({"ok", "client_disconnect", "upstream_error"})  # the statuses of a request's final record
@@ -106,6 +108,7 @@ class CostRecord:
     # before the field existed reads as "chat", the only endpoint then)
     route: str = ""  # the steps that chose its pool, as `x-cascade-route` shows them (`policies.decide.route_text`):
     # "score:micro, context-fit:flagship"; "" in a record written before the field existed
+    key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`: 12 hex digits); "" when none
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -153,6 +156,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     if rec.pool_version:
         _check("pool_version", rec.pool_version, _NAME)
     _check("output_check", rec.output_check, _OUTPUT_CHECK)
+    if rec.key_id:
+        _check("key_id", rec.key_id, _KEY_ID)
     if rec.endpoint not in _ENDPOINTS:
         raise InvalidCostRecord(f"endpoint: must be one of {sorted(_ENDPOINTS)}, got {rec.endpoint!r}")
     if rec.cache not in _CACHE_RESULTS:

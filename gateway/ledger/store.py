@@ -5,10 +5,11 @@ hash tag `{<tenant>}`, so it also runs on Redis Cluster): skips a request id it 
 `{prefix}ledger:{<tenant>}:req:{id}`, TTL = retention), XADDs the record to the tenant's stream (trimmed by
 MINID to the retention), HINCRBYs the rollups per tenant x pool x model x UTC day and x UTC hour, adds
 the rollup to a per-day index so readers never SCAN, and HINCRBYs the tenant's spend for the UTC day and
-month (read by `gateway.tenancy.budgets`). The record type and codec live in `gateway.ledger.record`, the key
-schema and the script in `gateway.ledger.keys`, reading the layout before it in `gateway.ledger.layouts`;
-this module re-exports the first two. Money is integer micro-USD end to end: counters go to HINCRBY as
-decimal strings and never pass through a float. The URL may name a cluster (`gateway.redis_client`).
+month (read by `gateway.tenancy.budgets`), releasing the request's budget hold (`gateway.ledger.holds`). The
+record type and codec live in `gateway.ledger.record`, the key schema and the script in `gateway.ledger.keys`,
+reading the layout before it in `gateway.ledger.layouts`; this module re-exports the first two. Money is integer
+micro-USD end to end: counters go to HINCRBY as decimal strings and never pass through a float. The URL may
+name a cluster (`gateway.redis_client`).
 
 Loss window (details in docs/ledger.md): `record` returns only once Redis applied the record or the
 outbox fsynced it. A record is lost only if (a) the process dies before `record` returns (the records in
@@ -303,10 +304,12 @@ class RedisLedger:
         keys += [k.hour(day, hour_member), k.day_index(rec.tenant, day), k.hour_index(rec.tenant, day)]
         counters = [rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd]
         flat = [item for pair in record_to_fields(rec).items() for item in pair]
-        keys.append(k.spend(rec.tenant, day[:7]))
+        keys += [k.spend(rec.tenant, day[:7]), k.holds(rec.tenant), k.hold_expiry(rec.tenant),
+                 k.key_spend(rec.tenant, day)]
         args: list[str | int] = [self._ttl_s, self._ttl_s * 1000, *counters, member, hour_member]
         extra = [item for pair in zip(EXTRA_COUNTERS, extra_counters(rec), strict=True) for item in pair]
-        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, len(EXTRA_COUNTERS), *extra, *flat]
+        args += [self._ttl_s + SPEND_TTL_EXTRA_S, day, len(EXTRA_COUNTERS), *extra, rec.request_id, rec.key_id,
+                 *flat]
         return keys, args
 
     async def _spill(self, rec: CostRecord) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.store import MAX_ROUTE, CostRecord, Ledger
+from gateway.serving.access_log import AccessLog
 from gateway.serving.usage import Usage
 from policies.decide import RouteDecision, route_text
 from policies.schema import Policy
@@ -40,14 +41,18 @@ class RequestFacts:
     cache: str = ""  # the response cache's answer for the ledger: "", "miss" or "bypass" (`gateway.caching`)
     output_check: str = ""  # the output checks' verdict for the ledger (`gateway.checking.judge.Verdict.summary`)
     redo: tuple[str, ...] = ()  # what a failed output check may still do with this answer: "retry", "escalate"
+    key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`)
 
 
 class Accountant:
-    """Builds cost records and records them. Owns its background tasks, not the ledger."""
+    """Builds cost records and records them. Owns its background tasks, not the ledger nor the access log (told
+    each recorded record: it writes the line of a request's final one)."""
 
-    def __init__(self, ledger: Ledger, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(self, ledger: Ledger, metrics: GatewayMetrics | None = None,
+                 access_log: AccessLog | None = None) -> None:
         self._ledger = ledger
         self._metrics = metrics
+        self._access = access_log
         self._tasks: set[asyncio.Task[None]] = set()
 
     def cost_record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
@@ -84,13 +89,12 @@ class Accountant:
             route=route_text(decision.route)[:MAX_ROUTE],  # a record is never refused for its route's length
             cache=facts.cache,
             output_check=facts.output_check,
+            key_id=facts.key_id,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
         rec = self.cost_record(policy, facts, usage)
-        await self._ledger.record(rec)
-        if self._metrics is not None:
-            self._metrics.observe_record(rec)
+        await self.record_priced(rec)
         return rec
 
     async def record_priced(self, rec: CostRecord) -> None:
@@ -98,6 +102,8 @@ class Accountant:
         await self._ledger.record(rec)
         if self._metrics is not None:
             self._metrics.observe_record(rec)
+        if self._access is not None:
+            self._access.answered(rec)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run accounting work in the background, tracked until done."""

@@ -33,6 +33,7 @@ from gateway.serving.schema import ChatRequest
 from gateway.serving.upstream import prepare_upstream
 from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
+from gateway.tenancy.api_keys import ApiKey
 from policies.decide import RouteDecision, moved, route_text
 from policies.escalation import escalation
 from policies.ladder import LadderState
@@ -75,28 +76,31 @@ class ChatService:
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
-                     ) -> JSONReply | StreamReply:
+                     key: ApiKey | None = None) -> JSONReply | StreamReply:
         """`native`: the body of a Responses or completions request, whose routing view `request` and `raw` are
-        (`gateway.serving.endpoints`); None for a chat request."""
+        (`gateway.serving.endpoints`); None for a chat request. `key`: the caller's API key (its limits apply
+        inside the tenant's; its id goes on the cost records)."""
         # the tenant's input guards, before admission and routing: all that follows sees the redacted body
         screened = self._guard.screen(self._policies.current.policy, tenant, request, raw)
         if native is not None and screened.raw is not raw:
             raise BadRequest(f"the tenant's input guards rewrite prompts (redaction), which {native.endpoint.path} "
                              "does not support here; use /v1/chat/completions", code="guard_unsupported_endpoint")
         request, raw = screened.request, screened.raw
-        reply = await self._handle(request, raw, tenant, request_id, headers, native)
+        async with self._admission.refunds(request_id):  # refused after admission: its limits and hold go back
+            reply = await self._handle(request, raw, tenant, request_id, headers, native, key)
         self._metrics.route_taken(reply.decision.route)
         if self._learning is not None and native is None:
             self._learning.observe(reply, raw, tenant, request_id, self._policies.current)
         return replace(reply, headers={**reply.headers, **screened.headers}) if screened.decisions else reply
 
     async def _handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
-                      headers: Mapping[str, str] | None, native: NativeBody | None) -> JSONReply | StreamReply:
+                      headers: Mapping[str, str] | None, native: NativeBody | None,
+                      key: ApiKey | None = None) -> JSONReply | StreamReply:
         started, started_wall = time.monotonic(), time.time()
         loaded = self._policies.current
         self._degradation.use_policy(loaded)
         ladder = self._degradation.state
-        verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"])
+        verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"], request_id, key)
         downgrade = verdict is not None and verdict.downgrade
         # the route, step by step (each appends to `decision.route`; `policies.decide` for the first ones)
         decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
@@ -112,7 +116,8 @@ class ChatService:
         kept = raw if self._keep_requests else None  # the routing view: what a replay routes again
         redo = self._redo(loaded, tenant, decision, request, ladder, downgrade) if native is None else ()
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept,
-                             redo=redo, endpoint=CHAT.name if native is None else native.endpoint.name)
+                             redo=redo, endpoint=CHAT.name if native is None else native.endpoint.name,
+                             key_id=key.id if key is not None else "")
         # the response cache keeps chat answers only (its key is the chat body)
         cached = await lookup_answer(self._cache if native is None else None, loaded.policy, facts, request, raw)
         if cached.reply is not None:

@@ -7,25 +7,38 @@ decides: `fail_open` (the default) admits the request, `fail_closed` refuses it 
 such request, `cascade_admission_store_unreachable{check}` is 1, and one warning per check and policy is logged
 at most every `warn_interval_s` (with the number of requests since the last one), one info line when checks
 work again. Tenants without limits or budget cost no Redis round trip and are never refused for an outage.
+
+What admission takes it gives back when the request is refused later (`Admission.refunds`): the rate limiter's
+entry (`Limiter.give_back`) and the budget hold (`BudgetChecker.release`). A request refused by its budget gives
+back its rate-limit entry at once. The budget hold is the request's worst case (`worst_case_micro_usd`).
+
+An issued API key's own limits (`gateway.tenancy.api_keys`) apply inside the tenant's: its requests and tokens
+per minute on the same limiter (subject `<tenant>:key:<id>`, its 429 naming the key), checked before the
+tenant's; its daily budget is checked against the key's spend of the UTC day (`KeySpend`), not held: concurrent
+requests of one key can pass it by their cost in flight, while the tenant's budget, held, still bounds the spend.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Literal
 
 from gateway.control.metrics import GatewayMetrics
-from gateway.errors import AdmissionUnavailable, TooManyRequests
+from gateway.errors import AdmissionUnavailable, GatewayError, RateLimited, TooManyRequests
 from gateway.logs import LogThrottle
 from gateway.serving.schema import ChatRequest
-from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict
-from gateway.tenancy.limits import Limiter
+from gateway.tenancy.api_keys import ApiKey
+from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeySpend, key_budget_error
+from gateway.tenancy.limits import Grant, Limiter
 from policies.context import estimate_tokens, prompt_text_of
 from policies.schema import Policy, Tenant
 
-__all__ = ["DEFAULT_COMPLETION_ESTIMATE", "Admission", "OutageSignal"]
+__all__ = ["DEFAULT_COMPLETION_ESTIMATE", "Admission", "OutageSignal", "worst_case_micro_usd"]
 
 log = logging.getLogger("cascade.admission")
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens reserved against TPM when the request sets no max_tokens
@@ -61,41 +74,128 @@ class OutageSignal:
             log.info("%s checked again: Redis reachable", check.replace("_", " "))
 
 
+def worst_case_micro_usd(policy: Policy, spec: Tenant, prompt_tokens: int, completion_tokens: int) -> int:
+    """What a request can cost at most, in micro-USD: its tokens at the prices of the dearest pool the tenant may
+    be served by (its allowed pools, else all: routing, failover and the cascade may each move it up)."""
+    pools = [policy.pools[name] for name in spec.allowed_pools or policy.pools if name in policy.pools]
+    return max((pool.price.cost_micro_usd(prompt_tokens, completion_tokens) for pool in pools), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """What admission took for one request: given back if it is refused later."""
+
+    tenant: str
+    grants: tuple[tuple[str, Grant], ...]  # (limiter subject, grant): the key's, the tenant's
+    held: bool
+
+
 class Admission:
     """Checks limits, then budget. Shares, does not own, the limiter and the budget checker."""
 
     def __init__(self, limiter: Limiter | None, budgets: BudgetChecker | None, metrics: GatewayMetrics,
-                 outage: OutageSignal | None = None) -> None:
+                 outage: OutageSignal | None = None, key_spend: KeySpend | None = None) -> None:
         self._limiter = limiter
         self._budgets = budgets
+        self._key_spend = key_spend
         self._metrics = metrics
         self._outage = outage or OutageSignal(metrics)
+        self._taken: dict[str, _Taken] = {}  # by request id, while inside `refunds`
 
     async def admit(
-        self, policy: Policy, tenant: str, request: ChatRequest, raw_messages: object
+        self, policy: Policy, tenant: str, request: ChatRequest, raw_messages: object, request_id: str = "",
+        key: ApiKey | None = None,
     ) -> BudgetVerdict | None:
         """Raises `RateLimited` / `BudgetExceeded` (429 with Retry-After), or `AdmissionUnavailable` (503) when
         a check could not reach Redis and the tenant fails closed. Returns the budget verdict (None when the
-        tenant has no budget): the caller downgrades to the micro pool when it says so."""
+        tenant has no budget): the caller downgrades to the micro pool when it says so. The budget hold is kept
+        under `request_id` (the id the ledger records); call it inside `refunds(request_id)`. `key`: the caller's
+        API key, whose own limits apply first."""
         spec = policy.tenants.get(tenant)
         if spec is None:
             return None
-        limits = spec.rate_limits
+        prompt = estimate_tokens(prompt_text_of(raw_messages))
+        completion = (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
+        grants: list[tuple[str, Grant]] = []
+        try:
+            if key is not None and key.source == "issued":
+                await self._key_limits(tenant, spec, key, prompt + completion, grants)
+            grant = await self._rate_limit(tenant, spec, prompt + completion)
+            grants += [(tenant, grant)] if grant is not None and grant.member is not None else []
+            verdict = await self._budget(policy, tenant, spec, request_id, prompt, completion)
+        except (GatewayError, asyncio.CancelledError) as exc:  # refused, or cancelled with a hold maybe placed
+            held = isinstance(exc, asyncio.CancelledError) and bool(request_id)
+            await asyncio.shield(self._give_back(request_id, _Taken(tenant, tuple(grants), held)))
+            raise
+        if request_id and (grants or (verdict and verdict.held)):
+            self._taken[request_id] = _Taken(tenant, tuple(grants), verdict is not None and verdict.held)
+        return verdict
+
+    @asynccontextmanager
+    async def refunds(self, request_id: str) -> AsyncIterator[None]:
+        """Around a request's handling: a `GatewayError` (the request refused after admission) or a cancellation
+        (the gateway's deadline, a client gone before its answer) gives back what `admit` took for `request_id`,
+        its rate-limit entry and its budget hold; on success the ledger's record releases the hold (a record that
+        still comes after a give-back adds its cost all the same). Forgets the request on the way out."""
+        try:
+            yield
+        except (GatewayError, asyncio.CancelledError):
+            taken = self._taken.pop(request_id, None)
+            if taken is not None:
+                await asyncio.shield(self._give_back(request_id, taken))
+            raise
+        finally:
+            self._taken.pop(request_id, None)
+
+    async def _give_back(self, request_id: str, taken: _Taken) -> None:
+        for subject, grant in taken.grants if self._limiter is not None else ():
+            await self._limiter.give_back(subject, grant)  # type: ignore[union-attr]
+        if taken.held and self._budgets is not None:
+            await self._budgets.release(taken.tenant, request_id)
+
+    async def _key_limits(self, tenant: str, spec: Tenant, key: ApiKey, tokens: int,
+                          grants: list[tuple[str, Grant]]) -> None:
+        """The key's own rate limits and daily budget (see the module docstring); what it took goes in `grants`."""
+        limits = key.limits
         if self._limiter is not None and (limits.requests_per_minute or limits.tokens_per_minute):
-            tokens = estimate_tokens(prompt_text_of(raw_messages))
-            tokens += (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
+            subject = f"{tenant}:key:{key.id}"
             try:
-                checked = await self._limiter.admit(tenant, limits, tokens)
-            except TooManyRequests:
+                grant = await self._limiter.grant(subject, limits, tokens)
+            except RateLimited as exc:
                 self._metrics.limiter_decisions.labels(tenant, "limited").inc()
-                raise
-            self._metrics.limiter_decisions.labels(tenant, "admitted" if checked else "unchecked").inc()
-            self._outcome("rate_limit", tenant, spec, checked)
+                message = exc.message.replace(f"tenant {subject!r}", f"API key {key.id!r} of tenant {tenant!r}")
+                raise RateLimited(message, exc.retry_after_s, type_=exc.type) from exc
+            self._outcome("rate_limit", tenant, spec, grant.checked)
+            if grant.member is not None:
+                grants.append((subject, grant))
+        if key.daily_usd is not None and self._key_spend is not None:
+            spent = await self._key_spend.spent_today(tenant, key.id)
+            self._outcome("budget", tenant, spec, spent is not None)
+            if spent is not None and spent >= key.daily_usd:
+                self._metrics.budget.labels(tenant, "key_exceeded").inc()
+                raise key_budget_error(tenant, key.id, spent, key.daily_usd)
+
+    async def _rate_limit(self, tenant: str, spec: Tenant, tokens: int) -> Grant | None:
+        limits = spec.rate_limits
+        if self._limiter is None or not (limits.requests_per_minute or limits.tokens_per_minute):
+            return None
+        try:
+            grant = await self._limiter.grant(tenant, limits, tokens)
+        except TooManyRequests:
+            self._metrics.limiter_decisions.labels(tenant, "limited").inc()
+            raise
+        self._metrics.limiter_decisions.labels(tenant, "admitted" if grant.checked else "unchecked").inc()
+        self._outcome("rate_limit", tenant, spec, grant.checked)  # may refuse (503): nothing was taken
+        return grant
+
+    async def _budget(self, policy: Policy, tenant: str, spec: Tenant, request_id: str, prompt: int,
+                      completion: int) -> BudgetVerdict | None:
         budget = spec.budget
         if self._budgets is None or (budget.daily_usd is None and budget.monthly_usd is None):
             return None
-        verdict = await self._budgets.check(tenant, budget)
-        self._outcome("budget", tenant, spec, not verdict.fail_open)
+        worst = worst_case_micro_usd(policy, spec, prompt, completion) if request_id else 0
+        verdict = await self._budgets.reserve(tenant, budget, request_id, worst)
+        self._outcome("budget", tenant, spec, not verdict.fail_open)  # may refuse (503): nothing was held
         if verdict.state != "ok":
             self._metrics.budget.labels(tenant, verdict.state).inc()
         if verdict.reject:

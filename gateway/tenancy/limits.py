@@ -11,7 +11,11 @@ total minus the oldest member's total before it, and Retry-After (when the oldes
 leave the window have left) is a binary search over ranks, O(log n). Rejected requests leave no trace.
 
 Tokens are the caller's reservation (prompt estimate + max completion tokens), as OpenAI counts them;
-there is no refund once real usage is known (a refund would have to rewrite every later member).
+there is no refund once real usage is known (a refund would have to rewrite every later member). A request
+refused after admission is given back whole (`give_back`): its member is copied, with its score, to a third key
+of given-back members, which the admit script subtracts (count and tokens; they leave the window together).
+Given-back members are few (refusals), so summing them is cheap. Retry-After still counts them as leaving the
+window: it can be early by their share, and a retry then gets a fresh 429 with a fresh wait.
 
 Redis unreachable (error or `op_timeout_s`): `admit` returns False (not checked) instead of raising,
 `counts.fail_open` grows, a warning is logged at most once per `warn_interval_s`, and Redis is not asked
@@ -37,7 +41,8 @@ from gateway.logs import LogThrottle
 from gateway.redis_client import REDIS_FAILURES
 from policies.schema import RateLimits
 
-__all__ = ["FailOpen", "Limiter", "MemoryRateLimiter", "RateLimiter", "RateLimiterCounts", "retry_stale_connections"]
+__all__ = ["FailOpen", "Grant", "Limiter", "MemoryRateLimiter", "RateLimiter", "RateLimiterCounts",
+           "retry_stale_connections"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,9 +51,10 @@ WINDOW_S = 60
 _ATTEMPTS = 4  # per `FailOpen.call`, on connection errors only, all within its `op_timeout_s`
 
 # KEYS[1] log (zset: member `seq:cumulative_tokens:tokens`, score admission time in us), KEYS[2] meta hash
-# (last: newest admission us, seq, cum: tokens admitted ever). ARGV: window_us, rpm, tpm (0 = no limit),
-# tokens, now_us ('' = Redis TIME). Returns {1, 0, 0} admitted or {0, wait_us, binding} with binding
-# 1 = requests, 2 = tokens. Numbers go back to Redis through %d: tostring() would print 1.7e+15.
+# (last: newest admission us, seq, cum: tokens admitted ever), KEYS[3] given-back members (zset, as the log).
+# ARGV: window_us, rpm, tpm (0 = no limit), tokens, now_us ('' = Redis TIME). Returns {1, 0, 0, member}
+# admitted or {0, wait_us, binding} with binding 1 = requests, 2 = tokens. Numbers go back to Redis through
+# %d: tostring() would print 1.7e+15.
 _ADMIT_LUA = """#!lua
 local window, rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now
@@ -62,6 +68,10 @@ local meta = redis.call('HMGET', KEYS[2], 'last', 'seq', 'cum')
 local last, seq, cum = tonumber(meta[1]) or 0, tonumber(meta[2]) or 0, tonumber(meta[3]) or 0
 if now < last then now = last end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now - window))
+local back = redis.call('ZRANGE', KEYS[3], 0, -1)
+local back_tokens = 0
+for _, m in ipairs(back) do back_tokens = back_tokens + tonumber(string.match(m, ':(%d+)$')) end
 local function entry(rank)
   local got = redis.call('ZRANGE', KEYS[1], rank, rank, 'WITHSCORES')
   local c, n = string.match(got[1], '^%d+:(%d+):(%d+)$')
@@ -73,16 +83,17 @@ if count > 0 then
   base = c - n
 end
 local need_r, need_t = 0, 0
-if rpm > 0 then need_r = count + 1 - rpm end
-if tpm > 0 then need_t = cum - base + tokens - tpm end
+if rpm > 0 then need_r = count - #back + 1 - rpm end
+if tpm > 0 then need_t = cum - base - back_tokens + tokens - tpm end
 if need_r <= 0 and need_t <= 0 then
   seq, cum = seq + 1, cum + tokens
-  redis.call('ZADD', KEYS[1], string.format('%d', now), string.format('%016d:%d:%d', seq, cum, tokens))
+  local member = string.format('%016d:%d:%d', seq, cum, tokens)
+  redis.call('ZADD', KEYS[1], string.format('%d', now), member)
   redis.call('HSET', KEYS[2], 'last', string.format('%d', now), 'seq', seq, 'cum', string.format('%d', cum))
   local ttl = string.format('%d', math.floor(window / 1000) + 1000)
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
-  return {1, 0, 0}
+  return {1, 0, 0, member}
 end
 local rank, binding = need_r - 1, 1
 if need_t > 0 then
@@ -95,6 +106,17 @@ if need_t > 0 then
 end
 local _, _, score = entry(rank)
 return {0, score + window - now, binding}
+"""
+
+# KEYS: log, given-back members. ARGV: the member to give back. Copies it with its score (once; nothing when it
+# has left the window) and lets the copy expire with the log.
+_GIVE_BACK_LUA = """#!lua
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then return 0 end
+redis.call('ZADD', KEYS[2], 'NX', score, ARGV[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+return 1
 """
 
 
@@ -179,21 +201,36 @@ class FailOpen:
                          "decides)", self._what, exc)
 
 
-class Limiter(Protocol):
-    """Admits a request of `tokens` (prompt estimate + max completion tokens) for `tenant` under
-    `limits`, or raises `RateLimited`. Returns True when the limits were checked, False when its store was
-    unreachable (never raises for a storage outage)."""
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One request's admission: `checked` False when the store was unreachable; `member` what it took (None:
+    nothing, so nothing to give back)."""
 
-    async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> bool: ...
+    checked: bool
+    member: str | None = None
+
+
+class Limiter(Protocol):
+    """Admits requests under a tenant's limits; gives back a request refused after admission."""
+
+    async def grant(self, tenant: str, limits: RateLimits, tokens: int) -> Grant:
+        """Admit a request of `tokens` (prompt estimate + max completion tokens) for `tenant` under `limits`, or
+        raise `RateLimited`. Never raises for a storage outage (`Grant.checked` False)."""
+        ...
+
+    async def give_back(self, tenant: str, grant: Grant) -> None:
+        """Undo `grant` (the request was refused after admission): it no longer counts in the window. Once only;
+        never raises for a storage outage."""
+        ...
 
 
 class RateLimiter:
     """`Limiter` on Redis (see the module docstring for the algorithm and the fail-open rule).
 
     `redis_client` is borrowed: the caller owns and closes it; it may share it with other users. Keys:
-    `{key_prefix}rl:{<tenant>}:log` (zset) and `{key_prefix}rl:{<tenant>}:meta` (hash), the tenant
-    between literal braces (a Redis Cluster hash tag: one slot), both with a TTL of 61 s after the
-    tenant's last admission.
+    `{key_prefix}rl:{<tenant>}:log` (zset), `{key_prefix}rl:{<tenant>}:meta` (hash) and
+    `{key_prefix}rl:{<tenant>}:back` (zset, given back), the tenant between literal braces (a Redis Cluster hash
+    tag: one slot), all with a TTL of 61 s after the tenant's last admission.
     `clock` (UTC epoch seconds) replaces Redis server time: for tests; every process sharing a tenant
     must then use the same clock. `op_timeout_s`, `max_in_flight`, `retry_interval_s` and
     `warn_interval_s` configure the `FailOpen` around every script call.
@@ -215,6 +252,7 @@ class RateLimiter:
         self._prefix = key_prefix
         self._clock = clock
         self._script = redis_client.register_script(_ADMIT_LUA)
+        self._give_back = redis_client.register_script(_GIVE_BACK_LUA)
         self._guard = FailOpen(
             "rate limiter",
             op_timeout_s=op_timeout_s,
@@ -223,32 +261,47 @@ class RateLimiter:
             warn_interval_s=warn_interval_s,
         )
 
-    def keys(self, tenant: str) -> tuple[str, str]:
-        """(log, meta) keys of a tenant."""
-        return f"{self._prefix}rl:{{{tenant}}}:log", f"{self._prefix}rl:{{{tenant}}}:meta"
+    def keys(self, tenant: str) -> tuple[str, str, str]:
+        """(log, meta, given back) keys of a tenant."""
+        tag = f"{self._prefix}rl:{{{tenant}}}:"
+        return f"{tag}log", f"{tag}meta", f"{tag}back"
 
     async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> bool:
+        """`grant`, telling only whether the limits were checked (True) or Redis was unreachable (False)."""
+        return (await self.grant(tenant, limits, tokens)).checked
+
+    async def grant(self, tenant: str, limits: RateLimits, tokens: int) -> Grant:
         """Admit one request of `tokens` >= 0 or raise `RateLimited` (its `retry_after_s`: whole seconds
         until it would fit, if nothing else is admitted meanwhile). No Redis call when `limits` sets
-        nothing; one round trip (EVALSHA) otherwise. On a Redis outage returns False (not checked)."""
+        nothing; one round trip (EVALSHA) otherwise. On a Redis outage `checked` is False (not checked)."""
         rpm, tpm = limits.requests_per_minute or 0, limits.tokens_per_minute or 0
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         if not rpm and not tpm:
-            return True
+            return Grant(True)
         if tpm and tokens > tpm:
             self.counts.limited += 1
             raise _too_large(tenant, tpm, tokens)
         reply = await self._guard.call(lambda: self._run(tenant, rpm, tpm, tokens))
         if reply is None:
             self.counts.fail_open += 1
-            return False
-        admitted, wait_us, binding = (int(x) for x in reply)
+            return Grant(False)
+        admitted, wait_us, binding = (int(x) for x in reply[:3])
         if admitted:
             self.counts.admitted += 1
-            return True
+            member = reply[3]
+            return Grant(True, member.decode() if isinstance(member, bytes) else str(member))
         self.counts.limited += 1
         raise _limited(tenant, rpm if binding == 1 else tpm, tokens, binding == 1, wait_us)
+
+    async def give_back(self, tenant: str, grant: Grant) -> None:
+        """`Limiter.give_back`: one round trip when `grant` took something; on an outage the request keeps
+        counting until it leaves the window."""
+        if grant.member is None:
+            return
+        log, _, back = self.keys(tenant)
+        member = grant.member
+        await self._guard.call(lambda: self._give_back(keys=[log, back], args=[member], client=self._client))
 
     async def _run(self, tenant: str, rpm: int, tpm: int, tokens: int) -> Any:
         now = "" if self._clock is None else str(round(self._clock() * 1_000_000))
@@ -262,9 +315,21 @@ class MemoryRateLimiter:
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._logs: dict[str, deque[tuple[float, int]]] = {}
+        self._logs: dict[str, deque[tuple[float, int, int]]] = {}  # (admitted at, tokens, sequence number)
+        self._seq = 0
 
     async def admit(self, tenant: str, limits: RateLimits, tokens: int) -> bool:
+        return (await self.grant(tenant, limits, tokens)).checked
+
+    async def give_back(self, tenant: str, grant: Grant) -> None:
+        log = self._logs.get(tenant)
+        if log is not None and grant.member is not None:
+            for entry in log:
+                if str(entry[2]) == grant.member:
+                    log.remove(entry)
+                    return
+
+    async def grant(self, tenant: str, limits: RateLimits, tokens: int) -> Grant:
         rpm, tpm = limits.requests_per_minute or 0, limits.tokens_per_minute or 0
         if tpm and tokens > tpm:
             raise _too_large(tenant, tpm, tokens)
@@ -275,8 +340,8 @@ class MemoryRateLimiter:
         waits: list[tuple[float, bool, int]] = []
         if rpm and len(log) + 1 > rpm:
             waits.append((log[len(log) - rpm][0] + WINDOW_S - now, True, rpm))
-        need, freed = sum(n for _, n in log) + tokens - tpm, 0
-        for when, n in log if tpm and need > 0 else ():
+        need, freed = sum(n for _, n, _ in log) + tokens - tpm, 0
+        for when, n, _ in log if tpm and need > 0 else ():
             freed += n
             if freed >= need:
                 waits.append((when + WINDOW_S - now, False, tpm))
@@ -284,8 +349,11 @@ class MemoryRateLimiter:
         if waits:
             wait_s, requests, limit = max(waits)
             raise _limited(tenant, limit, tokens, requests, round(wait_s * 1e6))
-        log.append((now, tokens))
-        return True
+        if not rpm and not tpm:
+            return Grant(True)
+        self._seq += 1
+        log.append((now, tokens, self._seq))
+        return Grant(True, str(self._seq))
 
 
 def _limited(tenant: str, limit: int, tokens: int, requests: bool, wait_us: int) -> RateLimited:

@@ -36,6 +36,8 @@ async def write_legacy(client: aioredis.Redis, prefix: str, recs: list[CostRecor
         day, member, hour_member = rollup_slot(rec)
         keys = [old.request(rec.request_id), old.stream, old.day(day, member), old.hour(day, hour_member),
                 old.day_index(day), old.hour_index(day), old.spend(rec.tenant, day[:7])]
+        # budget holds (none held there) and spend per API key (the records carry no key id)
+        keys += [f"{prefix}unused:holds", f"{prefix}unused:holds:exp", f"{prefix}unused:keys"]
         assert await client.eval(LEGACY_RECORD_LUA, len(keys), *keys, *args_of(rec)[1]) == 1
 
 

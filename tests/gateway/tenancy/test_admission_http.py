@@ -5,17 +5,21 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from gateway.api.app import create_app
 from gateway.api.auth import hash_key
+from gateway.ledger.keys import LedgerKeys
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import delete_prefix, policy_yaml
+from loadtest.scenarios.chaos_figures import ledger_records
+from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
 from tests.servers import serve
 
 pytestmark = pytest.mark.redis
@@ -24,11 +28,13 @@ TENANTS = f"""tenants:
   capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 3}}}}
   broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0001"}}}}
   thrifty: {{api_key_sha256: ['{hash_key("sk-thrifty")}'], budget: {{daily_usd: "0.0001", on_exceed: downgrade}}}}
+  tight: {{api_key_sha256: ['{hash_key("sk-tight")}'], budget: {{daily_usd: "0.002"}}, on_redis_outage: fail_closed}}
+  small: {{api_key_sha256: ['{hash_key("sk-small")}'], rate_limits: {{requests_per_minute: 2}}}}
 """
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
+def gateway_prefix(tmp_path: Path, upstreams: Upstreams) -> Iterator[tuple[str, str]]:
     _, micro_url, _, flagship_url = upstreams
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
@@ -36,13 +42,20 @@ def gateway(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
     settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
                         home=tmp_path)
     with serve(create_app(settings)) as url:
-        yield url
+        yield url, prefix
     delete_prefix(prefix)
 
 
-def _post(url: str, key: str, model: str = "flagship") -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+@pytest.fixture
+def gateway(gateway_prefix: tuple[str, str]) -> str:
+    return gateway_prefix[0]
+
+
+def _post(url: str, key: str, model: str = "flagship", max_tokens: int = 8) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
+            "metadata": {"fake_tokens": str(max_tokens)}}  # the fake upstream answers max_tokens tokens
+    return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"},
+                      timeout=120)
 
 
 def test_requests_per_minute(gateway: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -83,3 +96,64 @@ def test_budget_downgrades_to_micro(gateway: str) -> None:
         time.sleep(0.2)
     assert r.status_code == 200
     assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "budget-downgrade")
+
+
+def test_a_request_refused_after_admission_gives_its_rate_limit_back(gateway: str) -> None:
+    # an unknown model is refused by routing, after admission: it must not use up the tenant's 2 requests a minute
+    assert [_post(gateway, "sk-small", model="no-such-model").status_code for _ in range(3)] == [404] * 3
+    assert [_post(gateway, "sk-small").status_code for _ in range(2)] == [200, 200]
+    assert _post(gateway, "sk-small").status_code == 429  # the limit itself still holds
+
+
+def test_parallel_requests_stop_at_the_budget(gateway_prefix: tuple[str, str]) -> None:
+    # 30 requests at once against a daily budget of 2000 micro-USD, each ~490 on the flagship (32 tokens at
+    # $15/Mtok plus the prompt): every admission holds its worst case, so at most one request's cost goes over.
+    # The tenant fails closed: a hold that could not reach Redis in time (a loaded CI machine, where one slow call
+    # makes the guard treat Redis as down for a second) is a 503, where a fail_open tenant would be served
+    # unchecked; a burst refused that way alone is sent again after that second, up to three times
+    url, prefix = gateway_prefix
+    assert _post(url, "sk-tight", max_tokens=32).status_code == 200  # warm: the scripts and connections are ready
+    codes: list[int] = []
+    with ThreadPoolExecutor(30) as pool:
+        for _ in range(3):
+            burst = list(pool.map(lambda _: _post(url, "sk-tight", max_tokens=32).status_code, range(30)))
+            codes += burst
+            if 429 in burst:
+                break
+            time.sleep(1.1)
+    served = codes.count(200) + 1
+    assert set(codes) <= {200, 429, 503} and 429 in codes, codes
+    deadline = time.monotonic() + 30
+    while len(costs := _costs(prefix, "tight")) < served and time.monotonic() < deadline:
+        time.sleep(0.1)  # records are written in the background
+    assert len(costs) == served
+    print(f"1 + {len(codes)} requests (bursts of 30): {served} served, {sum(costs)} micro-USD spent of a 2000 "
+          f"budget, {codes.count(503)} unchecked (503)")
+    assert sum(costs) <= 2000 + max(costs), (served, costs)
+
+
+def _costs(prefix: str, tenant: str) -> list[int]:
+    return [int(r["cost_micro_usd"]) for r in ledger_records(SHARED_URL, prefix) if r["tenant"] == tenant]
+
+
+def test_a_request_past_the_deadline_gives_its_limits_and_hold_back(tmp_path: Path, upstreams: Upstreams) -> None:
+    _, micro_url, _, flagship_url = upstreams
+    path = tmp_path / "policy.yaml"
+    small = "rate_limits: {requests_per_minute: 2}"
+    assert small in TENANTS
+    path.write_text(policy_yaml(micro_url, flagship_url) + TENANTS.replace(small, small + ", budget: {daily_usd: '1'}"))
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
+                        home=tmp_path, deadline_s=0.3)
+    slow = {"model": "micro", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
+            "metadata": {"fake_delay_ms": "200"}}  # 8 tokens at 200 ms: far past the 0.3 s deadline
+    try:
+        with serve(create_app(settings)) as url:
+            codes = [httpx.post(url + "/v1/chat/completions", json=slow, timeout=30,
+                                headers={"authorization": "Bearer sk-small"}).status_code for _ in range(3)]
+            assert codes == [504] * 3  # not 504, 504, 429: each gave its request back
+            holds = redis.Redis.from_url(SHARED_URL).hgetall(LedgerKeys(prefix).holds("small"))
+            assert {k: int(v) for k, v in holds.items()} in ({}, {b" sum": 0})  # every hold released
+            assert [_post(url, "sk-small", model="micro").status_code for _ in range(3)] == [200, 200, 429]
+    finally:
+        delete_prefix(prefix)

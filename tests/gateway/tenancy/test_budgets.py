@@ -278,6 +278,55 @@ async def test_fail_open_when_redis_unreachable(caplog: pytest.LogCaptureFixture
     assert sum("budget guard" in r.getMessage() for r in caplog.records) == 1
 
 
+# --- holds: the worst case of requests in flight -----------------------------------------------------------
+
+
+async def held(client: aioredis.Redis, prefix: str, tenant: str = "acme") -> dict[str, int]:
+    raw = await client.hgetall(LedgerKeys(prefix).holds(tenant))
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+@pytest.mark.redis
+async def test_concurrent_reserves_hold_the_budget_and_records_settle_them(
+    ledger: RedisLedger, client: aioredis.Redis, prefix: str
+) -> None:
+    guard = BudgetGuard(client, LedgerKeys(prefix), op_timeout_s=5.0, clock=FakeClock(JAN15 + 3600.0))
+    budget = usd_budget(daily_usd="0.002")
+    verdicts = await asyncio.gather(*(guard.reserve("acme", budget, f"req-{i}", 500) for i in range(30)))
+    placed = [i for i, v in enumerate(verdicts) if v.held]
+    assert len(placed) == 4  # 0, 500, 1000, 1500 held: each below 2000; the fifth would see 2000
+    assert all(v.reject and "0.002000 USD more held by requests in flight" in v.error("acme").message
+               for v in verdicts if not v.held)
+    assert await held(client, prefix) == {" sum": 2000, **{f"req-{i}": 500 for i in placed}}
+    for i in placed[:3]:
+        await ledger.record(rec(i, 450))  # the real cost is lower: the rest of each hold goes back
+    await ledger.record(rec(placed[3], 450, tenant="other"))  # another tenant's id: releases nothing here
+    assert await held(client, prefix) == {" sum": 500, f"req-{placed[3]}": 500}
+    again = await guard.reserve("acme", budget, "req-next", 300)  # 1350 spent + 500 held < 2000
+    assert again.held and again.state == "soft" and again.held_micro_usd == 500
+    await guard.release("acme", "req-next")
+    await guard.release("acme", "req-next")  # once only
+    assert await held(client, prefix) == {" sum": 500, f"req-{placed[3]}": 500}
+
+
+@pytest.mark.redis
+async def test_an_abandoned_hold_expires(client: aioredis.Redis, prefix: str) -> None:
+    guard = BudgetGuard(client, LedgerKeys(prefix), op_timeout_s=5.0, hold_ttl_s=0.3)
+    budget = usd_budget(daily_usd="0.001")
+    assert (await guard.reserve("acme", budget, "crashed", 1000)).held  # its process dies: nobody releases it
+    assert (await guard.reserve("acme", budget, "next", 1000)).reject
+    await asyncio.sleep(0.4)
+    assert (await guard.reserve("acme", budget, "next", 1000)).held
+    assert await held(client, prefix) == {" sum": 1000, "next": 1000}
+
+
+async def test_reserve_fails_open_when_redis_unreachable() -> None:
+    guard = BudgetGuard(aioredis.Redis(port=free_port()), LedgerKeys("x:"), retry_interval_s=60.0)
+    verdict = await guard.reserve("acme", usd_budget(daily_usd="0"), "req-1", 10)
+    assert verdict.state == "ok" and verdict.fail_open and not verdict.held
+    await guard.release("acme", "req-1")  # never raises
+
+
 # --- pure verdicts and the fake -------------------------------------------------------------------------
 
 

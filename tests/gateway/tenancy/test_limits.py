@@ -18,12 +18,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import RateLimited
-from gateway.tenancy.limits import Limiter, MemoryRateLimiter, RateLimiter
+from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from policies.schema import RateLimits
 from tests.conftest import SHARED_URL
 from tests.servers import PrivateRedis, free_port
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+Limiter = RateLimiter | MemoryRateLimiter
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -80,7 +81,7 @@ async def test_rpm_exact_under_200_concurrent_admits(client: aioredis.Redis, pre
     assert all(55 <= e.retry_after_s <= 60 for e in errors), {e.retry_after_s for e in errors}
     assert "Limit 37" in errors[0].message and "try again in" in errors[0].message
     assert (limiter.counts.admitted, limiter.counts.limited, limiter.counts.fail_open) == (37, 163, 0)
-    log_key, _ = limiter.keys("acme")
+    log_key, _, _ = limiter.keys("acme")
     assert await client.zcard(log_key) == 37
     assert 0 < await client.pttl(log_key) <= 61_000
 
@@ -162,6 +163,26 @@ async def test_tpm_retry_after_waits_for_enough_tokens(client: aioredis.Redis, p
     assert await outcome(limiter, limits, 30) == 0  # exactly 100 in the window
     err = await outcome(limiter, limits, 1)
     assert isinstance(err, RateLimited) and err.retry_after_s == 5  # the 20 admitted at 20 leaves at 80
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("impl", [0, 1], ids=["redis", "memory"])
+async def test_a_request_given_back_no_longer_counts(client: aioredis.Redis, prefix: str, impl: int) -> None:
+    clock = FakeClock()
+    limiter = both_limiters(client, prefix, clock)[impl]
+    limits = RateLimits(requests_per_minute=2, tokens_per_minute=100)
+    first = await limiter.grant("acme", limits, 60)
+    clock.now = T0 + 30.0
+    await limiter.grant("acme", limits, 30)
+    assert isinstance(await outcome(limiter, limits, 1), RateLimited)  # two requests in the minute
+    await limiter.give_back("acme", first)
+    await limiter.give_back("acme", first)  # once only: a second give-back changes nothing
+    assert await outcome(limiter, limits, 70) == 0  # its request and its 60 tokens are free again: 30 + 70
+    assert isinstance(await outcome(limiter, limits, 1), RateLimited)  # not freed twice
+    clock.now = T0 + 61.0  # the given-back request and its copy have left the window, the others not yet
+    assert isinstance(await outcome(limiter, limits, 1), RateLimited)  # its copy no longer subtracts anything
+    clock.now = T0 + 200.0
+    assert await outcome(limiter, limits, 100) == 0
 
 
 @pytest.mark.redis

@@ -1,0 +1,141 @@
+"""`cascade keys create|list|revoke`: API keys ops issue at run time (`gateway.tenancy.api_keys`), in the Redis of
+the gateways (`--redis-url`, `--prefix`: the gateway's own, from the same environment variables).
+
+`create` prints the key's description, then the key itself on its last line: it is shown once and never stored.
+Exit codes: 0 fine, 1 `revoke` found no such key, 2 usage error or Redis unreachable (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+
+from gateway.redis_client import REDIS_FAILURES, redis_from_url
+from gateway.settings import argparse_type
+from gateway.tenancy.api_keys import ApiKey, KeyStore
+from policies.money import usd_to_micro
+from policies.schema import RateLimits
+
+__all__ = ["parse_expiry", "register"]
+
+T = TypeVar("T")
+
+
+def parse_expiry(text: str, now: datetime | None = None) -> float:
+    """UTC epoch seconds of `--expires`: a duration from now (`90d`, `12h`, `30m`) or an ISO 8601 date or time
+    (UTC unless it says otherwise)."""
+    now = now or datetime.now(UTC)
+    units = {"d": "days", "h": "hours", "m": "minutes"}
+    if text[:-1].isdigit() and text[-1:] in units:
+        return (now + timedelta(**{units[text[-1]]: int(text[:-1])})).timestamp()
+    when = datetime.fromisoformat(text)
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add `keys create|list|revoke` to a `cascade` subparsers object."""
+    keys = subparsers.add_parser("keys", help="API keys issued and revoked at run time (stored hashed in Redis)")
+    leaves = keys.add_subparsers(dest="keys_command", required=True)
+    create = leaves.add_parser("create", help="issue a key; its last line of output is the key, shown once")
+    create.add_argument("--tenant", required=True, help="the policy tenant the key calls as")
+    create.add_argument("--name", default="", help="what the key is for (shown by list)")
+    create.add_argument("--rpm", type=argparse_type(_positive, "rpm"), help="the key's own requests per minute")
+    create.add_argument("--tpm", type=argparse_type(_positive, "tpm"), help="the key's own tokens per minute")
+    create.add_argument("--daily-usd", type=argparse_type(usd_to_micro, "daily_usd"),
+                        help="the key's own daily budget in USD (inside the tenant's)")
+    create.add_argument("--expires", type=argparse_type(parse_expiry, "expires"),
+                        help="when it stops working: 90d, 12h, 30m, or an ISO 8601 date or time (UTC)")
+    create.set_defaults(func=_run_create)
+    listing = leaves.add_parser("list", help="issued keys (never the keys themselves)")
+    listing.add_argument("--tenant", help="only this tenant's")
+    listing.add_argument("--json", action="store_true", help="one JSON object per key")
+    listing.set_defaults(func=_run_list)
+    revoke = leaves.add_parser("revoke", help="refuse a key from now on (401 within a second everywhere)")
+    revoke.add_argument("key", metavar="KEY_OR_ID", help="the key, or its id from list")
+    revoke.set_defaults(func=_run_revoke)
+    for leaf in (create, listing, revoke):
+        leaf.add_argument("--redis-url", default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                          help="default: $CASCADE_REDIS_URL or redis://127.0.0.1:6379/0")
+        leaf.add_argument("--prefix", default=os.environ.get("CASCADE_REDIS_PREFIX", "cascade:"),
+                          help="the gateway's key prefix (default: $CASCADE_REDIS_PREFIX or cascade:)")
+
+
+def _describe(key: ApiKey) -> str:
+    def when(epoch: float | None) -> str:
+        return "-" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    limits = key.limits
+    budget = "-" if key.daily_usd is None else f"{key.daily_usd / 1e6:.6f}"
+    state = "revoked" if key.revoked_at is not None else ("expired" if key.refusal(datetime.now(UTC).timestamp())
+                                                          else "active")
+    return (f"{key.id}  tenant={key.tenant}  name={key.name or '-'}  state={state}  created={when(key.created_at)}  "
+            f"expires={when(key.expires_at)}  rpm={limits.requests_per_minute or '-'}  "
+            f"tpm={limits.tokens_per_minute or '-'}  daily_usd={budget}")
+
+
+def _run_create(args: argparse.Namespace) -> int:
+    limits = RateLimits(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
+    created = _with_store(args, lambda store: store.create(args.tenant, args.name, limits=limits,
+                                                           daily_usd=args.daily_usd, expires_at=args.expires))
+    if created is None:
+        return 2
+    secret, key = created
+    sys.stdout.write(f"created {_describe(key)}\n{secret}\n")
+    return 0
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    keys = _with_store(args, lambda store: store.list(args.tenant))
+    if keys is None:
+        return 2
+    for key in keys:
+        sys.stdout.write((orjson.dumps(key.public()).decode() if args.json else _describe(key)) + "\n")
+    return 0
+
+
+def _run_revoke(args: argparse.Namespace) -> int:
+    found = _with_store(args, lambda store: _revoke(store, args.key))
+    if found is None:
+        return 2
+    if not found:
+        print(f"cascade keys: no issued key matches {args.key[:16]!r}", file=sys.stderr)
+        return 1
+    sys.stdout.write(f"revoked {_describe(found[0])}\n")
+    return 0
+
+
+async def _revoke(store: KeyStore, key_or_id: str) -> list[ApiKey]:
+    key = await store.revoke(key_or_id)
+    return [] if key is None else [key]
+
+
+def _with_store(args: argparse.Namespace, work: Callable[[KeyStore], Awaitable[T]]) -> T | None:
+    """Run `work` on a store over a client closed here; None after a one-line error on stderr."""
+
+    async def run() -> T:
+        client: aioredis.Redis = redis_from_url(args.redis_url, socket_connect_timeout=2.0, socket_timeout=10.0)
+        try:
+            return await work(KeyStore(client, args.prefix))
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(run())
+    except REDIS_FAILURES as exc:
+        print(f"cascade keys: Redis unreachable or failing: {exc}", file=sys.stderr)
+        return None
