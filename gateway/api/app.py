@@ -239,7 +239,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
                 watcher.start()
         lag = LoopLag(current.metrics.loop_lag.observe)
         lag.start()
-        pauses = GcPauses(current.metrics.gc_paused)
+        pauses = GcPauses(current.metrics.gc.paused)
         pauses.install()
         refreeze: asyncio.Task[None] | None = None
         if settings.gc_freeze:

@@ -53,7 +53,7 @@ from backends.engines.args import engine_command
 from backends.engines.registry import REGISTRY_ENV
 from backends.engines.supervisor import CommandFactory, choose_ports
 from gateway.control.engine_host import EngineHost
-from gateway.control.metrics import MULTIPROC_ENV, prepare_multiprocess_dir, worker_exited
+from gateway.control.metrics_dir import MULTIPROC_ENV, prepare_multiprocess_dir, worker_exited
 from gateway.control.worker_gauges import WORKER_ENV
 from gateway.settings import Settings
 from policies.loader import load_policy

@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["GcPauses", "freeze_heap"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["GcMetrics", "GcPauses", "freeze_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -66,3 +68,29 @@ class GcPauses:
     def uninstall(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
+
+
+class GcMetrics:
+    """The collector's metrics in a gateway's registry: `paused` is `GcPauses`' observer; `publish` (at scrape
+    time) sets the frozen count."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        pause = Histogram("cascade_gc_pause_seconds", "how long each cyclic garbage collection held this process, by "
+                          "generation: 2 is the full one", ["generation"], registry=registry,
+                          buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
+        collected = Counter("cascade_gc_collected_objects", "unreachable objects the cyclic collector freed "
+                            "(reference cycles), by generation", ["generation"], registry=registry)
+        self._frozen = Gauge("cascade_gc_frozen_objects", "objects frozen out of the cyclic collector (0: nothing "
+                             "frozen, --no-gc-freeze or an app embedded in another process)", registry=registry,
+                             multiprocess_mode="livemax")
+        self._observe = tuple(pause.labels(str(generation)).observe for generation in range(3))
+        self._count = tuple(collected.labels(str(generation)).inc for generation in range(3))
+
+    def paused(self, generation: int, seconds: float, collected: int = 0) -> None:
+        """One collection of `generation` held this process `seconds` and freed `collected` unreachable objects."""
+        self._observe[generation](seconds)
+        if collected:
+            self._count[generation](collected)
+
+    def publish(self) -> None:
+        self._frozen.set(gc.get_freeze_count())

@@ -5,7 +5,7 @@ what the metrics count and what the ledger records cannot drift apart. Per-repli
 the pools at scrape time.
 
 Several processes (`cascade serve --workers N`): the parent sets `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's
-multiprocess mode, see `multiprocess_dir`) before it spawns the workers. Every counter, histogram and gauge then
+multiprocess mode, `gateway.control.metrics_dir`) before it spawns the workers. Every counter, histogram and gauge
 lives in memory-mapped files there, and `render()` in any worker answers the sum over all workers, dead ones
 included for counters (totals never drop when a worker restarts). Counters and histograms are summed. Each gauge
 is true on every scrape, whichever worker answers, in one of four ways:
@@ -13,7 +13,7 @@ is true on every scrape, whichever worker answers, in one of four ways:
   `cascade_replica_in_flight` (each worker writes its count of a replica whenever it changes, `in_flight_changed`,
   called by the proxy, and refreshes all of its replicas before it renders: the requests the whole host has open
   to each replica) and `cascade_ledger_outbox_records` (the records waiting in this worker's outbox on disk,
-  written every second and before it renders). A worker that exits drops out of the sum (`worker_exited`).
+  written every second and before it renders). A worker that exits drops out of the sum (`metrics_dir.worker_exited`).
 - The highest over the live workers (`livemax`), for a state that is one across workers:
   `cascade_degradation_active{step}` (one ladder leader decides for all, `gateway.control.ladder_sync`; the
   others follow it) and `cascade_admission_store_unreachable{check}` (1 while any worker finds Redis unreachable).
@@ -55,12 +55,8 @@ Latency histograms, and why they are apart:
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-import os
-import shutil
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -69,14 +65,15 @@ from prometheus_client.registry import Collector
 from backends.background import stop
 from backends.clients.breaker import BreakerState
 from backends.clients.pool import Pool, Replica
+from gateway.control.gc_pauses import GcMetrics
+from gateway.control.metrics_dir import multiprocess_dir
 from gateway.control.parent_counters import RESTARTS, SCALE_EVENTS, ParentCountersCollector
 from gateway.control.speculation_metrics import SpeculationCollector
-from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector, remove_worker
+from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector
 from gateway.ledger.store import CostRecord
 from policies.decide import RouteStep
 
-__all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "GatewayMetrics", "multiprocess_dir", "prepare_multiprocess_dir",
-           "worker_exited"]
+__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
 log = logging.getLogger("cascade.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -88,29 +85,6 @@ _TTFT = (*(i / 100 for i in range(1, 26)), 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5,
 _ITL = (0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
         0.25, 0.5, 1, 2.5)
 _BREAKER_LEVEL = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-"""prometheus_client reads it once, when it is imported: it must be in a worker's environment when it starts
-(and in no other process's: a vLLM engine would write its own metrics there)."""
-
-
-def multiprocess_dir() -> Path | None:
-    """The folder of prometheus_client's multiprocess mode in this process (None: one process, in memory)."""
-    value = os.environ.get(MULTIPROC_ENV)
-    return Path(value) if value else None
-
-
-def prepare_multiprocess_dir(path: Path) -> Path:
-    """Empty `path` (what a previous run left there would be summed in) and return it. Called by the parent of
-    the workers before it starts any; it then gives them `MULTIPROC_ENV=path`."""
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
-
-
-def worker_exited(pid: int, path: Path) -> None:
-    """Drop the live gauges of a worker process that has exited (its counters stay in the sum)."""
-    multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
-    remove_worker(pid, path)
 
 
 class _EngineCollector(Collector):
@@ -203,17 +177,7 @@ class GatewayMetrics:
         self.loop_lag = Histogram("cascade_event_loop_lag_seconds", "how much later than asked the event loop ran a "
                                   "timer (gateway.control.loop_lag): what holds every request in flight",
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1), registry=r)
-        gc_pause = Histogram("cascade_gc_pause_seconds", "how long each cyclic garbage collection held this process "
-                             "(gateway.control.gc_pauses), by generation: 2 is the full one", ["generation"],
-                             buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
-                             registry=r)
-        self.gc_frozen = Gauge("cascade_gc_frozen_objects", "objects frozen out of the cyclic collector "
-                               "(gateway.control.gc_pauses; 0: nothing frozen, --no-gc-freeze or an embedded app)",
-                               registry=r, multiprocess_mode="livemax")
-        self._gc_observe = tuple(gc_pause.labels(str(generation)).observe for generation in range(3))
-        gc_collected = Counter("cascade_gc_collected_objects", "unreachable objects the cyclic collector freed "
-                               "(reference cycles), by generation", ["generation"], registry=r)
-        self._gc_collected = tuple(gc_collected.labels(str(generation)).inc for generation in range(3))
+        self.gc = GcMetrics(r)
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
@@ -375,13 +339,6 @@ class GatewayMetrics:
         if self._in_flight is not None:
             self._in_flight.labels(pool, replica.url).set(replica.in_flight)
 
-    def gc_paused(self, generation: int, seconds: float, collected: int = 0) -> None:
-        """One cyclic garbage collection of `generation` held this process `seconds` and freed `collected`
-        unreachable objects (gc.callbacks)."""
-        self._gc_observe[generation](seconds)
-        if collected:
-            self._gc_collected[generation](collected)
-
     def ladder_changed(self, engaged: set[str], released: set[str]) -> None:
         for step in engaged:
             self.ladder.labels(step).set(1)
@@ -397,7 +354,7 @@ class GatewayMetrics:
         under `--workers`, its own view into its file; called every second (`start`) and by `render`."""
         if self.outbox_records is not None:
             self.outbox.set(self.outbox_records())
-        self.gc_frozen.set(gc.get_freeze_count())
+        self.gc.publish()
         if self._worker_gauges is not None:
             self._worker_gauges.publish()
 

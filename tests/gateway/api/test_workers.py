@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
 from gateway.api.workers import exported, workers_problem
-from gateway.control.metrics import MULTIPROC_ENV
+from gateway.control.metrics_dir import MULTIPROC_ENV
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records

@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.engines.room import NoRoom
 from gateway.control.autoscale import Autoscaler
 from gateway.control.engine_host import EngineHost
-from gateway.control.metrics import MULTIPROC_ENV, GatewayMetrics, worker_exited
+from gateway.control.metrics import GatewayMetrics
+from gateway.control.metrics_dir import MULTIPROC_ENV, worker_exited
 from gateway.control.pool_set import PoolSet
 from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector
 from gateway.settings import Settings

@@ -46,7 +46,7 @@ def test_each_collection_is_observed_with_its_generation_pause_and_freed_cycles(
 
 def test_the_pause_histogram_is_exported_per_generation() -> None:
     metrics = GatewayMetrics(lambda: {})
-    pauses = GcPauses(metrics.gc_paused)
+    pauses = GcPauses(metrics.gc.paused)
     pauses.install()
     try:
         gc.collect(2)
@@ -55,7 +55,7 @@ def test_the_pause_histogram_is_exported_per_generation() -> None:
     text = metrics.render().decode()
     assert 'cascade_gc_pause_seconds_count{generation="2"} 1.0' in text
     assert 'cascade_gc_pause_seconds_count{generation="0"} 0.0' in text
-    metrics.gc_paused(0, 0.001, 7)
+    metrics.gc.paused(0, 0.001, 7)
     assert 'cascade_gc_collected_objects_total{generation="0"} 7.0' in metrics.render().decode()
 
 

@@ -12,14 +12,14 @@ from loadtest.bench.tail import build_parser, gc_counts, summarise
 
 def test_gc_counts_reads_a_gateways_metrics() -> None:
     metrics = GatewayMetrics(lambda: {})
-    pauses = GcPauses(metrics.gc_paused)
+    pauses = GcPauses(metrics.gc.paused)
     pauses.install()
     try:
         gc.collect(2)
         gc.collect(0)
     finally:
         pauses.uninstall()
-    metrics.gc_paused(1, 0.05, 3)  # one collection over 10 ms, freeing 3 objects of reference cycles
+    metrics.gc.paused(1, 0.05, 3)  # one collection over 10 ms, freeing 3 objects of reference cycles
     for lag in (0.001, 0.2):
         metrics.loop_lag.observe(lag)
     counts = gc_counts(metrics.render().decode())
