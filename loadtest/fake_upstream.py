@@ -64,6 +64,7 @@ class FakeUpstream:
         self.kv_cache_usage = 0.0  # what /metrics reports; tests raise it to drive the degradation ladder
         self.waiting = 0.0
         self.last_authorization: str | None = None  # the Authorization header of the last chat request
+        self.last_traceparent: str | None = None  # its W3C traceparent header (a traced gateway sends one)
         self.last_body: dict[str, Any] | None = None  # the last chat request's body, as the engine received it
         self.tokenize_requests = 0  # calls of /tokenize (vLLM's token counter)
         self.content: str | None = None  # a test's choice of every text answer (4 characters a token, stops)
@@ -84,8 +85,10 @@ class FakeUpstream:
             self.tokenize_requests += 1
             return await self._tokenize(send, body)
         if path == "/v1/chat/completions":
-            auth = dict(scope["headers"]).get(b"authorization")
+            headers = dict(scope["headers"])
+            auth, parent = headers.get(b"authorization"), headers.get(b"traceparent")
             self.last_authorization = auth.decode() if auth else None
+            self.last_traceparent = parent.decode() if parent else None
             return await self._chat(send, receive, body)
         if path in ("/v1/responses", "/v1/completions"):
             return await self._other(path, send, receive, body)

@@ -113,6 +113,7 @@ class ChatEndpoint:
         request_id = self._id_prefix + os.urandom(12).hex()
         tenant, started, access = "unknown", time.monotonic(), runtime.access_log
         access.begin(request_id, key_id(headers.get("authorization")), self._endpoint.name)
+        runtime.tracing.begin(request_id, headers, self._endpoint.name)
         try:
             key = await runtime.keys.identify(runtime.policies.current.policy, headers.get("authorization"))
             tenant = key.tenant
@@ -120,12 +121,15 @@ class ChatEndpoint:
         except GatewayError as exc:
             runtime.metrics.observe_rejected(exc.status, tenant)
             access.refused(request_id, tenant, exc.status, exc.code or exc.type, started)
+            runtime.tracing.refused(request_id, tenant, exc.status, exc.code or exc.type)
             return await _send_error(send, exc, request_id)
         except _Disconnected:
             access.refused(request_id, tenant, 499, "client_disconnect", started)  # nginx's code: no response
+            runtime.tracing.refused(request_id, tenant, 499, "client_disconnect")
             return None
         except Exception:
             access.refused(request_id, tenant, 500, "internal_error", started)
+            runtime.tracing.refused(request_id, tenant, 500, "internal_error")
             log.exception("unhandled error", extra={"request_id": request_id})
             body = error_body("internal gateway error; see the gateway log", "internal_error")
             return await _send(send, 500, body, {"x-request-id": request_id})
@@ -142,6 +146,7 @@ class ChatEndpoint:
         settings = runtime.settings
         body = await _read_body(receive, headers, settings.max_body_bytes)
         chat, raw, native = self._parse(body, settings.max_messages, settings.max_tokens_cap)
+        runtime.tracing.requested_model(request_id, chat.model)
         try:
             async with asyncio.timeout(settings.deadline_s):
                 return await runtime.service.handle(chat, raw, key.tenant, request_id, headers, native, key=key)

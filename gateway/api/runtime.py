@@ -42,6 +42,7 @@ from gateway.serving.proxy import Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.router import RequestRouter
 from gateway.serving.service import ChatService
+from gateway.serving.tracing import Tracing, tracing_from_env
 from gateway.serving.versions import PoolVersions
 from gateway.settings import Settings
 from gateway.tenancy.admission import Admission
@@ -82,6 +83,7 @@ class Runtime:
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     memories: LabelMemories | None = None  # policy learning.label_memory (owned; started by build_runtime)
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))  # owned
+    tracing: Tracing = field(default_factory=Tracing)  # owned: OpenTelemetry, off without an OTLP endpoint
     keys: KeyAuth = field(default_factory=lambda: KeyAuth(None))  # the policy's keys and, with Redis, issued ones
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -139,6 +141,7 @@ class Runtime:
         if self.request_log is not None:
             self.request_log.close()
         self.access_log.close()
+        await asyncio.to_thread(self.tracing.shutdown)  # flushes queued spans (the exporter's timeout bounds it)
         await self.pool_set.aclose()
         await self.router_swap.aclose()
         if self.scorer is not None:
@@ -217,12 +220,14 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     _observe(scorer, metrics)
     access_log = AccessLog(settings.access_log, settings.access_log_sample)
     accountant = Accountant(ledger, metrics, access_log)
+    accountant.tracing = tracing = tracing_from_env(on_export_failure=metrics.trace_export_failures.inc)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
                                      on_change=metrics.ladder_changed)
     degradation.use_policy(policies.current)
     degradation.start()
     request_log = RequestLog(settings.request_log, settings.request_log_sample) if settings.request_log else None
     proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
+    proxy.tracing = tracing
     forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log,
                           on_outcome=pool_set.guard.observe, checker=OutputChecker(metrics))
     redis = redis_from_url(settings.redis_url) if settings.ledger == "redis" else None  # or a cluster's
@@ -244,7 +249,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                           cache=cache)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
-                      access_log=access_log, keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
+                      access_log=access_log, tracing=tracing,
+                      keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
     router_swap.on_swap = runtime.scorer_swapped
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()

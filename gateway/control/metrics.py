@@ -178,6 +178,8 @@ class GatewayMetrics:
                                   "timer (gateway.control.loop_lag): what holds every request in flight",
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1), registry=r)
         self.gc = GcMetrics(r)
+        self.trace_export_failures = Counter("cascade_trace_export_failures", "batches of spans the OTLP receiver "
+                                             "did not take (down, slow, refused): dropped", registry=r)
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)

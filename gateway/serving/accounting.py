@@ -16,6 +16,7 @@ from typing import Any
 from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.store import MAX_ROUTE, CostRecord, Ledger
 from gateway.serving.access_log import AccessLog
+from gateway.serving.tracing import Tracing
 from gateway.serving.usage import Usage
 from policies.decide import RouteDecision, route_text
 from policies.schema import Policy
@@ -53,6 +54,7 @@ class Accountant:
         self._ledger = ledger
         self._metrics = metrics
         self._access = access_log
+        self.tracing: Tracing | None = None  # told each record as the access log is (ends a request's span)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def cost_record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:
@@ -104,6 +106,8 @@ class Accountant:
             self._metrics.observe_record(rec)
         if self._access is not None:
             self._access.answered(rec)
+        if self.tracing is not None:
+            self.tracing.answered(rec)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run accounting work in the background, tracked until done."""

@@ -25,6 +25,7 @@ import orjson
 from backends.clients.pool import Pool, Replica
 from backends.clients.shared import EngineClient, EngineHTTPError, EngineStreamBroken, EngineUnavailable
 from gateway.errors import NoReplicaAvailable, UpstreamError
+from gateway.serving.tracing import Tracing
 
 __all__ = ["InFlightHook", "OpenStream", "Proxy"]
 
@@ -105,6 +106,7 @@ class Proxy:
         self._max_attempts = max_attempts
         self._backoff = backoff_s
         self._on_in_flight = on_in_flight
+        self.tracing = Tracing()  # off; the runtime sets the gateway's (`gateway.serving.tracing`)
 
     def _count(self, pool: Pool, replica: Replica, delta: int) -> None:
         replica.in_flight += delta
@@ -121,17 +123,22 @@ class Proxy:
         while True:
             replica = await attempts.next()
             self._count(pool, replica, 1)
+            span, headers = self.tracing.attempt(pool.name, replica.url, pool.headers)
             try:
-                answer = await self._client.post_json(replica.url, path, body, pool.headers)
+                answer = await self._client.post_json(replica.url, path, body, headers)
             except EngineUnavailable as exc:
+                Tracing.attempt_ended(span, None, "engine_unavailable")
                 _failed(pool, replica, exc)
             except EngineHTTPError as exc:
+                Tracing.attempt_ended(span, exc.status)
                 _answered(replica, exc.status)
                 attempts.retry_after(exc, replica)
             except BaseException:
+                Tracing.attempt_ended(span, None, "cancelled")
                 replica.breaker.release()
                 raise
             else:
+                Tracing.attempt_ended(span, 200)
                 replica.breaker.record_success()
                 return replica, answer
             finally:
@@ -149,21 +156,26 @@ class Proxy:
             stack = AsyncExitStack()
             self._count(pool, replica, 1)
             stack.callback(self._count, pool, replica, -1)
+            span, headers = self.tracing.attempt(pool.name, replica.url, pool.headers)  # ends at the first chunk
             try:
-                chunks = await stack.enter_async_context(self._client.stream(replica.url, path, body, pool.headers))
+                chunks = await stack.enter_async_context(self._client.stream(replica.url, path, body, headers))
                 first = await anext(aiter(chunks), b"")
             except (EngineUnavailable, EngineStreamBroken) as exc:
+                Tracing.attempt_ended(span, None, "engine_unavailable")
                 await stack.aclose()
                 _failed(pool, replica, exc)
             except EngineHTTPError as exc:
+                Tracing.attempt_ended(span, exc.status)
                 await stack.aclose()
                 _answered(replica, exc.status)
                 attempts.retry_after(exc, replica)
             except BaseException:
+                Tracing.attempt_ended(span, None, "cancelled")
                 await stack.aclose()
                 replica.breaker.release()
                 raise
             else:
+                Tracing.attempt_ended(span, 200)
                 replica.breaker.record_success()
                 return OpenStream(replica, first, _watched(chunks, replica), stack)
 

@@ -1,0 +1,120 @@
+"""OpenTelemetry traces through a real gateway to a real OTLP/HTTP receiver: the client's trace continued, one
+request span with the GenAI attributes and no prompt text, a child span per engine attempt whose traceparent
+the engine receives; off without an endpoint; a malformed traceparent starts a new trace."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from starlette.types import Receive, Scope, Send
+
+from gateway.api.app import create_app
+from gateway.serving.tracing import tracing_from_env
+from gateway.settings import Settings
+from loadtest.fake_upstream import FakeUpstream
+from tests.conftest import policy_yaml
+from tests.servers import serve
+
+Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
+SECRET = "the zebra-plum merger terms"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver: POST /v1/traces (protobuf), spans kept as dicts."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scoped in resource.scope_spans:
+                for span in scoped.spans:
+                    attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
+                    self.spans.append({"name": span.name, "trace_id": span.trace_id.hex(), "kind": span.kind,
+                                       "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
+                                       "attrs": attrs, "raw": bytes(body)})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-protobuf")]})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    rec = Receiver()
+    with serve(rec) as url:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url + "/v1/traces")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # export within 50 ms, not the default 5 s
+        yield rec
+
+
+def _wait(receiver: Receiver, n: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 15
+    while len(receiver.spans) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return receiver.spans
+
+
+def test_a_request_continues_the_clients_trace_to_the_engine(tmp_path: Path, upstreams: Upstreams,
+                                                             receiver: Receiver) -> None:
+    _, micro_url, flagship, flagship_url = upstreams
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(micro_url, flagship_url))
+    app = create_app(Settings(policy_path=policy, scorer="none", start_engines=False, ledger="memory",
+                              home=tmp_path, access_log=None))
+    body = {"model": "flagship", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 8}
+    parent = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+    with serve(app) as url:
+        answer = httpx.post(url + "/v1/chat/completions", json=body, headers={"traceparent": parent}, timeout=30)
+        sent_to_engine = flagship.last_traceparent
+        streamed = httpx.post(url + "/v1/chat/completions", json={**body, "stream": True},
+                              headers={"traceparent": "00-not-a-trace-01"}, timeout=30)
+        spans = _wait(receiver, 4)
+    assert answer.status_code == streamed.status_code == 200
+    ours = [s for s in spans if s["trace_id"] == TRACE_ID]
+    request = next(s for s in ours if s["name"] == "chat flagship")
+    engine = next(s for s in ours if s["name"] == "engine flagship")
+    assert request["parent"] == "00f067aa0ba902b7" and engine["parent"] == request["span_id"]
+    a = request["attrs"]
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "flagship"
+    assert a["gen_ai.response.model"] == "flagship-model" and a["cascade.pool"] == "flagship"
+    assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+    assert a["cascade.cost_micro_usd"] > 0 and a["cascade.route"].startswith("pinned:flagship")
+    assert engine["attrs"]["http.response.status_code"] == 200
+    # the engine call carried the engine span's context; the malformed traceparent started a trace of its own
+    assert sent_to_engine == f"00-{TRACE_ID}-{engine['span_id']}-01"
+    assert flagship.last_traceparent is not None and flagship.last_traceparent.split("-")[1] != TRACE_ID
+    streamed_request = next(s for s in spans if s["name"] == "chat flagship" and s["trace_id"] != TRACE_ID)
+    assert streamed_request["parent"] == ""
+    assert all(SECRET.encode() not in s["raw"] and b"zebra" not in s["raw"] for s in spans)
+
+
+def test_tracing_is_off_without_an_endpoint_and_a_dead_receiver_holds_no_request(
+        tmp_path: Path, upstreams: Upstreams, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not tracing_from_env({}).enabled
+    assert not tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}).enabled
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")  # nothing listens
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    _, micro_url, _, flagship_url = upstreams
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(micro_url, flagship_url))
+    app = create_app(Settings(policy_path=policy, scorer="none", start_engines=False, ledger="memory",
+                              home=tmp_path, access_log=None))
+    body = {"model": "micro", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    with serve(app) as url:
+        started = time.monotonic()
+        codes = [httpx.post(url + "/v1/chat/completions", json=body, timeout=30).status_code for _ in range(5)]
+        assert codes == [200] * 5 and time.monotonic() - started < 10
