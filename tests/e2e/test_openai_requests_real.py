@@ -162,8 +162,10 @@ def test_responses_and_completions_with_the_sdk(served: tuple[str, str], prefix:
     raw = via.responses.with_raw_response.create(model="auto", instructions="answer briefly", input="hi there",
                                                  max_output_tokens=8)
     resp = raw.parse()
-    assert direct.responses.create(model="micro", instructions="answer briefly", input="hi there",
-                                   max_output_tokens=8).usage == resp.usage  # the same prompt, the same count
+    # the same prompt, the same count; the answers are sampled, so only their limit is shared (one may stop early)
+    alone = direct.responses.create(model="micro", instructions="answer briefly", input="hi there", max_output_tokens=8)
+    assert alone.usage is not None and resp.usage is not None
+    assert alone.usage.input_tokens == resp.usage.input_tokens and resp.usage.output_tokens <= 8
     assert raw.headers["x-cascade-endpoint"] == "responses" and raw.headers["x-cascade-pool"] == "micro"
     assert resp.usage is not None and resp.output_text
     _priced(_record(prefix, raw.headers["x-request-id"]), "responses", "micro", resp.usage.input_tokens,
@@ -185,7 +187,9 @@ def test_responses_and_completions_with_the_sdk(served: tuple[str, str], prefix:
     done = via.completions.with_raw_response.create(model="auto", prompt="Once upon a time", max_tokens=5)
     completion = done.parse()
     assert completion.usage is not None and completion.choices[0].text
-    assert direct.completions.create(model="micro", prompt="Once upon a time", max_tokens=5).usage == completion.usage
+    alone_usage = direct.completions.create(model="micro", prompt="Once upon a time", max_tokens=5).usage
+    assert alone_usage is not None and alone_usage.prompt_tokens == completion.usage.prompt_tokens
+    assert completion.usage.completion_tokens <= 5
     _priced(_record(prefix, done.headers["x-request-id"]), "completions", "micro", completion.usage.prompt_tokens,
             completion.usage.completion_tokens)
 
