@@ -56,7 +56,8 @@ def serve(app: Any, port: int | None = None, **options: Any) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 90  # a gateway with the classifier loads its ONNX embedder first (~25 s idle)
+    # a gateway with the classifier loads its ONNX embedder first: about 25 s idle, over 90 s on a loaded machine
+    deadline = time.monotonic() + 180
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("test server did not start")
