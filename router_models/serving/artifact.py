@@ -34,6 +34,7 @@ __all__ = [
     "load_artifact",
     "overflow_artifact",
     "promoted_artifacts",
+    "read_metadata",
     "save_artifact",
     "servable_artifact",
 ]
@@ -95,16 +96,19 @@ def save_artifact(artifact: RouterArtifact, path: str | Path = DEFAULT_ARTIFACT)
     return meta_path
 
 
-def _read_metadata(meta_path: Path) -> dict[str, Any]:
+def read_metadata(meta_path: Path, what: str = "router artifact", meta: str = "router metadata",
+                  fix: str = _FIX) -> dict[str, Any]:
+    """A verified file's JSON metadata as a dict; `ArtifactError` naming `what` (missing) or `meta` (unreadable,
+    not an object) and how to `fix` it."""
     try:
-        meta = json.loads(meta_path.read_text())
+        loaded = json.loads(meta_path.read_text())
     except FileNotFoundError as exc:
-        raise ArtifactError(f"router artifact not found: {meta_path}; {_FIX}") from exc
+        raise ArtifactError(f"{what} not found: {meta_path}; {fix}") from exc
     except (OSError, ValueError) as exc:
-        raise ArtifactError(f"router metadata {meta_path} is unreadable ({exc}); {_FIX}") from exc
-    if not isinstance(meta, dict):
-        raise ArtifactError(f"router metadata {meta_path} is not a JSON object; {_FIX}")
-    return meta
+        raise ArtifactError(f"{meta} {meta_path} is unreadable ({exc}); {fix}") from exc
+    if not isinstance(loaded, dict):
+        raise ArtifactError(f"{meta} {meta_path} is not a JSON object; {fix}")
+    return loaded
 
 
 def _compatibility_problem(meta: dict[str, Any], meta_path: Path, embedder: str | None) -> str | None:
@@ -197,7 +201,7 @@ def _incompatibility(meta_path: Path) -> str | None:
     """Why this code cannot serve the artifact at `meta_path` (format or features), None when it can or when
     that cannot be told from its metadata (a missing or unreadable one is refused at load, loudly)."""
     try:
-        meta = _read_metadata(meta_path)
+        meta = read_metadata(meta_path)
     except ArtifactError:
         return None
     return _compatibility_problem(meta, meta_path, None)
@@ -220,7 +224,7 @@ def load_artifact(path: str | Path | None = None, embedder: str | None = None) -
     If `embedder` is given it must equal the one the artifact was trained with. Raises `ArtifactError`.
     """
     meta_path, _ = _paths(path if path is not None else current_artifact_path())
-    meta = _read_metadata(meta_path)
+    meta = read_metadata(meta_path)
     _check_compatible(meta, meta_path, embedder)
     router = _read_payload(meta, meta_path)
     return RouterArtifact(router=router, embedder=str(meta["embedder"]), metadata=meta)
@@ -246,7 +250,7 @@ def overflow_artifact(primary: str | Path | None, choice: str) -> Path | None:
     if path.resolve() == primary_meta.resolve():
         return None
     overflow = load_artifact(path)
-    primary_target = _read_metadata(primary_meta).get("target")
+    primary_target = read_metadata(primary_meta).get("target")
     if overflow.metadata.get("target") != primary_target:
         raise ArtifactError(f"router overflow artifact {path} predicts {overflow.metadata.get('target')!r} but "
                             f"the primary {primary_meta} predicts {primary_target!r}: their scores are not on one "

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
-from router_models.serving.artifact import ArtifactError
+from router_models.serving.artifact import ArtifactError, read_metadata
 from router_models.serving.label_memory import LabelMemory, MemoryParams
 
 __all__ = ["MEMORY_FORMAT", "load_memory", "memory_paths", "save_memory"]
@@ -70,14 +70,7 @@ def save_memory(memory: LabelMemory, path: str | Path, embedder: str, extra: dic
 
 
 def _metadata(meta_path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(meta_path.read_text())
-    except FileNotFoundError as exc:
-        raise ArtifactError(f"label memory not found: {meta_path}; {_FIX}") from exc
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"label memory metadata {meta_path} is unreadable ({exc}); {_FIX}") from exc
-    if not isinstance(meta, dict):
-        raise ArtifactError(f"label memory metadata {meta_path} is not a JSON object; {_FIX}")
+    meta = read_metadata(meta_path, "label memory", "label memory metadata", _FIX)
     expected = {"memory_format": MEMORY_FORMAT, "feature_version": FEATURE_VERSION,
                 "feature_names": list(FEATURE_NAMES)}
     for key, value in expected.items():
