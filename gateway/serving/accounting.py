@@ -16,7 +16,7 @@ from typing import Any
 from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.store import MAX_ROUTE, CostRecord, Ledger
 from gateway.serving.access_log import AccessLog
-from gateway.serving.tracing import Tracing
+from gateway.serving.tracing import Tracing, step
 from gateway.serving.usage import Usage
 from policies.decide import RouteDecision, route_text
 from policies.schema import Policy
@@ -101,7 +101,8 @@ class Accountant:
 
     async def record_priced(self, rec: CostRecord) -> None:
         """Record a record priced by its caller (a cache hit's, `gateway.caching`) and count it in the metrics."""
-        await self._ledger.record(rec)
+        with step("ledger.write"):
+            await self._ledger.record(rec)
         if self._metrics is not None:
             self._metrics.observe_record(rec)
         if self._access is not None:

@@ -30,6 +30,7 @@ from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.responses_via_chat import send_via_chat, translated
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import ChatRequest
+from gateway.serving.tracing import step
 from gateway.serving.upstream import prepare_upstream
 from gateway.serving.versions import PoolVersions
 from gateway.tenancy.admission import Admission
@@ -100,10 +101,12 @@ class ChatService:
         loaded = self._policies.current
         self._degradation.use_policy(loaded)
         ladder = self._degradation.state
-        verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"], request_id, key)
+        with step("admission"):
+            verdict = await self._admission.admit(loaded.policy, tenant, request, raw["messages"], request_id, key)
         downgrade = verdict is not None and verdict.downgrade
         # the route, step by step (each appends to `decision.route`; `policies.decide` for the first ones)
-        decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
+        with step("route"):
+            decision = await self._router.route(request, raw, tenant, headers or {}, loaded, ladder, downgrade)
         decision = await _step("on-demand-fallback", request_id, decision,
                                self._on_cold(decision, loaded, tenant, ladder, downgrade))
         if self._checker is not None:

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from backends.clients.shared import EngineError
 from gateway.errors import error_body
+from gateway.serving.tracing import first_token
 from gateway.serving.usage import Usage, usage_from_json
 
 __all__ = ["CHAT_STREAM", "COMPLETIONS_STREAM", "RESPONSES_STREAM", "SSEResponse", "StreamFormat", "StreamRelay",
@@ -149,6 +150,7 @@ class StreamRelay:
         """
         if self._last_content is None:
             self.ttft_s = now - self._started
+            first_token()
         else:
             gap = (now - self._last_content) / events
             if events == 1:  # the common case: no list to build

@@ -17,8 +17,10 @@ micro-USD, ledger status). Never prompt or answer text.
 
 Each engine attempt (`gateway.serving.proxy`) is a child span (kind CLIENT, `engine <pool>`: pool, replica,
 status), and the engine call carries its `traceparent`, so a vLLM engine started with `--otlp-traces-endpoint`
-joins the trace. The request span is found through a context variable the endpoint sets (`begin`), which the
-tasks a request starts inherit.
+joins the trace. Admission, routing (scoring and the route steps) and the ledger write are child spans too
+(`step`: `admission`, `route`, `ledger.write`), and a stream's first token is an event (`gen_ai.first_token`).
+The request span is found through a context variable the endpoint sets (`begin`), which the tasks a request
+starts inherit.
 """
 
 from __future__ import annotations
@@ -26,18 +28,20 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from gateway.ledger.store import CostRecord
 from gateway.serving.access_log import ANSWERED
 
-__all__ = ["Tracing", "tracing_from_env"]
+__all__ = ["Tracing", "first_token", "step", "tracing_from_env"]
 
 log = logging.getLogger(__name__)
 _MAX_OPEN = 100_000  # request spans begun and not ended; beyond it (a leak) the oldest are ended as they are
 _OPERATION = {"chat": "chat", "responses": "chat", "completions": "text_completion"}
-_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("cascade_request_span", default=None)
+# (tracer, request span) of the request this task serves; tasks a request starts inherit it
+_REQUEST: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar("cascade_request_span", default=None)
 
 
 class Tracing:
@@ -68,7 +72,7 @@ class Tracing:
         if len(self._open) >= _MAX_OPEN:
             self._open.pop(next(iter(self._open))).end()
         self._open[request_id] = span
-        _REQUEST.set(span)
+        _REQUEST.set((self._tracer, span))
 
     def requested_model(self, request_id: str, model: str) -> None:
         """The model the client asked for (`auto` or a pool name); names the span `<operation> <model>`."""
@@ -102,9 +106,10 @@ class Tracing:
                 ) -> tuple[Any, Mapping[str, str] | None]:
         """A child span of the current request for one engine call, and the call's headers with its
         `traceparent` (the headers unchanged and no span when tracing is off or outside a request)."""
-        parent = _REQUEST.get() if self._tracer is not None else None
-        if self._tracer is None or parent is None:
+        current = _REQUEST.get() if self._tracer is not None else None
+        if self._tracer is None or current is None:
             return None, headers
+        parent = current[1]
         from opentelemetry.propagate import inject
         from opentelemetry.trace import SpanKind, set_span_in_context
 
@@ -134,6 +139,32 @@ class Tracing:
         self._open.clear()
         if self._provider is not None:
             self._provider.shutdown()
+
+
+@contextmanager
+def step(name: str) -> Iterator[None]:
+    """A child span `name` of the current request's span around the block (nothing when tracing is off or the
+    task serves no traced request); an exception marks it failed and goes on."""
+    current = _REQUEST.get()
+    if current is None:
+        yield
+        return
+    from opentelemetry.trace import Status, StatusCode, set_span_in_context
+
+    span = current[0].start_span(name, context=set_span_in_context(current[1]))
+    try:
+        yield
+    except BaseException as exc:
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        span.end()
+
+
+def first_token() -> None:
+    """The current request's first token arrived: an event on its span."""
+    if (current := _REQUEST.get()) is not None:
+        current[1].add_event("gen_ai.first_token")
 
 
 def tracing_from_env(env: Mapping[str, str] | None = None,

@@ -46,7 +46,8 @@ class Receiver:
                     attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
                     self.spans.append({"name": span.name, "trace_id": span.trace_id.hex(), "kind": span.kind,
                                        "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
-                                       "attrs": attrs, "raw": bytes(body)})
+                                       "attrs": attrs, "events": [e.name for e in span.events],
+                                       "raw": bytes(body)})
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/x-protobuf")]})
         await send({"type": "http.response.body", "body": b""})
@@ -82,7 +83,7 @@ def test_a_request_continues_the_clients_trace_to_the_engine(tmp_path: Path, ups
         sent_to_engine = flagship.last_traceparent
         streamed = httpx.post(url + "/v1/chat/completions", json={**body, "stream": True},
                               headers={"traceparent": "00-not-a-trace-01"}, timeout=30)
-        spans = _wait(receiver, 4)
+        spans = _wait(receiver, 10)  # per request: itself, admission, route, the engine attempt, the ledger write
     assert answer.status_code == streamed.status_code == 200
     ours = [s for s in spans if s["trace_id"] == TRACE_ID]
     request = next(s for s in ours if s["name"] == "chat flagship")
@@ -94,11 +95,13 @@ def test_a_request_continues_the_clients_trace_to_the_engine(tmp_path: Path, ups
     assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
     assert a["cascade.cost_micro_usd"] > 0 and a["cascade.route"].startswith("pinned:flagship")
     assert engine["attrs"]["http.response.status_code"] == 200
+    steps = {s["name"] for s in ours if s["parent"] == request["span_id"]}
+    assert steps == {"admission", "route", "engine flagship", "ledger.write"}, steps
     # the engine call carried the engine span's context; the malformed traceparent started a trace of its own
     assert sent_to_engine == f"00-{TRACE_ID}-{engine['span_id']}-01"
     assert flagship.last_traceparent is not None and flagship.last_traceparent.split("-")[1] != TRACE_ID
     streamed_request = next(s for s in spans if s["name"] == "chat flagship" and s["trace_id"] != TRACE_ID)
-    assert streamed_request["parent"] == ""
+    assert streamed_request["parent"] == "" and streamed_request["events"] == ["gen_ai.first_token"]
     assert all(SECRET.encode() not in s["raw"] and b"zebra" not in s["raw"] for s in spans)
 
 
