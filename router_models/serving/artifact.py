@@ -35,6 +35,7 @@ __all__ = [
     "overflow_artifact",
     "promoted_artifacts",
     "read_metadata",
+    "read_payload",
     "save_artifact",
     "servable_artifact",
 ]
@@ -133,14 +134,22 @@ def _check_compatible(meta: dict[str, Any], meta_path: Path, embedder: str | Non
         raise ArtifactError(problem)
 
 
-def _read_payload(meta: dict[str, Any], meta_path: Path) -> LinearRouter:
+def read_payload(meta: dict[str, Any], meta_path: Path, what: str = "router payload",
+                 fix: str = _FIX) -> tuple[Path, bytes]:
+    """The payload file `meta` names beside `meta_path` and its bytes, checked against its sha256; `ArtifactError`
+    naming `what` (missing, corrupt) and how to `fix` it."""
     payload_path = meta_path.parent / str(meta.get("payload_file", ""))
     try:
         payload = payload_path.read_bytes()
     except OSError as exc:
-        raise ArtifactError(f"router payload {payload_path} is missing ({exc}); {_FIX}") from exc
+        raise ArtifactError(f"{what} {payload_path} is missing ({exc}); {fix}") from exc
     if hashlib.sha256(payload).hexdigest() != meta.get("payload_sha256"):
-        raise ArtifactError(f"router payload {payload_path} fails its sha256 check (corrupt?); {_FIX}")
+        raise ArtifactError(f"{what} {payload_path} fails its sha256 check (corrupt?); {fix}")
+    return payload_path, payload
+
+
+def _read_payload(meta: dict[str, Any], meta_path: Path) -> LinearRouter:
+    payload_path, payload = read_payload(meta, meta_path)
     try:
         with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
             weights = np.asarray(npz["weights"], dtype=np.float32)

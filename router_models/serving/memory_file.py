@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
-from router_models.serving.artifact import ArtifactError, read_metadata
+from router_models.serving.artifact import ArtifactError, read_metadata, read_payload
 from router_models.serving.label_memory import LabelMemory, MemoryParams
 
 __all__ = ["MEMORY_FORMAT", "load_memory", "memory_paths", "save_memory"]
@@ -88,13 +88,7 @@ def load_memory(path: str | Path, embedder: str | None = None) -> tuple[LabelMem
     if embedder is not None and meta.get("embedder") != embedder:
         raise ArtifactError(f"label memory {meta_path} holds vectors of {meta.get('embedder')!r}, but the router "
                             f"embeds with {embedder!r}; {_FIX}")
-    payload_path = meta_path.parent / str(meta.get("payload_file", ""))
-    try:
-        payload = payload_path.read_bytes()
-    except OSError as exc:
-        raise ArtifactError(f"label memory payload {payload_path} is missing ({exc}); {_FIX}") from exc
-    if hashlib.sha256(payload).hexdigest() != meta.get("payload_sha256"):
-        raise ArtifactError(f"label memory payload {payload_path} fails its sha256 check (corrupt?); {_FIX}")
+    payload_path, payload = read_payload(meta, meta_path, "label memory payload", _FIX)
     try:
         with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
             rows, targets, keys = npz["rows"], npz["targets"], npz["keys"]
