@@ -19,7 +19,10 @@ gateway's CPU at saturation (BENCHMARKS.md, the tail at saturation).
 
 from __future__ import annotations
 
-from typing import Any, cast
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -36,8 +39,11 @@ __all__ = [
     "HiredisUnixConnection",
     "is_cluster_url",
     "redis_from_url",
+    "run_with_redis",
+    "safe_url",
 ]
 
+T = TypeVar("T")
 REDIS_FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}  # cluster scheme -> redis-py's scheme
@@ -75,6 +81,36 @@ _PACKED: dict[type[Any], type[Any]] = {
     aioredis.SSLConnection: HiredisSSLConnection,
     aioredis.UnixDomainSocketConnection: HiredisUnixConnection,
 }
+
+
+def run_with_redis(url: str, prog: str, work: Callable[[aioredis.Redis], Awaitable[T]],
+                   socket_timeout_s: float = 30.0) -> T | None:
+    """For a command line: run `work` with a client for `url` it does not own (closed here); None after a
+    one-line error on stderr, prefixed `prog`, when Redis is unreachable or failing or the URL is malformed."""
+
+    async def run() -> T:
+        client = redis_from_url(url, socket_connect_timeout=2.0, socket_timeout=socket_timeout_s)
+        try:
+            return await work(client)
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(run())
+    except REDIS_FAILURES as exc:
+        print(f"{prog}: Redis at {safe_url(url)} unreachable or failing: {exc}", file=sys.stderr)
+        return None
+    except ValueError as exc:  # e.g. a malformed URL or an unexpected reply
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+
+
+def safe_url(url: str) -> str:
+    """The URL without a password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest
 
 
 def redis_from_url(url: str, **options: Any) -> aioredis.Redis:

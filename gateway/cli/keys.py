@@ -8,7 +8,6 @@ Exit codes: 0 fine, 1 `revoke` found no such key, 2 usage error or Redis unreach
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -16,9 +15,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import orjson
-import redis.asyncio as aioredis
 
-from gateway.redis_client import REDIS_FAILURES, redis_from_url
+from gateway.redis_client import run_with_redis
 from gateway.settings import argparse_type
 from gateway.tenancy.api_keys import ApiKey, KeyStore
 from policies.money import usd_to_micro
@@ -126,16 +124,5 @@ async def _revoke(store: KeyStore, key_or_id: str) -> list[ApiKey]:
 
 def _with_store(args: argparse.Namespace, work: Callable[[KeyStore], Awaitable[T]]) -> T | None:
     """Run `work` on a store over a client closed here; None after a one-line error on stderr."""
-
-    async def run() -> T:
-        client: aioredis.Redis = redis_from_url(args.redis_url, socket_connect_timeout=2.0, socket_timeout=10.0)
-        try:
-            return await work(KeyStore(client, args.prefix))
-        finally:
-            await client.aclose()
-
-    try:
-        return asyncio.run(run())
-    except REDIS_FAILURES as exc:
-        print(f"cascade keys: Redis unreachable or failing: {exc}", file=sys.stderr)
-        return None
+    return run_with_redis(args.redis_url, "cascade keys", lambda client: work(KeyStore(client, args.prefix)),
+                          socket_timeout_s=10.0)

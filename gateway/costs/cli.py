@@ -8,16 +8,13 @@ Redis unreachable (one line on stderr, no traceback).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
-
-import redis.asyncio as aioredis
+from typing import Any
 
 from gateway.cli.output import write_output
 from gateway.costs.html import render_html
@@ -32,11 +29,10 @@ from gateway.costs.report import (
     verify,
 )
 from gateway.ledger.store import LedgerKeys
-from gateway.redis_client import REDIS_FAILURES, redis_from_url
+from gateway.redis_client import run_with_redis
 
 __all__ = ["print_report", "register", "render", "write_report"]
 
-T = TypeVar("T")
 _MAX_DAYS = 3660
 _RENDERERS: dict[str, Callable[[CostReport, str], str]] = {
     "table": render_table,
@@ -112,7 +108,7 @@ def write_report(redis_url: str, prefix: str, start: date, end: date, *, by: str
     if (code := _check_range(start, end)) is not None:
         return code
     keys = LedgerKeys(prefix)
-    report = _with_redis(redis_url, lambda client: load_report(client, keys, start, end))
+    report = run_with_redis(redis_url, "cascade costs", lambda client: load_report(client, keys, start, end))
     if report is None:
         return 2
     text = render(_with_policy_figures(report, redis_url, prefix, policy, artifact), by, fmt)
@@ -130,7 +126,8 @@ def _write_key_report(args: argparse.Namespace) -> int:
         print("cascade costs: --by key comes as table, csv or json", file=sys.stderr)
         return 2
     keys = LedgerKeys(args.prefix)
-    rows = _with_redis(args.redis_url, lambda client: load_key_rows(client, keys, args.start, args.end))
+    rows = run_with_redis(args.redis_url, "cascade costs",
+                          lambda client: load_key_rows(client, keys, args.start, args.end))
     if rows is None:
         return 2
     write_output(render_keys(rows, args.start, args.end, args.format), args.out)
@@ -166,7 +163,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     if (code := _check_range(args.start, args.end)) is not None:
         return code
     keys = LedgerKeys(args.prefix)
-    result = _with_redis(args.redis_url, lambda client: verify(client, keys, args.start, args.end))
+    result = run_with_redis(args.redis_url, "cascade costs", lambda client: verify(client, keys, args.start, args.end))
     if result is None:
         return 2
     sys.stdout.write(_verify_text(result, args.start, args.end))
@@ -204,29 +201,3 @@ def _check_range(start: date, end: date) -> int | None:
     return None
 
 
-def _with_redis(url: str, work: Callable[[aioredis.Redis], Awaitable[T]]) -> T | None:
-    """Run `work` with a client it does not own (closed here); None after a one-line error on stderr."""
-
-    async def run() -> T:
-        client = redis_from_url(url, socket_connect_timeout=2.0, socket_timeout=30.0)
-        try:
-            return await work(client)
-        finally:
-            await client.aclose()
-
-    try:
-        return asyncio.run(run())
-    except REDIS_FAILURES as exc:
-        print(f"cascade costs: Redis at {_safe_url(url)} unreachable or failing: {exc}", file=sys.stderr)
-        return None
-    except ValueError as exc:  # e.g. a malformed URL or an unexpected reply
-        print(f"cascade costs: {exc}", file=sys.stderr)
-        return None
-
-
-def _safe_url(url: str) -> str:
-    """The URL without a password."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
