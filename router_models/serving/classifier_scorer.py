@@ -145,7 +145,7 @@ def _timed(model: BatchModel, keys: list[_Key], embed: bool, domain: DomainRefer
     if embed and isinstance(model, EmbeddingModel):
         values, vectors = model.score_and_embed(texts, shapes)
         if domain is not None:
-            figures = [float(v) for v in domain.in_domain(vectors)]
+            figures = [round(float(v), 4) for v in domain.in_domain(vectors)]  # as headers and records show it
     else:
         values = model(texts, shapes)
     return values, vectors, figures, time.perf_counter() - started

@@ -92,5 +92,5 @@ async def test_the_real_scorer_keeps_the_figure_of_each_primary_score() -> None:
     finally:
         await scorer.aclose()
     assert all(f is not None and 0.0 <= f <= 1.0 for f in figures)
-    assert figures == pytest.approx(list(scorer.domain.in_domain(vectors)), abs=1e-9)
+    assert figures == pytest.approx(list(scorer.domain.in_domain(vectors)), abs=5e-5)  # kept to 4 decimals
     assert float(np.mean([f for f in figures if f is not None])) > 0.5
