@@ -153,6 +153,10 @@ def _learning_problems(policy: Policy) -> Iterator[Problem]:
         yield ("learning", "retrain", "every_hours"), (
             "retraining learns from kept requests only, and learning.keep_prompts.sample is 0: keep a share of "
             "prompts or set retrain.every_hours to 0")
+    if learning.in_domain.hold is not None and learning.label_memory.scope != "tenant":
+        yield ("learning", "in_domain", "hold"), (
+            "hold waits for the drifting tenant's own labels, which move its scores only with "
+            "learning.label_memory.scope: tenant; set that scope or remove hold")
 
 
 def _autoscale_problems(policy: Policy) -> Iterator[Problem]:

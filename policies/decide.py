@@ -104,6 +104,8 @@ class RouteDecision:
     router_version: str = ""
     pool_version: str = ""
     route: tuple[RouteStep, ...] = ()  # every step that chose or changed the pool, in order (`RouteStep`)
+    in_domain: float | None = None  # how close the request is to the router's training data (`router_models.
+    # serving.domain`), None without a figure (not scored, the overflow model scored it, no domain reference)
 
     def then(self, step: str, why: str, **changes: Any) -> RouteDecision:
         """This decision after one more step: `changes` (pool, model, rule, reason, ...) applied, and `step` with

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from policies.frozen import Frozen
 from policies.money import usd_to_micro
 
-__all__ = ["KeepPrompts", "LabelMemory", "Learning", "Retrain", "Shadow"]
+__all__ = ["HoldThreshold", "InDomain", "KeepPrompts", "LabelMemory", "Learning", "Retrain", "Shadow"]
 
 
 class KeepPrompts(Frozen):
@@ -82,8 +82,65 @@ class LabelMemory(Frozen):
                                                       "request's score: none, tenant (its own) or shared")
 
 
+class HoldThreshold(Frozen):
+    """A safer threshold for a drifting tenant: its requests go to the flagship from score `threshold` on (when
+    that is below the threshold the policy routes with, never above: more flagship, not less) until the tenant's
+    own label memory (`learning.label_memory`, scope tenant) holds `until_labels` labels."""
+
+    threshold: float = Field(gt=0, lt=1, description="score from which a drifting tenant's requests go to the "
+                             "flagship pool (lower: more flagship)")
+    until_labels: int = Field(default=200, ge=1, le=10_000_000, description="labels of the tenant's own label "
+                              "memory after which its usual threshold applies again")
+
+
+class InDomain(Frozen):
+    """Traffic unlike the router's training data (`router_models.serving.domain`: each scored request's in-domain
+    figure in [0, 1]). A request below `bound` is "unlike"; a tenant is drifting while more than `drift_share` of
+    its last `window` scored requests (at least `min_requests` of them) are. The cost report states the share below
+    `bound` and widens its quality-kept range with it; a drifting tenant is named in the log and the report and,
+    with `hold`, routed at a safer threshold. Kept prompts and shadow comparisons are drawn up to `unlike_sampling`
+    times as often for a request of figure 0 (linear in 1 - figure), so the labels arrive where the router knows
+    least."""
+
+    bound: float = Field(default=0.3, gt=0, lt=1, description="in-domain figure below which a request counts as "
+                         "unlike the training data: a multiple of 0.1 (the ledger counts tenths)")
+    drift_share: float = Field(default=0.4, gt=0, le=1, description="share of a tenant's requests below the bound "
+                               "past which it is drifting")
+    window: int = Field(default=500, ge=10, le=100_000, description="a tenant's latest scored requests its drift "
+                        "is judged on (per gateway process)")
+    min_requests: int = Field(default=100, ge=1, le=100_000, description="scored requests of a tenant needed "
+                              "before its drift is judged")
+    unlike_sampling: float = Field(default=4.0, ge=1, le=100, description="how many times as often a request of "
+                                   "figure 0 is kept and shadow-compared (1: no change)")
+    hold: HoldThreshold | None = Field(default=None, description="route a drifting tenant at a safer threshold "
+                                       "until enough of its own labels have arrived (default: off)")
+
+    @field_validator("bound")
+    @classmethod
+    def _tenths(cls, value: float) -> float:
+        if abs(value * 10 - round(value * 10)) > 1e-9:
+            raise ValueError(f"bound must be a multiple of 0.1 (0.1 .. 0.9): the ledger counts in-domain figures in "
+                             f"tenths, so a report can tell the share below it; got {value}")
+        return round(value, 1)
+
+    @model_validator(mode="after")
+    def _window_holds_minimum(self) -> InDomain:
+        if self.min_requests > self.window:
+            raise ValueError(f"min_requests ({self.min_requests}) cannot exceed window ({self.window}): the "
+                             "drift would never be judged")
+        return self
+
+    def sampling_factor(self, in_domain: float | None) -> float:
+        """How many times as often a request of this figure is kept and compared: 1 + (unlike_sampling - 1) *
+        (1 - figure); 1 without a figure."""
+        if in_domain is None:
+            return 1.0
+        return 1.0 + (self.unlike_sampling - 1.0) * (1.0 - min(1.0, max(0.0, in_domain)))
+
+
 class Learning(Frozen):
     keep_prompts: KeepPrompts = KeepPrompts()
     shadow: Shadow = Shadow()
     retrain: Retrain = Retrain()
     label_memory: LabelMemory = LabelMemory()
+    in_domain: InDomain = InDomain()

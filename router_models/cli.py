@@ -1,4 +1,4 @@
-"""`cascade router {train,eval,score,versions,rollback,memory}`: offline tooling around the complexity router.
+"""`cascade router {train,eval,score,versions,rollback,memory,domain}`: offline tooling around the complexity router.
 
 `register(subparsers)` adds the `router` command to the gateway's `cascade` CLI; every subcommand sets
 `func(args) -> int` (the exit code). Heavy imports happen inside the handlers, not at import time.
@@ -105,6 +105,37 @@ def _memory_add(args: argparse.Namespace) -> int:
     print(f"label memory {update.path}: {update.before} -> {update.after} labels, "
           f"{update.conflicting_prompts} prompts with conflicting labels (running gateways read it within seconds)")
     return 0
+
+
+def _domain_build(args: argparse.Namespace) -> int:
+    from router_models.training.domain_build import run_domain_build
+
+    try:
+        return run_domain_build(str(args.artifact) if args.artifact else None, args.routing_dir, args.out,
+                                args.per_source, args.neighbours, args.probes, args.max_per_source)
+    except (ArtifactError, FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+
+
+def _add_domain(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    domain = sub.add_parser("domain", help="the in-domain reference: how close traffic is to the training data",
+                            description="Each scored request gets an in-domain figure in [0, 1] from the router's "
+                            "own embedding (router_models/serving/domain.py).")
+    dsub: argparse._SubParsersAction = domain.add_subparsers(dest="domain_cmd", required=True)  # type: ignore[type-arg]
+    p = dsub.add_parser("build", help="build the reference beside an artifact, calibrated leave one source out",
+                        description="Sample the artifact's public training prompts, embed them with its embedder and "
+                        "fit the in-domain calibration leave one source out (held-out sources low, in-sample high); "
+                        "writes <artifact stem>-domain.json (+ .npz) beside the artifact and prints the figures.")
+    p.add_argument("--artifact", type=Path, default=None, help="artifact .json (default: the current one)")
+    p.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR,
+                   help="folder of real model outcomes (../shared/data/routing; env CASCADE_ROUTING_DATA)")
+    p.add_argument("--out", type=Path, default=None, help="write the reference here instead of beside the artifact")
+    p.add_argument("--per-source", type=int, default=300, help="reference prompts per source (default 300)")
+    p.add_argument("--neighbours", type=int, default=10, help="nearest reference prompts averaged (default 10)")
+    p.add_argument("--probes", type=int, default=2000, help="prompts per fold scored for the calibration")
+    p.add_argument("--max-per-source", type=int, default=None,
+                   help="use at most N evenly spaced prompts per source (quick runs; the figures then differ)")
+    p.set_defaults(func=_domain_build)
 
 
 def _add_memory(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -220,4 +251,5 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
     _add_score(sub)
     _add_store(sub)
     _add_memory(sub)
+    _add_domain(sub)
     return sub

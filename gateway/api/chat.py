@@ -58,6 +58,7 @@ def route_headers(request_id: str, decision: RouteDecision, endpoint: str = CHAT
         "x-cascade-pool": decision.pool,
         "x-cascade-score": "none" if decision.score is None else f"{decision.score:.4f}",
         "x-cascade-scored-by": decision.scored_by or "none",
+        "x-cascade-in-domain": "none" if decision.in_domain is None else f"{decision.in_domain:.4f}",
         "x-cascade-router-version": decision.router_version or "none",
         "x-cascade-pool-version": decision.pool_version or "none",
         "x-cascade-rule": decision.rule,

@@ -70,6 +70,7 @@ from gateway.control.metrics_dir import multiprocess_dir
 from gateway.control.parent_counters import RESTARTS, SCALE_EVENTS, ParentCountersCollector
 from gateway.control.speculation_metrics import SpeculationCollector
 from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector
+from gateway.ledger.record import in_domain_counters
 from gateway.ledger.store import CostRecord
 from policies.decide import RouteStep
 
@@ -181,6 +182,9 @@ class GatewayMetrics:
         self.trace_export_failures = Counter("cascade_trace_export_failures", "batches of spans the OTLP receiver "
                                              "did not take (down, slow, refused): dropped", registry=r)
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)
+        self.in_domain = Histogram("cascade_router_in_domain", "each scored request's in-domain figure: how close "
+                                   "it is to the router's training data (0 unlike it, 1 like it)", ["tenant"],
+                                   buckets=tuple(k / 10 for k in range(1, 11)), registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self._router_scored = Counter("cascade_router_scored", "texts scored by the classifier, by model: "
@@ -302,6 +306,8 @@ class GatewayMetrics:
         if rec.ttft_ms is not None:
             self.ttft.labels(rec.pool, version).observe(rec.ttft_ms / 1000)
         self.latency.labels(rec.pool, version).observe(rec.latency_ms / 1000)
+        if in_domain_counters(rec)[0]:  # once per request (not a cascade probe, not a discarded answer)
+            self.in_domain.labels(rec.tenant).observe(float(rec.in_domain or 0.0))
 
     def engine_restarted(self, pool: str, index: int, reason: str) -> None:
         """The supervisor restarted replica `index` of `pool` (`backends.engines.supervisor.RestartHook`)."""

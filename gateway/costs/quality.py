@@ -14,6 +14,8 @@ cascade probes count as routed: an approximation, stated in the output. They do 
 surge sent to the router's overflow model (`overflow_scored`; lower quality, `router_models/MODEL_CARD.md`):
 that share is weighed at the overflow artifact's curve (the one `--router-overflow auto` pairs with the
 primary), or at the primary's when there is none, which the output then says. Labels are not filtered by date.
+With a policy, the estimate also carries the share of traffic unlike the router's training data and the range it
+gives the quality kept (`gateway.costs.domain`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gateway.costs.domain import domain_share
 from gateway.costs.estimate import LabelEstimate, QualityEstimate
 from gateway.costs.report import CostReport
 from policies.schema import Policy
@@ -96,7 +99,8 @@ def with_quality(report: CostReport, policy: Policy | None, artifact: Path | Non
     overflow = _overflow_curve(artifact) if total.counters.overflow_scored else None
     estimate = estimate_quality(total.pool_requests, routing.micro_pool, routing.flagship_pool, curve,
                                 reason, labels, total.counters.overflow_scored, overflow)
-    return replace(report, quality=estimate)
+    domain = domain_share(report, policy.learning.in_domain, estimate, artifact)
+    return replace(report, quality=replace(estimate, domain=domain))
 
 
 def _overflow_curve(primary: Path | None) -> QualityCurve | None:

@@ -117,6 +117,23 @@ class Counters:
     completions_completion_tokens: int = 0
     completions_cost_micro_usd: int = 0
     completions_flagship_cost_micro_usd: int = 0
+    # requests with an in-domain figure, and how many of them fell in each tenth of [0, 1] (`IN_DOMAIN_COUNTERS`)
+    in_domain_scored: int = 0
+    in_domain_t0: int = 0
+    in_domain_t1: int = 0
+    in_domain_t2: int = 0
+    in_domain_t3: int = 0
+    in_domain_t4: int = 0
+    in_domain_t5: int = 0
+    in_domain_t6: int = 0
+    in_domain_t7: int = 0
+    in_domain_t8: int = 0
+    in_domain_t9: int = 0
+
+    def in_domain_below(self, bound: float) -> int:
+        """Requests whose in-domain figure is below `bound` (a multiple of 0.1: the rollups count tenths)."""
+        tenths = round(bound * 10)
+        return sum(getattr(self, f"in_domain_t{k}") for k in range(min(10, max(0, tenths))))
 
     def of_endpoint(self, endpoint: str) -> Counters:
         """The requests, tokens and costs of one endpoint ("chat", "responses", "completions"); the other counters

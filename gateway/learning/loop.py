@@ -11,6 +11,11 @@ in the background (tracked by the `Accountant`, so shutdown waits for it):
   (`gateway.learning.shadow`), started once the client's answer is whole: a JSON answer when it is built (sending it
   does not wait for the comparison), a stream when the client has read all of it (a cut stream: none).
 
+Both draws rise where traffic is unlike the router's training data: a request with in-domain figure d
+(`RouteDecision.in_domain`) is kept, and compared, with the sample times `learning.in_domain.sampling_factor(d)`
+(1 + (unlike_sampling - 1) * (1 - d), capped at probability 1; no figure: the sample as set), so labels arrive
+first where the router's figures say least.
+
 Only scored requests are kept (the loop teaches the scorer). Nothing here raises into the request: a Redis
 failure is logged and the label is lost. Prompts are user data: the whole section is off by default.
 """
@@ -58,7 +63,8 @@ class LearningTap:
         policy = loaded.policy
         keep = policy.learning.keep_prompts
         decision = reply.decision
-        if decision.score is None or keep.sample <= 0 or self._rng() >= keep.sample:
+        factor = policy.learning.in_domain.sampling_factor(decision.in_domain)
+        if decision.score is None or keep.sample <= 0 or self._rng() >= min(1.0, keep.sample * factor):
             return
         micro = decision.pool == policy.routing.micro_pool
         text, shape = read_conversation(raw["messages"])
@@ -72,7 +78,7 @@ class LearningTap:
         self._spawn(self._write(writes, keep.ttl_days * 86_400))
         self._metrics.learning.labels("prompt_kept").inc()
         shadow = policy.learning.shadow
-        if micro and self._shadow is not None and shadow.sample > 0 and self._rng() < shadow.sample:
+        if micro and self._shadow is not None and shadow.sample > 0 and self._rng() < min(1.0, shadow.sample * factor):
             self._after_answer(reply, lambda answer: self._compare(request_id, raw, answer, loaded))
 
     def _after_answer(self, reply: JSONReply | StreamReply,

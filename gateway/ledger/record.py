@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "ENDPOINT_COUNTERS",
     "ENDPOINT_FIELDS",
+    "IN_DOMAIN_COUNTERS",
     "MAX_MICRO_USD",
     "MAX_ROUTE",
     "MAX_TOKENS",
@@ -26,6 +27,7 @@ __all__ = [
     "cache_counters",
     "endpoint_counters",
     "extra_counters",
+    "in_domain_counters",
     "overflow_scored",
     "record_from_fields",
     "record_to_fields",
@@ -55,8 +57,11 @@ _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship
 SPLIT_ENDPOINTS = ("responses", "completions")
 ENDPOINT_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 ENDPOINT_COUNTERS = tuple(f"{endpoint}_{name}" for endpoint in SPLIT_ENDPOINTS for name in ENDPOINT_FIELDS)
+# `in_domain_scored`: requests with an in-domain figure (`router_models.serving.domain`); `in_domain_t<k>`: those
+# whose figure lies in [k/10, (k+1)/10) (t9 includes 1.0), so a report tells the share below any bound in tenths
+IN_DOMAIN_COUNTERS = ("in_domain_scored", *(f"in_domain_t{k}" for k in range(10)))
 EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "cache_hits", "cache_misses",
-                  "cache_avoided_micro_usd", *ENDPOINT_COUNTERS)
+                  "cache_avoided_micro_usd", *ENDPOINT_COUNTERS, *IN_DOMAIN_COUNTERS)
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
@@ -109,6 +114,9 @@ class CostRecord:
     route: str = ""  # the steps that chose its pool, as `x-cascade-route` shows them (`policies.decide.route_text`):
     # "score:micro, context-fit:flagship"; "" in a record written before the field existed
     key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`: 12 hex digits); "" when none
+    in_domain: float | None = None  # how close the request is to the router's training data, in [0, 1]
+    # (`router_models.serving.domain`); None when not scored, scored by the overflow model, by an artifact without
+    # a domain reference, or in a record written before the field existed
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -120,7 +128,17 @@ def overflow_scored(rec: CostRecord) -> int:
 def extra_counters(rec: CostRecord) -> tuple[int, ...]:
     """What `rec` adds to each of the `EXTRA_COUNTERS` of its rollups, in that order."""
     return (overflow_scored(rec), int(rec.output_check != ""), int(rec.output_check.startswith("fail")),
-            *cache_counters(rec), *endpoint_counters(rec))
+            *cache_counters(rec), *endpoint_counters(rec), *in_domain_counters(rec))
+
+
+def in_domain_counters(rec: CostRecord) -> tuple[int, ...]:
+    """What `rec` adds to the `IN_DOMAIN_COUNTERS`: 1 to `in_domain_scored` and to its figure's tenth; nothing
+    without a figure, nor for a record that another record of the request follows (a cascade probe, a discarded
+    answer): a request counts once."""
+    if rec.in_domain is None or rec.status not in (*_ANSWERS, "cache_hit"):
+        return (0,) * len(IN_DOMAIN_COUNTERS)
+    tenth = min(9, int(rec.in_domain * 10))
+    return (1, *(int(k == tenth) for k in range(10)))
 
 
 def endpoint_counters(rec: CostRecord) -> tuple[int, ...]:
@@ -172,6 +190,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     _check_float("latency_ms", rec.latency_ms, 0.0, math.inf)
     if rec.ttft_ms is not None:
         _check_float("ttft_ms", rec.ttft_ms, 0.0, math.inf)
+    if rec.in_domain is not None:
+        _check_float("in_domain", rec.in_domain, 0.0, 1.0)
     if rec.status not in _STATUSES:
         raise InvalidCostRecord(f"status: must be one of {sorted(_STATUSES)}, got {rec.status!r}")
     if rec.usage_source not in _USAGE_SOURCES:
@@ -196,6 +216,7 @@ def record_to_fields(rec: CostRecord) -> dict[str, str]:
     fields["started_at"] = repr(float(rec.started_at))
     fields["ttft_ms"] = "" if rec.ttft_ms is None else repr(float(rec.ttft_ms))
     fields["latency_ms"] = repr(float(rec.latency_ms))
+    fields["in_domain"] = "" if rec.in_domain is None else repr(float(rec.in_domain))
     return fields
 
 
@@ -213,6 +234,7 @@ def record_from_fields(fields: Mapping[str, str]) -> CostRecord:
         values["started_at"] = float(fields["started_at"])
         values["ttft_ms"] = float(fields["ttft_ms"]) if fields["ttft_ms"] else None
         values["latency_ms"] = float(fields["latency_ms"])
+        values["in_domain"] = float(fields["in_domain"]) if fields.get("in_domain") else None
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise InvalidCostRecord(f"malformed record fields: {exc}") from exc
     rec = CostRecord(**values)

@@ -92,6 +92,7 @@ class Accountant:
             cache=facts.cache,
             output_check=facts.output_check,
             key_id=facts.key_id,
+            in_domain=decision.in_domain,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

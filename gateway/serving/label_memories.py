@@ -79,6 +79,11 @@ class LabelMemories:
     def names(self) -> list[str]:
         return sorted(self._attached)
 
+    def labels(self, name: str) -> int:
+        """Labels in memory `name` as loaded now (0: none loaded)."""
+        attached = self._attached.get(name)
+        return 0 if attached is None else len(attached.memory)
+
     def adjust(self, name: str, scorer: Scorer, text: str, score: float) -> MemoryScore | None:
         """`score` (the primary model's, for the scoring `text`) moved by memory `name`; None when there is no
         such memory, it is attached to another router than `scorer`'s, or `scorer` kept no embedding of `text`."""

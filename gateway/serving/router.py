@@ -14,6 +14,7 @@ from typing import Any
 from gateway.control.live_threshold import LiveThreshold
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
+from gateway.serving.drift import DomainDrift
 from gateway.serving.label_memories import LabelMemories
 from gateway.serving.schema import ChatRequest
 from policies.decide import (
@@ -22,6 +23,7 @@ from policies.decide import (
     PoolNotAllowed,
     RouteContext,
     RouteDecision,
+    RouteStep,
     decide,
     known_model,
     needs_score,
@@ -30,8 +32,9 @@ from policies.decide import (
 )
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
+from policies.threshold import base_threshold
 from router_models.embedders.protocol import FloatArray
-from router_models.serving.scorer import EmbeddingSource, Scorer, conversation_text, read_conversation
+from router_models.serving.scorer import DomainSource, EmbeddingSource, Scorer, conversation_text, read_conversation
 
 __all__ = ["RequestRouter"]
 
@@ -48,6 +51,7 @@ class RequestRouter:
         self._metrics = metrics
         self._live = live
         self.memories = memories
+        self.drift = DomainDrift()  # tenants drifting from the training data (policy learning.in_domain)
 
     @property
     def scorer(self) -> Scorer | None:
@@ -94,6 +98,35 @@ class RequestRouter:
                                      conversation_text(raw["messages"]), score)
         return (score, version) if moved is None else (moved.score, moved.version(version))
 
+    def _in_domain(self, raw: Mapping[str, Any]) -> float | None:
+        """The in-domain figure the scorer kept for this request's text (None: it keeps none)."""
+        scorer = self._scorer
+        if not isinstance(scorer, DomainSource):
+            return None
+        return scorer.in_domain(conversation_text(raw["messages"]))
+
+    def _held(self, loaded: LoadedPolicy, ctx: RouteContext, ladder: LadderState, threshold: float | None,
+              decision: RouteDecision) -> RouteDecision:
+        """`decision` at the safer threshold of `learning.in_domain.hold` when its tenant drifts and its own label
+        memory holds fewer than `until_labels` labels: decided again at that threshold (so allowed pools, rules and
+        the ladder apply as to any decision), with a `domain-hold` step when the pool changed. Unchanged
+        otherwise, or when the threshold in force is already as low."""
+        hold = loaded.policy.learning.in_domain.hold
+        if hold is None or decision.score is None or not self.drift.drifting(ctx.tenant):
+            return decision
+        labels = self.memories.labels(ctx.tenant) if self.memories is not None else 0
+        usual = threshold if threshold is not None else base_threshold(loaded.policy.routing.threshold)
+        if labels >= hold.until_labels or hold.threshold >= usual:
+            return decision
+        safer = decide(loaded.policy, loaded.version, ctx, decision.score, ladder, hold.threshold)
+        if safer.pool == decision.pool:
+            return decision
+        why = (f"tenant drifts from the training data; threshold held at {hold.threshold} until {hold.until_labels} "
+               f"own labels ({labels} so far)")
+        return replace(decision, pool=safer.pool, model=safer.model, rule="domain-hold",
+                       reason=f"{safer.reason}; {why}", route=(*decision.route, RouteStep("domain-hold", safer.pool,
+                                                                                         why)))
+
     async def route(
         self, request: ChatRequest, raw: Mapping[str, Any], tenant: str, headers: Mapping[str, str],
         loaded: LoadedPolicy, ladder: LadderState, downgrade: bool = False,
@@ -109,12 +142,16 @@ class RequestRouter:
         ctx = RouteContext.from_request(raw, tenant, headers)
         score, scored_by, version = (await self._score(raw) if self._scorer is not None
                                      and needs_score(policy, ctx) else (None, "", ""))
+        in_domain = None
         if score is not None and scored_by == "primary":
+            in_domain = self._in_domain(raw)
+            self.drift.observe(policy.learning.in_domain, tenant, in_domain)
             score, version = self._remembered(loaded, tenant, raw, score, version)
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
             decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by,
-                               router_version=version)
+                               router_version=version, in_domain=in_domain)
+            decision = self._held(loaded, ctx, ladder, threshold, decision)
         except PoolNotAllowed as exc:
             raise PermissionDenied(str(exc), param="model") from exc
         except ModelNotRouted as exc:

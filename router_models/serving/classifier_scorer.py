@@ -48,6 +48,7 @@ from router_models.serving.artifact import (
     overflow_artifact,
 )
 from router_models.serving.classifier import LinearRouter, feature_matrix
+from router_models.serving.domain import DomainReference
 from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
@@ -131,16 +132,23 @@ _Key = tuple[str, ConversationShape]  # what is scored, and cached: the scoring 
 _Item = tuple[_Key, "asyncio.Future[_Scored]", float]  # what, its caller's future, loop time it was queued
 
 
-def _timed(model: BatchModel, keys: list[_Key], embed: bool) -> tuple[list[float], FloatArray | None, float]:
-    """(scores, embeddings when `embed` and the model gives them, seconds taken)."""
+_Timed = tuple[list[float], FloatArray | None, list[float] | None, float]
+
+
+def _timed(model: BatchModel, keys: list[_Key], embed: bool, domain: DomainReference | None = None) -> _Timed:
+    """(scores, embeddings when `embed` and the model gives them, their in-domain figures when `domain` is given
+    too, seconds taken)."""
     started = time.perf_counter()
     texts, shapes = [text for text, _ in keys], [shape for _, shape in keys]
     vectors: FloatArray | None = None
+    figures: list[float] | None = None
     if embed and isinstance(model, EmbeddingModel):
         values, vectors = model.score_and_embed(texts, shapes)
+        if domain is not None:
+            figures = [round(float(v), 4) for v in domain.in_domain(vectors)]  # as headers and records show it
     else:
         values = model(texts, shapes)
-    return values, vectors, time.perf_counter() - started
+    return values, vectors, figures, time.perf_counter() - started
 
 
 class ClassifierScorer:
@@ -156,13 +164,19 @@ class ClassifierScorer:
     bounds (`embedding(text)`, in the space `embedding_space` names; 384 float32 a text for the shipped embedder, so
     about 15 MB at the default 10,000 entries): the response cache's semantic mode reads the vector the router
     computed instead of embedding the text a second time. Overflow scores keep none (another vector space).
+
+    With a `domain` reference (`router_models.serving.domain`, on the primary's embedder), each primary batch also
+    gets its in-domain figures, computed in the same worker thread from the same embeddings and kept beside them
+    (`in_domain(text)`); an overflow score has none.
     """
 
     def __init__(
         self, model: BatchModel, config: BatchingConfig | None = None,
         clock: Callable[[], float] = time.monotonic, overflow: BatchModel | None = None, version: str = "",
+        domain: DomainReference | None = None,
     ) -> None:
         self._model = model
+        self.domain = domain
         self.version = version  # the primary artifact's: every answer and cost record names it
         self.overflow = overflow
         self.scored_by = {"primary": 0, "overflow": 0}
@@ -176,6 +190,9 @@ class ClassifierScorer:
         self.embedding_space = model.embedder_name if isinstance(model, EmbeddingModel) else ""
         self._vectors: TTLCache[str, FloatArray] = TTLCache(
             self._config.cache_entries if self.embedding_space else 0, self._config.cache_ttl_s, clock)
+        self._figures: TTLCache[str, float] = TTLCache(
+            self._config.cache_entries if self.embedding_space and domain is not None else 0,
+            self._config.cache_ttl_s, clock)
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=self._config.workers, thread_name_prefix="router-scorer")
         self._collectors: list[asyncio.Task[None]] = []
@@ -209,6 +226,7 @@ class ClassifierScorer:
         if cached is None:
             return await self._enqueue(key)
         self._vectors.get(text)  # kept as recently used as its score: evicted together
+        self._figures.get(text)
         return cached, "primary"
 
     @property
@@ -220,6 +238,11 @@ class ClassifierScorer:
         """The primary model's embedding of `text`, kept when it scored it (None: not scored by it, expired or
         evicted, or a model without embeddings). Row vector, not normalised; do not modify it."""
         return self._vectors.peek(text)
+
+    def in_domain(self, text: str) -> float | None:
+        """The in-domain figure of `text` (`router_models.serving.domain`), kept when the primary model scored it;
+        None without a domain reference, or when not scored by the primary (or expired, evicted)."""
+        return self._figures.peek(text)
 
     def _enqueue(self, key: _Key) -> asyncio.Future[_Scored]:
         loop = asyncio.get_running_loop()
@@ -273,9 +296,10 @@ class ClassifierScorer:
             if self.on_batch is not None:
                 self.on_batch(len(unique))
             which, model = self._pick(live, len(unique), loop.time())
+            embed = which == "primary" and bool(self.embedding_space)
             try:
-                values, vectors, took_s = await loop.run_in_executor(
-                    self._executor, _timed, model, unique, which == "primary" and bool(self.embedding_space))
+                values, vectors, figures, took_s = await loop.run_in_executor(
+                    self._executor, _timed, model, unique, embed, self.domain if embed else None)
             except asyncio.CancelledError:  # closing: callers of the batch in flight are not left waiting
                 for _, fut, _ in live:
                     if not fut.done():
@@ -299,6 +323,9 @@ class ClassifierScorer:
                 if vectors is not None:  # an embedding depends on the text alone
                     for (text, _), vector in zip(unique, vectors, strict=True):
                         self._vectors.put(text, vector)
+                if figures is not None:
+                    for (text, _), figure in zip(unique, figures, strict=True):
+                        self._figures.put(text, figure)
             for key, fut, _ in live:
                 if not fut.done():
                     fut.set_result((by_key[key], which))
@@ -389,6 +416,22 @@ def load_model(
     return model
 
 
+def _domain(artifact_path: str | Path, embedder: str) -> DomainReference | None:
+    """The artifact's domain reference (`domain_file.reference_for`); None when it has none or it cannot be served
+    (logged: the router serves on, its requests without an in-domain figure)."""
+    from router_models.serving.domain_file import reference_for
+
+    try:
+        found = reference_for(artifact_path, embedder)
+    except ArtifactError as exc:
+        _log.warning("router domain reference not loaded (%s); requests get no in-domain figure", exc)
+        return None
+    if found is None:
+        _log.info("router artifact %s has no domain reference; requests get no in-domain figure", artifact_path)
+        return None
+    return found[0]
+
+
 def load_scorer(
     artifact_path: str | None = None, config: BatchingConfig | None = None, torch_threads: int | None = 1,
     overflow: str = "none",
@@ -403,7 +446,8 @@ def load_scorer(
     model loaded in the background (`ClassifierScorer.load_overflow_in_background`)."""
     overflow_path = overflow_artifact(artifact_path, overflow)
     model = load_model(artifact_path, torch_threads)
-    scorer = ClassifierScorer(model, config, version=model.version)
+    scorer = ClassifierScorer(model, config, version=model.version,
+                              domain=_domain(artifact_path or current_artifact_path(), model.embedder_name))
     if overflow_path is not None:
         scorer.load_overflow_in_background(lambda: load_model(str(overflow_path), 1), str(overflow_path))
     return scorer

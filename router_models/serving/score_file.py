@@ -1,8 +1,10 @@
 """Batch scoring of a JSONL file (`cascade router score`).
 
 Input lines: {"id": ..., "prompt": str} or {"id": ..., "messages": [...]}. Output lines, in input order:
-{"id": ..., "score": float, "pool": str}, where pool is the flagship pool when score >= threshold. A bad
-line (not JSON, no id, neither prompt nor messages) is reported on stderr with its line number and
+{"id": ..., "score": float, "pool": str, "in_domain": float | null}, where pool is the flagship pool when
+score >= threshold and `in_domain` is how close the prompt is to the router's training data
+(`router_models.serving.domain`; null when the artifact has no domain reference, which stderr then says once).
+A bad line (not JSON, no id, neither prompt nor messages) is reported on stderr with its line number and
 skipped; blank lines are ignored.
 """
 
@@ -14,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from router_models.serving.classifier_scorer import BatchModel
+from router_models.serving.classifier_scorer import BatchModel, EmbeddingModel
+from router_models.serving.domain import DomainReference
 from router_models.serving.scorer import ConversationShape, prompt_shape, read_conversation
 
 __all__ = ["parse_line", "score_file", "score_rows"]
@@ -57,34 +60,56 @@ def _read(lines: Iterable[str], err: TextIO) -> tuple[list[_Row], int]:
     return good, bad
 
 
-def _load_model(artifact: Path | None) -> BatchModel:
+def _load_model(artifact: Path | None) -> tuple[BatchModel, DomainReference | None]:
+    """The artifact's model and its domain reference (None: it has none)."""
+    from router_models.serving.artifact import current_artifact_path
     from router_models.serving.classifier_scorer import load_model
+    from router_models.serving.domain_file import reference_for
 
-    return load_model(str(artifact) if artifact else None)
+    model = load_model(str(artifact) if artifact else None)
+    found = reference_for(artifact or current_artifact_path(), model.embedder_name)
+    return model, None if found is None else found[0]
+
+
+def _score_part(model: BatchModel, domain: DomainReference | None, texts: list[str],
+                shapes: list[ConversationShape]) -> tuple[list[float], list[float | None]]:
+    if domain is not None and isinstance(model, EmbeddingModel):
+        scores, vectors = model.score_and_embed(texts, shapes)
+        return scores, [round(float(v), 4) for v in domain.in_domain(vectors)]
+    return model(texts, shapes), [None] * len(texts)
 
 
 def score_rows(
-    rows: Sequence[_Row], model: BatchModel, threshold: float, pools: tuple[str, str], batch: int
+    rows: Sequence[_Row], model: BatchModel, threshold: float, pools: tuple[str, str], batch: int,
+    domain: DomainReference | None = None,
 ) -> Iterable[str]:
-    """Output JSON lines for (id, text, shape) rows, scoring `batch` texts per model call."""
+    """Output JSON lines for (id, text, shape) rows, scoring `batch` texts per model call; `in_domain` from
+    `domain` and the model's own embeddings (null without a reference or a model that gives no embeddings)."""
     micro, flagship = pools
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
-        for (rid, _, _), score in zip(part, model([t for _, t, _ in part], [s for _, _, s in part]), strict=True):
+        scores, figures = _score_part(model, domain, [t for _, t, _ in part], [s for _, _, s in part])
+        for (rid, _, _), score, figure in zip(part, scores, figures, strict=True):
             pool = flagship if score >= threshold else micro
-            yield json.dumps({"id": rid, "score": round(score, 6), "pool": pool}, ensure_ascii=False)
+            yield json.dumps({"id": rid, "score": round(score, 6), "pool": pool, "in_domain": figure},
+                             ensure_ascii=False)
 
 
 def score_file(
     inp: Path, out: Path, artifact: Path | None, threshold: float, pools: tuple[str, str], batch: int,
-    model: BatchModel | None = None, err: TextIO | None = None,
+    model: BatchModel | None = None, err: TextIO | None = None, domain: DomainReference | None = None,
 ) -> int:
-    """Score `inp` into `out` ('-' means stdin/stdout). Returns 0, or 1 if any line was skipped."""
+    """Score `inp` into `out` ('-' means stdin/stdout). Returns 0, or 1 if any line was skipped. `model` (and
+    `domain`, its reference) replace the artifact's."""
     err = err or sys.stderr
     with (sys.stdin if str(inp) == "-" else inp.open(encoding="utf-8")) as fh:
         rows, bad = _read(fh, err)
-    model = model or _load_model(artifact)
-    lines = score_rows(rows, model, threshold, pools, max(1, batch))
+    if model is None:
+        model, domain = _load_model(artifact)
+    if domain is None or not isinstance(model, EmbeddingModel):
+        print("in_domain: null on every row: the artifact has no domain reference (build one with "
+              "`cascade router domain build`)", file=err)
+    lines = score_rows(rows, model, threshold, pools, max(1, batch), domain)
     if str(out) == "-":
         for line in lines:
             print(line)

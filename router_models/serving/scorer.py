@@ -20,8 +20,8 @@ from router_models.embedders.conversation import (
     read_conversation,
 )
 
-__all__ = ["ConversationShape", "EmbeddingSource", "LengthScorer", "Scorer", "conversation_shape", "conversation_text",
-           "prompt_shape", "read_conversation"]
+__all__ = ["ConversationShape", "DomainSource", "EmbeddingSource", "LengthScorer", "Scorer", "conversation_shape",
+           "conversation_text", "prompt_shape", "read_conversation"]
 
 
 class Scorer(Protocol):
@@ -56,6 +56,15 @@ class EmbeddingSource(Protocol):
     embedding_space: str
 
     def embedding(self, text: str) -> npt.NDArray[np.float32] | None: ...
+
+
+@runtime_checkable
+class DomainSource(Protocol):
+    """A scorer that keeps each scored text's in-domain figure (`router_models.serving.domain`; the trained
+    classifier does, with a domain reference): `in_domain(text)` is the figure of the primary model's score of
+    `text`, or None. Read from the event loop, never computes anything."""
+
+    def in_domain(self, text: str) -> float | None: ...
 
 
 class LengthScorer:

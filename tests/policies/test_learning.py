@@ -123,3 +123,27 @@ def test_json_schema_lists_the_retrain_fields() -> None:
     retrain = Policy.model_json_schema()["$defs"]["Retrain"]["properties"]
     assert set(retrain) == {"every_hours", "min_new_labels", "held_back", "embedder", "timeout_minutes"}
     assert all(field.get("description") for field in retrain.values())
+
+
+def test_in_domain_defaults_and_its_sampling_factor() -> None:
+    spec = parse_policy(BASE).policy.learning.in_domain
+    assert (spec.bound, spec.drift_share, spec.hold) == (0.3, 0.4, None)
+    assert spec.sampling_factor(None) == 1.0 and spec.sampling_factor(1.0) == 1.0
+    assert spec.sampling_factor(0.0) == 4.0 and spec.sampling_factor(0.5) == 2.5
+
+
+def test_in_domain_bound_is_counted_in_tenths_and_the_window_must_hold_the_minimum() -> None:
+    text = BASE + "learning:\n  in_domain:\n    bound: 0.25\n"
+    (problem,) = _problems(text)
+    line = text.splitlines().index("    bound: 0.25") + 1
+    assert problem.startswith(f"p.yaml:{line}: learning.in_domain.bound:") and "multiple of 0.1" in problem
+    (problem,) = _problems(BASE + "learning:\n  in_domain: {window: 50, min_requests: 60}\n")
+    assert "min_requests (60) cannot exceed window (50)" in problem
+
+
+def test_a_hold_needs_the_tenants_own_label_memory() -> None:
+    text = BASE + "learning:\n  in_domain:\n    hold: {threshold: 0.2, until_labels: 50}\n"
+    (problem,) = _problems(text)
+    assert "learning.in_domain.hold: hold waits for the drifting tenant's own labels" in problem
+    held = parse_policy(text + "  label_memory: {scope: tenant}\n").policy.learning.in_domain.hold
+    assert held is not None and (held.threshold, held.until_labels) == (0.2, 50)

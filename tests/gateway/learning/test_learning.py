@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -115,3 +116,18 @@ async def test_the_kept_record_carries_the_shape_a_retrain_reads_back() -> None:
     assert row is not None
     (example,) = examples_from_rows([row], default_source="ledger")
     assert (example.text, example.shape) == (conversation_text(messages).strip(), conversation_shape(messages))
+
+
+async def test_traffic_unlike_the_training_data_is_kept_and_compared_more_often() -> None:
+    """sample 0.2 (keep) x 0.2 (shadow): a draw of 0.5 keeps and compares nothing of figure 1 or none; at figure 0
+    both rates are 0.2 x 4 = 0.8 (the default unlike_sampling), at 0.5 they are 0.2 x 2.5 = 0.5 (the draw is not
+    below it)."""
+    loaded = _loaded("learning:\n  keep_prompts: {sample: 0.2}\n  shadow: {sample: 0.2, judge_pool: flagship}\n")
+    for figure, kept in ((None, False), (1.0, False), (0.5, False), (0.4, True), (0.0, True)):
+        decision = replace(_decision(), in_domain=figure)
+        store, shadow = await _observe(loaded, decision, draw=0.5)
+        assert (bool(store.puts), bool(shadow.calls)) == (kept, kept), figure
+    off = _loaded("learning:\n  keep_prompts: {sample: 0.2}\n  shadow: {sample: 0.2, judge_pool: flagship}\n"
+                  "  in_domain: {unlike_sampling: 1}\n")
+    store, _ = await _observe(off, replace(_decision(), in_domain=0.0), draw=0.5)
+    assert store.puts == {}

@@ -52,6 +52,7 @@ def make_record(i: int, **changes: object) -> CostRecord:
         latency_ms=80.0,
         scored_by="overflow" if i % 5 == 0 else "primary",  # every rollup test counts `overflow_scored` too
         output_check=("", "pass", "fail:json", "fail:empty,repetition")[i % 4],  # and the output-check counters
+        in_domain=None if i % 6 == 0 else (i % 11) / 10,  # and the in-domain tenths (1.0 counts in the last)
     )
     return dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
 
@@ -122,6 +123,9 @@ BAD_CHANGES: list[dict[str, object]] = [
     {"usage_source": "guess"},
     {"rule": "line\nbreak"},
     {"scored_by": "a:b"},
+    {"in_domain": 1.01},
+    {"in_domain": -0.1},
+    {"in_domain": math.nan},
 ]
 
 
@@ -149,6 +153,20 @@ def test_a_record_written_before_scored_by_existed_still_decodes() -> None:
     assert record_from_fields(fields) == make_record(5, scored_by="", output_check="")
     checked = [Counters.of(make_record(i)) for i in range(4)]
     assert [(c.output_checked, c.output_check_failed) for c in checked] == [(0, 0), (1, 0), (1, 1), (1, 1)]
+
+
+def test_the_in_domain_figure_round_trips_and_counts_once_a_request_in_tenths() -> None:
+    assert record_from_fields(record_to_fields(make_record(7, in_domain=0.123456789))).in_domain == 0.123456789
+    fields = record_to_fields(make_record(7))
+    del fields["in_domain"]  # a record written before the field existed
+    assert record_from_fields(fields).in_domain is None
+    tenths = [Counters.of(make_record(1, in_domain=v)) for v in (0.0, 0.29, 0.3, 1.0)]
+    assert [c.in_domain_scored for c in tenths] == [1, 1, 1, 1]
+    assert [[c.in_domain_below(b) for b in (0.1, 0.3, 1.0)] for c in tenths] == [[1, 1, 1], [0, 1, 1], [0, 0, 1],
+                                                                                 [0, 0, 1]]
+    for status in ("escalated", "discarded"):  # another record of the request follows: it counts there
+        assert Counters.of(make_record(1, in_domain=0.2, status=status)).in_domain_scored == 0
+    assert Counters.of(make_record(1, in_domain=None)).in_domain_scored == 0
 
 
 @pytest.mark.parametrize(("name", "value"), [("cost_micro_usd", "1_000"), ("prompt_tokens", " 5"), ("started_at", "x")])
