@@ -85,11 +85,14 @@ def _worker_main(settings: Settings, host: str, port: int, log_level: str, json_
     import uvicorn
 
     from gateway.api.app import create_app
+    from gateway.control.blas_threads import one_blas_thread
     from gateway.logs import configure_logging
 
     configure_logging(log_level, json=json_logs)
     sock = reuse_port_socket(host, port)
-    uvicorn.Server(uvicorn.Config(create_app(settings), **UVICORN_OPTIONS)).run(sockets=[sock])
+    app = create_app(settings)
+    one_blas_thread()
+    uvicorn.Server(uvicorn.Config(app, **UVICORN_OPTIONS)).run(sockets=[sock])
 
 
 def _local_pools(settings: Settings) -> dict[str, LocalPool]:

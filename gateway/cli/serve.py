@@ -18,6 +18,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.api.app import create_app
     from gateway.api.workers import UVICORN_OPTIONS
+    from gateway.control.blas_threads import one_blas_thread
     from gateway.logs import configure_logging
 
     configure_logging(args.log_level, json=args.log_format == "json")
@@ -28,7 +29,9 @@ def _serve(args: argparse.Namespace) -> int:
     settings = replace(from_args(args, Path(args.policy)), gc_freeze=args.gc_freeze)
     if args.workers > 1:
         return _serve_workers(settings, args)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, **UVICORN_OPTIONS)
+    app = create_app(settings)
+    one_blas_thread()  # this process is the gateway's own (gateway.control.blas_threads)
+    uvicorn.run(app, host=args.host, port=args.port, **UVICORN_OPTIONS)
     return 0
 
 
