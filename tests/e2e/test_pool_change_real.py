@@ -3,11 +3,14 @@
 1. the micro pool's `max_model_len` goes from 1024 to 2048: the new engine starts beside the old one and takes
    over once healthy, and the old engine stops after it drained;
 2. a canary of the micro pool is added (a third engine), reweighted, and promoted (nothing starts: the canary is
-   the pool); a second canary is added, then rolled back (it drains and stops).
-No request fails in any of them. The figures of each change (its time, requests meanwhile, p99 before, during
-and after, the models that answered) are printed for BENCHMARKS.md.
+   the pool).
+No request fails in any of them. A canary rolled back (it drains and stops, its traffic back on the pool) is
+`tests/gateway/control/test_canary.py`'s sequence on the real supervisor; a real engine draining, then stopping, is
+step 1's old engine here: a second real canary only for its rollback was one engine start (40 s of CPU) more.
+The figures of each change (its time, requests meanwhile, p99 before, during and after, the models that answered)
+are printed for BENCHMARKS.md.
 
-Slow: the demo micro engine starts, then three more, one after another (minutes on 2 CPU cores)."""
+Slow: the demo micro engine starts, then two more, one after another (minutes on 2 CPU cores)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from backends.models.demo import models_root
 from gateway.cli.demo import stop_process_group
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.change import edit_then_reload, figures, measure_change, reload_after_edit
-from policies.canary_edit import promote_canary, remove_canary
+from policies.canary_edit import promote_canary
 from tests.conftest import delete_prefix
 from tests.servers import free_port, serve, wait_ready
 
@@ -159,7 +162,7 @@ def test_changing_the_micro_pools_context_under_load_loses_no_request(gateway: G
     assert _engine_context(new_port) == 2048
 
 
-def test_a_canary_added_weighted_promoted_then_another_rolled_back_loses_no_request(gateway: Gateway) -> None:
+def test_a_canary_added_weighted_then_promoted_loses_no_request(gateway: Gateway) -> None:
     added = _measured(gateway, _with_canary(_canary("micro-v2", 8131, 0.5)), "canary added")
     assert added["after"]["models"].get("micro-v2", 0) >= 2, added  # type: ignore[index, union-attr]
     assert added["after"]["models"].get("micro", 0) >= 2, added  # type: ignore[index, union-attr]
@@ -175,10 +178,3 @@ def test_a_canary_added_weighted_promoted_then_another_rolled_back_loses_no_requ
     assert httpx.get(gateway.base + "/readyz").json()["versions"]["micro"] == {"version": versions["canary"]["version"]}
     assert _engine_context(8131) == 1024  # the canary's engine is the pool's now: nothing restarted
 
-    _measured(gateway, _with_canary(_canary("micro-v3", 8141, 0.5)), "second canary added", steady_s=4)
-    rolled_back = _measured(gateway, lambda text: remove_canary(text, "micro"), "canary rolled back", steady_s=6)
-    assert rolled_back["after"]["models"] == {"micro-v2": rolled_back["after"]["requests"]}, rolled_back  # type: ignore[index]
-    deadline = time.monotonic() + 120
-    while _engine_context(8141) is not None:  # drained, then stopped
-        assert time.monotonic() < deadline, "the rolled-back canary's engine is still up"
-        time.sleep(1)
