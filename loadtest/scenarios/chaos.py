@@ -7,15 +7,19 @@ supervisor running one real demo vLLM engine as the micro pool) keeps its promis
   `hang_restart_after_s` must make the supervisor kill and restart it (requests fail over to `flagship`, a fake
   engine, meanwhile);
 - Redis (a private redis-server, never the shared one) is killed and started again on the same port, with one
-  tenant `on_redis_outage: fail_closed` (`strict`) and one `fail_open` (`lenient`), both rate limited.
+  tenant `on_redis_outage: fail_closed` (`strict`) and one `fail_open` (`lenient`), both rate limited;
+- with `--kill-after-back-s`, the restarted micro engine is SIGKILLed (its whole process group) that long after it
+  is back: requests in flight fail over to `flagship` or fail cleanly (an OpenAI error, in the stream if it had
+  started), the supervisor restarts it again, its new engine core placed beside its worker, and none of the
+  killed group's processes is left.
 
-The load lasts at least `load_s` and then until the restarted engine has been back for 10 s (an engine start
-is 1-2 minutes on 2 shared cores). It prints what the client saw (requests sent, answered per status), the 5xx
-other than the fail_closed 503s, the ledger against the completed requests (after Redis is back and the gateway's
-outbox has replayed what it held), the engine restarts the gateway counts (`cascade_engine_restarts_total{reason}`)
-and `/readyz` over time with the reason of each 503 (Redis down, a required pool down, or neither: a fault of the
-gateway). `loadtest.scenarios.chaos_figures` computes these figures and turns the record into pass/fail lines. Run
-`python -m loadtest.scenarios chaos --help`.
+The load lasts at least `load_s` and then until the restarted engine has been back for 10 s (after the kill, if
+any; an engine start is 1-2 minutes on 2 shared cores). It prints what the client saw (requests sent, answered
+per status), the 5xx other than the fail_closed 503s, the ledger against the completed requests (after Redis is
+back and the gateway's outbox has replayed what it held), the engine restarts the gateway counts
+(`cascade_engine_restarts_total{reason}`) and `/readyz` over time with the reason of each 503 (Redis down, a
+required pool down, or neither: a fault of the gateway). `loadtest.scenarios.chaos_figures` computes these figures
+and turns the record into pass/fail lines. Run `python -m loadtest.scenarios chaos --help`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from backends.engines.cpu_pinning import cpus_of, engine_processes, thread_affinity
+from backends.engines.supervisor import live_group_members
 from backends.models.demo import models_root
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.load.client import Sample
@@ -52,6 +58,7 @@ from loadtest.scenarios.chaos_figures import (
     compare_ledger,
     engine_restarts,
     format_record,
+    micro_in_flight,
     readiness,
     state,
     supervisor_lines,
@@ -64,6 +71,8 @@ __all__ = ["Faults", "add_chaos_arguments", "chaos_policy", "chaos_scenario", "e
 STRICT_KEY, LENIENT_KEY = "sk-chaos-strict", "sk-chaos-lenient"
 CHUNK_S = 10.0  # the load is sent in loadgen runs of this length, so that it can end once the engine is back
 TAIL_S = 10.0  # seconds of load after /readyz says the micro pool is back
+KILL_WAIT_S = 10.0  # the kill waits this long at most for a request in flight on the engine
+KILLED = "micro engine SIGKILLed (process group)"  # the kill's event (Redis is SIGKILLed too: its own words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,7 @@ class Faults:
     redis_down_s: float = 35.0
     redis_up_s: float = 50.0
     hang_restart_after_s: float = 8.0
+    kill_after_back_s: float | None = None  # SIGKILL the engine this long after its restart is back; None: no kill
 
 
 def _sha(key: str) -> str:
@@ -167,6 +177,7 @@ class _Env:
     gateway_pid: int
     events: list[tuple[float, str]]
     hung: list[int]
+    killed: list[int]
 
 
 async def _poll_readyz(url: str, t0: float, stop: asyncio.Event, out: list[dict[str, Any]]) -> None:
@@ -212,10 +223,12 @@ def _chunk(env: _Env, args: argparse.Namespace, k: int) -> LoadConfig:
                       label="chaos")
 
 
-def _micro_back_at(ready: list[dict[str, Any]]) -> float | None:
-    """When /readyz first said the micro pool is up again after it had said it is down."""
+def _micro_back_at(ready: list[dict[str, Any]], after: float = 0.0) -> float | None:
+    """When /readyz first said the micro pool is up again after it had said it is down (both from `after` on)."""
     was_down = False
     for p in ready:
+        if p["t"] < after:
+            continue
         up = p.get("pools", {}).get("micro")
         was_down = was_down or up is False
         if was_down and up:
@@ -223,18 +236,47 @@ def _micro_back_at(ready: list[dict[str, Any]]) -> float | None:
     return None
 
 
+def _kill(env: _Env, t0: float) -> float:
+    """SIGKILL the micro engine's whole process group (API server, engine core, worker) once the gateway has a
+    request in flight on it (waiting up to `KILL_WAIT_S`), so that the kill cuts requests; when, from `t0`."""
+    pid = engine_pid(env.gateway_pid)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while micro_in_flight(env.url) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    env.killed.append(pid)
+    os.killpg(pid, signal.SIGKILL)
+    env.events.append((round(time.monotonic() - t0, 1), KILLED))
+    print(f"  [{env.events[-1][0]:6.1f}s] {env.events[-1][1]}", flush=True)
+    return env.events[-1][0]
+
+
+def placement(api_pid: int) -> dict[str, Any]:
+    """Where the engine's processes may run: its engine core beside its worker (the supervisor's placement), or
+    unbound where the worker is (another engine's worker on the same cores leaves both unbound)."""
+    procs = engine_processes(api_pid)
+    workers = cpus_of(procs.workers)
+    core = thread_affinity(procs.engine_cores[0]) if len(procs.engine_cores) == 1 else frozenset()
+    everything = frozenset(os.sched_getaffinity(0))
+    return {"engine_cores": len(procs.engine_cores), "workers": len(procs.workers), "worker_cpus": sorted(workers),
+            "engine_core_cpus": sorted(core), "placed": bool(procs.workers) and core in (workers, everything)}
+
+
 async def _load(env: _Env, faults: Faults, args: argparse.Namespace) -> tuple[list[Sample], list[dict[str, Any]]]:
     """Poisson arrivals at `args.rate` in back-to-back chunks of `CHUNK_S` (each a `load.generator` run, started on
     time while the one before still finishes its requests), for at least `load_s` and until the micro pool has
-    been back `TAIL_S` (at most `max_load_s`)."""
+    been back `TAIL_S` (after the kill, where there is one; at most `max_load_s`)."""
     t0, stop = time.monotonic(), asyncio.Event()
+    killed_at: float | None = None
     ready: list[dict[str, Any]] = []
     poller = asyncio.create_task(_poll_readyz(env.url, t0, stop, ready))
     fire = asyncio.create_task(_fire(_hooks(env, faults), t0, env.events))
     chunks: list[tuple[float, asyncio.Task[LoadRun]]] = []
     try:
         while True:
-            at, back = time.monotonic() - t0, _micro_back_at(ready)
+            at, back = time.monotonic() - t0, _micro_back_at(ready, killed_at or 0.0)
+            if faults.kill_after_back_s is not None and killed_at is None and back is not None \
+                    and at - back >= faults.kill_after_back_s:
+                killed_at, back = await asyncio.to_thread(_kill, env, t0), None
             if at >= faults.max_load_s or (at >= faults.load_s and back is not None and at - back >= TAIL_S):
                 break
             chunks.append((at, asyncio.create_task(run_load(_chunk(env, args, len(chunks))))))
@@ -275,7 +317,7 @@ def _start(stack: ExitStack, procs: Procs, tmp: Path, faults: Faults, args: argp
     url = start_gateway(procs, policy, home, engines=True, scorer="none", redis_prefix=PREFIX,
                         ready_timeout_s=args.ready_timeout, env={"CASCADE_REDIS_URL": private.url}, log_level="INFO")
     print(f"gateway ready in {time.monotonic() - started:.0f} s at {url}", flush=True)
-    return _Env(procs, private, cloud, url, procs.pid("gateway"), [], [])
+    return _Env(procs, private, cloud, url, procs.pid("gateway"), [], [], [])
 
 
 def _keep_logs(tmp: Path, out: Path) -> Path:
@@ -303,6 +345,8 @@ def run_chaos(args: argparse.Namespace, faults: Faults) -> dict[str, Any]:
             ledger = asyncio.run(compare_ledger(env.redis.url, completed, args.settle_s))
             restarts = engine_restarts(env.url)
             new_pid = engine_pid(env.gateway_pid)
+            placed = placement(new_pid)
+            killed_left = {pid: live_group_members(pid) for pid in env.killed}
         except BaseException:
             if env is None:
                 print(procs.log_tail("gateway"))
@@ -316,8 +360,19 @@ def run_chaos(args: argparse.Namespace, faults: Faults) -> dict[str, Any]:
     return {"logs": str(logs), "supervisor": supervisor_lines(logs / "gateway.log"), "faults": _fields(faults),
             "loadavg_at_start": [round(x, 2) for x in loadavg],
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()], "events": env.events,
-            "client": client_view(samples, faults.hang_s), "ledger": ledger, "restarts": restarts,
-            "engine_pid": {"hung": env.hung, "after": new_pid}, "readyz": readiness(ready)}
+            "client": client_view(samples, faults.hang_s, _kill_window(env.events, ready)), "ledger": ledger,
+            "restarts": restarts, "engine_pid": {"hung": env.hung, "killed": env.killed, "after": new_pid},
+            "killed_group_left": killed_left, "placement": placed, "readyz": readiness(ready)}
+
+
+def _kill_window(events: list[tuple[float, str]], ready: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """From the kill to when /readyz said the micro pool was back; None without a kill (or if it never came back,
+    then to the end of the run)."""
+    kill = next((t for t, what in events if what == KILLED), None)
+    if kill is None:
+        return None
+    back = _micro_back_at(ready, kill)
+    return kill, back if back is not None else float("inf")
 
 
 def _fields(faults: Faults) -> dict[str, float]:
@@ -327,7 +382,8 @@ def _fields(faults: Faults) -> dict[str, float]:
 def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
     d = Faults()
     for name in Faults.__slots__:
-        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name),
+                       help="seconds (default %(default)s)")
     p.add_argument("--settle-s", type=float, default=60.0, help="wait this long at most for the outbox replay")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the engine")
 

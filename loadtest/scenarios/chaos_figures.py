@@ -25,7 +25,7 @@ from loadtest.processes import http_get
 from loadtest.scenarios.checks import Check
 
 __all__ = ["PREFIX", "check_invariants", "client_view", "compare_ledger", "engine_restarts", "format_record",
-           "ledger_records", "readiness", "state", "supervisor_lines"]
+           "ledger_records", "micro_in_flight", "readiness", "state", "supervisor_lines"]
 
 PREFIX = "chaos:"  # the ledger's key prefix; the private Redis holds nothing else
 
@@ -73,7 +73,13 @@ def fail_closed(s: Sample) -> bool:
     return s.tenant == "strict" and s.status == 503 and "cannot be checked" in (s.error or "")
 
 
-def client_view(samples: list[Sample], hang_s: float) -> dict[str, Any]:
+def _ended(s: Sample) -> float:
+    return s.sent_s + (s.e2e_s or 0.0)
+
+
+def client_view(samples: list[Sample], hang_s: float,
+                kill_window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """What the client saw. `kill_window`: from the engine's SIGKILL to when /readyz said it was back."""
     def label(s: Sample) -> str:
         if s.ok:
             return "200"
@@ -85,6 +91,18 @@ def client_view(samples: list[Sample], hang_s: float) -> dict[str, Any]:
     unexpected = [s for s in samples if s.status >= 500 and not fail_closed(s)]
     pools = Counter(f"{s.pool or '-'}" for s in samples if s.ok)
     micro_after = [s for s in samples if s.ok and s.pool == "micro" and s.sent_s > hang_s]
+    # a stream cut off without an error event, or no HTTP answer at all: what no fault may cause
+    cut_off = [s for s in samples if s.status == 0 or s.error == "stream ended without [DONE]"]
+    kill: dict[str, Any] = {}
+    if kill_window is not None:
+        killed, back = kill_window
+        kill = {"kill_window_s": [killed, back],
+                "in_flight_at_kill": sum(s.sent_s <= killed <= _ended(s) for s in samples),
+                "failed_over_after_kill": sum(s.ok and s.pool == "flagship" and killed <= s.sent_s <= back
+                                              for s in samples),
+                "micro_served_after_kill": sum(s.ok and s.pool == "micro" and s.sent_s > back for s in samples),
+                "failed_at_kill": sum(not s.ok and not fail_closed(s) and s.sent_s <= killed <= _ended(s)
+                                      for s in samples)}
     return {"sent": len(samples), "answered": dict(sorted(answered.items())), "pools": dict(pools),
             "unexpected_5xx": len(unexpected), "unexpected_examples": [s.error for s in unexpected[:3]],
             "other_failures": [f"{s.status} {s.error}" for s in samples
@@ -92,7 +110,8 @@ def client_view(samples: list[Sample], hang_s: float) -> dict[str, Any]:
             "slowest_s": round(max((s.e2e_s or 0.0 for s in samples), default=0.0), 1),
             "slower_than_5s": sum((s.e2e_s or 0.0) > 5 for s in samples),
             "micro_served_after_hang": len(micro_after),
-            "micro_back_at_s": round(min(s.sent_s for s in micro_after), 1) if micro_after else None}
+            "micro_back_at_s": round(min(s.sent_s for s in micro_after), 1) if micro_after else None,
+            "cut_off": len(cut_off), "cut_off_examples": [f"{s.status} {s.error}" for s in cut_off[:3]], **kill}
 
 
 def state(p: dict[str, Any]) -> str:
@@ -127,6 +146,13 @@ def engine_restarts(url: str) -> dict[str, float]:
             if name == "cascade_engine_restarts_total" and lb.get("pool") == "micro"}
 
 
+def micro_in_flight(url: str) -> float:
+    """Requests the gateway has in flight on the micro pool's replicas (`cascade_replica_in_flight`)."""
+    _, body = http_get(url + "/metrics", timeout_s=10)
+    return sum(v for name, lb, v in metric_samples(body.decode())
+               if name == "cascade_replica_in_flight" and lb.get("pool") == "micro")
+
+
 def supervisor_lines(log: Path) -> list[str]:
     """What the supervisor said about the micro pool (starts, the hang, the restart and how long it took)."""
     if not log.exists():
@@ -154,6 +180,28 @@ def check_invariants(record: dict[str, Any]) -> list[Check]:
               f"first at {client['micro_back_at_s']} s"),
         Check("/readyz never failed because of the optional cloud pool", ready["unexplained_503"] == 0
               and ready["cloud_reported_degraded"], f"{len(ready['spans'])} spans"),
+        Check("no answer cut off (every failure an HTTP error or an error event in the stream)",
+              client.get("cut_off", 0) == 0, str(client.get("cut_off_examples", []))),
+        *_kill_checks(record),
+    ]
+
+
+def _kill_checks(record: dict[str, Any]) -> list[Check]:
+    """The SIGKILLed engine's invariants, where the run killed one."""
+    killed, client = record["engine_pid"].get("killed", []), record["client"]
+    if not killed:
+        return []
+    left = {pid: members for pid, members in record.get("killed_group_left", {}).items() if members}
+    return [
+        Check("the killed engine was restarted and counted, none of its group left",
+              record["restarts"].get("exited", 0) >= 1 and record["engine_pid"]["after"] not in killed and not left,
+              f"restarts {record['restarts']}; left {left}"),
+        Check("the restarted engine core is placed beside its worker", record["placement"]["placed"],
+              str(record["placement"])),
+        Check("requests failed over to flagship while the killed engine restarted",
+              client["failed_over_after_kill"] > 0, f"window {client['kill_window_s']}"),
+        Check("the micro engine serves again after the kill", client["micro_served_after_kill"] > 0,
+              f"window {client['kill_window_s']}"),
     ]
 
 
@@ -172,7 +220,12 @@ def format_record(record: dict[str, Any]) -> str:
              f"{len(led['ok_not_completed'])}, tokens differ {len(led['wrong_tokens'])}, rollups verified "
              f"{led['rollups_ok']} (settled {led['settled_in_s']} s after the load)",
              f"engine restarts (cascade_engine_restarts_total, pool micro): {record['restarts']}; engine pid "
-             f"{record['engine_pid']['hung']} -> {record['engine_pid']['after']}",
+             f"hung {record['engine_pid']['hung']}, killed {record['engine_pid'].get('killed', [])} -> "
+             f"{record['engine_pid']['after']}",
+             *([f"around the kill {c['kill_window_s']} s: {c['in_flight_at_kill']} in flight, "
+                f"{c['failed_at_kill']} of them failed cleanly, {c['failed_over_after_kill']} failed over, "
+                f"{c['micro_served_after_kill']} on micro after; placement {record['placement']}"]
+               if "kill_window_s" in c else []),
              *(f"  supervisor: {line}" for line in record["supervisor"]),
              f"/readyz ({r['samples']} polls, 0.5 s apart):"]
     lines += [f"  {a:6.1f}-{b:6.1f} s  {s}" for a, b, s in r["spans"]]

@@ -295,7 +295,7 @@ async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) ->
     serves (plain and streamed), and their engine cores are placed beside their workers (or both left unbound where
     the workers share cores). That `aclose` stops every process of each group is held each time shared engines are
     stopped (`tests/engines.py`); a killed engine restarted, its old group gone and the new one placed:
-    tests/chaos/test_kill_engine.py, on the supervisor a gateway runs."""
+    tests/chaos/test_faults_together.py, on the supervisor a gateway runs."""
     pools = parse_policy(demo_policy_text(), "demo.yaml").policy.pools
     local = {name: pool.engine for name, pool in pools.items() if isinstance(pool, LocalPool)}
     engines = dict(zip(local, await asyncio.to_thread(shared_engines.supervisors, list(local.values())),

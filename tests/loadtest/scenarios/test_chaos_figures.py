@@ -61,3 +61,43 @@ def test_readiness_spans_name_each_503s_reason() -> None:
     spans = [s for _, _, s in _record()["readyz"]["spans"]]
     assert spans == ["200", "200 degraded cloud", "503 micro down (required)",
                      "503 redis down, micro down (required)", "200 degraded cloud"]
+
+
+def _killed_run(**changes: Any) -> dict[str, Any]:
+    """A run whose engine was SIGKILLed at 10 s and was back at 20 s: a stream in flight failed cleanly, a request
+    failed over meanwhile, micro served again after."""
+    samples = [Sample("chaos", "k", "lenient", 5.0, status=200, pool="micro", request_id="a", e2e_s=1.0),
+               Sample("chaos", "k", "lenient", 9.5, status=200, error="stream error: engine gone", e2e_s=0.8),
+               Sample("chaos", "k", "lenient", 12.0, status=200, pool="flagship", request_id="b", e2e_s=0.1),
+               Sample("chaos", "k", "lenient", 25.0, status=200, pool="micro", request_id="c", e2e_s=0.5)]
+    record = _record(client=client_view(samples, hang_s=1.0, kill_window=(10.0, 20.0)),
+                     restarts={"hung": 1.0, "exited": 1.0}, engine_pid={"hung": [10], "killed": [11], "after": 12},
+                     killed_group_left={11: []}, placement={"placed": True})
+    record.update(changes)
+    return record
+
+
+def test_a_killed_engine_run_that_kept_every_promise_passes_and_counts_what_was_in_flight() -> None:
+    record = _killed_run()
+    assert _failed(record) == []
+    client = record["client"]
+    assert (client["in_flight_at_kill"], client["failed_at_kill"], client["failed_over_after_kill"],
+            client["micro_served_after_kill"]) == (1, 1, 1, 1)
+
+
+def test_each_broken_promise_of_a_kill_fails_its_own_check() -> None:
+    client = _killed_run()["client"]
+    cut = client_view([Sample("chaos", "k", "lenient", 9.5, status=200, error="stream ended without [DONE]"),
+                       Sample("chaos", "k", "lenient", 9.6)], hang_s=1.0, kill_window=(10.0, 20.0))
+    cases = {"the killed engine was restarted and counted": [_killed_run(restarts={"hung": 1.0}),
+                                                             _killed_run(killed_group_left={11: [13]})],
+             "the restarted engine core is placed": [_killed_run(placement={"placed": False})],
+             "requests failed over to flagship": [_killed_run(client={**client, "failed_over_after_kill": 0})],
+             "the micro engine serves again after the kill": [_killed_run(client={**client,
+                                                                                  "micro_served_after_kill": 0})],
+             "no answer cut off": [_killed_run(client={**client, "cut_off": cut["cut_off"]})]}
+    assert cut["cut_off"] == 2  # a stream without [DONE] nor an error event, and no HTTP answer at all
+    for prefix, runs in cases.items():
+        for run in runs:
+            failed = _failed(run)
+            assert len(failed) == 1 and failed[0].startswith(prefix), (prefix, failed)
