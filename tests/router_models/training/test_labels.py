@@ -11,6 +11,7 @@ from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.training.labels import (
     LabelError,
     examples_from_rows,
+    label_rows,
     read_label_file,
     read_label_rows,
     split_held_back,
@@ -84,12 +85,17 @@ def test_a_score_that_is_not_a_number_in_range_names_its_line(tmp_path: Path, sc
     assert str(err.value).startswith(f"{path}:3: ")  # the blank line 2 is counted: the line is the file's
 
 
-@pytest.mark.parametrize(("field", "value"), [("id", 7), ("id", ""), ("tenant", ["acme"]), ("tenant", " ")])
+@pytest.mark.parametrize(("field", "value"), [("id", 7), ("id", None), ("tenant", ["acme"]), ("tenant", 3)])
 def test_an_id_or_tenant_that_is_not_a_string_names_its_line(tmp_path: Path, field: str, value: object) -> None:
     path = _write(tmp_path / "l.jsonl", [{"prompt": "ok", "needs_flagship": 0},
                                          {"prompt": "x", "needs_flagship": 0, field: value}])
-    with pytest.raises(LabelError, match=f"^{path}:2: field '{field}' must be a non-empty string"):
+    with pytest.raises(LabelError, match=f"^{path}:2: field '{field}' must be a string, got "):
         read_label_rows(path)
+
+
+def test_an_empty_tenant_names_none() -> None:  # a ledger row of a request kept without a tenant
+    (row,) = label_rows([{"id": "r1", "prompt": "x", "needs_flagship": 0, "tenant": ""}], tenant="acme")
+    assert (row.request_id, row.tenant) == ("r1", "")
 
 
 def test_a_row_of_another_tenant_is_refused_when_reading_for_one(tmp_path: Path) -> None:
