@@ -11,11 +11,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from router_models.serving.artifact import ArtifactError
 from router_models.training.exit_codes import NOT_BETTER
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES, SOURCES
 from router_models.training.targets import TARGETS
+
+if TYPE_CHECKING:
+    from router_models.training.labels import LabelRow
 
 __all__ = ["register"]
 
@@ -28,6 +32,8 @@ def _fail(message: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from redis import RedisError
+
     from router_models.training.labels import LabelError
     from router_models.training.pipeline import TrainRequest, run_training
 
@@ -35,11 +41,13 @@ def _train(args: argparse.Namespace) -> int:
                            embedder=args.embedder, labels=tuple(args.labels), from_ledger=args.from_ledger,
                            redis_url=args.redis_url, redis_prefix=args.redis_prefix, out=args.out,
                            promote=not args.no_promote, held_back=args.held_back,
-                           max_per_source=args.max_per_source, sources=args.sources)
+                           max_per_source=args.max_per_source, sources=args.sources, check_ids=args.check_ids)
     try:
         return run_training(request)
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
+    except RedisError as exc:
+        return _fail(f"the ledger's Redis at {args.redis_url} could not be read ({exc})")
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -92,19 +100,36 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _memory_add(args: argparse.Namespace) -> int:
+    from redis import RedisError
+
     from router_models.serving.artifact import default_store_dir
-    from router_models.training.labels import LabelError, read_label_file
+    from router_models.training.label_checks import find_contradictions
+    from router_models.training.labels import LabelError, read_label_rows
     from router_models.training.memory_build import SHARED, add_labels, memory_path
 
     try:
         path = memory_path(args.store or default_store_dir(), args.tenant or SHARED)
-        rows = [ex for label_file in args.labels for ex in read_label_file(label_file)]
-        update = add_labels(rows, path, args.artifact)
+        rows = [row for label_file in args.labels for row in read_label_rows(label_file, tenant=args.tenant)]
+        if args.check_ids:
+            _check_ids(rows, args.redis_url, args.redis_prefix, args.tenant)
+        update = add_labels([row.example for row in rows], path, args.artifact)
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
+    except RedisError as exc:
+        return _fail(f"the ledger's Redis at {args.redis_url} could not be read ({exc})")
     print(f"label memory {update.path}: {update.before} -> {update.after} labels, "
           f"{update.conflicting_prompts} prompts with conflicting labels (running gateways read it within seconds)")
+    print(f"these label files: {find_contradictions(rows).line()}")
     return 0
+
+
+def _check_ids(rows: list[LabelRow], redis_url: str, prefix: str, tenant: str | None) -> None:
+    """Refuse (`LabelError`) the first row whose "id" the ledger did not keep, or kept for another tenant."""
+    from router_models.training.label_checks import check_request_ids
+    from router_models.training.ledger_labels import kept_request_tenants
+
+    owners = kept_request_tenants(redis_url, [r.request_id for r in rows if r.request_id], key_prefix=prefix)
+    check_request_ids(rows, owners, tenant)
 
 
 def _domain_build(args: argparse.Namespace) -> int:
@@ -145,14 +170,27 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     msub: argparse._SubParsersAction = memory.add_subparsers(dest="memory_cmd", required=True)  # type: ignore[type-arg]
     p = msub.add_parser("add", help="append label files to a tenant's (or the shared) label memory",
                         description="Embed each label row as the gateway scores it and append it to "
-                        "$CASCADE_HOME/router/memory/<tenant | shared>.json. A bad row is refused with its line "
-                        "number and nothing is written. Label file format: router_models/training/labels.py.")
+                        "$CASCADE_HOME/router/memory/<tenant | shared>.json. A bad row (a score that is not a "
+                        "number in [0, 1], with --tenant a row of another tenant, with --check-ids a request id "
+                        "the ledger did not keep) is refused with its file, line and field, and nothing is "
+                        "written. Labels of one prompt that contradict each other are counted and one pair is "
+                        "shown. Label file format: router_models/training/labels.py.")
     p.add_argument("--labels", type=Path, action="append", required=True, help="JSONL label file (repeatable)")
     p.add_argument("--tenant", default=None, help="the tenant whose requests the labels move (default: shared, "
                    "every tenant's)")
     p.add_argument("--artifact", type=Path, default=None, help="artifact whose embedder to use (default: current)")
     p.add_argument("--store", type=Path, default=None, help="artifact store folder (default $CASCADE_HOME/router)")
+    _add_check_ids(p, "and, with --tenant, a request of that tenant")
     p.set_defaults(func=_memory_add)
+
+
+def _add_check_ids(p: argparse.ArgumentParser, tenant_note: str) -> None:
+    p.add_argument("--check-ids", action="store_true",
+                   help="every label row's \"id\" must be a request whose prompt the gateway kept in the ledger"
+                   f"{' ' + tenant_note if tenant_note else ''}; the first that is not refuses the files")
+    p.add_argument("--redis-url", default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                   help="Redis of the ledger (default $CASCADE_REDIS_URL, else the local one)")
+    p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis (as for serve)")
 
 
 def _source_list(value: str) -> tuple[str, ...]:
@@ -195,9 +233,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="JSONL label file of your own traffic (repeatable)")
     p.add_argument("--from-ledger", action="store_true",
                    help="also train on the gateway's own labels in Redis (feedback, shadow, escalations)")
-    p.add_argument("--redis-url", default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                   help="Redis of the ledger (--from-ledger; default $CASCADE_REDIS_URL, else the local one)")
-    p.add_argument("--redis-prefix", default="cascade:", help="key prefix of the ledger in Redis (as for serve)")
+    _add_check_ids(p, "")
     p.add_argument("--held-back", type=float, default=0.3, help="share of your labels kept for the comparison")
     p.add_argument("--out", type=Path, default=None,
                    help="write the artifact here instead of the versioned store (e.g. the package's own)")

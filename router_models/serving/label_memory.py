@@ -132,12 +132,13 @@ class LabelMemory:
                            self.params, old_keys + new_keys)
 
     def conflicts(self, tolerance: float = 0.5) -> int:
-        """Prompts (by key) labelled more than once whose targets differ by more than `tolerance`."""
+        """Prompts (by key) labelled more than once whose targets are at least `tolerance` apart (the default:
+        `needs_flagship` 0 against 1, targets 0.5 and 1)."""
         by_key: dict[str, list[float]] = defaultdict(list)
         for key, target in zip(self.keys, self.targets, strict=False):
             if key:
                 by_key[key].append(float(target))
-        return sum(1 for v in by_key.values() if len(v) > 1 and max(v) - min(v) > tolerance)
+        return sum(1 for v in by_key.values() if len(v) > 1 and max(v) - min(v) >= tolerance - 1e-9)
 
 
 @dataclass(frozen=True)

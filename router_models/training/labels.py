@@ -5,7 +5,7 @@ Label file (`cascade router train --labels FILE`): JSON Lines, one prompt per li
     {"prompt": "...", "needs_flagship": 1}                       # the micro answer fell short (0 = it did not)
     {"messages": [{"role": "user", "content": "..."}], "needs_flagship": 0.25}   # a probability is fine
     {"prompt": "...", "micro": 0.4, "flagship": 0.9}             # quality of each pool's answer, in [0, 1]
-    optional on every line: "id" (string), "source" (a name for your traffic; default "labels")
+    optional on every line: "id" (string), "source" (a name for your traffic; default "labels"), "tenant" (string)
 
 Give `prompt` or `messages` (scored as the gateway scores them: `conversation_text`, the latest user turn first,
 and `conversation_shape`, the turns and whole length; a `prompt` is one user turn), and either
@@ -13,7 +13,9 @@ and `conversation_shape`, the turns and whole length; a `prompt` is one user tur
 against flagship quality 1. Rows from the gateway's ledger (`ledger_labels.read_ledger_labels`) use the
 same fields, plus the shape the gateway saw of the conversation their `prompt` came from (`"shape": {...}`, the
 counts named in `ledger_labels.SHAPE_FIELDS`). A bad row is refused with its line number and field, and nothing is
-trained.
+trained. Read for one tenant (`read_label_rows(..., tenant=T)`: `cascade router memory add --tenant T`), a row whose
+"tenant" names another tenant is a bad row. Checks across rows (request ids the ledger does not know, contradicting
+labels): `label_checks.py`.
 """
 
 from __future__ import annotations
@@ -21,18 +23,30 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from router_models.serving.scorer import ConversationShape, prompt_shape, read_conversation
 from router_models.training.outcomes import MAX_CHARS, Example, prompt_key
 
-__all__ = ["LabelError", "examples_from_rows", "read_label_file", "split_held_back"]
+__all__ = ["LabelError", "LabelRow", "examples_from_rows", "label_rows", "read_label_file", "read_label_rows",
+           "split_held_back"]
 
 
 class LabelError(ValueError):
     """A label row is malformed: the message names the line (or row) and the field."""
+
+
+@dataclass(frozen=True)
+class LabelRow:
+    """One label row read: its `example`, `where` it is (`file:line`, or `<origin> <n>` for rows not from a
+    file), and the request id (`"id"`) and tenant (`"tenant"`) it names ("" when none)."""
+
+    example: Example
+    where: str
+    request_id: str = ""
+    tenant: str = ""
 
 
 def _quality(row: Mapping[str, Any], field: str, where: str) -> float:
@@ -87,14 +101,37 @@ def _example(row: Any, where: str, default_source: str) -> Example:
     return Example(text, f"labels:{source.strip()}", "labels", weak, strong, prompt_key(text), shape=shape)
 
 
+def _optional_text(row: Mapping[str, Any], field: str, where: str) -> str:
+    """The row's `field` ("" when absent or empty: a ledger row of a request kept without a tenant has "")."""
+    value = row.get(field, "")
+    if not isinstance(value, str):
+        raise LabelError(f"{where}: field {field!r} must be a string, got {value!r}")
+    return value.strip()
+
+
+def _label_row(row: Any, where: str, default_source: str, tenant: str | None) -> LabelRow:
+    example = _example(row, where, default_source)
+    request_id, owner = _optional_text(row, "id", where), _optional_text(row, "tenant", where)
+    if tenant is not None and owner and owner != tenant:
+        raise LabelError(f"{where}: field 'tenant' is {owner!r}, but these labels are for tenant {tenant!r}")
+    return LabelRow(example, where, request_id, owner)
+
+
+def label_rows(rows: Iterable[Any], default_source: str = "labels", origin: str = "row",
+               tenant: str | None = None) -> list[LabelRow]:
+    """Label rows (dicts) read; raises LabelError naming `origin` + row number on the first bad row."""
+    return [_label_row(row, f"{origin} {n}", default_source, tenant) for n, row in enumerate(rows, start=1)]
+
+
 def examples_from_rows(rows: Iterable[Any], default_source: str = "labels", origin: str = "row") -> list[Example]:
     """Examples from label rows (dicts); raises LabelError naming `origin` + row number on the first bad row."""
-    return [_example(row, f"{origin} {n}", default_source) for n, row in enumerate(rows, start=1)]
+    return [r.example for r in label_rows(rows, default_source, origin)]
 
 
-def read_label_file(path: Path, default_source: str = "labels") -> list[Example]:
-    """Every row of a label file (format above). Raises LabelError (file:line: field) or FileNotFoundError."""
-    out: list[Example] = []
+def read_label_rows(path: Path, default_source: str = "labels", tenant: str | None = None) -> list[LabelRow]:
+    """Every row of a label file (format above), for `tenant` when given (a row naming another tenant is
+    refused). Raises LabelError (file:line: field) on the first bad row, or FileNotFoundError."""
+    out: list[LabelRow] = []
     with path.open(encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
@@ -104,10 +141,15 @@ def read_label_file(path: Path, default_source: str = "labels") -> list[Example]
                 row = json.loads(line)
             except ValueError as exc:
                 raise LabelError(f"{where}: not valid JSON ({exc})") from exc
-            out.append(_example(row, where, default_source))
+            out.append(_label_row(row, where, default_source, tenant))
     if not out:
         raise LabelError(f"{path}: no label rows")
     return out
+
+
+def read_label_file(path: Path, default_source: str = "labels") -> list[Example]:
+    """The examples of every row of a label file (`read_label_rows`)."""
+    return [r.example for r in read_label_rows(path, default_source)]
 
 
 def split_held_back(examples: Sequence[Example], share: float = 0.3) -> tuple[list[Example], list[Example]]:

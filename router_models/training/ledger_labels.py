@@ -1,5 +1,6 @@
 """Labels the gateway collects from its own traffic, the reader that turns them into training rows, and the one
-that only lists the labelled requests' ids (`read_ledger_label_ids`: the retraining schedule counts them).
+that only lists the labelled requests' ids (`read_ledger_label_ids`: the retraining schedule counts them), and the
+one that says which tenant made each of some request ids (`kept_request_tenants`: label files that name requests).
 
 This module is the one place that names the Redis keys and fields of the learning loop; the gateway's
 writers (`gateway.learning.store`, `gateway.learning.feedback`, `gateway.learning.shadow`) import them from
@@ -34,7 +35,7 @@ Row format (`read_ledger_labels`, and the documented user label-file format)::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "SHADOW_FIELDS",
     "SHAPE_FIELDS",
     "LabelKeys",
+    "kept_request_tenants",
     "label_row",
     "read_ledger_label_ids",
     "read_ledger_labels",
@@ -195,6 +197,26 @@ def read_ledger_label_ids(redis_url: str, *, key_prefix: str = DEFAULT_PREFIX) -
     finally:
         client.close()
     return ids
+
+
+def kept_request_tenants(redis_url: str, request_ids: Iterable[str], *,
+                         key_prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
+    """request id -> the tenant of its kept prompt, for each of `request_ids` whose prompt the gateway kept (an
+    unknown or expired id is absent). One pipelined HGET per id, in batches of 500; raises `redis.RedisError`."""
+    keys = LabelKeys(key_prefix)
+    wanted = sorted(set(request_ids))
+    client = redis.Redis.from_url(redis_url)
+    owners: dict[str, str] = {}
+    try:
+        for start in range(0, len(wanted), 500):
+            batch = wanted[start:start + 500]
+            pipe = client.pipeline(transaction=False)
+            for request_id in batch:
+                pipe.hget(keys.prompt(request_id), "tenant")
+            owners.update({rid: _text(t) for rid, t in zip(batch, pipe.execute(), strict=True) if t is not None})
+    finally:
+        client.close()
+    return owners
 
 
 def _kept_ids(client: redis.Redis, keys: LabelKeys, size: int = 500) -> Iterator[list[str]]:

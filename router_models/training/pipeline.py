@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from router_models.training.trainer import (
     mask_features,
     training_metadata,
 )
+
+if TYPE_CHECKING:
+    from router_models.training.labels import LabelRow
 
 __all__ = ["DEFAULT_TARGET", "EvalRequest", "TrainRequest", "run_eval", "run_training"]
 
@@ -62,6 +65,7 @@ class TrainRequest:
     held_back: float = 0.3
     max_per_source: int | None = None
     sources: tuple[str, ...] | None = None  # None: outcomes.DEFAULT_SOURCES
+    check_ids: bool = False  # every label file row's "id" must be a request the ledger kept
 
 
 @dataclass(frozen=True)
@@ -80,19 +84,36 @@ class EvalRequest:
 
 
 def _user_labels(req: TrainRequest) -> list[Example]:
-    from router_models.training.labels import examples_from_rows, read_label_file
+    """The label files' rows and (`from_ledger`) the ledger's, checked: a bad row, or (`check_ids`) a file row
+    naming a request the ledger did not keep, raises `LabelError` before anything is fitted; contradicting
+    labels are counted and printed (`label_checks`)."""
+    from router_models.training.label_checks import find_contradictions
+    from router_models.training.labels import label_rows, read_label_rows
 
-    rows: list[Example] = []
+    rows: list[LabelRow] = []
     for path in req.labels:
-        rows += read_label_file(path)
+        rows += read_label_rows(path)
         print(f"[train] {len(rows)} label rows after {path}")
+    if req.check_ids:
+        _check_ids(rows, req)
     if req.from_ledger:
         from router_models.training.ledger_labels import read_ledger_labels
 
         ledger = read_ledger_labels(req.redis_url, key_prefix=req.redis_prefix)
-        rows += examples_from_rows(ledger, default_source="ledger", origin="ledger row")
+        rows += label_rows(ledger, default_source="ledger", origin="ledger row")
         print(f"[train] {len(ledger)} labelled requests from the ledger at {req.redis_url}")
-    return rows
+    if rows:
+        print(f"[train] {find_contradictions(rows).line()}")
+    return [row.example for row in rows]
+
+
+def _check_ids(rows: list[LabelRow], req: TrainRequest) -> None:
+    from router_models.training.label_checks import check_request_ids
+    from router_models.training.ledger_labels import kept_request_tenants
+
+    owners = kept_request_tenants(req.redis_url, [r.request_id for r in rows if r.request_id],
+                                  key_prefix=req.redis_prefix)
+    check_request_ids(rows, owners)
 
 
 def _held_back_metrics(art: RouterArtifact, embedder: Embedder, rows: list[Example]) -> dict[str, float]:
@@ -170,11 +191,12 @@ def run_training(req: TrainRequest) -> int:
     `--no-promote`; `NOT_BETTER` (3) when the candidate lost the comparison and was not promoted."""
     from router_models.training.labels import split_held_back
 
+    own = _user_labels(req)  # a bad label row is refused before anything is loaded
     cfg = _config(req.target, req.feature_set, req.routing_dir)
     public = load_outcomes(req.routing_dir, sources=req.sources, max_per_source=req.max_per_source)
     print(f"[train] {len(public)} prompts with real outcomes from {req.routing_dir} "
           f"({', '.join(dict.fromkeys(ex.source for ex in public))})")
-    train_rows, held = split_held_back(_user_labels(req), req.held_back)
+    train_rows, held = split_held_back(own, req.held_back)
     embedder = make_embedder(req.embedder or DEFAULT_TRAIN_EMBEDDER)
     candidate, loso = _fit_and_evaluate(cfg, embedder, public, train_rows)
     print_table(loso, f"leave-one-source-out ({cfg.target}, {cfg.feature_set}, {embedder.name}):")

@@ -6,28 +6,40 @@ The prompts and labels are written here: they show that labels reach the score, 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 import numpy.typing as npt
 import orjson
+import pytest
 import pytest_asyncio
 
+from gateway.api.app import create_app
+from gateway.api.auth import OPEN_TENANT
+from gateway.cli.main import main
 from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.record import CostRecord, validate_record
 from gateway.serving.label_memories import LabelMemories
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import parse_chat_request
+from gateway.settings import Settings
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy, parse_policy
 from router_models.embedders.features import FEATURE_NAMES
+from router_models.embedders.onnx_minilm import default_cache_dir
 from router_models.serving.artifact import DEFAULT_ARTIFACT
 from router_models.serving.classifier import feature_matrix
 from router_models.serving.classifier_scorer import ClassifierScorer, load_scorer
 from router_models.serving.label_memory import LabelMemory
-from router_models.serving.memory_file import memory_paths, save_memory
+from router_models.serving.memory_file import load_memory, memory_paths, save_memory
 from tests.conftest import policy_yaml
+from tests.servers import serve
 
 HARD = "Summarise the attached contract and list every clause that conflicts with the others."
 EASY = "What is the capital of France?"
@@ -90,3 +102,103 @@ async def test_a_tenants_labels_move_its_scores_at_once_and_no_one_elses(scorer:
     payload.write_bytes(b"not a memory")  # a broken write: the memory loaded before keeps serving
     await memories.refresh()
     assert (await _route(router, HARD, "acme", _policy("tenant")))[0] == moved
+
+
+def _unloadable(folder: Path, embedder: str) -> dict[str, Callable[[], object]]:
+    """Ways a memory file fails its checks, each applied to `folder`'s acme memory."""
+    meta, payload = memory_paths(folder / "acme.json")
+
+    def edit_meta(**changes: object) -> None:
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), **changes}))
+
+    def other_embedder() -> None:
+        memory, _ = load_memory(meta, embedder=embedder)
+        save_memory(memory, meta, embedder="all-MiniLM-L6-v2:static")
+
+    return {"corrupt metadata": lambda: meta.write_text("{not json"),
+            "wrong format": lambda: edit_meta(memory_format=99),
+            "hash mismatch": lambda: payload.write_bytes(payload.read_bytes()[:-10]),  # a copy cut short
+            "another embedder": other_embedder}
+
+
+REASONS = {"corrupt metadata": "label memory metadata .* is unreadable", "wrong format": "has memory_format=99 but",
+           "hash mismatch": "fails its sha256 check",
+           "another embedder": "holds vectors of 'all-MiniLM-L6-v2:static', but the router embeds with"}
+
+
+@pytest.mark.parametrize("broken", sorted(REASONS))
+async def test_a_memory_that_fails_its_checks_leaves_the_previous_one_serving_and_says_why(
+        scorer: ClassifierScorer, tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str) -> None:
+    folder = tmp_path / "memory"
+    rows = await _rows(scorer, [HARD, EASY])
+    save_memory(LabelMemory(rows, np.asarray([1.0, 0.5]), rows.shape[1] - len(FEATURE_NAMES)), folder / "acme.json",
+                embedder=scorer.embedding_space)
+    memories = LabelMemories(folder, lambda: scorer)
+    await memories.refresh()
+    base, _ = await scorer.score_one(HARD)
+    before = memories.adjust("acme", scorer, HARD, base)
+    assert before is not None and before.score > base + 0.01 and before.labels == 2
+    _unloadable(folder, scorer.embedding_space)[broken]()
+    with caplog.at_level(logging.WARNING, logger="cascade.router"):
+        await memories.refresh()
+    warned = [r.getMessage() for r in caplog.records if r.name == "cascade.router"]
+    assert len(warned) == 1 and warned[0].startswith("label memory acme not loaded (")
+    assert warned[0].endswith("; the previous one keeps serving") and re.search(REASONS[broken], warned[0])
+    assert memories.adjust("acme", scorer, HARD, base) == before
+
+
+def _answer(url: str, text: str) -> tuple[str, str]:
+    reply = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                       json={"model": "auto", "messages": [{"role": "user", "content": text}]})
+    assert reply.status_code == 200, reply.text
+    return reply.headers["x-cascade-router-version"], reply.headers["x-cascade-score"]
+
+
+def _until(url: str, suffix: str, timeout_s: float = 30.0) -> tuple[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while not (answer := _answer(url, HARD))[0].endswith(suffix):
+        assert time.monotonic() < deadline, f"router version still {answer[0]}, not ...{suffix}"
+        time.sleep(0.2)
+    return answer
+
+
+def test_through_the_gateway_an_unloadable_memory_leaves_the_previous_one_serving(
+        upstreams: tuple[object, str, object, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The real app: `cascade router memory add` writes the open tenant's memory, the gateway's poll loads it,
+    a corrupt metadata file is logged and the memory loaded before keeps moving scores, and a good file after it
+    is loaded again (the poll did not stop at the failure)."""
+    _, micro_url, _, flagship_url = upstreams
+    home, cache = tmp_path / "home", default_cache_dir()  # the session's embedder caches, shared: built once
+    cache.mkdir(parents=True, exist_ok=True)
+    home.mkdir()
+    (home / "router-cache").symlink_to(cache, target_is_directory=True)
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(micro_url, flagship_url, "learning:\n  label_memory:\n    scope: tenant\n"))
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"prompt": HARD, "needs_flagship": 1}) + "\n"
+                      + json.dumps({"prompt": EASY, "needs_flagship": 0}) + "\n")
+    add = ["router", "memory", "add", "--tenant", OPEN_TENANT, "--artifact", str(DEFAULT_ARTIFACT), "--labels"]
+    assert main([*add, str(labels)]) == 0
+    meta, payload = memory_paths(home / "router" / "memory" / f"{OPEN_TENANT}.json")
+    good = meta.read_bytes(), payload.read_bytes()
+    settings = Settings(policy_path=policy, scorer="classifier", router_artifact=DEFAULT_ARTIFACT, ledger="memory",
+                        start_engines=False, policy_watch_interval_s=0, home=home)
+    with caplog.at_level(logging.WARNING, logger="cascade.router"), serve(create_app(settings)) as url:
+        version, score = _until(url, f"+memory/{OPEN_TENANT}@2")
+        meta.write_text("{not json")
+        deadline = time.monotonic() + 30
+        while not any("not loaded" in r.getMessage() for r in caplog.records if r.name == "cascade.router"):
+            assert time.monotonic() < deadline, "the gateway never tried the corrupt memory"
+            time.sleep(0.2)
+        assert _answer(url, HARD) == (version, score)
+        meta.write_bytes(good[0])
+        payload.write_bytes(good[1])
+        assert main([*add, str(labels)]) == 0
+        grown, moved = _until(url, f"+memory/{OPEN_TENANT}@4")
+    warned = [r.getMessage() for r in caplog.records if r.name == "cascade.router"]
+    assert warned[0] == (f"label memory {OPEN_TENANT} not loaded (label memory metadata {meta} is unreadable "
+                         "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); rebuild it "
+                         "with `cascade router memory add` from the label files); the previous one keeps serving")
+    assert grown == version.replace("@2", "@4") and moved != "none"

@@ -98,6 +98,9 @@ def test_conflicting_labels_of_one_prompt_are_counted() -> None:
     x = _unit(rng, 4)
     memory = LabelMemory(x, np.asarray([0.0, 1.0, 0.2, 0.3]), EMBED, keys=("a", "a", "b", "b"))
     assert memory.conflicts() == 1  # "a" was labelled 0 and 1; "b" 0.2 and 0.3 agree within the tolerance
+    # needs_flagship 0 against 1 (targets 0.5 and 1, exactly the tolerance apart) is a contradiction too
+    verdicts = LabelMemory(x, np.asarray([0.5, 1.0, 0.5, 0.75]), EMBED, keys=("a", "a", "b", "b"))
+    assert verdicts.conflicts() == 1
 
 
 def test_bad_rows_are_refused() -> None:

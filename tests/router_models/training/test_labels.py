@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from router_models.serving.scorer import ConversationShape, prompt_shape
-from router_models.training.labels import LabelError, examples_from_rows, read_label_file, split_held_back
+from router_models.training.labels import (
+    LabelError,
+    examples_from_rows,
+    label_rows,
+    read_label_file,
+    read_label_rows,
+    split_held_back,
+)
 
 
 def _write(path: Path, rows: list[object]) -> Path:
@@ -64,3 +71,40 @@ def test_ledger_rows_and_a_stable_split() -> None:
     assert split_held_back(ex, 0.3) == (train, held)
     with pytest.raises(LabelError, match="row 2"):
         examples_from_rows([rows[0], {"prompt": "x"}], origin="row")
+
+
+@pytest.mark.parametrize(("score", "shown"), [
+    ("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"), ("1e999", "inf"), ("-0.1", "-0.1"),
+    ('"0.5"', "'0.5'"), ("null", "None"), ("[1]", r"\[1\]"),
+])
+def test_a_score_that_is_not_a_number_in_range_names_its_line(tmp_path: Path, score: str, shown: str) -> None:
+    path = _write(tmp_path / "l.jsonl", [{"prompt": "ok", "needs_flagship": 0}, "",
+                                         f'{{"prompt": "x", "needs_flagship": {score}}}'])
+    with pytest.raises(LabelError, match=f"'needs_flagship' must be a number in \\[0, 1\\], got {shown}$") as err:
+        read_label_file(path)
+    assert str(err.value).startswith(f"{path}:3: ")  # the blank line 2 is counted: the line is the file's
+
+
+@pytest.mark.parametrize(("field", "value"), [("id", 7), ("id", None), ("tenant", ["acme"]), ("tenant", 3)])
+def test_an_id_or_tenant_that_is_not_a_string_names_its_line(tmp_path: Path, field: str, value: object) -> None:
+    path = _write(tmp_path / "l.jsonl", [{"prompt": "ok", "needs_flagship": 0},
+                                         {"prompt": "x", "needs_flagship": 0, field: value}])
+    with pytest.raises(LabelError, match=f"^{path}:2: field '{field}' must be a string, got "):
+        read_label_rows(path)
+
+
+def test_an_empty_tenant_names_none() -> None:  # a ledger row of a request kept without a tenant
+    (row,) = label_rows([{"id": "r1", "prompt": "x", "needs_flagship": 0, "tenant": ""}], tenant="acme")
+    assert (row.request_id, row.tenant) == ("r1", "")
+
+
+def test_a_row_of_another_tenant_is_refused_when_reading_for_one(tmp_path: Path) -> None:
+    path = _write(tmp_path / "l.jsonl", [{"prompt": "a", "needs_flagship": 0, "tenant": "acme", "id": "r1"},
+                                         {"prompt": "b", "needs_flagship": 1},
+                                         {"prompt": "c", "needs_flagship": 1, "tenant": "globex"}])
+    with pytest.raises(LabelError) as err:
+        read_label_rows(path, tenant="acme")
+    assert str(err.value) == f"{path}:3: field 'tenant' is 'globex', but these labels are for tenant 'acme'"
+    first, second, third = read_label_rows(path)  # for no one tenant (the shared memory, training) all are read
+    assert (first.where, first.request_id, first.tenant) == (f"{path}:1", "r1", "acme")
+    assert (second.request_id, second.tenant, third.tenant) == ("", "", "globex")

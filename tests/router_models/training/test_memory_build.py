@@ -9,10 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
 
+from gateway.cli.main import main
 from router_models.cli import register
 from router_models.serving.artifact import DEFAULT_ARTIFACT, load_artifact
 from router_models.serving.memory_file import load_memory
+from router_models.training.ledger_labels import LabelKeys
+from tests.conftest import SHARED_URL
 
 
 def _run(*argv: str) -> int:
@@ -51,3 +55,74 @@ def test_a_bad_row_is_refused_with_its_line_and_nothing_is_written(tmp_path: Pat
     assert f"{bad}:2" in capsys.readouterr().err
     assert not (tmp_path / "store" / "memory").exists()
     assert _run("--labels", str(bad), "--tenant", "a:b", "--store", str(tmp_path / "store")) == 2
+
+
+def _cli(monkeypatch: pytest.MonkeyPatch, home: Path, *argv: str) -> int:
+    """`cascade router memory add ...` through the gateway's own entry point, in process."""
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    return main(["router", "memory", "add", *argv, "--artifact", str(DEFAULT_ARTIFACT)])
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.is_dir() else {}
+
+
+def test_another_tenants_row_refuses_every_file_and_leaves_the_memory_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "home"
+    good = _labels(tmp_path / "good.jsonl", [{"prompt": "Say hello.", "needs_flagship": 0, "tenant": "acme"}])
+    assert _cli(monkeypatch, home, "--labels", str(good), "--tenant", "acme") == 0
+    before = _files(home / "router" / "memory")
+    assert set(before) == {"acme.json", "acme.npz"}
+    capsys.readouterr()
+    foreign = _labels(tmp_path / "foreign.jsonl", [{"prompt": "Say goodbye.", "needs_flagship": 1},
+                                                   {"prompt": "Say hi.", "needs_flagship": 1, "tenant": "acme"},
+                                                   {"prompt": "Prove it.", "needs_flagship": 1, "tenant": "globex"}])
+    assert _cli(monkeypatch, home, "--labels", str(good), "--labels", str(foreign), "--tenant", "acme") == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: {foreign}:3: field 'tenant' is 'globex', but these labels are for tenant 'acme'\n"
+    assert out == "" and _files(home / "router" / "memory") == before  # the good file was not applied either
+
+
+def test_contradicting_labels_in_the_files_are_counted_and_one_pair_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "home"
+    labels = _labels(tmp_path / "a.jsonl", [{"prompt": "Say hello.", "needs_flagship": 1},
+                                            {"prompt": "Prove that there are infinitely many primes.",
+                                             "needs_flagship": 1},
+                                            {"prompt": "Say hello.", "needs_flagship": 0}])
+    assert _cli(monkeypatch, home, "--labels", str(labels)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("0 -> 3 labels, 1 prompts with conflicting labels (running gateways read it within "
+                           "seconds)")
+    assert out[1] == (f"these label files: 1 prompts with contradicting labels (targets at least 0.5 apart), e.g. "
+                      f"{labels}:1 (target 1) against {labels}:3 (target 0.5)")
+    memory, meta = load_memory(home / "router" / "memory" / "shared.json")
+    assert meta["conflicting_prompts"] == 1 and memory.targets.tolist() == [1.0, 1.0, 0.5]  # kept, not averaged
+
+
+@pytest.mark.redis
+def test_check_ids_refuses_a_request_the_ledger_did_not_keep_or_kept_for_another_tenant(
+        tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = LabelKeys(prefix)
+    client = redis.Redis.from_url(SHARED_URL)
+    try:
+        for rid, tenant in (("req-a1", "acme"), ("req-a2", "acme"), ("req-g1", "globex")):
+            client.hset(keys.prompt(rid), mapping={"text": f"prompt of {rid}", "tenant": tenant})
+    finally:
+        client.close()
+    home, ledger = tmp_path / "home", ("--check-ids", "--redis-url", SHARED_URL, "--redis-prefix", prefix)
+    rows = [{"id": "req-a1", "prompt": "prompt of req-a1", "needs_flagship": 1},
+            {"id": "req-a2", "prompt": "prompt of req-a2", "needs_flagship": 0}]
+    unknown = _labels(tmp_path / "unknown.jsonl", [rows[0], {**rows[1], "id": "req-zz"}])
+    foreign = _labels(tmp_path / "foreign.jsonl", [rows[0], rows[1], {**rows[1], "id": "req-g1"}])
+    assert _cli(monkeypatch, home, "--labels", str(unknown), "--tenant", "acme", *ledger) == 2
+    assert capsys.readouterr().err.startswith(f"error: {unknown}:2: field 'id': no request 'req-zz' is on record")
+    assert _cli(monkeypatch, home, "--labels", str(foreign), "--tenant", "acme", *ledger) == 2
+    assert capsys.readouterr().err == (f"error: {foreign}:3: field 'id': request 'req-g1' is tenant 'globex''s, "
+                                       "but these labels are for tenant 'acme'\n")
+    assert _files(home / "router" / "memory") == {}
+    assert _cli(monkeypatch, home, "--labels", str(foreign), *ledger) == 0  # the shared memory takes any tenant's
+    assert _cli(monkeypatch, home, "--labels", str(_labels(tmp_path / "ok.jsonl", rows)), "--tenant", "acme",
+                *ledger) == 0
+    assert set(_files(home / "router" / "memory")) == {"acme.json", "acme.npz", "shared.json", "shared.npz"}
