@@ -36,6 +36,7 @@ __all__ = [
     "promoted_artifacts",
     "read_metadata",
     "read_payload",
+    "replace_atomically",
     "save_artifact",
     "servable_artifact",
 ]
@@ -132,6 +133,17 @@ def _check_compatible(meta: dict[str, Any], meta_path: Path, embedder: str | Non
     problem = _compatibility_problem(meta, meta_path, embedder)
     if problem is not None:
         raise ArtifactError(problem)
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Write `data` at `path` so that a reader or a crash sees the old file or the new one, never a part: a
+    temporary file beside it, written and fsynced, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
 
 
 def read_payload(meta: dict[str, Any], meta_path: Path, what: str = "router payload",

@@ -16,7 +16,6 @@ scorer (`gateway.control.router_swap`), or at once on `POST /admin/router/reload
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from router_models.serving.artifact import (
     default_store_dir,
     load_artifact,
     promoted_artifacts,
+    replace_atomically,
     save_artifact,
     servable_artifact,
 )
@@ -85,9 +85,4 @@ class ArtifactStore:
 
     def _write_history(self, versions: list[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self._history_path.with_suffix(".tmp")
-        with tmp.open("w") as fh:
-            fh.write(json.dumps({"promoted": versions}, indent=2) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(self._history_path)
+        replace_atomically(self._history_path, (json.dumps({"promoted": versions}, indent=2) + "\n").encode())

@@ -16,14 +16,19 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from router_models.serving.artifact import DEFAULT_ARTIFACT, ArtifactError, read_metadata, read_payload
+from router_models.serving.artifact import (
+    DEFAULT_ARTIFACT,
+    ArtifactError,
+    read_metadata,
+    read_payload,
+    replace_atomically,
+)
 from router_models.serving.domain import DomainReference
 
 __all__ = ["DOMAIN_FORMAT", "domain_path", "load_domain", "reference_for", "save_domain"]
@@ -40,15 +45,6 @@ def domain_path(artifact: str | Path) -> Path:
     return p.with_name(f"{p.with_suffix('').name}-domain.json")
 
 
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-
-
 def save_domain(reference: DomainReference, path: Path, embedder: str,
                 extra: dict[str, Any] | None = None) -> Path:
     """Write `reference` (rows of `embedder`'s vectors) at `path` (the metadata .json); returns it."""
@@ -57,13 +53,13 @@ def save_domain(reference: DomainReference, path: Path, embedder: str,
     buf = io.BytesIO()
     np.savez(buf, rows=np.asarray(reference.rows, np.float16))
     payload = buf.getvalue()
-    _replace(payload_path, payload)
+    replace_atomically(payload_path, payload)
     meta = dict(extra or {})
     meta.update(domain_format=DOMAIN_FORMAT, embedder=embedder, dim=reference.dim, rows=int(reference.rows.shape[0]),
                 neighbours=reference.neighbours, knots=list(reference.knots), levels=list(reference.levels),
                 sources=list(reference.sources), created=datetime.now(UTC).isoformat(timespec="seconds"),
                 payload_file=payload_path.name, payload_sha256=hashlib.sha256(payload).hexdigest())
-    _replace(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+    replace_atomically(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
     return meta_path
 
 

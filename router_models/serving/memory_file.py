@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
-from router_models.serving.artifact import ArtifactError, read_metadata, read_payload
+from router_models.serving.artifact import ArtifactError, read_metadata, read_payload, replace_atomically
 from router_models.serving.label_memory import LabelMemory, MemoryParams
 
 __all__ = ["MEMORY_FORMAT", "load_memory", "memory_paths", "save_memory"]
@@ -42,21 +41,12 @@ def _payload(memory: LabelMemory) -> bytes:
     return buf.getvalue()
 
 
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-
-
 def save_memory(memory: LabelMemory, path: str | Path, embedder: str, extra: dict[str, Any] | None = None) -> Path:
     """Write `memory` (labels on `embedder`'s vectors) at `path`; returns the metadata path."""
     meta_path, payload_path = memory_paths(path)
     meta_path.parent.mkdir(parents=True, exist_ok=True)
     payload = _payload(memory)
-    _replace(payload_path, payload)
+    replace_atomically(payload_path, payload)
     meta = dict(extra or {})
     meta.update(memory_format=MEMORY_FORMAT, feature_version=FEATURE_VERSION, feature_names=list(FEATURE_NAMES),
                 embedder=embedder, embedding_dim=memory.embedding_dim, dim=int(memory.rows.shape[1]),
@@ -65,7 +55,7 @@ def save_memory(memory: LabelMemory, path: str | Path, embedder: str, extra: dic
                         "prior": memory.params.prior},
                 updated=datetime.now(UTC).isoformat(timespec="seconds"),
                 payload_file=payload_path.name, payload_sha256=hashlib.sha256(payload).hexdigest())
-    _replace(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+    replace_atomically(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
     return meta_path
 
 
