@@ -19,10 +19,8 @@ below the bound: the report names it (the gateway's log does as it happens: `gat
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from gateway.costs.estimate import DomainShare, QualityEstimate
@@ -68,9 +66,9 @@ def _drifting(report: CostReport, spec: InDomain) -> tuple[tuple[str, int, int],
 
 
 def domain_share(report: CostReport, spec: InDomain, quality: QualityEstimate,
-                 artifact_meta: Path | None) -> DomainShare:
+                 artifact_meta: Mapping[str, Any] | None) -> DomainShare:
     """The report's unlike share, the quality-kept range around `quality` (from the per-source figures in the
-    artifact metadata at `artifact_meta`) and its drifting tenants."""
+    artifact's metadata `artifact_meta`; None: unreadable) and its drifting tenants."""
     total = report.total().counters
     scored, below = total.in_domain_scored, total.in_domain_below(spec.bound)
     base = DomainShare(spec.bound, scored, below, None, None, "", spec.drift_share, _drifting(report, spec))
@@ -79,7 +77,7 @@ def domain_share(report: CostReport, spec: InDomain, quality: QualityEstimate,
                            "reference: `cascade router domain build`)")
     if quality.curve_kept is None or quality.flagship_share is None:
         return _with(base, "no quality estimate to widen")
-    spread = _spread(artifact_meta)
+    spread = lift_spread(artifact_meta) if artifact_meta is not None else None
     if spread is None:
         return _with(base, "the artifact stores no per-source leave-one-source-out figures")
     low_lift, high_lift, note = spread
@@ -94,14 +92,3 @@ def domain_share(report: CostReport, spec: InDomain, quality: QualityEstimate,
 def _with(base: DomainShare, why: str) -> DomainShare:
     return DomainShare(base.bound, base.scored, base.below, None, None, "", base.drift_share, base.drifting, why)
 
-
-def _spread(artifact_meta: Path | None) -> tuple[float, float, str] | None:
-    if artifact_meta is None:
-        from router_models.serving.artifact import current_artifact_path
-
-        artifact_meta = current_artifact_path()
-    try:
-        meta = json.loads(Path(artifact_meta).with_suffix(".json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return lift_spread(meta) if isinstance(meta, dict) else None

@@ -31,7 +31,12 @@ from gateway.costs.estimate import LabelEstimate, QualityEstimate
 from gateway.costs.report import CostReport
 from policies.schema import Policy
 from router_models.serving.artifact import ArtifactError, overflow_artifact
-from router_models.training.quality_curve import QualityCurve, artifact_quality_curve
+from router_models.training.quality_curve import (
+    QualityCurve,
+    artifact_metadata,
+    artifact_quality_curve,
+    parse_quality_curve,
+)
 
 __all__ = ["estimate_quality", "label_estimate", "read_label_estimate", "served_with_quality", "with_quality"]
 
@@ -91,15 +96,17 @@ def with_quality(report: CostReport, policy: Policy | None, artifact: Path | Non
         why = f"no policy to tell the micro and flagship pools: {policy_problem}"
         return replace(report, quality=QualityEstimate(None, 0, None, None, why, labels))
     reason: str | None = None
+    meta: dict[str, Any] | None = None  # read once: the curve and the in-domain range's spread both come from it
     try:
-        curve = artifact_quality_curve(artifact)
+        meta = artifact_metadata(artifact)
+        curve = parse_quality_curve(meta)
     except (OSError, ValueError) as exc:
         curve, reason = None, f"cannot read the artifact's evaluation curve: {exc}"
     total, routing = report.total(), policy.routing
     overflow = _overflow_curve(artifact) if total.counters.overflow_scored else None
     estimate = estimate_quality(total.pool_requests, routing.micro_pool, routing.flagship_pool, curve,
                                 reason, labels, total.counters.overflow_scored, overflow)
-    domain = domain_share(report, policy.learning.in_domain, estimate, artifact)
+    domain = domain_share(report, policy.learning.in_domain, estimate, meta)
     return replace(report, quality=replace(estimate, domain=domain))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METADATA_KEY", "QualityCurve", "artifact_quality_curve", "parse_quality_curve"]
+__all__ = ["METADATA_KEY", "QualityCurve", "artifact_metadata", "artifact_quality_curve", "parse_quality_curve"]
 
 METADATA_KEY = "quality_curve"
 
@@ -64,9 +64,9 @@ def parse_quality_curve(metadata: Mapping[str, Any]) -> QualityCurve | None:
     return QualityCurve(xs, ys, str(raw.get("basis") or "router evaluation"))
 
 
-def artifact_quality_curve(path: Path | None = None) -> QualityCurve | None:
-    """The curve of the artifact whose metadata is `path` (default: the one served, `current_artifact_path`),
-    or None when the artifact has none. Raises OSError (unreadable) or ValueError (not JSON, malformed curve)."""
+def artifact_metadata(path: Path | None = None) -> dict[str, Any]:
+    """The metadata of the artifact at `path` (either file of the pair; default: the one served,
+    `current_artifact_path`). Raises OSError (unreadable) or ValueError (not JSON, not an object)."""
     if path is None:
         from router_models.serving.artifact import current_artifact_path
 
@@ -74,4 +74,10 @@ def artifact_quality_curve(path: Path | None = None) -> QualityCurve | None:
     meta = json.loads(Path(path).with_suffix(".json").read_text(encoding="utf-8"))
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: artifact metadata must be a JSON object")
-    return parse_quality_curve(meta)
+    return meta
+
+
+def artifact_quality_curve(path: Path | None = None) -> QualityCurve | None:
+    """The curve of the artifact whose metadata is `path` (default: the one served, `current_artifact_path`),
+    or None when the artifact has none. Raises OSError (unreadable) or ValueError (not JSON, malformed curve)."""
+    return parse_quality_curve(artifact_metadata(path))
