@@ -11,15 +11,11 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from router_models.serving.artifact import ArtifactError
 from router_models.training.exit_codes import NOT_BETTER
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES, SOURCES
 from router_models.training.targets import TARGETS
-
-if TYPE_CHECKING:
-    from router_models.training.labels import LabelRow
 
 __all__ = ["register"]
 
@@ -103,7 +99,7 @@ def _memory_add(args: argparse.Namespace) -> int:
     from redis import RedisError
 
     from router_models.serving.artifact import default_store_dir
-    from router_models.training.label_checks import find_contradictions
+    from router_models.training.label_checks import check_ids_in_ledger, find_contradictions
     from router_models.training.labels import LabelError, read_label_rows
     from router_models.training.memory_build import SHARED, add_labels, memory_path
 
@@ -111,7 +107,7 @@ def _memory_add(args: argparse.Namespace) -> int:
         path = memory_path(args.store or default_store_dir(), args.tenant or SHARED)
         rows = [row for label_file in args.labels for row in read_label_rows(label_file, tenant=args.tenant)]
         if args.check_ids:
-            _check_ids(rows, args.redis_url, args.redis_prefix, args.tenant)
+            check_ids_in_ledger(rows, args.redis_url, args.redis_prefix, args.tenant)
         update = add_labels([row.example for row in rows], path, args.artifact)
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
@@ -121,15 +117,6 @@ def _memory_add(args: argparse.Namespace) -> int:
           f"{update.conflicting_prompts} prompts with conflicting labels (running gateways read it within seconds)")
     print(f"these label files: {find_contradictions(rows).line()}")
     return 0
-
-
-def _check_ids(rows: list[LabelRow], redis_url: str, prefix: str, tenant: str | None) -> None:
-    """Refuse (`LabelError`) the first row whose "id" the ledger did not keep, or kept for another tenant."""
-    from router_models.training.label_checks import check_request_ids
-    from router_models.training.ledger_labels import kept_request_tenants
-
-    owners = kept_request_tenants(redis_url, [r.request_id for r in rows if r.request_id], key_prefix=prefix)
-    check_request_ids(rows, owners, tenant)
 
 
 def _domain_build(args: argparse.Namespace) -> int:

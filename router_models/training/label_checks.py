@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from router_models.serving.label_memory import gap_target
 from router_models.training.labels import LabelError, LabelRow
 
-__all__ = ["Contradictions", "check_request_ids", "find_contradictions"]
+__all__ = ["Contradictions", "check_ids_in_ledger", "check_request_ids", "find_contradictions"]
 
 TOLERANCE = 0.5
 
@@ -36,6 +36,15 @@ def check_request_ids(rows: Sequence[LabelRow], owners: Mapping[str, str], tenan
         if tenant is not None and owner != tenant:
             raise LabelError(f"{row.where}: field 'id': request {row.request_id!r} is tenant {owner!r}'s, but "
                              f"these labels are for tenant {tenant!r}")
+
+
+def check_ids_in_ledger(rows: Sequence[LabelRow], redis_url: str, key_prefix: str, tenant: str | None = None) -> None:
+    """`check_request_ids` against the ledger in Redis at `redis_url` (`--check-ids` of `cascade router train` and
+    `cascade router memory add`). Raises `LabelError`, or a Redis error when the ledger cannot be read."""
+    from router_models.training.ledger_labels import kept_request_tenants
+
+    owners = kept_request_tenants(redis_url, [r.request_id for r in rows if r.request_id], key_prefix=key_prefix)
+    check_request_ids(rows, owners, tenant)
 
 
 @dataclass(frozen=True)

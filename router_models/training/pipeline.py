@@ -87,7 +87,7 @@ def _user_labels(req: TrainRequest) -> list[Example]:
     """The label files' rows and (`from_ledger`) the ledger's, checked: a bad row, or (`check_ids`) a file row
     naming a request the ledger did not keep, raises `LabelError` before anything is fitted; contradicting
     labels are counted and printed (`label_checks`)."""
-    from router_models.training.label_checks import find_contradictions
+    from router_models.training.label_checks import check_ids_in_ledger, find_contradictions
     from router_models.training.labels import label_rows, read_label_rows
 
     rows: list[LabelRow] = []
@@ -95,7 +95,7 @@ def _user_labels(req: TrainRequest) -> list[Example]:
         rows += read_label_rows(path)
         print(f"[train] {len(rows)} label rows after {path}")
     if req.check_ids:
-        _check_ids(rows, req)
+        check_ids_in_ledger(rows, req.redis_url, req.redis_prefix)
     if req.from_ledger:
         from router_models.training.ledger_labels import read_ledger_labels
 
@@ -105,15 +105,6 @@ def _user_labels(req: TrainRequest) -> list[Example]:
     if rows:
         print(f"[train] {find_contradictions(rows).line()}")
     return [row.example for row in rows]
-
-
-def _check_ids(rows: list[LabelRow], req: TrainRequest) -> None:
-    from router_models.training.label_checks import check_request_ids
-    from router_models.training.ledger_labels import kept_request_tenants
-
-    owners = kept_request_tenants(req.redis_url, [r.request_id for r in rows if r.request_id],
-                                  key_prefix=req.redis_prefix)
-    check_request_ids(rows, owners)
 
 
 def _held_back_metrics(art: RouterArtifact, embedder: Embedder, rows: list[Example]) -> dict[str, float]:
