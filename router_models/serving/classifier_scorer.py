@@ -53,7 +53,7 @@ from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
 __all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "EmbeddingModel", "load_model",
-           "load_scorer"]
+           "load_scorer", "score_texts"]
 
 _log = logging.getLogger(__name__)
 _EWMA = 0.1  # weight of the latest batch in the primary's time per text
@@ -135,19 +135,22 @@ _Item = tuple[_Key, "asyncio.Future[_Scored]", float]  # what, its caller's futu
 _Timed = tuple[list[float], FloatArray | None, list[float] | None, float]
 
 
-def _timed(model: BatchModel, keys: list[_Key], embed: bool, domain: DomainReference | None = None) -> _Timed:
+def score_texts(model: BatchModel, texts: list[str], shapes: list[ConversationShape], embed: bool,
+                domain: DomainReference | None = None) -> tuple[list[float], FloatArray | None, list[float] | None]:
     """(scores, embeddings when `embed` and the model gives them, their in-domain figures when `domain` is given
-    too, seconds taken)."""
+    too: to 4 decimals, as headers, records and `cascade router score` show them)."""
+    if not (embed and isinstance(model, EmbeddingModel)):
+        return model(texts, shapes), None, None
+    values, vectors = model.score_and_embed(texts, shapes)
+    figures = None if domain is None else [round(float(v), 4) for v in domain.in_domain(vectors)]
+    return values, vectors, figures
+
+
+def _timed(model: BatchModel, keys: list[_Key], embed: bool, domain: DomainReference | None = None) -> _Timed:
+    """`score_texts` of the keys, and the seconds it took."""
     started = time.perf_counter()
-    texts, shapes = [text for text, _ in keys], [shape for _, shape in keys]
-    vectors: FloatArray | None = None
-    figures: list[float] | None = None
-    if embed and isinstance(model, EmbeddingModel):
-        values, vectors = model.score_and_embed(texts, shapes)
-        if domain is not None:
-            figures = [round(float(v), 4) for v in domain.in_domain(vectors)]  # as headers and records show it
-    else:
-        values = model(texts, shapes)
+    values, vectors, figures = score_texts(model, [text for text, _ in keys], [shape for _, shape in keys], embed,
+                                           domain)
     return values, vectors, figures, time.perf_counter() - started
 
 

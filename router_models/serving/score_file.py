@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from router_models.serving.classifier_scorer import BatchModel, EmbeddingModel
+from router_models.serving.classifier_scorer import BatchModel, EmbeddingModel, score_texts
 from router_models.serving.domain import DomainReference
 from router_models.serving.scorer import ConversationShape, prompt_shape, read_conversation
 
@@ -71,14 +71,6 @@ def _load_model(artifact: Path | None) -> tuple[BatchModel, DomainReference | No
     return model, None if found is None else found[0]
 
 
-def _score_part(model: BatchModel, domain: DomainReference | None, texts: list[str],
-                shapes: list[ConversationShape]) -> tuple[list[float], list[float | None]]:
-    if domain is not None and isinstance(model, EmbeddingModel):
-        scores, vectors = model.score_and_embed(texts, shapes)
-        return scores, [round(float(v), 4) for v in domain.in_domain(vectors)]
-    return model(texts, shapes), [None] * len(texts)
-
-
 def score_rows(
     rows: Sequence[_Row], model: BatchModel, threshold: float, pools: tuple[str, str], batch: int,
     domain: DomainReference | None = None,
@@ -88,7 +80,9 @@ def score_rows(
     micro, flagship = pools
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
-        scores, figures = _score_part(model, domain, [t for _, t, _ in part], [s for _, _, s in part])
+        scores, _, known = score_texts(model, [t for _, t, _ in part], [s for _, _, s in part], domain is not None,
+                                       domain)
+        figures: list[float | None] = list(known) if known is not None else [None] * len(part)
         for (rid, _, _), score, figure in zip(part, scores, figures, strict=True):
             pool = flagship if score >= threshold else micro
             yield json.dumps({"id": rid, "score": round(score, 6), "pool": pool, "in_domain": figure},
