@@ -1,6 +1,11 @@
 """Scale to zero with a real vLLM engine (demo micro model): the gateway starts with the on-demand pool
-asleep and ready, the first request cold-starts the engine and waits for it, the engine stops after the
-idle period, and the next request starts it again. Prints both cold-start times."""
+asleep and ready, the first request cold-starts the engine and waits for it, and the engine stops after the
+idle period while the pool stays ready. Prints the cold-start time.
+
+That the next request wakes the pool again is the gate's (`tests/backends/clients/test_scale_to_zero.py`,
+`test_idle_pool_sleeps_after_idle_stop_after_s_but_not_while_busy`): a wake after a sleep runs the same start as
+the first one, exercised here on the real engine; a real engine started again on its port after its group
+stopped is the chaos run's kill and restart (`tests/chaos/test_faults_together.py`)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from tests.servers import free_port, serve
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
-IDLE_S = 10
+IDLE_S = 6
 
 
 def _policy(engine_port: int, flagship_url: str) -> str:
@@ -114,13 +119,11 @@ def test_on_demand_pool_sleeps_when_idle_and_cold_starts_on_the_next_request(gat
     warm_started = time.monotonic()
     _cold_request(base)
     warm = time.monotonic() - warm_started
+    awake = _readyz(base)["engines"]["micro"]
     asleep_after = _wait_asleep(base, engine_port)
     assert _readyz(base)["pools"]["micro"]  # asleep and still ready
-    cold2 = _cold_request(base)
-    status = _readyz(base)["engines"]["micro"]
-    print(f"\nCOLD START: first {cold1:.1f} s, after idle stop {cold2:.1f} s (request latency, demo micro engine); "
-          f"warm request {warm * 1000:.0f} ms; stopped {asleep_after:.1f} s after the last request "
-          f"(idle_stop_after_s {IDLE_S}); status: {status}")
-    assert status.startswith("awake (cold start took")
-    assert warm < 5 < cold1 and cold2 > 5
+    print(f"\nCOLD START: {cold1:.1f} s (request latency, demo micro engine); warm request {warm * 1000:.0f} ms; "
+          f"stopped {asleep_after:.1f} s after the last request (idle_stop_after_s {IDLE_S}); status: {awake}")
+    assert awake.startswith("awake (cold start took")
+    assert warm < 5 < cold1
     assert asleep_after <= IDLE_S + 30
