@@ -111,6 +111,8 @@ def test_tracing_is_off_without_an_endpoint_and_a_dead_receiver_holds_no_request
     assert not tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}).enabled
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")  # nothing listens
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    # the exporter retries a refused export until its timeout (10 s by default) when the app stops and flushes
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
     _, micro_url, _, flagship_url = upstreams
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml(micro_url, flagship_url))

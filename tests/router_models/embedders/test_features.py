@@ -31,7 +31,7 @@ def _texts() -> list[str]:
     lines = (ROOT / "loadtest" / "data" / "synthetic_prompts.jsonl").read_text().splitlines()
     texts = [str(json.loads(line)["prompt"]) for line in lines]
     if DEFAULT_ROUTING_DIR.is_dir():
-        texts += [ex.text for ex in load_outcomes(DEFAULT_ROUTING_DIR, max_per_source=1500)]
+        texts += [ex.text for ex in load_outcomes(DEFAULT_ROUTING_DIR, max_per_source=400)]  # 2,800 real prompts
     rng = random.Random(7)
     alphabet = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ;()_{}\n0123456789.?!-"
                 + DOTLESS_I + DOTTED_I + LONG_S + KELVIN + "\u00df\u1e9e\ufb01")

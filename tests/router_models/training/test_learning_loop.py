@@ -5,7 +5,7 @@ to the shipped artifact. Bad label files and corrupt artifacts are refused with 
 
 The traffic is synthetic (loadtest/data/synthetic_prompts.jsonl) and so are its thumbs: they only show that
 the loop runs; no quality is judged from them. Every training run is kept small (`--max-per-source 100`);
-the embedding cache is shared by the module's runs, the artifact store is each test's own.
+the embedding cache is the session's, the artifact store each test's own.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
+from router_models.embedders.onnx_minilm import default_cache_dir
 from router_models.serving.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact
 from router_models.serving.artifact_store import ArtifactStore
 from router_models.training.exit_codes import NOT_BETTER
@@ -54,24 +55,19 @@ Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 pytestmark = [
     pytest.mark.redis,
-    pytest.mark.xdist_group("learning-loop"),  # one embedding cache for the module's runs under pytest-xdist
     pytest.mark.skipif(not DEFAULT_ROUTING_DIR.is_dir(),
                        reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR} (set CASCADE_ROUTING_DATA)"),
 ]
 
 
-@pytest.fixture(scope="module")
-def embedding_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One embedding cache (and ONNX export) for every run of the module: only the first run embeds."""
-    return tmp_path_factory.mktemp("router-cache")
-
-
 @pytest.fixture
-def home(tmp_path: Path, embedding_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """$CASCADE_HOME of this test (so its own artifact store), for this process and the CLI runs."""
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """$CASCADE_HOME of this test (so its own artifact store), for this process and the CLI runs; the embedder's
+    caches (its ONNX export, the vectors of prompts already embedded) are the session's, shared with the other
+    tests that embed: a cache changes how long a run takes, never what it computes."""
     path = tmp_path / "home"
     path.mkdir()
-    (path / "router-cache").symlink_to(embedding_cache, target_is_directory=True)
+    (path / "router-cache").symlink_to(default_cache_dir(), target_is_directory=True)
     monkeypatch.setenv("CASCADE_HOME", str(path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("CASCADE_ROUTER_ARTIFACT", raising=False)
