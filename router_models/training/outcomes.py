@@ -235,7 +235,29 @@ def _mean(models: Mapping[str, float], names: Sequence[str]) -> float:
     return sum(values) / len(values) if values else _NAN
 
 
+_READ: dict[tuple[str, Path], tuple[tuple[tuple[str, int, int], ...], tuple[Example, ...]]] = {}
+"""Each source's examples as last read in this process, with the files' (path, size, mtime) they were read from:
+the tests and benchmarks read the same files many times in one process (about 8 s of CPU for all seven)."""
+
+
+def _files_of(root: Path) -> tuple[tuple[str, int, int], ...]:
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in sorted(names):
+            st = os.stat(os.path.join(folder, name))
+            found.append((os.path.join(folder, name), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
+
+
 def _examples(spec: SourceSpec, root: Path) -> list[Example]:
+    """The source's usable examples, read again only when a file under `root` changed (examples are frozen)."""
+    key, files = (spec.name, root.resolve()), _files_of(root)
+    if (kept := _READ.get(key)) is None or kept[0] != files:
+        _READ[key] = kept = (files, tuple(_read_examples(spec, root)))
+    return list(kept[1])
+
+
+def _read_examples(spec: SourceSpec, root: Path) -> list[Example]:
     raw = list(spec.rows(root))
     names = tuple(sorted({m for _, _, models, pairs, _ in raw for m in [*models, *(n for p in pairs for n in p)]}))
     index = {n: i for i, n in enumerate(names)}

@@ -99,6 +99,17 @@ def test_preferences_are_read_with_their_pairs_and_the_conversation_text_and_sha
     assert "rmb-helpfulness" in DEFAULT_SOURCES
 
 
+def test_a_source_is_read_again_when_one_of_its_files_changes(tmp_path: Path) -> None:
+    """Read once per process while the files stay as they were (tests and benchmarks read them many times)."""
+    root = _mini(tmp_path)
+    first = load_outcomes(root, sources=["routellm-gsm8k"])
+    assert load_outcomes(root, sources=["routellm-gsm8k"]) == first
+    with (root / "routellm-gsm8k" / "gsm8k_responses.csv").open("a", newline="") as fh:
+        csv.writer(fh).writerow(["Tom has 2 cats.", "False", "True", "text"])
+    again = load_outcomes(root, sources=["routellm-gsm8k"])
+    assert [e.text for e in again] == [first[0].text, "Tom has 2 cats."]
+
+
 def test_every_target_is_finite_and_bounded(tmp_path: Path) -> None:
     ex = load_outcomes(_mini(tmp_path), sources=["routellm-mmlu", "routellm-gsm8k", "zeroeval"])
     for name in TARGETS:
