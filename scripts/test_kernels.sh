@@ -11,11 +11,14 @@
 # - MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2: the same for torch's MKL and oneDNN matrix products.
 # - one thread everywhere (OMP, OpenBLAS, MKL): a sum split across threads is added in another order.
 # onnxruntime picks its kernels by CPU and has no such switch: the tests' bounds cover it.
-# Tests marked `engines` are left out (they start vLLM; scripts/test.sh runs them).
+# Tests marked `engines` are left out (they start vLLM; scripts/test.sh runs them). Two pytest-xdist workers, as
+# scripts/test.sh runs (CASCADE_TEST_WORKERS=0: one process); each still computes on one thread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 export OPENBLAS_CORETYPE=Haswell OPENBLAS_VERBOSE=0 ATEN_CPU_CAPABILITY=avx2
 export MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
-exec .venv/bin/python -m pytest tests/router_models tests/policies -m "not engines" -q "$@"
+PARALLEL=(-n "${CASCADE_TEST_WORKERS:-2}" --dist loadgroup)
+if [ "${CASCADE_TEST_WORKERS:-2}" = 0 ]; then PARALLEL=(); fi
+exec .venv/bin/python -m pytest "${PARALLEL[@]}" tests/router_models tests/policies -m "not engines" -q "$@"

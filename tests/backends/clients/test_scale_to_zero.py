@@ -47,6 +47,13 @@ def _od(on_cold: str = "wait", timeout: float = 5.0, idle: float = 10.0) -> OnDe
     return OnDemand(idle_stop_after_s=idle, cold_start_timeout_s=timeout, on_cold=on_cold)
 
 
+async def _started(gate: OnDemandGate, name: str, timeout_s: float = 10.0) -> None:
+    """Until the gate has recorded the pool's cold start as done (not a fixed sleep: a loaded machine runs late)."""
+    async with asyncio.timeout(timeout_s):
+        while not gate.cold_starts.get(name):
+            await asyncio.sleep(0.01)
+
+
 async def test_ordinary_pool_passes_through_without_waking() -> None:
     pools = FakePools({"micro": None})
     assert await OnDemandGate(pools).ensure("micro") == "micro"
@@ -69,7 +76,7 @@ async def test_timeout_is_a_503_with_retry_after_and_the_start_goes_on() -> None
         await gate.ensure("big")
     assert caught.value.status == 503 and caught.value.code == "cold_start_timeout"
     assert 1 <= int(caught.value.headers()["retry-after"]) <= 5
-    await asyncio.sleep(0.35)
+    await _started(gate, "big")
     assert await gate.ensure("big") == "big" and pools.woken == ["big"]
 
 
@@ -78,7 +85,7 @@ async def test_fallback_serves_while_the_pool_starts() -> None:
     gate = OnDemandGate(pools)
     assert await gate.ensure("big") == "micro"
     assert await gate.ensure("big") == "micro"  # still starting
-    await asyncio.sleep(0.15)
+    await _started(gate, "big")
     assert await gate.ensure("big") == "big" and pools.woken == ["big"]
 
 
