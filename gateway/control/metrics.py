@@ -245,6 +245,7 @@ class GatewayMetrics:
                             "(Redis was unreachable), to be replayed; summed over the workers", registry=r,
                             multiprocess_mode="livesum")
         self._record_series = RecordSeries(self)  # what `observe_record` moves, per label combination
+        self._ledger_outcomes: dict[str, Counter] = {}
         self.outbox_records: Callable[[], int] | None = None
         """The records in this process's outbox now (the Redis ledger's `outbox_records`; None: no outbox)."""
         self._pools = pools
@@ -317,7 +318,10 @@ class GatewayMetrics:
 
     def ledger_event(self, outcome: str) -> None:
         """The ledger recorded, replayed, saw again, spilled or lost a record (`LedgerCounts.on_event`)."""
-        self.ledger_records.labels(outcome).inc()
+        child = self._ledger_outcomes.get(outcome)  # five names: looked up once each, not per record
+        if child is None:
+            child = self._ledger_outcomes[outcome] = self.ledger_records.labels(outcome)
+        child.inc()
 
     def guard_decision(self, tenant: str, guard: str, kind: str, action: str) -> None:
         """An input guard decided on a request (`gateway.guards.screen.DecisionHook`)."""
