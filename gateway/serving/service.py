@@ -216,8 +216,7 @@ class ChatService:
         decision, pool = self._versions.target(facts.decision, turn.raw)
         try:
             return await self._send(pool, dict(upstream, model=decision.model), request,
-                                    facts if decision is facts.decision else replace(facts, decision=decision),
-                                    loaded, turn)
+                                    replace(facts, decision=decision), loaded, turn)
         except (NoReplicaAvailable, UpstreamError) as exc:
             if not self._versions.on_canary(decision, pool) or exc.status < 500:
                 raise

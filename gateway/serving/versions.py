@@ -42,8 +42,7 @@ class PoolVersions:
         pool = self._pools.get(decision.pool)
         if pool is None:
             raise NoReplicaAvailable(f"pool {decision.pool!r} has no running replicas")
-        same = decision.pool_version == pool.version  # most requests: no copy to make
-        return (decision if same else replace(decision, pool_version=pool.version)), pool
+        return replace(decision, pool_version=pool.version), pool
 
     def on_canary(self, decision: RouteDecision, pool: Pool) -> bool:
         """Whether `pool` (from `target`) is not the pool's own version now: a canary, also one rolled back since."""
