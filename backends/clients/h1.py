@@ -81,7 +81,7 @@ class _Exchange:
     """One response on a connection: httptools calls in, one consumer takes the body bytes out."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)  # None once finished
         self.status = 0
         self.received = False  # any byte of the response arrived
         self.complete = False
@@ -103,6 +103,7 @@ class _Exchange:
             self.framed = True
 
     def on_headers_complete(self) -> None:
+        assert self.parser is not None  # called by the parser, from `feed`
         self.status = self.parser.get_status_code()
         if not self._headers.done():
             self._headers.set_result(None)
@@ -113,11 +114,14 @@ class _Exchange:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        assert self.parser is not None  # called by the parser, from `feed`
         self.keep_alive = self.parser.should_keep_alive()
 
     def feed(self, data: bytes) -> bool:
         """Parse `data`; False if it is not HTTP (the connection must close)."""
         self.received = True
+        if self.parser is None:
+            return False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -236,6 +240,8 @@ class _Conn(asyncio.Protocol):
 
     def finish(self) -> _Exchange | None:
         ex, self.ex = self.ex, None
+        if ex is not None:
+            ex.parser = None  # its callbacks point back at `ex`: so reference counting frees `ex`, not the collector
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

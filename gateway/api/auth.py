@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable
+from functools import lru_cache
 
 from gateway.errors import AdmissionUnavailable, AuthenticationError
 from gateway.tenancy.api_keys import ApiKey, KeyStore, id_of
@@ -23,6 +24,13 @@ __all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "te
 
 OPEN_TENANT = "default"
 _MAX_CACHED = 100_000
+
+
+@lru_cache(maxsize=4096)
+def _policy_key(key_id: str, tenant: str) -> ApiKey:
+    """The `ApiKey` of a policy key (frozen, so one object serves every request with that key: building it, with
+    its default limits, was a measurable share of a request's CPU)."""
+    return ApiKey(id=key_id, tenant=tenant, source="policy")
 
 
 def hash_key(key: str) -> str:
@@ -84,13 +92,13 @@ class KeyAuth:
         tenant the policy no longer names) or `AdmissionUnavailable` (503: see the module docstring)."""
         key = _bearer(authorization)
         if not policy.tenants:
-            return ApiKey(id=id_of(hash_key(key)) if key else "", tenant=OPEN_TENANT, source="policy")
+            return _policy_key(id_of(hash_key(key)) if key else "", OPEN_TENANT)
         if not key:
             raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
         digest = hash_key(key)
         for name, tenant in policy.tenants.items():
             if digest in tenant.api_key_sha256:
-                return ApiKey(id=id_of(digest), tenant=name, source="policy")
+                return _policy_key(id_of(digest), name)
         issued = await self._issued(digest, policy) if self._store is not None else None
         if issued is None:
             raise AuthenticationError("invalid API key")

@@ -68,6 +68,7 @@ from backends.clients.pool import Pool, Replica
 from gateway.control.gc_pauses import GcMetrics
 from gateway.control.metrics_dir import multiprocess_dir
 from gateway.control.parent_counters import RESTARTS, SCALE_EVENTS, ParentCountersCollector
+from gateway.control.record_series import RecordSeries
 from gateway.control.speculation_metrics import SpeculationCollector
 from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector
 from gateway.ledger.record import in_domain_counters
@@ -243,6 +244,8 @@ class GatewayMetrics:
         self.outbox = Gauge("cascade_ledger_outbox_records", "cost records waiting in the ledger's outbox on disk "
                             "(Redis was unreachable), to be replayed; summed over the workers", registry=r,
                             multiprocess_mode="livesum")
+        self._record_series = RecordSeries(self)  # what `observe_record` moves, per label combination
+        self._ledger_outcomes: dict[str, Counter] = {}
         self.outbox_records: Callable[[], int] | None = None
         """The records in this process's outbox now (the Redis ledger's `outbox_records`; None: no outbox)."""
         self._pools = pools
@@ -293,19 +296,19 @@ class GatewayMetrics:
             self._worker_gauges.remove()
 
     def observe_record(self, rec: CostRecord) -> None:
-        version = rec.pool_version or "none"
-        self.requests.labels(rec.pool, rec.rule, rec.status, rec.tenant, version).inc()
-        self.endpoint_requests.labels(rec.endpoint, rec.pool, rec.status).inc()
-        self.endpoint_cost.labels(rec.endpoint, rec.pool).inc(rec.cost_micro_usd)
-        self.tokens.labels(rec.pool, "prompt").inc(rec.prompt_tokens)
-        self.tokens.labels(rec.pool, "completion").inc(rec.completion_tokens)
-        self.cost.labels(rec.pool, rec.tenant).inc(rec.cost_micro_usd)
-        self.savings.labels(rec.tenant).inc(max(0, rec.flagship_cost_micro_usd - rec.cost_micro_usd))
+        s = self._record_series.series(rec)
+        s.requests.inc()
+        s.endpoint_requests.inc()
+        s.endpoint_cost.inc(rec.cost_micro_usd)
+        s.prompt_tokens.inc(rec.prompt_tokens)
+        s.completion_tokens.inc(rec.completion_tokens)
+        s.cost.inc(rec.cost_micro_usd)
+        s.savings.inc(max(0, rec.flagship_cost_micro_usd - rec.cost_micro_usd))
         if rec.cache_avoided_micro_usd:
             self.cache_avoided.labels(rec.tenant, rec.pool).inc(rec.cache_avoided_micro_usd)
         if rec.ttft_ms is not None:
-            self.ttft.labels(rec.pool, version).observe(rec.ttft_ms / 1000)
-        self.latency.labels(rec.pool, version).observe(rec.latency_ms / 1000)
+            self.ttft.labels(rec.pool, rec.pool_version or "none").observe(rec.ttft_ms / 1000)
+        s.latency.observe(rec.latency_ms / 1000)
         if in_domain_counters(rec)[0]:  # once per request (not a cascade probe, not a discarded answer)
             self.in_domain.labels(rec.tenant).observe(float(rec.in_domain or 0.0))
 
@@ -315,7 +318,10 @@ class GatewayMetrics:
 
     def ledger_event(self, outcome: str) -> None:
         """The ledger recorded, replayed, saw again, spilled or lost a record (`LedgerCounts.on_event`)."""
-        self.ledger_records.labels(outcome).inc()
+        child = self._ledger_outcomes.get(outcome)  # five names: looked up once each, not per record
+        if child is None:
+            child = self._ledger_outcomes[outcome] = self.ledger_records.labels(outcome)
+        child.inc()
 
     def guard_decision(self, tenant: str, guard: str, kind: str, action: str) -> None:
         """An input guard decided on a request (`gateway.guards.screen.DecisionHook`)."""

@@ -122,8 +122,8 @@ def utc_periods(epoch_s: float) -> tuple[str, str]:
 # KEYS (one tenant's slot): idempotency key, stream, day rollup, hour rollup, day index, hour index, spend,
 #       budget holds, their expiry (`gateway.ledger.holds`), spend per API key of the day
 # ARGV: ttl_s, retention_ms, prompt, completion, cost, flagship, day member, hour member, spend ttl_s,
-#       day (spend field), n, n pairs (extra counter name, value), hold id (the request id), key id ('' = none),
-#       stream fields...
+#       day (spend field), n, n pairs (extra counter name, value; the writer leaves out the zeros), hold id (the
+#       request id), key id ('' = none), stream fields...
 # The request's budget hold is released first, even for a duplicate: its cost is in the spend either way.
 # Everything below the EXISTS check happens only for a request id not seen before: a retry or an outbox
 # replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings. The

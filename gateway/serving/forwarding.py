@@ -108,8 +108,12 @@ class Forwarder:
                    headers: dict[str, str] | None = None) -> JSONReply:
         replica, body = await self.complete(pool, orjson.dumps(upstream), ENDPOINTS[facts.endpoint].path,
                                             facts.started)
-        facts, checked = self.judged(loaded, facts, replica, upstream, body)
-        self.account_json(loaded, facts, replica, upstream, body)
+        try:
+            answer: dict[str, Any] | None = orjson.loads(body)  # once, for the checks and the usage
+        except orjson.JSONDecodeError:
+            answer = None
+        facts, checked = self.judged(loaded, facts, replica, upstream, body, answer)
+        self.account_json(loaded, facts, replica, upstream, body, answer)
         return JSONReply(body, facts.decision, {**(headers or {}), **checked})
 
     def judged(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
@@ -172,9 +176,10 @@ class Forwarder:
         return StreamReply(relay, facts.decision, headers or {})
 
     def account_json(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
-                     body: bytes) -> None:
+                     body: bytes, answer: dict[str, Any] | None = None) -> None:
+        """Record a JSON answer `body` (`answer`: `body` parsed, when the caller has it)."""
         try:
-            usage = usage_from_json(orjson.loads(body))
+            usage = usage_from_json(orjson.loads(body) if answer is None else answer)
         except orjson.JSONDecodeError:
             usage = None
         self._accountant.spawn(self._record(loaded, facts, replica, upstream, usage, ""))

@@ -48,6 +48,7 @@ class RequestRouter:
     def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics, live: LiveThreshold | None = None,
                  memories: LabelMemories | None = None) -> None:
         self._scorer = scorer
+        self._domain = _domain_source(scorer)
         self._metrics = metrics
         self._live = live
         self.memories = memories
@@ -71,6 +72,7 @@ class RequestRouter:
         """Score the next requests with `scorer` (a hot router swap); a request being scored finishes on the
         one it started with. The caller closes the old scorer once nothing uses it."""
         self._scorer = scorer
+        self._domain = _domain_source(scorer)
 
     async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str, str]:
         """The score of the conversation (its scoring text and its shape: turns, whole length), the model that
@@ -100,10 +102,8 @@ class RequestRouter:
 
     def _in_domain(self, raw: Mapping[str, Any]) -> float | None:
         """The in-domain figure the scorer kept for this request's text (None: it keeps none)."""
-        scorer = self._scorer
-        if not isinstance(scorer, DomainSource):
-            return None
-        return scorer.in_domain(conversation_text(raw["messages"]))
+        domain = self._domain
+        return None if domain is None else domain.in_domain(conversation_text(raw["messages"]))
 
     def _held(self, loaded: LoadedPolicy, ctx: RouteContext, ladder: LadderState, threshold: float | None,
               decision: RouteDecision) -> RouteDecision:
@@ -165,6 +165,12 @@ class RequestRouter:
                                      model=served_model(policy, micro), rule="budget-downgrade", reason=reason)
         _shed(ladder.applying_to(decision.pool), priority)
         return decision
+
+
+def _domain_source(scorer: Scorer | None) -> DomainSource | None:
+    """`scorer` as a `DomainSource`, or None: checked once per scorer, not per request (an `isinstance` against a
+    runtime-checkable protocol walks the protocol's members each time)."""
+    return scorer if isinstance(scorer, DomainSource) else None
 
 
 def _priority(loaded: LoadedPolicy, tenant: str) -> int:

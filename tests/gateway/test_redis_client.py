@@ -8,6 +8,7 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import DataError
+from redis.typing import EncodableT
 
 from gateway.redis_client import HiredisConnection, HiredisSSLConnection, HiredisUnixConnection, redis_from_url
 from tests.conftest import SHARED_URL
@@ -21,6 +22,10 @@ def test_the_bytes_are_redis_pys_own() -> None:
     assert b"".join(hiredis.pack_command(*ARGS)) == b"".join(python.pack_command(*ARGS))
     assert b"".join(hiredis.pack_command("CONFIG GET", "maxmemory")) == b"".join(
         python.pack_command("CONFIG GET", "maxmemory"))  # a command of two words is split, as before
+    odd: list[tuple[EncodableT, ...]] = [("SET", "k", memoryview(b"ab")), ("SET", "k", bytearray(b"ab")),
+                                         (b"SET", "k", 1), ("SET\tX", "k"), (b"CONFIG GET", "x")]
+    for args in odd:  # what hiredis does not take, or a command to split
+        assert b"".join(hiredis.pack_command(*args)) == b"".join(python.pack_command(*args))
     pipeline = [("SET", "a", 1.5), ("HSET", "h", "f", "v", "n", 3)]
     assert b"".join(hiredis.pack_commands(pipeline)) == b"".join(python.pack_commands(pipeline))
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
@@ -12,6 +14,7 @@ import pytest
 import uvloop
 from starlette.types import Receive, Scope, Send
 
+from backends.clients import h1
 from backends.clients.h1 import H1EngineClient
 from backends.clients.shared import (
     EngineHTTPError,
@@ -325,3 +328,28 @@ def test_streams_under_uvloop(fake: tuple[_Recording, str]) -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(run()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_finished_exchange_is_freed_by_reference_counting(fake: tuple[_Recording, str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of a finished request is left for the cyclic collector (its pauses are the gateway's tail)."""
+    made: list[weakref.ref[h1._Exchange]] = []
+
+    class Watched(h1._Exchange):
+        def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+            super().__init__(transport, loop)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(h1, "_Exchange", Watched)
+    client = H1EngineClient()
+    gc.disable()
+    try:
+        await client.post_json(fake[1], CHAT, _chat())
+        async with client.stream(fake[1], CHAT, _chat(stream=True)) as chunks:
+            async for _ in chunks:
+                pass
+        del chunks
+        assert len(made) == 2 and [ref() for ref in made] == [None, None]  # while the connection stays pooled
+    finally:
+        gc.enable()
+        await client.aclose()

@@ -264,6 +264,27 @@ async def test_concurrent_records_sum_exactly(ledger: RedisLedger) -> None:
 
 
 @pytest.mark.redis
+async def test_a_record_sends_and_writes_only_the_counters_it_moves(ledger: RedisLedger) -> None:
+    plain = make_record(1, scored_by="primary", output_check="", in_domain=None)
+    scored = make_record(2, scored_by="primary", output_check="fail:json", in_domain=0.35)
+    for rec, moved in ((plain, []), (scored, ["output_checked", "output_check_failed", "in_domain_scored",
+                                               "in_domain_t3"])):
+        _, args = ledger._script_call(rec)
+        extra = int(args[10])
+        assert extra == len(moved) and args[11:11 + 2 * extra:2] == moved
+        await ledger.record(rec)
+        day, member, _ = rollup_slot(rec)
+        client = aioredis.Redis.from_url(SHARED_URL)
+        try:
+            fields = await client.hgetall(ledger.keys.day(day, member))
+        finally:
+            await client.aclose()
+        base = {"requests", "prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd"}
+        assert {f.decode() for f in fields if isinstance(f, bytes)} == base | set(moved)  # no field made by a 0
+    await assert_exact(SHARED_URL, ledger.keys, [plain, scored])
+
+
+@pytest.mark.redis
 async def test_same_request_id_counts_once(ledger: RedisLedger) -> None:
     first = make_record(1)
     await asyncio.gather(*(ledger.record(first) for _ in range(20)))
