@@ -17,9 +17,8 @@ learning curve (`learning_curve.py`, MODEL_CARD.md "Learning curve"):
 - `memory`: the public model unchanged, and the own rows kept beside it as a label memory on the router's
   feature rows (`router_models.serving.label_memory`): the router's slope and level read on the labels, then a
   request's score moves by the residuals of its nearest labelled prompts, weighted by how close they are and
-  shrunk by how few. No model is refitted: served beside the artifact, it grows one label at a time. (Until
-  2026-12-03 this mode also fitted the correction on the rows' quality gap, `fit_correction(target="gap")`; the
-  memory alone with the fitted slope did better on the learning curve, MODEL_CARD.md.)
+  shrunk by how few. No model is refitted: served beside the artifact, it grows one label at a time. (A correction
+  under it, `fit_correction(target="gap")`, did worse with the fitted slope on the learning curve: MODEL_CARD.md.)
 
 Everything here is deterministic (closed-form weights, Newton's method from a fixed start).
 """
