@@ -59,7 +59,7 @@ FEATURE_SETS = ("embedding+structure", "embedding", "structure")
 class TrainConfig:
     """What the router is fitted on and how. `alphas`: ridge strengths tried (per unit of weight); `own_labels`:
     how a user's own label rows enter (`own_labels.OWN_LABEL_MODES`), with `own_k` (share mode),
-    `own_penalty` (correction and memory modes) and `memory` (memory mode: how the labels move nearby scores)."""
+    `own_penalty` (correction mode) and `memory` (memory mode: how the labels move nearby scores)."""
 
     routing_dir: Path = DEFAULT_ROUTING_DIR
     target: str = "irt-pairwise"
