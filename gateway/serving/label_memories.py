@@ -120,6 +120,9 @@ class LabelMemories:
                 continue
             try:
                 memory, _ = load_memory(files[name], embedder=embedder)
+                if memory.params.structure > 0:  # `adjust` is handed the request's embedding alone
+                    raise ValueError(f"its similarity reads the structural columns (structure "
+                                     f"{memory.params.structure:g}), which the gateway does not keep per request")
                 out[name] = MemoryRouter.attach(base, memory)
                 log.info("label memory %s loaded: %d labels", name, len(memory))
             except (ArtifactError, ValueError) as exc:

@@ -40,11 +40,17 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def _memories(text: str) -> tuple[MemoryParams, ...]:
-    """`neighbours:bandwidth:prior,...` -> the label memories compared."""
+    """`neighbours:bandwidth:prior[:structure[:slope|level]],...` -> the label memories compared (an omitted
+    field takes `MemoryParams`' default)."""
     out = []
     for item in (v for v in text.split(",") if v.strip()):
-        k, bandwidth, prior = item.split(":")
-        out.append(MemoryParams(int(k), float(bandwidth), float(prior)))
+        k, bandwidth, prior, *rest = item.split(":")
+        if len(rest) > 2 or (len(rest) == 2 and rest[1] not in ("slope", "level")):
+            raise ValueError(f"a memory is neighbours:bandwidth:prior[:structure[:slope|level]], got {item!r}")
+        default = MemoryParams()
+        out.append(MemoryParams(int(k), float(bandwidth), float(prior),
+                                float(rest[0]) if rest else default.structure,
+                                rest[1] == "slope" if len(rest) == 2 else default.slope))
     return tuple(out)
 
 
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     x = features(embedder, examples, DEFAULT_FEATURES)
     cfg = TrainConfig(routing_dir=args.routing_dir, target=DEFAULT_TARGET, feature_set=DEFAULT_FEATURES)
     compared = methods(cfg, _floats(args.ks), _floats(args.penalties), own_only=not args.no_own_only,
-                       memories=_memories(args.memories), memory_penalties=_floats(args.memory_penalties))
+                       memories=_memories(args.memories))
     print(f"features ready after {time.perf_counter() - began:.0f} s; methods: {', '.join(compared)}", flush=True)
     points = learning_curve(x, examples, cfg, compared, sizes=tuple(int(v) for v in args.sizes.split(",")),
                             draws=args.draws, seed=args.seed, min_rest=args.min_rest,
@@ -102,10 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-rest", type=int, default=300, help="rows a source keeps for testing (default 300)")
     p.add_argument("--ks", default="100,300,1000,3000", help="k of the share mode, own share N/(N+k)")
     p.add_argument("--penalties", default="10,30,100,300,1000", help="penalties of the correction mode")
-    p.add_argument("--memories", default="", help="label memories on the correction (penalty: the trainer's), "
-                   "as neighbours:bandwidth:prior,... (e.g. 30:0.05:1)")
-    p.add_argument("--memory-penalties", default="", help="correction penalties under the memories (default: the "
-                   "trainer's); 1e12 leaves the public ranking, so the memory alone moves it")
+    p.add_argument("--memories", default="", help="label memories beside the public model, as "
+                   "neighbours:bandwidth:prior[:structure[:slope|level]],... (e.g. 100:0.1:0.3:0.3:slope)")
     p.add_argument("--no-own-only", action="store_true", help="skip the own-labels-alone reference")
     p.add_argument("--max-per-source", type=int, default=None, help="evenly spaced rows per source (smoke runs)")
     p.add_argument("--json", type=Path, default=None, help="also write every point and the summary here")

@@ -6,26 +6,35 @@ recorded mapped to [0, 1]: (flagship quality - micro quality + 1) / 2 (`gap_targ
 is micro 1 - p against flagship 1, so (p + 1) / 2). The gap is what routing a prompt to the flagship gains, and
 what APGR counts; on the learning curve it taught the labels more than the event did (MODEL_CARD.md).
 
-Attached to a router (`MemoryRouter`), the router's score p is read on the targets' scale by a level shift `c`
-(fitted on the labels so that the mean of sigmoid(logit p + c) is the mean target; the slope is kept, so the
-router's ranking is untouched). Each label gets a residual r_j = t_j - sigmoid(logit p(x_j) + c), and a request
-with embedding e and router score p moves by its neighbours':
+Attached to a router (`MemoryRouter`), the router's score p is read on the targets' scale by a slope `a` and a
+level `c` fitted on the labels (`fit_scale`: a logistic regression of the targets on the router's logit, two
+numbers; with `MemoryParams.slope` off, a = 1 and c alone makes the mean of sigmoid(logit p + c) the mean target).
+a > 0, so the router's ranking is untouched; a small a says the router ranks this traffic poorly and leaves the
+labels more of the say. Each label gets a residual r_j = t_j - sigmoid(a logit p(x_j) + c), and a request with
+feature row x (embedding e, structural columns f) and router score p moves by its neighbours':
 
-    s_j = e . e_j (cosine similarity), over the `neighbours` labels most similar to e
-    w_j = exp((s_j - 1) / bandwidth)                            (a label identical to e weighs 1)
-    q = clip(sigmoid(logit p + c) + sum_j w_j r_j / (sum_j w_j + prior), eps, 1 - eps)
-    score = sigmoid(logit q - c)                                (back on the router's scale)
+    u(x) = [e, structure * (f - m) / (sd sqrt(len f))] / |...|   (m, sd: the structural columns' mean and spread
+                                                                 over the labels; structure 0: e alone)
+    s_j = u(x) . u(x_j) (cosine similarity), over the `neighbours` labels most similar to x
+    w_j = exp((s_j - 1) / bandwidth)                            (a label identical to x weighs 1)
+    q = clip(sigmoid(a logit p + c) + sum_j w_j r_j / (sum_j w_j + prior), eps, 1 - eps)
+    score = sigmoid((logit q - c) / a)                          (back on the router's scale)
 
 So it blends the router with the labels by how many and how close they are: a request with no close label keeps
 the router's score (the weights vanish against the pseudo-count `prior`); many close labels that agree move it by
-their mean residual. No fit of any model: a label counts the moment it is added (`MemoryRouter.with_labels`
-scores only the new rows with the router; the level and the residuals are vector arithmetic over the labels).
+their mean residual. No model is refitted: a label counts the moment it is added (`MemoryRouter.with_labels`
+scores only the new rows with the router; the slope, level and residuals are a two-number fit and vector
+arithmetic over the labels).
 Residuals are taken against the router the memory is attached to, so the same labels serve a retrained artifact
-without relabelling. Conflicting labels of one prompt are all kept (their residuals average in the
-neighbourhood); `LabelMemory.conflicts` counts them.
+without relabelling. Attach it to a router fitted without these labels: against one fitted on them, the labels'
+residuals are too small and the fitted slope too steep (on the learning curve that lost to the plain memory).
+Conflicting labels of one prompt are all kept (their residuals average in the neighbourhood);
+`LabelMemory.conflicts` counts them.
 
-Cost per request: one (n_labels x dim) matrix-vector product and a partial sort. Everything is numpy and
-deterministic; objects are immutable, so a holder swaps them atomically.
+Cost per request: one (n_labels x dim) matrix-vector product and a partial sort; with `structure` > 0 also the
+request's structural columns, which the gateway does not keep per request yet (recomputing them costs ~6 ms, so it
+refuses such a memory). Everything is numpy and deterministic; objects are immutable, so a holder swaps them
+atomically.
 """
 
 from __future__ import annotations
@@ -39,13 +48,15 @@ import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
 
-__all__ = ["LabelMemory", "MemoryParams", "MemoryRouter", "gap_target", "level_shift"]
+__all__ = ["LabelMemory", "MemoryParams", "MemoryRouter", "fit_scale", "gap_target", "level_shift"]
 
 Floats = npt.NDArray[np.float64]
 FloatArray = npt.NDArray[np.float32]
 
 
 _EPS = 1e-6
+_SLOPES = (0.05, 20.0)  # the router's ranking is kept: a > 0, and a bounded fit
+_SLOPE_RIDGE = 1.0
 
 
 def gap_target(weak: float, strong: float) -> float:
@@ -69,6 +80,33 @@ def level_shift(logits: Floats, mean_target: float) -> float:
     return (lo + hi) / 2.0
 
 
+def fit_scale(logits: Floats, targets: Floats, slope: bool = True, iterations: int = 50) -> tuple[float, float]:
+    """(a, c) minimising the log-loss of sigmoid(a logits + c) against soft `targets` in [0, 1], plus
+    `_SLOPE_RIDGE / 2 * (a - 1)^2` (so a handful of labels cannot fling the slope; a hundred outweigh it), by
+    Newton's method from a = 1 and the level shift, a kept in `_SLOPES`. With `slope` False, (1, `level_shift`);
+    (1, 0) for no rows; the level alone when the logits are all equal (no slope to fit)."""
+    if not len(logits):
+        return 1.0, 0.0
+    level = level_shift(logits, float(np.mean(targets)))
+    if not slope or float(np.ptp(logits)) < 1e-9:
+        return 1.0, level
+    z, t = np.asarray(logits, np.float64), np.asarray(targets, np.float64)
+    theta = np.asarray([1.0, level])
+    for _ in range(iterations):
+        p = _sigmoid(theta[0] * z + theta[1])
+        h = p * (1.0 - p) + 1e-12
+        grad = np.asarray([(p - t) @ z + _SLOPE_RIDGE * (theta[0] - 1.0), float(np.sum(p - t))])
+        hess = np.asarray([[h @ (z * z) + _SLOPE_RIDGE, h @ z], [h @ z, float(h.sum())]])
+        step = np.linalg.solve(hess + 1e-9 * np.eye(2), grad)
+        theta = theta - step
+        if not np.all(np.isfinite(theta)):
+            return 1.0, level
+        if float(np.abs(step).max()) < 1e-10:
+            break
+    a = float(np.clip(theta[0], *_SLOPES))
+    return a, level_shift(a * z, float(t.mean())) if a != theta[0] else float(theta[1])
+
+
 def _sigmoid(z: Floats) -> Floats:
     return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))), np.float64)
 
@@ -81,16 +119,20 @@ def _logit(p: Floats) -> Floats:
 @dataclass(frozen=True)
 class MemoryParams:
     """How labels move a score (module docstring): `neighbours` read per request, the similarity `bandwidth`
-    of their weights and the pseudo-count `prior` the router's own score is worth. The defaults did best on the
+    of their weights, the pseudo-count `prior` the router's own score is worth, the weight `structure` of the
+    structural columns beside the embedding in the similarity (0: the embedding alone), and whether the router's
+    `slope` is fitted on the labels with its level (False: the level alone). The defaults did best on the
     learning curve (MODEL_CARD.md, "Learning curve")."""
 
     neighbours: int = 100
     bandwidth: float = 0.1
     prior: float = 0.3
+    structure: float = 0.0  # 0.3 did better still; the gateway keeps no request's structural columns yet
+    slope: bool = True
 
     def __post_init__(self) -> None:
-        if self.neighbours < 1 or not self.bandwidth > 0 or not self.prior > 0:
-            raise ValueError(f"memory parameters must be positive (neighbours >= 1), got {self}")
+        if self.neighbours < 1 or not self.bandwidth > 0 or not self.prior > 0 or not self.structure >= 0:
+            raise ValueError(f"memory parameters must be positive (neighbours >= 1, structure >= 0), got {self}")
 
 
 @dataclass(frozen=True)
@@ -144,27 +186,35 @@ class LabelMemory:
 @dataclass(frozen=True)
 class MemoryRouter:
     """A `LinearRouter` with a `LabelMemory` attached (module docstring): `predict_proba` as the router's, moved
-    by the labels. `logits` are the router's on the labels (computed once each), `level` the shift `c`,
-    `residuals` the labels' against the shifted router."""
+    by the labels. `logits` are the router's on the labels (computed once each), `slope` and `level` the fitted
+    `a` and `c`, `residuals` the labels' against the rescaled router, `unit` their similarity rows and
+    `centre`, `spread` the structural columns' mean and spread over the labels (what `unit` was scaled by)."""
 
     base: LinearRouter
     memory: LabelMemory
     logits: Floats
+    slope: float
     level: float
     residuals: Floats
     unit: FloatArray = field(repr=False)
+    centre: Floats = field(repr=False)
+    spread: Floats = field(repr=False)
 
     @classmethod
     def attach(cls, base: LinearRouter, memory: LabelMemory) -> MemoryRouter:
         if memory.rows.shape[1] != base.dim:
             raise ValueError(f"memory rows have {memory.rows.shape[1]} columns, the router reads {base.dim}")
-        return cls._with(base, memory, _router_logits(base, memory.rows),
-                         _unit_rows(memory.rows[:, :memory.embedding_dim]))
+        return cls._with(base, memory, _router_logits(base, memory.rows))
 
     @classmethod
-    def _with(cls, base: LinearRouter, memory: LabelMemory, logits: Floats, unit: FloatArray) -> MemoryRouter:
-        level = level_shift(logits, float(memory.targets.mean())) if len(memory) else 0.0
-        return cls(base, memory, logits, level, memory.targets - _sigmoid(logits + level), unit)
+    def _with(cls, base: LinearRouter, memory: LabelMemory, logits: Floats) -> MemoryRouter:
+        a, c = fit_scale(logits, memory.targets, memory.params.slope)
+        extra = memory.rows[:, memory.embedding_dim:].astype(np.float64)
+        centre = extra.mean(axis=0) if len(memory) else np.zeros(extra.shape[1])
+        spread = extra.std(axis=0) if len(memory) else np.ones(extra.shape[1])
+        spread = np.where(spread > 1e-6, spread, np.inf)  # a column constant over the labels says nothing
+        unit = _similarity_rows(memory.rows, memory.embedding_dim, memory.params.structure, centre, spread)
+        return cls(base, memory, logits, a, c, memory.targets - _sigmoid(a * logits + c), unit, centre, spread)
 
     @property
     def dim(self) -> int:
@@ -172,33 +222,52 @@ class MemoryRouter:
 
     def with_labels(self, rows: npt.NDArray[np.floating], targets: Sequence[float] | Floats,
                     keys: Sequence[str] = ()) -> MemoryRouter:
-        """This router with more labels: only the new rows are scored by the router (no fit of anything)."""
+        """This router with more labels: only the new rows are scored by the router (no fit of any model; the
+        slope, level and structural scaling are recomputed over all labels)."""
         x = np.asarray(rows, np.float32)
         memory = self.memory.extended(x, targets, keys)
-        return MemoryRouter._with(self.base, memory, np.concatenate([self.logits, _router_logits(self.base, x)]),
-                                  np.vstack([self.unit, _unit_rows(x[:, :memory.embedding_dim])]))
+        return MemoryRouter._with(self.base, memory, np.concatenate([self.logits, _router_logits(self.base, x)]))
 
     def predict_proba(self, features: FloatArray) -> Floats:
         """One probability per row of `features` (n, dim), as `LinearRouter.predict_proba`."""
-        return self.adjust(features[:, :self.memory.embedding_dim], self.base.predict_proba(features))
+        return self.adjust(features, self.base.predict_proba(features))
 
-    def adjust(self, embeddings: npt.NDArray[np.floating], scores: Floats) -> Floats:
-        """`scores` (the base router's, one per row of `embeddings`, (m, embedding_dim)) moved by the labels."""
+    def adjust(self, features: npt.NDArray[np.floating], scores: Floats) -> Floats:
+        """`scores` (the base router's, one per row of `features`: (m, dim) feature rows as the scorer computes
+        them; (m, embedding_dim) embeddings when `structure` is 0) moved by the labels."""
         scores = np.asarray(scores, np.float64)
         if not len(self.memory):
             return scores
         p = self.memory.params
-        sims = _unit_rows(np.asarray(embeddings, np.float32)) @ self.unit.T
+        width = self.memory.embedding_dim if p.structure == 0 else self.dim
+        if features.shape[1] < width:
+            raise ValueError(f"the memory reads {width} columns of a request, got {features.shape[1]}")
+        query = _similarity_rows(features[:, :width], self.memory.embedding_dim, p.structure, self.centre,
+                                 self.spread)
+        sims = query @ self.unit.T
         k = min(p.neighbours, sims.shape[1])
         nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
         weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / p.bandwidth)
         shift = (weights * self.residuals[nearest]).sum(axis=1) / (weights.sum(axis=1) + p.prior)
-        moved = np.clip(_sigmoid(_logit(scores) + self.level) + shift, _EPS, 1.0 - _EPS)
-        return _sigmoid(_logit(moved) - self.level)
+        moved = np.clip(_sigmoid(self.slope * _logit(scores) + self.level) + shift, _EPS, 1.0 - _EPS)
+        return _sigmoid((_logit(moved) - self.level) / self.slope)
 
 
 def _router_logits(router: LinearRouter, x: npt.NDArray[np.floating]) -> Floats:
     return np.asarray(np.asarray(x, np.float64) @ router.weights.astype(np.float64) + router.bias, np.float64)
+
+
+def _similarity_rows(x: npt.NDArray[np.floating], embedding_dim: int, structure: float, centre: Floats,
+                     spread: Floats) -> FloatArray:
+    """Rows of unit length to compare by dot product: the embedding, then (with `structure` > 0) the structural
+    columns standardised by `centre`, `spread` and weighted so that together they count `structure` against
+    the embedding's 1 (zero rows stay zero)."""
+    emb = _unit_rows(x[:, :embedding_dim])
+    if structure == 0 or x.shape[1] == embedding_dim:
+        return emb
+    extra = (np.asarray(x[:, embedding_dim:], np.float64) - centre) / spread
+    both = np.hstack([emb, (structure / np.sqrt(extra.shape[1])) * extra]).astype(np.float32)
+    return _unit_rows(both)
 
 
 def _unit_rows(x: npt.NDArray[np.floating]) -> FloatArray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,7 @@ def save_memory(memory: LabelMemory, path: str | Path, embedder: str, extra: dic
     meta.update(memory_format=MEMORY_FORMAT, feature_version=FEATURE_VERSION, feature_names=list(FEATURE_NAMES),
                 embedder=embedder, embedding_dim=memory.embedding_dim, dim=int(memory.rows.shape[1]),
                 labels=len(memory), conflicting_prompts=memory.conflicts(),
-                params={"neighbours": memory.params.neighbours, "bandwidth": memory.params.bandwidth,
-                        "prior": memory.params.prior},
+                params=asdict(memory.params),  # a file without a newer field reads its default
                 updated=datetime.now(UTC).isoformat(timespec="seconds"),
                 payload_file=payload_path.name, payload_sha256=hashlib.sha256(payload).hexdigest())
     replace_atomically(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())

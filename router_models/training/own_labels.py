@@ -14,10 +14,11 @@ learning curve (`learning_curve.py`, MODEL_CARD.md "Learning curve"):
   (on standardised features) pulled towards 0 by a ridge penalty `own_penalty` per column. With few labels it
   stays the public model; with many, the labels move it as far as they agree. Logit and correction are both
   linear in the features, so the result is again one `LinearRouter`, calibrated on the own rows' event.
-- `memory`: the correction fitted on the rows' quality gap (`fit_correction(target="gap")`) instead of their
-  event, plus the own rows kept as a label memory on the router's embedding (`router_models.serving.label_memory`):
-  a request's score moves by the residuals of its nearest labelled prompts, weighted by how close they are and
-  shrunk by how few. The memory is not a fit: served beside the artifact, it grows one label at a time.
+- `memory`: the public model unchanged, and the own rows kept beside it as a label memory on the router's
+  feature rows (`router_models.serving.label_memory`): the router's slope and level read on the labels, then a
+  request's score moves by the residuals of its nearest labelled prompts, weighted by how close they are and
+  shrunk by how few. No model is refitted: served beside the artifact, it grows one label at a time. (A correction
+  under it, `fit_correction(target="gap")`, did worse with the fitted slope on the learning curve: MODEL_CARD.md.)
 
 Everything here is deterministic (closed-form weights, Newton's method from a fixed start).
 """

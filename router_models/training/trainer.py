@@ -26,7 +26,7 @@ from __future__ import annotations
 import platform
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ FEATURE_SETS = ("embedding+structure", "embedding", "structure")
 class TrainConfig:
     """What the router is fitted on and how. `alphas`: ridge strengths tried (per unit of weight); `own_labels`:
     how a user's own label rows enter (`own_labels.OWN_LABEL_MODES`), with `own_k` (share mode),
-    `own_penalty` (correction and memory modes) and `memory` (memory mode: how the labels move nearby scores)."""
+    `own_penalty` (correction mode) and `memory` (memory mode: how the labels move nearby scores)."""
 
     routing_dir: Path = DEFAULT_ROUTING_DIR
     target: str = "irt-pairwise"
@@ -69,7 +69,7 @@ class TrainConfig:
     center_per_source: bool = True
     own_labels: str = "correction"  # chosen on the learning curve (MODEL_CARD.md, "Learning curve")
     own_k: float = 1000.0
-    own_penalty: float = 3000.0
+    own_penalty: float = 3000.0  # the correction mode's
     memory: MemoryParams = field(default_factory=MemoryParams)  # its defaults: the learning curve's best
 
     def __post_init__(self) -> None:
@@ -217,19 +217,19 @@ def fit_router(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: Tra
 
 def correct(fitted: Fitted, x: npt.NDArray[np.float32], own: Sequence[Example], cfg: TrainConfig) -> Fitted:
     """`fitted` (public sources only) with a per-user correction fitted on own rows `x` (`own_labels`); in the
-    memory mode, the same rows also as a `LabelMemory` on the corrected router."""
-    target = "gap" if cfg.own_labels == "memory" else "event"
-    fix = fit_correction(fitted.router, x, own, cfg.own_penalty, target=target)
-    used: dict[str, Any] = {"mode": cfg.own_labels, "rows": len(own), "penalty": cfg.own_penalty,
-                            "target": target, "shift": round(fix.shift, 6)}
-    if cfg.own_labels != "memory":
-        return replace(fitted, router=fix.router, own=used)
-    width = x.shape[1] - len(FEATURE_NAMES)  # the embedding's columns (all of a row narrower than the structure)
-    memory = LabelMemory(np.asarray(x, np.float32), np.asarray([gap_target(ex.weak, ex.strong) for ex in own]),
-                         width if width > 0 else x.shape[1], cfg.memory, tuple(ex.key for ex in own))
-    used["memory"] = {"neighbours": cfg.memory.neighbours, "bandwidth": cfg.memory.bandwidth,
-                      "prior": cfg.memory.prior, "conflicting_prompts": memory.conflicts()}
-    return replace(fitted, router=fix.router, own=used, memory=memory)
+    memory mode, `fitted`'s router unchanged with the same rows as a `LabelMemory` beside it (what a gateway serves:
+    the artifact it has plus the labels' memory; no fit)."""
+    if cfg.own_labels == "memory":
+        width = x.shape[1] - len(FEATURE_NAMES)  # the embedding's columns (all of a row narrower than the structure)
+        memory = LabelMemory(np.asarray(x, np.float32), np.asarray([gap_target(ex.weak, ex.strong) for ex in own]),
+                             width if width > 0 else x.shape[1], cfg.memory, tuple(ex.key for ex in own))
+        used = {"mode": "memory", "rows": len(own),
+                "memory": {**asdict(cfg.memory), "conflicting_prompts": memory.conflicts()}}
+        return replace(fitted, own=used, memory=memory)
+    fix = fit_correction(fitted.router, x, own, cfg.own_penalty)
+    return replace(fitted, router=fix.router, own={"mode": cfg.own_labels, "rows": len(own),
+                                                   "penalty": cfg.own_penalty, "target": "event",
+                                                   "shift": round(fix.shift, 6)})
 
 
 def fit_sources(rows: Mapping[str, SourceRows], cfg: TrainConfig) -> Fitted:

@@ -115,14 +115,19 @@ def _unloadable(folder: Path, embedder: str) -> dict[str, Callable[[], object]]:
         memory, _ = load_memory(meta, embedder=embedder)
         save_memory(memory, meta, embedder="all-MiniLM-L6-v2:static")
 
+    def structural() -> None:
+        edit_meta(params={**json.loads(meta.read_text())["params"], "structure": 0.3})
+
     return {"corrupt metadata": lambda: meta.write_text("{not json"),
             "wrong format": lambda: edit_meta(memory_format=99),
+            "structural similarity": structural,
             "hash mismatch": lambda: payload.write_bytes(payload.read_bytes()[:-10]),  # a copy cut short
             "another embedder": other_embedder}
 
 
 REASONS = {"corrupt metadata": "label memory metadata .* is unreadable", "wrong format": "has memory_format=99 but",
            "hash mismatch": "fails its sha256 check",
+           "structural similarity": "reads the structural columns .* which the gateway does not keep",
            "another embedder": "holds vectors of 'all-MiniLM-L6-v2:static', but the router embeds with"}
 
 

@@ -6,6 +6,7 @@ on real outcomes: MODEL_CARD.md)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
-from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter
+from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter, fit_scale
 from router_models.serving.memory_file import load_memory, memory_paths, save_memory
 
 EMBED, EXTRA = 8, 2  # an embedding of 8 numbers, then 2 structural columns
@@ -119,6 +120,10 @@ def test_the_file_round_trips_and_a_corrupt_or_foreign_one_is_refused(tmp_path: 
     loaded, meta = load_memory(path, embedder="test-embedder")
     assert np.array_equal(loaded.rows, memory.rows) and np.array_equal(loaded.targets, memory.targets)
     assert loaded.params == memory.params and loaded.keys == memory.keys and meta["labels"] == 3
+    older = json.loads(path.read_text())  # a file written before `structure` and `slope` existed
+    older["params"] = {"neighbours": 11, "bandwidth": 0.1, "prior": 2.0}
+    path.write_text(json.dumps(older))
+    assert load_memory(path)[0].params == MemoryParams(11, 0.1, 2.0)  # the newer fields: their defaults
     with pytest.raises(ArtifactError, match="holds vectors of"):
         load_memory(path, embedder="another-embedder")
     _, payload = memory_paths(path)
@@ -127,3 +132,54 @@ def test_the_file_round_trips_and_a_corrupt_or_foreign_one_is_refused(tmp_path: 
     payload.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="sha256"):
         load_memory(path)
+
+
+def test_the_slope_and_level_are_read_off_the_labels() -> None:
+    """Targets that are the router's scores on a flatter, lower scale give that slope and level back (to the
+    pull of the slope's ridge, 1 against 2,000 labels); without `slope`, the level alone."""
+    z = np.random.default_rng(9).normal(scale=2.0, size=2000)
+    targets = 1.0 / (1.0 + np.exp(-(0.5 * z - 0.3)))
+    a, c = fit_scale(z, targets)
+    assert a == pytest.approx(0.5, abs=0.01) and c == pytest.approx(-0.3, abs=0.01)
+    a, c = fit_scale(z, targets, slope=False)
+    assert a == 1.0 and float(np.mean(1.0 / (1.0 + np.exp(-(z + c))))) == pytest.approx(float(targets.mean()))
+
+
+def test_a_few_labels_cannot_fling_the_slope() -> None:
+    """Two labels the router ranks right would take an unbounded slope without the ridge; it stays near 1."""
+    a, _ = fit_scale(np.asarray([-1.0, 1.0]), np.asarray([0.0, 1.0]))
+    assert 1.0 < a < 3.0
+    assert fit_scale(np.zeros(3), np.asarray([0.2, 0.4, 0.9]))[0] == 1.0  # no spread in the logits: no slope
+
+
+def test_a_fitted_slope_gives_the_routers_score_back_where_no_label_is_near() -> None:
+    """The score goes onto the labels' scale (slope and level) and back: with no label near, exactly the router's."""
+    rng = np.random.default_rng(10)
+    router, labelled, far = _router(rng), _unit(rng, 50), _unit(rng, 30)
+    labelled[:, 0] = 0.0  # no label on the first axis
+    labelled[:, :EMBED] /= np.linalg.norm(labelled[:, :EMBED], axis=1, keepdims=True)
+    far[:, :EMBED] = np.eye(EMBED)[0]  # every query on it: similarity 0, weight exp(-1 / 0.02)
+    params = MemoryParams(bandwidth=0.02, structure=0.0)
+    attached = MemoryRouter.attach(router, LabelMemory(labelled, rng.uniform(size=50), EMBED, params))
+    assert attached.slope != pytest.approx(1.0, abs=0.01)
+    np.testing.assert_allclose(attached.predict_proba(far), router.predict_proba(far), atol=WITHIN)
+
+
+def test_the_structural_columns_tell_apart_labels_with_one_embedding() -> None:
+    """Two labels with one embedding, a short prompt that needed the flagship and a long one that did not: with
+    `structure` a query moves towards the label of its own shape; with 0 both queries move alike."""
+    rng = np.random.default_rng(11)
+    router, rows = _router(rng), np.repeat(_unit(rng, 1), 2, axis=0)
+    rows[:, EMBED:] = [[1.0, 0.0], [-1.0, 0.0]]
+    targets = np.asarray([1.0, 0.5])
+
+    def scores(structure: float) -> npt.NDArray[np.float64]:
+        params = MemoryParams(neighbours=2, structure=structure, slope=False)
+        return MemoryRouter.attach(router, LabelMemory(rows, targets, EMBED, params)).adjust(rows, np.full(2, 0.3))
+
+    with_shape, without = scores(1.0), scores(0.0)
+    assert with_shape[0] > with_shape[1] + 0.01
+    assert without[0] == pytest.approx(without[1], abs=WITHIN)
+    with pytest.raises(ValueError, match="reads 10 columns"):
+        shaped = LabelMemory(rows, targets, EMBED, MemoryParams(structure=1.0))
+        MemoryRouter.attach(router, shaped).adjust(rows[:, :EMBED], np.full(2, 0.3))

@@ -87,9 +87,9 @@ def test_methods_name_every_mode() -> None:
     assert names["share k=1000"].own_k == 1000.0 and names["correction penalty=100"].own_penalty == 100.0
 
 
-def test_the_label_memory_learns_a_learnable_source_and_is_kept_beside_the_corrected_router() -> None:
+def test_the_label_memory_learns_a_learnable_source_beside_the_public_router() -> None:
     x, rows = _matrix()
-    cfg = replace(CFG, own_penalty=10.0)
+    cfg = CFG
     compared = methods(cfg, ks=(), penalties=(), own_only=False, memories=(MemoryParams(),))
     (name,) = [n for n in compared if n.startswith("memory")]
     points = learning_curve(x, rows, cfg, compared, sources=["routellm-gsm8k"], sizes=(0, 100), draws=2,

@@ -85,16 +85,19 @@ def test_unknown_mode_is_refused() -> None:
         TrainConfig(own_labels="loudest")
 
 
-def test_the_memory_mode_keeps_its_labels_beside_a_gap_corrected_router_on_the_event_scale() -> None:
-    """The memory mode's correction learns the gap, then is shifted so its mean score on the own rows is their
-    mean event (the scale thresholds read); the rows are kept as a label memory that scores."""
+def test_the_memory_mode_keeps_its_labels_beside_the_public_router_unchanged() -> None:
+    """The memory mode refits nothing: the router is the public one, and the own rows are kept as a label memory
+    (with the parameters it was given) that moves its scores."""
     parts = [_rows("routellm-mmlu", 600, 1.0, 1), _rows("routellm-gsm8k", 600, 1.0, 2)]
     x, own = _rows("labels:mine", 200, -1.0, 3)
-    fitted = fit_router(np.vstack([p[0] for p in parts] + [x]), [ex for p in parts for ex in p[1]] + own,
-                        replace(CFG, own_labels="memory"))
+    public_rows = np.vstack([p[0] for p in parts])
+    public_examples = [ex for p in parts for ex in p[1]]
+    public = fit_router(public_rows, public_examples, CFG)
+    fitted = fit_router(np.vstack([public_rows, x]), public_examples + own, replace(CFG, own_labels="memory"))
     assert fitted.memory is not None and len(fitted.memory) == len(own)
-    assert fitted.own["target"] == "gap" and fitted.own["memory"]["neighbours"] == fitted.memory.params.neighbours
-    corrected = fitted.router.predict_proba(x)
-    assert float(corrected.mean()) == pytest.approx(float(np.mean([ex.target for ex in own])), abs=1e-6)
+    assert fitted.own["memory"]["neighbours"] == fitted.memory.params.neighbours
+    assert fitted.own["memory"]["slope"] is fitted.memory.params.slope
+    np.testing.assert_array_equal(fitted.router.weights, public.router.weights)
+    unmoved = fitted.router.predict_proba(x)
     moved = fitted.predictor().predict_proba(x)
-    assert moved.shape == corrected.shape and not np.allclose(moved, corrected)
+    assert moved.shape == unmoved.shape and not np.allclose(moved, unmoved)
