@@ -10,16 +10,13 @@ event loop; the cache is emptied past `max_keys` combinations (looking them up a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import Counter, Histogram
 
 from gateway.ledger.store import CostRecord
 
-if TYPE_CHECKING:
-    from gateway.control.metrics import GatewayMetrics
-
-__all__ = ["RecordSeries"]
+__all__ = ["RecordFamilies", "RecordSeries"]
 
 _MAX_KEYS = 10_000
 
@@ -36,11 +33,23 @@ class _Series:
     latency: Histogram
 
 
+class RecordFamilies(Protocol):
+    """The metric families a record moves (`gateway.control.metrics.GatewayMetrics` has them)."""
+
+    requests: Counter
+    endpoint_requests: Counter
+    endpoint_cost: Counter
+    tokens: Counter
+    cost: Counter
+    savings: Counter
+    latency: Histogram
+
+
 class RecordSeries:
     """The children of `metrics` (its `requests`, `endpoint_requests`, `endpoint_cost`, `tokens`, `cost`, `savings`
     and `latency`) that `series(rec)` returns for a record's labels."""
 
-    def __init__(self, metrics: GatewayMetrics, max_keys: int = _MAX_KEYS) -> None:
+    def __init__(self, metrics: RecordFamilies, max_keys: int = _MAX_KEYS) -> None:
         self._m = metrics
         self._max = max_keys
         self._cache: dict[tuple[str, ...], _Series] = {}
