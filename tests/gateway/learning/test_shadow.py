@@ -90,7 +90,7 @@ def _records(prefix: str) -> dict[str, dict[str, str]]:
     return {fields["request_id"]: fields for fields in ledger_records(SHARED_URL, prefix)}
 
 
-def _wait_for(check: Callable[[], Any], timeout_s: float = 10.0) -> Any:
+def _wait_for(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while not (value := check()) and time.monotonic() < deadline:
         time.sleep(0.05)
