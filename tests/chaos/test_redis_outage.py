@@ -160,8 +160,11 @@ async def test_redis_outage_under_load_applies_each_tenants_outage_policy(
     assert set(strict.count()) == {Kind.COMPLETED, Kind.FAILED}, strict.count()
     assert all(o.detail.startswith("HTTP 503: ") and "cannot be checked" in o.detail for o in refused), refused[:3]
     # refused only while Redis was away: a request sent just before the kill can be checked after it, and
-    # checks resume within the limiter's 1 s retry interval once Redis is back (stale connections retried)
-    assert all(kill_at - 0.5 <= o.started <= up_at + 1.5 for o in refused), sorted(o.started - up_at for o in refused)
+    # checks resume within the limiter's 1 s retry interval once Redis is back (stale connections retried); 5 s,
+    # not 1.5: on a loaded machine (the suite's engine tests beside it) a check begun just before Redis answered
+    # again waited out a connect timeout first (a 10 s outage, refusals until 1.5-3.7 s after it once)
+    refused_late = [round(o.started - up_at, 2) for o in refused if not kill_at - 0.5 <= o.started <= up_at + 5.0]
+    assert not refused_late, refused_late
     assert during_strict and all(o.kind is Kind.FAILED for o in during_strict)  # past the 1 s spend cache
     assert ready.status_code == 503 and ready.json()["redis"] is False
     assert during[("cascade_admission_store_unreachable", (("check", "rate_limit"),))] == 1

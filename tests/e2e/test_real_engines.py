@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -169,7 +170,11 @@ def test_client_leaving_mid_stream_is_charged_for_what_was_generated(gateway: st
     body = {"model": "micro", "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
             "max_tokens": 900, "stream": True, "ignore_eos": True}
     read: list[str] = []
-    with httpx.Client(timeout=60, headers={"authorization": "Bearer unused"}) as client, \
+    # a client with a small receive buffer, as a slow reader has: the gateway cannot run ahead of it by the whole
+    # answer (about 130 KB of events), so it is still relaying when the client leaves, however late this process
+    # reads on a loaded machine (once the whole answer was in the buffers before the fifth chunk was read)
+    small = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
+    with httpx.Client(timeout=60, headers={"authorization": "Bearer unused"}, transport=small) as client, \
             client.stream("POST", gateway + "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200, resp.read()
         request_id = resp.headers["x-request-id"]
