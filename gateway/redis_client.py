@@ -65,7 +65,7 @@ class _HiredisPacking:
     ledger's record script cost three times the packing itself. Anything else (a command of two words, a bytearray,
     a type Redis cannot take) goes through redis-py's serializer, which splits, converts or refuses it as before."""
 
-    _packer = HiredisRespSerializer()
+    _packer = HiredisRespSerializer()  # type: ignore[no-untyped-call]  # redis-py leaves its __init__ untyped
 
     def pack_command(self, *args: EncodableT) -> list[bytes]:
         head = args[0].encode() if isinstance(args[0], str) else args[0]

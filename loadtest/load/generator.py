@@ -81,6 +81,7 @@ class LoadRun:
     phase_spans: list[tuple[str, float, float]]
     ladder: LadderWatch | None
     skipped: int = 0  # arrivals not sent because `max_in_flight` requests were already open
+    t0: float = 0.0  # `time.monotonic()` when the run began: its samples' `sent_s` count from it
 
     def summary(self) -> dict[str, Any]:
         overall = summarise(self.samples, self.wall_s)
@@ -241,7 +242,7 @@ async def run_load(config: LoadConfig) -> LoadRun:
             wall = time.monotonic() - runner.t0
             stop.set()
             await asyncio.gather(*side)
-    return LoadRun(config, runner.samples, wall, spans, watch, runner.skipped)
+    return LoadRun(config, runner.samples, wall, spans, watch, runner.skipped, runner.t0)
 
 
 def write_results(run: LoadRun, out_dir: Path = RESULTS_DIR, stem: str | None = None) -> tuple[Path, Path]:

@@ -212,7 +212,7 @@ async def _fire(hooks: list[tuple[float, str, Callable[[], None]]], t0: float, e
     for at, what, action in hooks:
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
         await asyncio.to_thread(action)  # a Redis start or a server drop blocks for a moment: not on the loop
-        events.append((round(time.monotonic() - t0, 1), what))
+        events.append((round(time.monotonic() - t0, 3), what))
         print(f"  [{events[-1][0]:6.1f}s] {what}", flush=True)
 
 
@@ -243,9 +243,11 @@ def _kill(env: _Env, t0: float) -> float:
     deadline = time.monotonic() + KILL_WAIT_S
     while micro_in_flight(env.url) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
+    if time.monotonic() >= deadline:
+        env.events.append((round(time.monotonic() - t0, 3), f"no request in flight on micro for {KILL_WAIT_S:g} s"))
     env.killed.append(pid)
     os.killpg(pid, signal.SIGKILL)
-    env.events.append((round(time.monotonic() - t0, 1), KILLED))
+    env.events.append((round(time.monotonic() - t0, 3), KILLED))  # to the ms: requests in flight are those around it
     print(f"  [{env.events[-1][0]:6.1f}s] {env.events[-1][1]}", flush=True)
     return env.events[-1][0]
 
@@ -270,31 +272,33 @@ async def _load(env: _Env, faults: Faults, args: argparse.Namespace) -> tuple[li
     ready: list[dict[str, Any]] = []
     poller = asyncio.create_task(_poll_readyz(env.url, t0, stop, ready))
     fire = asyncio.create_task(_fire(_hooks(env, faults), t0, env.events))
-    chunks: list[tuple[float, asyncio.Task[LoadRun]]] = []
+    chunks: list[asyncio.Task[LoadRun]] = []
     try:
         while True:
             at, back = time.monotonic() - t0, _micro_back_at(ready, killed_at or 0.0)
-            if faults.kill_after_back_s is not None and killed_at is None and back is not None \
-                    and at - back >= faults.kill_after_back_s:
-                killed_at, back = await asyncio.to_thread(_kill, env, t0), None
-            if at >= faults.max_load_s or (at >= faults.load_s and back is not None and at - back >= TAIL_S):
+            kill = faults.kill_after_back_s is not None and killed_at is None and back is not None \
+                and at - back >= faults.kill_after_back_s
+            if at >= faults.max_load_s or (not kill and at >= faults.load_s and back is not None
+                                           and at - back >= TAIL_S):
                 break
-            chunks.append((at, asyncio.create_task(run_load(_chunk(env, args, len(chunks))))))
+            chunks.append(asyncio.create_task(run_load(_chunk(env, args, len(chunks)))))
+            if kill:  # after the next chunk has started: the kill waits for one of its requests on the engine
+                killed_at, back = await asyncio.to_thread(_kill, env, t0), None
             if not args.quiet and ready:
                 print(f"  [{at:6.1f}s] /readyz {state(ready[-1])}", flush=True)
             await asyncio.sleep(max(0.0, t0 + CHUNK_S * len(chunks) - time.monotonic()))
-        runs = [(offset, await task) for offset, task in chunks]
+        runs = [await task for task in chunks]
     finally:
         stop.set()
         await poller
-        for task in (fire, *(t for _, t in chunks)):
+        for task in (fire, *chunks):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     samples = []
-    for offset, run in runs:
+    for run in runs:
         for sample in run.samples:
-            sample.sent_s += offset
+            sample.sent_s += run.t0 - t0  # on the events' clock, to the millisecond (the kill cuts requests)
             samples.append(sample)
     return samples, ready
 

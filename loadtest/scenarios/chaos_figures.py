@@ -154,15 +154,20 @@ def micro_in_flight(url: str) -> float:
 
 
 def supervisor_lines(log: Path) -> list[str]:
-    """What the supervisor said about the micro pool (starts, the hang, the restart and how long it took)."""
+    """What the supervisor said about the micro pool (starts, the hang, the restart and how long it took), and
+    when the gateway's own probes and requests took its replica out of routing and back (`replica down`, with
+    the reason, and `replica ready`), each with the log's time of day."""
     if not log.exists():
         return []
     lines = []
     for line in log.read_text(errors="replace").splitlines():
-        with contextlib.suppress(orjson.JSONDecodeError):
-            message = orjson.loads(line).get("msg", "") if line.startswith("{") else line
+        with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+            entry = orjson.loads(line) if line.startswith("{") else {"msg": line}
+            message, at = entry.get("msg", ""), str(entry.get("ts", ""))[11:22]
             if "pool micro:" in message and "waiting for" not in message:
-                lines.append(message[:200])
+                lines.append(f"{at} {message[:200]}")
+            elif message in ("replica down", "replica ready") and entry.get("pool") == "micro":
+                lines.append(f"{at} gateway: {message} {entry.get('reason', '')}"[:200])
     return lines
 
 
@@ -208,7 +213,7 @@ def _kill_checks(record: dict[str, Any]) -> list[Check]:
 def format_record(record: dict[str, Any]) -> str:
     c, led, r = record["client"], record["ledger"], record["readyz"]
     lines = [f"load average at start {record['loadavg_at_start']}, at end {record['loadavg_at_end']}",
-             "faults: " + "; ".join(f"{t} s {what}" for t, what in record["events"]),
+             "faults: " + "; ".join(f"{t:.1f} s {what}" for t, what in record["events"]),
              f"requests sent {c['sent']}; answered: " + ", ".join(f"{k} {v}" for k, v in c["answered"].items()),
              f"served by pool: {c['pools']}; micro again from {c['micro_back_at_s']} s "
              f"({c['micro_served_after_hang']} after the hang)",
