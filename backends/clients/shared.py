@@ -1,11 +1,13 @@
 """Talk to OpenAI-compatible engines (vLLM): one shared client per gateway process, which picks the
 connection for each URL by where it goes.
 
-- The servers of a remote pool whose settings were given (`EngineClients.configure`, which `Pool` calls
+- Plain http to a loopback address (the engines the supervisor starts on this host, and a remote pool's server
+  on this host, a sidecar, unless its `connection:` block asks for proxies from the environment): the chosen
+  transport, `h1` by default (`backends.clients.h1`: the least CPU per request, BENCHMARKS.md "Engine clients").
+  A CA bundle or a client certificate has nothing to do on plain http, so only `trust_env` changes the choice.
+- The other servers of a remote pool whose settings were given (`EngineClients.configure`, which `Pool` calls
   with the policy's `connection:` block): aiohttp with those settings (CA bundle, client certificate,
   proxies from the environment when `trust_env`).
-- Plain http to a loopback address (the engines the supervisor starts on this host): the chosen transport,
-  `h1` by default (`backends.clients.h1`: the least CPU per request, BENCHMARKS.md "Engine clients").
 - Anything else (https, another host): aiohttp with the system's CAs and no proxy.
 
 So a hand-written client never talks to another machine. Idle connections are kept under the engine's own
@@ -116,12 +118,11 @@ class EngineClients:
 
     def _choose(self, origin: _Origin) -> EngineClient:
         settings = self._configured.get(origin)
-        if settings is not None:
-            return self._aiohttp(settings)
         scheme, host, _ = origin
-        if scheme == "http" and is_loopback(host):
-            return self._h1 if self._h1 is not None else self._aiohttp(DEFAULT_SETTINGS)
-        return self._aiohttp(DEFAULT_SETTINGS)
+        local = scheme == "http" and is_loopback(host) and (settings is None or not settings.trust_env)
+        if local and self._h1 is not None:
+            return self._h1
+        return self._aiohttp(settings or DEFAULT_SETTINGS)
 
     def _aiohttp(self, settings: ConnectionSettings) -> AiohttpEngineClient:
         client = self._by_settings.get(settings)

@@ -40,6 +40,16 @@ def test_tls_and_other_hosts_always_go_through_aiohttp(url: str) -> None:
     assert isinstance(make_engine_client("h1").client_for(url), AiohttpEngineClient)
 
 
+def test_a_configured_server_on_plain_http_here_goes_through_the_local_transport_unless_it_asks_for_proxies() -> None:
+    client = make_engine_client("h1")
+    client.configure(["http://127.0.0.1:9000", "http://localhost:9002"], ConnectionSettings())
+    assert isinstance(client.client_for("http://127.0.0.1:9000/v1"), H1EngineClient)  # a sidecar: no TLS to set up
+    assert isinstance(client.client_for("http://localhost:9002"), H1EngineClient)
+    client.configure(["http://127.0.0.1:9000"], ConnectionSettings(trust_env=True))  # a proxy may apply: aiohttp
+    assert isinstance(client.client_for("http://127.0.0.1:9000/v1"), AiohttpEngineClient)
+    assert isinstance(make_engine_client("aiohttp").client_for("http://127.0.0.1:9000"), AiohttpEngineClient)
+
+
 def test_a_configured_server_gets_its_own_client_whatever_its_address() -> None:
     client = make_engine_client("h1")
     default = client.client_for("https://api.example.com")
