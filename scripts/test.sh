@@ -19,11 +19,21 @@ import os
 print("[test]", ensure_redis(os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0")))
 PY
 # In parallel by default (pytest-xdist): the tests with real engines run on one worker, in the order
-# tests/conftest.py gives them (shared engines first), the others spread over the rest. CASCADE_TEST_WORKERS=0
-# runs everything in this process; an -n/--numprocesses or -p no:xdist of your own wins.
-PARALLEL=(-n "${CASCADE_TEST_WORKERS:-2}" --dist loadgroup)
+# tests/conftest.py gives them (shared engines first), the others spread over the rest. CASCADE_TEST_WORKERS=N
+# sets the workers (0: everything in this process); an -n/--numprocesses or -p no:xdist of your own wins.
+# The fast tier (`-m "not engines"`) takes 4 workers: its tests wait on sockets and child processes as much as they
+# compute (on 2 cores: 5 min 1 s with 4, 5 min 26 s with 3, 6 min 56 s with 2; BENCHMARKS.md "Test suite"). With
+# engines, 2: an engine test beside more workers would share its cores with them.
+WORKERS=2
+previous=""
+for arg in "$@"; do
+  if [ "$previous" = "-m" ] && [ "$arg" = "not engines" ]; then WORKERS=4; fi
+  previous=$arg
+done
+WORKERS=${CASCADE_TEST_WORKERS:-$WORKERS}
+PARALLEL=(-n "$WORKERS" --dist loadgroup)
 for arg in "$@"; do
   case "$arg" in -n|-n*|--numprocesses*|no:xdist) PARALLEL=() ;; esac
 done
-if [ "${CASCADE_TEST_WORKERS:-2}" = 0 ]; then PARALLEL=(); fi
+if [ "$WORKERS" = 0 ]; then PARALLEL=(); fi
 exec .venv/bin/python -m pytest "${PARALLEL[@]}" "$@"
