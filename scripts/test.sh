@@ -25,15 +25,14 @@ PY
 # compute (on 2 cores: 5 min 1 s with 4, 5 min 26 s with 3, 6 min 56 s with 2; BENCHMARKS.md "Test suite"). With
 # engines, 2: an engine test beside more workers would share its cores with them.
 WORKERS=2
+OWN_WORKERS=no
 previous=""
 for arg in "$@"; do
+  case "$arg" in -n|-n*|--numprocesses*|no:xdist) OWN_WORKERS=yes ;; esac
   if [ "$previous" = "-m" ] && [ "$arg" = "not engines" ]; then WORKERS=4; fi
   previous=$arg
 done
 WORKERS=${CASCADE_TEST_WORKERS:-$WORKERS}
 PARALLEL=(-n "$WORKERS" --dist loadgroup)
-for arg in "$@"; do
-  case "$arg" in -n|-n*|--numprocesses*|no:xdist) PARALLEL=() ;; esac
-done
-if [ "$WORKERS" = 0 ]; then PARALLEL=(); fi
+if [ "$WORKERS" = 0 ] || [ "$OWN_WORKERS" = yes ]; then PARALLEL=(); fi
 exec .venv/bin/python -m pytest "${PARALLEL[@]}" "$@"

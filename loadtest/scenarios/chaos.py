@@ -212,8 +212,15 @@ async def _fire(hooks: list[tuple[float, str, Callable[[], None]]], t0: float, e
     for at, what, action in hooks:
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
         await asyncio.to_thread(action)  # a Redis start or a server drop blocks for a moment: not on the loop
-        events.append((round(time.monotonic() - t0, 3), what))
-        print(f"  [{events[-1][0]:6.1f}s] {what}", flush=True)
+        _event(events, t0, what)
+
+
+def _event(events: list[tuple[float, str]], t0: float, what: str) -> float:
+    """Record and print that `what` happened now; when, from `t0`, to the millisecond (a kill's requests in flight
+    are those sent before it and ended after it)."""
+    events.append((round(time.monotonic() - t0, 3), what))
+    print(f"  [{events[-1][0]:6.1f}s] {what}", flush=True)
+    return events[-1][0]
 
 
 def _chunk(env: _Env, args: argparse.Namespace, k: int) -> LoadConfig:
@@ -241,15 +248,13 @@ def _kill(env: _Env, t0: float) -> float:
     request in flight on it (waiting up to `KILL_WAIT_S`), so that the kill cuts requests; when, from `t0`."""
     pid = engine_pid(env.gateway_pid)
     deadline = time.monotonic() + KILL_WAIT_S
-    while micro_in_flight(env.url) < 1 and time.monotonic() < deadline:
+    while not (found := micro_in_flight(env.url) >= 1) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if time.monotonic() >= deadline:
-        env.events.append((round(time.monotonic() - t0, 3), f"no request in flight on micro for {KILL_WAIT_S:g} s"))
+    if not found:
+        _event(env.events, t0, f"no request in flight on micro for {KILL_WAIT_S:g} s")
     env.killed.append(pid)
     os.killpg(pid, signal.SIGKILL)
-    env.events.append((round(time.monotonic() - t0, 3), KILLED))  # to the ms: requests in flight are those around it
-    print(f"  [{env.events[-1][0]:6.1f}s] {env.events[-1][1]}", flush=True)
-    return env.events[-1][0]
+    return _event(env.events, t0, KILLED)
 
 
 def placement(api_pid: int) -> dict[str, Any]:
