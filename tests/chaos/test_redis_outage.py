@@ -56,7 +56,7 @@ async def test_redis_outage_under_load_spills_to_the_outbox_and_replays_once(
         traffic.start()
         await traffic.wait_for(lambda: traffic.count()[Kind.COMPLETED] >= 30, 30, "traffic before the outage")
 
-        private_redis.kill()
+        await asyncio.to_thread(private_redis.kill)  # its wait must not hold the clients' loop
         down_at = time.monotonic()
         await traffic.wait_for(lambda: ledger.counts.spilled >= 30, 30, "records spilled to the outbox")
         await traffic.wait_for(lambda: traffic.count(since=down_at + 1)[Kind.COMPLETED] >= 20, 30,
@@ -127,7 +127,7 @@ async def test_redis_outage_under_load_applies_each_tenants_outage_policy(
                               30, "traffic before the outage")
 
         kill_at = time.monotonic()
-        private_redis.kill()
+        await asyncio.to_thread(private_redis.kill)  # its wait must not hold the clients' loop
         down_at = time.monotonic()
         # at least 3 s of outage, so that requests are sent between 1.1 s into it (past the spend cache) and 1 s
         # before the restart (the refusals alone come in well under a second)
