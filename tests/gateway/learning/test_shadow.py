@@ -80,9 +80,11 @@ def start(tmp_path: Path, prefix: str) -> Iterator[Callable[..., Started]]:
         yield run
 
 
+# max_in_flight 8: the tests send up to 4 requests back to back, and with the default 2 a comparison still
+# running on a loaded machine turns the next into "shadow_busy" (no label to wait for)
 SHADOW = """learning:
   keep_prompts: {{sample: 1}}
-  shadow: {{sample: 1, judge_pool: judge, daily_budget_usd: "{budget}", max_tokens: 8}}
+  shadow: {{sample: 1, judge_pool: judge, daily_budget_usd: "{budget}", max_tokens: 8, max_in_flight: 8}}
 """
 
 
@@ -201,7 +203,8 @@ def test_cascade_escalations_are_weak_labels(start: Any, prefix: str) -> None:
 
 BOTH_ORDERS = """learning:
   keep_prompts: {sample: 1}
-  shadow: {sample: 1, judge_pool: judge, daily_budget_usd: "1.00", max_tokens: 8, both_orders: true}
+  shadow: {sample: 1, judge_pool: judge, daily_budget_usd: "1.00", max_tokens: 8, both_orders: true,
+           max_in_flight: 8}
 """
 
 
