@@ -168,11 +168,12 @@ def test_client_leaving_mid_stream_is_charged_for_what_was_generated(gateway: st
     relayed text re-tokenized, which for the demo model's broken UTF-8 exceeds the tokens generated (194 for
     150; vLLM's own counter said 120 while the record said 153)."""
     body = {"model": "micro", "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
-            "max_tokens": 900, "stream": True, "ignore_eos": True}
+            "max_tokens": 900, "stream": True, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
     read: list[str] = []
-    # a client with a small receive buffer, as a slow reader has: the gateway cannot run ahead of it by the whole
-    # answer (about 130 KB of events), so it is still relaying when the client leaves, however late this process
-    # reads on a loaded machine (once the whole answer was in the buffers before the fifth chunk was read)
+    # The gateway must still be relaying when the client leaves, however late this process reads on a loaded machine:
+    # a client with a small receive buffer, as a slow reader has, and an answer far larger than every buffer between
+    # them (20 logprobs a token: over a kilobyte an event, a megabyte in all; without them the 130 KB answer could
+    # fit in the gateway's transport buffer, its socket's and the client's, and a late reader found it all relayed)
     small = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
     with httpx.Client(timeout=60, headers={"authorization": "Bearer unused"}, transport=small) as client, \
             client.stream("POST", gateway + "/v1/chat/completions", json=body) as resp:

@@ -74,3 +74,33 @@ def test_a_client_leaving_mid_stream_is_a_disconnect() -> None:
     assert finished == [relay]
     assert (relay.completed, relay.disconnected) == (False, True)
     assert relay.generated_text() == "hi"
+
+
+def test_a_client_leaving_while_the_rest_is_already_buffered_is_a_disconnect() -> None:
+    """As uvicorn does: once the connection is lost, `send` drops what it is given without a word. The engine's
+    next 2,000 chunks are already buffered (reading them never suspends): the relay must still notice the client
+    leaving (within `SSEResponse.YIELD_EVERY` chunks), not relay the rest into nothing and call it complete."""
+    finished: list[StreamRelay] = []
+    relay = _relay([_CHUNK] * 2000 + [_USAGE, _DONE], then_hang=False, finished=finished)
+    lost = asyncio.Event()
+    delivered: list[bytes] = []
+
+    async def run() -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if lost.is_set():
+                return
+            delivered.append(message.get("body", b""))
+            if len(delivered) == 6:  # the response start and five chunks read, then the client leaves
+                lost.set()
+
+        async def receive() -> dict[str, Any]:
+            await lost.wait()
+            return {"type": "http.disconnect"}
+
+        await asyncio.wait_for(SSEResponse(relay.body(), {})({}, receive, send), timeout=5)
+
+    asyncio.run(run())
+    assert finished == [relay]
+    assert (relay.completed, relay.disconnected) == (False, True)
+    assert _CHUNK * 5 == b"".join(delivered)
+    assert relay.generated_text().count("hi") <= 5 + 2 * SSEResponse.YIELD_EVERY
