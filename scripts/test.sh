@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1
+# Bytecode is written (and read back) even where PYTHONDONTWRITEBYTECODE is set, as it is on these machines: without
+# it every pytest worker rewrote the asserts of ~540 test and plugin modules again (collection 9.5 s of CPU instead
+# of 3.3) and every gateway, CLI and engine process the tests start compiled the modules setup.sh does not warm
+unset PYTHONDONTWRITEBYTECODE
 # the tests assert the tiny demo models' behaviour; the quick start's real micro model is for people
 unset CASCADE_DEMO_MICRO
 # The cost report page is checked in real headless Chromium (Debian's package) when it can be installed.
@@ -21,15 +25,15 @@ PY
 # In parallel by default (pytest-xdist): the tests with real engines run on one worker, in the order
 # tests/conftest.py gives them (shared engines first), the others spread over the rest. CASCADE_TEST_WORKERS=N
 # sets the workers (0: everything in this process); an -n/--numprocesses or -p no:xdist of your own wins.
-# The fast tier (`-m "not engines"`) takes 4 workers: its tests wait on sockets and child processes as much as they
-# compute (on 2 cores: 5 min 1 s with 4, 5 min 26 s with 3, 6 min 56 s with 2; BENCHMARKS.md "Test suite"). With
-# engines, 2: an engine test beside more workers would share its cores with them.
+# The fast tier (`-m "not engines"`) takes 6 workers: its tests wait on sockets and child processes as much as they
+# compute (on 2 cores, with bytecode cached: 2 min 52 s with 6, 2 min 59 s with 8, 3 min 22 s with 4; BENCHMARKS.md
+# "Test suite"). With engines, 2: an engine test beside more workers would share its cores with them.
 WORKERS=2
 OWN_WORKERS=no
 previous=""
 for arg in "$@"; do
   case "$arg" in -n|-n*|--numprocesses*|no:xdist) OWN_WORKERS=yes ;; esac
-  if [ "$previous" = "-m" ] && [ "$arg" = "not engines" ]; then WORKERS=4; fi
+  if [ "$previous" = "-m" ] && [ "$arg" = "not engines" ]; then WORKERS=6; fi
   previous=$arg
 done
 WORKERS=${CASCADE_TEST_WORKERS:-$WORKERS}
