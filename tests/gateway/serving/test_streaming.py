@@ -102,5 +102,5 @@ def test_a_client_leaving_while_the_rest_is_already_buffered_is_a_disconnect() -
     asyncio.run(run())
     assert finished == [relay]
     assert (relay.completed, relay.disconnected) == (False, True)
-    assert _CHUNK * 5 == b"".join(delivered)
+    assert b"".join(delivered) == _CHUNK * 5
     assert relay.generated_text().count("hi") <= 5 + 2 * SSEResponse.YIELD_EVERY
