@@ -25,6 +25,9 @@ done
 
 t=$(now); bash scripts/setup.sh; SETUP_S=$(since "$t")
 export HF_HUB_OFFLINE=1
+# the engines and the gateway write the bytecode of what they import (setup warms only the main modules), also
+# where PYTHONDONTWRITEBYTECODE is set: every later engine start, the tests' included, reads it instead of compiling
+unset PYTHONDONTWRITEBYTECODE
 # the micro pool answers with a real instruct model (SmolLM2-135M-Instruct, from its PyPI wheel); the tests
 # (step 2) use the tiny random models whatever this says
 export CASCADE_DEMO_MICRO="${CASCADE_DEMO_MICRO:-smollm2}"
