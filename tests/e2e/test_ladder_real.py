@@ -224,10 +224,18 @@ def test_kv_pressure_engages_truncation_and_fallback_then_recedes(gateway: Gatew
         load.start()
         engaged = watch.until("both ladder steps engaged", lambda s: s.active >= {TRUNCATE, FALLBACK},
                               ENGAGE_TIMEOUT_S, load)
-        # (c) degraded: the pinned flagship request goes to micro, long conversations are cut
-        r = _chat(gateway, hello)
-        steps = set(r.headers.get("x-cascade-degraded", "").split(","))
-        assert steps == {TRUNCATE, FALLBACK}, watch.report(f"x-cascade-degraded: {steps}", load)
+        # (c) degraded: the pinned flagship request goes to micro, long conversations are cut. The load's KV use
+        # swings as its requests finish, so the steps can release between the scrape that saw them engaged and the
+        # request's routing (seen once: engaged for 9 s, released 1 s into the request): a request answered
+        # undegraded is sent again once both are engaged again, three tries in all
+        for tries in range(1, 4):
+            r = _chat(gateway, hello)
+            steps = set(r.headers.get("x-cascade-degraded", "").split(","))
+            if steps == {TRUNCATE, FALLBACK} or tries == 3:
+                break
+            watch.until("both ladder steps engaged again", lambda s: s.active >= {TRUNCATE, FALLBACK},
+                        ENGAGE_TIMEOUT_S, load)
+        assert steps == {TRUNCATE, FALLBACK}, watch.report(f"x-cascade-degraded: {steps} ({tries} tries)", load)
         assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", f"ladder:{FALLBACK}")
         assert r.json()["model"] == "micro"
         # the load's KV use swings as its requests finish: the steps can release for a moment while the request
