@@ -16,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
+unset PYTHONDONTWRITEBYTECODE  # cached bytecode, as scripts/test.sh (pytest's assert rewriting among it)
 export OPENBLAS_CORETYPE=Haswell OPENBLAS_VERBOSE=0 ATEN_CPU_CAPABILITY=avx2
 export MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1

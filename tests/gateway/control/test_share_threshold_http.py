@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -53,22 +53,36 @@ def _gauges(url: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(r"^(cascade_routing_\w+) ([0-9.e+-]+)$", text, re.M)}
 
 
+def _until(urls: list[str], ok: Callable[[dict[str, float]], bool], what: str, timeout_s: float = 30) -> None:
+    """Poll every worker's gauges until `ok` holds for each: each refreshes from the shared window once a second,
+    later on a loaded machine (a fixed 1.5 s wait once read a worker that had not refreshed yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = [_gauges(url) for url in urls]
+        if all(ok(g) for g in seen):
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {seen}"
+        time.sleep(0.1)
+
+
 def test_realised_share_tracks_the_target_through_drift(gateways: list[str]) -> None:
     rng = random.Random(7)
     assert _send(gateways, [rng.randint(1, 199) for _ in range(60)]) < 0.1  # initial 0.95 while warming up
-    time.sleep(1.5)  # a refresh on each worker
+    _until(gateways, lambda g: g.get("cascade_routing_threshold", 0.95) < 0.95, "a refresh after the warm-up")
     measured = _send(gateways, [rng.randint(1, 199) for _ in range(200)])
     # 200 requests against a quantile of 200 scores: the share's standard deviation is ~0.045, so +-0.15
     # is over 3 sigma (a +-0.1 band failed 1 run in a few)
     assert 0.15 <= measured <= 0.45, measured
+    _until(gateways, lambda g: g["cascade_routing_window_scores"] == 200, "a full window")  # not the warm-up's 60
     live = _gauges(gateways[0])
     assert 0.6 < live["cascade_routing_threshold"] < 0.8  # ~ the 70th percentile of words/200
     # drift: prompts get longer; a fixed threshold of ~0.7 would now send ~60% to the flagship
     _send(gateways, [rng.randint(100, 199) for _ in range(200)])
-    time.sleep(1.5)
+    _until(gateways, lambda g: g["cascade_routing_threshold"] > 0.75, "the threshold following the longer prompts")
     drifted = _send(gateways, [rng.randint(100, 199) for _ in range(200)])
     assert 0.15 <= drifted <= 0.45, drifted
-    time.sleep(1.5)
+    # once both have refreshed with the last 200 (the window's size), its share is theirs
+    _until(gateways, lambda g: 0.15 <= g["cascade_routing_flagship_share"] <= 0.45, "the window's share")
     for url in gateways:  # both workers read the one window
         gauges = _gauges(url)
         assert gauges["cascade_routing_flagship_share_target"] == 0.3
