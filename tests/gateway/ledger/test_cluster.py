@@ -105,7 +105,9 @@ def _sums(recs: list[CostRecord]) -> Counters:
 @pytest.mark.redis
 async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str, tmp_path: Path) -> None:
     recs = [make_record(i, tenant=f"tenant-{i % 5}") for i in range(60)]  # 5 tenants over 2 UTC days
-    led = RedisLedger(cluster, tmp_path / "outbox", PREFIX)
+    # 5 s per operation, not the gateway's 0.5: what is tested is the cluster's routing of records, replays and
+    # duplicates, and a loaded machine once took longer than 0.5 s to answer the replay (spilled instead)
+    led = RedisLedger(cluster, tmp_path / "outbox", PREFIX, op_timeout_s=5)
     await led.start()
     for start in range(0, 50, 10):  # several batches: the registries are written once per tenant and day
         for rec in recs[start:start + 10]:
@@ -121,7 +123,7 @@ async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str
     client = redis_from_url(cluster)
     await client.script_flush()  # on every master: the replay has to load the record script again
     await client.aclose()
-    replayer = RedisLedger(cluster, tmp_path / "outbox", PREFIX)
+    replayer = RedisLedger(cluster, tmp_path / "outbox", PREFIX, op_timeout_s=5)
     await replayer.start()  # drains before returning
     await replayer.record(recs[0])  # a retry on the direct path
     await replayer.aclose()
