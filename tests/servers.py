@@ -30,11 +30,12 @@ def fake_engine(spec: Any, port: int, models_dir: Path) -> list[str]:
     return [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", spec.served_name]
 
 
-def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Poll `check` every 0.05 s; fail the test when it is not true within `timeout` seconds."""
+def until(check: Callable[[], bool], timeout: float = 20.0, describe: Callable[[], str] | None = None) -> None:
+    """Poll `check` every 0.05 s; fail the test when it is not true within `timeout` seconds, with `describe()`
+    (what was seen) as the message when given."""
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, "condition not reached"
+        assert time.monotonic() < deadline, "condition not reached" if describe is None else describe()
         time.sleep(0.05)
 
 

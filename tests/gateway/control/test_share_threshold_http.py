@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from gateway.api.app import create_app
 from gateway.settings import Settings
 from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.servers import serve, until
 
 SHARE = "{flagship_share: 0.3, window: 200, min_samples: 50, initial: 0.95}"
 
@@ -53,16 +52,11 @@ def _gauges(url: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(r"^(cascade_routing_\w+) ([0-9.e+-]+)$", text, re.M)}
 
 
-def _until(urls: list[str], ok: Callable[[dict[str, float]], bool], what: str, timeout_s: float = 30) -> None:
-    """Poll every worker's gauges until `ok` holds for each: each refreshes from the shared window once a second,
+def _until(urls: list[str], ok: Callable[[dict[str, float]], bool], what: str) -> None:
+    """Wait until `ok` holds for every worker's gauges: each refreshes from the shared window once a second,
     later on a loaded machine (a fixed 1.5 s wait once read a worker that had not refreshed yet)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen = [_gauges(url) for url in urls]
-        if all(ok(g) for g in seen):
-            return
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {seen}"
-        time.sleep(0.1)
+    until(lambda: all(ok(_gauges(url)) for url in urls), timeout=30,
+          describe=lambda: f"timed out waiting for {what}: {[_gauges(url) for url in urls]}")
 
 
 def test_realised_share_tracks_the_target_through_drift(gateways: list[str]) -> None:
