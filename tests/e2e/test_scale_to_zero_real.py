@@ -2,6 +2,11 @@
 asleep and ready, the first request cold-starts the engine and waits for it, and the engine stops after the
 idle period while the pool stays ready. Prints the cold-start time.
 
+The engine speculates (n-gram prompt lookup, the policy's `speculative` block): while it is awake, requests the
+proposer has something to find in go through the gateway with the official openai SDK, and the gateway's own
+/metrics shows the engine's drafted and accepted tokens and the pool's acceptance, as its probe scraped them. (This
+was `test_speculative_real.py`, an engine start of its own with the probe called by hand.)
+
 That the next request wakes the pool again is the gate's (`tests/backends/clients/test_scale_to_zero.py`,
 `test_idle_pool_sleeps_after_idle_stop_after_s_but_not_while_busy`): a wake after a sleep runs the same start as
 the first one, exercised here on the real engine; a real engine started again on its port after its group
@@ -18,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli.demo import stop_process_group
 from loadtest.fake_upstream import FakeUpstream
@@ -27,6 +34,12 @@ from tests.servers import free_port, serve
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_S = 6
+# input-echoing work, where prompt lookup has something to find
+PROMPTS = (
+    "Copy this list exactly: alpha beta gamma delta, alpha beta gamma delta, alpha beta gamma delta.",
+    "Rewrite without changing a word: the quick brown fox jumps over the lazy dog near the river bank.",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\nRename add to plus in this code.",
+)
 
 
 def _policy(engine_port: int, flagship_url: str) -> str:
@@ -37,7 +50,8 @@ pools:
     type: local
     price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
     engine: {{model: "demo:micro", served_name: micro, max_model_len: 1024, dtype: bfloat16, kv_cache_space_gib: 1,
-              base_port: {engine_port}, extra_args: ["--enforce-eager"]}}
+              base_port: {engine_port}, extra_args: ["--enforce-eager"],
+              speculative: {{method: ngram, num_speculative_tokens: 4}}}}
     on_demand: {{idle_stop_after_s: {IDLE_S}, cold_start_timeout_s: 600, on_cold: wait}}
   flagship:
     type: remote
@@ -108,6 +122,42 @@ def _wait_asleep(base: str, engine_port: int) -> float:
     raise AssertionError(f"engine not stopped after idle: {_readyz(base)}")
 
 
+def _speculation(text: str, replica: str | None = None) -> dict[str, float]:
+    """Drafted and accepted token totals (and the pool's acceptance, from a gateway) in an exposition, read with
+    prometheus_client's own parser (not ours); `replica`: only the gateway's samples of that replica."""
+    names = {"vllm:spec_decode_num_draft_tokens": "drafted", "vllm:spec_decode_num_accepted_tokens": "accepted",
+             "cascade_replica_spec_decode_draft_tokens": "drafted",
+             "cascade_replica_spec_decode_accepted_tokens": "accepted",
+             "cascade_pool_spec_decode_acceptance": "acceptance"}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples if family.name in names else ():
+            counted = sample.name.endswith("_total") or family.type == "gauge"
+            if counted and sample.labels.get("replica", replica) == replica:
+                found[names[family.name]] = found.get(names[family.name], 0.0) + sample.value
+    return found
+
+
+def _speculates_and_the_gateway_shows_it(base: str, engine_port: int) -> None:
+    """Requests the proposer can draft for, through the gateway; then the engine's counters, as the gateway's probe
+    scraped them (polled: a probe a second, and the engine sleeps IDLE_S after the last request)."""
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    for prompt in PROMPTS:
+        answer = client.chat.completions.create(
+            model="micro", messages=[{"role": "user", "content": prompt}], max_tokens=48, temperature=0)
+        assert answer.choices[0].message.content and answer.usage and answer.usage.completion_tokens > 0
+    client.close()
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    engine = _speculation(httpx.get(engine_url + "/metrics", timeout=5).text)
+    assert engine["drafted"] > 0, engine  # three answers of up to 48 tokens: the proposer ran
+    deadline = time.monotonic() + IDLE_S - 1
+    while (seen := _speculation(httpx.get(base + "/metrics", timeout=5).text, engine_url)) != {
+            **engine, "acceptance": engine["accepted"] / engine["drafted"]}:
+        assert time.monotonic() < deadline, f"gateway: {seen}, engine: {engine}"
+        time.sleep(0.2)
+    print(f"\nspeculation: drafted {engine['drafted']:.0f}, accepted {engine['accepted']:.0f} tokens")
+
+
 def test_on_demand_pool_sleeps_when_idle_and_cold_starts_on_the_next_request(gateway: tuple[str, int]) -> None:
     base, engine_port = gateway
     first = _readyz(base, 120)
@@ -120,6 +170,7 @@ def test_on_demand_pool_sleeps_when_idle_and_cold_starts_on_the_next_request(gat
     _cold_request(base)
     warm = time.monotonic() - warm_started
     awake = _readyz(base)["engines"]["micro"]
+    _speculates_and_the_gateway_shows_it(base, engine_port)
     asleep_after = _wait_asleep(base, engine_port)
     assert _readyz(base)["pools"]["micro"]  # asleep and still ready
     print(f"\nCOLD START: {cold1:.1f} s (request latency, demo micro engine); warm request {warm * 1000:.0f} ms; "
