@@ -27,9 +27,9 @@ PY
 # sets the workers (0: everything in this process); an -n/--numprocesses or -p no:xdist of your own wins.
 # The fast tier (`-m "not engines"`) takes 6 workers: its tests wait on sockets and child processes as much as they
 # compute (on 2 cores, with bytecode cached: 2 min 52 s with 6, 2 min 59 s with 8, 3 min 22 s with 4; BENCHMARKS.md
-# "Test suite"). The whole suite takes 3: the engine tests' worker is the longest, and the other tests, which wait as
-# much as they compute, end on two workers while it still runs (10 min 53 s against 12 min 5 s with 2).
-WORKERS=3
+# "Test suite"). With engines, 2: an engine test beside more workers would share its cores with them (3 workers
+# measured no faster: 10 min 58 s in a fresh clone, against 10 min 31 s to 11 min 3 s with 2).
+WORKERS=2
 OWN_WORKERS=no
 previous=""
 for arg in "$@"; do
