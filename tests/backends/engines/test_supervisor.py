@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from backends.engines.args import engine_command, engine_env
+from backends.engines.cpu_pinning import engine_processes
 from backends.engines.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports, live_group_members
 from policies.loader import parse_policy
 from policies.schema import EngineSpec, LocalPool
@@ -304,6 +305,20 @@ async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) ->
         for pool in engines.values():
             await _chat(client, pool.ready_urls[0], pool.spec.served_name)
         assert_engine_cores_placed(engines)
+    # Between requests the workers wait instead of spinning (backends/engines/vllm_plugin.py caps vLLM's 1 s
+    # busy-poll at CPU_IDLE_SPIN_S): uncapped, each spun a whole core for the second after its last answer
+    workers = [w for pool in engines.values() if pool.replicas[0].pid
+               for w in engine_processes(pool.replicas[0].pid).workers]
+    assert workers
+    before, window_s = {w: _cpu_seconds(w) for w in workers}, 2.0
+    await asyncio.sleep(window_s)  # the window measured, not a wait for an event
+    used = {w: round(_cpu_seconds(w) - before[w], 2) for w in workers}
+    assert max(used.values()) < 0.25 * window_s, f"CPU seconds of each idle worker in {window_s} s: {used}"
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_a_replica_detached_while_its_health_check_runs_is_not_restarted(tmp_path: Path) -> None:

@@ -1,0 +1,83 @@
+"""A vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml): every vLLM process of this
+environment (API server, engine core, model worker) runs `register()` when it starts.
+
+What it changes: how long a CPU engine's model worker busy-polls after its last message. The worker reads the
+engine core's scheduler output from a shared-memory queue and, for `busy_loop_s` after each read (1 s in vLLM
+0.32, not configurable), spins on `sched_yield` instead of waiting on its socket. During decoding the steps come
+back to back, so the spin saves a wake-up per step; between requests it burns a whole core: measured on the
+2-core development machine (`loadtest.bench.idle_spin`), a demo engine answering one short request every 0.5 s
+used 1.00 of a core in its worker (0.03 in its engine core), every 2 s 0.50. On a CPU host those cores are the
+ones the API server, the gateway and the other engines need.
+
+`CASCADE_VLLM_IDLE_SPIN_S` sets the spin (seconds, at most vLLM's own); unset, a CPU engine spins
+`CPU_IDLE_SPIN_S` (long enough to span the gap between two decoding steps) and a GPU engine keeps vLLM's
+default; `vllm` keeps vLLM's default everywhere. Where this vLLM has no such parameter the plugin says so in the
+engine's log and changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CPU_IDLE_SPIN_S", "IDLE_SPIN_ENV", "cap_idle_spin", "idle_spin_s", "register"]
+
+IDLE_SPIN_ENV = "CASCADE_VLLM_IDLE_SPIN_S"
+CPU_IDLE_SPIN_S = 0.02
+_log = logging.getLogger(__name__)
+
+
+def idle_spin_s(value: str | None, on_cpu: bool) -> float | None:
+    """The spin to set from the variable's value, or None to keep vLLM's. Raises ValueError for a bad value."""
+    if value is None:
+        return CPU_IDLE_SPIN_S if on_cpu else None
+    if value.strip().lower() == "vllm":
+        return None
+    spin = float(value)
+    if not spin >= 0:  # also NaN
+        raise ValueError(f"{IDLE_SPIN_ENV} must be a number of seconds >= 0 or 'vllm', not {value!r}")
+    return spin
+
+
+def _capped(init: Callable[..., None], spin: float) -> Callable[..., None]:
+    @functools.wraps(init)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = inspect.signature(init).bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        bound.arguments["busy_loop_s"] = min(float(bound.arguments["busy_loop_s"]), spin)
+        init(*bound.args, **bound.kwargs)
+
+    patched.cascade_idle_spin_s = spin  # type: ignore[attr-defined]
+    return patched
+
+
+def cap_idle_spin(spin_condition: Any, spin: float) -> bool:
+    """Cap `spin_condition`'s `busy_loop_s` at `spin` for every instance made from now on (once: a second call keeps
+    the first cap). False, changing nothing, where its `__init__` takes no `busy_loop_s`."""
+    init = getattr(spin_condition, "__init__", None)
+    if init is None or "busy_loop_s" not in inspect.signature(init).parameters:
+        return False
+    if getattr(init, "cascade_idle_spin_s", None) is None:
+        spin_condition.__init__ = _capped(init, spin)
+    return True
+
+
+def register() -> None:
+    """vLLM calls this in each of its processes (more than once is harmless)."""
+    from vllm.platforms import current_platform
+
+    try:
+        spin = idle_spin_s(os.environ.get(IDLE_SPIN_ENV), current_platform.is_cpu())
+    except ValueError as exc:
+        _log.warning("cascade: %s; vLLM's own idle spin kept", exc)
+        return
+    if spin is None:
+        return
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    if not cap_idle_spin(getattr(shm_broadcast, "SpinCondition", None), spin):
+        _log.warning("cascade: this vLLM has no SpinCondition(busy_loop_s): its idle spin is left as it is")
