@@ -8,7 +8,9 @@ samples in reverse order give other bytes (tried when this test was written), so
 `test_demo.py`'s.
 
 Slow (marked `engines` with the other heavy tests, though it starts no engine): it needs the quantization venv
-(created on first use, minutes), then two quantizations of about half a minute each on 2 cores."""
+(created on first use, minutes), then two quantizations of about half a minute each on 2 cores. Under pytest-xdist it
+is a group of its own, not on the engine tests' worker (the suite's longest path): it runs at the start beside them,
+and the venv it creates is there when `test_demo.py` needs it."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from backends.quantization.metadata import METADATA_NAME, checkpoint_problem
 from backends.quantization.quantize import QUANT_SEED, QUANT_THREADS, quantize
 from gateway.cli.main import main
 
-pytestmark = pytest.mark.engines
+pytestmark = [pytest.mark.engines, pytest.mark.xdist_group("quantization-venv")]
 
 SAMPLES = 16
 
