@@ -34,13 +34,38 @@ __all__ = [
 ]
 
 
+_LOW_PORT = 20000  # free ports are drawn from here up to the kernel's ephemeral range
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
+    """A loopback port free now, for a server about to be started on it. Drawn at random below the kernel's
+    ephemeral range where that leaves room: outgoing connections take their source ports from that range, so on a
+    busy host (the test suite's parallel workers) one took a port chosen by binding port 0 before the server that
+    was to listen there bound it ("address already in use")."""
+    import random
     import socket
 
+    low = _ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(100 if low - _LOW_PORT >= 1000 else 0):
+        port = draw.randrange(_LOW_PORT, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def cpu_seconds(pid: int) -> float:
