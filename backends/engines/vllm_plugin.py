@@ -46,9 +46,11 @@ def idle_spin_s(value: str | None, on_cpu: bool) -> float | None:
 
 
 def _capped(init: Callable[..., None], spin: float) -> Callable[..., None]:
+    signature = inspect.signature(init)
+
     @functools.wraps(init)
     def patched(self: Any, *args: Any, **kwargs: Any) -> None:
-        bound = inspect.signature(init).bind(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         bound.arguments["busy_loop_s"] = min(float(bound.arguments["busy_loop_s"]), spin)
         init(*bound.args, **bound.kwargs)

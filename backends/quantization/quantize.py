@@ -20,13 +20,16 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from backends.models.atomic_dir import exclusive_lock, replace_dir
 from backends.quantization.calibration import CalibrationSet
 from backends.quantization.eval import EVAL_PROMPTS, Evaluation, compare, measure_engine
 from backends.quantization.metadata import file_hashes, read_metadata, write_metadata
 from backends.quantization.venv import ensure_quant_venv
+
+if TYPE_CHECKING:
+    from policies.schema import EngineSpec
 
 __all__ = ["MOE_EXPERTS_IGNORE", "QUANT_SEED", "QUANT_THREADS", "SCHEMES", "Progress", "QuantizeError",
            "default_ignore", "evaluate", "quantize", "source_fingerprint"]
@@ -180,7 +183,7 @@ def _eval_engine_env() -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
 
 
-def _eval_spec(model: Path, role: str, k: int, port: int) -> Any:
+def _eval_spec(model: Path, role: str, k: int, port: int) -> EngineSpec:
     from policies.schema import EngineSpec
 
     args = ("--enforce-eager", "--max-logprobs", str(k), *_EVAL_ENGINE_ARGS)
@@ -188,7 +191,7 @@ def _eval_spec(model: Path, role: str, k: int, port: int) -> Any:
                       extra_args=args, env=_eval_engine_env())
 
 
-def _room_for_both(spec: Any, original: Path) -> bool:
+def _room_for_both(spec: EngineSpec, original: Path) -> bool:
     """Whether this machine holds two engines of the original's size beside what runs (the quantized one is no
     larger): then both start at once, and one engine start is waited for instead of two."""
     from backends.engines.room import judge_room

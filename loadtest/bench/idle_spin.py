@@ -32,12 +32,10 @@ import httpx
 from backends.engines.args import engine_command, engine_env
 from backends.engines.vllm_plugin import IDLE_SPIN_ENV
 from backends.models.demo import ensure_demo_models
-from loadtest.processes import free_port, wait_ready
+from loadtest.processes import cpu_seconds, free_port, wait_ready
 from policies.schema import EngineSpec
 
 __all__ = ["Cell", "main"]
-
-_CLK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -59,13 +57,17 @@ def _group_cpu(pgid: int) -> dict[str, float]:
         try:
             if os.getpgid(int(entry.name)) != pgid:
                 continue
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             name = (entry / "comm").read_text().strip()
         except (OSError, ProcessLookupError):
             continue
         name = "API server" if name.startswith("python") else name
-        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _CLK
+        found[name] = found.get(name, 0.0) + cpu_seconds(int(entry.name))
     return found
+
+
+def _shares(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Each process's CPU between the two readings, as a share of one core."""
+    return {name: round((after[name] - before.get(name, 0.0)) / wall, 3) for name in after}
 
 
 @contextmanager
@@ -98,8 +100,7 @@ def _cell(url: str, pgid: int, spin: str, gap_s: float, seconds: float) -> Cell:
             latencies.append(time.monotonic() - sent)
             time.sleep(gap_s)
         after, wall = _group_cpu(pgid), time.monotonic() - started
-    cpu = {name: round((after[name] - before.get(name, 0.0)) / wall, 3) for name in after}
-    return Cell(spin, gap_s, len(latencies), cpu, statistics.median(latencies) * 1000)
+    return Cell(spin, gap_s, len(latencies), _shares(before, after, wall), statistics.median(latencies) * 1000)
 
 
 async def _busy(url: str, concurrency: int, seconds: float) -> tuple[int, float]:
@@ -124,9 +125,7 @@ async def _busy(url: str, concurrency: int, seconds: float) -> tuple[int, float]
 def _busy_cell(url: str, pgid: int, spin: str, concurrency: int, seconds: float) -> Cell:
     before = _group_cpu(pgid)
     tokens, wall = asyncio.run(_busy(url, concurrency, seconds))
-    after = _group_cpu(pgid)
-    cpu = {name: round((after[name] - before.get(name, 0.0)) / wall, 3) for name in after}
-    return Cell(spin, 0.0, concurrency, cpu, 0.0, tokens / wall)
+    return Cell(spin, 0.0, concurrency, _shares(before, _group_cpu(pgid), wall), 0.0, tokens / wall)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ import pytest
 from backends.engines.args import engine_command, engine_env
 from backends.engines.cpu_pinning import engine_processes
 from backends.engines.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports, live_group_members
+from loadtest.processes import cpu_seconds
 from policies.loader import parse_policy
 from policies.schema import EngineSpec, LocalPool
 from policies.speculative import NgramSpeculation
@@ -310,15 +311,11 @@ async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) ->
     workers = [w for pool in engines.values() if pool.replicas[0].pid
                for w in engine_processes(pool.replicas[0].pid).workers]
     assert workers
-    before, window_s = {w: _cpu_seconds(w) for w in workers}, 2.0
+    before, window_s = {w: cpu_seconds(w) for w in workers}, 2.0
     await asyncio.sleep(window_s)  # the window measured, not a wait for an event
-    used = {w: round(_cpu_seconds(w) - before[w], 2) for w in workers}
+    used = {w: round(cpu_seconds(w) - before[w], 2) for w in workers}
     assert max(used.values()) < 0.25 * window_s, f"CPU seconds of each idle worker in {window_s} s: {used}"
 
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_a_replica_detached_while_its_health_check_runs_is_not_restarted(tmp_path: Path) -> None:
