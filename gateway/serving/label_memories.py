@@ -12,8 +12,10 @@ scorer serves (`router_models.serving.label_memory.MemoryRouter`: its residuals 
 re-attached when a router swap brings another (until then, at most `interval_s`, the new router's scores are
 not moved). Memory names are tenant names of at most 40 characters
 (`memory_build.memory_path`): a longer tenant's requests get no memory. `adjust` moves one score by one memory:
-only a score of the primary model, whose embedding the scorer kept (`Scorer` as `EmbeddingSource`); anything else
-keeps its score.
+only a score of the primary model, whose embedding the scorer kept (`Scorer` as `EmbeddingSource`), and for a
+memory whose similarity reads the structural columns (`MemoryParams.structure` > 0) its whole feature row
+(`FeatureSource`: the scorer keeps the columns its worker thread computed, so nothing is computed on the event
+loop); anything else keeps its score. A scorer that keeps no feature rows refuses such a memory at load.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.label_memory import MemoryRouter
 from router_models.serving.memory_file import load_memory
-from router_models.serving.scorer import EmbeddingSource, Scorer
+from router_models.serving.scorer import ConversationShape, EmbeddingSource, FeatureSource, Scorer
 
 __all__ = ["LabelMemories", "MemoryScore"]
 
@@ -84,16 +86,22 @@ class LabelMemories:
         attached = self._attached.get(name)
         return 0 if attached is None else len(attached.memory)
 
-    def adjust(self, name: str, scorer: Scorer, text: str, score: float) -> MemoryScore | None:
-        """`score` (the primary model's, for the scoring `text`) moved by memory `name`; None when there is no
-        such memory, it is attached to another router than `scorer`'s, or `scorer` kept no embedding of `text`."""
+    def adjust(self, name: str, scorer: Scorer, text: str, score: float,
+               shape: ConversationShape | None = None) -> MemoryScore | None:
+        """`score` (the primary model's, for the scoring `text` of a conversation of `shape`; None: a plain
+        prompt) moved by memory `name`; None when there is no such memory, it is attached to another router than
+        `scorer`'s, or `scorer` kept no embedding of `text` (no feature row of the conversation, for a memory
+        that reads the structural columns)."""
         attached = self._attached.get(name)
         if attached is None or not isinstance(scorer, EmbeddingSource) or _router_of(scorer) is not attached.base:
             return None
-        vector = scorer.embedding(text)
-        if vector is None:
+        if attached.memory.params.structure > 0:
+            row = scorer.features(text, shape) if isinstance(scorer, FeatureSource) else None
+        else:
+            row = scorer.embedding(text)
+        if row is None:
             return None
-        moved = attached.adjust(np.asarray(vector, np.float32)[None, :], np.asarray([score]))
+        moved = attached.adjust(np.asarray(row, np.float32)[None, :], np.asarray([score]))
         return MemoryScore(float(moved[0]), name, len(attached.memory))
 
     async def refresh(self) -> None:
@@ -107,11 +115,12 @@ class LabelMemories:
         if stamps == self._stamps and base is self._base:
             return
         embedder = scorer.embedding_space
-        self._attached = await asyncio.to_thread(self._load, files, stamps, base, embedder)
+        features = isinstance(scorer, FeatureSource) and scorer.keeps_features
+        self._attached = await asyncio.to_thread(self._load, files, stamps, base, embedder, features)
         self._stamps, self._base = stamps, base
 
     def _load(self, files: dict[str, Path], stamps: dict[str, _Stamp], base: LinearRouter,
-              embedder: str) -> dict[str, MemoryRouter]:
+              embedder: str, features: bool) -> dict[str, MemoryRouter]:
         out: dict[str, MemoryRouter] = {}
         for name, stamp in stamps.items():
             before = self._attached.get(name)
@@ -120,9 +129,9 @@ class LabelMemories:
                 continue
             try:
                 memory, _ = load_memory(files[name], embedder=embedder)
-                if memory.params.structure > 0:  # `adjust` is handed the request's embedding alone
+                if memory.params.structure > 0 and not features:  # `adjust` could read the embedding alone
                     raise ValueError(f"its similarity reads the structural columns (structure "
-                                     f"{memory.params.structure:g}), which the gateway does not keep per request")
+                                     f"{memory.params.structure:g}), which this scorer does not keep per request")
                 out[name] = MemoryRouter.attach(base, memory)
                 log.info("label memory %s loaded: %d labels", name, len(memory))
             except (ArtifactError, ValueError) as exc:

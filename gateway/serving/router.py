@@ -96,8 +96,8 @@ class RequestRouter:
         scorer = self._scorer
         if scope == "none" or self.memories is None or scorer is None:
             return score, version
-        moved = self.memories.adjust(tenant if scope == "tenant" else "shared", scorer,
-                                     conversation_text(raw["messages"]), score)
+        text, shape = read_conversation(raw["messages"])  # what the scorer scored, and keeps the features of
+        moved = self.memories.adjust(tenant if scope == "tenant" else "shared", scorer, text, score, shape)
         return (score, version) if moved is None else (moved.score, moved.version(version))
 
     def _in_domain(self, raw: Mapping[str, Any]) -> float | None:

@@ -34,7 +34,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
 
 from router_models.embedders.concat import part_names
 from router_models.embedders.factory import make_embedder
@@ -52,8 +54,8 @@ from router_models.serving.domain import DomainReference
 from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
-__all__ = ["BatchModel", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "EmbeddingModel", "load_model",
-           "load_scorer", "score_texts"]
+__all__ = ["BatchModel", "BatchScores", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "EmbeddingModel",
+           "FeatureModel", "load_model", "load_scorer", "score_texts"]
 
 _log = logging.getLogger(__name__)
 _EWMA = 0.1  # weight of the latest batch in the primary's time per text
@@ -75,6 +77,16 @@ class EmbeddingModel(BatchModel, Protocol):
 
     def score_and_embed(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
                         ) -> tuple[list[float], FloatArray]: ...
+
+
+@runtime_checkable
+class FeatureModel(EmbeddingModel, Protocol):
+    """An `EmbeddingModel` that also hands out the structural columns it scored from (`classifier.feature_matrix`'s
+    columns after the embedding), row i for texts[i] and shapes[i]: label memories whose similarity reads them
+    (`label_memory.MemoryParams.structure`) take them from the scorer instead of computing them again."""
+
+    def score_and_features(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
+                           ) -> tuple[list[float], FloatArray, FloatArray]: ...
 
 
 class EmbeddingClassifier:
@@ -100,9 +112,16 @@ class EmbeddingClassifier:
     def score_and_embed(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
                         ) -> tuple[list[float], FloatArray]:
         """The scores and the embeddings of the texts they came from (one model call for both)."""
+        scores, vectors, _ = self.score_and_features(texts, shapes)
+        return scores, vectors
+
+    def score_and_features(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
+                           ) -> tuple[list[float], FloatArray, FloatArray]:
+        """The scores, the embeddings and the structural columns they came from (one model call for all three)."""
         vectors = self._embedder.embed(texts)
         feats = feature_matrix(vectors, texts, shapes)
-        return [float(p) for p in self._router.predict_proba(feats)], vectors
+        structure = np.ascontiguousarray(feats[:, vectors.shape[1]:])
+        return [float(p) for p in self._router.predict_proba(feats)], vectors, structure
 
 
 @dataclass(frozen=True)
@@ -132,26 +151,38 @@ _Key = tuple[str, ConversationShape]  # what is scored, and cached: the scoring 
 _Item = tuple[_Key, "asyncio.Future[_Scored]", float]  # what, its caller's future, loop time it was queued
 
 
-_Timed = tuple[list[float], FloatArray | None, list[float] | None, float]
+class BatchScores(NamedTuple):
+    """What `score_texts` gives for a batch: the scores, in order, and when asked and the model gives them, the
+    embeddings they came from, the structural columns beside them (`FeatureModel`) and the in-domain figures."""
+
+    scores: list[float]
+    vectors: FloatArray | None = None
+    structure: FloatArray | None = None
+    figures: list[float] | None = None
 
 
 def score_texts(model: BatchModel, texts: list[str], shapes: list[ConversationShape], embed: bool,
-                domain: DomainReference | None = None) -> tuple[list[float], FloatArray | None, list[float] | None]:
-    """(scores, embeddings when `embed` and the model gives them, their in-domain figures when `domain` is given
-    too: to 4 decimals, as headers, records and `cascade router score` show them)."""
+                domain: DomainReference | None = None) -> BatchScores:
+    """The scores, with the embeddings and structural columns when `embed` and the model gives them, and their
+    in-domain figures when `domain` is given too (to 4 decimals, as headers, records and `cascade router score`
+    show them)."""
     if not (embed and isinstance(model, EmbeddingModel)):
-        return model(texts, shapes), None, None
-    values, vectors = model.score_and_embed(texts, shapes)
+        return BatchScores(model(texts, shapes))
+    structure: FloatArray | None = None
+    if isinstance(model, FeatureModel):
+        values, vectors, structure = model.score_and_features(texts, shapes)
+    else:
+        values, vectors = model.score_and_embed(texts, shapes)
     figures = None if domain is None else [round(float(v), 4) for v in domain.in_domain(vectors)]
-    return values, vectors, figures
+    return BatchScores(values, vectors, structure, figures)
 
 
-def _timed(model: BatchModel, keys: list[_Key], embed: bool, domain: DomainReference | None = None) -> _Timed:
+def _timed(model: BatchModel, keys: list[_Key], embed: bool,
+           domain: DomainReference | None = None) -> tuple[BatchScores, float]:
     """`score_texts` of the keys, and the seconds it took."""
     started = time.perf_counter()
-    values, vectors, figures = score_texts(model, [text for text, _ in keys], [shape for _, shape in keys], embed,
-                                           domain)
-    return values, vectors, figures, time.perf_counter() - started
+    scored = score_texts(model, [text for text, _ in keys], [shape for _, shape in keys], embed, domain)
+    return scored, time.perf_counter() - started
 
 
 class ClassifierScorer:
@@ -167,6 +198,12 @@ class ClassifierScorer:
     bounds (`embedding(text)`, in the space `embedding_space` names; 384 float32 a text for the shipped embedder, so
     about 15 MB at the default 10,000 entries): the response cache's semantic mode reads the vector the router
     computed instead of embedding the text a second time. Overflow scores keep none (another vector space).
+
+    A primary model that also gives the structural columns it scored from (`FeatureModel`: the trained classifier)
+    has them kept too, per conversation (text and shape, as the scores), so `features(text, shape)` is the whole
+    feature row the score came from (`keeps_features`; label memories whose similarity reads the structural
+    columns use it). Nothing is computed for it: the columns are the worker thread's, kept (22 float32 a
+    conversation).
 
     With a `domain` reference (`router_models.serving.domain`, on the primary's embedder), each primary batch also
     gets its in-domain figures, computed in the same worker thread from the same embeddings and kept beside them
@@ -193,6 +230,9 @@ class ClassifierScorer:
         self.embedding_space = model.embedder_name if isinstance(model, EmbeddingModel) else ""
         self._vectors: TTLCache[str, FloatArray] = TTLCache(
             self._config.cache_entries if self.embedding_space else 0, self._config.cache_ttl_s, clock)
+        self.keeps_features = bool(self.embedding_space) and isinstance(model, FeatureModel)
+        self._structure: TTLCache[_Key, FloatArray] = TTLCache(
+            self._config.cache_entries if self.keeps_features else 0, self._config.cache_ttl_s, clock)
         self._figures: TTLCache[str, float] = TTLCache(
             self._config.cache_entries if self.embedding_space and domain is not None else 0,
             self._config.cache_ttl_s, clock)
@@ -229,6 +269,7 @@ class ClassifierScorer:
         if cached is None:
             return await self._enqueue(key)
         self._vectors.get(text)  # kept as recently used as its score: evicted together
+        self._structure.get(key)
         self._figures.get(text)
         return cached, "primary"
 
@@ -241,6 +282,16 @@ class ClassifierScorer:
         """The primary model's embedding of `text`, kept when it scored it (None: not scored by it, expired or
         evicted, or a model without embeddings). Row vector, not normalised; do not modify it."""
         return self._vectors.peek(text)
+
+    def features(self, text: str, shape: ConversationShape | None = None) -> FloatArray | None:
+        """The whole feature row the primary model scored this conversation from (None `shape`: a plain prompt):
+        its embedding, then its structural columns, both kept when it scored it; None when either is not kept
+        (not scored by it, expired or evicted, or a model that gives no structural columns). A new (dim,) row."""
+        vector = self._vectors.peek(text)
+        structure = self._structure.peek((text, shape if shape is not None else prompt_shape(text)))
+        if vector is None or structure is None:
+            return None
+        return np.asarray(np.concatenate([vector, structure]), np.float32)
 
     def in_domain(self, text: str) -> float | None:
         """The in-domain figure of `text` (`router_models.serving.domain`), kept when the primary model scored it;
@@ -301,7 +352,7 @@ class ClassifierScorer:
             which, model = self._pick(live, len(unique), loop.time())
             embed = which == "primary" and bool(self.embedding_space)
             try:
-                values, vectors, figures, took_s = await loop.run_in_executor(
+                scored, took_s = await loop.run_in_executor(
                     self._executor, _timed, model, unique, embed, self.domain if embed else None)
             except asyncio.CancelledError:  # closing: callers of the batch in flight are not left waiting
                 for _, fut, _ in live:
@@ -316,22 +367,29 @@ class ClassifierScorer:
             self.scored_by[which] += len(unique)
             if self.on_scored is not None:
                 self.on_scored(which, len(unique))
-            by_key = dict(zip(unique, values, strict=True))
+            by_key = dict(zip(unique, scored.scores, strict=True))
             if which == "primary":
                 per_text = took_s / len(unique)
                 self._primary_s_per_text += _EWMA * (per_text - self._primary_s_per_text) \
                     if self._primary_s_per_text else per_text
-                for key, value in by_key.items():
-                    self.cache.put(key, value)
-                if vectors is not None:  # an embedding depends on the text alone
-                    for (text, _), vector in zip(unique, vectors, strict=True):
-                        self._vectors.put(text, vector)
-                if figures is not None:
-                    for (text, _), figure in zip(unique, figures, strict=True):
-                        self._figures.put(text, figure)
+                self._keep(unique, scored)
             for key, fut, _ in live:
                 if not fut.done():
                     fut.set_result((by_key[key], which))
+
+    def _keep(self, keys: list[_Key], scored: BatchScores) -> None:
+        """A primary batch's scores, and what was computed beside them, into the caches."""
+        for key, value in zip(keys, scored.scores, strict=True):
+            self.cache.put(key, value)
+        if scored.vectors is not None:  # an embedding depends on the text alone
+            for (text, _), vector in zip(keys, scored.vectors, strict=True):
+                self._vectors.put(text, vector)
+        if scored.structure is not None:  # the structural columns on the text and its conversation's shape
+            for key, row in zip(keys, scored.structure, strict=True):
+                self._structure.put(key, row)
+        if scored.figures is not None:
+            for (text, _), figure in zip(keys, scored.figures, strict=True):
+                self._figures.put(text, figure)
 
     @property
     def overflow_state(self) -> str:

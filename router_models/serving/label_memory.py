@@ -31,10 +31,10 @@ residuals are too small and the fitted slope too steep (on the learning curve th
 Conflicting labels of one prompt are all kept (their residuals average in the neighbourhood);
 `LabelMemory.conflicts` counts them.
 
-Cost per request: one (n_labels x dim) matrix-vector product and a partial sort; with `structure` > 0 also the
-request's structural columns, which the gateway does not keep per request yet (recomputing them costs ~6 ms, so it
-refuses such a memory). Everything is numpy and deterministic; objects are immutable, so a holder swaps them
-atomically.
+Cost per request: one (n_labels x dim) matrix-vector product and a partial sort; with `structure` > 0 it reads the
+request's structural columns too, which the gateway's scorer keeps beside the embedding from the worker thread that
+scored it (`classifier_scorer.ClassifierScorer.features`; computing them again would cost ~6 ms on the event loop).
+Everything is numpy and deterministic; objects are immutable, so a holder swaps them atomically.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class MemoryParams:
     neighbours: int = 100
     bandwidth: float = 0.1
     prior: float = 0.3
-    structure: float = 0.0  # 0.3 did better still; the gateway keeps no request's structural columns yet
+    structure: float = 0.0  # 0.3 did better still (the gateway serves it: the scorer keeps the columns)
     slope: bool = True
 
     def __post_init__(self) -> None:

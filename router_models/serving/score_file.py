@@ -80,10 +80,9 @@ def score_rows(
     micro, flagship = pools
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
-        scores, _, known = score_texts(model, [t for _, t, _ in part], [s for _, _, s in part], domain is not None,
-                                       domain)
-        figures: list[float | None] = list(known) if known is not None else [None] * len(part)
-        for (rid, _, _), score, figure in zip(part, scores, figures, strict=True):
+        scored = score_texts(model, [t for _, t, _ in part], [s for _, _, s in part], domain is not None, domain)
+        figures: list[float | None] = list(scored.figures) if scored.figures is not None else [None] * len(part)
+        for (rid, _, _), score, figure in zip(part, scored.scores, figures, strict=True):
             pool = flagship if score >= threshold else micro
             yield json.dumps({"id": rid, "score": round(score, 6), "pool": pool, "in_domain": figure},
                              ensure_ascii=False)

@@ -20,8 +20,8 @@ from router_models.embedders.conversation import (
     read_conversation,
 )
 
-__all__ = ["ConversationShape", "DomainSource", "EmbeddingSource", "LengthScorer", "Scorer", "conversation_shape",
-           "conversation_text", "prompt_shape", "read_conversation"]
+__all__ = ["ConversationShape", "DomainSource", "EmbeddingSource", "FeatureSource", "LengthScorer", "Scorer",
+           "conversation_shape", "conversation_text", "prompt_shape", "read_conversation"]
 
 
 class Scorer(Protocol):
@@ -56,6 +56,19 @@ class EmbeddingSource(Protocol):
     embedding_space: str
 
     def embedding(self, text: str) -> npt.NDArray[np.float32] | None: ...
+
+
+@runtime_checkable
+class FeatureSource(Protocol):
+    """A scorer that keeps the whole feature row each conversation was scored from (the trained classifier does:
+    its embedding, then the structural columns of its text and shape, `classifier.feature_matrix`):
+    `features(text, shape)` is that row, or None (not scored by the primary model, expired or evicted; a None
+    `shape` is a plain prompt). `keeps_features` says whether it keeps any. Read from the event loop, never
+    computes anything the worker threads did not."""
+
+    keeps_features: bool
+
+    def features(self, text: str, shape: ConversationShape | None = None) -> npt.NDArray[np.float32] | None: ...
 
 
 @runtime_checkable

@@ -1,6 +1,7 @@
 """Label memories in the gateway, with the shipped router artifact: a tenant's labels move its own requests' scores
-at once (no retraining), the decision names the memory, other tenants keep the router's score, and a memory file
-that cannot be loaded leaves the previous one serving.
+at once (no retraining), the decision names the memory, other tenants keep the router's score, a memory whose
+similarity reads the structural columns moves scores from the feature rows the scorer kept (a scorer that keeps
+none refuses it), and a memory file that cannot be loaded leaves the previous one serving.
 
 The prompts and labels are written here: they show that labels reach the score, never which prompt is harder."""
 
@@ -10,7 +11,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -36,8 +38,9 @@ from router_models.embedders.onnx_minilm import default_cache_dir
 from router_models.serving.artifact import DEFAULT_ARTIFACT
 from router_models.serving.classifier import feature_matrix
 from router_models.serving.classifier_scorer import ClassifierScorer, load_scorer
-from router_models.serving.label_memory import LabelMemory
+from router_models.serving.label_memory import LabelMemory, MemoryParams
 from router_models.serving.memory_file import load_memory, memory_paths, save_memory
+from router_models.serving.scorer import ConversationShape, read_conversation
 from tests.conftest import policy_yaml
 from tests.servers import serve
 
@@ -115,19 +118,14 @@ def _unloadable(folder: Path, embedder: str) -> dict[str, Callable[[], object]]:
         memory, _ = load_memory(meta, embedder=embedder)
         save_memory(memory, meta, embedder="all-MiniLM-L6-v2:static")
 
-    def structural() -> None:
-        edit_meta(params={**json.loads(meta.read_text())["params"], "structure": 0.3})
-
     return {"corrupt metadata": lambda: meta.write_text("{not json"),
             "wrong format": lambda: edit_meta(memory_format=99),
-            "structural similarity": structural,
             "hash mismatch": lambda: payload.write_bytes(payload.read_bytes()[:-10]),  # a copy cut short
             "another embedder": other_embedder}
 
 
 REASONS = {"corrupt metadata": "label memory metadata .* is unreadable", "wrong format": "has memory_format=99 but",
            "hash mismatch": "fails its sha256 check",
-           "structural similarity": "reads the structural columns .* which the gateway does not keep",
            "another embedder": "holds vectors of 'all-MiniLM-L6-v2:static', but the router embeds with"}
 
 
@@ -150,6 +148,92 @@ async def test_a_memory_that_fails_its_checks_leaves_the_previous_one_serving_an
     assert len(warned) == 1 and warned[0].startswith("label memory acme not loaded (")
     assert warned[0].endswith("; the previous one keeps serving") and re.search(REASONS[broken], warned[0])
     assert memories.adjust("acme", scorer, HARD, base) == before
+
+
+STRUCTURAL = MemoryParams(structure=0.3)
+CHAT = [{"role": "system", "content": "You review contracts for a law firm."},
+        {"role": "user", "content": "Here is the contract. " + "Clause text. " * 80},
+        {"role": "assistant", "content": "I have read it."}, {"role": "user", "content": HARD}]
+
+
+async def _features(scorer: ClassifierScorer, messages: Sequence[dict[str, str]]) -> npt.NDArray[np.float32]:
+    """The feature row the scorer kept when it scored `messages`, checked against the same row computed anew."""
+    text, shape = read_conversation(messages)
+    await scorer.score_one(text, shape)
+    row, vector = scorer.features(text, shape), scorer.embedding(text)
+    assert row is not None and vector is not None
+    again = feature_matrix(vector[None, :].astype(np.float32), [text], [shape])[0]
+    assert row.shape == again.shape and np.allclose(row, again, rtol=0, atol=1e-6)  # the same float32 sums
+    return row
+
+
+async def test_a_memory_on_the_structural_columns_moves_scores_from_the_rows_the_scorer_kept(
+        scorer: ClassifierScorer, tmp_path: Path) -> None:
+    """Served at no extra cost per request: the rows are the ones the scorer computed when it scored, and a
+    conversation (system prompt, turns, a long earlier turn) is looked up by its shape, not as a plain prompt."""
+    assert scorer.keeps_features
+    chat = [{"role": "user", "content": "Reply with one word: hello."}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": EASY}]
+    rows = np.stack([await _features(scorer, [{"role": "user", "content": t}]) for t in (HARD, EASY)]
+                    + [await _features(scorer, CHAT), await _features(scorer, chat)])
+    save_memory(LabelMemory(rows, np.asarray([1.0, 0.5, 1.0, 0.5]), rows.shape[1] - len(FEATURE_NAMES), STRUCTURAL),
+                tmp_path / "memory" / "acme.json", embedder=scorer.embedding_space)
+    memories = LabelMemories(tmp_path / "memory", lambda: scorer)
+    await memories.refresh()
+    assert memories.names() == ["acme"] and memories.labels("acme") == 4
+    router = RequestRouter(scorer, GatewayMetrics(dict), memories=memories)
+    base, _ = await scorer.score_one(HARD)
+    moved, version = await _route(router, HARD, "acme", _policy("tenant"))
+    assert moved > base + 0.01 and version == f"{scorer.version}+memory/acme@4"
+    request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": CHAT}))
+    decision = await router.route(request, raw, "acme", {}, _policy("tenant"), LadderState())
+    chat_base, _ = await scorer.score_one(*read_conversation(CHAT))
+    assert decision.score is not None and decision.score > chat_base + 0.01
+    assert decision.router_version == version
+    text, _ = read_conversation(CHAT)
+    unseen = ConversationShape(user_turns=5, total_chars=9_000, latest_chars=len(HARD))
+    assert memories.adjust("acme", scorer, text, chat_base, unseen) is None  # never scored in that shape
+    assert await _route(router, HARD, "other", _policy("tenant")) == (base, scorer.version)
+
+
+class EmbeddingsOnly:
+    """The real scorer seen as one that keeps embeddings but no feature rows (`Scorer` + `EmbeddingSource`)."""
+
+    def __init__(self, real: ClassifierScorer) -> None:
+        self.real, self.router = real, real.router
+        self.version, self.embedding_space = real.version, real.embedding_space
+
+    def embedding(self, text: str) -> npt.NDArray[np.float32] | None:
+        return self.real.embedding(text)
+
+    async def score(self, texts: Sequence[str]) -> list[float]:
+        return await self.real.score(texts)
+
+    async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
+        return await self.real.score_one(text, shape)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_scorer_without_feature_rows_refuses_a_structural_memory_and_the_previous_one_serves(
+        scorer: ClassifierScorer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder, plain = tmp_path / "memory", EmbeddingsOnly(scorer)
+    rows = await _rows(scorer, [HARD, EASY])
+    memory = LabelMemory(rows, np.asarray([1.0, 0.5]), rows.shape[1] - len(FEATURE_NAMES))
+    save_memory(memory, folder / "acme.json", embedder=scorer.embedding_space)
+    memories = LabelMemories(folder, lambda: plain)
+    await memories.refresh()
+    base, _ = await scorer.score_one(HARD)
+    before = memories.adjust("acme", plain, HARD, base)
+    assert before is not None and before.score > base + 0.01
+    save_memory(replace(memory, params=STRUCTURAL), folder / "acme.json", embedder=scorer.embedding_space)
+    with caplog.at_level(logging.WARNING, logger="cascade.router"):
+        await memories.refresh()
+    warned = [r.getMessage() for r in caplog.records if r.name == "cascade.router"]
+    assert len(warned) == 1 and re.search("reads the structural columns .* which this scorer does not keep", warned[0])
+    assert warned[0].endswith("; the previous one keeps serving")
+    assert memories.adjust("acme", plain, HARD, base) == before
 
 
 def _answer(url: str, text: str) -> tuple[str, str]:

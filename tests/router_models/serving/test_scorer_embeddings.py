@@ -1,6 +1,7 @@
 """The scorer keeps the embeddings its primary model scored from, for the response cache's semantic mode: the
 vector of a text it scored, the same one when the score came from its cache, none for what it did not score or
-what the overflow model scored (another vector space), and none from a model without embeddings."""
+what the overflow model scored (another vector space), and none from a model without embeddings. A model that
+also gives its structural columns has them kept per conversation (text and shape), for label memories."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer, EmbeddingModel
-from router_models.serving.scorer import ConversationShape, EmbeddingSource
+from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer, EmbeddingModel, FeatureModel
+from router_models.serving.scorer import ConversationShape, EmbeddingSource, FeatureSource, prompt_shape
 
 
 class EmbeddingFake:
@@ -31,6 +32,17 @@ class EmbeddingFake:
         vectors[:, 0] = [len(t) for t in texts]
         vectors[:, 1] = 1
         return [0.5] * len(texts), vectors
+
+
+class FeatureFake(EmbeddingFake):
+    """`FeatureModel`: as `EmbeddingFake`, and the structural columns of a text are [user turns, total chars]
+    of its shape (a plain prompt when none is given), so two shapes of one text differ."""
+
+    def score_and_features(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
+                           ) -> tuple[list[float], npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        scores, vectors = self.score_and_embed(texts, shapes)
+        read = shapes if shapes is not None else [prompt_shape(t) for t in texts]
+        return scores, vectors, np.asarray([[s.user_turns, s.total_chars] for s in read], np.float32)
 
 
 class ScoresOnly:
@@ -65,3 +77,36 @@ async def test_overflow_scores_and_plain_models_keep_no_vectors() -> None:
     await plain.score_one("text")
     assert plain.embedding("text") is None
     await plain.aclose()
+
+
+async def test_a_feature_model_has_each_conversations_whole_row_kept() -> None:
+    model = FeatureFake()
+    assert isinstance(model, FeatureModel)
+    scorer = ClassifierScorer(model, BatchingConfig())
+    assert isinstance(scorer, FeatureSource) and scorer.keeps_features
+    assert scorer.features("hello") is None  # not scored yet
+    chat = ConversationShape(user_turns=3, assistant_turns=2, total_chars=900, latest_chars=5)
+    await scorer.score_one("hello")
+    await scorer.score_one("hello", chat)
+    plain, long = scorer.features("hello"), scorer.features("hello", chat)
+    assert plain is not None and long is not None and plain.dtype == np.float32
+    assert plain.tolist() == [5, 1, 0, 0, 0, 0, 0, 0, 1, 5] and long.tolist() == [5, 1, 0, 0, 0, 0, 0, 0, 3, 900]
+    assert model.calls == 2
+    await scorer.score_one("hello", chat)  # from the cache: the row stays as it was
+    assert model.calls == 2 and np.array_equal(scorer.features("hello", chat), long)
+    other = ConversationShape(user_turns=2, assistant_turns=1, total_chars=400, latest_chars=5)
+    assert scorer.features("hello", other) is None  # this text never scored in that conversation
+    await scorer.aclose()
+
+
+async def test_only_a_feature_model_scored_by_the_primary_keeps_rows() -> None:
+    embeddings_only = ClassifierScorer(EmbeddingFake(), BatchingConfig())
+    assert not embeddings_only.keeps_features
+    await embeddings_only.score_one("hello")
+    assert embeddings_only.embedding("hello") is not None and embeddings_only.features("hello") is None
+    await embeddings_only.aclose()
+    surged = ClassifierScorer(FeatureFake(), BatchingConfig(overflow_after_ms=0.0), overflow=ScoresOnly())
+    surged._primary_s_per_text = 1.0  # the batch of two goes to the overflow model: another vector space
+    await surged.score(["first text", "second text"])
+    assert surged.scored_by["overflow"] == 2 and surged.features("first text") is None
+    await surged.aclose()
