@@ -23,13 +23,14 @@ import os
 print("[test]", ensure_redis(os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0")))
 PY
 # In parallel by default (pytest-xdist): the tests with real engines run on one worker, in the order
-# tests/conftest.py gives them (shared engines first), the others spread over the rest. CASCADE_TEST_WORKERS=N
-# sets the workers (0: everything in this process); an -n/--numprocesses or -p no:xdist of your own wins.
+# tests/conftest.py gives them (shared engines first), but for the chaos run (its own group, its engine on the last
+# core), the others spread over the rest. CASCADE_TEST_WORKERS=N sets the workers (0: everything in this process);
+# an -n/--numprocesses or -p no:xdist of your own wins.
 # The fast tier (`-m "not engines"`) takes 6 workers: its tests wait on sockets and child processes as much as they
 # compute (on 2 cores, with bytecode cached: 2 min 52 s with 6, 2 min 59 s with 8, 3 min 22 s with 4; BENCHMARKS.md
-# "Test suite"). With engines, 2: an engine test beside more workers would share its cores with them (3 workers
-# measured no faster: 10 min 58 s in a fresh clone, against 10 min 31 s to 11 min 3 s with 2).
-WORKERS=2
+# "Test suite"). With engines, 3: the engine tests' worker, the chaos run, which mostly waits at 3 requests a second,
+# and the rest fill the two cores (BENCHMARKS.md "Test suite").
+WORKERS=3
 OWN_WORKERS=no
 previous=""
 for arg in "$@"; do

@@ -157,8 +157,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests with real engines run first, those on the shared engines first among them (file order kept within
     each kind), so that each shared engine starts once and is stopped before tests start engines of their own.
     Under pytest-xdist (`-n`, `--dist loadgroup`) they all run on one worker, the first unit handed out (the
-    longest; two tests' engines never compete for the two cores), but for a heavy test that starts no engine and
-    names an xdist group of its own; the other tests spread over the workers."""
+    longest; two tests' engines never compete for the first cores, where vLLM binds every CPU worker), but for tests
+    that name an xdist group of their own: a heavy one that starts no engine, and the chaos run, whose engine is
+    bound to the last core; the other tests spread over the workers."""
     items.sort(key=lambda item: {"shared": 0, "own": 1, None: 2}[_engines_of(item)])
     for item in items:
         if _engines_of(item) and item.get_closest_marker("xdist_group") is None:

@@ -11,10 +11,14 @@ its worker, and `/readyz` failing only for Redis or the required micro pool, nev
 What was `test_kill_engine.py` (its own gateway and engine, two starts) is the kill here: one engine start less.
 
 Slow: one engine start and two restarts (1-2 minutes each on 2 shared cores), the load until the engine is back.
+Most of that is waiting at 3 requests a second, so under pytest-xdist it runs beside the other engine tests (an xdist
+group of its own) with its engine's worker bound to the host's last core, off the first cores vLLM binds every other
+engine's worker to: no engine of another test shares its core, nor it theirs (`tests/conftest.py`).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -23,14 +27,17 @@ from loadtest.scenarios.chaos import Faults, run_chaos
 from loadtest.scenarios.chaos_figures import check_invariants, format_record
 from loadtest.scenarios.cli import build_parser
 
-pytestmark = [pytest.mark.engines,
+pytestmark = [pytest.mark.engines, pytest.mark.xdist_group("chaos-engine"),
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")]
 FAULTS = Faults(load_s=40, max_load_s=420, cloud_down_s=4, hang_s=8, redis_down_s=18, redis_up_s=28,
                 hang_restart_after_s=6, kill_after_back_s=5)  # the load lasts until the engine killed after its
 #                                                               restart has been back 10 s
 
 
-def test_hang_kill_unreachable_pool_and_redis_outage_together_keep_the_invariants() -> None:
+def test_hang_kill_unreachable_pool_and_redis_outage_together_keep_the_invariants(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the gateway and its engines inherit this process's environment; the restarted engines too
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(max(os.sched_getaffinity(0))))
     args = build_parser().parse_args(["chaos", "--quiet", "--rate", "3", "--max-tokens", "24", "--settle-s", "45"])
     record = run_chaos(args, FAULTS)
     print(format_record(record))
