@@ -9,9 +9,10 @@ supervisor running one real demo vLLM engine as the micro pool) keeps its promis
 - Redis (a private redis-server, never the shared one) is killed and started again on the same port, with one
   tenant `on_redis_outage: fail_closed` (`strict`) and one `fail_open` (`lenient`), both rate limited;
 - with `--kill-after-back-s`, the restarted micro engine is SIGKILLed (its whole process group) that long after it
-  is back: requests in flight fail over to `flagship` or fail cleanly (an OpenAI error, in the stream if it had
-  started), the supervisor restarts it again, its new engine core placed beside its worker, and none of the
-  killed group's processes is left.
+  is back, once the gateway has a request in flight on it (the answers of that stretch of load are longer, so that
+  one is still being made when the kill lands): requests in flight fail over to `flagship` or fail cleanly (an
+  OpenAI error, in the stream if it had started), the supervisor restarts it again, its new engine core placed
+  beside its worker, and none of the killed group's processes is left.
 
 The load lasts at least `load_s` and then until the restarted engine has been back for 10 s (after the kill, if
 any; an engine start is 1-2 minutes on 2 shared cores). It prints what the client saw (requests sent, answered
@@ -72,6 +73,8 @@ STRICT_KEY, LENIENT_KEY = "sk-chaos-strict", "sk-chaos-lenient"
 CHUNK_S = 10.0  # the load is sent in loadgen runs of this length, so that it can end once the engine is back
 TAIL_S = 10.0  # seconds of load after /readyz says the micro pool is back
 KILL_WAIT_S = 10.0  # the kill waits this long at most for a request in flight on the engine
+KILL_MAX_TOKENS = 128  # the answers asked for in the chunk the kill falls in (at least `--max-tokens`): a short
+# answer found in flight had often ended before the kill landed (24 tokens: once in a run beside other engine tests)
 KILLED = "micro engine SIGKILLed (process group)"  # the kill's event (Redis is SIGKILLed too: its own words)
 
 
@@ -223,10 +226,13 @@ def _event(events: list[tuple[float, str]], t0: float, what: str) -> float:
     return events[-1][0]
 
 
-def _chunk(env: _Env, args: argparse.Namespace, k: int) -> LoadConfig:
+def _chunk(env: _Env, args: argparse.Namespace, k: int, kill: bool = False) -> LoadConfig:
+    """The `k`th chunk of the load; `kill`: the one the engine is killed in, whose answers are longer
+    (`KILL_MAX_TOKENS`), so that the request the kill waits for is still being answered when it lands."""
+    max_tokens = max(args.max_tokens, KILL_MAX_TOKENS) if kill else args.max_tokens
     return LoadConfig(base_url=env.url, model="auto", phases=[Phase("chaos", CHUNK_S, args.rate, args.rate)],
                       mix=parse_mix(args.mix), tenants=[TenantKey("strict", STRICT_KEY), TenantKey("lenient",
-                      LENIENT_KEY)], max_tokens=args.max_tokens, seed=args.seed + k, timeout_s=90, progress=False,
+                      LENIENT_KEY)], max_tokens=max_tokens, seed=args.seed + k, timeout_s=90, progress=False,
                       label="chaos")
 
 
@@ -286,7 +292,7 @@ async def _load(env: _Env, faults: Faults, args: argparse.Namespace) -> tuple[li
             if at >= faults.max_load_s or (not kill and at >= faults.load_s and back is not None
                                            and at - back >= TAIL_S):
                 break
-            chunks.append(asyncio.create_task(run_load(_chunk(env, args, len(chunks)))))
+            chunks.append(asyncio.create_task(run_load(_chunk(env, args, len(chunks), kill))))
             if kill:  # after the next chunk has started: the kill waits for one of its requests on the engine
                 killed_at, back = await asyncio.to_thread(_kill, env, t0), None
             if not args.quiet and ready:
