@@ -196,6 +196,20 @@ def _chat(gw: Gateway, messages: list[dict[str, str]]) -> httpx.Response:
     return resp
 
 
+def _degraded_chat(gw: Gateway, messages: list[dict[str, str]], watch: Watch, load: Load) -> httpx.Response:
+    """Send `messages` while both ladder steps are engaged. The load's KV use swings as its requests finish, so the
+    steps can release between the scrape that saw them engaged and the request's routing (seen: engaged for 9 s,
+    released 1 s into the request; and the fallback released while a conversation was sent, which was truncated
+    but stayed on the flagship): a request answered without both steps is sent again once both are engaged again,
+    three tries in all. The last answer is returned whatever it says."""
+    for tries in range(1, 4):
+        watch.until("both ladder steps engaged", lambda s: s.active >= {TRUNCATE, FALLBACK}, ENGAGE_TIMEOUT_S, load)
+        r = _chat(gw, messages)
+        if set(r.headers.get("x-cascade-degraded", "").split(",")) == {TRUNCATE, FALLBACK} or tries == 3:
+            break
+    return r
+
+
 def _conversation(turns: int) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": "You are terse."}]
     for i in range(turns):
@@ -224,25 +238,13 @@ def test_kv_pressure_engages_truncation_and_fallback_then_recedes(gateway: Gatew
         load.start()
         engaged = watch.until("both ladder steps engaged", lambda s: s.active >= {TRUNCATE, FALLBACK},
                               ENGAGE_TIMEOUT_S, load)
-        # (c) degraded: the pinned flagship request goes to micro, long conversations are cut. The load's KV use
-        # swings as its requests finish, so the steps can release between the scrape that saw them engaged and the
-        # request's routing (seen once: engaged for 9 s, released 1 s into the request): a request answered
-        # undegraded is sent again once both are engaged again, three tries in all
-        for tries in range(1, 4):
-            r = _chat(gateway, hello)
-            steps = set(r.headers.get("x-cascade-degraded", "").split(","))
-            if steps == {TRUNCATE, FALLBACK} or tries == 3:
-                break
-            watch.until("both ladder steps engaged again", lambda s: s.active >= {TRUNCATE, FALLBACK},
-                        ENGAGE_TIMEOUT_S, load)
-        assert steps == {TRUNCATE, FALLBACK}, watch.report(f"x-cascade-degraded: {steps} ({tries} tries)", load)
+        # (c) degraded: the pinned flagship request goes to micro, long conversations are cut
+        r = _degraded_chat(gateway, hello, watch, load)
+        steps = set(r.headers.get("x-cascade-degraded", "").split(","))
+        assert steps == {TRUNCATE, FALLBACK}, watch.report(f"x-cascade-degraded: {steps}", load)
         assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", f"ladder:{FALLBACK}")
         assert r.json()["model"] == "micro"
-        # the load's KV use swings as its requests finish: the steps can release for a moment while the request
-        # above is answered, so the conversation is sent once they are both engaged again
-        watch.until("both ladder steps engaged again", lambda s: s.active >= {TRUNCATE, FALLBACK},
-                    ENGAGE_TIMEOUT_S, load)
-        r = _chat(gateway, _conversation(turns=3))
+        r = _degraded_chat(gateway, _conversation(turns=3), watch, load)
         assert r.headers["x-cascade-pool"] == "micro", watch.report(f"not moved to micro: {r.headers}", load)
         assert int(r.headers.get("x-cascade-truncated", "0")) > 0, watch.report(f"not truncated: {r.headers}", load)
         cut_tokens = r.json()["usage"]["prompt_tokens"]
