@@ -152,15 +152,26 @@ def _engines_of(item: pytest.Item) -> str | None:
     return "shared" if "shared_engines" in getattr(item, "fixturenames", ()) else "own"
 
 
+def _order(item: pytest.Item) -> int:
+    """Engine tests first (shared, then own), then the `slow` tests without engines, then the rest: a test that takes
+    half a minute, handed out last, ran alone at the end while the other workers had finished (the fast tier's
+    workers ended 146-153 s in and one 165 s, its last test the learning loop's 29 s)."""
+    engines = _engines_of(item)
+    if engines is not None:
+        return {"shared": 0, "own": 1}[engines]
+    return 2 if item.get_closest_marker("slow") is not None else 3
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests with real engines run first, those on the shared engines first among them (file order kept within
-    each kind), so that each shared engine starts once and is stopped before tests start engines of their own.
+    each kind), so that each shared engine starts once and is stopped before tests start engines of their own;
+    then the `slow` tests without engines, then the rest (`_order`).
     Under pytest-xdist (`-n`, `--dist loadgroup`) they all run on one worker, the first unit handed out (the
     longest; two tests' engines never compete for the first cores, where vLLM binds every CPU worker), but for tests
     that name an xdist group of their own: a heavy one that starts no engine, and the chaos run, whose engine is
     bound to the last core; the other tests spread over the workers."""
-    items.sort(key=lambda item: {"shared": 0, "own": 1, None: 2}[_engines_of(item)])
+    items.sort(key=_order)
     for item in items:
         if _engines_of(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("engines"))

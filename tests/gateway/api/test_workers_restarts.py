@@ -127,6 +127,7 @@ def test_a_restart_by_the_parent_is_counted_once_on_every_scrape(group: Group) -
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_every_worker_follows_an_engine_restarted_on_another_port(group: Group) -> None:
     (engine,) = group.engine_pids()
     os.kill(engine, signal.SIGKILL)
@@ -163,6 +164,7 @@ def test_every_worker_follows_an_engine_restarted_on_another_port(group: Group) 
         holder.close()
 
 
+@pytest.mark.slow
 def test_an_engine_change_in_the_policy_file_reaches_the_parent_and_loses_no_request(
         group: Group, tmp_path: Path) -> None:
     (old,) = group.engine_pids()

@@ -44,6 +44,7 @@ def _settings(policy_file: Path, tmp_path: Path, **more: object) -> Settings:
                     admin_key=ADMIN, home=tmp_path, **more)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 async def test_a_promotion_and_a_rollback_swap_the_router_under_traffic(
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:

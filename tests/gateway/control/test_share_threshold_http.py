@@ -59,6 +59,7 @@ def _until(urls: list[str], ok: Callable[[dict[str, float]], bool], what: str) -
           describe=lambda: f"timed out waiting for {what}: {[_gauges(url) for url in urls]}")
 
 
+@pytest.mark.slow
 def test_realised_share_tracks_the_target_through_drift(gateways: list[str]) -> None:
     rng = random.Random(7)
     assert _send(gateways, [rng.randint(1, 199) for _ in range(60)]) < 0.1  # initial 0.95 while warming up

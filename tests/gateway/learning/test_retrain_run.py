@@ -175,6 +175,7 @@ async def test_a_better_candidate_is_promoted_and_the_running_gateway_serves_it_
         assert history[:-1] == [backwards] and result.version == history[-1]
         until(lambda: _serving(url) == result.version, 30)  # swapped in by the gateway's store watcher
 
+@pytest.mark.slow
 async def test_a_candidate_that_is_not_better_is_not_promoted_and_the_gateway_keeps_its_artifact(
         home: Path, ledger: str) -> None:
     perfect = _length_artifact(home, 1.0)
@@ -207,6 +208,7 @@ def test_the_gateway_runs_the_schedule_and_counts_its_looks(home: Path, ledger: 
         assert stamp is not None and abs(float(stamp[1]) - time.time()) < 60
 
 
+@pytest.mark.slow
 def test_of_several_workers_one_takes_the_look(home: Path, ledger: str, tmp_path: Path) -> None:
     """`cascade serve --workers 3`: each worker runs the schedule and looks at start; one look is taken (summed
     over the workers in /metrics), the others find it recorded."""

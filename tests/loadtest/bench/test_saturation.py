@@ -22,6 +22,7 @@ SLOTS, DELAY_MS, TOKENS = 8, 10.0, 16  # the fake caps answers at 16 tokens: 8 /
 CAPACITY = SLOTS / (TOKENS * DELAY_MS / 1000)
 
 
+@pytest.mark.slow
 async def test_calibration_and_knee_match_a_known_capacity() -> None:
     with serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
         # four steps: below, at and past the knee, and well past it

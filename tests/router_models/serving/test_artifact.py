@@ -126,6 +126,7 @@ def test_shipped_artifact_headline_is_the_mean_of_its_held_out_sources(path: Pat
 
 @pytest.mark.skipif(not DEFAULT_ROUTING_DIR.is_dir(),
                     reason=f"shared routing data not found at {DEFAULT_ROUTING_DIR} (set CASCADE_ROUTING_DATA)")
+@pytest.mark.slow
 def test_shipped_leave_one_source_out_figures_are_recomputed_from_the_outcomes() -> None:
     """The held-out figures the fast artifact states about itself are recomputed here: the smallest source
     (GSM8K, 1,307 prompts) held out, the router fitted on the six others with the artifact's own configuration,

@@ -159,6 +159,7 @@ def test_the_setting_defaults_to_auto_and_tests_run_without_it(monkeypatch: pyte
     assert Settings(policy_path=Path("p.yaml")).router_overflow == "auto"
 
 
+@pytest.mark.slow
 async def test_the_shipped_scorer_overflows_a_real_surge_to_the_fast_artifact() -> None:
     """The real models: the transformer primary and the static overflow (its table is built on first use,
     about a minute on 2 cores, then cached). A surge of unique prompts is partly scored by the overflow model,
@@ -203,6 +204,7 @@ def test_the_gateway_counts_each_scored_request_by_model(
     assert sum(counted.values()) == 3 and counted.get("primary", 0) >= 1, counted
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_what_the_overflow_model_scored_is_in_the_ledger_and_weighs_the_report(
         policy_file: Path, upstreams: tuple[object, str, object, str], tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ FAST_ARTIFACT = DEFAULT_ARTIFACT.with_name("complexity-router-static.json")
 PER_SOURCE = 30
 
 
+@pytest.mark.slow
 def test_router_eval_writes_the_table_json_and_curve_of_a_leave_one_source_out_fit(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "eval"

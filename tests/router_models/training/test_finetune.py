@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from router_models.training.finetune import (
     Encoder,
@@ -89,6 +90,7 @@ def test_top_layer_tuning_moves_only_the_upper_layers_reproducibly() -> None:
     assert again.losses == tuning.losses
 
 
+@pytest.mark.slow
 def test_validation_keeps_the_best_epochs_weights() -> None:
     calls: list[int] = []
 

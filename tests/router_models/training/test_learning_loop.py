@@ -165,6 +165,7 @@ def _traffic_with_feedback(url: str) -> dict[str, float]:
     return labels
 
 
+@pytest.mark.slow
 def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolled_back(
         gateway: str, home: Path) -> None:
     labels = _traffic_with_feedback(gateway)
