@@ -127,7 +127,7 @@ class MemoryParams:
     neighbours: int = 100
     bandwidth: float = 0.1
     prior: float = 0.3
-    structure: float = 0.0  # 0.3 did better still (the gateway serves it: the scorer keeps the columns)
+    structure: float = 0.3  # served from the columns the scorer keeps (0 before; files keep their own)
     slope: bool = True
 
     def __post_init__(self) -> None:

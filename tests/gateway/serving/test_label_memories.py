@@ -150,7 +150,7 @@ async def test_a_memory_that_fails_its_checks_leaves_the_previous_one_serving_an
     assert memories.adjust("acme", scorer, HARD, base) == before
 
 
-STRUCTURAL = MemoryParams(structure=0.3)
+STRUCTURAL, EMBEDDING_ONLY = MemoryParams(structure=0.3), MemoryParams(structure=0.0)
 CHAT = [{"role": "system", "content": "You review contracts for a law firm."},
         {"role": "user", "content": "Here is the contract. " + "Clause text. " * 80},
         {"role": "assistant", "content": "I have read it."}, {"role": "user", "content": HARD}]
@@ -220,7 +220,7 @@ async def test_a_scorer_without_feature_rows_refuses_a_structural_memory_and_the
         scorer: ClassifierScorer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     folder, plain = tmp_path / "memory", EmbeddingsOnly(scorer)
     rows = await _rows(scorer, [HARD, EASY])
-    memory = LabelMemory(rows, np.asarray([1.0, 0.5]), rows.shape[1] - len(FEATURE_NAMES))
+    memory = LabelMemory(rows, np.asarray([1.0, 0.5]), rows.shape[1] - len(FEATURE_NAMES), EMBEDDING_ONLY)
     save_memory(memory, folder / "acme.json", embedder=scorer.embedding_space)
     memories = LabelMemories(folder, lambda: plain)
     await memories.refresh()
@@ -272,6 +272,7 @@ def test_through_the_gateway_an_unloadable_memory_leaves_the_previous_one_servin
     assert main([*add, str(labels)]) == 0
     meta, payload = memory_paths(home / "router" / "memory" / f"{OPEN_TENANT}.json")
     good = meta.read_bytes(), payload.read_bytes()
+    assert load_memory(meta)[0].params.structure > 0  # the default: served from the feature rows the scorer keeps
     settings = Settings(policy_path=policy, scorer="classifier", router_artifact=DEFAULT_ARTIFACT, ledger="memory",
                         start_engines=False, policy_watch_interval_s=0, home=home)
     with caplog.at_level(logging.WARNING, logger="cascade.router"), serve(create_app(settings)) as url:
