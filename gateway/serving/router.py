@@ -34,11 +34,19 @@ from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.threshold import base_threshold
 from router_models.embedders.protocol import FloatArray
-from router_models.serving.scorer import DomainSource, EmbeddingSource, Scorer, conversation_text, read_conversation
+from router_models.serving.scorer import (
+    ConversationShape,
+    DomainSource,
+    EmbeddingSource,
+    Scorer,
+    conversation_text,
+    read_conversation,
+)
 
 __all__ = ["RequestRouter"]
 
 log = logging.getLogger("cascade.router")
+_Conversation = tuple[str, ConversationShape]  # a request's scoring text and its shape, as the scorer read them
 
 
 class RequestRouter:
@@ -74,36 +82,38 @@ class RequestRouter:
         self._scorer = scorer
         self._domain = _domain_source(scorer)
 
-    async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str, str]:
-        """The score of the conversation (its scoring text and its shape: turns, whole length), the model that
-        gave it and its version; (None, "", "") when scoring failed."""
+    async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str, str, _Conversation | None]:
+        """The score of the conversation, the model that gave it, its version, and the conversation as scored (its
+        scoring text and its shape: turns, whole length; read once, for what the scorer kept of it); (None, "", "",
+        None) when scoring failed."""
         scorer = self._scorer
         assert scorer is not None
         began = time.monotonic()
         try:
-            score, scored_by = await scorer.score_one(*read_conversation(raw["messages"]))
+            conversation = read_conversation(raw["messages"])
+            score, scored_by = await scorer.score_one(*conversation)
         except Exception:
             log.exception("scoring failed; routing without a score")
-            return None, "", ""
+            return None, "", "", None
         self._metrics.scoring.observe(time.monotonic() - began)
-        return score, scored_by, scorer.version
+        return score, scored_by, scorer.version, conversation
 
-    def _remembered(self, loaded: LoadedPolicy, tenant: str, raw: Mapping[str, Any], score: float,
+    def _remembered(self, loaded: LoadedPolicy, tenant: str, conversation: _Conversation, score: float,
                     version: str) -> tuple[float, str]:
-        """The primary model's score moved by the label memory the policy gives this tenant
+        """The primary model's score of `conversation` moved by the label memory the policy gives this tenant
         (`learning.label_memory.scope`), and the version naming both; unchanged when there is none."""
         scope = loaded.policy.learning.label_memory.scope
         scorer = self._scorer
         if scope == "none" or self.memories is None or scorer is None:
             return score, version
-        text, shape = read_conversation(raw["messages"])  # what the scorer scored, and keeps the features of
+        text, shape = conversation
         moved = self.memories.adjust(tenant if scope == "tenant" else "shared", scorer, text, score, shape)
         return (score, version) if moved is None else (moved.score, moved.version(version))
 
-    def _in_domain(self, raw: Mapping[str, Any]) -> float | None:
-        """The in-domain figure the scorer kept for this request's text (None: it keeps none)."""
+    def _in_domain(self, text: str) -> float | None:
+        """The in-domain figure the scorer kept for this scoring text (None: it keeps none)."""
         domain = self._domain
-        return None if domain is None else domain.in_domain(conversation_text(raw["messages"]))
+        return None if domain is None else domain.in_domain(text)
 
     def _held(self, loaded: LoadedPolicy, ctx: RouteContext, ladder: LadderState, threshold: float | None,
               decision: RouteDecision) -> RouteDecision:
@@ -140,13 +150,13 @@ class RequestRouter:
         priority = _priority(loaded, tenant)
         _shed(ladder.applying_to(None), priority)  # `scope: all` steps, before the score is spent
         ctx = RouteContext.from_request(raw, tenant, headers)
-        score, scored_by, version = (await self._score(raw) if self._scorer is not None
-                                     and needs_score(policy, ctx) else (None, "", ""))
+        score, scored_by, version, conversation = (await self._score(raw) if self._scorer is not None
+                                                   and needs_score(policy, ctx) else (None, "", "", None))
         in_domain = None
-        if score is not None and scored_by == "primary":
-            in_domain = self._in_domain(raw)
+        if score is not None and scored_by == "primary" and conversation is not None:
+            in_domain = self._in_domain(conversation[0])
             self.drift.observe(policy.learning.in_domain, tenant, in_domain)
-            score, version = self._remembered(loaded, tenant, raw, score, version)
+            score, version = self._remembered(loaded, tenant, conversation, score, version)
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
             decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by,
