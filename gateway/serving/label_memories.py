@@ -16,6 +16,7 @@ only a score of the primary model, whose embedding the scorer kept (`Scorer` as 
 memory whose similarity reads the structural columns (`MemoryParams.structure` > 0) its whole feature row
 (`FeatureSource`: the scorer keeps the columns its worker thread computed, so nothing is computed on the event
 loop); anything else keeps its score. A scorer that keeps no feature rows refuses such a memory at load.
+Which of the two a scorer is gets checked once per scorer (`ScorerViews`), not per request.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.label_memory import MemoryRouter
 from router_models.serving.memory_file import load_memory
-from router_models.serving.scorer import ConversationShape, EmbeddingSource, FeatureSource, Scorer
+from router_models.serving.scorer import ConversationShape, Scorer, ScorerViews
 
 __all__ = ["LabelMemories", "MemoryScore"]
 
@@ -76,6 +77,7 @@ class LabelMemories:
         self._attached: dict[str, MemoryRouter] = {}
         self._stamps: dict[str, _Stamp] = {}
         self._base: LinearRouter | None = None
+        self._views = ScorerViews.of(None)  # the scorer of the last refresh (a poll drops a swapped-out one)
         self._task: asyncio.Task[None] | None = None
 
     def names(self) -> list[str]:
@@ -93,12 +95,15 @@ class LabelMemories:
         `scorer`'s, or `scorer` kept no embedding of `text` (no feature row of the conversation, for a memory
         that reads the structural columns)."""
         attached = self._attached.get(name)
-        if attached is None or not isinstance(scorer, EmbeddingSource) or _router_of(scorer) is not attached.base:
+        if attached is None:
+            return None
+        views = self._views if self._views.scorer is scorer else ScorerViews.of(scorer)
+        if views.embedding is None or _router_of(scorer) is not attached.base:
             return None
         if attached.memory.params.structure > 0:
-            row = scorer.features(text, shape) if isinstance(scorer, FeatureSource) else None
+            row = views.features.features(text, shape) if views.features is not None else None
         else:
-            row = scorer.embedding(text)
+            row = views.embedding.embedding(text)
         if row is None:
             return None
         moved = attached.adjust(np.asarray(row, np.float32)[None, :], np.asarray([score]))
@@ -107,15 +112,18 @@ class LabelMemories:
     async def refresh(self) -> None:
         """Load what changed under the folder and attach every memory to the current router (a worker thread)."""
         scorer = self._current()
+        if scorer is not self._views.scorer:
+            self._views = ScorerViews.of(scorer)
+        views = self._views
         base = _router_of(scorer) if scorer is not None else None
-        if base is None or not isinstance(scorer, EmbeddingSource):
+        if base is None or views.embedding is None:
             return
         files = {p.stem: p for p in sorted(self.folder.glob("*.json"))} if self.folder.is_dir() else {}
         stamps = {name: s for name, p in files.items() if (s := _stamp(p)) is not None}
         if stamps == self._stamps and base is self._base:
             return
-        embedder = scorer.embedding_space
-        features = isinstance(scorer, FeatureSource) and scorer.keeps_features
+        embedder = views.embedding.embedding_space
+        features = views.features is not None and views.features.keeps_features
         self._attached = await asyncio.to_thread(self._load, files, stamps, base, embedder, features)
         self._stamps, self._base = stamps, base
 

@@ -36,9 +36,8 @@ from policies.threshold import base_threshold
 from router_models.embedders.protocol import FloatArray
 from router_models.serving.scorer import (
     ConversationShape,
-    DomainSource,
-    EmbeddingSource,
     Scorer,
+    ScorerViews,
     conversation_text,
     read_conversation,
 )
@@ -56,7 +55,7 @@ class RequestRouter:
     def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics, live: LiveThreshold | None = None,
                  memories: LabelMemories | None = None) -> None:
         self._scorer = scorer
-        self._domain = _domain_source(scorer)
+        self._views = ScorerViews.of(scorer)  # the scorer as its protocols, checked once per scorer
         self._metrics = metrics
         self._live = live
         self.memories = memories
@@ -70,8 +69,8 @@ class RequestRouter:
         """(vector space, vector) of the router's own embedding of this request's text, as its scorer computed it
         when it routed the request; None when there is none (not scored, scored by the overflow model, a scorer
         that keeps no embeddings). Nothing is embedded here: the response cache's semantic mode reads it."""
-        scorer = self._scorer
-        if not isinstance(scorer, EmbeddingSource) or not scorer.embedding_space:
+        scorer = self._views.embedding
+        if scorer is None or not scorer.embedding_space:
             return None
         vector = scorer.embedding(conversation_text(raw["messages"]))
         return None if vector is None else (scorer.embedding_space, vector)
@@ -80,7 +79,7 @@ class RequestRouter:
         """Score the next requests with `scorer` (a hot router swap); a request being scored finishes on the
         one it started with. The caller closes the old scorer once nothing uses it."""
         self._scorer = scorer
-        self._domain = _domain_source(scorer)
+        self._views = ScorerViews.of(scorer)
 
     async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str, str, _Conversation | None]:
         """The score of the conversation, the model that gave it, its version, and the conversation as scored (its
@@ -112,7 +111,7 @@ class RequestRouter:
 
     def _in_domain(self, text: str) -> float | None:
         """The in-domain figure the scorer kept for this scoring text (None: it keeps none)."""
-        domain = self._domain
+        domain = self._views.domain
         return None if domain is None else domain.in_domain(text)
 
     def _held(self, loaded: LoadedPolicy, ctx: RouteContext, ladder: LadderState, threshold: float | None,
@@ -175,12 +174,6 @@ class RequestRouter:
                                      model=served_model(policy, micro), rule="budget-downgrade", reason=reason)
         _shed(ladder.applying_to(decision.pool), priority)
         return decision
-
-
-def _domain_source(scorer: Scorer | None) -> DomainSource | None:
-    """`scorer` as a `DomainSource`, or None: checked once per scorer, not per request (an `isinstance` against a
-    runtime-checkable protocol walks the protocol's members each time)."""
-    return scorer if isinstance(scorer, DomainSource) else None
 
 
 def _priority(loaded: LoadedPolicy, tenant: str) -> int:

@@ -59,9 +59,17 @@ class Group:
         self.url, self.proc, self.engine_port = url, proc, engine_port
 
     def engine_pids(self) -> list[int]:
-        """Pids of the fake engine processes (children of the parent, beside the workers)."""
+        """Pids of the fake engine processes (children of the parent, beside the workers). A child that exits
+        between the two reads (the killed engine, reaped) is not one."""
         text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        return [int(p) for p in text.split() if b"loadtest.fake_upstream" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        return [int(p) for p in text.split() if b"loadtest.fake_upstream" in _cmdline(int(p))]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):  # it exited after the parent's children were read
+        return b""
 
 
 @pytest.fixture

@@ -11,7 +11,14 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer, EmbeddingModel, FeatureModel
-from router_models.serving.scorer import ConversationShape, EmbeddingSource, FeatureSource, prompt_shape
+from router_models.serving.scorer import (
+    ConversationShape,
+    EmbeddingSource,
+    FeatureSource,
+    LengthScorer,
+    ScorerViews,
+    prompt_shape,
+)
 
 
 class EmbeddingFake:
@@ -110,3 +117,13 @@ async def test_only_a_feature_model_scored_by_the_primary_keeps_rows() -> None:
     await surged.score(["first text", "second text"])
     assert surged.scored_by["overflow"] == 2 and surged.features("first text") is None
     await surged.aclose()
+
+
+async def test_scorer_views_name_each_protocol_a_scorer_satisfies() -> None:
+    classifier = ClassifierScorer(FeatureFake(), BatchingConfig())
+    views = ScorerViews.of(classifier)
+    assert views.scorer is classifier and views.embedding is classifier and views.features is classifier
+    length = LengthScorer()
+    assert ScorerViews.of(length) == ScorerViews(length, None, None, None)
+    assert ScorerViews.of(None) == ScorerViews(None, None, None, None)
+    await classifier.aclose()
