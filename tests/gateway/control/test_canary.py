@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import random
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 
 from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
-from gateway.control.canaries import CanaryGuard, CanaryRoute, sticky_key, takes_canary
+from gateway.control.canaries import CanaryGuard, CanaryRoute, _Window, sticky_key, takes_canary
+from gateway.control.percentile import nearest_rank, nearest_rank_sorted
 from gateway.settings import Settings
 from policies.canary_edit import CanaryEditError, promote_canary, remove_canary
 from policies.loader import PolicyError, load_policy
@@ -301,3 +303,22 @@ routing: {micro_pool: micro}
     assert "canary" not in removed and "model: demo:micro   # the old one" in removed and "\n\n  flagship:" in removed
     with pytest.raises(CanaryEditError):
         remove_canary(removed, "micro")
+
+
+def test_the_guards_window_counts_and_sorts_as_requests_come_and_go() -> None:
+    """The window's failure count and sorted TTFTs, kept as requests enter and leave, equal a recount of the same
+    requests at every step (a seeded mix of failures, answers and TTFT-less answers, a clock with ties)."""
+    rng = random.Random(7)
+    window, seen = _Window(), []
+    now = 0.0
+    for _ in range(2_000):
+        now += rng.choice([0.0, 0.01, 0.3])
+        error = rng.random() < 0.2
+        ttft = None if rng.random() < 0.1 else round(rng.uniform(0.01, 0.5), 2)  # ties on purpose
+        window.add(now, ttft, error)
+        seen.append((now, ttft, error))
+        window.drop_before(now - 5.0)
+        kept = [(t, f, e) for t, f, e in seen if t >= now - 5.0]
+        assert len(window) == len(kept) and window.errors == sum(e for _, _, e in kept)
+        assert window.ttfts == sorted(f for _, f, e in kept if f is not None and not e)
+    assert nearest_rank_sorted(window.ttfts, 0.95) == nearest_rank(window.ttfts, 0.95)
