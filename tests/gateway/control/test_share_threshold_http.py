@@ -1,20 +1,28 @@
 """A flagship_share policy through two real gateways (uvicorn, fake engines, one Redis): the realised share
-stays near the target after warm-up and after the traffic drifts, and /metrics shows the gauges."""
+stays near the target after warm-up and after the traffic drifts, and /metrics shows the gauges.
+
+Each worker pushes its decisions to the shared window once a second, so a phase's last decisions can reach the
+window after the next phase has begun; where a step needs a phase's decisions and only them in the window, it
+waits until the Redis list holds exactly what that phase decided (`_window_holds`)."""
 
 from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from gateway.api.app import create_app
+from gateway.control.live_threshold import window_key
 from gateway.settings import Settings
-from tests.conftest import policy_yaml
+from tests.conftest import SHARED_URL, policy_yaml
 from tests.servers import serve, until
 
 SHARE = "{flagship_share: 0.3, window: 200, min_samples: 50, initial: 0.95}"
@@ -34,17 +42,37 @@ def gateways(tmp_path: Path, upstreams: tuple[object, str, object, str], prefix:
         yield urls
 
 
-def _send(urls: list[str], words: list[int]) -> float:
-    """Send one auto request per word count (the length scorer scores words / 200), alternating workers;
-    the share that went to the flagship."""
-    flagship = 0
+@dataclass(frozen=True)
+class _Sent:
+    share: float  # of the requests that went to the flagship
+    decisions: Counter[tuple[str, bool]]  # (score to 4 decimals, went to the flagship)
+
+
+def _send(urls: list[str], words: list[int]) -> _Sent:
+    """Send one auto request per word count (the length scorer scores words / 200), alternating workers."""
+    decisions: Counter[tuple[str, bool]] = Counter()
     with httpx.Client(timeout=30) as client:
         for i, n in enumerate(words):
             body = {"model": "auto", "messages": [{"role": "user", "content": "w " * n}], "max_tokens": 4}
             r = client.post(f"{urls[i % 2]}/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
-            flagship += r.headers["x-cascade-pool"] == "flagship"
-    return flagship / len(words)
+            decisions[(r.headers["x-cascade-score"], r.headers["x-cascade-pool"] == "flagship")] += 1
+    return _Sent(sum(n for (_, flagship), n in decisions.items() if flagship) / len(words), decisions)
+
+
+def _window_holds(prefix: str, sent: _Sent) -> None:
+    """Wait until the shared window holds exactly `sent`'s decisions: every worker has pushed its part."""
+    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
+
+    def held() -> Counter[tuple[str, bool]]:
+        entries = (str(e).partition("|") for e in client.lrange(window_key(prefix), 0, -1))
+        return Counter((f"{float(score):.4f}", went == "1") for score, _, went in entries)
+
+    try:
+        until(lambda: held() == sent.decisions, timeout=30,
+              describe=lambda: f"the window never held the phase's decisions: {held()} != {sent.decisions}")
+    finally:
+        client.close()
 
 
 def _gauges(url: str) -> dict[str, float]:
@@ -60,11 +88,11 @@ def _until(urls: list[str], ok: Callable[[dict[str, float]], bool], what: str) -
 
 
 @pytest.mark.slow
-def test_realised_share_tracks_the_target_through_drift(gateways: list[str]) -> None:
+def test_realised_share_tracks_the_target_through_drift(gateways: list[str], prefix: str) -> None:
     rng = random.Random(7)
-    assert _send(gateways, [rng.randint(1, 199) for _ in range(60)]) < 0.1  # initial 0.95 while warming up
+    assert _send(gateways, [rng.randint(1, 199) for _ in range(60)]).share < 0.1  # initial 0.95 while warming up
     _until(gateways, lambda g: g.get("cascade_routing_threshold", 0.95) < 0.95, "a refresh after the warm-up")
-    measured = _send(gateways, [rng.randint(1, 199) for _ in range(200)])
+    measured = _send(gateways, [rng.randint(1, 199) for _ in range(200)]).share
     # 200 requests against a quantile of 200 scores: the share's standard deviation is ~0.045, so +-0.15
     # is over 3 sigma (a +-0.1 band failed 1 run in a few)
     assert 0.15 <= measured <= 0.45, measured
@@ -72,15 +100,17 @@ def test_realised_share_tracks_the_target_through_drift(gateways: list[str]) -> 
     live = _gauges(gateways[0])
     assert 0.6 < live["cascade_routing_threshold"] < 0.8  # ~ the 70th percentile of words/200
     # drift: prompts get longer; a fixed threshold of ~0.7 would now send ~60% to the flagship
-    _send(gateways, [rng.randint(100, 199) for _ in range(200)])
+    _window_holds(prefix, _send(gateways, [rng.randint(100, 199) for _ in range(200)]))
     _until(gateways, lambda g: g["cascade_routing_threshold"] > 0.75, "the threshold following the longer prompts")
     drifted = _send(gateways, [rng.randint(100, 199) for _ in range(200)])
-    assert 0.15 <= drifted <= 0.45, drifted
-    # once both have refreshed with the last 200 (the window's size), its share is theirs
-    _until(gateways, lambda g: 0.15 <= g["cascade_routing_flagship_share"] <= 0.45, "the window's share")
+    assert 0.15 <= drifted.share <= 0.45, drifted.share
+    # once every worker has pushed its part, the window is the drifted 200 (its size) and each worker's next
+    # refresh reads its share exactly (a late push from the phase before had put one at 0.505)
+    _window_holds(prefix, drifted)
+    _until(gateways, lambda g: g["cascade_routing_flagship_share"] == drifted.share, "the window's share")
     for url in gateways:  # both workers read the one window
         gauges = _gauges(url)
         assert gauges["cascade_routing_flagship_share_target"] == 0.3
-        assert 0.15 <= gauges["cascade_routing_flagship_share"] <= 0.45
+        assert gauges["cascade_routing_flagship_share"] == drifted.share
         assert 0.75 < gauges["cascade_routing_threshold"] < 0.9  # moved up from ~0.7 with the traffic
         assert gauges["cascade_routing_window_scores"] == 200
