@@ -58,6 +58,7 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._consecutive = 0
         self._outcomes: deque[tuple[float, bool]] = deque()  # (when, failed) inside the window
+        self._failures = 0  # failed ones in `_outcomes`, counted as they come and go (no pass per failure)
         self._opened_at = 0.0
         self._probing = False
         self.opened = 0  # times this breaker opened (for logs and tests)
@@ -114,13 +115,13 @@ class CircuitBreaker:
     def _note(self, *, failed: bool) -> None:
         now = self._clock()
         self._outcomes.append((now, failed))
+        self._failures += failed
         while self._outcomes and now - self._outcomes[0][0] > self.config.window_s:
-            self._outcomes.popleft()
+            self._failures -= self._outcomes.popleft()[1]
 
     def _rate_tripped(self) -> bool:
         total = len(self._outcomes)
-        failures = sum(1 for _, failed in self._outcomes if failed)
-        return total >= self.config.min_requests and failures >= self.config.error_rate * total
+        return total >= self.config.min_requests and self._failures >= self.config.error_rate * total
 
     def _open(self) -> None:
         self._state, self._opened_at, self._probing = BreakerState.OPEN, self._clock(), False
@@ -129,3 +130,4 @@ class CircuitBreaker:
     def _close(self) -> None:
         self._state, self._probing, self._consecutive = BreakerState.CLOSED, False, 0
         self._outcomes.clear()
+        self._failures = 0

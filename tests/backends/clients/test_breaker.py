@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from backends.clients.breaker import BreakerConfig, BreakerState, CircuitBreaker
@@ -107,6 +109,31 @@ def test_error_rate_forgets_outcomes_older_than_the_window() -> None:
         b.record_success()
     b.record_failure()
     assert _state(b) is BreakerState.CLOSED  # 1 of 10 in the window
+
+
+def test_the_windows_failure_count_equals_a_recount_as_outcomes_come_and_go() -> None:
+    """Counted as outcomes enter and leave the window (a failure no longer recounts the window: at 4,000
+    requests/s a 10 s window holds 40,000), the count equals a recount at every step of a seeded mix; a
+    rate that never reaches the bound leaves the breaker closed, and closing after a probe starts afresh."""
+    rng = random.Random(3)
+    clock = FakeClock()
+    b = _breaker(clock, failure_threshold=10**6, min_requests=10, error_rate=0.6, window_s=2.0)
+    seen: list[tuple[float, bool]] = []
+    for _ in range(3_000):
+        clock.now += rng.choice([0.0, 0.001, 0.05])
+        failed = rng.random() < 0.3
+        b.record_failure() if failed else b.record_success()
+        seen.append((clock.now, failed))
+        kept = [f for t, f in seen if clock.now - t <= 2.0]
+        assert len(b._outcomes) == len(kept) and b._failures == sum(kept)
+    assert _state(b) is BreakerState.CLOSED  # 30% never reached 60% over 10 or more
+    for _ in range(400):  # a run of failures lifts the window's rate past 60%
+        b.record_failure()
+    assert _state(b) is BreakerState.OPEN
+    clock.now += 5.0  # the cool-down: a probe that succeeds closes it with an empty window
+    assert b.acquire()
+    b.record_success()
+    assert _state(b) is BreakerState.CLOSED and b._failures == 0 and not b._outcomes
 
 
 def test_late_failure_while_open_does_not_extend_the_cooldown() -> None:
