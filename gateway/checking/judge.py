@@ -75,19 +75,23 @@ class JsonRates:
     `fallback_pool.max_json_failure_rate`). In-process: each gateway process judges the answers it served."""
 
     def __init__(self, window: int = 10_000) -> None:
-        self._seen: dict[str, deque[bool]] = {}
+        # per pool, the running count of failed answers before its oldest kept answer and after each one since
+        # (at most `window` answers): a rate over the last n is a difference of two entries, not a pass over n
+        # (asked on every JSON request a fallback step moves, while the surge lasts)
+        self._failed: dict[str, deque[int]] = {}
         self._window = window
 
     def observe(self, pool: str, failed: bool) -> None:
-        self._seen.setdefault(pool, deque(maxlen=self._window)).append(failed)
+        counts = self._failed.setdefault(pool, deque([0], maxlen=self._window + 1))
+        counts.append(counts[-1] + failed)
 
     def rate(self, pool: str, window: int) -> tuple[float, int]:
         """(failure share, answers it is taken over) of the last `window` checked JSON answers of `pool`."""
-        seen = self._seen.get(pool)
-        if not seen:
+        counts = self._failed.get(pool)
+        n = 0 if counts is None else min(window, len(counts) - 1)
+        if counts is None or n <= 0:
             return 0.0, 0
-        last = list(seen)[-window:]
-        return sum(last) / len(last), len(last)
+        return (counts[-1] - counts[-1 - n]) / n, n
 
 
 class OutputChecker:

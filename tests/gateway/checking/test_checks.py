@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -145,6 +146,21 @@ def test_judge_counts_the_json_failure_rate_per_pool() -> None:
     assert checker.json_rates.rate("micro", 50) == (0.5, 4)
     assert checker.json_rates.rate("micro", 2) == (0.5, 2)
     assert JsonRates().rate("micro", 10) == (0.0, 0)
+
+
+def test_json_rates_equal_a_recount_of_the_last_answers_kept() -> None:
+    """Kept as running counts (a rate is a difference of two, not a pass over the window), the rate over the last
+    n answers equals a recount of them, also once the oldest leave the kept window."""
+    rng = random.Random(5)
+    rates, seen = JsonRates(window=50), []
+    for _ in range(300):
+        failed = rng.random() < 0.3
+        rates.observe("micro", failed)
+        seen.append(failed)
+        for n in (1, 7, 50, 80):
+            last = seen[-min(n, 50):]
+            assert rates.rate("micro", n) == (sum(last) / len(last), len(last))
+    assert rates.rate("flagship", 10) == (0.0, 0) and rates.rate("micro", 0) == (0.0, 0)
 
 
 @pytest.mark.parametrize(("raw", "param"), [
