@@ -169,7 +169,10 @@ def test_one_budget_and_one_ledger_across_two_workers(workers: Workers) -> None:
 
 def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
     def pools() -> set[str]:
-        return {_post(workers.url, model="auto").headers["x-cascade-pool"] for _ in range(16)}
+        answers = [_post(workers.url, model="auto") for _ in range(16)]
+        failed = [f"{r.status_code}: {r.text[:300]}" for r in answers if r.status_code != 200]
+        assert not failed, f"requests failed while the step moved ({len(failed)} of 16): {failed[0]}"
+        return {r.headers["x-cascade-pool"] for r in answers}
 
     assert pools() == {"micro"}
     workers.micro.kv_cache_usage = 0.95
