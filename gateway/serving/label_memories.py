@@ -16,7 +16,7 @@ only a score of the primary model, whose embedding the scorer kept (`Scorer` as 
 memory whose similarity reads the structural columns (`MemoryParams.structure` > 0) its whole feature row
 (`FeatureSource`: the scorer keeps the columns its worker thread computed, so nothing is computed on the event
 loop); anything else keeps its score. A scorer that keeps no feature rows refuses such a memory at load.
-Which of the two a scorer is gets checked once per scorer (`ScorerViews`), not per request.
+`adjust` takes the scorer as the router checked it once (`ScorerViews`), not checked again per request.
 """
 
 from __future__ import annotations
@@ -77,7 +77,6 @@ class LabelMemories:
         self._attached: dict[str, MemoryRouter] = {}
         self._stamps: dict[str, _Stamp] = {}
         self._base: LinearRouter | None = None
-        self._views = ScorerViews.of(None)  # the scorer of the last refresh (a poll drops a swapped-out one)
         self._task: asyncio.Task[None] | None = None
 
     def names(self) -> list[str]:
@@ -88,17 +87,14 @@ class LabelMemories:
         attached = self._attached.get(name)
         return 0 if attached is None else len(attached.memory)
 
-    def adjust(self, name: str, scorer: Scorer, text: str, score: float,
+    def adjust(self, name: str, views: ScorerViews, text: str, score: float,
                shape: ConversationShape | None = None) -> MemoryScore | None:
         """`score` (the primary model's, for the scoring `text` of a conversation of `shape`; None: a plain
         prompt) moved by memory `name`; None when there is no such memory, it is attached to another router than
-        `scorer`'s, or `scorer` kept no embedding of `text` (no feature row of the conversation, for a memory
-        that reads the structural columns)."""
+        the scorer's (`views.scorer`), or the scorer kept no embedding of `text` (no feature row of the
+        conversation, for a memory that reads the structural columns)."""
         attached = self._attached.get(name)
-        if attached is None:
-            return None
-        views = self._views if self._views.scorer is scorer else ScorerViews.of(scorer)
-        if views.embedding is None or _router_of(scorer) is not attached.base:
+        if attached is None or views.embedding is None or _router_of(views.scorer) is not attached.base:
             return None
         if attached.memory.params.structure > 0:
             row = views.features.features(text, shape) if views.features is not None else None
@@ -111,11 +107,8 @@ class LabelMemories:
 
     async def refresh(self) -> None:
         """Load what changed under the folder and attach every memory to the current router (a worker thread)."""
-        scorer = self._current()
-        if scorer is not self._views.scorer:
-            self._views = ScorerViews.of(scorer)
-        views = self._views
-        base = _router_of(scorer) if scorer is not None else None
+        views = ScorerViews.of(self._current())  # once per poll
+        base = _router_of(views.scorer)
         if base is None or views.embedding is None:
             return
         files = {p.stem: p for p in sorted(self.folder.glob("*.json"))} if self.folder.is_dir() else {}
@@ -169,6 +162,6 @@ class LabelMemories:
             self._task = None
 
 
-def _router_of(scorer: Scorer) -> LinearRouter | None:
+def _router_of(scorer: Scorer | None) -> LinearRouter | None:
     router = getattr(scorer, "router", None)
     return router if isinstance(router, LinearRouter) else None

@@ -102,11 +102,10 @@ class RequestRouter:
         """The primary model's score of `conversation` moved by the label memory the policy gives this tenant
         (`learning.label_memory.scope`), and the version naming both; unchanged when there is none."""
         scope = loaded.policy.learning.label_memory.scope
-        scorer = self._scorer
-        if scope == "none" or self.memories is None or scorer is None:
+        if scope == "none" or self.memories is None:
             return score, version
         text, shape = conversation
-        moved = self.memories.adjust(tenant if scope == "tenant" else "shared", scorer, text, score, shape)
+        moved = self.memories.adjust(tenant if scope == "tenant" else "shared", self._views, text, score, shape)
         return (score, version) if moved is None else (moved.score, moved.version(version))
 
     def _in_domain(self, text: str) -> float | None:

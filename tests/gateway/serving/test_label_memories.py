@@ -40,7 +40,7 @@ from router_models.serving.classifier import feature_matrix
 from router_models.serving.classifier_scorer import ClassifierScorer, load_scorer
 from router_models.serving.label_memory import LabelMemory, MemoryParams
 from router_models.serving.memory_file import load_memory, memory_paths, save_memory
-from router_models.serving.scorer import ConversationShape, read_conversation
+from router_models.serving.scorer import ConversationShape, ScorerViews, read_conversation
 from tests.conftest import policy_yaml
 from tests.servers import serve
 
@@ -139,7 +139,7 @@ async def test_a_memory_that_fails_its_checks_leaves_the_previous_one_serving_an
     memories = LabelMemories(folder, lambda: scorer)
     await memories.refresh()
     base, _ = await scorer.score_one(HARD)
-    before = memories.adjust("acme", scorer, HARD, base)
+    before = memories.adjust("acme", ScorerViews.of(scorer), HARD, base)
     assert before is not None and before.score > base + 0.01 and before.labels == 2
     _unloadable(folder, scorer.embedding_space)[broken]()
     with caplog.at_level(logging.WARNING, logger="cascade.router"):
@@ -147,7 +147,7 @@ async def test_a_memory_that_fails_its_checks_leaves_the_previous_one_serving_an
     warned = [r.getMessage() for r in caplog.records if r.name == "cascade.router"]
     assert len(warned) == 1 and warned[0].startswith("label memory acme not loaded (")
     assert warned[0].endswith("; the previous one keeps serving") and re.search(REASONS[broken], warned[0])
-    assert memories.adjust("acme", scorer, HARD, base) == before
+    assert memories.adjust("acme", ScorerViews.of(scorer), HARD, base) == before
 
 
 STRUCTURAL, EMBEDDING_ONLY = MemoryParams(structure=0.3), MemoryParams(structure=0.0)
@@ -192,7 +192,7 @@ async def test_a_memory_on_the_structural_columns_moves_scores_from_the_rows_the
     assert decision.router_version == version
     text, _ = read_conversation(CHAT)
     unseen = ConversationShape(user_turns=5, total_chars=9_000, latest_chars=len(HARD))
-    assert memories.adjust("acme", scorer, text, chat_base, unseen) is None  # never scored in that shape
+    assert memories.adjust("acme", ScorerViews.of(scorer), text, chat_base, unseen) is None  # not scored in that shape
     assert await _route(router, HARD, "other", _policy("tenant")) == (base, scorer.version)
 
 
@@ -225,7 +225,7 @@ async def test_a_scorer_without_feature_rows_refuses_a_structural_memory_and_the
     memories = LabelMemories(folder, lambda: plain)
     await memories.refresh()
     base, _ = await scorer.score_one(HARD)
-    before = memories.adjust("acme", plain, HARD, base)
+    before = memories.adjust("acme", ScorerViews.of(plain), HARD, base)
     assert before is not None and before.score > base + 0.01
     save_memory(replace(memory, params=STRUCTURAL), folder / "acme.json", embedder=scorer.embedding_space)
     with caplog.at_level(logging.WARNING, logger="cascade.router"):
@@ -233,7 +233,7 @@ async def test_a_scorer_without_feature_rows_refuses_a_structural_memory_and_the
     warned = [r.getMessage() for r in caplog.records if r.name == "cascade.router"]
     assert len(warned) == 1 and re.search("reads the structural columns .* which this scorer does not keep", warned[0])
     assert warned[0].endswith("; the previous one keeps serving")
-    assert memories.adjust("acme", plain, HARD, base) == before
+    assert memories.adjust("acme", ScorerViews.of(plain), HARD, base) == before
 
 
 def _answer(url: str, text: str) -> tuple[str, str]:
