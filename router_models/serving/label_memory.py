@@ -10,21 +10,27 @@ Attached to a router (`MemoryRouter`), the router's score p is read on the targe
 level `c` fitted on the labels (`fit_scale`: a logistic regression of the targets on the router's logit, two
 numbers; with `MemoryParams.slope` off, a = 1 and c alone makes the mean of sigmoid(logit p + c) the mean target).
 a > 0, so the router's ranking is untouched; a small a says the router ranks this traffic poorly and leaves the
-labels more of the say. Each label gets a residual r_j = t_j - sigmoid(a logit p(x_j) + c), and a request with
+labels more of the say. With the slope fitted, a is then scaled by `slope_scale` (0.5 by default) and c refitted
+(`reading_scale`): among labelled neighbours the router's own differences count for less than a fit of the router
+alone gives them, and the neighbours' labels for more (on the learning curve that ranked a user's traffic better
+at every N; MODEL_CARD.md). Each label gets a residual r_j = t_j - sigmoid(a logit p(x_j) + c), and a request with
 feature row x (embedding e, structural columns f) and router score p moves by its neighbours':
 
     u(x) = [e, structure * (f - m) / (sd sqrt(len f))] / |...|   (m, sd: the structural columns' mean and spread
                                                                  over the labels; structure 0: e alone)
     s_j = u(x) . u(x_j) (cosine similarity), over the `neighbours` labels most similar to x
     w_j = exp((s_j - 1) / bandwidth)                            (a label identical to x weighs 1)
-    q = clip(sigmoid(a logit p + c) + sum_j w_j r_j / (sum_j w_j + prior), eps, 1 - eps)
+    m = sum_j w_j r_j / (W + prior)                             (the move; W = sum_j w_j)
+    se2 = [sum_j w_j (r_j - rbar)^2 / W] * sum_j w_j^2 / W^2    (rbar = sum_j w_j r_j / W: the squared standard
+                                                                 error of the neighbours' mean residual)
+    q = clip(sigmoid(a logit p + c) + m * m^2 / (m^2 + shrink * se2), eps, 1 - eps)
     score = sigmoid((logit q - c) / a)                          (back on the router's scale)
 
 So it blends the router with the labels by how many and how close they are: a request with no close label keeps
 the router's score (the weights vanish against the pseudo-count `prior`); many close labels that agree move it by
-their mean residual. No model is refitted: a label counts the moment it is added (`MemoryRouter.with_labels`
-scores only the new rows with the router; the slope, level and residuals are a two-number fit and vector
-arithmetic over the labels).
+their mean residual, and a move its neighbours disagree about (a standard error large against the move) shrinks.
+No model is refitted: a label counts the moment it is added (`MemoryRouter.with_labels` scores only the new rows
+with the router; the slope, level and residuals are a two-number fit and vector arithmetic over the labels).
 Residuals are taken against the router the memory is attached to, so the same labels serve a retrained artifact
 without relabelling. Attach it to a router fitted without these labels: against one fitted on them, the labels'
 residuals are too small and the fitted slope too steep (on the learning curve that lost to the plain memory).
@@ -48,7 +54,8 @@ import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
 
-__all__ = ["LabelMemory", "MemoryParams", "MemoryRouter", "fit_scale", "gap_target", "level_shift"]
+__all__ = ["LabelMemory", "MemoryParams", "MemoryRouter", "fit_scale", "gap_target", "level_shift",
+           "reading_scale"]
 
 Floats = npt.NDArray[np.float64]
 FloatArray = npt.NDArray[np.float32]
@@ -107,6 +114,16 @@ def fit_scale(logits: Floats, targets: Floats, slope: bool = True, iterations: i
     return a, level_shift(a * z, float(t.mean())) if a != theta[0] else float(theta[1])
 
 
+def reading_scale(logits: Floats, targets: Floats, params: MemoryParams) -> tuple[float, float]:
+    """(a, c) the memory reads the router's logits with: `fit_scale`'s, then (with `params.slope`) a scaled by
+    `params.slope_scale` and c refitted so that the mean of sigmoid(a logits + c) is still the mean target."""
+    a, c = fit_scale(logits, targets, params.slope)
+    if not params.slope or params.slope_scale == 1.0 or not len(logits):
+        return a, c
+    a *= params.slope_scale
+    return a, level_shift(a * np.asarray(logits, np.float64), float(np.mean(targets)))
+
+
 def _sigmoid(z: Floats) -> Floats:
     return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))), np.float64)
 
@@ -120,19 +137,25 @@ def _logit(p: Floats) -> Floats:
 class MemoryParams:
     """How labels move a score (module docstring): `neighbours` read per request, the similarity `bandwidth`
     of their weights, the pseudo-count `prior` the router's own score is worth, the weight `structure` of the
-    structural columns beside the embedding in the similarity (0: the embedding alone), and whether the router's
-    `slope` is fitted on the labels with its level (False: the level alone). The defaults did best on the
-    learning curve (MODEL_CARD.md, "Learning curve")."""
+    structural columns beside the embedding in the similarity (0: the embedding alone), whether the router's
+    `slope` is fitted on the labels with its level (False: the level alone), the `slope_scale` the fitted slope
+    is read at (1: as fitted; unused without `slope`), and how far a move its neighbours disagree about shrinks
+    (`shrink`; 0: not at all). The defaults did best on the learning curve (MODEL_CARD.md, "Learning curve"). A
+    memory file keeps the parameters it was written with; one written before a field existed reads its default."""
 
     neighbours: int = 100
     bandwidth: float = 0.1
     prior: float = 0.3
     structure: float = 0.3  # served from the columns the scorer keeps (0 before; files keep their own)
     slope: bool = True
+    slope_scale: float = 0.5  # 1 before 2026-12-05
+    shrink: float = 0.3  # 0 before 2026-12-05
 
     def __post_init__(self) -> None:
-        if self.neighbours < 1 or not self.bandwidth > 0 or not self.prior > 0 or not self.structure >= 0:
-            raise ValueError(f"memory parameters must be positive (neighbours >= 1, structure >= 0), got {self}")
+        if (self.neighbours < 1 or not self.bandwidth > 0 or not self.prior > 0 or not self.structure >= 0
+                or not self.slope_scale > 0 or not self.shrink >= 0):
+            raise ValueError("memory parameters must be positive (neighbours >= 1, structure >= 0, shrink >= 0), "
+                             f"got {self}")
 
 
 @dataclass(frozen=True)
@@ -208,7 +231,7 @@ class MemoryRouter:
 
     @classmethod
     def _with(cls, base: LinearRouter, memory: LabelMemory, logits: Floats) -> MemoryRouter:
-        a, c = fit_scale(logits, memory.targets, memory.params.slope)
+        a, c = reading_scale(logits, memory.targets, memory.params)
         extra = memory.rows[:, memory.embedding_dim:].astype(np.float64)
         centre = extra.mean(axis=0) if len(memory) else np.zeros(extra.shape[1])
         spread = extra.std(axis=0) if len(memory) else np.ones(extra.shape[1])
@@ -248,9 +271,26 @@ class MemoryRouter:
         k = min(p.neighbours, sims.shape[1])
         nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
         weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / p.bandwidth)
-        shift = (weights * self.residuals[nearest]).sum(axis=1) / (weights.sum(axis=1) + p.prior)
+        shift = _move(weights, self.residuals[nearest], p.prior, p.shrink)
         moved = np.clip(_sigmoid(self.slope * _logit(scores) + self.level) + shift, _EPS, 1.0 - _EPS)
         return _sigmoid((_logit(moved) - self.level) / self.slope)
+
+
+def _move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Floats:
+    """Each row's move (module docstring): its neighbours' weighted mean residual against the pseudo-count
+    `prior`, times m^2 / (m^2 + shrink se2), where se2 is the squared standard error of that mean."""
+    total = weights.sum(axis=1)
+    weighted = weights * residuals
+    shift = np.asarray(weighted.sum(axis=1) / (total + prior), np.float64)
+    if shrink == 0:
+        return shift
+    total = np.maximum(total, np.finfo(np.float64).tiny)  # weights that underflowed: no move, and no 0 / 0
+    mean = weighted.sum(axis=1) / total
+    spread = np.maximum((weighted * residuals).sum(axis=1) / total - mean * mean, 0.0)  # residuals in [-1, 1]
+    se2 = spread * (weights * weights).sum(axis=1) / (total * total)
+    square = shift * shift
+    keep = np.divide(square, square + shrink * se2, out=np.ones_like(square), where=square > 0)
+    return np.asarray(shift * keep, np.float64)
 
 
 def _router_logits(router: LinearRouter, x: npt.NDArray[np.floating]) -> Floats:

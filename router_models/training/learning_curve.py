@@ -58,13 +58,15 @@ def methods(cfg: TrainConfig, ks: Sequence[float] = (100, 300, 1000, 3000),
             penalties: Sequence[float] = (10, 30, 100, 300, 1000), own_only: bool = True,
             memories: Sequence[MemoryParams] = ()) -> dict[str, TrainConfig]:
     """The compared ways to use own labels, by name: `equal`, `share k=...`, `correction penalty=...`,
-    `memory k=... bandwidth=... prior=... structure=... slope|level` (the public model with the labels' memory)."""
+    `memory k=... bandwidth=... prior=... structure=... slope scale=...|level shrink=...` (the public model with the
+    labels' memory)."""
     out = {"equal": replace(cfg, own_labels="equal")}
     out |= {f"share k={k:g}": replace(cfg, own_labels="share", own_k=float(k)) for k in ks}
     out |= {f"correction penalty={p:g}": replace(cfg, own_labels="correction", own_penalty=float(p))
             for p in penalties}
     out |= {f"memory k={m.neighbours} bandwidth={m.bandwidth:g} prior={m.prior:g} structure={m.structure:g} "
-            f"{'slope' if m.slope else 'level'}": replace(cfg, own_labels="memory", memory=m) for m in memories}
+            f"{f'slope scale={m.slope_scale:g}' if m.slope else 'level'} shrink={m.shrink:g}":
+            replace(cfg, own_labels="memory", memory=m) for m in memories}
     if own_only:
         out[OWN_ONLY] = replace(cfg, own_labels="equal")
     return out

@@ -15,7 +15,7 @@ import pytest
 
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
-from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter, fit_scale
+from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter, fit_scale, reading_scale
 from router_models.serving.memory_file import load_memory, memory_paths, save_memory
 
 EMBED, EXTRA = 8, 2  # an embedding of 8 numbers, then 2 structural columns
@@ -55,12 +55,13 @@ def test_labels_move_the_prompts_near_them_and_not_distant_ones() -> None:
 
 
 def test_with_no_residual_the_routers_score_comes_back() -> None:
-    """Labels that agree with the (level-shifted) router move nothing: the shift is undone exactly."""
+    """Labels that agree with the (level-shifted) router, read at the slope fitted, move nothing: the shift is
+    undone exactly."""
     rng = np.random.default_rng(8)
     router, x, queries = _router(rng), _unit(rng, 6), _unit(rng, 4)
     logits = x.astype(np.float64) @ router.weights.astype(np.float64) + router.bias
     targets = 1.0 / (1.0 + np.exp(-(logits + 0.7)))  # the router's scores, one level up
-    attached = MemoryRouter.attach(router, LabelMemory(x, targets, EMBED))
+    attached = MemoryRouter.attach(router, LabelMemory(x, targets, EMBED, MemoryParams(slope_scale=1.0)))
     assert attached.level == pytest.approx(0.7, abs=1e-6)
     np.testing.assert_allclose(attached.predict_proba(queries), router.predict_proba(queries), atol=WITHIN)
 
@@ -108,8 +109,9 @@ def test_bad_rows_are_refused() -> None:
     rng = np.random.default_rng(5)
     with pytest.raises(ValueError, match="targets in"):
         LabelMemory(_unit(rng, 2), np.asarray([0.5, 1.5]), EMBED)
-    with pytest.raises(ValueError, match="positive"):
-        MemoryParams(bandwidth=0.0)
+    for bad in ({"bandwidth": 0.0}, {"slope_scale": 0.0}, {"shrink": -0.1}):
+        with pytest.raises(ValueError, match="positive"):
+            MemoryParams(**bad)  # type: ignore[arg-type]
 
 
 def test_the_file_round_trips_and_a_corrupt_or_foreign_one_is_refused(tmp_path: Path) -> None:
@@ -120,7 +122,7 @@ def test_the_file_round_trips_and_a_corrupt_or_foreign_one_is_refused(tmp_path: 
     loaded, meta = load_memory(path, embedder="test-embedder")
     assert np.array_equal(loaded.rows, memory.rows) and np.array_equal(loaded.targets, memory.targets)
     assert loaded.params == memory.params and loaded.keys == memory.keys and meta["labels"] == 3
-    older = json.loads(path.read_text())  # a file written before `structure` and `slope` existed
+    older = json.loads(path.read_text())  # a file written before `structure`, `slope` and the rest existed
     older["params"] = {"neighbours": 11, "bandwidth": 0.1, "prior": 2.0}
     path.write_text(json.dumps(older))
     assert load_memory(path)[0].params == MemoryParams(11, 0.1, 2.0)  # the newer fields: their defaults
@@ -183,3 +185,40 @@ def test_the_structural_columns_tell_apart_labels_with_one_embedding() -> None:
     with pytest.raises(ValueError, match="reads 10 columns"):
         shaped = LabelMemory(rows, targets, EMBED, MemoryParams(structure=1.0))
         MemoryRouter.attach(router, shaped).adjust(rows[:, :EMBED], np.full(2, 0.3))
+
+
+def test_the_slope_is_read_at_its_scale_and_the_level_refitted() -> None:
+    """`slope_scale` multiplies the fitted slope; the level is fitted again so the labels' mean target is kept;
+    without `slope` (the level alone) the scale is not used."""
+    z = np.random.default_rng(12).normal(scale=2.0, size=2000)
+    targets = 1.0 / (1.0 + np.exp(-(0.8 * z - 0.3)))
+    fitted_a, _ = fit_scale(z, targets)
+    a, c = reading_scale(z, targets, MemoryParams(slope_scale=0.5))
+    assert a == pytest.approx(0.5 * fitted_a, rel=1e-12)
+    assert float(np.mean(1.0 / (1.0 + np.exp(-(a * z + c))))) == pytest.approx(float(targets.mean()), abs=1e-9)
+    assert reading_scale(z, targets, MemoryParams(slope=False, slope_scale=0.5)) == fit_scale(z, targets, False)
+    assert reading_scale(z, targets, MemoryParams(slope_scale=1.0)) == fit_scale(z, targets)
+
+
+def test_a_move_its_neighbours_disagree_about_shrinks() -> None:
+    """Ten labels at the query with mean target 0.75, ten far away with 0.5 (they set the level): where the ten
+    agree (all 0.75) the query moves by the whole shift whatever `shrink` is; where they disagree (0.5 and 1
+    alternating, the same mean) it moves less far, the less the larger `shrink`; `shrink` 0 moves both alike."""
+    rng = np.random.default_rng(13)
+    router, query = _router(rng), _unit(rng, 1)
+    far = _unit(rng, 10)
+    far[:, :EMBED] = np.eye(EMBED)[1]
+    query[0, :EMBED] = np.eye(EMBED)[0]  # orthogonal to the far labels: they are not among its 10 neighbours
+    rows = np.vstack([np.repeat(query, 10, axis=0), far])
+
+    def moved(near_targets: npt.NDArray[np.float64], shrink: float) -> float:
+        params = MemoryParams(neighbours=10, structure=0.0, slope=False, shrink=shrink)
+        targets = np.concatenate([near_targets, np.full(10, 0.5)])
+        return float(MemoryRouter.attach(router, LabelMemory(rows, targets, EMBED, params)).predict_proba(query)[0])
+
+    base = float(router.predict_proba(query)[0])
+    agree, disagree = np.full(10, 0.75), np.tile([0.5, 1.0], 5)
+    assert moved(agree, 0.0) == pytest.approx(moved(disagree, 0.0), abs=WITHIN)  # no shrink: the mean alone
+    assert moved(agree, 0.3) == pytest.approx(moved(agree, 0.0), abs=WITHIN)  # agreeing labels: no shrink
+    size = [abs(moved(disagree, shrink) - base) for shrink in (0.0, 0.3, 3.0)]
+    assert size[0] > 0.02 and size[0] > size[1] > size[2] > 0
