@@ -31,3 +31,15 @@ def test_a_small_curve_covers_every_source_and_method(tmp_path: Path, capsys: py
     assert all(p["test"] == 60 for p in doc["points"])
     printed = capsys.readouterr().out
     assert "mean over sources" in printed and "rmb-helpfulness:" in printed
+
+
+def test_memories_read_every_field_and_default_the_rest() -> None:
+    from loadtest.bench.learning_curve import _memories
+    from router_models.serving.label_memory import MemoryParams
+
+    assert _memories("100:0.1:0.3") == (MemoryParams(100, 0.1, 0.3),)
+    before, served = _memories("100:0.1:0.3:0.3:slope:1:0,50:0.2:1:0:level:0.5:0.3")
+    assert (before.slope_scale, before.shrink, before.slope) == (1.0, 0.0, True)
+    assert served == MemoryParams(50, 0.2, 1.0, 0.0, False, 0.5, 0.3)
+    with pytest.raises(ValueError, match="slope_scale"):
+        _memories("100:0.1:0.3:0.3:steep")
