@@ -32,6 +32,10 @@ from tests.servers import free_port, serve, until, wait_ready
 # one xdist group: under pytest-xdist the module's two-worker gateway (`workers`) starts once, not once per worker
 pytestmark = [pytest.mark.redis, pytest.mark.xdist_group("serve-workers")]
 ROOT = Path(__file__).resolve().parents[3]
+# A request answers in milliseconds here, but beside the engine tests a 2-vCPU machine has stalled this process (and
+# the fake upstreams it serves) for 5-10 s at a time: 16 sequential requests took 43 s in a fresh clone (the gateway
+# logged 5.6 s for one, all of it waiting on the upstream), and a /metrics read timed out at 10 s. Waits allow that.
+STALL_S = 30
 EXTRA = f"""tenants:
   capped: {{api_key_sha256: ['{hash_key("sk-capped")}'], rate_limits: {{requests_per_minute: 10}}}}
   broke: {{api_key_sha256: ['{hash_key("sk-broke")}'], budget: {{daily_usd: "0.0005"}}}}
@@ -90,7 +94,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
 def _post(url: str, key: str = "sk-open", model: str = "flagship") -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     headers = {"authorization": f"Bearer {key}"}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=10)  # a new connection
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=STALL_S)  # a new connection
 
 
 def test_two_worker_processes_serve_the_port_and_both_report(workers: Workers) -> None:
@@ -187,8 +191,8 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
     assert pools() == {"micro"}
     workers.micro.kv_cache_usage = 0.95
     # a probe (0.25 s), a leader's tick and a follower's adoption (0.25 s each) engage it within about a second
-    # on a quiet machine; 20 s for one loaded by the engine tests beside it
-    deadline = time.monotonic() + 20
+    # on a quiet machine; STALL_S for one loaded by the engine tests beside it
+    deadline = time.monotonic() + STALL_S
     while pools() != {"flagship"}:
         assert time.monotonic() < deadline, f"the step never engaged in every worker: {workers.why(seen)}"
     state = redis.Redis.from_url(SHARED_URL).get(workers.prefix + "ladder:{sync}:state")
@@ -198,17 +202,17 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
     time.sleep(1.5)  # past the step's hold_s: what keeps it is the band
     assert pools() == {"flagship"}
     workers.micro.kv_cache_usage = 0.1
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + STALL_S
     while pools() != {"micro"}:
         assert time.monotonic() < deadline, f"the step never released in every worker: {workers.why(seen)}"
-    until(lambda: _ladder_gauges(workers.url) == [0.0] * 6, timeout=10)  # every worker adopted the release
+    until(lambda: _ladder_gauges(workers.url) == [0.0] * 6, timeout=STALL_S)  # every worker adopted the release
 
 
 def _ladder_gauges(url: str) -> list[float]:
     """`cascade_degradation_active{step="micro-kv-high"}` on 6 scrapes, each on a new connection."""
     values = []
     for _ in range(6):
-        text = httpx.get(url + "/metrics", timeout=10).text
+        text = httpx.get(url + "/metrics", timeout=STALL_S).text
         values.append(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                           if s.name == "cascade_degradation_active" and s.labels.get("step") == "micro-kv-high"))
     return values
