@@ -281,11 +281,12 @@ def _move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Fl
     `prior`, times m^2 / (m^2 + shrink se2), where se2 is the squared standard error of that mean."""
     total = weights.sum(axis=1)
     weighted = weights * residuals
-    shift = np.asarray(weighted.sum(axis=1) / (total + prior), np.float64)
+    summed = weighted.sum(axis=1)
+    shift = np.asarray(summed / (total + prior), np.float64)
     if shrink == 0:
         return shift
     total = np.maximum(total, np.finfo(np.float64).tiny)  # weights that underflowed: no move, and no 0 / 0
-    mean = weighted.sum(axis=1) / total
+    mean = summed / total
     spread = np.maximum((weighted * residuals).sum(axis=1) / total - mean * mean, 0.0)  # residuals in [-1, 1]
     se2 = spread * (weights * weights).sum(axis=1) / (total * total)
     square = shift * shift

@@ -52,9 +52,14 @@ class Workers:
     def __init__(self, url: str, proc: subprocess.Popen[bytes], micro: FakeUpstream, prefix: str, log: Path) -> None:
         self.url, self.proc, self.micro, self.prefix, self.log = url, proc, micro, prefix, log
 
+    def ladder_state(self) -> bytes | None:
+        """The shared ladder's state as the leader wrote it to Redis."""
+        state: bytes | None = redis.Redis.from_url(SHARED_URL).get(self.prefix + "ladder:{sync}:state")
+        return state
+
     def why(self, seen: list[str]) -> str:
         """What a failed wait saw: the pools of its last requests, the shared ladder state, the log's end."""
-        state = redis.Redis.from_url(SHARED_URL).get(self.prefix + "ladder:{sync}:state")
+        state = self.ladder_state()
         tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
         return f"last pools {sorted(Counter(seen).items())}, shared state {state!r}; gateway log's end:\n{tail}"
 
@@ -195,7 +200,7 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
     deadline = time.monotonic() + STALL_S
     while pools() != {"flagship"}:
         assert time.monotonic() < deadline, f"the step never engaged in every worker: {workers.why(seen)}"
-    state = redis.Redis.from_url(SHARED_URL).get(workers.prefix + "ladder:{sync}:state")
+    state = workers.ladder_state()
     assert state is not None and b"micro-kv-high" in state
     assert _ladder_gauges(workers.url) == [1.0] * 6  # whichever worker answers
     workers.micro.kv_cache_usage = 0.7  # between exit_below and enter_above: held in every worker
