@@ -12,6 +12,12 @@ failures, and p50/p99 latency before, during and after.
     python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --promote NEW.json --admin-key "$KEY"
     python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --policy policies/my.yaml \
         --promote-canary micro --admin-key "$KEY"       # or --rollback-canary micro
+    python -m loadtest.scenarios.change --url http://127.0.0.1:8080 --memory-add labels.jsonl [--tenant acme]
+
+A label memory added (`--memory-add`: what `cascade router memory add` does, into `$CASCADE_HOME/router`) is
+applied when an answer's `x-cascade-router-version` names the memory at its new size (the gateway polls the
+folder; no reload is called). The clients then send `model: auto` with `--api-key` (the tenant's key when the
+memory is a tenant's), so each request is scored and moved by the memory the policy names.
 
 Each answer's `model` (the engine's served name) is counted, so a canary's share shows in `models`.
 """
@@ -23,7 +29,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,8 @@ import httpx
 
 from loadtest.load.stream_client import percentile
 
-__all__ = ["Outcome", "edit_then_reload", "figures", "measure_change", "promote_then_reload", "reload_after_edit"]
+__all__ = ["Outcome", "add_memory_then_wait", "edit_then_reload", "figures", "measure_change", "promote_then_reload",
+           "reload_after_edit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +167,42 @@ def promote_then_reload(base: str, artifact: Path, admin_key: str) -> Callable[[
     return change
 
 
+def add_memory_then_wait(base: str, labels: Sequence[Path], tenant: str | None, api_key: str = "unused",
+                         artifact: Path | None = None, store: Path | None = None,
+                         timeout_s: float = 120.0) -> Callable[[], Awaitable[httpx.Response]]:
+    """A change: `labels` (label files) appended to `tenant`'s label memory (None: the shared one) as `cascade router
+    memory add` does, then scored requests (`model: auto`, one token, with `api_key`) until one's
+    `x-cascade-router-version` names the memory at its new size; returns that answer. Raises `TimeoutError` when
+    no answer names it within `timeout_s` (the policy's `learning.label_memory.scope` may not read it)."""
+    from router_models.serving.artifact import default_store_dir
+    from router_models.training.labels import read_label_rows
+    from router_models.training.memory_build import SHARED, add_labels, memory_path
+
+    def add() -> tuple[str, int]:
+        name = tenant or SHARED
+        rows = [row.example for path in labels for row in read_label_rows(path, tenant=tenant)]
+        return name, add_labels(rows, memory_path(store or default_store_dir(), name), artifact).after
+
+    async def change() -> httpx.Response:
+        name, size = await asyncio.to_thread(add)
+        suffix = f"+memory/{name}@{size}"
+        ask = {"model": "auto", "max_tokens": 1, "messages": [{"role": "user", "content": "Which memory scores me?"}]}
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=30.0, headers={"authorization": f"Bearer {api_key}"}) as client:
+            while True:
+                answer = await client.post(f"{base}/v1/chat/completions", json=ask)
+                version = answer.headers.get("x-cascade-router-version", "")
+                if answer.status_code == 200 and version.endswith(suffix):
+                    return answer
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer named ...{suffix} within {timeout_s:g} s (the last: "
+                                       f"{answer.status_code}, router version {version or 'none'}); does the "
+                                       "policy's learning.label_memory.scope read this memory?")
+                await asyncio.sleep(0.1)
+
+    return change
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.scenarios.change", description=__doc__.split("\n\n")[0]
                                 if __doc__ else None, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,14 +218,24 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--promote", type=Path, metavar="ARTIFACT",
                       help="the change: promote this router artifact into the store ($CASCADE_HOME/router), "
                       "then the gateway reloads its router")
-    p.add_argument("--admin-key", required=True, help="the gateway's admin key (CASCADE_ADMIN_KEY)")
+    what.add_argument("--memory-add", type=Path, action="append", metavar="LABELS",
+                      help="the change: this label file (repeatable) appended to the label memory (--tenant's, "
+                      "else the shared one) in $CASCADE_HOME/router; applied when an answer names its new size")
+    p.add_argument("--tenant", default=None, help="with --memory-add: the tenant whose memory grows (default: shared)")
+    p.add_argument("--admin-key", default=None, help="the gateway's admin key (CASCADE_ADMIN_KEY; every change but "
+                   "--memory-add reloads through the admin API)")
+    p.add_argument("--api-key", default="unused", help="the clients' key (the tenant's, for a tenant's memory)")
     p.add_argument("--model", default="auto", help="what the clients ask for (default: auto)")
     p.add_argument("--clients", type=int, default=2, help="concurrent clients, every second one streams")
     p.add_argument("--steady", type=float, default=10.0, help="seconds of traffic before the change")
     p.add_argument("--after", type=float, default=10.0, help="seconds of traffic after it")
     p.add_argument("--think", type=float, default=0.0, help="seconds each client pauses between its requests")
     args = p.parse_args(argv)
-    if args.promote is not None:
+    if args.memory_add is None and args.admin_key is None:
+        p.error("--admin-key is needed to reload (every change but --memory-add)")
+    if args.memory_add is not None:
+        change = add_memory_then_wait(args.url, args.memory_add, args.tenant, args.api_key)
+    elif args.promote is not None:
         change = promote_then_reload(args.url, args.promote, args.admin_key)
     elif args.policy is None:
         p.error("--replace, --promote-canary and --rollback-canary need --policy")
@@ -196,10 +249,14 @@ def main(argv: list[str] | None = None) -> int:
         old, new = args.replace
         change = reload_after_edit(args.url, args.policy, old, new, args.admin_key)
     response, began, applied, outcomes = asyncio.run(measure_change(
-        args.url, change, clients=args.clients, model=args.model, steady_s=args.steady, after_s=args.after,
-        think_s=args.think))
+        args.url, change, clients=args.clients, model=args.model, api_key=args.api_key, steady_s=args.steady,
+        after_s=args.after, think_s=args.think))
     assert isinstance(response, httpx.Response)
-    result = figures(outcomes, began, applied) | {"reload_status": response.status_code}
+    result = figures(outcomes, began, applied)
+    if args.memory_add is None:
+        result["reload_status"] = response.status_code
+    else:  # the first answer the grown memory moved
+        result["router_version"] = response.headers.get("x-cascade-router-version", "")
     print(json.dumps(result, indent=2))
     return 0 if response.status_code == 200 and not result["failed"] else 1
 

@@ -1,12 +1,14 @@
 """Label memories in the gateway, with the shipped router artifact: a tenant's labels move its own requests' scores
 at once (no retraining), the decision names the memory, other tenants keep the router's score, a memory whose
 similarity reads the structural columns moves scores from the feature rows the scorer kept (a scorer that keeps
-none refuses it), and a memory file that cannot be loaded leaves the previous one serving.
+none refuses it), a memory file that cannot be loaded leaves the previous one serving, and a memory grown under
+steady traffic fails no request.
 
 The prompts and labels are written here: they show that labels reach the score, never which prompt is harder."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -31,6 +33,7 @@ from gateway.serving.label_memories import LabelMemories
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import parse_chat_request
 from gateway.settings import Settings
+from loadtest.scenarios.change import add_memory_then_wait, figures, measure_change
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy, parse_policy
 from router_models.embedders.features import FEATURE_NAMES
@@ -292,3 +295,31 @@ def test_through_the_gateway_an_unloadable_memory_leaves_the_previous_one_servin
                          "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); rebuild it "
                          "with `cascade router memory add` from the label files); the previous one keeps serving")
     assert grown == version.replace("@2", "@4") and moved != "none"
+
+
+def test_a_memory_grown_under_steady_traffic_fails_no_request(
+        upstreams: tuple[object, str, object, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The change scenario's `--memory-add` against the real app: SDK clients (one streaming) send scored requests
+    back to back while labels are appended twice; each growth is applied (an answer names the memory at its new
+    size) and no request fails."""
+    _, micro_url, _, flagship_url = upstreams
+    home, cache = tmp_path / "home", default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    home.mkdir()
+    (home / "router-cache").symlink_to(cache, target_is_directory=True)
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(micro_url, flagship_url, "learning:\n  label_memory:\n    scope: shared\n"))
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"prompt": HARD, "needs_flagship": 1}) + "\n"
+                      + json.dumps({"prompt": EASY, "needs_flagship": 0}) + "\n")
+    settings = Settings(policy_path=policy, scorer="classifier", router_artifact=DEFAULT_ARTIFACT, ledger="memory",
+                        start_engines=False, policy_watch_interval_s=0, home=home)
+    with serve(create_app(settings)) as url:
+        for size in (2, 4):
+            change = add_memory_then_wait(url, [labels], None, artifact=DEFAULT_ARTIFACT, timeout_s=30)
+            answer, began, applied, outcomes = asyncio.run(measure_change(url, change, steady_s=0.5, after_s=0.5))
+            assert isinstance(answer, httpx.Response)
+            assert answer.headers["x-cascade-router-version"].endswith(f"+memory/shared@{size}")
+            result = figures(outcomes, began, applied)
+            assert result["failed"] == 0 and result["after"]["requests"] > 0, result
