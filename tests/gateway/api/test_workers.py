@@ -109,7 +109,7 @@ def test_two_worker_processes_serve_the_port_and_both_report(workers: Workers) -
     shared = redis.Redis.from_url(SHARED_URL)
     # both workers are alive, share the ladder, and (40 connections) served requests: each publishes its own
     # report on its next ladder tick
-    until(lambda: len(shared.hgetall(workers.prefix + "ladder:{sync}:reports")) == 2, timeout=10)
+    until(lambda: len(shared.hgetall(workers.prefix + "ladder:{sync}:reports")) == 2, timeout=STALL_S)
 
 
 def _sample(text: str, name: str, tenant: str) -> float:
@@ -127,9 +127,9 @@ def test_metrics_are_the_sum_over_both_workers_on_every_scrape(workers: Workers)
     for _ in range(sent):
         assert _post(workers.url, "sk-counted", model="micro").status_code == 200
     scrapes: list[float] = []
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + STALL_S
     while len(scrapes) < 12:
-        text = httpx.get(workers.url + "/metrics", timeout=10).text  # a new connection: any worker answers
+        text = httpx.get(workers.url + "/metrics", timeout=STALL_S).text  # a new connection: any worker answers
         counted = _sample(text, "cascade_requests_total", "counted")
         if scrapes or counted == sent or time.monotonic() > deadline:  # the last record may still be in flight
             scrapes.append(counted)
@@ -137,11 +137,17 @@ def test_metrics_are_the_sum_over_both_workers_on_every_scrape(workers: Workers)
     assert scrapes == [sent] * 12
 
 
-def _in_flight(url: str) -> float:
-    """`cascade_replica_in_flight` of the micro pool on one scrape (a new connection: any worker answers)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+def _scrape(url: str, name: str, label: str, value: str) -> float:
+    """`name` summed over its series whose `label` is `value`, on one scrape of /metrics (a new connection: any
+    worker answers)."""
+    text = httpx.get(url + "/metrics", timeout=STALL_S).text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "cascade_replica_in_flight" and s.labels.get("pool") == "micro")
+               if s.name == name and s.labels.get(label) == value)
+
+
+def _in_flight(url: str) -> float:
+    """`cascade_replica_in_flight` of the micro pool on one scrape."""
+    return _scrape(url, "cascade_replica_in_flight", "pool", "micro")
 
 
 def _post_held(url: str, hold_ms: int) -> int:
@@ -215,12 +221,7 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
 
 def _ladder_gauges(url: str) -> list[float]:
     """`cascade_degradation_active{step="micro-kv-high"}` on 6 scrapes, each on a new connection."""
-    values = []
-    for _ in range(6):
-        text = httpx.get(url + "/metrics", timeout=STALL_S).text
-        values.append(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                          if s.name == "cascade_degradation_active" and s.labels.get("step") == "micro-kv-high"))
-    return values
+    return [_scrape(url, "cascade_degradation_active", "step", "micro-kv-high") for _ in range(6)]
 
 
 def test_only_the_workers_get_the_metrics_folder(workers: Workers, tmp_path: Path) -> None:
