@@ -97,15 +97,20 @@ class RequestRouter:
         self._metrics.scoring.observe(time.monotonic() - began)
         return score, scored_by, scorer.version, conversation
 
-    def _remembered(self, loaded: LoadedPolicy, tenant: str, conversation: _Conversation, score: float,
-                    version: str) -> tuple[float, str]:
+    async def _remembered(self, loaded: LoadedPolicy, tenant: str, conversation: _Conversation, score: float,
+                          version: str) -> tuple[float, str]:
         """The primary model's score of `conversation` moved by the label memory the policy gives this tenant
         (`learning.label_memory.scope`), and the version naming both; unchanged when there is none."""
         scope = loaded.policy.learning.label_memory.scope
         if scope == "none" or self.memories is None:
             return score, version
         text, shape = conversation
-        moved = self.memories.adjust(tenant if scope == "tenant" else "shared", self._views, text, score, shape)
+        try:
+            moved = await self.memories.adjust_off_loop(tenant if scope == "tenant" else "shared", self._views, text,
+                                                        score, shape)
+        except Exception:  # the memory could not move it: the router's own score routes
+            log.exception("label memory did not move the score; routing on the router's")
+            return score, version
         return (score, version) if moved is None else (moved.score, moved.version(version))
 
     def _in_domain(self, text: str) -> float | None:
@@ -154,7 +159,7 @@ class RequestRouter:
         if score is not None and scored_by == "primary" and conversation is not None:
             in_domain = self._in_domain(conversation[0])
             self.drift.observe(policy.learning.in_domain, tenant, in_domain)
-            score, version = self._remembered(loaded, tenant, conversation, score, version)
+            score, version = await self._remembered(loaded, tenant, conversation, score, version)
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
             decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by,

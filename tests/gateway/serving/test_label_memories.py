@@ -12,10 +12,12 @@ import asyncio
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -29,6 +31,7 @@ from gateway.api.auth import OPEN_TENANT
 from gateway.cli.main import main
 from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.record import CostRecord, validate_record
+from gateway.serving import memory_batches
 from gateway.serving.label_memories import LabelMemories
 from gateway.serving.router import RequestRouter
 from gateway.serving.schema import parse_chat_request
@@ -108,6 +111,42 @@ async def test_a_tenants_labels_move_its_scores_at_once_and_no_one_elses(scorer:
     payload.write_bytes(b"not a memory")  # a broken write: the memory loaded before keeps serving
     await memories.refresh()
     assert (await _route(router, HARD, "acme", _policy("tenant")))[0] == moved
+
+
+async def test_a_memory_past_inline_labels_is_moved_in_a_worker_thread_in_batches_to_the_same_scores(
+        scorer: ClassifierScorer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moves that wait together are computed as one batch, in a worker thread, each to the score the event loop's
+    own move gives, to the float32 rounding of the similarities (a batch is one matrix product where a lone move is
+    a vector product: ~1e-7 apart, ten times that through the weights' exp((s - 1) / 0.1))."""
+    folder, texts = tmp_path / "memory", [HARD, EASY, "Translate 'good morning' into French."]
+    rows = await _rows(scorer, texts)
+    save_memory(LabelMemory(rows, np.asarray([1.0, 0.5, 0.5]), rows.shape[1] - len(FEATURE_NAMES)),
+                folder / "acme.json", embedder=scorer.embedding_space)
+    threads: list[int] = []
+    compute = memory_batches._compute
+
+    def recorded(batch: Any) -> list[float]:
+        threads.append(threading.get_ident())
+        return compute(batch)
+
+    monkeypatch.setattr(memory_batches, "_compute", recorded)
+    views = ScorerViews.of(scorer)
+    bases = [(await scorer.score_one(t))[0] for t in texts]
+    memories = LabelMemories(folder, lambda: scorer, inline_labels=2)  # the memory holds 3: moved off the loop
+    await memories.refresh()
+    inline = [memories.adjust("acme", views, t, b) for t, b in zip(texts, bases, strict=True)]
+    batched = await asyncio.gather(*(memories.adjust_off_loop("acme", views, t, b)
+                                     for t, b in zip(texts * 4, bases * 4, strict=True)))
+    assert all(m is not None for m in inline) and inline[0] is not None and inline[0].score > bases[0] + 0.01
+    for got, want in zip(batched, inline * 4, strict=True):
+        assert got is not None and want is not None
+        assert (got.name, got.labels) == (want.name, want.labels) == ("acme", 3)
+        assert got.score == pytest.approx(want.score, rel=1e-5)
+    moves = memories._moves
+    assert moves.moves == 12 and moves.batches == 1  # all twelve were waiting when the first batch was sent
+    assert await memories.adjust_off_loop("acme", views, HARD, bases[0]) == inline[0]  # a batch of one: exact
+    assert moves.batches == 2
+    assert threads and threading.get_ident() not in threads
 
 
 def _unloadable(folder: Path, embedder: str) -> dict[str, Callable[[], object]]:
