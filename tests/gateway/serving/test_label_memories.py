@@ -149,6 +149,23 @@ async def test_a_memory_past_inline_labels_is_moved_in_a_worker_thread_in_batche
     assert threads and threading.get_ident() not in threads
 
 
+async def test_a_move_that_fails_routes_on_the_routers_own_score_and_says_so(
+        scorer: ClassifierScorer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    memories = LabelMemories(tmp_path / "memory", lambda: scorer)
+
+    async def broken(*args: object) -> None:
+        raise ValueError("the memory's rows cannot be read")
+
+    monkeypatch.setattr(memories, "adjust_off_loop", broken)
+    router = RequestRouter(scorer, GatewayMetrics(dict), memories=memories)
+    base, _ = await scorer.score_one(HARD)
+    with caplog.at_level(logging.ERROR, logger="cascade.router"):
+        assert await _route(router, HARD, "acme", _policy("tenant")) == (base, scorer.version)
+    assert [r.getMessage() for r in caplog.records if r.name == "cascade.router"] == [
+        "label memory did not move the score; routing on the router's"]
+
+
 def _unloadable(folder: Path, embedder: str) -> dict[str, Callable[[], object]]:
     """Ways a memory file fails its checks, each applied to `folder`'s acme memory."""
     meta, payload = memory_paths(folder / "acme.json")
