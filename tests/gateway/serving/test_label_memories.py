@@ -310,23 +310,31 @@ def _until(url: str, suffix: str, timeout_s: float = 30.0) -> tuple[str, str]:
     return answer
 
 
+def _gateway_files(upstreams: tuple[object, str, object, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   scope: str) -> tuple[Path, Path, Path]:
+    """(CASCADE_HOME, a policy in front of the fake upstreams whose label memory scope is `scope`, a two-row label
+    file) for a real app; CASCADE_HOME is set to that home, whose embedder cache is the session's (built once)."""
+    _, micro_url, _, flagship_url = upstreams
+    home, cache = tmp_path / "home", default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    home.mkdir()
+    (home / "router-cache").symlink_to(cache, target_is_directory=True)
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(micro_url, flagship_url, f"learning:\n  label_memory:\n    scope: {scope}\n"))
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"prompt": HARD, "needs_flagship": 1}) + "\n"
+                      + json.dumps({"prompt": EASY, "needs_flagship": 0}) + "\n")
+    return home, policy, labels
+
+
 def test_through_the_gateway_an_unloadable_memory_leaves_the_previous_one_serving(
         upstreams: tuple[object, str, object, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """The real app: `cascade router memory add` writes the open tenant's memory, the gateway's poll loads it,
     a corrupt metadata file is logged and the memory loaded before keeps moving scores, and a good file after it
     is loaded again (the poll did not stop at the failure)."""
-    _, micro_url, _, flagship_url = upstreams
-    home, cache = tmp_path / "home", default_cache_dir()  # the session's embedder caches, shared: built once
-    cache.mkdir(parents=True, exist_ok=True)
-    home.mkdir()
-    (home / "router-cache").symlink_to(cache, target_is_directory=True)
-    monkeypatch.setenv("CASCADE_HOME", str(home))
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_yaml(micro_url, flagship_url, "learning:\n  label_memory:\n    scope: tenant\n"))
-    labels = tmp_path / "labels.jsonl"
-    labels.write_text(json.dumps({"prompt": HARD, "needs_flagship": 1}) + "\n"
-                      + json.dumps({"prompt": EASY, "needs_flagship": 0}) + "\n")
+    home, policy, labels = _gateway_files(upstreams, tmp_path, monkeypatch, "tenant")
     add = ["router", "memory", "add", "--tenant", OPEN_TENANT, "--artifact", str(DEFAULT_ARTIFACT), "--labels"]
     assert main([*add, str(labels)]) == 0
     meta, payload = memory_paths(home / "router" / "memory" / f"{OPEN_TENANT}.json")
@@ -358,17 +366,7 @@ def test_a_memory_grown_under_steady_traffic_fails_no_request(
     """The change scenario's `--memory-add` against the real app: SDK clients (one streaming) send scored requests
     back to back while labels are appended twice; each growth is applied (an answer names the memory at its new
     size) and no request fails."""
-    _, micro_url, _, flagship_url = upstreams
-    home, cache = tmp_path / "home", default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    home.mkdir()
-    (home / "router-cache").symlink_to(cache, target_is_directory=True)
-    monkeypatch.setenv("CASCADE_HOME", str(home))
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_yaml(micro_url, flagship_url, "learning:\n  label_memory:\n    scope: shared\n"))
-    labels = tmp_path / "labels.jsonl"
-    labels.write_text(json.dumps({"prompt": HARD, "needs_flagship": 1}) + "\n"
-                      + json.dumps({"prompt": EASY, "needs_flagship": 0}) + "\n")
+    home, policy, labels = _gateway_files(upstreams, tmp_path, monkeypatch, "shared")
     settings = Settings(policy_path=policy, scorer="classifier", router_artifact=DEFAULT_ARTIFACT, ledger="memory",
                         start_engines=False, policy_watch_interval_s=0, home=home)
     with serve(create_app(settings)) as url:
