@@ -112,14 +112,10 @@ def test_two_worker_processes_serve_the_port_and_both_report(workers: Workers) -
     until(lambda: len(shared.hgetall(workers.prefix + "ladder:{sync}:reports")) == 2, timeout=STALL_S)
 
 
-def _sample(text: str, name: str, tenant: str) -> float:
-    """The value of `name` summed over its series for `tenant` (0 when absent) in one exposition text."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels.get("tenant") == tenant:
-                total += sample.value
-    return total
+def _sample(text: str, name: str, label: str, value: str) -> float:
+    """`name` summed over its series whose `label` is `value` (0 when absent) in one exposition text."""
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and s.labels.get(label) == value)
 
 
 def test_metrics_are_the_sum_over_both_workers_on_every_scrape(workers: Workers) -> None:
@@ -130,19 +126,17 @@ def test_metrics_are_the_sum_over_both_workers_on_every_scrape(workers: Workers)
     deadline = time.monotonic() + STALL_S
     while len(scrapes) < 12:
         text = httpx.get(workers.url + "/metrics", timeout=STALL_S).text  # a new connection: any worker answers
-        counted = _sample(text, "cascade_requests_total", "counted")
+        counted = _sample(text, "cascade_requests_total", "tenant", "counted")
         if scrapes or counted == sent or time.monotonic() > deadline:  # the last record may still be in flight
             scrapes.append(counted)
-            assert _sample(text, "cascade_cost_micro_usd_total", "counted") > 0
+            assert _sample(text, "cascade_cost_micro_usd_total", "tenant", "counted") > 0
     assert scrapes == [sent] * 12
 
 
 def _scrape(url: str, name: str, label: str, value: str) -> float:
     """`name` summed over its series whose `label` is `value`, on one scrape of /metrics (a new connection: any
     worker answers)."""
-    text = httpx.get(url + "/metrics", timeout=STALL_S).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and s.labels.get(label) == value)
+    return _sample(httpx.get(url + "/metrics", timeout=STALL_S).text, name, label, value)
 
 
 def _in_flight(url: str) -> float:
