@@ -20,6 +20,7 @@ gateway's CPU at saturation (BENCHMARKS.md, the tail at saturation).
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -40,6 +41,7 @@ __all__ = [
     "HiredisConnection",
     "HiredisSSLConnection",
     "HiredisUnixConnection",
+    "close_quietly",
     "is_cluster_url",
     "redis_from_url",
     "run_with_redis",
@@ -47,9 +49,20 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 REDIS_FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}  # cluster scheme -> redis-py's scheme
+
+
+async def close_quietly(client: aioredis.Redis, what: str) -> None:
+    """Close `client` at shutdown; Redis failing to close a connection in time (a stalled host) is logged, not
+    raised, so what the caller closes after it (metrics, engines) still closes. Nothing is lost: whatever was to be
+    written went through or into the outbox before."""
+    try:
+        await client.aclose()
+    except REDIS_FAILURES as exc:
+        _log.warning("closing %s's Redis connections failed: %s", what, exc)
 
 
 def is_cluster_url(url: str) -> bool:

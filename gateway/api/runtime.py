@@ -33,7 +33,7 @@ from gateway.learning.shadow import ShadowComparison
 from gateway.learning.store import LearningStore
 from gateway.learning.train_process import TrainerProcess, TrainResult
 from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
-from gateway.redis_client import redis_from_url
+from gateway.redis_client import close_quietly, redis_from_url
 from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
@@ -148,7 +148,7 @@ class Runtime:
             await self.scorer.aclose()
         await self.ledger.aclose()
         if self.redis is not None:
-            await self.redis.aclose()
+            await close_quietly(self.redis, "the gateway")
         await self.metrics.aclose()
         await self.engines.aclose()
 

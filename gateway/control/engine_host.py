@@ -5,9 +5,11 @@ blue-green and rolling changes, canaries, autoscaling, replicas followed to a ne
 - a policy file watcher reconciles the pool set with the file (the workers watch it too, for routing);
 - a publisher writes where each pool's replicas listen, and its canary's (`<pool>.canary`), into the registry
   the workers follow (`backends.engines.registry`), whenever that changes;
-- what drains a replica is the workers' requests in flight to it, read from the metrics folder they share
-  (`cascade_replica_in_flight`, a live gauge per worker), and not before `DRAIN_FLOOR_S`: the workers follow a
-  published change within their probe interval;
+- a replica taken out of routing is stopped once no worker has a request in flight to it (read from the metrics
+  folder they share: `cascade_replica_in_flight`, a live gauge per worker) and every live worker has shown that it
+  no longer routes there: its view (`worker_gauges.worker_views`, published every second) was written after the
+  replica left routing and does not hold it. A worker the machine stalls past its probe interval is waited for
+  (up to the drain's grace), not assumed to have followed; and not before `DRAIN_FLOOR_S`;
 - the autoscaler's signals are the engines' own (KV cache, queue, scraped by the parent's probes) and the
   workers' in-flight count; the gateway's TTFT is not seen here.
 """
@@ -33,6 +35,7 @@ from gateway.control.degradation import engine_signals
 from gateway.control.file_watch import FileWatcher
 from gateway.control.parent_counters import ParentCounters
 from gateway.control.pool_set import PoolSet
+from gateway.control.worker_gauges import WorkerView, still_routing, worker_views
 from gateway.settings import Settings
 from policies.loader import LoadedPolicy, load_policy
 
@@ -41,8 +44,7 @@ __all__ = ["DRAIN_FLOOR_S", "EngineHost", "workers_in_flight"]
 log = logging.getLogger("cascade.engines")
 
 DRAIN_FLOOR_S = 3.0
-"""A replica the parent takes out of service keeps running at least this long: the workers follow the registry
-every probe interval (1 s by default), and may send it requests until they have."""
+"""A replica the parent takes out of service keeps running at least this long, whatever the workers' views say."""
 
 
 def workers_in_flight(metrics_dir: Path) -> dict[str, float]:
@@ -76,6 +78,7 @@ class EngineHost:
         self._lock = asyncio.Lock()
         self._published: dict[str, tuple[str, ...]] = {}
         self._counts: tuple[float, dict[str, float]] = (0.0, {})
+        self._views: tuple[float, list[WorkerView]] = (0.0, [])
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher = FileWatcher([settings.policy_path], self.reload, settings.policy_watch_interval_s,
                                     retry_s=max(1.0, 7.5 * settings.policy_watch_interval_s))
@@ -135,8 +138,22 @@ class EngineHost:
             self._counts = (time.monotonic(), counts)
         return counts
 
-    def _elsewhere(self, url: str) -> int:
-        return int(self._in_flight().get(url.rstrip("/"), 0.0))
+    def _worker_views(self) -> list[WorkerView]:
+        """The live workers' views (`worker_views`), read at most every 0.2 s."""
+        at, views = self._views
+        if time.monotonic() - at > 0.2:
+            try:
+                views = worker_views(self._metrics_dir)
+            except OSError as exc:
+                log.warning("could not read the workers' views: %s", exc)
+            self._views = (time.monotonic(), views)
+        return views
+
+    def _elsewhere(self, url: str, since: float) -> int:
+        """The workers' requests in flight to `url`, plus the workers that may still send it new ones: those
+        whose view was written before `since` (the moment it left routing) or still holds it."""
+        url = url.rstrip("/")
+        return int(self._in_flight().get(url, 0.0)) + still_routing(self._worker_views(), url, since)
 
     def _signals(self, now: float) -> Mapping[tuple[str, str], float]:
         counts = self._in_flight()

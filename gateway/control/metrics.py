@@ -70,7 +70,7 @@ from gateway.control.metrics_dir import multiprocess_dir
 from gateway.control.parent_counters import RESTARTS, SCALE_EVENTS, ParentCountersCollector
 from gateway.control.record_series import RecordSeries
 from gateway.control.speculation_metrics import SpeculationCollector
-from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector
+from gateway.control.worker_gauges import HEALTHY, WorkerGauges, WorkerGaugesCollector
 from gateway.ledger.record import in_domain_counters
 from gateway.ledger.store import CostRecord
 from policies.decide import RouteStep
@@ -125,7 +125,7 @@ class _ViewCollector(Collector):
         self._pools = pools
 
     def collect(self) -> Iterable[Metric]:
-        healthy = GaugeMetricFamily("cascade_replica_healthy", "1 if the replica passed its last probe",
+        healthy = GaugeMetricFamily(HEALTHY, "1 if the replica passed its last probe",
                                     labels=["pool", "replica"])
         breaker = GaugeMetricFamily("cascade_replica_breaker_open", "circuit breaker: 0 closed, 0.5 half-open "
                                     "(probing), 1 open", labels=["pool", "replica"])

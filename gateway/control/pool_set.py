@@ -51,11 +51,13 @@ class PoolSet:
     """Owns the pools (a dict shared with the service), their supervisors and the background tasks."""
 
     def __init__(self, settings: Settings, client: EngineClient, progress: Callable[[str], None] | None = None,
-                 drain_grace_s: float = 60.0, elsewhere: Callable[[str], int] | None = None, drain_floor_s: float = 0.0,
+                 drain_grace_s: float = 60.0, elsewhere: Callable[[str, float], int] | None = None,
+                 drain_floor_s: float = 0.0,
                  supervisor: Callable[..., EngineSupervisor] | None = None) -> None:
-        """`elsewhere(url)`: requests other processes have in flight to the replica at `url` (the workers of
-        `--workers N`, for the parent that runs their engines and serves nothing itself); a replica drains until
-        those end too, and not before `drain_floor_s` (the time the others take to stop sending it new ones).
+        """`elsewhere(url, since)`: what other processes hold of the replica at `url` (the workers of `--workers N`,
+        for the parent that runs their engines and serves nothing itself: their requests in flight to it, and the
+        workers that have not shown since `since` that they stopped routing to it, `draining.Drainer`); a replica
+        drains until that is 0 too, and not before `drain_floor_s`.
         `supervisor`: how engine supervisors are made (default `EngineSupervisor`)."""
         self._drainer = Drainer(drain_grace_s, drain_floor_s, elsewhere)
         self._make_supervisor = supervisor

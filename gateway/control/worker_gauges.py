@@ -22,18 +22,22 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["WORKER_ENV", "WorkerGauges", "WorkerGaugesCollector", "remove_worker", "worker_label"]
+__all__ = ["WORKER_ENV", "WorkerGauges", "WorkerGaugesCollector", "WorkerView", "remove_worker", "still_routing",
+           "worker_label", "worker_views"]
 
 log = logging.getLogger("cascade.metrics")
 
 WORKER_ENV = "CASCADE_WORKER"
 """The worker's index under `serve --workers N` (set by `gateway.api.workers` for each worker it starts)."""
 _PREFIX = "worker_gauges_"
+HEALTHY = "cascade_replica_healthy"
+"""The view gauge that lists every replica a worker routes to (`gateway.control.metrics`' `_ViewCollector`)."""
 
 
 def worker_label() -> str:
@@ -49,6 +53,40 @@ def remove_worker(pid: int, path: Path) -> None:
     """Remove the file of worker process `pid`, which has exited: its view leaves the exposition."""
     with contextlib.suppress(OSError):
         _file_of(path, pid).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """The replicas one live worker routes to (those in its `cascade_replica_healthy`) as of `written`, the
+    wall-clock time it last published them."""
+
+    written: float
+    replicas: frozenset[str]
+
+
+def worker_views(path: Path) -> list[WorkerView]:
+    """Every live worker's last published view, read from the metrics folder `path` (a worker that exited has no
+    file: the parent removes it). A file that cannot be read or parsed is a view of nothing written at 0, so a
+    reader waiting for a fresh view keeps waiting rather than trusting it."""
+    out = []
+    for file in sorted(path.glob(f"{_PREFIX}*.json")):
+        try:
+            written = file.stat().st_mtime
+            families = json.loads(file.read_text())
+        except FileNotFoundError:  # its worker exited meanwhile
+            continue
+        except (OSError, ValueError):
+            out.append(WorkerView(0.0, frozenset()))
+            continue
+        out.append(WorkerView(written, frozenset(labels.get("replica", "") for name, _, samples in families
+                                                 if name == HEALTHY for labels, _ in samples)))
+    return out
+
+
+def still_routing(views: Sequence[WorkerView], url: str, since: float) -> int:
+    """Of `views`, the workers that may still send requests to the replica at `url`: those that have not published
+    a view since `since` (wall-clock seconds), and those whose view still holds it."""
+    return sum(1 for v in views if v.written < since or url in v.replicas)
 
 
 class WorkerGauges:

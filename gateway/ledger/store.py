@@ -48,7 +48,7 @@ from gateway.ledger.record import (
     record_to_fields,
     validate_record,
 )
-from gateway.redis_client import REDIS_FAILURES, redis_from_url
+from gateway.redis_client import REDIS_FAILURES, close_quietly, redis_from_url
 
 __all__ = [
     "EXTRA_COUNTERS",
@@ -221,7 +221,7 @@ class RedisLedger:
             await asyncio.gather(self._flusher, return_exceptions=True)
         await asyncio.gather(*self._inflight, return_exceptions=True)
         await self._outbox.aclose()
-        await self._client.aclose()
+        await close_quietly(self._client, "the ledger")
         self._started = False
 
     async def _flush(self) -> None:

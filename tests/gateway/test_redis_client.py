@@ -8,9 +8,16 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import DataError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
-from gateway.redis_client import HiredisConnection, HiredisSSLConnection, HiredisUnixConnection, redis_from_url
+from gateway.redis_client import (
+    HiredisConnection,
+    HiredisSSLConnection,
+    HiredisUnixConnection,
+    close_quietly,
+    redis_from_url,
+)
 from tests.conftest import SHARED_URL
 
 ARGS = ("EVALSHA", "0123abcd", 3, "k:1", "k:2", "k:3", 0, 12, 2.5, 0.1, 1e-07, 1_800_000_000.123, -0.0,
@@ -60,3 +67,16 @@ async def test_commands_and_pipelines_round_trip_on_the_real_server() -> None:
     finally:
         await client.delete(key)
         await client.aclose()
+
+
+async def test_a_connection_that_will_not_close_in_time_is_logged_not_raised(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    client = redis_from_url(SHARED_URL, socket_timeout=2.0)
+    assert await client.ping()
+
+    async def stalled(*_: object) -> None:  # what redis-py raises when the host stalls past its close timeout
+        raise RedisTimeoutError("Timed out closing connection after 0.5")
+
+    monkeypatch.setattr(client.connection_pool, "disconnect", stalled)
+    await close_quietly(client, "the ledger")  # the shutdown goes on to close what comes after it
+    assert "closing the ledger's Redis connections failed: Timed out closing connection" in caplog.text
