@@ -23,7 +23,13 @@ from dataclasses import dataclass
 import orjson
 
 from backends.clients.pool import Pool, Replica
-from backends.clients.shared import EngineClient, EngineHTTPError, EngineStreamBroken, EngineUnavailable
+from backends.clients.shared import (
+    EngineClient,
+    EngineHTTPError,
+    EngineStreamBroken,
+    EngineTimeout,
+    EngineUnavailable,
+)
 from gateway.errors import NoReplicaAvailable, UpstreamError
 from gateway.serving.tracing import Tracing
 
@@ -181,8 +187,14 @@ class Proxy:
 
 
 def _failed(pool: Pool, replica: Replica, exc: Exception) -> None:
+    """A refused or broken connection marks the replica down at once (its probe brings it back); a timeout counts
+    against its breaker only. A replica that times out is stalled or saturated, still serving its batch, as for slow
+    health checks (`backends.clients.pool`): marking it down on one would fail every request of a one-replica pool
+    until the next probe, and on a loaded host that is what a second-long stall did (a 503 per request meanwhile).
+    Timeouts that go on open its breaker."""
     replica.breaker.record_failure()
-    pool.mark_failed(replica, str(exc))
+    if not isinstance(exc, EngineTimeout):
+        pool.mark_failed(replica, str(exc))
 
 
 def _answered(replica: Replica, status: int) -> None:
