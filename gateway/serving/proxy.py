@@ -187,13 +187,13 @@ class Proxy:
 
 
 def _failed(pool: Pool, replica: Replica, exc: Exception) -> None:
-    """A refused or broken connection marks the replica down at once (its probe brings it back); a timeout counts
-    against its breaker only. A replica that times out is stalled or saturated, still serving its batch, as for slow
-    health checks (`backends.clients.pool`): marking it down on one would fail every request of a one-replica pool
-    until the next probe, and on a loaded host that is what a second-long stall did (a 503 per request meanwhile).
-    Timeouts that go on open its breaker."""
+    """A refused or broken connection marks the replica down at once (its probe brings it back). A timeout does
+    too while another replica of the pool is available (requests go there), and otherwise counts against its breaker
+    only: a replica that times out may be stalled or saturated, still serving its batch, as for slow health checks
+    (`backends.clients.pool`), and marking the last one down would fail every request until the next probe (on a
+    loaded host, a second-long stall did that: a 503 per request meanwhile). Timeouts that go on open its breaker."""
     replica.breaker.record_failure()
-    if not isinstance(exc, EngineTimeout):
+    if not isinstance(exc, EngineTimeout) or any(r.available for r in pool.replicas if r is not replica):
         pool.mark_failed(replica, str(exc))
 
 

@@ -1,6 +1,7 @@
 """What one failed attempt does to the replica it went to: a refused connection marks it down at once (its probe
-brings it back), a timeout only counts against its breaker, so a stalled or saturated engine, which is still
-serving its batch, is not taken out of a one-replica pool on one slow answer. A stub client raises the errors; the
+brings it back); a timeout marks it down only while another replica serves, and otherwise counts against its breaker,
+so a stalled or saturated engine, which is still serving its batch, is not taken out of a one-replica pool on one
+slow answer. A stub client raises the errors; the
 retries and the breaker through the real gateway are `test_retry_http.py`'s."""
 
 from __future__ import annotations
@@ -50,3 +51,13 @@ async def test_a_refusal_marks_the_replica_down_and_a_timeout_does_not(error: Ex
             with pytest.raises(NoReplicaAvailable):
                 await Proxy(client).complete(pool, b"{}")  # type: ignore[arg-type]
         assert replica.breaker.state is BreakerState.OPEN and not replica.available
+
+
+async def test_a_timeout_marks_a_replica_down_while_another_serves() -> None:
+    client = _Failing(EngineTimeout(f"{URL}: no answer in 30 s"))
+    pool = Pool("micro", [], client)  # type: ignore[arg-type]
+    pool.set_urls([URL, "http://127.0.0.1:10"], ready=True)
+    with pytest.raises(NoReplicaAvailable):  # both tried (the stub fails every call), the first marked down
+        await Proxy(client).complete(pool, b"{}")  # type: ignore[arg-type]
+    first, second = pool.replicas
+    assert client.calls == 2 and [first.healthy, second.healthy].count(False) == 1  # not the last one
