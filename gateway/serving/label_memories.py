@@ -128,7 +128,7 @@ class LabelMemories:
         attached = self._attached.get(name)
         if attached is None or views.embedding is None or _router_of(views.scorer) is not attached.base:
             return None
-        if attached.memory.params.structure > 0:
+        if attached.reads_features:
             row = views.features.features(text, shape) if views.features is not None else None
         else:
             row = views.embedding.embedding(text)
@@ -159,10 +159,11 @@ class LabelMemories:
                 continue
             try:
                 memory, _ = load_memory(files[name], embedder=embedder)
-                if memory.params.structure > 0 and not features:  # `adjust` could read the embedding alone
-                    raise ValueError(f"its similarity reads the structural columns (structure "
-                                     f"{memory.params.structure:g}), which this scorer does not keep per request")
-                out[name] = MemoryRouter.attach(base, memory)
+                attached = MemoryRouter.attach(base, memory)
+                if attached.reads_features and not features:  # `adjust` could read the embedding alone
+                    raise ValueError(f"it reads {_what_it_reads(attached)} of each request, which this scorer does "
+                                     "not keep per request")
+                out[name] = attached
                 log.info("label memory %s loaded: %d labels", name, len(memory))
             except (ArtifactError, ValueError) as exc:
                 log.warning("label memory %s not loaded (%s); %s", name, exc,
@@ -189,6 +190,15 @@ class LabelMemories:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+def _what_it_reads(attached: MemoryRouter) -> str:
+    """What of a request's feature row beyond its embedding a memory reads (for the refusal)."""
+    p = attached.memory.params
+    parts = [f"the structural columns (structure {p.structure:g})"] if p.structure > 0 else []
+    if attached.source_logits.shape[1]:
+        parts.append(f"the whole row for the router's per-source routers (sources {p.sources:g})")
+    return " and ".join(parts)
 
 
 def _moved(name: str, attached: MemoryRouter, row: npt.NDArray[np.float32], score: float) -> MemoryScore:

@@ -40,20 +40,28 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def _memories(text: str) -> tuple[MemoryParams, ...]:
-    """`neighbours:bandwidth:prior[:structure[:slope|level[:slope_scale[:shrink]]]],...` -> the label memories
-    compared (an omitted field takes `MemoryParams`' default)."""
+    """`neighbours:bandwidth:prior[:structure[:slope|level[:slope_scale[:shrink[:sources[:early]]]]]],...` -> the
+    label memories compared (an omitted field takes `MemoryParams`' default; `early` is
+    `labels/shrink/bandwidth`, or 0 for none)."""
+    grammar = "neighbours:bandwidth:prior[:structure[:slope|level[:slope_scale[:shrink[:sources[:early]]]]]]"
     out = []
     for item in (v for v in text.split(",") if v.strip()):
         k, bandwidth, prior, *rest = item.split(":")
-        if len(rest) > 4 or (len(rest) >= 2 and rest[1] not in ("slope", "level")):
-            raise ValueError("a memory is neighbours:bandwidth:prior[:structure[:slope|level[:slope_scale[:shrink]]]]"
-                             f", got {item!r}")
+        if len(rest) > 6 or (len(rest) >= 2 and rest[1] not in ("slope", "level")):
+            raise ValueError(f"a memory is {grammar}, got {item!r}")
         default = MemoryParams()
+        early = rest[5].split("/") if len(rest) >= 6 else None
+        if early is not None and early != ["0"] and len(early) != 3:
+            raise ValueError(f"a memory's early field is labels/shrink/bandwidth or 0, got {rest[5]!r}")
         out.append(MemoryParams(int(k), float(bandwidth), float(prior),
                                 float(rest[0]) if rest else default.structure,
                                 rest[1] == "slope" if len(rest) >= 2 else default.slope,
                                 float(rest[2]) if len(rest) >= 3 else default.slope_scale,
-                                float(rest[3]) if len(rest) >= 4 else default.shrink))
+                                float(rest[3]) if len(rest) >= 4 else default.shrink,
+                                float(rest[4]) if len(rest) >= 5 else default.sources,
+                                (0 if early == ["0"] else int(early[0])) if early else default.early_labels,
+                                float(early[1]) if early and len(early) == 3 else default.early_shrink,
+                                float(early[2]) if early and len(early) == 3 else default.early_bandwidth))
     return tuple(out)
 
 
@@ -112,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", default="100,300,1000,3000", help="k of the share mode, own share N/(N+k)")
     p.add_argument("--penalties", default="10,30,100,300,1000", help="penalties of the correction mode")
     p.add_argument("--memories", default="", help="label memories beside the public model, as neighbours:"
-                   "bandwidth:prior[:structure[:slope|level[:slope_scale[:shrink]]]],... (the served default: "
-                   "100:0.1:0.3:0.3:slope:0.5:0.3)")
+                   "bandwidth:prior[:structure[:slope|level[:slope_scale[:shrink[:sources[:early]]]]]],... (the served "
+                   "default: 100:0.1:0.3:0.3:slope:0.5:0.3:300:300/0.9/0.125)")
     p.add_argument("--no-own-only", action="store_true", help="skip the own-labels-alone reference")
     p.add_argument("--max-per-source", type=int, default=None, help="evenly spaced rows per source (smoke runs)")
     p.add_argument("--json", type=Path, default=None, help="also write every point and the summary here")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
-from router_models.serving.classifier import LinearRouter
+from router_models.serving.classifier import LinearRouter, SourceRouters
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -63,8 +63,14 @@ class RouterArtifact:
 
 
 def _payload_bytes(router: LinearRouter) -> bytes:
+    """The npz payload: `weights` and `bias`, and the per-source routers' `source_weights` and `source_biases` when
+    the router carries them (their names go in the metadata, `source_routers`)."""
     buf = io.BytesIO()
-    np.savez(buf, weights=router.weights.astype(np.float32), bias=np.asarray([router.bias], np.float64))
+    arrays = {"weights": router.weights.astype(np.float32), "bias": np.asarray([router.bias], np.float64)}
+    if router.sources is not None:
+        arrays |= {"source_weights": router.sources.weights.astype(np.float32),
+                   "source_biases": router.sources.biases.astype(np.float64)}
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
@@ -91,6 +97,7 @@ def save_artifact(artifact: RouterArtifact, path: str | Path = DEFAULT_ARTIFACT)
         feature_names=list(FEATURE_NAMES),
         embedder=artifact.embedder,
         dim=artifact.router.dim,
+        source_routers=list(artifact.router.sources.names) if artifact.router.sources is not None else [],
         payload_file=payload_path.name,
         payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
@@ -166,11 +173,17 @@ def _read_payload(meta: dict[str, Any], meta_path: Path) -> LinearRouter:
         with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
             weights = np.asarray(npz["weights"], dtype=np.float32)
             bias = float(npz["bias"][0])
+            names = tuple(str(n) for n in meta.get("source_routers") or ())
+            sources = SourceRouters(names, np.asarray(npz["source_weights"], np.float32),
+                                    np.asarray(npz["source_biases"], np.float64)) if names else None
     except (OSError, ValueError, KeyError) as exc:
         raise ArtifactError(f"router payload {payload_path} is unreadable ({exc}); {_FIX}") from exc
     if weights.ndim != 1 or weights.shape[0] != meta.get("dim") or not np.all(np.isfinite(weights)):
         raise ArtifactError(f"router payload {payload_path} has bad weights {weights.shape}; {_FIX}")
-    return LinearRouter(weights=weights, bias=bias)
+    if sources is not None and sources.weights.shape[1] != weights.shape[0]:
+        raise ArtifactError(f"router payload {payload_path} has source routers of {sources.weights.shape[1]} "
+                            f"columns for a router of {weights.shape[0]}; {_FIX}")
+    return LinearRouter(weights=weights, bias=bias, sources=sources)
 
 
 def default_store_dir() -> Path:

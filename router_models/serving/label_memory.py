@@ -6,9 +6,16 @@ recorded mapped to [0, 1]: (flagship quality - micro quality + 1) / 2 (`gap_targ
 is micro 1 - p against flagship 1, so (p + 1) / 2). The gap is what routing a prompt to the flagship gains, and
 what APGR counts; on the learning curve it taught the labels more than the event did (MODEL_CARD.md).
 
-Attached to a router (`MemoryRouter`), the router's score p is read on the targets' scale by a slope `a` and a
-level `c` fitted on the labels (`fit_scale`: a logistic regression of the targets on the router's logit, two
-numbers; with `MemoryParams.slope` off, a = 1 and c alone makes the mean of sigmoid(logit p + c) the mean target).
+Attached to a router (`MemoryRouter`) whose artifact carries its per-source routers (`classifier.SourceRouters`: one
+router per public source, fitted on that source alone) and with `MemoryParams.sources` > 0, the router is first read
+together with them on the labels (`fit_combination`: a logistic regression of the targets on the router's logit and
+the per-source logits, the router's coefficient pulled towards 1 and each source's towards 0 by `sources`, a ridge):
+a user whose gaps one source's router ranks better than the pooled router leans towards it, with a handful of
+labels hardly at all. That combination's logit stands for "the router's logit" below, and the score returns to the
+router's scale by the combination's slope and level (its per-source part stays in the score). Then its score p is
+read on the targets' scale by a slope `a` and a level `c` fitted on the labels (`fit_scale`: a logistic regression
+of the targets on the router's logit, two numbers; with `MemoryParams.slope` off, a = 1 and c alone makes the mean
+of sigmoid(logit p + c) the mean target).
 a > 0, so the router's ranking is untouched; a small a says the router ranks this traffic poorly and leaves the
 labels more of the say. With the slope fitted, a is then scaled by `slope_scale` (0.5 by default) and c refitted
 (`reading_scale`): among labelled neighbours the router's own differences count for less than a fit of the router
@@ -26,6 +33,9 @@ feature row x (embedding e, structural columns f) and router score p moves by it
     q = clip(sigmoid(a logit p + c) + m * m^2 / (m^2 + shrink * se2), eps, 1 - eps)
     score = sigmoid((logit q - c) / a)                          (back on the router's scale)
 
+Below `early_labels` labels the move uses `early_bandwidth` and `early_shrink` (wider and more shrunk: fewer labels
+are trusted less; on the learning curve that kept every source at or above its no-label figure at 100 labels).
+
 So it blends the router with the labels by how many and how close they are: a request with no close label keeps
 the router's score (the weights vanish against the pseudo-count `prior`); many close labels that agree move it by
 their mean residual, and a move its neighbours disagree about (a standard error large against the move) shrinks.
@@ -37,9 +47,10 @@ residuals are too small and the fitted slope too steep (on the learning curve th
 Conflicting labels of one prompt are all kept (their residuals average in the neighbourhood);
 `LabelMemory.conflicts` counts them.
 
-Cost per request: one (n_labels x dim) matrix-vector product and a partial sort; with `structure` > 0 it reads the
-request's structural columns too, which the gateway's scorer keeps beside the embedding from the worker thread that
-scored it (`classifier_scorer.ClassifierScorer.features`; computing them again would cost ~6 ms on the event loop).
+Cost per request: one (n_labels x dim) matrix-vector product and a partial sort, plus (k x dim) for the per-source
+routers; with `structure` > 0 or the per-source routers it reads the request's whole feature row, which the
+gateway's scorer keeps beside the embedding from the worker thread that scored it
+(`classifier_scorer.ClassifierScorer.features`; computing them again would cost ~6 ms on the event loop).
 Everything is numpy and deterministic; objects are immutable, so a holder swaps them atomically.
 """
 
@@ -54,8 +65,8 @@ import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
 
-__all__ = ["LabelMemory", "MemoryParams", "MemoryRouter", "fit_scale", "gap_target", "level_shift",
-           "reading_scale"]
+__all__ = ["Combination", "LabelMemory", "MemoryParams", "MemoryRouter", "fit_combination", "fit_scale",
+           "gap_target", "level_shift", "reading_scale"]
 
 Floats = npt.NDArray[np.float64]
 FloatArray = npt.NDArray[np.float32]
@@ -124,6 +135,61 @@ def reading_scale(logits: Floats, targets: Floats, params: MemoryParams) -> tupl
     return a, level_shift(a * np.asarray(logits, np.float64), float(np.mean(targets)))
 
 
+@dataclass(frozen=True)
+class Combination:
+    """The router read together with its artifact's per-source routers on a user's labels: logit
+    `slope * router logit + source_logits . weights + level` (`fit_combination`). `weights` empty: the router alone."""
+
+    slope: float = 1.0
+    weights: Floats = field(default_factory=lambda: np.zeros(0))
+    level: float = 0.0
+
+    def logits(self, router_logits: Floats, source_logits: Floats) -> Floats:
+        out = self.slope * np.asarray(router_logits, np.float64) + self.level
+        return out + source_logits @ self.weights if len(self.weights) else out
+
+    def undo(self, logits: Floats) -> Floats:
+        """From the combination's scale back to the router's (the inverse of the slope and level only: a request's
+        per-source part stays in its score)."""
+        return np.asarray((logits - self.level) / self.slope, np.float64)
+
+
+def fit_combination(router_logits: Floats, source_logits: Floats, targets: Floats, ridge: float,
+                    iterations: int = 50) -> Combination:
+    """A logistic regression of the labels' soft `targets` on the router's logit and the per-source routers'
+    logits (each standardised over the labels), by Newton's method: the router's coefficient pulled towards 1
+    (`_SLOPE_RIDGE`), each source's towards 0 by `ridge`, the level free. So few labels leave the router as it is,
+    and labels whose gaps one source's router ranks better than the pooled one lean towards it. The slope is kept in
+    `_SLOPES` (the router's ranking is not turned round); a source constant over the labels gets 0."""
+    n, k = source_logits.shape
+    if n == 0 or k == 0:
+        return Combination()
+    mean, spread = source_logits.mean(axis=0), source_logits.std(axis=0)
+    used = spread > 1e-9
+    z = np.hstack([np.asarray(router_logits, np.float64)[:, None],
+                   (source_logits[:, used] - mean[used]) / spread[used], np.ones((n, 1))])
+    prior = np.zeros(z.shape[1])
+    prior[0] = 1.0
+    penalty = np.full(z.shape[1], float(ridge))
+    penalty[0], penalty[-1] = _SLOPE_RIDGE, 1e-6
+    theta = prior.copy()
+    t = np.asarray(targets, np.float64)
+    for _ in range(iterations):
+        p = _sigmoid(z @ theta)
+        grad = z.T @ (p - t) + penalty * (theta - prior)
+        hess = (z * (p * (1.0 - p) + 1e-12)[:, None]).T @ z + np.diag(penalty)
+        step = np.linalg.solve(hess, grad)
+        theta = theta - step
+        if not np.all(np.isfinite(theta)):
+            return Combination()
+        if float(np.abs(step).max()) < 1e-10:
+            break
+    weights = np.zeros(k)
+    weights[used] = theta[1:-1] / spread[used]
+    slope = float(np.clip(theta[0], *_SLOPES))
+    return Combination(slope, weights, float(theta[-1] - weights[used] @ mean[used]))
+
+
 def _sigmoid(z: Floats) -> Floats:
     return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))), np.float64)
 
@@ -150,12 +216,24 @@ class MemoryParams:
     slope: bool = True
     slope_scale: float = 0.5  # 1 before 2026-12-05
     shrink: float = 0.3  # 0 before 2026-12-05
+    sources: float = 300.0  # 0 (not used) before 2026-12-06
+    early_labels: int = 300  # below it `early_shrink` and `early_bandwidth` (0: never; before 2026-12-06)
+    early_shrink: float = 0.9
+    early_bandwidth: float = 0.125
 
     def __post_init__(self) -> None:
         if (self.neighbours < 1 or not self.bandwidth > 0 or not self.prior > 0 or not self.structure >= 0
-                or not self.slope_scale > 0 or not self.shrink >= 0):
-            raise ValueError("memory parameters must be positive (neighbours >= 1, structure >= 0, shrink >= 0), "
-                             f"got {self}")
+                or not self.slope_scale > 0 or not self.shrink >= 0 or not self.sources >= 0
+                or self.early_labels < 0 or not self.early_shrink >= 0 or not self.early_bandwidth > 0):
+            raise ValueError("memory parameters must be positive (neighbours >= 1, structure, shrink, sources, "
+                             f"early_labels and early_shrink >= 0), got {self}")
+
+    def moving(self, labels: int) -> tuple[float, float]:
+        """(bandwidth, shrink) a memory of `labels` labels moves scores with: the early ones below `early_labels`
+        (fewer labels are trusted less), else `bandwidth` and `shrink`."""
+        if labels < self.early_labels:
+            return self.early_bandwidth, self.early_shrink
+        return self.bandwidth, self.shrink
 
 
 @dataclass(frozen=True)
@@ -209,13 +287,17 @@ class LabelMemory:
 @dataclass(frozen=True)
 class MemoryRouter:
     """A `LinearRouter` with a `LabelMemory` attached (module docstring): `predict_proba` as the router's, moved
-    by the labels. `logits` are the router's on the labels (computed once each), `slope` and `level` the fitted
-    `a` and `c`, `residuals` the labels' against the rescaled router, `unit` their similarity rows and
-    `centre`, `spread` the structural columns' mean and spread over the labels (what `unit` was scaled by)."""
+    by the labels. `logits` are the router's on the labels and `source_logits` its per-source routers' (computed once
+    each; (n, 0) when the combination is not used), `combination` the router read with them on the labels, `slope`
+    and `level` the fitted `a` and `c` on the combination's logit, `residuals` the labels' against it, `unit` their
+    similarity rows and `centre`, `spread` the structural columns' mean and spread over the labels (what `unit` was
+    scaled by)."""
 
     base: LinearRouter
     memory: LabelMemory
     logits: Floats
+    source_logits: Floats
+    combination: Combination
     slope: float
     level: float
     residuals: Floats
@@ -227,29 +309,40 @@ class MemoryRouter:
     def attach(cls, base: LinearRouter, memory: LabelMemory) -> MemoryRouter:
         if memory.rows.shape[1] != base.dim:
             raise ValueError(f"memory rows have {memory.rows.shape[1]} columns, the router reads {base.dim}")
-        return cls._with(base, memory, _router_logits(base, memory.rows))
+        return cls._with(base, memory, _router_logits(base, memory.rows), _source_logits(base, memory, memory.rows))
 
     @classmethod
-    def _with(cls, base: LinearRouter, memory: LabelMemory, logits: Floats) -> MemoryRouter:
-        a, c = reading_scale(logits, memory.targets, memory.params)
+    def _with(cls, base: LinearRouter, memory: LabelMemory, logits: Floats, source_logits: Floats) -> MemoryRouter:
+        combination = fit_combination(logits, source_logits, memory.targets, memory.params.sources)
+        read = combination.logits(logits, source_logits)
+        a, c = reading_scale(read, memory.targets, memory.params)
         extra = memory.rows[:, memory.embedding_dim:].astype(np.float64)
         centre = extra.mean(axis=0) if len(memory) else np.zeros(extra.shape[1])
         spread = extra.std(axis=0) if len(memory) else np.ones(extra.shape[1])
         spread = np.where(spread > 1e-6, spread, np.inf)  # a column constant over the labels says nothing
         unit = _similarity_rows(memory.rows, memory.embedding_dim, memory.params.structure, centre, spread)
-        return cls(base, memory, logits, a, c, memory.targets - _sigmoid(a * logits + c), unit, centre, spread)
+        return cls(base, memory, logits, source_logits, combination, a, c, memory.targets - _sigmoid(a * read + c),
+                   unit, centre, spread)
 
     @property
     def dim(self) -> int:
         return self.base.dim
 
+    @property
+    def reads_features(self) -> bool:
+        """Whether `adjust` reads a request's whole feature row (the structural columns in the similarity, or the
+        per-source routers), not its embedding alone."""
+        return self.memory.params.structure > 0 or self.source_logits.shape[1] > 0
+
     def with_labels(self, rows: npt.NDArray[np.floating], targets: Sequence[float] | Floats,
                     keys: Sequence[str] = ()) -> MemoryRouter:
-        """This router with more labels: only the new rows are scored by the router (no fit of any model; the
-        slope, level and structural scaling are recomputed over all labels)."""
+        """This router with more labels: only the new rows are scored by the router and its per-source routers
+        (no model is refitted; the combination, slope, level and structural scaling are refitted over all labels:
+        a few numbers)."""
         x = np.asarray(rows, np.float32)
         memory = self.memory.extended(x, targets, keys)
-        return MemoryRouter._with(self.base, memory, np.concatenate([self.logits, _router_logits(self.base, x)]))
+        return MemoryRouter._with(self.base, memory, np.concatenate([self.logits, _router_logits(self.base, x)]),
+                                  np.vstack([self.source_logits, _source_logits(self.base, memory, x)]))
 
     def predict_proba(self, features: FloatArray) -> Floats:
         """One probability per row of `features` (n, dim), as `LinearRouter.predict_proba`."""
@@ -257,12 +350,12 @@ class MemoryRouter:
 
     def adjust(self, features: npt.NDArray[np.floating], scores: Floats) -> Floats:
         """`scores` (the base router's, one per row of `features`: (m, dim) feature rows as the scorer computes
-        them; (m, embedding_dim) embeddings when `structure` is 0) moved by the labels."""
+        them; (m, embedding_dim) embeddings when `reads_features` is False) moved by the labels."""
         scores = np.asarray(scores, np.float64)
         if not len(self.memory):
             return scores
         p = self.memory.params
-        width = self.memory.embedding_dim if p.structure == 0 else self.dim
+        width = self.dim if self.reads_features else self.memory.embedding_dim
         if features.shape[1] < width:
             raise ValueError(f"the memory reads {width} columns of a request, got {features.shape[1]}")
         query = _similarity_rows(features[:, :width], self.memory.embedding_dim, p.structure, self.centre,
@@ -270,10 +363,14 @@ class MemoryRouter:
         sims = query @ self.unit.T
         k = min(p.neighbours, sims.shape[1])
         nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-        weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / p.bandwidth)
-        shift = _move(weights, self.residuals[nearest], p.prior, p.shrink)
-        moved = np.clip(_sigmoid(self.slope * _logit(scores) + self.level) + shift, _EPS, 1.0 - _EPS)
-        return _sigmoid((_logit(moved) - self.level) / self.slope)
+        bandwidth, shrink = p.moving(len(self.memory))
+        weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / bandwidth)
+        shift = _move(weights, self.residuals[nearest], p.prior, shrink)
+        sources = (self.base.sources.logits(features[:, :self.dim])
+                   if self.base.sources is not None and self.source_logits.shape[1] else np.zeros((len(scores), 0)))
+        read = self.combination.logits(_logit(scores), sources)
+        moved = np.clip(_sigmoid(self.slope * read + self.level) + shift, _EPS, 1.0 - _EPS)
+        return _sigmoid(self.combination.undo((_logit(moved) - self.level) / self.slope))
 
 
 def _move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Floats:
@@ -292,6 +389,14 @@ def _move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Fl
     square = shift * shift
     keep = np.divide(square, square + shrink * se2, out=np.ones_like(square), where=square > 0)
     return np.asarray(shift * keep, np.float64)
+
+
+def _source_logits(router: LinearRouter, memory: LabelMemory, x: npt.NDArray[np.floating]) -> Floats:
+    """The router's per-source routers' logits on rows `x` when the memory combines them (`params.sources` > 0 and
+    the artifact carries them), else (n, 0)."""
+    if router.sources is None or memory.params.sources <= 0:
+        return np.zeros((len(x), 0))
+    return router.sources.logits(x)
 
 
 def _router_logits(router: LinearRouter, x: npt.NDArray[np.floating]) -> Floats:

@@ -33,6 +33,7 @@ from router_models.training.trainer import (
     correct,
     fit_sources,
     own_source_rows,
+    source_routers,
     source_rows,
 )
 
@@ -58,14 +59,15 @@ def methods(cfg: TrainConfig, ks: Sequence[float] = (100, 300, 1000, 3000),
             penalties: Sequence[float] = (10, 30, 100, 300, 1000), own_only: bool = True,
             memories: Sequence[MemoryParams] = ()) -> dict[str, TrainConfig]:
     """The compared ways to use own labels, by name: `equal`, `share k=...`, `correction penalty=...`,
-    `memory k=... bandwidth=... prior=... structure=... slope scale=...|level shrink=...` (the public model with the
-    labels' memory)."""
+    `memory k=... bandwidth=... prior=... structure=... slope scale=...|level shrink=... sources=... [early=...]` (the
+    public model with the labels' memory)."""
     out = {"equal": replace(cfg, own_labels="equal")}
     out |= {f"share k={k:g}": replace(cfg, own_labels="share", own_k=float(k)) for k in ks}
     out |= {f"correction penalty={p:g}": replace(cfg, own_labels="correction", own_penalty=float(p))
             for p in penalties}
     out |= {f"memory k={m.neighbours} bandwidth={m.bandwidth:g} prior={m.prior:g} structure={m.structure:g} "
-            f"{f'slope scale={m.slope_scale:g}' if m.slope else 'level'} shrink={m.shrink:g}":
+            f"{f'slope scale={m.slope_scale:g}' if m.slope else 'level'} shrink={m.shrink:g} sources={m.sources:g}"
+            f"{f' early={m.early_labels}/{m.early_shrink:g}/{m.early_bandwidth:g}' if m.early_labels else ''}":
             replace(cfg, own_labels="memory", memory=m) for m in memories}
     if own_only:
         out[OWN_ONLY] = replace(cfg, own_labels="equal")
@@ -117,6 +119,9 @@ def learning_curve(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg:
         train = [i for i, ex in enumerate(examples) if ex.source != source and ex.key not in keys]
         public_rows = source_rows(x[train], [examples[i] for i in train], cfg)
         public = fit_sources(public_rows, cfg)
+        if any(m.own_labels == "memory" and m.memory.sources > 0 for m in compared.values()):
+            public = replace(public, router=replace(public.router, sources=source_routers(
+                x[train], [examples[i] for i in train], cfg)))
         ns = sizes_for(len(held), sizes, min_rest)
         for draw in range(draws):
             order, test = _draw(held, max(ns), seed, source, draw)

@@ -35,6 +35,7 @@ from router_models.training.trainer import (
     features,
     fit_router,
     mask_features,
+    source_routers,
     training_metadata,
 )
 
@@ -167,6 +168,8 @@ def _fit_and_evaluate(cfg: TrainConfig, embedder: Embedder, public: list[Example
     x = np.vstack([x_pub, features(embedder, extra, cfg.feature_set)]) if extra else x_pub
     print(f"[train] final fit on {len(everything)} prompts")
     fitted = fit_router(x, everything, cfg)
+    print("[train] one router per public source, for label memories to combine")
+    fitted = replace(fitted, router=replace(fitted.router, sources=source_routers(x_pub, public, cfg)))
     if fitted.own:
         print(f"[train] {fitted.own['rows']} own label rows used the {fitted.own['mode']!r} way "
               f"(router_models/training/own_labels.py)")

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from router_models.embedders.disk_cache import embed_cached
 from router_models.embedders.features import FEATURE_NAMES
 from router_models.embedders.protocol import Embedder
-from router_models.serving.classifier import LinearRouter, feature_matrix
+from router_models.serving.classifier import LinearRouter, SourceRouters, feature_matrix
 from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter, gap_target
 from router_models.training.evaluate import apgr, example_curve
 from router_models.training.fit import GroupStats, fit_platt, group_stats, solve_ridge, union
@@ -47,12 +47,14 @@ from router_models.training.targets import targets
 
 __all__ = [
     "FEATURE_SETS", "Fitted", "SourceRows", "TrainConfig", "calibration_weights", "centred", "correct", "features",
-    "fit_router", "fit_sources", "mask_features", "own_source_rows", "source_rows", "source_weights",
+    "fit_router", "fit_sources", "mask_features", "own_source_rows", "source_routers", "source_rows", "source_weights",
     "training_metadata",
 ]
 
 Floats = npt.NDArray[np.float64]
 FEATURE_SETS = ("embedding+structure", "embedding", "structure")
+SOURCE_ROUTER_ROWS = 200
+"""A public source gets a router of its own (`source_routers`) from this many rows up."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,23 @@ def correct(fitted: Fitted, x: npt.NDArray[np.float32], own: Sequence[Example], 
     return replace(fitted, router=fix.router, own={"mode": cfg.own_labels, "rows": len(own),
                                                    "penalty": cfg.own_penalty, "target": "event",
                                                    "shift": round(fix.shift, 6)})
+
+
+def source_routers(x: npt.NDArray[np.float32], examples: Sequence[Example], cfg: TrainConfig) -> SourceRouters | None:
+    """One router per public source of `examples` with at least `SOURCE_ROUTER_ROWS` rows, each fitted on that
+    source alone as `fit_sources` fits (5 folds choose its ridge); None when no source has that many. A label
+    memory combines them to read a user's traffic (`label_memory.fit_combination`); they are served in the
+    artifact beside the pooled router."""
+    by_source: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        if not is_own(ex.source):
+            by_source.setdefault(ex.source, []).append(i)
+    fits = [(name, fit_sources(source_rows(x[idx], [examples[i] for i in idx], cfg), cfg).router)
+            for name, idx in by_source.items() if len(idx) >= SOURCE_ROUTER_ROWS]
+    if not fits:
+        return None
+    return SourceRouters(tuple(name for name, _ in fits), np.stack([r.weights for _, r in fits]).astype(np.float32),
+                         np.asarray([r.bias for _, r in fits], np.float64))
 
 
 def fit_sources(rows: Mapping[str, SourceRows], cfg: TrainConfig) -> Fitted:

@@ -44,7 +44,7 @@ from router_models.embedders.onnx_minilm import default_cache_dir
 from router_models.serving.artifact import DEFAULT_ARTIFACT
 from router_models.serving.classifier import feature_matrix
 from router_models.serving.classifier_scorer import ClassifierScorer, load_scorer
-from router_models.serving.label_memory import LabelMemory, MemoryParams
+from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter
 from router_models.serving.memory_file import load_memory, memory_paths, save_memory
 from router_models.serving.scorer import ConversationShape, ScorerViews, read_conversation
 from tests.conftest import policy_yaml
@@ -111,6 +111,19 @@ async def test_a_tenants_labels_move_its_scores_at_once_and_no_one_elses(scorer:
     payload.write_bytes(b"not a memory")  # a broken write: the memory loaded before keeps serving
     await memories.refresh()
     assert (await _route(router, HARD, "acme", _policy("tenant")))[0] == moved
+
+
+async def test_the_shipped_artifacts_per_source_routers_are_read_by_a_default_memory(scorer: ClassifierScorer) -> None:
+    """The artifact carries one router per public source; a memory with the default `sources` reads the router
+    together with them (so it needs the request's whole feature row), one with `sources` 0 reads the router alone."""
+    sources = scorer.router.sources
+    assert sources is not None and set(sources.names) == set(json.loads(DEFAULT_ARTIFACT.read_text())["sources"])
+    rows = await _rows(scorer, [HARD, EASY])
+    width = rows.shape[1] - len(FEATURE_NAMES)
+    combined = MemoryRouter.attach(scorer.router, LabelMemory(rows, np.asarray([1.0, 0.5]), width))
+    assert combined.source_logits.shape == (2, len(sources.names)) and combined.reads_features
+    alone = MemoryRouter.attach(scorer.router, LabelMemory(rows, np.asarray([1.0, 0.5]), width, EMBEDDING_ONLY))
+    assert alone.source_logits.shape == (2, 0) and not alone.reads_features
 
 
 async def test_a_memory_past_inline_labels_is_moved_in_a_worker_thread_in_batches_to_the_same_scores(
@@ -209,7 +222,7 @@ async def test_a_memory_that_fails_its_checks_leaves_the_previous_one_serving_an
     assert memories.adjust("acme", ScorerViews.of(scorer), HARD, base) == before
 
 
-STRUCTURAL, EMBEDDING_ONLY = MemoryParams(structure=0.3), MemoryParams(structure=0.0)
+STRUCTURAL, EMBEDDING_ONLY = MemoryParams(structure=0.3, sources=0.0), MemoryParams(structure=0.0, sources=0.0)
 CHAT = [{"role": "system", "content": "You review contracts for a law firm."},
         {"role": "user", "content": "Here is the contract. " + "Clause text. " * 80},
         {"role": "assistant", "content": "I have read it."}, {"role": "user", "content": HARD}]

@@ -43,3 +43,10 @@ def test_memories_read_every_field_and_default_the_rest() -> None:
     assert served == MemoryParams(50, 0.2, 1.0, 0.0, False, 0.5, 0.3)
     with pytest.raises(ValueError, match="slope_scale"):
         _memories("100:0.1:0.3:0.3:steep")
+    (combined,) = _memories("100:0.1:0.3:0.3:slope:0.5:0.3:30:200/1.5/0.2")
+    assert (combined.sources, combined.early_labels, combined.early_shrink, combined.early_bandwidth) == (
+        30.0, 200, 1.5, 0.2)
+    (plain,) = _memories("100:0.1:0.3:0.3:slope:0.5:0.3:0:0")
+    assert (plain.sources, plain.early_labels) == (0.0, 0)
+    with pytest.raises(ValueError, match="labels/shrink/bandwidth"):
+        _memories("100:0.1:0.3:0.3:slope:0.5:0.3:30:200/1.5")

@@ -18,7 +18,7 @@ from router_models.serving.artifact import (
     load_artifact,
     save_artifact,
 )
-from router_models.serving.classifier import LinearRouter
+from router_models.serving.classifier import LinearRouter, SourceRouters
 from router_models.training.loso import leave_one_source_out
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, data_hash, load_outcomes
 from router_models.training.trainer import TrainConfig, features
@@ -37,6 +37,20 @@ def test_round_trip(tmp_path: Path) -> None:
     assert art.router.weights.tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
     assert art.metadata["metrics"] == {"auc": 0.7}
     assert load_artifact(tmp_path / "r.npz").embedder == "fake:8"
+
+
+def test_the_per_source_routers_travel_with_the_router(tmp_path: Path) -> None:
+    sources = SourceRouters(("a", "b"), (np.arange(10).reshape(2, 5) / 10).astype(np.float32), np.asarray([0.5, -1.0]))
+    router = LinearRouter(weights=np.ones(5, np.float32), bias=0.0, sources=sources)
+    meta = save_artifact(RouterArtifact(router=router, embedder="fake:8"), tmp_path / "r.json")
+    loaded = load_artifact(meta, embedder="fake:8").router.sources
+    assert loaded is not None and loaded.names == ("a", "b") and loaded.biases.tolist() == [0.5, -1.0]
+    assert np.array_equal(loaded.weights, sources.weights)
+    assert load_artifact(_saved(tmp_path), embedder="fake:8").router.sources is None  # an artifact without them
+    wrong = LinearRouter(weights=np.ones(4, np.float32), bias=0.0, sources=sources)  # 4 columns against their 5
+    save_artifact(RouterArtifact(router=wrong, embedder="fake:8"), tmp_path / "w.json")
+    with pytest.raises(ArtifactError, match="source routers of 5 columns for a router of 4"):
+        load_artifact(tmp_path / "w.json", embedder="fake:8")
 
 
 def test_corrupt_payload_refused(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ on real outcomes: MODEL_CARD.md)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,15 @@ import numpy.typing as npt
 import pytest
 
 from router_models.serving.artifact import ArtifactError
-from router_models.serving.classifier import LinearRouter
-from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter, fit_scale, reading_scale
+from router_models.serving.classifier import LinearRouter, SourceRouters
+from router_models.serving.label_memory import (
+    LabelMemory,
+    MemoryParams,
+    MemoryRouter,
+    fit_combination,
+    fit_scale,
+    reading_scale,
+)
 from router_models.serving.memory_file import load_memory, memory_paths, save_memory
 
 EMBED, EXTRA = 8, 2  # an embedding of 8 numbers, then 2 structural columns
@@ -161,7 +169,7 @@ def test_a_fitted_slope_gives_the_routers_score_back_where_no_label_is_near() ->
     labelled[:, 0] = 0.0  # no label on the first axis
     labelled[:, :EMBED] /= np.linalg.norm(labelled[:, :EMBED], axis=1, keepdims=True)
     far[:, :EMBED] = np.eye(EMBED)[0]  # every query on it: similarity 0, weight exp(-1 / 0.02)
-    params = MemoryParams(bandwidth=0.02, structure=0.0)
+    params = MemoryParams(bandwidth=0.02, structure=0.0, early_labels=0)
     attached = MemoryRouter.attach(router, LabelMemory(labelled, rng.uniform(size=50), EMBED, params))
     assert attached.slope != pytest.approx(1.0, abs=0.01)
     np.testing.assert_allclose(attached.predict_proba(far), router.predict_proba(far), atol=WITHIN)
@@ -212,7 +220,7 @@ def test_a_move_its_neighbours_disagree_about_shrinks() -> None:
     rows = np.vstack([np.repeat(query, 10, axis=0), far])
 
     def moved(near_targets: npt.NDArray[np.float64], shrink: float) -> float:
-        params = MemoryParams(neighbours=10, structure=0.0, slope=False, shrink=shrink)
+        params = MemoryParams(neighbours=10, structure=0.0, slope=False, shrink=shrink, early_labels=0)
         targets = np.concatenate([near_targets, np.full(10, 0.5)])
         return float(MemoryRouter.attach(router, LabelMemory(rows, targets, EMBED, params)).predict_proba(query)[0])
 
@@ -222,3 +230,57 @@ def test_a_move_its_neighbours_disagree_about_shrinks() -> None:
     assert moved(agree, 0.3) == pytest.approx(moved(agree, 0.0), abs=WITHIN)  # agreeing labels: no shrink
     size = [abs(moved(disagree, shrink) - base) for shrink in (0.0, 0.3, 3.0)]
     assert size[0] > 0.02 and size[0] > size[1] > size[2] > 0
+
+
+def _with_sources(router: LinearRouter, rng: np.random.Generator, k: int = 3) -> LinearRouter:
+    weights = rng.normal(scale=0.5, size=(k, EMBED + EXTRA)).astype(np.float32)
+    return LinearRouter(router.weights, router.bias, SourceRouters(tuple("abc"[:k]), weights, np.zeros(k)))
+
+
+def test_labels_that_one_source_router_ranks_lean_the_combination_towards_it() -> None:
+    """Targets that follow source router "b"'s logit (made up, to check the fit): with many labels the combination
+    weighs "b" most; with a handful the ridge keeps it near the pooled router (weights near 0)."""
+    rng = np.random.default_rng(21)
+    router = _with_sources(_router(rng), rng)
+    assert router.sources is not None
+    x = _unit(rng, 2000)
+    own = router.sources.logits(x)
+    targets = 1.0 / (1.0 + np.exp(-own[:, 1]))
+    logits = x.astype(np.float64) @ router.weights + router.bias
+    many = fit_combination(logits, own, targets, ridge=300.0)
+    assert int(np.argmax(np.abs(many.weights))) == 1 and many.weights[1] > 0.3
+    few = fit_combination(logits[:5], own[:5], targets[:5], ridge=300.0)
+    assert np.abs(few.weights).max() < 0.05 * many.weights[1]
+    alone = fit_combination(logits, own[:, :0], targets, ridge=300.0)  # no source routers: the router alone
+    assert (alone.slope, alone.level, len(alone.weights)) == (1.0, 0.0, 0)
+
+
+def test_with_no_label_near_the_score_is_the_routers_read_with_the_combination() -> None:
+    """Far from every label the score is the router's logit plus the combination's per-source part (slope and
+    level undone); with `sources` 0 it is the router's score exactly, as before the combination existed."""
+    rng = np.random.default_rng(22)
+    router = _with_sources(_router(rng), rng)
+    assert router.sources is not None
+    labelled, far = _unit(rng, 400), _unit(rng, 20)
+    labelled[:, 0] = 0.0
+    labelled[:, :EMBED] /= np.linalg.norm(labelled[:, :EMBED], axis=1, keepdims=True)
+    far[:, :EMBED] = np.eye(EMBED)[0]
+    targets = 1.0 / (1.0 + np.exp(-router.sources.logits(labelled)[:, 2]))
+    params = MemoryParams(bandwidth=0.02, structure=0.0, early_labels=0)
+    attached = MemoryRouter.attach(router, LabelMemory(labelled, targets, EMBED, params))
+    assert attached.reads_features and len(attached.combination.weights) == 3
+    c = attached.combination
+    expected = far.astype(np.float64) @ router.weights + router.bias + router.sources.logits(far) @ c.weights / c.slope
+    np.testing.assert_allclose(attached.predict_proba(far), 1.0 / (1.0 + np.exp(-expected)), atol=WITHIN)
+    plain = MemoryRouter.attach(router, LabelMemory(labelled, targets, EMBED, replace(params, sources=0.0)))
+    assert not plain.reads_features
+    np.testing.assert_allclose(plain.predict_proba(far), router.predict_proba(far), atol=WITHIN)
+    grown = MemoryRouter.attach(router, LabelMemory(labelled[:300], targets[:300], EMBED, params)).with_labels(
+        labelled[300:], targets[300:])
+    np.testing.assert_allclose(grown.predict_proba(far), attached.predict_proba(far), atol=WITHIN)  # one at a time
+
+
+def test_fewer_labels_than_early_labels_move_with_the_early_bandwidth_and_shrink() -> None:
+    params = MemoryParams(bandwidth=0.1, shrink=0.3, early_labels=300, early_shrink=0.9, early_bandwidth=0.125)
+    assert params.moving(299) == (0.125, 0.9) and params.moving(300) == (0.1, 0.3)
+    assert replace(params, early_labels=0).moving(0) == (0.1, 0.3)
