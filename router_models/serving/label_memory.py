@@ -11,8 +11,9 @@ router per public source, fitted on that source alone) and with `MemoryParams.so
 together with them on the labels (`fit_combination`: a logistic regression of the targets on the router's logit and
 the per-source logits, the router's coefficient pulled towards 1 and each source's towards 0 by `sources`, a ridge):
 a user whose gaps one source's router ranks better than the pooled router leans towards it, with a handful of
-labels hardly at all. That combination's logit stands for "the router's logit" below, and the score returns to the
-router's scale by the combination's slope and level (its per-source part stays in the score). Then its score p is
+labels hardly at all. That combination's logit stands for "the router's logit" below, and a moved score returns to
+the router's scale by the slope and level read on the router's logit alone (the score the router alone would need
+for that probability; without the combination the same step as below). Then its score p is
 read on the targets' scale by a slope `a` and a level `c` fitted on the labels (`fit_scale`: a logistic regression
 of the targets on the router's logit, two numbers; with `MemoryParams.slope` off, a = 1 and c alone makes the mean
 of sigmoid(logit p + c) the mean target).
@@ -144,14 +145,13 @@ class Combination:
     weights: Floats = field(default_factory=lambda: np.zeros(0))
     level: float = 0.0
 
+    @property
+    def used(self) -> bool:
+        return len(self.weights) > 0
+
     def logits(self, router_logits: Floats, source_logits: Floats) -> Floats:
         out = self.slope * np.asarray(router_logits, np.float64) + self.level
-        return out + source_logits @ self.weights if len(self.weights) else out
-
-    def undo(self, logits: Floats) -> Floats:
-        """From the combination's scale back to the router's (the inverse of the slope and level only: a request's
-        per-source part stays in its score)."""
-        return np.asarray((logits - self.level) / self.slope, np.float64)
+        return out + source_logits @ self.weights if self.used else out
 
 
 def fit_combination(router_logits: Floats, source_logits: Floats, targets: Floats, ridge: float,
@@ -159,8 +159,9 @@ def fit_combination(router_logits: Floats, source_logits: Floats, targets: Float
     """A logistic regression of the labels' soft `targets` on the router's logit and the per-source routers'
     logits (each standardised over the labels), by Newton's method: the router's coefficient pulled towards 1
     (`_SLOPE_RIDGE`), each source's towards 0 by `ridge`, the level free. So few labels leave the router as it is,
-    and labels whose gaps one source's router ranks better than the pooled one lean towards it. The slope is kept in
-    `_SLOPES` (the router's ranking is not turned round); a source constant over the labels gets 0."""
+    and labels whose gaps one source's router ranks better than the pooled one lean towards it. The slope is kept at
+    0 at the least (the router's ranking is not turned round; near 0 where the labels say it ranks their traffic
+    poorly); a source constant over the labels gets 0."""
     n, k = source_logits.shape
     if n == 0 or k == 0:
         return Combination()
@@ -186,8 +187,7 @@ def fit_combination(router_logits: Floats, source_logits: Floats, targets: Float
             break
     weights = np.zeros(k)
     weights[used] = theta[1:-1] / spread[used]
-    slope = float(np.clip(theta[0], *_SLOPES))
-    return Combination(slope, weights, float(theta[-1] - weights[used] @ mean[used]))
+    return Combination(max(float(theta[0]), 0.0), weights, float(theta[-1] - weights[used] @ mean[used]))
 
 
 def _sigmoid(z: Floats) -> Floats:
@@ -289,7 +289,9 @@ class MemoryRouter:
     """A `LinearRouter` with a `LabelMemory` attached (module docstring): `predict_proba` as the router's, moved
     by the labels. `logits` are the router's on the labels and `source_logits` its per-source routers' (computed once
     each; (n, 0) when the combination is not used), `combination` the router read with them on the labels, `slope`
-    and `level` the fitted `a` and `c` on the combination's logit, `residuals` the labels' against it, `unit` their
+    and `level` the fitted `a` and `c` on the combination's logit, `back` the (a, c) of the router's logit alone (a
+    moved score returns to the router's scale by it: the score the router alone would need for that gap
+    probability; without a combination the two are the same), `residuals` the labels' against it, `unit` their
     similarity rows and `centre`, `spread` the structural columns' mean and spread over the labels (what `unit` was
     scaled by)."""
 
@@ -300,6 +302,7 @@ class MemoryRouter:
     combination: Combination
     slope: float
     level: float
+    back: tuple[float, float]
     residuals: Floats
     unit: FloatArray = field(repr=False)
     centre: Floats = field(repr=False)
@@ -314,15 +317,16 @@ class MemoryRouter:
     @classmethod
     def _with(cls, base: LinearRouter, memory: LabelMemory, logits: Floats, source_logits: Floats) -> MemoryRouter:
         combination = fit_combination(logits, source_logits, memory.targets, memory.params.sources)
+        back = reading_scale(logits, memory.targets, memory.params)
         read = combination.logits(logits, source_logits)
-        a, c = reading_scale(read, memory.targets, memory.params)
+        a, c = reading_scale(read, memory.targets, memory.params) if combination.used else back
         extra = memory.rows[:, memory.embedding_dim:].astype(np.float64)
         centre = extra.mean(axis=0) if len(memory) else np.zeros(extra.shape[1])
         spread = extra.std(axis=0) if len(memory) else np.ones(extra.shape[1])
         spread = np.where(spread > 1e-6, spread, np.inf)  # a column constant over the labels says nothing
         unit = _similarity_rows(memory.rows, memory.embedding_dim, memory.params.structure, centre, spread)
-        return cls(base, memory, logits, source_logits, combination, a, c, memory.targets - _sigmoid(a * read + c),
-                   unit, centre, spread)
+        return cls(base, memory, logits, source_logits, combination, a, c, back,
+                   memory.targets - _sigmoid(a * read + c), unit, centre, spread)
 
     @property
     def dim(self) -> int:
@@ -367,10 +371,11 @@ class MemoryRouter:
         weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / bandwidth)
         shift = _move(weights, self.residuals[nearest], p.prior, shrink)
         sources = (self.base.sources.logits(features[:, :self.dim])
-                   if self.base.sources is not None and self.source_logits.shape[1] else np.zeros((len(scores), 0)))
+                   if self.base.sources is not None and self.combination.used else np.zeros((len(scores), 0)))
         read = self.combination.logits(_logit(scores), sources)
         moved = np.clip(_sigmoid(self.slope * read + self.level) + shift, _EPS, 1.0 - _EPS)
-        return _sigmoid(self.combination.undo((_logit(moved) - self.level) / self.slope))
+        back_slope, back_level = self.back
+        return _sigmoid((_logit(moved) - back_level) / back_slope)
 
 
 def _move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Floats:

@@ -256,8 +256,9 @@ def test_labels_that_one_source_router_ranks_lean_the_combination_towards_it() -
 
 
 def test_with_no_label_near_the_score_is_the_routers_read_with_the_combination() -> None:
-    """Far from every label the score is the router's logit plus the combination's per-source part (slope and
-    level undone); with `sources` 0 it is the router's score exactly, as before the combination existed."""
+    """Far from every label the score is the combination's, read on the labels' scale and mapped back by the
+    router's own reading (the router score that gives that probability); with `sources` 0 it is the router's score
+    exactly, as before the combination existed."""
     rng = np.random.default_rng(22)
     router = _with_sources(_router(rng), rng)
     assert router.sources is not None
@@ -269,8 +270,10 @@ def test_with_no_label_near_the_score_is_the_routers_read_with_the_combination()
     params = MemoryParams(bandwidth=0.02, structure=0.0, early_labels=0)
     attached = MemoryRouter.attach(router, LabelMemory(labelled, targets, EMBED, params))
     assert attached.reads_features and len(attached.combination.weights) == 3
-    c = attached.combination
-    expected = far.astype(np.float64) @ router.weights + router.bias + router.sources.logits(far) @ c.weights / c.slope
+    combined = attached.combination.logits(far.astype(np.float64) @ router.weights + router.bias,
+                                           router.sources.logits(far))
+    (a, c), (back_a, back_c) = (attached.slope, attached.level), attached.back
+    expected = (a * combined + c - back_c) / back_a
     np.testing.assert_allclose(attached.predict_proba(far), 1.0 / (1.0 + np.exp(-expected)), atol=WITHIN)
     plain = MemoryRouter.attach(router, LabelMemory(labelled, targets, EMBED, replace(params, sources=0.0)))
     assert not plain.reads_features
