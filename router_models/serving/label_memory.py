@@ -205,9 +205,12 @@ class MemoryParams:
     of their weights, the pseudo-count `prior` the router's own score is worth, the weight `structure` of the
     structural columns beside the embedding in the similarity (0: the embedding alone), whether the router's
     `slope` is fitted on the labels with its level (False: the level alone), the `slope_scale` the fitted slope
-    is read at (1: as fitted; unused without `slope`), and how far a move its neighbours disagree about shrinks
-    (`shrink`; 0: not at all). The defaults did best on the learning curve (MODEL_CARD.md, "Learning curve"). A
-    memory file keeps the parameters it was written with; one written before a field existed reads its default."""
+    is read at (1: as fitted; unused without `slope`), how far a move its neighbours disagree about shrinks
+    (`shrink`; 0: not at all), the ridge `sources` that holds the combination with the artifact's per-source routers
+    near the pooled router (0: no combination), and the `early_bandwidth` and `early_shrink` a memory of fewer than
+    `early_labels` labels moves with (0: none). The defaults did best on the learning curve (MODEL_CARD.md,
+    "Learning curve"). A memory file keeps the parameters it was written with; one written before a field existed
+    reads its default."""
 
     neighbours: int = 100
     bandwidth: float = 0.1
@@ -216,8 +219,8 @@ class MemoryParams:
     slope: bool = True
     slope_scale: float = 0.5  # 1 before 2026-12-05
     shrink: float = 0.3  # 0 before 2026-12-05
-    sources: float = 300.0  # 0 (not used) before 2026-12-06
-    early_labels: int = 300  # below it `early_shrink` and `early_bandwidth` (0: never; before 2026-12-06)
+    sources: float = 300.0  # 0 (not used) before 2026-12-05, late
+    early_labels: int = 300  # below it `early_shrink` and `early_bandwidth` (0: never; before 2026-12-05, late)
     early_shrink: float = 0.9
     early_bandwidth: float = 0.125
 
