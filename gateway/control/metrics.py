@@ -188,6 +188,11 @@ class GatewayMetrics:
                                    buckets=tuple(k / 10 for k in range(1, 11)), registry=r)
         self.scoring_batch = Histogram("cascade_scoring_batch_size", "texts per classifier batch (micro-batcher)",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.memory_moves = Counter("cascade_label_memory_moves", "scores moved by a label memory, by where: inline "
+                                    "(on the event loop, memories up to 5,000 labels) or batched (a worker thread)",
+                                    ["path"], registry=r)
+        self.memory_batch = Histogram("cascade_label_memory_batch_size", "moves per worker-thread batch of label "
+                                      "memory moves", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self._router_scored = Counter("cascade_router_scored", "texts scored by the classifier, by model: "
                                            "primary, or overflow (a surge the primary could not score within "
                                            "overflow_after_ms)", ["model"], registry=r)
@@ -311,6 +316,15 @@ class GatewayMetrics:
         s.latency.observe(rec.latency_ms / 1000)
         if in_domain_counters(rec)[0]:  # once per request (not a cascade probe, not a discarded answer)
             self.in_domain.labels(rec.tenant).observe(float(rec.in_domain or 0.0))
+
+    def memory_moved_inline(self) -> None:
+        """A label memory moved one score on the event loop (`LabelMemories.on_inline`)."""
+        self.memory_moves.labels("inline").inc()
+
+    def memory_batch_moved(self, size: int) -> None:
+        """A worker thread moved `size` scores in one batch (`LabelMemories.on_batch`)."""
+        self.memory_moves.labels("batched").inc(size)
+        self.memory_batch.observe(size)
 
     def engine_restarted(self, pool: str, index: int, reason: str) -> None:
         """The supervisor restarted replica `index` of `pool` (`backends.engines.supervisor.RestartHook`)."""

@@ -90,6 +90,18 @@ class LabelMemories:
         self._stamps: dict[str, _Stamp] = {}
         self._base: LinearRouter | None = None
         self._task: asyncio.Task[None] | None = None
+        self.on_inline: Callable[[], None] | None = None
+        """Told of each move made on the calling thread (the metrics: `cascade_label_memory_moves{path="inline"}`);
+        the batched ones go to `on_batch`."""
+
+    @property
+    def on_batch(self) -> Callable[[int], None] | None:
+        """Told each worker-thread batch's size (`MoveBatcher.on_batch`)."""
+        return self._moves.on_batch
+
+    @on_batch.setter
+    def on_batch(self, hook: Callable[[int], None] | None) -> None:
+        self._moves.on_batch = hook
 
     def names(self) -> list[str]:
         return sorted(self._attached)
@@ -106,7 +118,7 @@ class LabelMemories:
         the scorer's (`views.scorer`), or the scorer kept no embedding of `text` (no feature row of the
         conversation, for a memory that reads the structural columns). On the calling thread."""
         found = self._row(name, views, text, shape)
-        return None if found is None else _moved(name, *found, score)
+        return None if found is None else self._inline(name, *found, score)
 
     async def adjust_off_loop(self, name: str, views: ScorerViews, text: str, score: float,
                               shape: ConversationShape | None = None) -> MemoryScore | None:
@@ -119,8 +131,14 @@ class LabelMemories:
             return None
         attached, row = found
         if len(attached.memory) <= self.inline_labels:
-            return _moved(name, attached, row, score)
+            return self._inline(name, attached, row, score)
         return MemoryScore(await self._moves.move(attached, row, score), name, len(attached.memory))
+
+    def _inline(self, name: str, attached: MemoryRouter, row: npt.NDArray[np.float32], score: float) -> MemoryScore:
+        moved = MemoryScore(float(attached.adjust(row, np.asarray([score]))[0]), name, len(attached.memory))
+        if self.on_inline is not None:
+            self.on_inline()
+        return moved
 
     def _row(self, name: str, views: ScorerViews, text: str,
              shape: ConversationShape | None) -> tuple[MemoryRouter, npt.NDArray[np.float32]] | None:
@@ -199,10 +217,6 @@ def _what_it_reads(attached: MemoryRouter) -> str:
     if attached.source_logits.shape[1]:
         parts.append(f"the whole row for the router's per-source routers (sources {p.sources:g})")
     return " and ".join(parts)
-
-
-def _moved(name: str, attached: MemoryRouter, row: npt.NDArray[np.float32], score: float) -> MemoryScore:
-    return MemoryScore(float(attached.adjust(row, np.asarray([score]))[0]), name, len(attached.memory))
 
 
 def _router_of(scorer: Scorer | None) -> LinearRouter | None:

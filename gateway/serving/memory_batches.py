@@ -10,6 +10,7 @@ batches are as large as the load makes them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,13 +31,15 @@ class _Move:
 
 class MoveBatcher:
     """Moves scores by label memories in a worker thread, one batch at a time (module docstring). Counts the
-    batches it computed (`batches`) and the moves in them (`moves`)."""
+    batches it computed (`batches`) and the moves in them (`moves`), and tells `on_batch` each batch's size (the
+    gateway's metrics: `cascade_label_memory_batch_size`)."""
 
     def __init__(self) -> None:
         self._waiting: list[_Move] = []
         self._draining: asyncio.Task[None] | None = None
         self.batches = 0
         self.moves = 0
+        self.on_batch: Callable[[int], None] | None = None
 
     async def move(self, attached: MemoryRouter, row: npt.NDArray[np.float32], score: float) -> float:
         """`score` moved by `attached` for the request of feature `row`; raises what the move raised."""
@@ -52,6 +55,8 @@ class MoveBatcher:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
                 self.batches, self.moves = self.batches + 1, self.moves + len(batch)
+                if self.on_batch is not None:
+                    self.on_batch(len(batch))
                 try:
                     results = await asyncio.to_thread(_compute, batch)
                 except Exception as exc:  # the worker could not run it at all: every request hears why

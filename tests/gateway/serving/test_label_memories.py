@@ -25,6 +25,7 @@ import numpy.typing as npt
 import orjson
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.app import create_app
 from gateway.api.auth import OPEN_TENANT
@@ -146,6 +147,8 @@ async def test_a_memory_past_inline_labels_is_moved_in_a_worker_thread_in_batche
     views = ScorerViews.of(scorer)
     bases = [(await scorer.score_one(t))[0] for t in texts]
     memories = LabelMemories(folder, lambda: scorer, inline_labels=2)  # the memory holds 3: moved off the loop
+    metrics = GatewayMetrics(dict)
+    memories.on_inline, memories.on_batch = metrics.memory_moved_inline, metrics.memory_batch_moved
     await memories.refresh()
     inline = [memories.adjust("acme", views, t, b) for t, b in zip(texts, bases, strict=True)]
     batched = await asyncio.gather(*(memories.adjust_off_loop("acme", views, t, b)
@@ -155,11 +158,25 @@ async def test_a_memory_past_inline_labels_is_moved_in_a_worker_thread_in_batche
         assert got is not None and want is not None
         assert (got.name, got.labels) == (want.name, want.labels) == ("acme", 3)
         assert got.score == pytest.approx(want.score, rel=1e-5)
-    moves = memories._moves
-    assert moves.moves == 12 and moves.batches == 1  # all twelve were waiting when the first batch was sent
+    # all twelve were waiting when the first batch was sent: one batch of 12 (and the 3 inline moves)
+    assert _memory_metrics(metrics) == {"inline": 3.0, "batched": 12.0, "batches": 1.0, "batched_sum": 12.0}
     assert await memories.adjust_off_loop("acme", views, HARD, bases[0]) == inline[0]  # a batch of one: exact
-    assert moves.batches == 2
+    assert _memory_metrics(metrics) == {"inline": 3.0, "batched": 13.0, "batches": 2.0, "batched_sum": 13.0}
     assert threads and threading.get_ident() not in threads
+
+
+def _memory_metrics(metrics: GatewayMetrics) -> dict[str, float]:
+    """`/metrics`' label-memory moves by path, and the batch-size histogram's count and sum."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == "cascade_label_memory_moves_total":
+                out[sample.labels["path"]] = sample.value
+            elif sample.name == "cascade_label_memory_batch_size_count":
+                out["batches"] = sample.value
+            elif sample.name == "cascade_label_memory_batch_size_sum":
+                out["batched_sum"] = sample.value
+    return out
 
 
 async def test_a_move_that_fails_routes_on_the_routers_own_score_and_says_so(
