@@ -58,10 +58,12 @@ class Workers:
         return state
 
     def why(self, seen: list[str]) -> str:
-        """What a failed wait saw: the pools of its last requests, the shared ladder state, the log's end."""
+        """What a failed wait saw: the pools (and each answer's rule and route) of its last requests, the shared
+        ladder state, the log's end (the workers' access lines may sit in their buffers: the answers' headers are
+        the record of what each request got)."""
         state = self.ladder_state()
         tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
-        return f"last pools {sorted(Counter(seen).items())}, shared state {state!r}; gateway log's end:\n{tail}"
+        return f"last answers {sorted(Counter(seen).items())}, shared state {state!r}; gateway log's end:\n{tail}"
 
     def children(self) -> list[int]:
         """Pids of the worker processes (multiprocessing's resource tracker is a child too)."""
@@ -190,8 +192,9 @@ def test_one_degradation_step_across_two_workers(workers: Workers) -> None:
         answers = [_post(workers.url, model="auto") for _ in range(16)]
         failed = [f"{r.status_code}: {r.text[:300]}" for r in answers if r.status_code != 200]
         assert not failed, f"requests failed while the step moved ({len(failed)} of 16): {failed[0]}"
-        seen[:] = [r.headers["x-cascade-pool"] for r in answers]
-        return set(seen)
+        seen[:] = [f"{r.headers['x-cascade-pool']} ({r.headers.get('x-cascade-rule')}: "
+                   f"{r.headers.get('x-cascade-route')})" for r in answers]
+        return {r.headers["x-cascade-pool"] for r in answers}
 
     assert pools() == {"micro"}
     workers.micro.kv_cache_usage = 0.95
