@@ -239,7 +239,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
     router = RequestRouter(scorer, metrics, live)
     router.memories = LabelMemories(default_store_dir() / "memory", lambda: router.scorer)
-    router.memories.on_inline, router.memories.on_batch = metrics.memory_moved_inline, metrics.memory_batch_moved
+    router.memories.on_inline = metrics.memory_moves.labels("inline").inc
+    router.memories.on_batch = metrics.memory_batch_moved
     router_swap = RouterSwap(settings, router)
     learning, feedback = _learning(redis, settings, forwarder, pool_set, engines, accountant, metrics)
     versions = PoolVersions(pool_set.pools, pool_set.canaries)

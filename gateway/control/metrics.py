@@ -317,10 +317,6 @@ class GatewayMetrics:
         if in_domain_counters(rec)[0]:  # once per request (not a cascade probe, not a discarded answer)
             self.in_domain.labels(rec.tenant).observe(float(rec.in_domain or 0.0))
 
-    def memory_moved_inline(self) -> None:
-        """A label memory moved one score on the event loop (`LabelMemories.on_inline`)."""
-        self.memory_moves.labels("inline").inc()
-
     def memory_batch_moved(self, size: int) -> None:
         """A worker thread moved `size` scores in one batch (`LabelMemories.on_batch`)."""
         self.memory_moves.labels("batched").inc(size)

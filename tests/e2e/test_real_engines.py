@@ -193,7 +193,7 @@ def test_client_leaving_mid_stream_is_charged_for_what_was_generated(gateway: st
     every token of the text the client read (counted by the engine's /tokenize). Not exact: the client's reads
     lag what the gateway relayed (about 150 tokens here, in its buffers when it left), and the count is the
     relayed text re-tokenized, which for the demo model's broken UTF-8 exceeds the tokens generated (194 for
-    150; vLLM's own counter said 120 while the record said 153).
+    150; vLLM's own counter said 120 while the record said 153), capped by the request's `max_tokens` (900).
 
     The premise is that the client leaves while the answer is still being made, and the demo engine makes all 900
     tokens in about 2 s: a test process held off the CPU that long after the headers (a loaded 2-core machine)
@@ -223,7 +223,8 @@ def test_client_leaving_mid_stream_is_charged_for_what_was_generated(gateway: st
     tokenize = {"model": "micro", "prompt": "".join(read), "add_special_tokens": False}
     counted = httpx.post(_replica(gateway, "micro") + "/tokenize", json=tokenize).json()["count"]
     billed = int(rec["completion_tokens"])
-    assert 0 < counted <= billed < 900, (counted, billed, rec)
+    # never past the request's 900 (re-tokenized relayed text can count more than the engine made: 970 seen)
+    assert 0 < min(counted, 900) <= billed <= 900, (counted, billed, rec)
 
 
 def test_errors_from_real_engine_path(gateway: str) -> None:

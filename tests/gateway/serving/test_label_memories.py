@@ -148,7 +148,7 @@ async def test_a_memory_past_inline_labels_is_moved_in_a_worker_thread_in_batche
     bases = [(await scorer.score_one(t))[0] for t in texts]
     memories = LabelMemories(folder, lambda: scorer, inline_labels=2)  # the memory holds 3: moved off the loop
     metrics = GatewayMetrics(dict)
-    memories.on_inline, memories.on_batch = metrics.memory_moved_inline, metrics.memory_batch_moved
+    memories.on_inline, memories.on_batch = metrics.memory_moves.labels("inline").inc, metrics.memory_batch_moved
     await memories.refresh()
     inline = [memories.adjust("acme", views, t, b) for t, b in zip(texts, bases, strict=True)]
     batched = await asyncio.gather(*(memories.adjust_off_loop("acme", views, t, b)

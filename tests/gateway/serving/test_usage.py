@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from backends.clients.shared import EngineUnavailable, Headers
+from gateway.serving.prompt_count import count_request_usage
 from gateway.serving.usage import Usage, count_usage
 from policies.money import Price
 from policies.pools import EngineSpec, LocalPool, RemotePool
@@ -101,3 +102,20 @@ async def test_a_pool_the_policy_no_longer_names_is_estimated_and_nothing_is_sen
     engines = RecordingEngines()
     usage = await count_usage(None, engines, "http://127.0.0.1:8100", "m", MESSAGES, "four")
     assert usage.source == "estimate" and engines.calls == []
+
+
+@pytest.mark.parametrize(("limits", "billed"), [
+    ({}, 1000),  # no limit in the request: the count stands
+    ({"max_tokens": 900}, 900),
+    ({"max_completion_tokens": 800, "max_tokens": 900}, 800),  # the chat API's newer name wins, as the engine reads it
+    ({"max_tokens": 900, "n": 2}, 1000),  # two choices may make twice the limit
+    ({"max_tokens": 2000}, 1000),
+])
+async def test_a_counted_completion_is_capped_by_the_requests_own_limit(limits: dict[str, int], billed: int) -> None:
+    """A stream cut short by its client is billed on its relayed text re-tokenized, which for broken UTF-8 can
+    count more tokens than the engine made (a fresh clone: 970 for a request of at most 900); never more than the
+    request allowed."""
+    upstream = {"model": "m", "messages": MESSAGES, **limits}
+    usage = await count_request_usage("chat", _remote(), RecordingEngines(), "https://api.example.com", "m",
+                                      upstream, "abcd" * 1000)  # estimated: 1,000 tokens
+    assert usage.completion_tokens == billed and usage.source == "estimate"
