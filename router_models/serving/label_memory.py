@@ -65,6 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
+from router_models.serving.logistic import penalised_logistic
 
 __all__ = ["Combination", "LabelMemory", "MemoryParams", "MemoryRouter", "fit_combination", "fit_scale",
            "gap_target", "level_shift", "reading_scale"]
@@ -169,22 +170,13 @@ def fit_combination(router_logits: Floats, source_logits: Floats, targets: Float
     used = spread > 1e-9
     z = np.hstack([np.asarray(router_logits, np.float64)[:, None],
                    (source_logits[:, used] - mean[used]) / spread[used], np.ones((n, 1))])
-    prior = np.zeros(z.shape[1])
-    prior[0] = 1.0
     penalty = np.full(z.shape[1], float(ridge))
     penalty[0], penalty[-1] = _SLOPE_RIDGE, 1e-6
-    theta = prior.copy()
-    t = np.asarray(targets, np.float64)
-    for _ in range(iterations):
-        p = _sigmoid(z @ theta)
-        grad = z.T @ (p - t) + penalty * (theta - prior)
-        hess = (z * (p * (1.0 - p) + 1e-12)[:, None]).T @ z + np.diag(penalty)
-        step = np.linalg.solve(hess, grad)
-        theta = theta - step
-        if not np.all(np.isfinite(theta)):
-            return Combination()
-        if float(np.abs(step).max()) < 1e-10:
-            break
+    # pulled towards the router as it is (coefficient 1): its logit is the offset, the fit the change from it
+    change, _ = penalised_logistic(z, z[:, 0], np.asarray(targets, np.float64), penalty, iterations)
+    theta = change + np.eye(z.shape[1])[0]
+    if not np.all(np.isfinite(theta)):
+        return Combination()
     weights = np.zeros(k)
     weights[used] = theta[1:-1] / spread[used]
     return Combination(max(float(theta[0]), 0.0), weights, float(theta[-1] - weights[used] @ mean[used]))

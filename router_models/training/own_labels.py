@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.label_memory import gap_target, level_shift
+from router_models.serving.logistic import penalised_logistic
 from router_models.training.outcomes import SOURCES, Example
 
 __all__ = ["OWN_LABEL_MODES", "Correction", "fit_correction", "is_own", "own_share", "public_names"]
@@ -66,39 +67,6 @@ class Correction:
     iterations: int
 
 
-def _sigmoid(z: Floats) -> Floats:
-    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0))), dtype=np.float64)
-
-
-def _objective(z: Floats, offset: Floats, y: Floats, ridge: Floats, theta: Floats) -> float:
-    logit = offset + z @ theta
-    return float(np.sum(np.logaddexp(0.0, logit) - y * logit) + 0.5 * ridge @ theta**2)
-
-
-def _newton(z: Floats, offset: Floats, y: Floats, ridge: Floats, iterations: int) -> tuple[Floats, int]:
-    """Penalised logistic regression with an offset: Newton steps from 0, halved until the objective falls."""
-    theta = np.zeros(z.shape[1])
-    current = _objective(z, offset, y, ridge, theta)
-    done = 0
-    while done < iterations:
-        done += 1
-        p = _sigmoid(offset + z @ theta)
-        grad = z.T @ (p - y) + ridge * theta
-        hess = (z * (p * (1.0 - p))[:, None]).T @ z + np.diag(ridge)
-        step = np.linalg.solve(hess, grad)
-        for _ in range(30):
-            trial = _objective(z, offset, y, ridge, theta - step)
-            if trial <= current:
-                break
-            step = step / 2.0
-        else:
-            break
-        theta, current = theta - step, trial
-        if np.abs(step).max() < 1e-8:
-            break
-    return theta, done
-
-
 def fit_correction(public: LinearRouter, x: npt.NDArray[np.floating], examples: Sequence[Example],
                    penalty: float, iterations: int = 25, target: str = "event") -> Correction:
     """The public router corrected on own rows `x` (n, d) with outcomes `examples`.
@@ -122,7 +90,7 @@ def fit_correction(public: LinearRouter, x: npt.NDArray[np.floating], examples: 
     z = np.hstack([np.ones((len(y), 1)), (xd[:, used] - mean[used]) / scale[used]])
     ridge = np.full(z.shape[1], float(penalty))
     ridge[0] = 1e-6  # the intercept is (almost) free: the own rows set the level
-    theta, done = _newton(z, offset, y, ridge, iterations)
+    theta, done = penalised_logistic(z, offset, y, ridge, iterations)
     coef = np.zeros(xd.shape[1])
     coef[used] = theta[1:] / scale[used]
     weights = np.asarray(public.weights, dtype=np.float64) + coef
