@@ -21,9 +21,10 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -68,19 +69,23 @@ def worker_views(path: Path) -> list[WorkerView]:
     """Every live worker's last published view, read from the metrics folder `path` (a worker that exited has no
     file: the parent removes it). A file that cannot be read or parsed is a view of nothing written at 0, so a
     reader waiting for a fresh view keeps waiting rather than trusting it."""
-    out = []
+    return [WorkerView(0.0, frozenset()) if isinstance(families, Exception) else
+            WorkerView(written, frozenset(labels.get("replica", "") for name, _, samples in families
+                                          if name == HEALTHY for labels, _ in samples))
+            for _, written, families in _published(path)]
+
+
+def _published(path: Path) -> Iterator[tuple[Path, float, Any]]:
+    """Each live worker's file in the metrics folder `path`: the file, when it was written, and its gauge families
+    (`WorkerGauges.publish`'s JSON), or the error that kept it from being read. A file whose worker exited between
+    the listing and the read is left out."""
     for file in sorted(path.glob(f"{_PREFIX}*.json")):
         try:
-            written = file.stat().st_mtime
-            families = json.loads(file.read_text())
+            yield file, file.stat().st_mtime, json.loads(file.read_text())
         except FileNotFoundError:  # its worker exited meanwhile
             continue
-        except (OSError, ValueError):
-            out.append(WorkerView(0.0, frozenset()))
-            continue
-        out.append(WorkerView(written, frozenset(labels.get("replica", "") for name, _, samples in families
-                                                 if name == HEALTHY for labels, _ in samples)))
-    return out
+        except (OSError, ValueError) as exc:
+            yield file, 0.0, exc
 
 
 def still_routing(views: Sequence[WorkerView], url: str, since: float) -> int:
@@ -126,13 +131,9 @@ class WorkerGaugesCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         merged: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}  # by name: the family, its label names
-        for file in sorted(self._path.glob(f"{_PREFIX}*.json")):
-            try:
-                families = json.loads(file.read_text())
-            except FileNotFoundError:  # its worker exited meanwhile
-                continue
-            except (OSError, ValueError) as exc:
-                log.warning("could not read a worker's gauges from %s: %s", file, exc)
+        for file, _, families in _published(self._path):
+            if isinstance(families, Exception):
+                log.warning("could not read a worker's gauges from %s: %s", file, families)
                 continue
             for name, doc, samples in families:
                 for labels, value in samples:
