@@ -21,8 +21,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, multiprocess
 
@@ -42,6 +43,7 @@ from policies.loader import LoadedPolicy, load_policy
 __all__ = ["DRAIN_FLOOR_S", "EngineHost", "workers_in_flight"]
 
 log = logging.getLogger("cascade.engines")
+T = TypeVar("T")
 
 DRAIN_FLOOR_S = 3.0
 """A replica the parent takes out of service keeps running at least this long, whatever the workers' views say."""
@@ -58,6 +60,24 @@ def workers_in_flight(metrics_dir: Path) -> dict[str, float]:
                 url = sample.labels.get("replica", "")
                 out[url] = out.get(url, 0.0) + sample.value
     return out
+
+
+class _Recent(Generic[T]):
+    """The workers' figure `read` gives, read again once `max_age_s` old (the drain and the autoscaler ask many times
+    a second); a read that fails keeps the last one, logged."""
+
+    def __init__(self, read: Callable[[], T], what: str, first: T, max_age_s: float = 0.2) -> None:
+        self._read, self._what, self._value, self._max_age = read, what, first, max_age_s
+        self._at = 0.0
+
+    def get(self) -> T:
+        if time.monotonic() - self._at > self._max_age:
+            try:
+                self._value = self._read()
+            except (OSError, ValueError) as exc:
+                log.warning("could not read the workers' %s: %s", self._what, exc)
+            self._at = time.monotonic()
+        return self._value
 
 
 class EngineHost:
@@ -77,8 +97,9 @@ class EngineHost:
         self._loaded: LoadedPolicy | None = None
         self._lock = asyncio.Lock()
         self._published: dict[str, tuple[str, ...]] = {}
-        self._counts: tuple[float, dict[str, float]] = (0.0, {})
-        self._views: tuple[float, list[WorkerView]] = (0.0, [])
+        self._counts: _Recent[dict[str, float]] = _Recent(functools.partial(workers_in_flight, metrics_dir),
+                                                          "in-flight counts", {})
+        self._views: _Recent[list[WorkerView]] = _Recent(functools.partial(worker_views, metrics_dir), "views", [])
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher = FileWatcher([settings.policy_path], self.reload, settings.policy_watch_interval_s,
                                     retry_s=max(1.0, 7.5 * settings.policy_watch_interval_s))
@@ -127,36 +148,14 @@ class EngineHost:
                 log.warning("could not publish the engines' ports: %s", exc)
             await asyncio.sleep(0.5)
 
-    def _in_flight(self) -> dict[str, float]:
-        """The workers' in-flight counts per replica URL, read at most every 0.2 s."""
-        at, counts = self._counts
-        if time.monotonic() - at > 0.2:
-            try:
-                counts = workers_in_flight(self._metrics_dir)
-            except (OSError, ValueError) as exc:
-                log.warning("could not read the workers' in-flight counts: %s", exc)
-            self._counts = (time.monotonic(), counts)
-        return counts
-
-    def _worker_views(self) -> list[WorkerView]:
-        """The live workers' views (`worker_views`), read at most every 0.2 s."""
-        at, views = self._views
-        if time.monotonic() - at > 0.2:
-            try:
-                views = worker_views(self._metrics_dir)
-            except OSError as exc:
-                log.warning("could not read the workers' views: %s", exc)
-            self._views = (time.monotonic(), views)
-        return views
-
     def _elsewhere(self, url: str, since: float) -> int:
         """The workers' requests in flight to `url`, plus the workers that may still send it new ones: those
         whose view was written before `since` (the moment it left routing) or still holds it."""
         url = url.rstrip("/")
-        return int(self._in_flight().get(url, 0.0)) + still_routing(self._worker_views(), url, since)
+        return int(self._counts.get().get(url, 0.0)) + still_routing(self._views.get(), url, since)
 
     def _signals(self, now: float) -> Mapping[tuple[str, str], float]:
-        counts = self._in_flight()
+        counts = self._counts.get()
         out: dict[tuple[str, str], float] = {}
         for name, pool in self.pool_set.pools.items():
             out.update(engine_signals(name, pool))
