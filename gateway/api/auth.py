@@ -5,6 +5,11 @@ Two sources: the policy's keys (`tenants.<name>.api_key_sha256`, no I/O) and the
 per `cache_s` (0.5 s), so a key created is served at once and a key revoked is refused within a second by every
 worker and gateway. Redis unreachable: policy keys still authenticate; an issued key seen before follows its
 tenant's `on_redis_outage` (fail_open: served as last seen; fail_closed: 503), one never seen is a 503.
+
+A policy that names no tenants is open: every caller is tenant `default`, with or without a key. An issued key sent
+to it is still looked up, so that its own limits and budget apply (it is served as `default`, whatever tenant it was
+created for); a revoked or expired one is refused (401); any other key, or one that cannot be looked up (Redis
+unreachable), is served as an anonymous caller.
 """
 
 from __future__ import annotations
@@ -13,16 +18,16 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 
 from gateway.errors import AdmissionUnavailable, AuthenticationError
-from gateway.tenancy.api_keys import ApiKey, KeyStore, id_of
+from gateway.tenancy.api_keys import OPEN_TENANT, ApiKey, KeyStore, id_of
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Policy
 
 __all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "tenant_for"]
 
-OPEN_TENANT = "default"
 _MAX_CACHED = 100_000
 
 
@@ -92,7 +97,7 @@ class KeyAuth:
         tenant the policy no longer names) or `AdmissionUnavailable` (503: see the module docstring)."""
         key = _bearer(authorization)
         if not policy.tenants:
-            return _policy_key(id_of(hash_key(key)) if key else "", OPEN_TENANT)
+            return await self._open(key, policy)
         if not key:
             raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
         digest = hash_key(key)
@@ -108,6 +113,22 @@ class KeyAuth:
             raise AuthenticationError(f"API key {issued.id} belongs to tenant {issued.tenant!r}, which the policy "
                                       "does not name")
         return issued
+
+    async def _open(self, key: str, policy: Policy) -> ApiKey:
+        """The caller of an open policy (see the module docstring)."""
+        digest = hash_key(key) if key else ""
+        anonymous = _policy_key(id_of(digest), OPEN_TENANT)
+        if not key or self._store is None:
+            return anonymous
+        try:
+            issued = await self._issued(digest, policy)
+        except AdmissionUnavailable:
+            return anonymous
+        if issued is None:
+            return anonymous
+        if (why := issued.refusal(self._clock())) is not None:
+            raise AuthenticationError(f"API key {issued.id} is {why}")
+        return issued if issued.tenant == OPEN_TENANT else replace(issued, tenant=OPEN_TENANT)
 
     async def _issued(self, digest: str, policy: Policy) -> ApiKey | None:
         assert self._store is not None

@@ -182,7 +182,7 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
     if redis is None:
         return Admission(MemoryRateLimiter(), None, metrics)
     guard = BudgetGuard(redis, LedgerKeys(settings.redis_prefix))
-    return Admission(RateLimiter(redis, settings.redis_prefix), guard, metrics, key_spend=guard)
+    return Admission(RateLimiter(redis, settings.redis_prefix), guard, metrics, key_budget=guard)
 
 
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:

@@ -12,10 +12,13 @@ What admission takes it gives back when the request is refused later (`Admission
 entry (`Limiter.give_back`) and the budget hold (`BudgetChecker.release`). A request refused by its budget gives
 back its rate-limit entry at once. The budget hold is the request's worst case (`worst_case_micro_usd`).
 
-An issued API key's own limits (`gateway.tenancy.api_keys`) apply inside the tenant's: its requests and tokens
+An issued API key's own limits (`gateway.tenancy.api_keys`) apply inside the tenant's, and also under a policy that
+names no tenants (every caller is `default` there, and a key's limits are all there is): its requests and tokens
 per minute on the same limiter (subject `<tenant>:key:<id>`, its 429 naming the key), checked before the
-tenant's; its daily budget is checked against the key's spend of the UTC day (`KeySpend`), not held: concurrent
-requests of one key can pass it by their cost in flight, while the tenant's budget, held, still bounds the spend.
+tenant's; its daily budget is held like a tenant's (`KeyBudget`): the request's worst case is held against the
+key's spend of the UTC day until the ledger records it, so concurrent requests of one key end at most one request's
+worst case above it. A Redis outage leaves the key's checks to the tenant's `on_redis_outage` (fail_open under a
+policy without tenants).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from gateway.errors import AdmissionUnavailable, GatewayError, RateLimited, TooM
 from gateway.logs import LogThrottle
 from gateway.serving.schema import ChatRequest
 from gateway.tenancy.api_keys import ApiKey
-from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeySpend, key_budget_error
+from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeyBudget, key_budget_error
 from gateway.tenancy.limits import Grant, Limiter
 from policies.context import estimate_tokens, prompt_text_of
 from policies.schema import Policy, Tenant
@@ -43,6 +46,7 @@ __all__ = ["DEFAULT_COMPLETION_ESTIMATE", "Admission", "OutageSignal", "worst_ca
 log = logging.getLogger("cascade.admission")
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens reserved against TPM when the request sets no max_tokens
 Check = Literal["rate_limit", "budget"]
+_OPEN = Tenant()  # the one tenant of a policy that names none: no limits of its own, fails open
 
 
 class OutageSignal:
@@ -88,16 +92,17 @@ class _Taken:
     tenant: str
     grants: tuple[tuple[str, Grant], ...]  # (limiter subject, grant): the key's, the tenant's
     held: bool
+    key_held: str = ""  # the API key whose budget holds this request ("" none)
 
 
 class Admission:
     """Checks limits, then budget. Shares, does not own, the limiter and the budget checker."""
 
     def __init__(self, limiter: Limiter | None, budgets: BudgetChecker | None, metrics: GatewayMetrics,
-                 outage: OutageSignal | None = None, key_spend: KeySpend | None = None) -> None:
+                 outage: OutageSignal | None = None, key_budget: KeyBudget | None = None) -> None:
         self._limiter = limiter
         self._budgets = budgets
-        self._key_spend = key_spend
+        self._key_budget = key_budget
         self._metrics = metrics
         self._outage = outage or OutageSignal(metrics)
         self._taken: dict[str, _Taken] = {}  # by request id, while inside `refunds`
@@ -111,24 +116,30 @@ class Admission:
         tenant has no budget): the caller downgrades to the micro pool when it says so. The budget hold is kept
         under `request_id` (the id the ledger records); call it inside `refunds(request_id)`. `key`: the caller's
         API key, whose own limits apply first."""
-        spec = policy.tenants.get(tenant)
-        if spec is None:
+        named = policy.tenants.get(tenant)
+        issued = key is not None and key.source == "issued"
+        if named is None and not issued:
             return None
+        spec = named or _OPEN
         prompt = estimate_tokens(prompt_text_of(raw_messages))
         completion = (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
         grants: list[tuple[str, Grant]] = []
+        key_held = ""
         try:
-            if key is not None and key.source == "issued":
-                await self._key_limits(tenant, spec, key, prompt + completion, grants)
+            if key is not None and issued:
+                worst = worst_case_micro_usd(policy, spec, prompt, completion) if request_id else 0
+                key_held = await self._key_limits(tenant, spec, key, prompt + completion, grants, request_id, worst)
             grant = await self._rate_limit(tenant, spec, prompt + completion)
             grants += [(tenant, grant)] if grant is not None and grant.member is not None else []
             verdict = await self._budget(policy, tenant, spec, request_id, prompt, completion)
         except (GatewayError, asyncio.CancelledError) as exc:  # refused, or cancelled with a hold maybe placed
-            held = isinstance(exc, asyncio.CancelledError) and bool(request_id)
-            await asyncio.shield(self._give_back(request_id, _Taken(tenant, tuple(grants), held)))
+            cancelled = isinstance(exc, asyncio.CancelledError) and bool(request_id)
+            key_held = key.id if cancelled and key is not None and key.daily_usd is not None else key_held
+            await asyncio.shield(self._give_back(request_id, _Taken(tenant, tuple(grants), cancelled, key_held)))
             raise
-        if request_id and (grants or (verdict and verdict.held)):
-            self._taken[request_id] = _Taken(tenant, tuple(grants), verdict is not None and verdict.held)
+        held = verdict is not None and verdict.held
+        if request_id and (grants or held or key_held):
+            self._taken[request_id] = _Taken(tenant, tuple(grants), held, key_held)
         return verdict
 
     @asynccontextmanager
@@ -152,10 +163,13 @@ class Admission:
             await self._limiter.give_back(subject, grant)  # type: ignore[union-attr]
         if taken.held and self._budgets is not None:
             await self._budgets.release(taken.tenant, request_id)
+        if taken.key_held and self._key_budget is not None:
+            await self._key_budget.release_key(taken.tenant, taken.key_held, request_id)
 
     async def _key_limits(self, tenant: str, spec: Tenant, key: ApiKey, tokens: int,
-                          grants: list[tuple[str, Grant]]) -> None:
-        """The key's own rate limits and daily budget (see the module docstring); what it took goes in `grants`."""
+                          grants: list[tuple[str, Grant]], request_id: str, worst: int) -> str:
+        """The key's own rate limits and daily budget (see the module docstring); what it took goes in `grants`.
+        Returns the key's id when its budget now holds `worst` micro-USD for `request_id`, else ""."""
         limits = key.limits
         if self._limiter is not None and (limits.requests_per_minute or limits.tokens_per_minute):
             subject = f"{tenant}:key:{key.id}"
@@ -168,12 +182,14 @@ class Admission:
             self._outcome("rate_limit", tenant, spec, grant.checked)
             if grant.member is not None:
                 grants.append((subject, grant))
-        if key.daily_usd is not None and self._key_spend is not None:
-            spent = await self._key_spend.spent_today(tenant, key.id)
-            self._outcome("budget", tenant, spec, spent is not None)
-            if spent is not None and spent >= key.daily_usd:
-                self._metrics.budget.labels(tenant, "key_exceeded").inc()
-                raise key_budget_error(tenant, key.id, spent, key.daily_usd)
+        if key.daily_usd is None or self._key_budget is None:
+            return ""
+        hold = await self._key_budget.reserve_key(tenant, key.id, key.daily_usd, request_id, worst)
+        self._outcome("budget", tenant, spec, hold is not None)
+        if hold is not None and hold.exceeded(key.daily_usd):
+            self._metrics.budget.labels(tenant, "key_exceeded").inc()
+            raise key_budget_error(tenant, key.id, hold.spent_micro_usd, key.daily_usd, held=hold.held_micro_usd)
+        return key.id if hold is not None and hold.placed else ""
 
     async def _rate_limit(self, tenant: str, spec: Tenant, tokens: int) -> Grant | None:
         limits = spec.rate_limits
