@@ -31,9 +31,11 @@ from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
 from gateway.control.file_watch import FileWatcher
 from gateway.control.gc_pauses import GcPauses, freeze_heap
+from gateway.control.live_threshold import routing_state
 from gateway.control.loop_lag import LoopLag
 from gateway.control.metrics import CONTENT_TYPE
 from gateway.control.router_swap import watched_paths
+from gateway.control.worker_gauges import worker_label
 from gateway.errors import (
     AuthenticationError,
     BadRequest,
@@ -93,7 +95,9 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """503 while Redis is down, a pool required for readiness has no ready replica, or no pool at all can
-    take requests; an optional pool (remote and on-demand ones by default) that is down is `degraded`."""
+    take requests. `status` is "degraded" (200) when an optional pool (remote and on-demand ones by default) is
+    down, or when the policy file no longer holds the version this process serves (`policy`: an edit rejected or
+    not applied yet; `gateway.control.policy_file`). Each worker answers for itself (`worker`)."""
     runtime = _runtime(request)
     pools = runtime.pool_set.readiness()  # a sleeping on-demand pool counts as ready
     required = runtime.pool_set.required_for_ready()
@@ -102,10 +106,16 @@ async def readyz(request: Request) -> Response:
     ready = redis_ok and not required.intersection(down) and len(down) < len(pools)
     router_version = runtime.scorer.version if runtime.scorer is not None else None
     overflow = getattr(runtime.scorer, "overflow_state", "none")  # the trained classifier's: loads after start
-    body = {"ready": ready, "policy_version": runtime.policies.current.version, "router_version": router_version,
-            "router_overflow": overflow,
+    degraded = [n for n in down if n not in required]
+    policy = runtime.policy_file.state() if runtime.policy_file is not None else None
+    status = "not_ready" if not ready else (
+        "degraded" if degraded or (policy is not None and not policy["matches_file"]) else "ready")
+    routing = routing_state(runtime.live_threshold, runtime.policies.current, runtime.degradation.state)
+    body = {"ready": ready, "status": status, "worker": worker_label(),
+            "policy_version": runtime.policies.current.version, "policy": policy, "routing": routing,
+            "router_version": router_version, "router_overflow": overflow,
             "pools": pools,
-            "required": sorted(required.intersection(pools)), "degraded": [n for n in down if n not in required],
+            "required": sorted(required.intersection(pools)), "degraded": degraded,
             "engines": runtime.pool_set.status, "versions": runtime.pool_set.versions(),
             "autoscale": runtime.autoscaler.status() if runtime.autoscaler is not None else {}, "redis": redis_ok}
     return _json(body, 200 if ready else 503)

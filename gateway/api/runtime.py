@@ -23,6 +23,7 @@ from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
+from gateway.control.policy_file import PolicyFile
 from gateway.control.policy_holder import PolicyHolder
 from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
@@ -85,6 +86,7 @@ class Runtime:
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))  # owned
     tracing: Tracing = field(default_factory=Tracing)  # owned: OpenTelemetry, off without an OTLP endpoint
     keys: KeyAuth = field(default_factory=lambda: KeyAuth(None))  # the policy's keys and, with Redis, issued ones
+    policy_file: PolicyFile | None = None  # the policy file beside the policy served (readiness, reload metrics)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -97,7 +99,19 @@ class Runtime:
         version serves (seconds to minutes); a second reload waits for the first. `accept_interruption`: a
         pool the machine has no room to change side by side may restart in place (no replica meanwhile).
         Raises `PolicyError` (the running policy and pools stay as they were), also when a change is
-        refused or a new engine does not start (its own error in the problems)."""
+        refused or a new engine does not start (its own error in the problems). Each outcome is noted in
+        `policy_file` (readiness and metrics)."""
+        try:
+            fresh = await self._reload(accept_interruption)
+        except Exception as exc:
+            if self.policy_file is not None:
+                self.policy_file.failed(exc)
+            raise
+        if self.policy_file is not None:
+            self.policy_file.succeeded(fresh)
+        return fresh
+
+    async def _reload(self, accept_interruption: bool) -> LoadedPolicy:
         async with self._reload_lock:
             fresh = load_policy(self.policies.current.source)
             if fresh.version != self.policies.current.version:
@@ -254,6 +268,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                       access_log=access_log, tracing=tracing,
                       keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
     router_swap.on_swap = runtime.scorer_swapped
+    runtime.policy_file = PolicyFile(lambda: policies.current)
+    runtime.policy_file.attach(metrics)
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()
     runtime.memories = router.memories
