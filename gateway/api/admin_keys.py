@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.api.auth import bearer_matches
+from gateway.api.auth import require_admin
 from gateway.api.runtime import Runtime
-from gateway.errors import AuthenticationError, BadRequest, GatewayError, NotFound
+from gateway.errors import BadRequest, GatewayError, NotFound
 from gateway.tenancy.api_keys import KeyStore, unknown_tenant
 from policies.money import usd_to_micro
 from policies.schema import RateLimits
@@ -39,8 +39,7 @@ def _json(payload: Any, status: int = 200) -> Response:
 
 def _store(request: Request) -> KeyStore:
     runtime: Runtime = request.app.state.runtime
-    if not bearer_matches(request.headers.get("authorization"), runtime.settings.admin_key):
-        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
+    require_admin(request.headers.get("authorization"), runtime.settings.admin_key)
     if runtime.keys.store is None:
         raise BadRequest("this gateway runs without Redis: keys come from the policy only")
     return runtime.keys.store

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from backends.background import stop
 from gateway.api.admin_keys import admin_key_routes
-from gateway.api.auth import bearer_matches
+from gateway.api.auth import bearer_matches, require_admin
 from gateway.api.chat import endpoint_apps
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
@@ -126,8 +126,7 @@ def _bearer_is(request: Request, expected: str | None) -> bool:
 
 
 def _require_admin(request: Request) -> None:
-    if not _bearer_is(request, _runtime(request).settings.admin_key):
-        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
+    require_admin(request.headers.get("authorization"), _runtime(request).settings.admin_key)
 
 
 async def reload_policy(request: Request) -> Response:

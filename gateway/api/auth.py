@@ -26,7 +26,7 @@ from gateway.tenancy.api_keys import OPEN_TENANT, ApiKey, KeyStore, id_of
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Policy
 
-__all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "tenant_for"]
+__all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "require_admin", "tenant_for"]
 
 _MAX_CACHED = 100_000
 
@@ -51,6 +51,17 @@ def bearer_matches(authorization: str | None, expected: str | None) -> bool:
     """Whether the bearer token is `expected` (compared in constant time); never when `expected` is unset."""
     given = (authorization or "").removeprefix("Bearer ").strip()
     return bool(expected) and hmac.compare_digest(given.encode(), (expected or "").encode())
+
+
+def require_admin(authorization: str | None, admin_key: str | None) -> None:
+    """Raise `AuthenticationError` (401) unless the bearer token is the admin key, saying what to do: a gateway
+    started without `CASCADE_ADMIN_KEY` has no admin key, and only a restart with it set gives it one."""
+    if not admin_key:
+        raise AuthenticationError("this gateway was started without an admin key: set CASCADE_ADMIN_KEY in its "
+                                  "environment and restart it to use the admin endpoints (the policy file watcher "
+                                  "reloads edits without it)")
+    if not bearer_matches(authorization, admin_key):
+        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
 
 
 def key_id(authorization: str | None) -> str:

@@ -82,3 +82,12 @@ def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
 def test_policy_status_says_when_it_cannot_ask(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "status", "--gateway", "http://127.0.0.1:9"]) == 2
     assert "cannot read http://127.0.0.1:9/readyz" in capsys.readouterr().err
+
+
+def test_a_reload_on_a_gateway_started_without_the_admin_key_says_what_to_do(policy_file: Path, tmp_path: Path) -> None:
+    with serve(create_app(Settings(policy_path=policy_file, scorer="none", start_engines=False, ledger="memory",
+                                   home=tmp_path / "gw", admin_key=None, access_log=None))) as url:
+        reply = httpx.post(url + "/admin/policy/reload", headers={"authorization": "Bearer anything"})
+    error = reply.json()["error"]
+    assert reply.status_code == 401 and "started without an admin key" in error["message"]
+    assert "CASCADE_ADMIN_KEY" in error["message"] and "restart" in error["message"]
