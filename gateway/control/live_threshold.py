@@ -135,6 +135,7 @@ class LiveThreshold:
         self._buffer: list[str] = []
         self._entries: list[str] = []  # the window as last read
         self._states: dict[ShareThreshold, WindowState] = {}  # by target: what those entries give each
+        self._last: tuple[ShareThreshold, WindowState] | None = None  # the latest looked up
         self._down = False
         self._task: asyncio.Task[None] | None = None
 
@@ -145,11 +146,15 @@ class LiveThreshold:
         return WindowState() if target is None else self._state_for(target)
 
     def _state_for(self, target: ShareThreshold) -> WindowState:
+        last = self._last
+        if last is not None and last[0] is target:  # the same policy object as the last request: no hashing
+            return last[1]
         state = self._states.get(target)
         if state is None:  # a policy this window was not computed for (a reload): computed now, once
             if len(self._states) >= 4:
                 self._states.clear()
             state = self._states[target] = window_state(target, self._entries)
+        self._last = (target, state)
         return state
 
     def threshold(self, policy: Policy) -> float | None:
@@ -182,7 +187,7 @@ class LiveThreshold:
         target = share_target(self._policy().routing.threshold)
         if target is None:
             self._buffer.clear()
-            self._entries, self._states = [], {}
+            self._entries, self._states, self._last = [], {}, None
             return
         pending, self._buffer = self._buffer, []
         try:
@@ -198,7 +203,7 @@ class LiveThreshold:
         if self._down:
             log.info("shared score window reachable again")
             self._down = False
-        self._entries, self._states = entries, {target: window_state(target, entries)}
+        self._entries, self._states, self._last = entries, {target: window_state(target, entries)}, None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="live-threshold")
