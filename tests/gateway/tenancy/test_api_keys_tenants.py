@@ -11,14 +11,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.cli.main import main
+from gateway.ledger.keys import LedgerKeys
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.conftest import SHARED_URL, policy_yaml
+from tests.servers import serve, until
 
 pytestmark = pytest.mark.redis
 Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
@@ -101,6 +103,10 @@ def test_a_keys_budget_and_rate_limit_apply_under_a_policy_without_tenants(
     assert codes == [200, 429, 429, 429]  # the first request's worst case holds the whole budget
     message = _post(open_gateway, budgeted).json()["error"]["message"]
     assert f"API key '{hash_key(budgeted)[:12]}' of tenant 'default'" in message and "daily budget" in message
+    holds = LedgerKeys(prefix).key_holds("default", hash_key(budgeted)[:12])
+    client = redis.Redis.from_url(SHARED_URL)
+    until(lambda: client.hget(holds, " sum") == b"0")  # the ledger's record of the served request released its hold
+    client.close()
     _, out, _ = _create(capsys, "--tenant", "default", "--rpm", "1", "--policy", policy, "--prefix", prefix)
     limited = out.splitlines()[-1]
     assert [_post(open_gateway, limited).status_code for _ in range(2)] == [200, 429]
