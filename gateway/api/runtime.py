@@ -140,7 +140,7 @@ class Runtime:
         await self.accountant.drain()
         if self.request_log is not None:
             self.request_log.close()
-        self.access_log.close()
+        await asyncio.to_thread(self.access_log.close)  # flushes what a slow reader left queued, for 2 s at most
         await asyncio.to_thread(self.tracing.shutdown)  # flushes queued spans (the exporter's timeout bounds it)
         await self.pool_set.aclose()
         await self.router_swap.aclose()
@@ -218,7 +218,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     metrics.start(settings.probe_interval_s)
     pool_set.on_engine_restart = metrics.engine_restarted
     _observe(scorer, metrics)
-    access_log = AccessLog(settings.access_log, settings.access_log_sample)
+    access_log = AccessLog(settings.access_log, settings.access_log_sample, capacity=settings.access_log_buffer,
+                           on_dropped=metrics.faults.access_log_dropped)
     accountant = Accountant(ledger, metrics, access_log)
     accountant.tracing = tracing = tracing_from_env(on_export_failure=metrics.trace_export_failures.inc)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
