@@ -7,8 +7,9 @@ dropped and reported as `on_dropped("full", 1)`. The writer thread joins queued 
 lines of several processes sharing one descriptor never interleave); a write that fails (`OSError`) drops the
 lines it held (`on_dropped("error", n)`) and the next lines are tried again: the first failure is logged, and
 the first success after failures. `close` waits at most `flush_s` for the queue to empty; lines still queued
-then are reported as `on_dropped("shutdown", n)` and the thread, blocked on a reader that never reads, is left
-behind (a daemon: it does not hold the process's exit). `on_dropped` is called from the thread that drops.
+then are reported as `on_dropped("shutdown", n)`, never written, and the thread, blocked on a reader that never
+reads, ends if that write ever returns (a daemon: it does not hold the process's exit). `on_dropped` is called
+from the thread that drops.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class LineWriter:
         self.on_dropped = on_dropped
         self._failing = 0  # lines lost to write errors since the last write that succeeded
         self._closed = False
+        self._abandoned = False  # `close` gave up on the reader: what is still queued is counted, never written
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -59,9 +61,9 @@ class LineWriter:
 
     def _run(self) -> None:
         pending: bytes | None = None  # a line taken that did not fit in the last write
-        while True:
+        while not self._abandoned:
             line = self._queue.get() if pending is None else pending
-            if line == _STOP:
+            if line == _STOP or self._abandoned:
                 return
             batch, size, pending = [line], len(line), None
             while size < select.PIPE_BUF:  # join what is queued, up to one atomic write
@@ -109,6 +111,7 @@ class LineWriter:
             stop_queued = False
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
+            self._abandoned = True  # the thread ends after the write it is blocked in, if that ever returns
             left = max(0, self._queue.qsize() - stop_queued)
             log.warning("%s: %d line(s) not written at shutdown: the reader stopped reading", self._name, left)
             self._dropped("shutdown", left)
