@@ -67,6 +67,7 @@ class Settings:
     request_log_sample: float = 1.0  # the share of requests the replay log keeps, in (0, 1]
     access_log: str | None = "-"  # one JSON line per request, no text (`gateway.serving.access_log`): "-" stdout
     access_log_sample: float = 1.0  # share of requests that get an access line
+    access_log_buffer: int = 10_000  # access lines queued for a slow reader; more are dropped and counted
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
     router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
     # freeze the long-lived heap out of the cyclic collector (gateway.control.gc_pauses): `cascade serve` turns it
@@ -184,6 +185,9 @@ OPTIONS: tuple[Option, ...] = (
            metavar="-|FILE|off"),
     Option("access_log_sample", "CASCADE_ACCESS_LOG_SAMPLE", _share, "share of requests written to the access "
            "log (0 to 1)", metavar="SHARE"),
+    Option("access_log_buffer", "CASCADE_ACCESS_LOG_BUFFER", positive_int, "access-log lines held for a reader "
+           "slower than the traffic (a stalled pipe); lines beyond it are dropped and counted in "
+           "cascade_access_log_dropped_total, never a request held", metavar="LINES"),
 )
 # built-in defaults; the fields read from the environment when built directly default to these without it
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)} | {
