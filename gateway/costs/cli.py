@@ -19,7 +19,6 @@ from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from gateway.cli.output import write_output
 from gateway.costs.html import render_html
@@ -35,7 +34,7 @@ from gateway.costs.report import (
 from gateway.costs.summary import empty_lines
 from gateway.costs.view import render_text
 from gateway.ledger.store import LedgerKeys
-from gateway.redis_client import run_with_redis
+from gateway.redis_client import run_with_redis, safe_url
 
 if TYPE_CHECKING:
     from gateway.costs.by_key import KeyRow
@@ -132,7 +131,7 @@ def write_report(redis_url: str, prefix: str, start: date, end: date, *, by: str
     if loaded is None:
         return 2
     report, key_rows = loaded
-    report = replace(report, source=_location(redis_url))
+    report = replace(report, source=safe_url(redis_url))
     if not report.cells:
         print("cascade costs: " + " ".join(empty_lines(report)), file=sys.stderr)
     text = render(_with_policy_figures(report, redis_url, prefix, policy, artifact), by, fmt, wide, key_rows)
@@ -147,14 +146,6 @@ async def _load(client: Any, prefix: str, start: date, end: date, by: str) -> tu
     keys = LedgerKeys(prefix)
     report = await load_report(client, keys, start, end)
     return report, (await load_key_rows(client, keys, start, end) if by == "key" else [])
-
-
-def _location(redis_url: str) -> str:
-    """The Redis URL without user or password, for the report's header."""
-    parts = urlsplit(redis_url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def print_report(redis_url: str, by: str = "tenant", days: int = 7, prefix: str = DEFAULT_PREFIX) -> int:

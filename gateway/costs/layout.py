@@ -98,13 +98,21 @@ def lay_out(cols: Sequence[Column], rows: Sequence[Mapping[str, Any]], total: Ma
     return [[c.title for c in cols], *([c.cell(row, decimals) for c in cols] for row in [*rows, total])]
 
 
-def fit_width(cells: list[list[str]], width: int = WIDTH) -> list[list[str]]:
-    """`cells` with the first column's values cut (ending in "~") so that the text table fits `width`, down to
-    `_KEY_MIN` characters; the other columns are never cut."""
-    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
-    room = width - sum(widths[1:]) - 2 * (len(widths) - 1)
-    limit = max(_KEY_MIN, room, len(cells[0][0]))
-    return [[line[0] if len(line[0]) <= limit else line[0][: limit - 1] + "~", *line[1:]] for line in cells]
+def fit_width(cols: Sequence[Column], cells: list[list[str]], width: int = WIDTH) -> list[list[str]]:
+    """`cells` with the values of the text columns (the group, a key's tenant) cut, widest first and ending in "~",
+    until the text table fits `width`; never below `_KEY_MIN` characters or the title, and numbers never."""
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    limits = list(widths)
+    while over > 0:
+        cuttable = [i for i, c in enumerate(cols) if c.left and limits[i] > max(_KEY_MIN, len(cells[0][i]))]
+        if not cuttable:
+            break
+        widest = max(cuttable, key=lambda i: limits[i])
+        limits[widest] -= 1
+        over -= 1
+    return [cells[0], *([v if len(v) <= n else v[: n - 1] + "~" for v, n in zip(line, limits, strict=True)]
+                        for line in cells[1:])]
 
 
 def text_table(cols: Sequence[Column], cells: list[list[str]]) -> list[str]:

@@ -57,7 +57,7 @@ def report_view(report: CostReport, by: str, wide: bool = False,
     details = [*([] if report.prices is None else report.prices.lines()),
                *([] if report.quality is None else report.quality.lines())]
     return ReportView(report, by, wide, _header(report, by), summary_lines(report), cols,
-                      cells if wide else fit_width(cells), notes, details)
+                      cells if wide else fit_width(cols, cells), notes, details)
 
 
 def _header(report: CostReport, by: str) -> list[str]:
@@ -70,9 +70,10 @@ def _header(report: CostReport, by: str) -> list[str]:
 
 def _key_rows(report: CostReport, keys: Sequence[KeyRow]) -> list[dict[str, Any]]:
     """Rows of `row_fields`' shape from the per-key counters, and the records without a key id."""
-    rows: list[dict[str, Any]] = [{"key": k.key_id, "tenant": k.tenant, "requests": k.requests, "prompt_tokens": k.prompt_tokens,
-             "completion_tokens": k.completion_tokens, "total_tokens": k.prompt_tokens + k.completion_tokens,
-             "cost_micro_usd": k.cost_micro_usd} for k in keys]
+    rows: list[dict[str, Any]] = [
+        {"key": k.key_id, "tenant": k.tenant, "requests": k.requests, "prompt_tokens": k.prompt_tokens,
+         "completion_tokens": k.completion_tokens, "total_tokens": k.prompt_tokens + k.completion_tokens,
+         "cost_micro_usd": k.cost_micro_usd} for k in keys]
     total = report.total().counters
     rest = {name: getattr(total, name) - sum(r[name] for r in rows)
             for name in ("requests", "prompt_tokens", "completion_tokens", "cost_micro_usd")}
