@@ -10,6 +10,7 @@ adds (a per-pool quality, say) is one more `Column` in `columns`.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ __all__ = ["WIDTH", "Column", "columns", "fit_width", "lay_out", "money", "money
 
 WIDTH = 100  # the default view's width in characters
 _KEY_MIN = 12  # the group column is cut (ending in "~") to fit WIDTH, never below this
+_CODE = re.compile(r"`[^`]*`")
+_KEEP = "\x00"
 
 
 def money(micro: int | None, decimals: int) -> str:
@@ -128,12 +131,14 @@ def text_table(cols: Sequence[Column], cells: list[list[str]]) -> list[str]:
 
 
 def wrap(lines: Sequence[str], width: int | None) -> list[str]:
-    """Prose lines wrapped at `width` (continuations indented by two spaces more); None leaves them whole."""
+    """Prose lines wrapped at `width` (continuations indented by two spaces more, a `command` never split); None
+    leaves them whole."""
     if width is None:
         return list(lines)
     out: list[str] = []
     for line in lines:
         indent = " " * (len(line) - len(line.lstrip()))
-        out += textwrap.wrap(line, width, subsequent_indent=indent + "  ", break_on_hyphens=False,
-                             break_long_words=False) or [""]
+        whole = _CODE.sub(lambda m: m.group(0).replace(" ", _KEEP), line)  # a `command` stays on one line
+        out += [part.replace(_KEEP, " ") for part in textwrap.wrap(
+            whole, width, subsequent_indent=indent + "  ", break_on_hyphens=False, break_long_words=False) or [""]]
     return out

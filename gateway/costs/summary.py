@@ -52,9 +52,9 @@ def _quality(quality: QualityEstimate) -> list[str]:
     span = ""
     if domain is not None and domain.kept_low is not None and domain.kept_high is not None:
         span = f" (likely {domain.kept_low:.0%} to {domain.kept_high:.0%})"
-    share = "" if quality.flagship_share is None else f", with {quality.flagship_share:.0%} of the routed " \
-        "requests on the flagship"
-    lines = [f"Quality kept: about {quality.curve_kept:.0%} of what the flagship adds over the micro pool{span}"
+    share = "" if quality.flagship_share is None else f", with {quality.flagship_share:.0%} of requests on the " \
+        "flagship"
+    lines = [f"Quality kept: about {quality.curve_kept:.0%} of the flagship's edge over the micro pool{span}"
              f"{share}."]
     return lines + ([] if domain is None else _unlike(domain))
 
@@ -67,8 +67,6 @@ def _unlike(domain: DomainShare) -> list[str]:
         return ["All scored requests resemble the data the router was trained on, so the estimate applies as is."]
     tenants = ", ".join(t for t, _, _ in domain.drifting)
     who = f" (most of all tenant{'s' if len(domain.drifting) > 1 else ''} {tenants})" if tenants else ""
-    return [f"{share:.0%} of the scored requests{who} are unlike the router's training data, so their quality is "
-            "less certain; the range allows for that.",
-            f"To narrow it, collect labels on this traffic (client feedback or learning.shadow) and retrain the "
-            f"router (`{_TRAIN}`); to protect quality meanwhile, send more to the flagship (learning.in_domain.hold "
-            "or `cascade router calibrate`)."]
+    return [f"{share:.0%} of the scored requests{who} are unlike the router's training data, hence the range.",
+            f"To narrow it: label this traffic (client feedback, learning.shadow), then `{_TRAIN}`; to keep quality "
+            "meanwhile, send more to the flagship (learning.in_domain.hold, `cascade router calibrate`)."]

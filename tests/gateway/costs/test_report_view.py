@@ -88,10 +88,10 @@ def test_the_summary_comes_first_in_plain_words_with_what_to_do_about_unlike_tra
     assert "Spend: $0.007400 for 200 requests (2,200 tokens)." in summary
     assert "Sending every request to the flagship pool (flagship) would have cost $0.020000." in summary
     assert "Routing saved $0.012600, 63.0% of that." in summary
-    assert re.search(r"Quality kept: about \d+% of what the flagship adds over the micro pool \(likely \d+% to "
-                     r"\d+%\), with 30% of the routed requests on the flagship\.", summary)
+    assert re.search(r"Quality kept: about \d+% of the flagship's edge over the micro pool \(likely \d+% to "
+                     r"\d+%\), with 30% of requests on the flagship\.", summary)
     assert "65% of the scored requests (most of all tenant newco) are unlike the router's training data" in summary
-    assert "retrain the router (`cascade router train --from-ledger`)" in summary
+    assert "label this traffic (client feedback, learning.shadow), then `cascade router train --from-ledger`" in summary
     assert "~0." not in summary and "drift_share" not in summary  # the figures' own notation stays in the details
     assert summary.index("Spend:") < summary.index("Sending") < summary.index("Routing") < summary.index("Quality")
 
