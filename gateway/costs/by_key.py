@@ -70,7 +70,7 @@ async def load_key_rows(client: Any, keys: LedgerKeys, start: date, end: date) -
 def render_keys(rows: Sequence[KeyRow], report: CostReport, fmt: str) -> str:
     """`rows` as CSV or JSON (`fmt`), with a "(no key id)" row for the records without a key and the TOTAL of
     `report` (the same rows as the table, `gateway.costs.view`); money as micro-USD and USD strings."""
-    from gateway.costs.view import NO_KEY
+    from gateway.costs.view import NO_KEY, key_notes
 
     data = [row.fields() for row in rows]
     total = report.total().counters
@@ -80,7 +80,8 @@ def render_keys(rows: Sequence[KeyRow], report: CostReport, fmt: str) -> str:
     whole = KeyRow("", "TOTAL", *(getattr(total, name) for name in _FIELDS)).fields()
     if fmt == "json":
         return orjson.dumps({"from": str(report.start), "to": str(report.end), "by": "key", "prefix": report.prefix,
-                             "rows": data, "total": whole}, option=orjson.OPT_INDENT_2).decode() + "\n"
+                             "rows": data, "total": whole, "notes": key_notes(rows)},
+                            option=orjson.OPT_INDENT_2).decode() + "\n"
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(KeyRow("", "").fields()), lineterminator="\n")
     writer.writeheader()

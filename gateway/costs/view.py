@@ -20,7 +20,7 @@ from gateway.costs.summary import summary_lines
 if TYPE_CHECKING:
     from gateway.costs.by_key import KeyRow
 
-__all__ = ["NO_KEY", "ReportView", "render_text", "report_view"]
+__all__ = ["NO_KEY", "ReportView", "key_notes", "render_text", "report_view"]
 
 NO_KEY = "(no key id)"
 
@@ -53,7 +53,7 @@ def report_view(report: CostReport, by: str, wide: bool = False,
     notes = [f"Amounts in USD{'' if decimals == 6 else f', rounded to {decimals} decimals'}; csv and json carry "
              f"exact micro-USD.{'' if wide else ' --wide shows tokens, cache, checks and every pool.'}"]
     if by == "key":
-        notes += _key_notes(key_rows or [])
+        notes += key_notes(key_rows or [])
     details = [*([] if report.prices is None else report.prices.lines()),
                *([] if report.quality is None else report.quality.lines())]
     return ReportView(report, by, wide, _header(report, by), summary_lines(report), cols,
@@ -83,7 +83,7 @@ def _key_rows(report: CostReport, keys: Sequence[KeyRow]) -> list[dict[str, Any]
     return rows
 
 
-def _key_notes(keys: Sequence[KeyRow]) -> list[str]:
+def key_notes(keys: Sequence[KeyRow]) -> list[str]:
     """Per key: why it is under two tenants, when it is; and what the "-" cells mean."""
     tenants: dict[str, dict[str, int]] = defaultdict(dict)
     for row in keys:

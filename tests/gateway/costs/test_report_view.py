@@ -5,6 +5,7 @@ word when a prefix has no records, and the HTML page saying the same as the text
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -105,6 +106,9 @@ def test_a_key_under_two_tenants_says_why_and_unkeyed_records_make_up_the_total(
     assert ("Key 7f3a9c21 appears under 2 tenants, acme (600,000 requests), globex-international-holdings-emea "
             "(1,000 requests): a request is recorded under the tenant it was served as") in flat
     assert "Key 0b12 appears" not in flat
+    doc = json.loads(render(big_report(), "key", "json", key_rows=key_rows()))
+    assert any(note.startswith("Key 7f3a9c21 appears under 2 tenants") for note in doc["notes"])
+    assert doc["total"]["requests"] == 1_920_000 and doc["rows"][-1]["key_id"] == NO_KEY
     csv_text = render(big_report(), "key", "csv", key_rows=key_rows())
     assert csv_text.splitlines()[-1].split(",")[:3] == ["", "TOTAL", "1920000"]
 
