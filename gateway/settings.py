@@ -26,6 +26,7 @@ __all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "argparse_type", "d
 
 HOME_ENV = "CASCADE_HOME"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the default, where $CASCADE_REDIS_URL is not set
+REDIS_PREFIX = "cascade:"  # the default, where $CASCADE_REDIS_PREFIX is not set (the tests set their own)
 OVERFLOW_ENV = "CASCADE_ROUTER_OVERFLOW"  # tests/conftest.py sets it to none: scores stay the primary's
 OVERFLOW_DEFAULT = "auto"
 
@@ -47,7 +48,7 @@ def export_home(home: Path | None = None) -> Path:
 class Settings:
     policy_path: Path
     redis_url: str = field(default_factory=lambda: os.environ.get("CASCADE_REDIS_URL", REDIS_URL))
-    redis_prefix: str = "cascade:"
+    redis_prefix: str = field(default_factory=lambda: os.environ.get("CASCADE_REDIS_PREFIX") or REDIS_PREFIX)
     scorer: Literal["classifier", "length", "none"] = "classifier"
     start_engines: bool = True
     ledger: Literal["redis", "memory"] = "redis"
@@ -191,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 # built-in defaults; the fields read from the environment when built directly default to these without it
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)} | {
-    "redis_url": REDIS_URL, "router_overflow": OVERFLOW_DEFAULT}
+    "redis_url": REDIS_URL, "redis_prefix": REDIS_PREFIX, "router_overflow": OVERFLOW_DEFAULT}
 
 
 def _env_default(option: Option, env: Mapping[str, str]) -> Any:

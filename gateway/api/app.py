@@ -161,13 +161,17 @@ async def reload_router(request: Request) -> Response:
 
 
 async def admin_costs(request: Request) -> Response:
-    """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by."""
+    """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by, wide (1: every
+    column). The same summary, table and notes as `cascade costs report --format table`."""
+    from dataclasses import replace
     from datetime import UTC, date, datetime, timedelta
 
+    from gateway.costs.by_key import load_key_rows
     from gateway.costs.html import render_html
     from gateway.costs.quality import served_with_quality
     from gateway.costs.report import GROUPINGS, load_report
     from gateway.ledger.store import LedgerKeys
+    from gateway.redis_client import safe_url
 
     runtime = _runtime(request)
     try:
@@ -176,20 +180,24 @@ async def admin_costs(request: Request) -> Response:
         start = date.fromisoformat(request.query_params.get("from", str(today - timedelta(days=6))))
         end = date.fromisoformat(request.query_params.get("to", str(today)))
         by = request.query_params.get("by", "tenant")
-        if by not in GROUPINGS or end < start or (end - start).days > 366:
-            raise BadRequest(f"use by={'|'.join(GROUPINGS)} and a range from <= to of at most a year", param="by")
+        if by not in (*GROUPINGS, "key") or end < start or (end - start).days > 366:
+            raise BadRequest(f"use by={'|'.join((*GROUPINGS, 'key'))} and a range from <= to of at most a year",
+                             param="by")
     except ValueError as exc:
         return _error(BadRequest(f"dates must be YYYY-MM-DD: {exc}", param="from"))
     except GatewayError as exc:
         return _error(exc)
     if runtime.redis is None:
         return _error(BadRequest("this gateway runs without the Redis ledger; no report to show"))
-    report = await load_report(runtime.redis, LedgerKeys(runtime.settings.redis_prefix), start, end)
+    keys = LedgerKeys(runtime.settings.redis_prefix)
+    report = replace(await load_report(runtime.redis, keys, start, end), source=safe_url(runtime.settings.redis_url))
+    key_rows = await load_key_rows(runtime.redis, keys, start, end) if by == "key" else None
     current = runtime.policies.current
     report = await served_with_quality(report.with_prices(current.policy, current.source), current.policy,
                                        runtime.settings.redis_url, runtime.settings.redis_prefix,
                                        runtime.settings.router_artifact)
-    return Response(render_html(report, by), media_type="text/html; charset=utf-8")
+    wide = request.query_params.get("wide", "") in ("1", "true")
+    return Response(render_html(report, by, wide, key_rows), media_type="text/html; charset=utf-8")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
