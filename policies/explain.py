@@ -28,7 +28,7 @@ from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.pools import context_of
 from policies.schema import Policy
-from policies.tenant_moves import other_tier
+from policies.tenant_moves import other_tiers
 
 __all__ = ["Explanation", "RuleOutcome", "explain", "render_explanation"]
 
@@ -89,11 +89,11 @@ def _fit(policy: Policy, decision: RouteDecision, ctx: RouteContext, completion:
         return decision, None
     counted = "" if ctx.prompt_tokens is not None else " (estimated)"
     size = f"{ctx.tokens} prompt tokens{counted} and {completion} completion"
-    other = other_tier(policy, decision, ctx.tenant, ladder, False)
-    room = context_of(policy.pools[other]) if other is not None else None
-    if other is not None and (room is None or need <= room):
-        why = f"{size} do not fit {decision.pool!r} ({context} tokens)"
-        return moved(policy, decision, "context-fit", other, why, f"{why}: routed to {other!r}"), None
+    for other in other_tiers(policy, decision, ctx.tenant, ladder, False):
+        room = context_of(policy.pools[other])
+        if room is None or need <= room:
+            why = f"{size} do not fit {decision.pool!r} ({context} tokens)"
+            return moved(policy, decision, "context-fit", other, why, f"{why}: routed to {other!r}"), None
     return None, f"400: {size} do not fit in any pool that may serve this request (context_length_exceeded)"
 
 
