@@ -13,9 +13,9 @@ How it is decided, after the router chose a pool and before anything is sent:
   local pool, the pool's tokenizer or an estimate for a remote one), on the pool it is checked against.
 - A request that does not fit its pool moves to the other tier (with `routing.tiers`: the first of the next tier
   up, the next down, then further out, `policies.tenant_moves.other_tiers`) where that one holds it and the tenant
-  may be moved there (`policies.tenant_moves`: allowed pools, budget downgrade, shedding); rule `context-fit`. A pinned model is
-  never swapped (its caller asked for that model). A chat request on a pool whose ladder truncates context
-  (`truncate_context`, `policies.truncate`) fits when the truncated prompt does. Else: 400
+  may be moved there (`policies.tenant_moves`: allowed pools, budget downgrade, shedding); rule `context-fit`. A
+  pinned model is never swapped (its caller asked for that model). A chat request on a pool whose ladder truncates
+  context (`truncate_context`, `policies.truncate`) fits when the truncated prompt does. Else: 400
   `context_length_exceeded`, naming the prompt's size, the completion limit and each pool's context.
 """
 
