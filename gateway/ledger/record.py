@@ -66,7 +66,7 @@ ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
 _LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "route",
-                     "key_id")
+                     "key_id", "tiers")
 _KEY_ID = re.compile(r"[0-9a-f]{1,64}")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
@@ -114,6 +114,8 @@ class CostRecord:
     route: str = ""  # the steps that chose its pool, as `x-cascade-route` shows them (`policies.decide.route_text`):
     # "score:micro, context-fit:flagship"; "" in a record written before the field existed
     key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`: 12 hex digits); "" when none
+    tiers: str = ""  # with routing.tiers: every tier's predicted quality and expected cost as `x-cascade-tiers`
+    # shows them (`policies.tiers.estimates_text`): "general=0.670/$0.000120, ..."; "" without a prediction
     in_domain: float | None = None  # how close the request is to the router's training data, in [0, 1]
     # (`router_models.serving.domain`); None when not scored, scored by the overflow model, by an artifact without
     # a domain reference, or in a record written before the field existed
@@ -166,6 +168,7 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     _check("request_id", rec.request_id, _REQUEST_ID)
     _check("rule", rec.rule, _TEXT)
     _check("route", rec.route, _ROUTE)
+    _check("tiers", rec.tiers, _ROUTE)
     _check("policy_version", rec.policy_version, _TEXT)
     if rec.scored_by:
         _check("scored_by", rec.scored_by, _NAME)
