@@ -62,7 +62,8 @@ def test_a_tier_without_a_placement_is_refused_with_its_line_and_the_fix() -> No
 
 def test_a_negative_tradeoff_is_refused() -> None:
     (problem,) = _problems("tiers: [general, code, flagship]\n  tradeoff: -1")
-    assert problem.startswith("three.yaml:12: routing.tradeoff:") and "negative" in problem and "use 0 or more" in problem
+    assert problem.startswith("three.yaml:12: routing.tradeoff:")
+    assert "negative" in problem and "use 0 or more" in problem
 
 
 def test_a_cost_target_below_the_cheapest_tier_is_refused() -> None:

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from gateway.api.app import create_app
+from gateway.ledger.record import CostRecord
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
@@ -79,7 +80,7 @@ def _ask(client: openai.OpenAI, text: str) -> tuple[dict[str, str], str]:
     return dict(raw.headers), completion.model
 
 
-def _record(ledger: MemoryLedger, request_id: str) -> object:
+def _record(ledger: MemoryLedger, request_id: str) -> CostRecord:
     deadline = time.monotonic() + 10
     while request_id not in ledger.records:
         assert time.monotonic() < deadline, "no cost record"
@@ -102,8 +103,7 @@ def test_each_request_goes_to_the_best_trade_and_says_so(gateway: tuple[str, Pat
     assert [t.split("=")[0] for t in tiers] == ["general", "code", "flagship"]
     assert tiers[1].startswith("code=0.850/$0.000")  # its predicted quality and expected cost
     rec = _record(ledger, headers["x-request-id"])
-    assert getattr(rec, "tiers") == headers["x-cascade-tiers"]
-    assert getattr(rec, "route") == "trade:code"
+    assert (rec.tiers, rec.route) == (headers["x-cascade-tiers"], "trade:code")
 
 
 def test_a_request_too_long_for_its_tier_moves_up_the_tiers(gateway: tuple[str, Path, MemoryLedger]) -> None:

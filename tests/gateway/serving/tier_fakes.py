@@ -16,7 +16,7 @@ import pytest
 
 from router_models.serving.scorer import ConversationShape
 
-__all__ = ["FakeMap", "FakePlacements", "FeatureScorer", "NAMED", "fake_the_map"]
+__all__ = ["NAMED", "FakeMap", "FakePlacements", "FeatureScorer", "fake_the_map"]
 
 NAMED = {"general-7b": {"base": 0.80, "code": -0.50, "hard": -0.60},
          "code-34b": {"base": 0.70, "code": 0.15, "hard": -0.50},
