@@ -22,6 +22,7 @@ __all__ = [
     "MAX_TOKENS",
     "ROLLUP_FIELDS",
     "SPLIT_ENDPOINTS",
+    "TIER_COUNTERS",
     "CostRecord",
     "InvalidCostRecord",
     "cache_counters",
@@ -31,6 +32,7 @@ __all__ = [
     "overflow_scored",
     "record_from_fields",
     "record_to_fields",
+    "tier_counters",
     "validate_record",
 ]
 
@@ -60,8 +62,12 @@ ENDPOINT_COUNTERS = tuple(f"{endpoint}_{name}" for endpoint in SPLIT_ENDPOINTS f
 # `in_domain_scored`: requests with an in-domain figure (`router_models.serving.domain`); `in_domain_t<k>`: those
 # whose figure lies in [k/10, (k+1)/10) (t9 includes 1.0), so a report tells the share below any bound in tenths
 IN_DOMAIN_COUNTERS = ("in_domain_scored", *(f"in_domain_t{k}" for k in range(10)))
+# `tier_predicted`: answered requests with every tier's prediction (routing.tiers: `tiers`); `tier_quality_milli` /
+# `top_quality_milli`: the predicted quality (in thousandths) of the pool that answered and of the most capable
+# (last) tier, on the same map, so that a report tells the quality kept (`tier_counters`)
+TIER_COUNTERS = ("tier_predicted", "tier_quality_milli", "top_quality_milli")
 EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "cache_hits", "cache_misses",
-                  "cache_avoided_micro_usd", *ENDPOINT_COUNTERS, *IN_DOMAIN_COUNTERS)
+                  "cache_avoided_micro_usd", *ENDPOINT_COUNTERS, *IN_DOMAIN_COUNTERS, *TIER_COUNTERS)
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
@@ -130,7 +136,24 @@ def overflow_scored(rec: CostRecord) -> int:
 def extra_counters(rec: CostRecord) -> tuple[int, ...]:
     """What `rec` adds to each of the `EXTRA_COUNTERS` of its rollups, in that order."""
     return (overflow_scored(rec), int(rec.output_check != ""), int(rec.output_check.startswith("fail")),
-            *cache_counters(rec), *endpoint_counters(rec), *in_domain_counters(rec))
+            *cache_counters(rec), *endpoint_counters(rec), *in_domain_counters(rec), *tier_counters(rec))
+
+
+def tier_counters(rec: CostRecord) -> tuple[int, int, int]:
+    """What `rec` adds to the `TIER_COUNTERS`: 1, its pool's predicted quality and the last tier's, in thousandths;
+    nothing without a prediction for its pool, nor for a record another record of the request follows."""
+    if not rec.tiers or rec.status not in _ANSWERS:
+        return 0, 0, 0
+    quality: dict[str, int] = {}  # in tier order: the last is the most capable tier
+    for item in rec.tiers.split(", "):
+        pool, _, rest = item.partition("=")
+        try:
+            quality[pool] = round(float(rest.partition("/")[0]) * 1000)
+        except ValueError:
+            return 0, 0, 0
+    if rec.pool not in quality:
+        return 0, 0, 0
+    return 1, quality[rec.pool], list(quality.values())[-1]
 
 
 def in_domain_counters(rec: CostRecord) -> tuple[int, ...]:
