@@ -12,7 +12,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.control.live_threshold import MemoryWindow, RedisWindow
 from gateway.control.live_tradeoff import MIN_SAMPLES, LiveTradeoff, entry_of, parse_entry
-from policies.schema import Policy
 from policies.tiers import TierEstimate, choose
 from tests.conftest import SHARED_URL
 from tests.policies.test_tiers import _policy
