@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.serving.pool_map import PoolMap, quality_logits
+from router_models.serving.artifact import ArtifactError
+from router_models.serving.pool_map import PoolMap, quality_logits, served_pool_map
 from router_models.serving.scorer import ConversationShape
 
 __all__ = ["MIN_ROWS", "PLACEMENT_FORMAT", "PlaceRow", "Placement", "PlacementError", "fit_ability",
@@ -87,9 +88,15 @@ class Placement:
         return path
 
     @classmethod
-    def load(cls, path: Path, pool_map: PoolMap | None = None) -> Placement:
-        """The placement at `path`, validated (and checked against `pool_map` when given). Raises `PlacementError`
-        naming the file and field."""
+    def named(cls, model_name: str) -> Placement:
+        """The placement of the served map's shared model `model_name` (`place_from_shared`). Raises
+        `PlacementError`."""
+        return place_from_shared(_served(f"shared_model {model_name!r}"), model_name)
+
+    @classmethod
+    def load(cls, path: Path, pool_map: PoolMap | None = None, check: bool = True) -> Placement:
+        """The placement at `path`, validated and (`check`) checked against `pool_map` (default: the served map,
+        `pool_map.served_pool_map`). Raises `PlacementError` naming the file and field."""
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError as exc:
@@ -97,9 +104,16 @@ class Placement:
         except (OSError, ValueError) as exc:
             raise PlacementError(f"placement file {path} is unreadable ({exc}); {_REPLACE}") from exc
         placement = _validated(data, path)
-        if pool_map is not None:
-            placement.check(pool_map, f"placement file {path}")
+        if check:
+            placement.check(pool_map or _served(f"placement file {path}"), f"placement file {path}")
         return placement
+
+
+def _served(what: str) -> PoolMap:
+    try:
+        return served_pool_map()
+    except ArtifactError as exc:
+        raise PlacementError(f"{what}: the pool map it is placed on cannot be loaded ({exc})") from exc
 
 
 def _validated(data: Any, path: Path) -> Placement:

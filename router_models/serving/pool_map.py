@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,14 +34,15 @@ from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
 from router_models.serving.artifact import ArtifactError, read_metadata, read_payload, replace_atomically
 
 if TYPE_CHECKING:
-    from router_models.serving.placement import Placement
+    from router_models.serving.placement import Placement, PlacementError
 
-__all__ = ["DEFAULT_POOL_MAP", "MAP_FORMAT", "PoolMap", "SharedAbility", "abilities", "load_pool_map", "quality",
-           "quality_logits", "save_pool_map"]
+__all__ = ["DEFAULT_POOL_MAP", "MAP_FORMAT", "Placement", "PlacementError", "PoolMap", "SharedAbility", "abilities",
+           "load_pool_map", "pool_map_for", "quality", "quality_logits", "save_pool_map", "served_pool_map"]
 
 Floats = npt.NDArray[np.float64]
 MAP_FORMAT = 1
 DEFAULT_POOL_MAP = Path(__file__).resolve().parents[1] / "artifacts" / "pool-map.json"
+_log = logging.getLogger(__name__)
 _FIX = "rebuild it with `python -m router_models.training.pool_map_build` (MODEL_CARD.md, \"Pool map\")"
 
 
@@ -168,3 +171,45 @@ def load_pool_map(path: Path | None = None, embedder: str | None = None) -> Pool
     if pool_map.dim != meta.get("dim") or not np.all(np.isfinite(weights)):
         raise ArtifactError(f"pool map {payload_path} has weights {weights.shape} for dim {meta.get('dim')}; {_FIX}")
     return pool_map
+
+
+_SERVED: dict[tuple[str, int, int], PoolMap] = {}
+
+
+def served_pool_map() -> PoolMap:
+    """The map the gateway serves: `$CASCADE_POOL_MAP`, else the shipped one; loaded once per version of the file.
+    Raises `ArtifactError`."""
+    path = Path(os.environ.get("CASCADE_POOL_MAP") or DEFAULT_POOL_MAP).with_suffix(".json")
+    try:
+        stat = path.stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        key = (str(path), 0, 0)
+    if key not in _SERVED:
+        _SERVED.clear()
+        _SERVED[key] = load_pool_map(path)
+    return _SERVED[key]
+
+
+def pool_map_for(embedder: str) -> PoolMap | None:
+    """The served map when it reads `embedder`'s feature rows (the router artifact's), else None (logged: a tiers
+    policy then splits by score between its first and last tier)."""
+    try:
+        pool_map = served_pool_map()
+    except ArtifactError as exc:
+        _log.warning("no pool map (%s): tiers split by score", exc)
+        return None
+    if pool_map.embedder != embedder:
+        _log.warning("the pool map %s reads %s feature rows, the router embeds with %s: tiers split by score",
+                     pool_map.version, pool_map.embedder, embedder)
+        return None
+    return pool_map
+
+
+def __getattr__(name: str) -> Any:
+    """`Placement` and `PlacementError` live in `placement` (which imports this module); served from here too."""
+    if name in ("Placement", "PlacementError"):
+        from router_models.serving import placement
+
+        return getattr(placement, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -136,3 +136,20 @@ def test_shipped_map_reads_the_shipped_routers_feature_row() -> None:
     frontier = place_from_shared(pool_map, "routerbench/gpt-4-1106-preview")
     seven_b = place_from_shared(pool_map, "routerbench/mistralai/mistral-7b-chat")
     assert frontier.ability[0] > seven_b.ability[0]
+
+
+def test_the_served_map_checks_placements_and_names_shared_models(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from router_models.serving import pool_map as served
+
+    path = save_pool_map(_map(), tmp_path / "map.json")
+    monkeypatch.setenv("CASCADE_POOL_MAP", str(path))
+    pool_map = served.served_pool_map()
+    assert served.pool_map_for("emb") is pool_map and served.pool_map_for("another embedder") is None
+    assert served.Placement.named("src/strong").ability == (1.5, 0.5, 0.0)  # served from the module the gateway reads
+    placed = place_from_shared(_map(), "src/strong").save(tmp_path / "old.json")  # placed on another map version
+    with pytest.raises(PlacementError, match="field 'map_version' is 'map@test'"):
+        Placement.load(placed)
+    monkeypatch.setenv("CASCADE_POOL_MAP", str(tmp_path / "missing.json"))
+    with pytest.raises(PlacementError, match="the pool map it is placed on cannot be loaded"):
+        Placement.named("src/strong")
