@@ -21,6 +21,7 @@ from gateway.control.degradation import DegradationMonitor
 from gateway.control.gc_pauses import freeze_heap
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
+from gateway.control.live_tradeoff import LiveTradeoff, start_live_tradeoff
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
 from gateway.control.policy_holder import PolicyHolder
@@ -38,6 +39,7 @@ from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
 from gateway.serving.label_memories import LabelMemories
+from gateway.serving.placements import with_placements
 from gateway.serving.proxy import Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.router import RequestRouter
@@ -79,6 +81,7 @@ class Runtime:
     router_swap: RouterSwap
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
+    live_tradeoff: LiveTradeoff | None = None  # a cost_per_1k policy's live tradeoff (owned)
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     memories: LabelMemories | None = None  # policy learning.label_memory (owned; started by build_runtime)
@@ -99,8 +102,10 @@ class Runtime:
         Raises `PolicyError` (the running policy and pools stay as they were), also when a change is
         refused or a new engine does not start (its own error in the problems)."""
         async with self._reload_lock:
-            fresh = load_policy(self.policies.current.source)
-            if fresh.version != self.policies.current.version:
+            fresh = with_placements(load_policy(self.policies.current.source))
+            if fresh.version == self.policies.current.version and fresh.policy.routing.tiers:
+                self.policies.swap(fresh)  # the same policy with its placement files read again
+            elif fresh.version != self.policies.current.version:
                 check_retrain(fresh, self.settings)
                 await self.pool_set.apply(fresh, accept_interruption)
                 self.policies.swap(fresh)
@@ -135,6 +140,8 @@ class Runtime:
             await self.autoscaler.aclose()
         if self.live_threshold is not None:
             await self.live_threshold.aclose()
+        if self.live_tradeoff is not None:
+            await self.live_tradeoff.aclose()
         await self.degradation.aclose()
         await self.on_demand.aclose()
         await self.accountant.drain()
@@ -188,7 +195,7 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
     """Build everything; local engines start in the background when `settings.start_engines`
     (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
-    loaded = load_policy(settings.policy_path)
+    loaded = with_placements(load_policy(settings.policy_path))
     PoolSet.check(loaded)
     check_retrain(loaded, settings)
     if not loaded.policy.tenants:
@@ -237,7 +244,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     on_demand = OnDemandGate(pool_set)
     on_demand.start()
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
-    router = RequestRouter(scorer, metrics, live)
+    tradeoff = start_live_tradeoff(redis, settings.redis_prefix, lambda: policies.current.policy)
+    router = RequestRouter(scorer, metrics, live, tradeoff=tradeoff)
     router.memories = LabelMemories(default_store_dir() / "memory", lambda: router.scorer)
     router.memories.on_inline = metrics.memory_moves.labels("inline").inc
     router.memories.on_batch = metrics.memory_batch_moved
@@ -251,6 +259,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                           cache=cache)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
+                      live_tradeoff=tradeoff,
                       access_log=access_log, tracing=tracing,
                       keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
     router_swap.on_swap = runtime.scorer_swapped

@@ -1,13 +1,14 @@
 """`cascade policy ...`: validate, schema, explain, replay. Heavy imports happen inside the commands.
 
-- `validate FILE`: exit 0 and a summary, or exit 1 with every problem on stderr;
+- `validate FILE`: exit 0 and a summary, or exit 1 with every problem on stderr (a tier's placement that cannot be
+  loaded too);
 - `schema`: the JSON Schema of the policy file (for editors);
 - `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]
-  [--threshold T]`:
+  [--threshold T] [--quality POOL=Q,...] [--tradeoff X]`:
   the score (the shipped classifier unless --score), every rule tried and why it did or did not match,
   the decision, its route (each step that chose or changed the pool, as `x-cascade-route` names them; the context
   step on the prompt's estimated tokens and the body's completion limit), and for a local pool the engine command
-  of its first replica;
+  of its first replica; with `routing.tiers`, every tier's predicted quality and expected cost and the trade;
 - `replay FILE --log requests.jsonl [--against OTHER.yaml] [--threshold T]`: see `policies.replay` for the log
   format. A `flagship_share` threshold is live only in the gateway: offline, its `initial` (or `--threshold`)
   is used, and the output says so.
@@ -34,9 +35,10 @@ def _load(path: str) -> LoadedPolicy | None:
     """The policy at `path` checked as `cascade serve` would check it here: the file, then what this machine
     has (quantized checkpoints within their ceilings). Prints every problem and returns None if any."""
     from backends.machine_checks import checked_here
+    from gateway.serving.placements import with_placements
 
     try:
-        return checked_here(load_policy(path))
+        return checked_here(with_placements(load_policy(path)))
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return None
@@ -120,6 +122,7 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
 
 def _explain(args: argparse.Namespace) -> int:
     from backends.machine_checks import quant_lines
+    from gateway.cli.policy_tiers import explain_trade
     from policies.context import RouteContext
     from policies.decide import needs_score
     from policies.explain import explain, render_explanation
@@ -143,7 +146,12 @@ def _explain(args: argparse.Namespace) -> int:
         score, source = _classifier_score(body.get("messages") or []), "classifier"
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     completion = limit if isinstance(limit, int) and limit > 0 else 1
-    exp = explain(loaded, ctx, score, threshold=args.threshold, completion=completion)
+    try:
+        trade = explain_trade(loaded, ctx, body.get("messages") or [], args)
+    except (ValueError, PolicyError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    exp = explain(loaded, ctx, score, threshold=args.threshold, completion=completion, trade=trade)
     note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold)
     lines = render_explanation(exp, source) + ([note] if note else []) + quant_lines(loaded.policy)
     if exp.decision is not None:
@@ -178,6 +186,12 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _qualities(text: str) -> dict[str, float]:
+    from gateway.cli.policy_tiers import given_qualities
+
+    return given_qualities(text)
+
+
 def unit_interval(text: str) -> float:
     """argparse type: a number within [0, 1], else a clear usage error."""
     try:
@@ -208,6 +222,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     e.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header")
     e.add_argument("--threshold", type=unit_interval, help="routing threshold to use (default: the policy's float, or "
                    "its flagship-share form's `initial`)")
+    e.add_argument("--quality", type=_qualities, metavar="POOL=Q,...", help="with routing.tiers: each tier's "
+                   "predicted quality instead of the classifier's pool map")
+    e.add_argument("--tradeoff", type=float, help="with routing.tiers: the tradeoff to decide with (default: the "
+                   "policy's; a cost_per_1k policy: solved on this request)")
     e.set_defaults(func=_explain)
     r = sub.add_parser("replay", help="replay a request log: pool moves (from -> to) and cost difference")
     r.add_argument("file")

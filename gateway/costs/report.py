@@ -129,6 +129,11 @@ class Counters:
     in_domain_t7: int = 0
     in_domain_t8: int = 0
     in_domain_t9: int = 0
+    # requests with every tier's prediction, and the predicted quality of their pools and of the most capable tier
+    # in thousandths (`TIER_COUNTERS`): their ratio is the quality kept on the pool map
+    tier_predicted: int = 0
+    tier_quality_milli: int = 0
+    top_quality_milli: int = 0
 
     def in_domain_below(self, bound: float) -> int:
         """Requests whose in-domain figure is below `bound` (a multiple of 0.1: the rollups count tenths)."""
@@ -321,6 +326,7 @@ def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
         "cache_hit_rate": pct(c.cache_hits, c.cache_lookups),
         "cache_avoided_usd": usd(c.cache_avoided_micro_usd),
         "output_check_failure_rate": pct(c.output_check_failed, c.output_checked),
+        "quality_kept": pct(c.tier_quality_milli, c.top_quality_milli),
     }
     for pool in pools:
         out[f"share_{pool}"] = pct(row.pool_requests.get(pool, 0), c.requests)
@@ -369,6 +375,7 @@ TABLE_COLUMNS = (
     ("cache_hit_rate", "cache hits"),
     ("cache_avoided_usd", "cache saved USD"),
     ("output_check_failure_rate", "checks failed"),
+    ("quality_kept", "quality kept"),
 )
 
 

@@ -89,7 +89,7 @@ class Tracing:
             "gen_ai.usage.output_tokens": rec.completion_tokens, "cascade.tenant": rec.tenant,
             "cascade.pool": rec.pool, "cascade.rule": rec.rule, "cascade.route": rec.route,
             "cascade.cost_micro_usd": rec.cost_micro_usd, "cascade.status": rec.status,
-            "http.response.status_code": 200})
+            "http.response.status_code": 200, **({"cascade.tiers": rec.tiers} if rec.tiers else {})})
         span.end()
 
     def refused(self, request_id: str, tenant: str, status: int, outcome: str) -> None:
