@@ -178,3 +178,27 @@ class _Named:
 
     def named(self, name: str) -> object:
         return self._names[name]
+
+
+def test_the_shipped_classifier_and_pool_map_pick_the_best_predicted_quality(tmp_path: Path) -> None:
+    """No fake: the trained classifier keeps each request's feature row, the shipped pool map predicts from it, and
+    the tiers are placed as shared sources' models by name. At tradeoff 0 each request goes to the tier the
+    header shows the highest predicted quality for."""
+    upstreams = {name: FakeUpstream(f"{name}-model") for name in ("general", "code", "flagship")}
+    with serve(upstreams["general"]) as g, serve(upstreams["code"]) as c, serve(upstreams["flagship"]) as f:
+        policy = tmp_path / "three.yaml"
+        policy.write_text(_policy({"general": g, "code": c, "flagship": f}, "routerbench/meta/code-llama-instruct-34b-"
+                                  "chat").replace("general-7b", "routerbench/mistralai/mistral-7b-chat").replace(
+            "placement: frontier", "placement: routerbench/gpt-4-1106-preview").replace("tradeoff: 50", "tradeoff: 0"))
+        settings = Settings(policy_path=policy, scorer="classifier", start_engines=False, ledger="memory",
+                            home=tmp_path, policy_watch_interval_s=0)
+        with serve(create_app(settings)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            for text in ("hi, how are you today?", "Write a Python function that merges two sorted lists.",
+                         "Prove that there are infinitely many primes."):
+                headers, _ = _ask(client, text)
+                predicted = {e.split("=")[0]: float(e.split("=")[1].split("/")[0])
+                             for e in headers["x-cascade-tiers"].split(", ")}
+                assert list(predicted) == ["general", "code", "flagship"] and all(0 < q < 1 for q in predicted.values())
+                chosen = headers["x-cascade-route"].removeprefix("trade:")
+                assert predicted[chosen] >= max(predicted.values()) - 0.001  # the header rounds to 3 decimals
