@@ -23,7 +23,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,15 @@ from loadtest.bench.pool_map_costs import MODELS, cost_matrix
 from router_models.embedders.factory import make_embedder
 from router_models.serving.artifact import load_artifact
 from router_models.serving.placement import fit_ability
-from router_models.serving.pool_map import quality_logits
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, load_outcomes
+from router_models.serving.pool_map import PoolMap, load_pool_map, quality_logits, save_pool_map
+from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, data_hash, load_outcomes
 from router_models.training.pool_map_fit import FitConfig, fit_pool_map
 from router_models.training.trainer import TrainConfig, features, fit_router
 
-__all__ = ["BUDGETS", "upper_hull", "hull_at", "main", "route_sweep"]
+__all__ = ["BUDGETS", "hull_at", "main", "route_sweep", "upper_hull"]
 
 Floats = npt.NDArray[np.float64]
+FEW_ROWS = 100  # the fewest rows a pool is placed from in the table's second map row
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 1.0)  # shares of the frontier model's cost
 TRADEOFFS = np.concatenate([[0.0], np.logspace(-1, 7, 161)])  # quality per USD per call
 
@@ -95,13 +96,32 @@ def _half(ex: Example) -> int:
     return int(hashlib.sha256(ex.key.encode()).hexdigest(), 16) % 2
 
 
-def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path,
-                    embedder: str, cfg: FitConfig) -> dict[str, Any]:
-    """One held-out source's curves and table row (module docstring)."""
+def _fits(source: str, x: npt.NDArray[np.float32], examples: list[Example], embedder: str, cfg: FitConfig,
+          cache: Path) -> tuple[PoolMap, Floats]:
+    """The map fitted without `source` and the two-pool router's scores of its prompts, kept under `cache` (keyed by
+    the training data's hash and the fit's settings): the fits are the slow part, the rest reruns in seconds."""
     test = [i for i, ex in enumerate(examples) if ex.source == source]
     keys = {examples[i].key for i in test}
     train = [i for i, ex in enumerate(examples) if ex.source != source and ex.key not in keys]
+    tag = hashlib.sha256(f"{data_hash([examples[i] for i in train])}{asdict(cfg)}{embedder}".encode()).hexdigest()[:12]
+    path = cache / f"{source}-{tag}.json"
+    if path.exists():
+        with np.load(path.with_suffix(".scores.npz")) as npz:
+            return load_pool_map(path), np.asarray(npz["scores"], np.float64)
     pool_map = fit_pool_map(x[train], [examples[i] for i in train], embedder, cfg)
+    threshold = fit_router(x[train], [examples[i] for i in train], replace(TrainConfig(), target="irt-fail"))
+    scores = threshold.router.predict_proba(x[test])
+    cache.mkdir(parents=True, exist_ok=True)
+    np.savez(path.with_suffix(".scores.npz"), scores=scores)
+    save_pool_map(pool_map, path)
+    return load_pool_map(path), scores
+
+
+def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path,
+                    embedder: str, cfg: FitConfig, cache: Path) -> dict[str, Any]:
+    """One held-out source's curves and table row (module docstring)."""
+    test = [i for i, ex in enumerate(examples) if ex.source == source]
+    pool_map, scores = _fits(source, x, examples, embedder, cfg, cache)
     held = [examples[i] for i in test]
     cols = [held[0].models.index(m) for m in MODELS[source]]
     outcome = np.asarray([[ex.outcomes[c] for c in cols] for ex in held])
@@ -111,16 +131,18 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
     place, route = np.flatnonzero(usable & (half == 0)), np.flatnonzero(usable & (half == 1))
     positions = pool_map.positions(x[test])
     prior = (np.asarray(pool_map.prior_mean), np.asarray(pool_map.prior_sd))
-    ability = np.stack([fit_ability(positions[place], outcome[place, j], *prior)[0] for j in range(3)])
-    predicted = 1.0 / (1.0 + np.exp(-quality_logits(positions[route], ability)))
+    few = np.random.default_rng(0).choice(place, size=min(FEW_ROWS, len(place)), replace=False)
+    predicted = {}
+    for name, rows in (("map N=3", place), (f"map N=3, {FEW_ROWS} rows", few)):
+        ability = np.stack([fit_ability(positions[rows], outcome[rows, j], *prior)[0] for j in range(3)])
+        predicted[name] = 1.0 / (1.0 + np.exp(-quality_logits(positions[route], ability)))
     c, y = cost[route], outcome[route]
     two = [0, 2]
-    threshold = fit_router(x[train], [examples[i] for i in train], replace(TrainConfig(), target="irt-fail"))
-    curves = {"map N=3": route_sweep(predicted, c, y),
-              "map N=2": route_sweep(predicted[:, two], c[:, two], y[:, two]),
-              "threshold": threshold_sweep(threshold.router.predict_proba(x[test][route]), c[:, two], y[:, two])}
+    curves = {**{name: route_sweep(p, c, y) for name, p in predicted.items()},
+              "map N=2": route_sweep(predicted["map N=3"][:, two], c[:, two], y[:, two]),
+              "threshold": threshold_sweep(scores[route], c[:, two], y[:, two])}
     singles = [(float(c[:, j].mean()), float(y[:, j].mean())) for j in range(3)]
-    return {"source": source, "cost_basis": how, "placed_on": int(len(place)), "routed": int(len(route)),
+    return {"source": source, "cost_basis": how, "placed_on": len(place), "routed": len(route),
             "models": list(MODELS[source]), "singles": singles, "curves": curves,
             "table": _table(curves, singles)}
 
@@ -136,7 +158,8 @@ def _table(curves: dict[str, list[tuple[float, float]]], singles: list[tuple[flo
         reach = [cst for cst, q in hull if q >= 0.95 * frontier_q]
         margin = [hull_at(hull, g) - hull_at(hulls["hull"], g) for g in grid]
         out[name] = {"quality_at": at, "cost_for_95pct_frontier": (min(reach) / frontier_cost) if reach else None,
-                     "mean_margin_over_hull": float(np.nanmean(margin)), "min_margin_over_hull": float(np.nanmin(margin))}
+                     "mean_margin_over_hull": float(np.nanmean(margin)),
+                     "min_margin_over_hull": float(np.nanmin(margin))}
     return out
 
 
@@ -146,12 +169,12 @@ def print_result(r: dict[str, Any]) -> None:
     for name, (cst, q) in zip(r["models"], s, strict=True):
         print(f"  {name:<36} quality {q:.3f}  ${cst * 1000:.4f} per 1k calls")
     head = "  ".join(f"q@{b:.0%}".rjust(7) for b in BUDGETS)
-    print(f"  {'router':<12} {head}  cost for 95% of frontier q   margin over hull (mean / min)")
+    print(f"  {'router':<18} {head}  cost for 95% of frontier q   margin over hull (mean / min)")
     for name, row in r["table"].items():
         cells = "  ".join(f"{v:7.3f}" for v in row["quality_at"].values())
         c95 = row["cost_for_95pct_frontier"]
         c95s = f"{c95:.0%} of frontier" if c95 is not None else "not reached"
-        print(f"  {name:<12} {cells}  {c95s:<28} {row['mean_margin_over_hull']:+.4f} / "
+        print(f"  {name:<18} {cells}  {c95s:<28} {row['mean_margin_over_hull']:+.4f} / "
               f"{row['min_margin_over_hull']:+.4f}")
 
 
@@ -161,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR)
     parser.add_argument("--k", type=int, default=FitConfig().k)
     parser.add_argument("--out", type=Path, default=Path(".cascade/pool-map-eval.json"))
+    parser.add_argument("--cache", type=Path, default=Path(".cascade/pool-map-loso"), help="fitted maps kept here")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     embedder = make_embedder(load_artifact(None).embedder)
@@ -168,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     x = features(embedder, examples, "embedding+structure")
     results = []
     for source in args.sources.split(","):
-        results.append(evaluate_source(source, x, examples, args.routing_dir, embedder.name, FitConfig(k=args.k)))
+        results.append(evaluate_source(source, x, examples, args.routing_dir, embedder.name, FitConfig(k=args.k),
+                                       args.cache))
         print_result(results[-1])
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

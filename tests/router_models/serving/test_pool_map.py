@@ -153,3 +153,16 @@ def test_the_served_map_checks_placements_and_names_shared_models(tmp_path: Path
     monkeypatch.setenv("CASCADE_POOL_MAP", str(tmp_path / "missing.json"))
     with pytest.raises(PlacementError, match="the pool map it is placed on cannot be loaded"):
         Placement.named("src/strong")
+
+
+def test_harness_hull_and_sweep() -> None:
+    from loadtest.bench.pool_map_eval import hull_at, route_sweep, upper_hull
+
+    hull = upper_hull([(1.0, 0.5), (2.0, 0.55), (3.0, 0.8), (10.0, 0.9), (4.0, 0.7)])
+    assert hull == [(1.0, 0.5), (3.0, 0.8), (10.0, 0.9)]  # (2, .55) and (4, .7) lie under the mix of their ends
+    assert hull_at(hull, 2.0) == 0.65 and np.isnan(hull_at(hull, 0.5)) and hull_at(hull, 20.0) == 0.9
+    predicted = np.array([[0.2, 0.9], [0.8, 0.9]])
+    cost, outcome = np.array([[1e-4, 1e-3], [1e-4, 1e-3]]), np.array([[0.0, 1.0], [1.0, 1.0]])
+    sweep = route_sweep(predicted, cost, outcome)
+    assert sweep[0] == (1e-3, 1.0) and sweep[-1] == (1e-4, 0.5)  # tradeoff 0: best quality; huge: cheapest
+    assert any(abs(c - 5.5e-4) < 1e-12 and q == 1.0 for c, q in sweep)  # between: only the cheap model's miss goes up
