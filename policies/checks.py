@@ -14,6 +14,7 @@ from policies.output_checks import resolve
 from policies.rules import RuleMatch
 from policies.schema import Policy, RemotePool
 from policies.threshold import base_threshold
+from policies.tiers import tier_problems
 
 __all__ = ["Loc", "Problem", "reference_problems"]
 
@@ -36,8 +37,9 @@ def _empty_ranges(match: RuleMatch, loc: Loc) -> Iterator[Problem]:
 
 
 def _rule_problems(policy: Policy) -> Iterator[Problem]:
-    yield from _unknown_pool(policy, policy.routing.micro_pool, ("routing", "micro_pool"))
-    yield from _unknown_pool(policy, policy.routing.flagship_pool, ("routing", "flagship_pool"))
+    if not policy.routing.tiers:  # else they are tiers, checked there (`policies.tiers.tier_problems`)
+        yield from _unknown_pool(policy, policy.routing.micro_pool, ("routing", "micro_pool"))
+        yield from _unknown_pool(policy, policy.routing.flagship_pool, ("routing", "flagship_pool"))
     seen: set[str] = set()
     catch_all: str | None = None
     for i, rule in enumerate(policy.routing.rules):
@@ -176,4 +178,5 @@ def _autoscale_problems(policy: Policy) -> Iterator[Problem]:
 def reference_problems(policy: Policy) -> list[Problem]:
     """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
     return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy),
-            *_on_demand_problems(policy), *_learning_problems(policy), *_autoscale_problems(policy)]
+            *_on_demand_problems(policy), *_learning_problems(policy), *_autoscale_problems(policy),
+            *tier_problems(policy)]

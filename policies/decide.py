@@ -15,6 +15,7 @@ Order of a decision (each step says what it did in `reason`; `rule` names the la
 
 Each of these that picks or changes the pool appends a `RouteStep` to the decision's `route`: ``pinned``,
 ``rule:<name>`` (a rule that names a pool), ``score`` (a threshold decision; no score: the micro pool),
+``trade`` (with `routing.tiers`: the best trade of predicted quality against expected cost, `policies.tiers`),
 ``ladder:<step>`` (a raised threshold, a pool move) and ``tenant`` (its allowed pools). The gateway's later steps
 append theirs (`RouteDecision.then`): the route is what headers, records, logs and `policy explain` show.
 """
@@ -29,6 +30,7 @@ from policies.ladder import LadderState
 from policies.rules import Rule
 from policies.schema import Policy
 from policies.threshold import base_threshold
+from policies.tiers import Trade, choose, estimates_text
 
 __all__ = [
     "AUTO_MODEL",
@@ -106,6 +108,8 @@ class RouteDecision:
     route: tuple[RouteStep, ...] = ()  # every step that chose or changed the pool, in order (`RouteStep`)
     in_domain: float | None = None  # how close the request is to the router's training data (`router_models.
     # serving.domain`), None without a figure (not scored, the overflow model scored it, no domain reference)
+    trade: Trade | None = None  # with routing.tiers: every tier's predicted quality and expected cost, and the
+    # tradeoff in force (`policies.tiers`); None without tiers or without a prediction
 
     def then(self, step: str, why: str, **changes: Any) -> RouteDecision:
         """This decision after one more step: `changes` (pool, model, rule, reason, ...) applied, and `step` with
@@ -229,7 +233,20 @@ def _sent_by(rule: Rule, pool: str) -> Base:
     return pool, rule.name, f"rule {rule.name!r} sends to {pool!r}", (RouteStep(f"rule:{rule.name}", pool, "matched"),)
 
 
-def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState, live: float | None) -> Base:
+def _traded(policy: Policy, ctx: RouteContext, trade: Trade) -> Base:
+    """(pool, rule, reason, route) of a tiers decision: the best trade among the tiers the tenant may use (all of
+    them when it may use none: its allowed pools then move the request, as for any decision)."""
+    allowed = _allowed(policy, ctx.tenant)
+    usable = [e for e in trade.estimates if allowed is None or e.pool in allowed] or list(trade.estimates)
+    best = choose(usable, trade.tradeoff)
+    why = f"best trade at tradeoff {trade.tradeoff:g} among {len(usable)} tier(s): {estimates_text(usable)}"
+    reason = (f"predicted quality {best.quality:.3f} at expected ${best.cost_usd:.6f} on {best.pool!r} "
+              f"(tradeoff {trade.tradeoff:g})")
+    return best.pool, "trade", reason, (RouteStep("trade", best.pool, why),)
+
+
+def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: LadderState, live: float | None,
+          trade: Trade | None = None) -> Base:
     model_rule = _model_rule(policy, ctx, score) if ctx.requested_model != AUTO_MODEL else None
     if model_rule is not None:
         if model_rule.pool is not None:
@@ -248,19 +265,25 @@ def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: Ladder
     rule = trace[-1][0] if trace and trace[-1][1] is None else None
     if rule is not None and rule.pool is not None:
         return _sent_by(rule, rule.pool)
+    tenant = policy.tenants.get(ctx.tenant)
+    if trade is not None and rule is None and (tenant is None or tenant.threshold is None):
+        return _traded(policy, ctx, trade)
     return _by_score(policy, ctx, rule, score, ladder, live)
 
 
 def decide(
     policy: Policy, version: str, ctx: RouteContext, score: float | None, ladder: LadderState | None = None,
-    threshold: float | None = None,
+    threshold: float | None = None, trade: Trade | None = None,
 ) -> RouteDecision:
     """Decide the pool (see the module docstring for the order). `threshold` replaces the routing threshold
     (the gateway's live value for a `flagship_share` policy); tenant and rule thresholds still take precedence.
+    `trade`: every tier's prediction for this request (a `routing.tiers` policy with a pool map): an `auto`
+    request that no rule sends, of a tenant without its own threshold, goes to the best trade (step ``trade``)
+    instead of the threshold split; without it a tiers policy splits by score between its first and last tier.
     The caller has checked that the model is known (`known_model`). Raises `PoolNotAllowed` for a pinned pool
     the tenant may not use, and `ModelNotRouted` for a rule-only model name none of whose rules matches."""
     ladder = ladder or LadderState()
-    pool, rule, reason, route = _base(policy, ctx, score, ladder, threshold)
+    pool, rule, reason, route = _base(policy, ctx, score, ladder, threshold, trade)
     allowed = _allowed(policy, ctx.tenant)
     if allowed is not None and pool not in allowed:
         reason += f"; tenant {ctx.tenant!r} may not use {pool!r}: sent to {allowed[0]!r} (first allowed pool)"
@@ -273,4 +296,5 @@ def decide(
         rule, reason = f"ladder:{steps[-1]}", f"{reason}; ladder step(s) {list(steps)} move {pool!r} -> {target!r}"
         route += (RouteStep(rule, target, f"{' then '.join(steps)} moves {pool!r}"),)
         pool = target
-    return RouteDecision(pool, served_model(policy, pool), score, rule, reason, version, route=route)
+    return RouteDecision(pool, served_model(policy, pool), score, rule, reason, version, route=route,
+                         trade=trade if policy.routing.tiers else None)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from policies.ladder import LadderState
 from policies.schema import Policy
 from policies.tenant_moves import move_refused
+from policies.tiers import tier_above
 
 __all__ = ["Escalation", "escalation"]
 
@@ -36,14 +37,20 @@ class Escalation:
     reason: str
 
 
-def escalation(policy: Policy, tenant: str, ladder: LadderState, downgrade: bool) -> Escalation:
-    """The escalation for `tenant` now (see the module docstring for the order)."""
+def escalation(policy: Policy, tenant: str, ladder: LadderState, downgrade: bool,
+               pool: str | None = None) -> Escalation:
+    """The escalation for `tenant` now (see the module docstring for the order) of an answer from `pool` (used
+    with `routing.tiers` only: else the micro pool). With `routing.tiers` the target is the tier one up from `pool`
+    (`policies.tiers.tier_above`; the top tier is held: "top-tier"), and "the flagship" above reads as that tier."""
     routing = policy.routing
-    flagship, micro = routing.flagship_pool, routing.micro_pool
+    micro = pool if pool is not None and routing.tiers else routing.micro_pool
+    flagship = tier_above(policy, micro)
     spec = policy.tenants.get(tenant)
     allowed = spec.allowed_pools if spec is not None else None
     if downgrade:
         return Escalation(None, "budget", f"tenant {tenant!r} is over budget (policy: downgrade)")
+    if flagship is None:
+        return Escalation(None, "top-tier", f"{micro!r} is the top tier: there is none to escalate to")
     refused = move_refused(policy, tenant, flagship, LadderState(), downgrade)  # the ladder's turn is below
     if refused is not None:
         return Escalation(None, refused.code, refused.reason)

@@ -28,7 +28,8 @@ from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.pools import context_of
 from policies.schema import Policy
-from policies.tenant_moves import other_tier
+from policies.tenant_moves import other_tiers
+from policies.tiers import Trade
 
 __all__ = ["Explanation", "RuleOutcome", "explain", "render_explanation"]
 
@@ -57,10 +58,12 @@ class Explanation:
 
 
 def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
-            ladder: LadderState | None = None, threshold: float | None = None, completion: int = 1) -> Explanation:
+            ladder: LadderState | None = None, threshold: float | None = None, completion: int = 1,
+            trade: Trade | None = None) -> Explanation:
     """Decide `ctx` under `loaded` and record each rule tried (for a named model: the rules listing it).
     `threshold` replaces the routing threshold (see `policies.decide.decide`). `completion`: the request's
-    completion limit (1 where the client set none), which its pool's context must hold beside the prompt."""
+    completion limit (1 where the client set none), which its pool's context must hold beside the prompt.
+    `trade`: every tier's prediction for a `routing.tiers` policy (see `policies.decide.decide`)."""
     policy = loaded.policy
     trace = rule_trace(policy, ctx, score)
     rules = tuple(
@@ -71,7 +74,7 @@ def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
         refusal = f"404: model {ctx.requested_model!r} is not served by this policy"
     else:
         try:
-            decision = decide(policy, loaded.version, ctx, score, ladder, threshold)
+            decision = decide(policy, loaded.version, ctx, score, ladder, threshold, trade)
             decision, refusal = _fit(policy, decision, ctx, completion, ladder or LadderState())
         except PoolNotAllowed as exc:
             refusal = f"403: {exc}"
@@ -89,11 +92,11 @@ def _fit(policy: Policy, decision: RouteDecision, ctx: RouteContext, completion:
         return decision, None
     counted = "" if ctx.prompt_tokens is not None else " (estimated)"
     size = f"{ctx.tokens} prompt tokens{counted} and {completion} completion"
-    other = other_tier(policy, decision, ctx.tenant, ladder, False)
-    room = context_of(policy.pools[other]) if other is not None else None
-    if other is not None and (room is None or need <= room):
-        why = f"{size} do not fit {decision.pool!r} ({context} tokens)"
-        return moved(policy, decision, "context-fit", other, why, f"{why}: routed to {other!r}"), None
+    for other in other_tiers(policy, decision, ctx.tenant, ladder, False):
+        room = context_of(policy.pools[other])
+        if room is None or need <= room:
+            why = f"{size} do not fit {decision.pool!r} ({context} tokens)"
+            return moved(policy, decision, "context-fit", other, why, f"{why}: routed to {other!r}"), None
     return None, f"400: {size} do not fit in any pool that may serve this request (context_length_exceeded)"
 
 
@@ -120,4 +123,17 @@ def render_explanation(exp: Explanation, score_source: str) -> list[str]:
     lines.append(f"reason:   {d.reason}")
     lines.append("route:")
     lines += [f"  {i}. {step.step} -> {step.pool!r}: {step.why}" for i, step in enumerate(d.route, 1)]
+    return lines + _tier_lines(d)
+
+
+def _tier_lines(d: RouteDecision) -> list[str]:
+    """Every tier's predicted quality and expected cost, and the trade it gives (a tiers policy's decision)."""
+    if d.trade is None:
+        return []
+    lines = [f"tiers:    predicted quality and expected cost (tradeoff {d.trade.tradeoff:g}: quality - tradeoff x USD)"]
+    chosen = next((step.pool for step in d.route if step.step == "trade"), None)
+    for e in d.trade.estimates:
+        mark = "  <- the trade" if e.pool == chosen else ""
+        lines.append(f"  {e.pool}: quality {e.quality:.3f}, expected ${e.cost_usd:.6f}, "
+                     f"trade {e.quality - d.trade.tradeoff * e.cost_usd:.4f}{mark}")
     return lines

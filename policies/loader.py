@@ -8,7 +8,7 @@ running policy.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -37,12 +37,15 @@ class PolicyError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class LoadedPolicy:
-    """A checked policy with its identity: `version` is the content hash every decision carries."""
+    """A checked policy with its identity: `version` is the content hash every decision carries. `placements`: each
+    tier's placement on the pool map, by pool (opaque here: the gateway loads them beside the policy and swaps them
+    with it, `gateway.serving.placements`); empty until loaded."""
 
     policy: Policy
     version: str
     source: str
     text: str = field(default="", repr=False, compare=False)
+    placements: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def at(self, loc: Sequence[int | str], message: str) -> str:
         """`message` about the value at `loc` (e.g. ("pools", "micro")), prefixed with the policy's file:line:

@@ -142,6 +142,11 @@ class LocalPool(Frozen):
         "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: yes, except "
         "for an on_demand pool (asleep is normal for it). An optional pool that is down is reported as "
         "degraded in /readyz"))
+    placement: str | None = Field(default=None, description=(
+        "where this pool sits on the pool map (`cascade router place` writes it): a placement file, relative to "
+        "the policy file, or the name of a shared source's model; needed for a pool in routing.tiers"))
+    expected_completion_tokens: int | None = Field(default=None, ge=1, description=(
+        "completion tokens a request is expected to produce here, for its expected cost (default: routing's)"))
     description: str = ""
 
     @property
@@ -230,6 +235,11 @@ class RemotePool(Frozen):
         "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: no (a cloud "
         "outage must not take every gateway out of service). An optional pool that is down is reported as "
         "degraded in /readyz"))
+    placement: str | None = Field(default=None, description=(
+        "where this pool sits on the pool map (`cascade router place` writes it): a placement file, relative to "
+        "the policy file, or the name of a shared source's model; needed for a pool in routing.tiers"))
+    expected_completion_tokens: int | None = Field(default=None, ge=1, description=(
+        "completion tokens a request is expected to produce here, for its expected cost (default: routing's)"))
     description: str = ""
 
     @property

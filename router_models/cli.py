@@ -1,4 +1,4 @@
-"""`cascade router {train,eval,score,versions,rollback,memory,domain}`: offline tooling around the complexity router.
+"""`cascade router {train,eval,score,versions,rollback,memory,domain,place}`: offline tooling around the router.
 
 `register(subparsers)` adds the `router` command to the gateway's `cascade` CLI; every subcommand sets
 `func(args) -> int` (the exit code). Heavy imports happen inside the handlers, not at import time.
@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from router_models.place_cli import add_place
 from router_models.serving.artifact import ArtifactError
 from router_models.training.exit_codes import NOT_BETTER
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES, SOURCES
@@ -275,4 +276,5 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
     _add_store(sub)
     _add_memory(sub)
     _add_domain(sub)
+    add_place(sub)
     return sub

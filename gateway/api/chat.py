@@ -29,6 +29,7 @@ from gateway.serving.schema import ChatRequest, parse_chat_request
 from gateway.serving.streaming import SSEResponse
 from gateway.tenancy.api_keys import ApiKey
 from policies.decide import RouteDecision, route_text
+from policies.tiers import estimates_text
 
 __all__ = ["ChatEndpoint", "endpoint_apps"]
 
@@ -52,7 +53,10 @@ class _Disconnected(Exception):
 
 
 def route_headers(request_id: str, decision: RouteDecision, endpoint: str = CHAT.name) -> dict[str, str]:
-    return {
+    """The decision as response headers; `x-cascade-tiers` (every tier's predicted quality and expected cost,
+    `policies.tiers.estimates_text`) only where a tiers policy predicted them."""
+    tiers = {"x-cascade-tiers": estimates_text(decision.trade.estimates)} if decision.trade is not None else {}
+    return tiers | {
         "x-request-id": request_id,
         "x-cascade-endpoint": endpoint,
         "x-cascade-pool": decision.pool,

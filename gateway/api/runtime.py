@@ -25,6 +25,7 @@ from gateway.control.degradation import DegradationMonitor
 from gateway.control.gc_pauses import freeze_heap
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
+from gateway.control.live_tradeoff import LiveTradeoff, start_live_tradeoff
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
 from gateway.control.policy_file import PolicyFile
@@ -43,6 +44,7 @@ from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
 from gateway.serving.forwarding import Forwarder
 from gateway.serving.label_memories import LabelMemories
+from gateway.serving.placements import with_placements
 from gateway.serving.proxy import Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.router import RequestRouter
@@ -85,6 +87,7 @@ class Runtime:
     router_swap: RouterSwap
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
+    live_tradeoff: LiveTradeoff | None = None  # a cost_per_1k policy's live tradeoff (owned)
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     memories: LabelMemories | None = None  # policy learning.label_memory (owned; started by build_runtime)
@@ -118,8 +121,10 @@ class Runtime:
 
     async def _reload(self, accept_interruption: bool) -> LoadedPolicy:
         async with self._reload_lock:
-            fresh = load_policy(self.policies.current.source)
-            if fresh.version != self.policies.current.version:
+            fresh = with_placements(load_policy(self.policies.current.source))
+            if fresh.version == self.policies.current.version and fresh.policy.routing.tiers:
+                self.policies.swap(fresh)  # the same policy with its placement files read again
+            elif fresh.version != self.policies.current.version:
                 check_retrain(fresh, self.settings)
                 await self.pool_set.apply(fresh, accept_interruption)
                 self.policies.swap(fresh)
@@ -157,6 +162,7 @@ class Runtime:
             ("the label memories", self.memories.aclose if self.memories else None),
             ("the autoscaler", self.autoscaler.aclose if self.autoscaler else None),
             ("the live threshold", self.live_threshold.aclose if self.live_threshold else None),
+            ("the live tradeoff", self.live_tradeoff.aclose if self.live_tradeoff else None),
             ("the degradation monitor", self.degradation.aclose), ("the on-demand gate", self.on_demand.aclose),
             ("the accountant", self.accountant.drain),
             ("the replay log", partial(asyncio.to_thread, self.request_log.close) if self.request_log else None),
@@ -206,7 +212,7 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
     """Build everything; local engines start in the background when `settings.start_engines`
     (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
-    loaded = load_policy(settings.policy_path)
+    loaded = with_placements(load_policy(settings.policy_path))
     PoolSet.check(loaded)
     check_retrain(loaded, settings)
     if not loaded.policy.tenants:
@@ -258,7 +264,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     on_demand = OnDemandGate(pool_set)
     on_demand.start()
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
-    router = RequestRouter(scorer, metrics, live)
+    tradeoff = start_live_tradeoff(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
+    router = RequestRouter(scorer, metrics, live, tradeoff=tradeoff)
     router.memories = LabelMemories(default_store_dir() / "memory", lambda: router.scorer)
     router.memories.on_inline = metrics.memory_moves.labels("inline").inc
     router.memories.on_batch = metrics.memory_batch_moved
@@ -272,6 +279,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                           cache=cache)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
+                      live_tradeoff=tradeoff,
                       access_log=access_log, tracing=tracing,
                       keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
     router_swap.on_swap = runtime.scorer_swapped

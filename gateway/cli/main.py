@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.keys import register as register_keys
     from gateway.cli.policy import register as register_policy
     from gateway.cli.pool import register as register_pool
+    from gateway.cli.router_tiers import register as register_router_tiers
     from gateway.cli.serve import register as register_serve
     from gateway.costs.cli import register as register_costs
     from gateway.deploy.cli import register as register_deploy
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_pool(sub)
     register_router(sub)
     register_calibrate(sub)  # `router calibrate`: needs policy prices, which router_models may not import
+    register_router_tiers(sub)  # `router route` and `router pools`: the same
     register_costs(sub)
     register_keys(sub)
     register_models(sub)

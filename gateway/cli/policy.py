@@ -1,13 +1,15 @@
 """`cascade policy ...`: validate, schema, explain, replay. Heavy imports happen inside the commands.
 
-- `validate FILE`: exit 0 and a summary, or exit 1 with every problem on stderr;
+- `validate FILE`: exit 0 and a summary, or exit 1 with every problem on stderr (a tier's placement that cannot be
+  loaded too);
 - `schema`: the JSON Schema of the policy file (for editors);
 - `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]
-  [--threshold T | --gateway URL | --redis-url URL [--prefix P]]`:
+  [--threshold T | --gateway URL | --redis-url URL [--prefix P]] [--quality POOL=Q,...] [--tradeoff X]`:
   the score (the shipped classifier unless --score), every rule tried and why it did or did not match,
   the decision, its route (each step that chose or changed the pool, as `x-cascade-route` names them; the context
   step on the prompt's estimated tokens and the body's completion limit), and for a local pool the engine command
-  of its first replica; with `--gateway` (its `/readyz`) or `--redis-url` (the shared score window and ladder the
+  of its first replica; with `routing.tiers`, every tier's predicted quality and expected cost and the trade;
+  with `--gateway` (its `/readyz`) or `--redis-url` (the shared score window and ladder the
   gateways compute it from), the routing threshold a running gateway uses, and where it came from (initial,
   share-held, ladder-raised: `gateway.cli.policy_live`), instead of the file's;
 - `status [--gateway URL]`: what a running gateway serves beside what its policy file holds, and its last reload
@@ -40,9 +42,10 @@ def _load(path: str) -> LoadedPolicy | None:
     """The policy at `path` checked as `cascade serve` would check it here: the file, then what this machine
     has (quantized checkpoints within their ceilings). Prints every problem and returns None if any."""
     from backends.machine_checks import checked_here
+    from gateway.serving.placements import with_placements
 
     try:
-        return checked_here(load_policy(path))
+        return checked_here(with_placements(load_policy(path)))
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return None
@@ -132,6 +135,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from backends.machine_checks import quant_lines
+    from gateway.cli.policy_tiers import explain_trade
     from policies.context import RouteContext
     from policies.decide import needs_score
     from policies.explain import explain, render_explanation
@@ -160,7 +164,12 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"cascade policy explain: {used}", file=sys.stderr)
         return 1
     threshold, ladder, notes = used
-    exp = explain(loaded, ctx, score, ladder=ladder, threshold=threshold, completion=completion)
+    try:
+        trade = explain_trade(loaded, ctx, body.get("messages") or [], args)
+    except (ValueError, PolicyError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    exp = explain(loaded, ctx, score, ladder=ladder, threshold=threshold, completion=completion, trade=trade)
     if not notes:
         note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold)
         notes = [note] if note else []
@@ -217,6 +226,12 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _qualities(text: str) -> dict[str, float]:
+    from gateway.cli.policy_tiers import given_qualities
+
+    return given_qualities(text)
+
+
 def unit_interval(text: str) -> float:
     """argparse type: a number within [0, 1], else a clear usage error."""
     try:
@@ -254,6 +269,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       "(their shared score window and ladder)")
     e.add_argument("--prefix", default=os.environ.get("CASCADE_REDIS_PREFIX", "cascade:"),
                    help="the gateways' key prefix with --redis-url (default: $CASCADE_REDIS_PREFIX or cascade:)")
+    e.add_argument("--quality", type=_qualities, metavar="POOL=Q,...", help="with routing.tiers: each tier's "
+                   "predicted quality instead of the classifier's pool map")
+    e.add_argument("--tradeoff", type=float, help="with routing.tiers: the tradeoff to decide with (default: the "
+                   "policy's; a cost_per_1k policy: solved on this request)")
     e.set_defaults(func=_explain)
     st = sub.add_parser("status", help="what a running gateway serves beside what its policy file holds, its last "
                         "reload and its routing threshold; exit 1 when the file does not match")

@@ -77,10 +77,10 @@ def window_key(prefix: str) -> str:
 
 
 class RedisWindow:
-    """A capped Redis list under `{prefix}routing:recent-scores`. Uses, does not own, the client."""
+    """A capped Redis list under `{prefix}routing:recent-scores` (or `key`). Uses, does not own, the client."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self._client, self._key = client, window_key(prefix)
+    def __init__(self, client: aioredis.Redis, prefix: str, key: str | None = None) -> None:
+        self._client, self._key = client, key or window_key(prefix)
 
     async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
         async with self._client.pipeline(transaction=False) as pipe:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -20,7 +21,9 @@ import orjson
 from gateway.costs.report import CostReport, usd
 from gateway.ledger.keys import LedgerKeys
 
-__all__ = ["KeyRow", "load_key_rows", "render_keys"]
+__all__ = ["NO_KEY", "KeyRow", "key_notes", "load_key_rows", "render_keys"]
+
+NO_KEY = "(no key id)"
 
 _FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cost_micro_usd")
 
@@ -70,8 +73,6 @@ async def load_key_rows(client: Any, keys: LedgerKeys, start: date, end: date) -
 def render_keys(rows: Sequence[KeyRow], report: CostReport, fmt: str) -> str:
     """`rows` as CSV or JSON (`fmt`), with a "(no key id)" row for the records without a key and the TOTAL of
     `report` (the same rows as the table, `gateway.costs.view`); money as micro-USD and USD strings."""
-    from gateway.costs.view import NO_KEY, key_notes
-
     data = [row.fields() for row in rows]
     total = report.total().counters
     rest = KeyRow("-", NO_KEY, *(getattr(total, name) - sum(getattr(r, name) for r in rows) for name in _FIELDS))
@@ -87,3 +88,19 @@ def render_keys(rows: Sequence[KeyRow], report: CostReport, fmt: str) -> str:
     writer.writeheader()
     writer.writerows([*data, whole])
     return buf.getvalue()
+
+
+def key_notes(keys: Sequence[KeyRow]) -> list[str]:
+    """Per key: why it is under two tenants, when it is; and what the "-" cells mean."""
+    tenants: dict[str, dict[str, int]] = defaultdict(dict)
+    for row in keys:
+        tenants[row.key_id][row.tenant] = row.requests
+    notes = ["Per key the ledger keeps requests, tokens and cost; the flagship counterfactual is kept per tenant, "
+             f"pool, model and day (TOTAL); {NO_KEY}: requests without an API key (open access, shadow calls)."]
+    for key_id, seen in sorted(tenants.items()):
+        if len(seen) > 1:
+            each = ", ".join(f"{t} ({n:,} requests)" for t, n in sorted(seen.items()))
+            notes.append(f"Key {key_id} appears under {len(seen)} tenants, {each}: a request is recorded under the "
+                         "tenant it was served as, so the key was re-issued for another tenant, or was served as "
+                         "`default` while the policy did not name its tenant.")
+    return notes

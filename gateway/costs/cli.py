@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli.output import write_output
+from gateway.costs.formats import render_csv, render_json
 from gateway.costs.html import render_html
 from gateway.costs.report import (
     GROUPINGS,
     CostReport,
     Reconciliation,
     load_report,
-    render_csv,
-    render_json,
     verify,
 )
 from gateway.costs.summary import empty_lines

@@ -70,15 +70,17 @@ class Column:
     left: bool = False
 
 
-def columns(by: str, pools: Sequence[str], flagship: str | None, wide: bool) -> list[Column]:
-    """The columns of a report grouped by `by`: the default view, or with `wide` every counter and pool share."""
+def columns(by: str, pools: Sequence[str], flagship: str | None, wide: bool, tiers: bool = False) -> list[Column]:
+    """The columns of a report grouped by `by`: the default view, or with `wide` every counter and pool share.
+    `tiers`: some requests were traded among `routing.tiers`, so the quality kept on the pool map is shown too."""
     first = [Column("key", by, _text("key"), left=True)]
     if by == "key":
         first.append(Column("tenant", "tenant", _text("tenant"), left=True))
     money_cols = [Column("cost_micro_usd", "spend USD", _usd("cost_micro_usd")),
                   Column("flagship_cost_micro_usd", "all on flagship USD", _usd("flagship_cost_micro_usd")),
                   Column("savings_micro_usd", "saved USD", _usd("savings_micro_usd")),
-                  Column("savings_pct", "saved", _text("savings_pct"))]
+                  Column("savings_pct", "saved", _text("savings_pct")),
+                  *([Column("quality_kept", "quality kept", _text("quality_kept"))] if tiers else [])]
     if not wide:
         share = [] if flagship is None else [Column(f"share_{flagship}", "on flagship", _text(f"share_{flagship}"))]
         return [*first, Column("requests", "requests", _count("requests")), *money_cols, *share]

@@ -11,15 +11,12 @@ The caller owns (and closes) the Redis client passed in; nothing here opens a co
 
 from __future__ import annotations
 
-import csv
-import io
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -52,9 +49,6 @@ __all__ = [
     "display",
     "load_report",
     "pct",
-    "render_csv",
-    "render_json",
-    "render_table",
     "row_fields",
     "stream_records",
     "usd",
@@ -128,6 +122,11 @@ class Counters:
     in_domain_t7: int = 0
     in_domain_t8: int = 0
     in_domain_t9: int = 0
+    # requests with every tier's prediction, and the predicted quality of their pools and of the most capable tier
+    # in thousandths (`TIER_COUNTERS`): their ratio is the quality kept on the pool map
+    tier_predicted: int = 0
+    tier_quality_milli: int = 0
+    top_quality_milli: int = 0
 
     def in_domain_below(self, bound: float) -> int:
         """Requests whose in-domain figure is below `bound` (a multiple of 0.1: the rollups count tenths)."""
@@ -326,51 +325,11 @@ def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
         "cache_hit_rate": pct(c.cache_hits, c.cache_lookups),
         "cache_avoided_usd": usd(c.cache_avoided_micro_usd),
         "output_check_failure_rate": pct(c.output_check_failed, c.output_checked),
+        "quality_kept": pct(c.tier_quality_milli, c.top_quality_milli),
     }
     for pool in pools:
         out[f"share_{pool}"] = pct(row.pool_requests.get(pool, 0), c.requests)
     return out
-
-
-def render_json(report: CostReport, by: str) -> str:
-    """JSON document: range, grouping, prefix, pools, rows and the total row (see `row_fields`), the summary's
-    sentences (`gateway.costs.summary`), the quality and the prices."""
-    from gateway.costs.summary import summary_lines
-
-    pools = report.pools
-    doc = {
-        "from": report.start.isoformat(),
-        "to": report.end.isoformat(),
-        "by": by,
-        "prefix": report.prefix,
-        "currency": "USD",
-        "pools": pools,
-        "rows": [row_fields(r, pools) for r in report.rows(by)],
-        "total": row_fields(report.total(), pools),
-        "summary": summary_lines(report),
-        "quality": None if report.quality is None else report.quality.fields(),
-        "prices": None if report.prices is None else report.prices.fields(),
-    }
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
-
-
-def render_csv(report: CostReport, by: str) -> str:
-    """CSV with a header row, one row per group and a final TOTAL row."""
-    pools = report.pools
-    rows = [row_fields(r, pools) for r in [*report.rows(by), report.total()]]
-    rows[-1].update(report.quality.fields() if report.quality is not None else {})  # on the TOTAL row only
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[-1]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue().replace("key", by, 1)
-
-
-def render_table(report: CostReport, by: str, wide: bool = False) -> str:
-    """The text report (`gateway.costs.view.render_text`): summary, the table and its TOTAL, the notes."""
-    from gateway.costs.view import render_text
-
-    return render_text(report, by, wide)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,21 +8,16 @@ table's cells for any grouping (`gateway.costs.layout`), the notes under it and 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.costs.by_key import NO_KEY, KeyRow, key_notes
 from gateway.costs.layout import WIDTH, Column, columns, fit_width, lay_out, money_decimals, text_table, wrap
 from gateway.costs.report import CostReport, row_fields
 from gateway.costs.summary import summary_lines
 
-if TYPE_CHECKING:
-    from gateway.costs.by_key import KeyRow
-
-__all__ = ["NO_KEY", "ReportView", "key_notes", "render_text", "report_view"]
-
-NO_KEY = "(no key id)"
+__all__ = ["ReportView", "render_text", "report_view"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +41,7 @@ def report_view(report: CostReport, by: str, wide: bool = False,
     pools, total = report.pools, report.total()
     rows = _key_rows(report, key_rows or []) if by == "key" else [row_fields(r, pools) for r in report.rows(by)]
     totals = row_fields(total, pools)
-    cols = columns(by, pools, report.flagship_pool, wide)
+    cols = columns(by, pools, report.flagship_pool, wide, tiers=total.counters.top_quality_milli > 0)
     decimals = 6 if wide else money_decimals(max(total.counters.cost_micro_usd,
                                                   total.counters.flagship_cost_micro_usd))
     cells = lay_out(cols, rows, totals, decimals)
@@ -81,22 +76,6 @@ def _key_rows(report: CostReport, keys: Sequence[KeyRow]) -> list[dict[str, Any]
         rest["total_tokens"] = rest["prompt_tokens"] + rest["completion_tokens"]
         rows.append({"key": NO_KEY, "tenant": "-", **rest})
     return rows
-
-
-def key_notes(keys: Sequence[KeyRow]) -> list[str]:
-    """Per key: why it is under two tenants, when it is; and what the "-" cells mean."""
-    tenants: dict[str, dict[str, int]] = defaultdict(dict)
-    for row in keys:
-        tenants[row.key_id][row.tenant] = row.requests
-    notes = ["Per key the ledger keeps requests, tokens and cost; the flagship counterfactual is kept per tenant, "
-             f"pool, model and day (TOTAL); {NO_KEY}: requests without an API key (open access, shadow calls)."]
-    for key_id, seen in sorted(tenants.items()):
-        if len(seen) > 1:
-            each = ", ".join(f"{t} ({n:,} requests)" for t, n in sorted(seen.items()))
-            notes.append(f"Key {key_id} appears under {len(seen)} tenants, {each}: a request is recorded under the "
-                         "tenant it was served as, so the key was re-issued for another tenant, or was served as "
-                         "`default` while the policy did not name its tenant.")
-    return notes
 
 
 def render_text(report: CostReport, by: str, wide: bool = False, key_rows: Sequence[KeyRow] | None = None) -> str:

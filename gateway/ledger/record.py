@@ -22,6 +22,7 @@ __all__ = [
     "MAX_TOKENS",
     "ROLLUP_FIELDS",
     "SPLIT_ENDPOINTS",
+    "TIER_COUNTERS",
     "CostRecord",
     "InvalidCostRecord",
     "cache_counters",
@@ -31,6 +32,7 @@ __all__ = [
     "overflow_scored",
     "record_from_fields",
     "record_to_fields",
+    "tier_counters",
     "validate_record",
 ]
 
@@ -60,13 +62,17 @@ ENDPOINT_COUNTERS = tuple(f"{endpoint}_{name}" for endpoint in SPLIT_ENDPOINTS f
 # `in_domain_scored`: requests with an in-domain figure (`router_models.serving.domain`); `in_domain_t<k>`: those
 # whose figure lies in [k/10, (k+1)/10) (t9 includes 1.0), so a report tells the share below any bound in tenths
 IN_DOMAIN_COUNTERS = ("in_domain_scored", *(f"in_domain_t{k}" for k in range(10)))
+# `tier_predicted`: answered requests with every tier's prediction (routing.tiers: `tiers`); `tier_quality_milli` /
+# `top_quality_milli`: the predicted quality (in thousandths) of the pool that answered and of the most capable
+# (last) tier, on the same map, so that a report tells the quality kept (`tier_counters`)
+TIER_COUNTERS = ("tier_predicted", "tier_quality_milli", "top_quality_milli")
 EXTRA_COUNTERS = ("overflow_scored", "output_checked", "output_check_failed", "cache_hits", "cache_misses",
-                  "cache_avoided_micro_usd", *ENDPOINT_COUNTERS, *IN_DOMAIN_COUNTERS)
+                  "cache_avoided_micro_usd", *ENDPOINT_COUNTERS, *IN_DOMAIN_COUNTERS, *TIER_COUNTERS)
 ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
 _LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "route",
-                     "key_id")
+                     "key_id", "tiers")
 _KEY_ID = re.compile(r"[0-9a-f]{1,64}")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
@@ -114,6 +120,8 @@ class CostRecord:
     route: str = ""  # the steps that chose its pool, as `x-cascade-route` shows them (`policies.decide.route_text`):
     # "score:micro, context-fit:flagship"; "" in a record written before the field existed
     key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`: 12 hex digits); "" when none
+    tiers: str = ""  # with routing.tiers: every tier's predicted quality and expected cost as `x-cascade-tiers`
+    # shows them (`policies.tiers.estimates_text`): "general=0.670/$0.000120, ..."; "" without a prediction
     in_domain: float | None = None  # how close the request is to the router's training data, in [0, 1]
     # (`router_models.serving.domain`); None when not scored, scored by the overflow model, by an artifact without
     # a domain reference, or in a record written before the field existed
@@ -128,7 +136,24 @@ def overflow_scored(rec: CostRecord) -> int:
 def extra_counters(rec: CostRecord) -> tuple[int, ...]:
     """What `rec` adds to each of the `EXTRA_COUNTERS` of its rollups, in that order."""
     return (overflow_scored(rec), int(rec.output_check != ""), int(rec.output_check.startswith("fail")),
-            *cache_counters(rec), *endpoint_counters(rec), *in_domain_counters(rec))
+            *cache_counters(rec), *endpoint_counters(rec), *in_domain_counters(rec), *tier_counters(rec))
+
+
+def tier_counters(rec: CostRecord) -> tuple[int, int, int]:
+    """What `rec` adds to the `TIER_COUNTERS`: 1, its pool's predicted quality and the last tier's, in thousandths;
+    nothing without a prediction for its pool, nor for a record another record of the request follows."""
+    if not rec.tiers or rec.status not in _ANSWERS:
+        return 0, 0, 0
+    quality: dict[str, int] = {}  # in tier order: the last is the most capable tier
+    for item in rec.tiers.split(", "):
+        pool, _, rest = item.partition("=")
+        try:
+            quality[pool] = round(float(rest.partition("/")[0]) * 1000)
+        except ValueError:
+            return 0, 0, 0
+    if rec.pool not in quality:
+        return 0, 0, 0
+    return 1, quality[rec.pool], list(quality.values())[-1]
 
 
 def in_domain_counters(rec: CostRecord) -> tuple[int, ...]:
@@ -166,6 +191,7 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     _check("request_id", rec.request_id, _REQUEST_ID)
     _check("rule", rec.rule, _TEXT)
     _check("route", rec.route, _ROUTE)
+    _check("tiers", rec.tiers, _ROUTE)
     _check("policy_version", rec.policy_version, _TEXT)
     if rec.scored_by:
         _check("scored_by", rec.scored_by, _NAME)

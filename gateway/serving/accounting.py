@@ -20,6 +20,7 @@ from gateway.serving.tracing import Tracing, step
 from gateway.serving.usage import Usage
 from policies.decide import RouteDecision, route_text
 from policies.schema import Policy
+from policies.tiers import estimates_text
 
 __all__ = ["Accountant", "RequestFacts"]
 
@@ -93,6 +94,7 @@ class Accountant:
             output_check=facts.output_check,
             key_id=facts.key_id,
             in_domain=decision.in_domain,
+            tiers=estimates_text(decision.trade.estimates)[:MAX_ROUTE] if decision.trade is not None else "",
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

@@ -47,9 +47,11 @@ HELD_HEADER = "x-cascade-escalation-held"
 
 
 def cascades(loaded: LoadedPolicy, decision: RouteDecision) -> bool:
-    """The cascade applies to requests the score sent to the micro pool, when the policy enables it."""
+    """The cascade applies to requests the score sent to the micro pool (with `routing.tiers`: the trade sent to any
+    tier but the top one; it escalates one tier up), when the policy enables it."""
     routing = loaded.policy.routing
-    return routing.cascade.enabled and decision.score is not None and decision.pool == routing.micro_pool
+    lower = routing.tiers[:-1] if routing.tiers else (routing.micro_pool,)
+    return routing.cascade.enabled and decision.score is not None and decision.pool in lower
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +173,8 @@ class CascadeFlow:
     async def _plan(self, call: _Call) -> Escalation:
         """Where the unsure answer may go now: the policy's answer, then the target woken on demand."""
         turn, policy = call.turn, call.loaded.policy
-        plan = escalation(policy, call.facts.tenant, turn.ladder, turn.downgrade)
+        answered = call.facts.decision.pool
+        plan = escalation(policy, call.facts.tenant, turn.ladder, turn.downgrade, answered)
         if plan.pool is None or self._wake is None:
             return plan
         def may_use(pool: str) -> bool:  # the target's cold fallback: the same tenant decision
@@ -183,7 +186,7 @@ class CascadeFlow:
             return Escalation(None, "on-demand", f"{plan.pool!r} is starting on demand ({exc})")
         if serving == plan.pool:
             return plan
-        if serving == policy.routing.micro_pool:
+        if serving == answered:
             return Escalation(None, "on-demand", f"{plan.pool!r} is starting on demand; its fallback is {serving!r}")
         return Escalation(serving, None, f"{plan.reason}; {plan.pool!r} is starting on demand: {serving!r} serves")
 

@@ -11,10 +11,11 @@ How it is decided, after the router chose a pool and before anything is sent:
   (a default system prompt). A request within that bound fits: nearly all traffic costs one `orjson.dumps`.
 - Otherwise the prompt is counted as usage is (`gateway.serving.prompt_count`: the engine's own `/tokenize` for a
   local pool, the pool's tokenizer or an estimate for a remote one), on the pool it is checked against.
-- A request that does not fit its pool moves to the other tier where that one holds it and the tenant may be moved
-  there (`policies.tenant_moves`: allowed pools, budget downgrade, shedding); rule `context-fit`. A pinned model is
-  never swapped (its caller asked for that model). A chat request on a pool whose ladder truncates context
-  (`truncate_context`, `policies.truncate`) fits when the truncated prompt does. Else: 400
+- A request that does not fit its pool moves to the other tier (with `routing.tiers`: the first of the next tier
+  up, the next down, then further out, `policies.tenant_moves.other_tiers`) where that one holds it and the tenant
+  may be moved there (`policies.tenant_moves`: allowed pools, budget downgrade, shedding); rule `context-fit`. A
+  pinned model is never swapped (its caller asked for that model). A chat request on a pool whose ladder truncates
+  context (`truncate_context`, `policies.truncate`) fits when the truncated prompt does. Else: 400
   `context_length_exceeded`, naming the prompt's size, the completion limit and each pool's context.
 """
 
@@ -37,7 +38,7 @@ from policies.decide import RouteDecision, moved, served_model
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.pools import LocalPool, RemotePool, context_of
-from policies.tenant_moves import other_tier
+from policies.tenant_moves import other_tiers
 
 __all__ = ["TEMPLATE_MARGIN", "ContextFit", "Need", "context_of"]
 
@@ -115,8 +116,7 @@ class ContextFit:
         if fits:
             return decision
         sizes = {decision.pool: tokens}
-        other = other_tier(loaded.policy, decision, tenant, ladder, downgrade)
-        if other is not None:
+        for other in other_tiers(loaded.policy, decision, tenant, ladder, downgrade):
             fits, sizes[other] = await self.fits(loaded, other, need, raw, native, ladder)
             if fits:
                 why = (f"{_size(tokens, need)} does not fit {decision.pool!r} (context "

@@ -12,11 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.control.live_threshold import LiveThreshold
+from gateway.control.live_tradeoff import LiveTradeoff
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
 from gateway.serving.drift import DomainDrift
 from gateway.serving.label_memories import LabelMemories
 from gateway.serving.schema import ChatRequest
+from gateway.serving.tier_trade import QualityModel, map_of, tier_estimates
 from policies.decide import (
     AUTO_MODEL,
     ModelNotRouted,
@@ -33,6 +35,7 @@ from policies.decide import (
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.threshold import base_threshold
+from policies.tiers import Trade
 from router_models.embedders.protocol import FloatArray
 from router_models.serving.scorer import (
     ConversationShape,
@@ -53,13 +56,17 @@ class RequestRouter:
     threshold (a `flagship_share` policy's routing threshold, fed with each decision)."""
 
     def __init__(self, scorer: Scorer | None, metrics: GatewayMetrics, live: LiveThreshold | None = None,
-                 memories: LabelMemories | None = None) -> None:
+                 memories: LabelMemories | None = None, tradeoff: LiveTradeoff | None = None) -> None:
+        """`tradeoff`: a `routing.tiers` policy's tradeoff (the live one of a `cost_per_1k` policy), fed with each
+        trade; None: the policy's own `tradeoff` (0 without one)."""
         self._scorer = scorer
         self._views = ScorerViews.of(scorer)  # the scorer as its protocols, checked once per scorer
         self._metrics = metrics
         self._live = live
         self.memories = memories
         self.drift = DomainDrift()  # tenants drifting from the training data (policy learning.in_domain)
+        self.tradeoff = tradeoff
+        self.pool_map: QualityModel | None = map_of(scorer)  # a tiers policy's quality per tier (`tier_trade`)
 
     @property
     def scorer(self) -> Scorer | None:
@@ -80,6 +87,7 @@ class RequestRouter:
         one it started with. The caller closes the old scorer once nothing uses it."""
         self._scorer = scorer
         self._views = ScorerViews.of(scorer)
+        self.pool_map = map_of(scorer)
 
     async def _score(self, raw: Mapping[str, Any]) -> tuple[float | None, str, str, _Conversation | None]:
         """The score of the conversation, the model that gave it, its version, and the conversation as scored (its
@@ -113,6 +121,22 @@ class RequestRouter:
             return score, version
         return (score, version) if moved is None else (moved.score, moved.version(version))
 
+    def _trade(self, loaded: LoadedPolicy, ctx: RouteContext, conversation: _Conversation | None) -> Trade | None:
+        """Every tier's prediction for a request the primary model scored (`gateway.serving.tier_trade`) and the
+        tradeoff in force; None without tiers, a pool map or the request's feature row."""
+        policy = loaded.policy
+        source = self._views.features
+        if not policy.routing.tiers or self.pool_map is None or source is None or conversation is None:
+            return None
+        row = source.features(*conversation)
+        estimates = None if row is None else tier_estimates(loaded, ctx, self.pool_map, row)
+        if estimates is None:
+            return None
+        if self.tradeoff is None:
+            return Trade(estimates, policy.routing.tradeoff or 0.0)
+        self.tradeoff.observe(policy, estimates)
+        return Trade(estimates, self.tradeoff.tradeoff(policy, estimates))
+
     def _in_domain(self, text: str) -> float | None:
         """The in-domain figure the scorer kept for this scoring text (None: it keeps none)."""
         domain = self._views.domain
@@ -125,7 +149,7 @@ class RequestRouter:
         the ladder apply as to any decision), with a `domain-hold` step when the pool changed. Unchanged
         otherwise, or when the threshold in force is already as low."""
         hold = loaded.policy.learning.in_domain.hold
-        if hold is None or decision.score is None or not self.drift.drifting(ctx.tenant):
+        if hold is None or decision.score is None or decision.rule == "trade" or not self.drift.drifting(ctx.tenant):
             return decision
         labels = self.memories.labels(ctx.tenant) if self.memories is not None else 0
         usual = threshold if threshold is not None else base_threshold(loaded.policy.routing.threshold)
@@ -155,15 +179,16 @@ class RequestRouter:
         ctx = RouteContext.from_request(raw, tenant, headers)
         score, scored_by, version, conversation = (await self._score(raw) if self._scorer is not None
                                                    and needs_score(policy, ctx) else (None, "", "", None))
-        in_domain = None
+        in_domain, trade = None, None
         if score is not None and scored_by == "primary" and conversation is not None:
+            trade = self._trade(loaded, ctx, conversation)
             in_domain = self._in_domain(conversation[0])
             self.drift.observe(policy.learning.in_domain, tenant, in_domain)
             score, version = await self._remembered(loaded, tenant, conversation, score, version)
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
-            decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold), scored_by=scored_by,
-                               router_version=version, in_domain=in_domain)
+            decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold, trade),
+                               scored_by=scored_by, router_version=version, in_domain=in_domain)
             decision = self._held(loaded, ctx, ladder, threshold, decision)
         except PoolNotAllowed as exc:
             raise PermissionDenied(str(exc), param="model") from exc

@@ -39,7 +39,7 @@ from policies.decide import RouteDecision, moved, route_text
 from policies.escalation import escalation
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from policies.tenant_moves import move_refused, other_tier
+from policies.tenant_moves import move_refused, other_tiers
 
 __all__ = ["ChatService", "JSONReply", "StreamReply"]
 
@@ -142,7 +142,7 @@ class ChatService:
         actions = set(self._checker.plan(loaded.policy, tenant, decision.pool)[0].values())
         redo: tuple[str, ...] = ("retry",) if "retry" in actions else ()
         if ("escalate" in actions and decision.rule != "pinned"
-                and escalation(loaded.policy, tenant, ladder, downgrade).pool is not None):
+                and escalation(loaded.policy, tenant, ladder, downgrade, decision.pool).pool is not None):
             redo += ("escalate",)
         return redo
 
@@ -155,7 +155,7 @@ class ChatService:
         answered, verdict = rejected.decision, rejected.verdict
         checks = ",".join(verdict.failed)
         why = f"the {answered.pool!r} answer failed output check(s) {checks}"
-        plan = escalation(loaded.policy, facts.tenant, turn.ladder, turn.downgrade)
+        plan = escalation(loaded.policy, facts.tenant, turn.ladder, turn.downgrade, answered.pool)
         if rejected.action == "escalate" and plan.pool is not None:
             decision = moved(loaded.policy, answered, "output-check", plan.pool, f"failed {checks}: escalated",
                              f"{why}: {plan.reason}")
@@ -180,19 +180,30 @@ class ChatService:
     async def _serve(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
         """Forward, failing over to the other tier when the pool has no replica (`_failover_pool`)."""
-        decision, tenant, ladder = facts.decision, facts.tenant, turn.ladder
+        decision, tenant = facts.decision, facts.tenant
         try:
             return await self._forward(upstream, request, facts, loaded, turn)
         except NoReplicaAvailable:
-            other = _failover_pool(loaded, decision, tenant, ladder, turn.downgrade)
-            if other is None or not (await self._fit.fits(loaded, other, Need.of(request, turn.raw, turn.native),
-                                                          turn.raw, turn.native, ladder))[0]:
+            other = await self._failover_pool(loaded, decision, tenant, turn, Need.of(request, turn.raw, turn.native))
+            if other is None:
                 raise
             why = f"no replica of {decision.pool!r} available"
             other_decision = moved(loaded.policy, decision, "failover", other, why, f"{why}: failed over to {other!r}")
             upstream, extra = _upstream(turn, other_decision, request)
             turn = replace(turn, headers=extra)
             return await self._forward(upstream, request, replace(facts, decision=other_decision), loaded, turn)
+
+    async def _failover_pool(self, loaded: LoadedPolicy, decision: RouteDecision, tenant: str, turn: CascadeTurn,
+                             need: Need) -> str | None:
+        """The first other tier whose context holds the request (the other of micro and flagship; with
+        `routing.tiers` the next one up, then down: `policies.tenant_moves.other_tiers`), when the policy allows
+        failing over and the tenant may be moved there (its allowed pools, its budget, the ladder's shedding)."""
+        if not loaded.policy.routing.failover:
+            return None
+        for other in other_tiers(loaded.policy, decision, tenant, turn.ladder, turn.downgrade):
+            if (await self._fit.fits(loaded, other, need, turn.raw, turn.native, turn.ladder))[0]:
+                return other
+        return None
 
     async def _on_cold(self, decision: RouteDecision, loaded: LoadedPolicy, tenant: str, ladder: LadderState,
                        downgrade: bool) -> RouteDecision:
@@ -264,10 +275,3 @@ def _upstream(turn: CascadeTurn, decision: RouteDecision, request: ChatRequest,
     return native_upstream(turn.native, decision, request.stream, turn.ladder)
 
 
-def _failover_pool(loaded: LoadedPolicy, decision: RouteDecision, tenant: str, ladder: LadderState,
-                   downgrade: bool) -> str | None:
-    """The other tier, when the policy allows failing over to it and the tenant may be moved there
-    (`policies.tenant_moves`: its allowed pools, its budget, the ladder's shedding)."""
-    if not loaded.policy.routing.failover:
-        return None
-    return other_tier(loaded.policy, decision, tenant, ladder, downgrade)

@@ -93,7 +93,7 @@ class Tracing:
             "gen_ai.usage.output_tokens": rec.completion_tokens, "cascade.tenant": rec.tenant,
             "cascade.pool": rec.pool, "cascade.rule": rec.rule, "cascade.route": rec.route,
             "cascade.cost_micro_usd": rec.cost_micro_usd, "cascade.status": rec.status,
-            "http.response.status_code": 200})
+            "http.response.status_code": 200, **({"cascade.tiers": rec.tiers} if rec.tiers else {})})
         if (provider := self.provider_of(rec.pool)) is not None:
             span.set_attribute("gen_ai.provider.name", provider)
         span.end()

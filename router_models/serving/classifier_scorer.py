@@ -51,6 +51,7 @@ from router_models.serving.artifact import (
 )
 from router_models.serving.classifier import LinearRouter, feature_matrix
 from router_models.serving.domain import DomainReference
+from router_models.serving.pool_map import PoolMap, pool_map_for
 from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
@@ -217,6 +218,7 @@ class ClassifierScorer:
     ) -> None:
         self._model = model
         self.domain = domain
+        self.pool_map: PoolMap | None = None  # the pool map on this scorer's feature rows (`load_scorer` sets it)
         self.version = version  # the primary artifact's: every answer and cost record names it
         self.overflow = overflow
         self.scored_by = {"primary": 0, "overflow": 0}
@@ -509,6 +511,7 @@ def load_scorer(
     model = load_model(artifact_path, torch_threads)
     scorer = ClassifierScorer(model, config, version=model.version,
                               domain=_domain(artifact_path or current_artifact_path(), model.embedder_name))
+    scorer.pool_map = pool_map_for(model.embedder_name)  # None without one on this embedder (logged)
     if overflow_path is not None:
         scorer.load_overflow_in_background(lambda: load_model(str(overflow_path), 1), str(overflow_path))
     return scorer

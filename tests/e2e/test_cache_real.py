@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from gateway.api.auth import hash_key
-from gateway.costs.report import render_table, row_fields
+from gateway.costs.report import row_fields
+from gateway.costs.view import render_text
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import delete_prefix, report_recent
 from tests.engines import SharedEngines, demo_policy_text, gateway_on_shared_engines
@@ -108,7 +109,7 @@ def test_a_repeated_deterministic_request_is_a_cost_free_hit(gateway: str, prefi
     assert row.counters.cache_avoided_micro_usd == 2 * int(miss["cost_micro_usd"])
     fields = row_fields(row, report.pools)
     assert (fields["cache_hit_rate"], fields["cost_micro_usd"]) == ("66.7%", int(miss["cost_micro_usd"]))
-    table = render_table(report, "tenant", wide=True)
+    table = render_text(report, "tenant", wide=True)
     assert "cache hits" in table and "66.7%" in table
     print(table)
 

@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.costs.html import render_html
-from gateway.costs.report import render_table, row_fields
+from gateway.costs.report import row_fields
+from gateway.costs.view import render_text
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
@@ -135,7 +136,7 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
     assert total.cache_hits >= 2 and total.cache_misses >= 1
     assert total.cache_avoided_micro_usd == total.cache_hits * int(miss["cost_micro_usd"])
     fields = row_fields(report.total(), report.pools)
-    assert fields["cache_hit_rate"] != "-" and "cache hits" in render_table(report, "tenant", wide=True)
+    assert fields["cache_hit_rate"] != "-" and "cache hits" in render_text(report, "tenant", wide=True)
     page = render_html(report, "tenant", wide=True)
     assert "Cache hits" in page and "cache saved USD" in page and fields["cache_hit_rate"] in page
     assert _metric(gateway, "cascade_cache_lookups_total", tenant="cached", mode="exact", result="hit") >= 2

@@ -16,8 +16,10 @@ import pytest
 import redis
 
 from gateway.costs.cli import print_report, register
+from gateway.costs.formats import render_csv, render_json
 from gateway.costs.html import render_html
-from gateway.costs.report import GROUPINGS, Cell, CostReport, Counters, pct, render_csv, render_json, render_table, usd
+from gateway.costs.report import GROUPINGS, Cell, CostReport, Counters, pct, usd
+from gateway.costs.view import render_text
 from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger
 from tests.conftest import SHARED_URL
 from tests.gateway.costs.test_soft_budget_and_cost_page_http import (
@@ -72,7 +74,7 @@ def test_rows_sum_to_total(by: str) -> None:
 def test_table_csv_json_agree() -> None:
     report = sample_report()
     total = report.total().counters
-    table = render_table(report, "tenant", wide=True).splitlines()
+    table = render_text(report, "tenant", wide=True).splitlines()
     first = table.index(next(line for line in table if line.startswith("tenant ")))
     body = table[first:table.index(next(line for line in table if line.startswith("TOTAL"))) + 1]
     assert len({len(line) for line in body}) == 1, "table columns are aligned"

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from gateway.costs.cli import register
+from gateway.costs.formats import render_json
 from gateway.costs.html import render_html
 from gateway.costs.prices import PoolRate, price_basis
-from gateway.costs.report import Cell, CostReport, Counters, render_json, render_table
+from gateway.costs.report import Cell, CostReport, Counters
+from gateway.costs.view import render_text
 from gateway.ledger.store import MemoryLedger, RedisLedger
 from gateway.serving.accounting import Accountant, RequestFacts
 from gateway.serving.usage import Usage
@@ -61,7 +63,7 @@ def _report() -> CostReport:
 
 def test_the_table_json_and_html_state_the_rates_under_the_figures() -> None:
     report = _report().with_prices(load_policy(GPU).policy, "policies/gpu.yaml")
-    table = render_table(report, "pool", wide=True).splitlines()
+    table = render_text(report, "pool", wide=True).splitlines()
     below = table[next(i for i, line in enumerate(table) if line.startswith("TOTAL")) + 1:]
     assert below[4].startswith("prices the costs were derived from (policy policies/gpu.yaml;")
     assert below[5:8] == [f"  {MICRO_LINE}", "  retired: not in the policy, price unknown",

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import redis
 
-from gateway.costs.report import CostReport, Counters, load_report, render_json, verify
+from gateway.costs.formats import render_json
+from gateway.costs.report import CostReport, Counters, load_report, verify
 from gateway.ledger.record import ENDPOINT_FIELDS, record_from_fields, record_to_fields
 from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger
 from tests.conftest import SHARED_URL

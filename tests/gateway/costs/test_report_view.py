@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from gateway.api.app import create_app
-from gateway.costs.by_key import KeyRow
+from gateway.costs.by_key import NO_KEY, KeyRow
 from gateway.costs.cli import render, write_report
 from gateway.costs.layout import WIDTH
 from gateway.costs.quality import with_quality
 from gateway.costs.report import GROUPINGS, Cell, CostReport, Counters
-from gateway.costs.view import NO_KEY, render_text
+from gateway.costs.view import render_text
 from gateway.ledger.store import CostRecord, RedisLedger
 from gateway.settings import Settings
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
