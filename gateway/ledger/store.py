@@ -305,7 +305,8 @@ class RedisLedger:
         counters = [rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd]
         flat = [item for pair in record_to_fields(rec).items() for item in pair]
         keys += [k.spend(rec.tenant, day[:7]), k.holds(rec.tenant), k.hold_expiry(rec.tenant),
-                 k.key_spend(rec.tenant, day)]
+                 k.key_spend(rec.tenant, day), k.key_holds(rec.tenant, rec.key_id),
+                 k.key_hold_expiry(rec.tenant, rec.key_id)]
         args: list[str | int] = [self._ttl_s, self._ttl_s * 1000, *counters, member, hour_member]
         # only the counters this record moves: the script skips a 0 (HINCRBY by 0 would create the field), so
         # leaving them out adds nothing and saves packing and sending about 50 arguments per record

@@ -10,12 +10,16 @@ work again. Tenants without limits or budget cost no Redis round trip and are ne
 
 What admission takes it gives back when the request is refused later (`Admission.refunds`): the rate limiter's
 entry (`Limiter.give_back`) and the budget hold (`BudgetChecker.release`). A request refused by its budget gives
-back its rate-limit entry at once. The budget hold is the request's worst case (`worst_case_micro_usd`).
+back its rate-limit entry at once. The budget hold is the request's worst case (`worst_case_micro_usd`): its
+completion at the limit the gateway will send where it set none (`gateway.serving.completion_limit`). A second
+engine call for the same request (a cascade escalation, an output-check retry) is held before it is made
+(`hold_again`): where the budget cannot carry it, it is not made.
 
 An issued API key's own limits (`gateway.tenancy.api_keys`) apply inside the tenant's: its requests and tokens
 per minute on the same limiter (subject `<tenant>:key:<id>`, its 429 naming the key), checked before the
-tenant's; its daily budget is checked against the key's spend of the UTC day (`KeySpend`), not held: concurrent
-requests of one key can pass it by their cost in flight, while the tenant's budget, held, still bounds the spend.
+tenant's; its daily budget holds the same worst case as the tenant's, against the key's spend of the UTC day
+(`KeySpend`), before the tenant's budget is asked: concurrent requests of one key end at most one request's worst
+case over it.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import AdmissionUnavailable, GatewayError, RateLimited, TooManyRequests
 from gateway.logs import LogThrottle
+from gateway.serving.completion_limit import held_completion
 from gateway.serving.schema import ChatRequest
 from gateway.tenancy.api_keys import ApiKey
 from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeySpend, key_budget_error
@@ -74,11 +79,13 @@ class OutageSignal:
             log.info("%s checked again: Redis reachable", check.replace("_", " "))
 
 
-def worst_case_micro_usd(policy: Policy, spec: Tenant, prompt_tokens: int, completion_tokens: int) -> int:
-    """What a request can cost at most, in micro-USD: its tokens at the prices of the dearest pool the tenant may
-    be served by (its allowed pools, else all: routing, failover and the cascade may each move it up)."""
-    pools = [policy.pools[name] for name in spec.allowed_pools or policy.pools if name in policy.pools]
-    return max((pool.price.cost_micro_usd(prompt_tokens, completion_tokens) for pool in pools), default=0)
+def worst_case_micro_usd(policy: Policy, spec: Tenant, prompt_tokens: int, limit: int | None, n: int = 1) -> int:
+    """What a request can cost at most, in micro-USD: its prompt and `n` choices of the completion each pool may be
+    sent (`held_completion`: the client's `limit`, else the gateway's), at the prices of the dearest pool the tenant
+    may be served by (its allowed pools, else all: routing, failover and the cascade may each move it up)."""
+    names = [name for name in spec.allowed_pools or policy.pools if name in policy.pools]
+    return max((policy.pools[name].price.cost_micro_usd(prompt_tokens, held_completion(policy, name, limit) * n)
+                for name in names), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,8 @@ class _Taken:
     tenant: str
     grants: tuple[tuple[str, Grant], ...]  # (limiter subject, grant): the key's, the tenant's
     held: bool
+    key_held: str = ""  # the id of the API key whose budget holds the request ("" none)
+    key_limit: int = 0  # that key's daily budget, micro-USD
 
 
 class Admission:
@@ -115,21 +124,59 @@ class Admission:
         if spec is None:
             return None
         prompt = estimate_tokens(prompt_text_of(raw_messages))
-        completion = (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
+        tokens = prompt + (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
+        worst = worst_case_micro_usd(policy, spec, prompt, request.completion_limit, request.n) if request_id else 0
         grants: list[tuple[str, Grant]] = []
+        key_held = ""
         try:
             if key is not None and key.source == "issued":
-                await self._key_limits(tenant, spec, key, prompt + completion, grants)
-            grant = await self._rate_limit(tenant, spec, prompt + completion)
+                await self._key_limits(tenant, spec, key, tokens, grants)
+            grant = await self._rate_limit(tenant, spec, tokens)
             grants += [(tenant, grant)] if grant is not None and grant.member is not None else []
-            verdict = await self._budget(policy, tenant, spec, request_id, prompt, completion)
+            key_held = await self._key_budget(tenant, spec, key, request_id, worst)
+            verdict = await self._budget(tenant, spec, request_id, worst)
         except (GatewayError, asyncio.CancelledError) as exc:  # refused, or cancelled with a hold maybe placed
-            held = isinstance(exc, asyncio.CancelledError) and bool(request_id)
-            await asyncio.shield(self._give_back(request_id, _Taken(tenant, tuple(grants), held)))
+            cancelled = isinstance(exc, asyncio.CancelledError) and bool(request_id)
+            key_held = key.id if cancelled and key is not None and key.daily_usd is not None else key_held
+            await asyncio.shield(self._give_back(request_id, _Taken(tenant, tuple(grants), cancelled, key_held)))
             raise
-        if request_id and (grants or (verdict and verdict.held)):
-            self._taken[request_id] = _Taken(tenant, tuple(grants), verdict is not None and verdict.held)
+        held = verdict is not None and verdict.held
+        if request_id and (grants or held or key_held):
+            limit = key.daily_usd or 0 if key is not None else 0
+            self._taken[request_id] = _Taken(tenant, tuple(grants), held, key_held, limit)
         return verdict
+
+    async def hold_again(self, policy: Policy, tenant: str, request_id: str, pool: str, raw_messages: object,
+                         completion: int) -> bool:
+        """Before a second engine call for request `request_id` (admitted, inside `refunds`): hold that call's
+        worst case (its prompt and `completion` tokens, all choices, at `pool`'s prices) in place of the request's
+        hold, against the key's and the tenant's budgets, counting the first call (its hold, or its cost once
+        recorded). False: a budget cannot carry it, so the call must not be made (the request's hold stays; the
+        caller gives it back with `give_back_hold` when no record of `request_id` will follow). True: held, or
+        nothing to hold (no budget, or its store unreachable: as at admission, the spend is still recorded)."""
+        taken = self._taken.get(request_id)
+        spec = policy.tenants.get(tenant)
+        if taken is None or spec is None or not (taken.held or taken.key_held):
+            return True
+        worst = policy.pools[pool].price.cost_micro_usd(estimate_tokens(prompt_text_of(raw_messages)), completion)
+        if taken.key_held and self._key_spend is not None:
+            verdict = await self._key_spend.reserve_key(tenant, taken.key_held, taken.key_limit, request_id, worst)
+            if verdict is not None and not verdict.placed and worst > 0:
+                self._metrics.budget.labels(tenant, "key_exceeded").inc()
+                return False
+        if taken.held and self._budgets is not None:
+            tenant_verdict = await self._budgets.reserve(tenant, spec.budget, request_id, worst)
+            if not tenant_verdict.fail_open and not tenant_verdict.held:
+                self._metrics.budget.labels(tenant, tenant_verdict.state).inc()
+                return False
+        return True
+
+    async def give_back_hold(self, request_id: str) -> None:
+        """Release the budget holds of an admitted request whose cost no record under `request_id` will bring
+        (its answer was recorded under another id); its rate-limit entries stay."""
+        taken = self._taken.pop(request_id, None)
+        if taken is not None:
+            await asyncio.shield(self._give_back(request_id, replace(taken, grants=())))
 
     @asynccontextmanager
     async def refunds(self, request_id: str) -> AsyncIterator[None]:
@@ -152,6 +199,8 @@ class Admission:
             await self._limiter.give_back(subject, grant)  # type: ignore[union-attr]
         if taken.held and self._budgets is not None:
             await self._budgets.release(taken.tenant, request_id)
+        if taken.key_held and self._key_spend is not None:
+            await self._key_spend.release_key(taken.tenant, taken.key_held, request_id)
 
     async def _key_limits(self, tenant: str, spec: Tenant, key: ApiKey, tokens: int,
                           grants: list[tuple[str, Grant]]) -> None:
@@ -168,12 +217,20 @@ class Admission:
             self._outcome("rate_limit", tenant, spec, grant.checked)
             if grant.member is not None:
                 grants.append((subject, grant))
-        if key.daily_usd is not None and self._key_spend is not None:
-            spent = await self._key_spend.spent_today(tenant, key.id)
-            self._outcome("budget", tenant, spec, spent is not None)
-            if spent is not None and spent >= key.daily_usd:
-                self._metrics.budget.labels(tenant, "key_exceeded").inc()
-                raise key_budget_error(tenant, key.id, spent, key.daily_usd)
+
+    async def _key_budget(self, tenant: str, spec: Tenant, key: ApiKey | None, request_id: str, worst: int) -> str:
+        """Hold `worst` against the key's daily budget; raises `BudgetExceeded` naming the key where its spend and
+        holds reach it. Returns the key id when a hold was placed, else ""."""
+        if key is None or key.source != "issued" or key.daily_usd is None or self._key_spend is None:
+            return ""
+        verdict = await self._key_spend.reserve_key(tenant, key.id, key.daily_usd, request_id, worst)
+        self._outcome("budget", tenant, spec, verdict is not None)  # may refuse (503): nothing was held
+        if verdict is None:
+            return ""
+        if not verdict.placed and verdict.spent + verdict.held >= key.daily_usd:
+            self._metrics.budget.labels(tenant, "key_exceeded").inc()
+            raise key_budget_error(tenant, key.id, verdict.spent, key.daily_usd, held=verdict.held)
+        return key.id if verdict.placed else ""
 
     async def _rate_limit(self, tenant: str, spec: Tenant, tokens: int) -> Grant | None:
         limits = spec.rate_limits
@@ -188,12 +245,10 @@ class Admission:
         self._outcome("rate_limit", tenant, spec, grant.checked)  # may refuse (503): nothing was taken
         return grant
 
-    async def _budget(self, policy: Policy, tenant: str, spec: Tenant, request_id: str, prompt: int,
-                      completion: int) -> BudgetVerdict | None:
+    async def _budget(self, tenant: str, spec: Tenant, request_id: str, worst: int) -> BudgetVerdict | None:
         budget = spec.budget
         if self._budgets is None or (budget.daily_usd is None and budget.monthly_usd is None):
             return None
-        worst = worst_case_micro_usd(policy, spec, prompt, completion) if request_id else 0
         verdict = await self._budgets.reserve(tenant, budget, request_id, worst)
         self._outcome("budget", tenant, spec, not verdict.fail_open)  # may refuse (503): nothing was held
         if verdict.state != "ok":

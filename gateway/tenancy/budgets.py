@@ -39,8 +39,8 @@ from gateway.ledger.layouts import LegacyLedgerKeys, read_spend
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Budget
 
-__all__ = ["BudgetChecker", "BudgetGuard", "BudgetGuardCounts", "BudgetVerdict", "KeySpend", "StaticBudgets",
-           "evaluate", "key_budget_error"]
+__all__ = ["BudgetChecker", "BudgetGuard", "BudgetGuardCounts", "BudgetVerdict", "KeySpend", "KeyVerdict",
+           "StaticBudgets", "evaluate", "key_budget_error"]
 
 _log = logging.getLogger(__name__)
 
@@ -157,18 +157,38 @@ class BudgetChecker(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class KeyVerdict:
+    """Where one API key stands against its daily budget (micro-USD): its spend of the UTC day, what its other
+    requests in flight hold, and whether this request's hold was placed (`placed` False and `spent + held` at the
+    limit: refused)."""
+
+    spent: int
+    held: int
+    placed: bool
+
+
 class KeySpend(Protocol):
-    """One API key's spend of the current UTC day, micro-USD; None when the store cannot be read."""
+    """Holds a request's worst case against its API key's daily budget, as `BudgetChecker` does for its tenant:
+    the ledger's record of the request releases it (`gateway.ledger.keys.RECORD_LUA`)."""
 
-    async def spent_today(self, tenant: str, key_id: str) -> int | None: ...
+    async def reserve_key(self, tenant: str, key_id: str, limit: int, hold_id: str,
+                          micro_usd: int) -> KeyVerdict | None:
+        """Unless the key's spend today plus its holds reach `limit`, hold `micro_usd` under `hold_id`; None when
+        the store cannot be reached (nothing held)."""
+        ...
+
+    async def release_key(self, tenant: str, key_id: str, hold_id: str) -> None: ...
 
 
-def key_budget_error(tenant: str, key_id: str, spent: int, limit: int, now: float | None = None) -> BudgetExceeded:
+def key_budget_error(tenant: str, key_id: str, spent: int, limit: int, now: float | None = None,
+                     held: int = 0) -> BudgetExceeded:
     """The 429 of an API key past its own daily budget: it names the key, not the tenant's budget."""
     at = time.time() if now is None else now
     resets = _period_end(datetime.fromtimestamp(at, UTC), "day")
-    message = (f"Budget exceeded for API key {key_id!r} of tenant {tenant!r}: spent {_usd(spent)} USD of the key's "
-               f"daily budget of {_usd(limit)} USD; it resets at {resets:%Y-%m-%dT%H:%M:%SZ} (UTC).")
+    more = f" (and {_usd(held)} USD more held by requests in flight)" if held else ""
+    message = (f"Budget exceeded for API key {key_id!r} of tenant {tenant!r}: spent {_usd(spent)} USD{more} of the "
+               f"key's daily budget of {_usd(limit)} USD; it resets at {resets:%Y-%m-%dT%H:%M:%SZ} (UTC).")
     return BudgetExceeded(message, max(1, math.ceil(resets.timestamp() - at)))
 
 
@@ -272,15 +292,24 @@ class BudgetGuard:
             self._warn_soft(tenant, verdict.period, day if verdict.period == "day" else month, verdict)
         return verdict
 
-    async def spent_today(self, tenant: str, key_id: str) -> int | None:
-        """`KeySpend`: the key's cost today from the ledger's per-key spend (`LedgerKeys.key_spend`); one HGET."""
+    async def reserve_key(self, tenant: str, key_id: str, limit: int, hold_id: str,
+                          micro_usd: int) -> KeyVerdict | None:
+        """`KeySpend.reserve_key`: the hold script on the key's spend of the day (`LedgerKeys.key_spend`, field
+        `<key id>:cost_micro_usd`) and its own holds; one round trip."""
         day = utc_periods(self._clock())[1]
+        k = self._keys
+        keys = [k.key_spend(tenant, day), k.key_holds(tenant, key_id), k.key_hold_expiry(tenant, key_id)]
+        args = [f"{key_id}:cost_micro_usd", limit, "", max(0, micro_usd), hold_id, self._hold_ttl_ms, 0, 0]
+        reply = await self._guard.call(lambda: self._hold(keys=keys, args=args, client=self._client))
+        if reply is None:
+            return None
+        spent, _, held, placed = (int(x) for x in reply)
+        return KeyVerdict(spent, held, bool(placed))
 
-        async def read() -> tuple[Any]:  # boxed: a missing field (None inside) is not an outage (None)
-            return (await self._client.hget(self._keys.key_spend(tenant, day), f"{key_id}:cost_micro_usd"),)
-
-        boxed = await self._guard.call(read)
-        return None if boxed is None else int(boxed[0] or 0)
+    async def release_key(self, tenant: str, key_id: str, hold_id: str) -> None:
+        """`KeySpend.release_key`: one round trip; on a Redis outage the hold expires by itself."""
+        keys = [self._keys.key_holds(tenant, key_id), self._keys.key_hold_expiry(tenant, key_id)]
+        await self._guard.call(lambda: self._release(keys=keys, args=[hold_id], client=self._client))
 
     async def release(self, tenant: str, hold_id: str) -> None:
         """`BudgetChecker.release`: one round trip; on a Redis outage the hold expires by itself."""
