@@ -22,7 +22,7 @@ from tests.servers import serve, until
 
 pytestmark = pytest.mark.redis
 Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
-CONTEXT = 1024
+CONTEXT = 4096
 FLAGSHIP_OUT = 15  # micro-USD a completion token on the flagship (15 USD per million)
 WORST = CONTEXT * FLAGSHIP_OUT + 3 * 64  # one request's worst case: its prompt (under 64 tokens) and a full context
 BUDGET = 4 * WORST  # four requests' worth
@@ -55,7 +55,7 @@ def served(tmp_path: Path, upstreams: Upstreams, request: pytest.FixtureRequest)
 
 def _post(url: str, key: str, limit: int | None = None) -> httpx.Response:
     body: dict[str, object] = {"model": "flagship", "messages": [{"role": "user", "content": "write at length"}],
-                               "metadata": {"fake_tokens": "100000"}}  # an engine left alone writes to its end
+                               "metadata": {"fake_tokens": str(CONTEXT)}}  # an engine left alone writes to its end
     if limit is not None:
         body["max_tokens"] = limit
     return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"},
@@ -70,15 +70,29 @@ def _records(prefix: str, count: int) -> list[dict[str, str]]:
 def test_thirty_parallel_requests_without_a_limit_end_at_most_one_worst_case_over(
         served: tuple[str, str], upstreams: Upstreams) -> None:
     url, prefix = served
-    with ThreadPoolExecutor(30) as pool:
-        replies = list(pool.map(lambda _: _post(url, "sk-tight"), range(30)))
-    answered = [r for r in replies if r.status_code == 200]
+    assert _post(url, "sk-open").status_code == 200  # warm: the scripts and connections are ready
     # 429: the budget is held; 503: a check slower than the guard's timeout on a loaded machine (fail_closed: a
-    # request the gateway could not check is refused, so the bound holds whatever the machine's load)
-    assert all(r.status_code in (200, 429, 503) for r in replies), [r.text for r in replies if r.status_code >= 500]
-    assert 1 <= len(answered) < 30 and any(r.status_code == 429 for r in replies)
-    spent = sum(int(r["cost_micro_usd"]) for r in _records(prefix, len(answered)))
-    assert spent <= BUDGET + WORST, (spent, BUDGET, WORST, len(answered))
+    # request the gateway could not check is refused, so the bound holds whatever the machine's load). A burst
+    # that met no 429 is sent again once a single request is checked again (at most three bursts)
+    codes: list[int] = []
+
+    def checked() -> bool:
+        codes.append(_post(url, "sk-tight").status_code)
+        return codes[-1] != 503
+
+    with ThreadPoolExecutor(30) as pool:
+        for _ in range(3):
+            codes += pool.map(lambda _: _post(url, "sk-tight").status_code, range(30))
+            if 429 in codes:
+                break
+            until(checked, 20)
+    assert set(codes) <= {200, 429, 503} and 200 in codes and 429 in codes, codes
+    served_n = codes.count(200)
+    records = [r for r in _records(prefix, served_n + 1) if r["tenant"] == "tight"]
+    spent = sum(int(r["cost_micro_usd"]) for r in records)
+    print(f"{len(codes)} requests without max_tokens: {served_n} served, {spent} micro-USD spent of a {BUDGET} "
+          f"budget (one worst case {WORST}), {codes.count(503)} unchecked (503)")
+    assert spent <= BUDGET + WORST, (spent, BUDGET, WORST, served_n)
     sent = upstreams[2].last_body or {}
     assert 0 < sent["max_completion_tokens"] < CONTEXT  # the engine was told where to stop
 
