@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
 from gateway.api.auth import OPEN_TENANT, KeyAuth
+from gateway.api.auth_limits import AuthSeries, FailedAuths, UnknownKeys
 from gateway.caching.answer_cache import AnswerCache
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
@@ -177,6 +178,15 @@ def _learning(redis: aioredis.Redis | None, settings: Settings, forwarder: Forwa
     return LearningTap(store, accountant, metrics, shadow), feedback
 
 
+def _key_auth(redis: aioredis.Redis | None, settings: Settings, metrics: GatewayMetrics) -> KeyAuth:
+    """Policy keys, and with Redis issued ones; failed authentications bounded per client address. Raises
+    ValueError naming the setting for a burst below 1."""
+    series = AuthSeries(metrics.registry)
+    failures = FailedAuths(settings.auth_failure_burst, settings.auth_failures_per_minute, series)
+    return KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None, failures=failures,
+                   unknown=UnknownKeys(0.5, series=series))
+
+
 def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: GatewayMetrics) -> Admission:
     """Rate limits and budgets live in Redis; without it (memory ledger) they are in-process only."""
     if redis is None:
@@ -252,7 +262,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
                       access_log=access_log, tracing=tracing,
-                      keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
+                      keys=_key_auth(redis, settings, metrics))
     router_swap.on_swap = runtime.scorer_swapped
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()
