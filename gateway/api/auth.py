@@ -123,11 +123,11 @@ class KeyAuth:
         return issued
 
     def _refuse_if_limited(self, address: str, digest: str) -> None:
-        """429 for an address out of failures, unless its key is an issued one just seen valid."""
+        """429 for an address out of failures, unless its key is an issued one this process has found valid (a
+        client sharing an address with a flood keeps working; its key is looked up again as usual)."""
         if self._failures is None or (retry := self._failures.retry_after(address)) is None:
             return
-        seen = self._cache.get(digest)
-        if seen is not None and self._monotonic() - seen[0] < self._cache_s:
+        if digest in self._cache:
             return
         self._failures.limited()
         raise TooManyRequests(f"too many failed authentications from this address; retry after {retry} s with a "

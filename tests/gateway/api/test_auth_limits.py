@@ -84,6 +84,10 @@ async def test_an_address_that_keeps_failing_gets_429_before_any_lookup() -> Non
     assert sum(store.lookups.values()) == looked_up  # nothing asked of the store while limited
     assert (await auth.identify(POLICY, "Bearer sk-policy", "10.0.0.1")).tenant == "acme"  # valid keys still work
     assert (await auth.identify(POLICY, "Bearer sk-issued", "10.0.0.1")).tenant == "acme"
+    clock[0] = 0.9  # its cache entry is stale: looked up again, not refused (the flooder's NAT neighbour)
+    assert (await auth.identify(POLICY, "Bearer sk-issued", "10.0.0.1")).tenant == "acme"
+    assert store.lookups[hash_key("sk-issued")] == 2
+    clock[0] = 0.0
     with pytest.raises(AuthenticationError):
         await auth.identify(POLICY, "Bearer sk-bad-x", "10.0.0.2")  # another address: its own allowance
     clock[0] = 1.0  # one token back (60 a minute)
