@@ -19,6 +19,7 @@ from gateway.caching.store import RedisCacheStore
 from gateway.checking.judge import OutputChecker
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import DegradationMonitor
+from gateway.control.drift_sync import DriftSync
 from gateway.control.gc_pauses import freeze_heap
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
@@ -80,6 +81,7 @@ class Runtime:
     router_swap: RouterSwap
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
+    drift_sync: DriftSync | None = None  # tenants' drift judged on every process's windows (owned; with Redis)
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     memories: LabelMemories | None = None  # policy learning.label_memory (owned; started by build_runtime)
@@ -136,6 +138,8 @@ class Runtime:
             await self.autoscaler.aclose()
         if self.live_threshold is not None:
             await self.live_threshold.aclose()
+        if self.drift_sync is not None:
+            await self.drift_sync.aclose()
         await self.degradation.aclose()
         await self.on_demand.aclose()
         await self.accountant.drain()
@@ -268,6 +272,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     runtime.retrain.start()
     runtime.memories = router.memories
     runtime.memories.start()
+    if redis is not None:  # one drift judgement for every process on this Redis and prefix
+        runtime.drift_sync = DriftSync(redis, settings.redis_prefix, router.drift)
+        runtime.drift_sync.start()
     if settings.start_engines:
         runtime.autoscaler = Autoscaler(pool_set, degradation.signals, metrics.scale_event, settings.probe_interval_s)
         runtime.autoscaler.start()
