@@ -6,8 +6,9 @@ the cache cleared when full) push the valid keys out too. Two bounds, both in-pr
   client address's bucket (`burst` tokens, refilled at `per_minute`); an address with none left is answered 429
   with `Retry-After` (the seconds until its next token) before its key is looked up, so it costs no Redis call and
   no cache entry. Valid keys from that address still authenticate (a policy key costs no I/O; an issued key this
-  process has found valid is looked up as usual: a client behind the flooder's NAT keeps working). IPv6 addresses count per /64 (one host holds a whole /64). At most `max_addresses`
-  buckets are kept, the least recently failed dropped first (a dropped address starts again with a full bucket).
+  process has found valid is looked up as usual: a client behind the flooder's NAT keeps working). IPv6 addresses
+  count per /64 (one host holds a whole /64). At most `max_addresses` buckets are kept, the least recently failed
+  dropped first (a dropped address starts again with a full bucket).
 - `UnknownKeys`: the digests recently looked up and not found, least recently used dropped first at `max_entries`;
   valid keys live in a cache of their own (`gateway.api.auth.KeyAuth`) that no invalid key can evict.
 `AuthSeries` counts both in /metrics.
