@@ -9,6 +9,10 @@ request stays on record (`Task.cancelling()`) even when the CancelledError itsel
 turned into a connection error by the library and caught as one.
 
 The background loops this is for hold no state that a second cancellation could leave half done.
+
+`close_each` is the same care for a shutdown that closes several things (pools, engine supervisors): each is
+closed whatever the others do, and each failure is logged with the name of what failed, never swallowed, never
+stopping the rest.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-__all__ = ["cancel_requested", "stop"]
+__all__ = ["Close", "cancel_once", "cancel_requested", "close_each", "stop"]
 
 _log = logging.getLogger(__name__)
 _RETRY_S = 0.5  # how long one cancellation is given before it is repeated
@@ -46,3 +51,45 @@ async def stop(task: asyncio.Task[Any] | None, patience_s: float = 10.0) -> None
             return
     if not task.cancelled() and (exc := task.exception()) is not None:
         _log.warning("background task %s had failed: %s: %s", task.get_name(), type(exc).__name__, exc)
+
+
+Close = tuple[str, Callable[[], Awaitable[object]]]
+"""`(what, close)`: what is closed, named for the log ("pool micro"), and the call that closes it."""
+
+
+async def close_each(closes: Sequence[Close], logger: logging.Logger = _log, in_turn: bool = False) -> list[str]:
+    """Run every close, each whatever the others do: concurrently, or one after another in the given order
+    (`in_turn`: a later one needs an earlier one done). Log each that fails (an exception, or a cancellation of its
+    own) as "closing <what> failed", with its traceback. Returns the names that failed. Cancelling the caller
+    cancels the closes still running."""
+    async def run(close: Callable[[], Awaitable[object]]) -> object:
+        return await close()  # a close that raises before its first await fails here too, as one of the results
+
+    if in_turn:
+        results: list[object] = []
+        for _, close in closes:
+            try:
+                results.append(await run(close))
+            except Exception as exc:
+                results.append(exc)
+    else:
+        results = await asyncio.gather(*(run(close) for _, close in closes), return_exceptions=True)
+    failed = []
+    for (what, _), result in zip(closes, results, strict=True):
+        if isinstance(result, BaseException):
+            logger.error("closing %s failed: %s: %s", what, type(result).__name__, result, exc_info=result)
+            failed.append(what)
+    return failed
+
+
+async def cancel_once(tasks: Sequence[asyncio.Task[Any]], logger: logging.Logger = _log) -> None:
+    """Cancel each task once and wait for all of them, logging (with the task's name) each that had failed. For
+    tasks whose cleanup runs in them on cancellation (a `finally` that stops engines), which a repeated cancellation
+    (`stop`) would cut short."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("%s failed: %s: %s", task.get_name(), type(exc).__name__, exc, exc_info=exc)

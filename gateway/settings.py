@@ -26,6 +26,7 @@ __all__ = ["OPTIONS", "Option", "Settings", "add_arguments", "argparse_type", "d
 
 HOME_ENV = "CASCADE_HOME"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the default, where $CASCADE_REDIS_URL is not set
+REDIS_PREFIX = "cascade:"  # the default, where $CASCADE_REDIS_PREFIX is not set (the tests set their own)
 OVERFLOW_ENV = "CASCADE_ROUTER_OVERFLOW"  # tests/conftest.py sets it to none: scores stay the primary's
 OVERFLOW_DEFAULT = "auto"
 
@@ -47,7 +48,7 @@ def export_home(home: Path | None = None) -> Path:
 class Settings:
     policy_path: Path
     redis_url: str = field(default_factory=lambda: os.environ.get("CASCADE_REDIS_URL", REDIS_URL))
-    redis_prefix: str = "cascade:"
+    redis_prefix: str = field(default_factory=lambda: os.environ.get("CASCADE_REDIS_PREFIX") or REDIS_PREFIX)
     scorer: Literal["classifier", "length", "none"] = "classifier"
     start_engines: bool = True
     ledger: Literal["redis", "memory"] = "redis"
@@ -69,6 +70,7 @@ class Settings:
     request_log_sample: float = 1.0  # the share of requests the replay log keeps, in (0, 1]
     access_log: str | None = "-"  # one JSON line per request, no text (`gateway.serving.access_log`): "-" stdout
     access_log_sample: float = 1.0  # share of requests that get an access line
+    access_log_buffer: int = 10_000  # access lines queued for a slow reader; more are dropped and counted
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
     router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
     # freeze the long-lived heap out of the cyclic collector (gateway.control.gc_pauses): `cascade serve` turns it
@@ -197,10 +199,13 @@ OPTIONS: tuple[Option, ...] = (
            metavar="-|FILE|off"),
     Option("access_log_sample", "CASCADE_ACCESS_LOG_SAMPLE", _share, "share of requests written to the access "
            "log (0 to 1)", metavar="SHARE"),
+    Option("access_log_buffer", "CASCADE_ACCESS_LOG_BUFFER", positive_int, "access-log lines held for a reader "
+           "slower than the traffic (a stalled pipe); lines beyond it are dropped and counted in "
+           "cascade_access_log_dropped_total, never a request held", metavar="LINES"),
 )
 # built-in defaults; the fields read from the environment when built directly default to these without it
 _DEFAULTS = {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)} | {
-    "redis_url": REDIS_URL, "router_overflow": OVERFLOW_DEFAULT}
+    "redis_url": REDIS_URL, "redis_prefix": REDIS_PREFIX, "router_overflow": OVERFLOW_DEFAULT}
 
 
 def _env_default(option: Option, env: Mapping[str, str]) -> Any:

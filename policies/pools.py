@@ -216,6 +216,10 @@ class RemotePool(Frozen):
     urls: tuple[str, ...] = Field(min_length=1, description="base URLs of OpenAI-compatible servers")
     model: str = Field(description="model name sent to the remote servers")
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
+    provider: str | None = Field(default=None, pattern=r"^[a-z0-9_.]+$", description=(
+        "the provider named on this pool's trace spans (gen_ai.provider.name, OpenTelemetry GenAI conventions: "
+        "openai, azure.ai.openai, anthropic, aws.bedrock, vllm, ...); unset: the well-known API its first URL's "
+        "host names, else openai (policies.providers)"))
     output_checks: OutputChecks | None = Field(default=None, description="checks of this pool's answers "
                                                "(policies.output_checks)")
     responses: Literal["native", "chat"] = Field(default="native", description=(

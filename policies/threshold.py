@@ -9,13 +9,15 @@ pure, so the live value is computed by the gateway and passed to `policies.decid
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from policies.frozen import Frozen
 
-__all__ = ["THRESHOLD_TAGS", "ShareThreshold", "Threshold", "base_threshold", "offline_note", "share_target"]
+__all__ = ["THRESHOLD_TAGS", "ShareThreshold", "Threshold", "ThresholdInUse", "base_threshold", "offline_note",
+           "share_target", "threshold_in_use"]
 
 
 class ShareThreshold(Frozen):
@@ -68,3 +70,52 @@ def offline_note(name: str, threshold: float | ShareThreshold, override: float |
                 f"gateway turns into a live threshold; used here: its `initial` {threshold.initial:g} "
                 "(pass --threshold to try another)")
     return None
+
+
+Source = Literal["policy", "initial", "share-held", "ladder-raised"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdInUse:
+    """The routing threshold a gateway compares scores with (a tenant's or a rule's own threshold still wins, as in
+    `policies.decide`) and where it came from: `policy` (a fixed float), `initial` (a flagship-share policy with
+    fewer than `min_samples` scores in the shared window), `share-held` (the live value that holds the share) or
+    `ladder-raised` (a `raise_threshold` ladder step above the routing threshold; `routing` is the one below it)."""
+
+    value: float
+    source: Source
+    routing: float
+    routing_source: Source
+    samples: int | None = None  # scores in the shared window (a flagship-share policy)
+    ladder_step: str | None = None
+
+    def describe(self) -> str:
+        """One line: the value and where it came from."""
+        why = {"policy": "the policy's fixed routing.threshold",
+               "initial": f"the policy's `initial`: {self.samples or 0} score(s) in the shared window, fewer than "
+                          "min_samples",
+               "share-held": f"held to the flagship share over the {self.samples} latest scores"}
+        line = f"{self.value:g} ({self.source}: "
+        if self.source == "ladder-raised":
+            return line + (f"ladder step {self.ladder_step!r} raised the routing threshold {self.routing:g}, "
+                           f"which is {self.routing_source}: {why[self.routing_source]})")
+        return line + why[self.source] + ")"
+
+
+def threshold_in_use(threshold: float | ShareThreshold, live: float | None, samples: int,
+                     ladder_threshold: float | None = None, ladder_step: str | None = None) -> ThresholdInUse:
+    """What `policies.decide` compares a score with, given the live value a gateway computed from `samples` scores
+    of its shared window (None: none yet) and the ladder's raised threshold (None: no step raises it)."""
+    target = share_target(threshold)
+    routing: float
+    source: Source
+    count: int | None
+    if target is None:
+        routing, source, count = base_threshold(threshold), "policy", None
+    elif live is None or samples < target.min_samples:
+        routing, source, count = target.initial, "initial", samples
+    else:
+        routing, source, count = live, "share-held", samples
+    if ladder_threshold is not None and ladder_threshold > routing:
+        return ThresholdInUse(ladder_threshold, "ladder-raised", routing, source, count, ladder_step)
+    return ThresholdInUse(routing, source, routing, source, count)

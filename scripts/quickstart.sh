@@ -7,6 +7,8 @@
 #                                              # (cascade quantize --demo, ~6 min the first time) and run
 #                                              # policies/demo-ladder.yaml, whose ladder uses it
 # Other arguments go to `cascade demo` (e.g. --port 8090, --policy FILE).
+# The demo's gateway keeps its records under the Redis key prefix cascade-demo: (`cascade demo --prefix`), apart
+# from a real gateway's cascade: and the tests' cascade-test:; `cascade costs report --prefix cascade-demo:` reads them.
 #
 # Interrupted (Ctrl-C, a failed download, a full disk)? Run it again: every step keeps only finished work
 # (the venv's setup stamp and the models' manifests are written last; models are built in a temporary

@@ -25,6 +25,10 @@ os.environ.pop("CASCADE_DEMO_MICRO", None)
 # Scores stay the primary model's (tests assert them), and no gateway under test builds the overflow model's
 # table in the background; tests/router_models/serving/test_overflow.py attaches one on purpose.
 os.environ["CASCADE_ROUTER_OVERFLOW"] = "none"
+# Whatever a test writes to Redis without a prefix of its own (a gateway built with the default settings, a
+# `cascade serve` it starts) goes under this one, never under the `cascade:` a real gateway or report reads.
+TEST_PREFIX = "cascade-test:"
+os.environ["CASCADE_REDIS_PREFIX"] = TEST_PREFIX
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 SHIPPED_THRESHOLD = "  threshold: {flagship_share: 0.3, initial: 0.28}\n"

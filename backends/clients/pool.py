@@ -7,6 +7,11 @@ health check times out is marked down only after `SLOW_PROBES_DOWN` timeouts in 
 answers slowly but is still serving its batch: taking it out on one slow probe empties a busy pool). Each
 replica also has a circuit breaker (`backends.clients.breaker`): `choose` skips replicas whose breaker is open
 and sends a half-open replica only its one probe request; the proxy reports each outcome to it.
+
+A probe that raises anything but the engine's own answers (a down or slow replica, a missing `/metrics`) is a probe
+error, a bug or an engine saying what it should not: each replica's probe is isolated from the others', the
+replica's state stays as the last good probe left it, `on_probe_error(pool, error type)` counts it, and it is logged
+with its traceback at most once per `PROBE_ERROR_LOG_S` per pool (with the count since the last line).
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backends.background import stop
@@ -24,14 +30,18 @@ from backends.clients.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from backends.clients.connection import ConnectionSettings
 from backends.clients.shared import EngineClient, EngineClients, EngineTimeout, EngineUnavailable
 
-__all__ = ["BUSY_GRACE_S", "DEFAULT_WEIGHTS", "SLOW_PROBES_DOWN", "ChoiceWeights", "EngineLoad", "Pool", "Replica",
-           "parse_vllm_metrics"]
+__all__ = ["BUSY_GRACE_S", "DEFAULT_WEIGHTS", "PROBE_ERROR_LOG_S", "SLOW_PROBES_DOWN", "ChoiceWeights", "EngineLoad",
+           "Pool", "ProbeErrorHook", "Replica", "parse_vllm_metrics"]
 
 SLOW_PROBES_DOWN = 3
 """Health checks in a row that must time out before a replica that still accepts connections is marked down."""
 BUSY_GRACE_S = 10.0
 """A health check that times out does not count while the replica answered a real request this recently: a
 saturated vLLM answers its health endpoint late, and taking a serving replica out only adds to the load."""
+PROBE_ERROR_LOG_S = 60.0
+"""A pool's probe errors are logged at most once per this many seconds (each is counted)."""
+ProbeErrorHook = Callable[[str, str], None]
+"""``(pool, error type)``: a probe of one of the pool's replicas raised (see the module docstring)."""
 
 log = logging.getLogger("cascade.pool")
 
@@ -134,6 +144,7 @@ class Pool:
         connection: ConnectionSettings | None = None,
         version: str = "",
         weights: ChoiceWeights = DEFAULT_WEIGHTS,
+        on_probe_error: ProbeErrorHook | None = None,
     ) -> None:
         """`version` names the engine version its replicas run (a label for metrics and logs; the gateway's
         `policies.pools.engine_version`). `headers` go with every request to this pool's replicas (e.g. a
@@ -157,6 +168,9 @@ class Pool:
         self._interval = probe_interval_s
         self._health_path = health_path
         self._task: asyncio.Task[None] | None = None
+        self._on_probe_error = on_probe_error
+        self._probe_errors = 0  # since the last line logged
+        self._probe_logged_at = -math.inf
 
     def set_urls(self, urls: Iterable[str], ready: bool = False) -> None:
         """Replace the replica set, keeping the state of replicas that stay. `ready`: the caller has just seen
@@ -180,7 +194,7 @@ class Pool:
         known = {r.url: r for r in self.replicas}
         fresh = {u: self._replica(u) for u in urls if u not in known}
         self._configure([*known, *fresh])
-        await asyncio.gather(*(self._probe(r) for r in fresh.values()))
+        await asyncio.gather(*(self._probe_alone(r) for r in fresh.values()))
         self._configure(urls)
         self.replicas = [known.get(u) or fresh[u] for u in urls]
 
@@ -214,7 +228,24 @@ class Pool:
         replica.failures += 1
 
     async def probe_once(self) -> None:
-        await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        """Probe every replica, each on its own: one whose probe raises keeps its state (a probe error)."""
+        await asyncio.gather(*(self._probe_alone(r) for r in self.replicas))
+
+    async def _probe_alone(self, replica: Replica) -> None:
+        try:
+            await self._probe(replica)
+        except Exception as exc:
+            self._probe_failed(replica, exc)
+
+    def _probe_failed(self, replica: Replica, exc: Exception) -> None:
+        if self._on_probe_error is not None:
+            self._on_probe_error(self.name, type(exc).__name__)
+        self._probe_errors += 1
+        now = self._clock()
+        if now - self._probe_logged_at >= PROBE_ERROR_LOG_S:
+            log.error("probing a replica failed: %s: %s", type(exc).__name__, exc, exc_info=exc, extra={
+                "pool": self.name, "replica": replica.url, "probe_errors": self._probe_errors})
+            self._probe_logged_at, self._probe_errors = now, 0
 
     async def _probe(self, replica: Replica) -> None:
         try:
@@ -240,8 +271,7 @@ class Pool:
 
     async def _loop(self) -> None:
         while True:
-            with contextlib.suppress(Exception):
-                await self.probe_once()
+            await self.probe_once()  # each replica's probe errors are its own (counted, logged)
             await asyncio.sleep(self._interval)
 
     def start(self) -> None:

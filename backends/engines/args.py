@@ -2,12 +2,17 @@
 
 The supervisor runs these commands; `cascade policy explain` prints them and `cascade deploy render` puts them in
 Kubernetes manifests, so the three cannot disagree.
+
+Traces: where the gateway exports OTLP traces (the standard `OTEL_*` variables, `otlp_traces_endpoint`), the
+supervisor starts its engines with vLLM's own export to the same endpoint (`tracing_args`, `engine_env`'s
+`traces_to`), so that the span vLLM writes per request joins the trace whose `traceparent` the gateway sends it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +20,8 @@ from backends.models.demo import demo_model_dir, models_root
 from policies.schema import EngineSpec
 from policies.speculative import NgramSpeculation, Speculation
 
-__all__ = ["DEMO_PREFIX", "engine_command", "engine_env", "resolve_model", "speculative_config"]
+__all__ = ["DEMO_PREFIX", "engine_command", "engine_env", "otlp_traces_endpoint", "resolve_model", "speculative_config",
+           "tracing_args"]
 
 DEMO_PREFIX = "demo:"
 
@@ -71,9 +77,33 @@ def engine_command(spec: EngineSpec, port: int, models_dir: Path | None = None) 
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, *spec.extra_args]
 
 
-def engine_env(spec: EngineSpec) -> dict[str, str]:
-    """Variables set for a replica on top of the inherited environment (``spec.env`` wins)."""
+def otlp_traces_endpoint(env: Mapping[str, str]) -> str | None:
+    """The OTLP/HTTP URL the standard variables send spans to, as the OpenTelemetry SDK reads them:
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as it is, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``; None
+    when neither is set or ``OTEL_SDK_DISABLED`` is true (tracing off)."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if traces := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return traces
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return base.rstrip("/") + "/v1/traces" if base else None
+
+
+def tracing_args(spec: EngineSpec, traces_to: str | None) -> list[str]:
+    """vLLM's own OTLP export of its request spans to ``traces_to`` (None: none); nothing where the spec's
+    ``extra_args`` say it already."""
+    if traces_to is None or any(a.split("=", 1)[0] == "--otlp-traces-endpoint" for a in spec.extra_args):
+        return []
+    return ["--otlp-traces-endpoint", traces_to]
+
+
+def engine_env(spec: EngineSpec, traces_to: str | None = None) -> dict[str, str]:
+    """Variables set for a replica on top of the inherited environment (``spec.env`` wins). ``traces_to``: the
+    engine exports spans there (`tracing_args`): over OTLP/HTTP, the protocol of that endpoint (vLLM's default is
+    gRPC), as service ``vllm-<served name>`` (not the gateway's ``OTEL_SERVICE_NAME``, which it inherits)."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if traces_to is not None:
+        env |= {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": f"vllm-{spec.served_name}"}
     if spec.kv_cache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_space_gib)
     if spec.ray is not None:

@@ -15,7 +15,7 @@ grace period).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import os
 import shlex
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from backends.engines.args import DEMO_PREFIX, engine_command, engine_env
+from backends.background import close_each, stop
+from backends.engines.args import DEMO_PREFIX, engine_command, engine_env, tracing_args
 from backends.engines.cpu_pinning import hold_engine, pin_engine_core, release_front_end
 from backends.models.demo import default_home, ensure_demo_models, models_root
 from policies.schema import EngineSpec
@@ -204,14 +205,17 @@ class EngineSupervisor:
         on_urls: UrlsHook | None = None,
         generation: int = 0,
         start_on: frozenset[int] | None = None,
+        traces_to: str | None = None,
     ) -> None:
         """``generation`` numbers the engine versions of one pool (a blue-green change starts generation n+1
         beside n): it names the log files of the later ones (``<pool>.g<n>-<index>.log``), so two versions
         running side by side never write one file. ``on_urls`` learns every port move (see `UrlsHook`).
         ``start_on``: the cores a starting replica's processes are held on until it is healthy (a version
-        started beside a serving one, `backends.engines.cpu_pinning.hold_engine`)."""
+        started beside a serving one, `backends.engines.cpu_pinning.hold_engine`). ``traces_to``: each replica
+        exports its request spans there (`backends.engines.args.tracing_args`; None: no tracing)."""
         self.pool = pool
         self._start_on = start_on
+        self.traces_to = traces_to
         self.generation = generation
         self.spec = spec
         self.home = default_home() if home is None else home
@@ -293,7 +297,7 @@ class EngineSupervisor:
         self._monitor = asyncio.create_task(self._monitor_loop(), name=f"supervise-{self.pool}")
 
     async def _spawn(self, replica: Replica) -> None:
-        cmd = self._command(self.spec, replica.port, models_root(self.home))
+        cmd = self._command(self.spec, replica.port, models_root(self.home)) + tracing_args(self.spec, self.traces_to)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         shown = shlex.join(cmd).replace("\n", "\\n")  # one header line per start
         with replica.log_path.open("ab") as log:
@@ -304,7 +308,7 @@ class EngineSupervisor:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
-                env=os.environ | engine_env(self.spec) | replica.env,
+                env=os.environ | engine_env(self.spec, self.traces_to) | replica.env,
                 start_new_session=True,
             )
         replica.started_at = time.monotonic()
@@ -416,14 +420,28 @@ class EngineSupervisor:
                 if self._progress is not None:
                     self._progress(message)
                 self._restarting(replica, "hung")
-                replica.restart_task = asyncio.create_task(self._restart(replica, 0.0))
+                replica.restart_task = self._restart_task(replica, 0.0)
             return
         replica.ready = False
         code = None if process is None else process.returncode
         delay = self._backoff.delay(replica.failures)
         self._say(f"pool {self.pool}: replica {replica.index} exited with code {code}; restarting in {delay:.0f} s")
         self._restarting(replica, "exited")
-        replica.restart_task = asyncio.create_task(self._restart(replica, delay))
+        replica.restart_task = self._restart_task(replica, delay)
+
+    def _restart_task(self, replica: Replica, delay: float) -> asyncio.Task[None]:
+        """Restart `replica` after `delay` s in a task named after it; a failure is logged when it happens (the
+        monitor then schedules another restart) and again by `aclose`."""
+        task = asyncio.create_task(self._restart(replica, delay), name=f"restart of replica {replica.index} of "
+                                   f"pool {self.pool}")
+
+        def ended(done: asyncio.Task[None]) -> None:
+            if not done.cancelled() and (exc := done.exception()) is not None:
+                _log.error("pool %s: restarting replica %d failed: %s: %s", self.pool, replica.index,
+                           type(exc).__name__, exc, exc_info=exc)
+
+        task.add_done_callback(ended)
+        return task
 
     def _silent_for(self, replica: Replica) -> float:
         """Seconds since the replica last answered anything: a health check, or a request (``answered``)."""
@@ -527,17 +545,17 @@ class EngineSupervisor:
                       "10 s after SIGKILL: " + ", ".join(map(str, live_group_members(process.pid))))
 
     async def aclose(self) -> None:
-        """Stop monitoring, stop every replica and close the HTTP client. Idempotent."""
+        """Stop monitoring, stop every replica and close the HTTP client. Idempotent; never raises for one part:
+        a restart task that had failed, or a replica whose stop fails, is logged (with pool and replica) and the
+        rest are stopped all the same (an engine left behind holds a GPU)."""
         if self._closed:
             return
         self._closed = True
-        tasks = [t for t in (self._monitor, *(r.restart_task for r in self._replicas)) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await asyncio.gather(*(self._stop_replica(replica) for replica in self._replicas))
-        await self._http.aclose()
+        for task in [t for t in (self._monitor, *(r.restart_task for r in self._replicas)) if t is not None]:
+            await stop(task)  # a failure of the task is logged, with its name: the pool and replica
+        failed = await close_each([(f"replica {r.index} of pool {self.pool} (pid {r.pid})",
+                                    functools.partial(self._stop_replica, r)) for r in self._replicas], _log)
+        await close_each([(f"the health-check client of pool {self.pool}", self._http.aclose)], _log)
         if self._replicas:
-            self._say(f"pool {self.pool}: stopped {len(self._replicas)} replica(s)")
+            self._say(f"pool {self.pool}: stopped {len(self._replicas) - len(failed)} replica(s)"
+                      + (f"; stopping failed for {', '.join(failed)}" if failed else ""))

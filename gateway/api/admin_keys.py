@@ -3,7 +3,9 @@ twin of `cascade keys`.
 
 - `GET /admin/keys[?tenant=T]` → `{"data": [key, ...]}` (descriptions, never keys);
 - `POST /admin/keys` `{"tenant", "name"?, "rpm"?, "tpm"?, "daily_usd"? (USD), "expires_at"? (UTC epoch s)}` →
-  201 `{"key": "sk-cascade-...", ...description}`: the key is in this answer only; the tenant must be in the policy;
+  201 `{"key": "sk-cascade-...", ...description}`: the key is in this answer only; the tenant must be one the running
+  policy serves (`gateway.tenancy.api_keys.unknown_tenant`: a named tenant, or `default` under a policy that names
+  none), else 400 naming what to do, unless `"allow_unknown": true` (201 with a `warning`);
 - `DELETE /admin/keys/{id}` → the revoked key's description, 404 when no issued key has that id.
 """
 
@@ -16,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.api.auth import bearer_matches
+from gateway.api.auth import require_admin
 from gateway.api.runtime import Runtime
-from gateway.errors import AuthenticationError, BadRequest, GatewayError, NotFound
-from gateway.tenancy.api_keys import KeyStore
+from gateway.errors import BadRequest, GatewayError, NotFound
+from gateway.tenancy.api_keys import KeyStore, unknown_tenant
 from policies.money import usd_to_micro
 from policies.schema import RateLimits
 
@@ -37,8 +39,7 @@ def _json(payload: Any, status: int = 200) -> Response:
 
 def _store(request: Request) -> KeyStore:
     runtime: Runtime = request.app.state.runtime
-    if not bearer_matches(request.headers.get("authorization"), runtime.settings.admin_key):
-        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
+    require_admin(request.headers.get("authorization"), runtime.settings.admin_key)
     if runtime.keys.store is None:
         raise BadRequest("this gateway runs without Redis: keys come from the policy only")
     return runtime.keys.store
@@ -55,7 +56,8 @@ async def _keys(request: Request) -> Response:
                                          daily_usd=spec["daily_usd"], expires_at=spec["expires_at"])
     except GatewayError as exc:
         return Response(exc.body(), exc.status, media_type="application/json")
-    return _json({"key": secret, **key.public()}, 201)
+    warning = {"warning": spec["warning"]} if spec["warning"] else {}
+    return _json({"key": secret, **key.public(), **warning}, 201)
 
 
 def _create_body(body: bytes, runtime: Runtime) -> dict[str, Any]:
@@ -66,12 +68,16 @@ def _create_body(body: bytes, runtime: Runtime) -> dict[str, Any]:
         limits = RateLimits(requests_per_minute=raw.get("rpm"), tokens_per_minute=raw.get("tpm"))
         daily = None if raw.get("daily_usd") is None else usd_to_micro(raw["daily_usd"])
         expires = None if raw.get("expires_at") is None else float(raw["expires_at"])
+        allow = raw.get("allow_unknown", False) is True
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BadRequest(f"a key needs a JSON body with tenant, and optional name, rpm, tpm, daily_usd, expires_at: "
                          f"{exc}", param="tenant") from exc
-    if tenant not in runtime.policies.current.policy.tenants:
-        raise BadRequest(f"tenant {tenant!r} is not in the policy", param="tenant")
-    return {"tenant": tenant, "name": name, "limits": limits, "daily_usd": daily, "expires_at": expires}
+    current = runtime.policies.current
+    problem = unknown_tenant(str(tenant), current.policy.tenants, current.source)
+    if problem is not None and not allow:
+        raise BadRequest(f"{problem}; or send \"allow_unknown\": true to create the key anyway", param="tenant")
+    return {"tenant": tenant, "name": name, "limits": limits, "daily_usd": daily, "expires_at": expires,
+            "warning": problem}
 
 
 async def _revoke(request: Request) -> Response:

@@ -24,16 +24,18 @@ from starlette.types import Receive, Scope, Send
 
 from backends.background import stop
 from gateway.api.admin_keys import admin_key_routes
-from gateway.api.auth import bearer_matches
+from gateway.api.auth import bearer_matches, require_admin
 from gateway.api.chat import endpoint_apps
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
 from gateway.control.file_watch import FileWatcher
 from gateway.control.gc_pauses import GcPauses, freeze_heap
+from gateway.control.live_threshold import routing_state
 from gateway.control.loop_lag import LoopLag
 from gateway.control.metrics import CONTENT_TYPE
 from gateway.control.router_swap import watched_paths
+from gateway.control.worker_gauges import worker_label
 from gateway.errors import (
     AuthenticationError,
     BadRequest,
@@ -93,7 +95,9 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """503 while Redis is down, a pool required for readiness has no ready replica, or no pool at all can
-    take requests; an optional pool (remote and on-demand ones by default) that is down is `degraded`."""
+    take requests. `status` is "degraded" (200) when an optional pool (remote and on-demand ones by default) is
+    down, or when the policy file no longer holds the version this process serves (`policy`: an edit rejected or
+    not applied yet; `gateway.control.policy_file`). Each worker answers for itself (`worker`)."""
     runtime = _runtime(request)
     pools = runtime.pool_set.readiness()  # a sleeping on-demand pool counts as ready
     required = runtime.pool_set.required_for_ready()
@@ -102,10 +106,16 @@ async def readyz(request: Request) -> Response:
     ready = redis_ok and not required.intersection(down) and len(down) < len(pools)
     router_version = runtime.scorer.version if runtime.scorer is not None else None
     overflow = getattr(runtime.scorer, "overflow_state", "none")  # the trained classifier's: loads after start
-    body = {"ready": ready, "policy_version": runtime.policies.current.version, "router_version": router_version,
-            "router_overflow": overflow,
+    degraded = [n for n in down if n not in required]
+    policy = runtime.policy_file.state() if runtime.policy_file is not None else None
+    status = "not_ready" if not ready else (
+        "degraded" if degraded or (policy is not None and not policy["matches_file"]) else "ready")
+    routing = routing_state(runtime.live_threshold, runtime.policies.current, runtime.degradation.state)
+    body = {"ready": ready, "status": status, "worker": worker_label(),
+            "policy_version": runtime.policies.current.version, "policy": policy, "routing": routing,
+            "router_version": router_version, "router_overflow": overflow,
             "pools": pools,
-            "required": sorted(required.intersection(pools)), "degraded": [n for n in down if n not in required],
+            "required": sorted(required.intersection(pools)), "degraded": degraded,
             "engines": runtime.pool_set.status, "versions": runtime.pool_set.versions(),
             "autoscale": runtime.autoscaler.status() if runtime.autoscaler is not None else {}, "redis": redis_ok}
     return _json(body, 200 if ready else 503)
@@ -116,8 +126,7 @@ def _bearer_is(request: Request, expected: str | None) -> bool:
 
 
 def _require_admin(request: Request) -> None:
-    if not _bearer_is(request, _runtime(request).settings.admin_key):
-        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
+    require_admin(request.headers.get("authorization"), _runtime(request).settings.admin_key)
 
 
 async def reload_policy(request: Request) -> Response:
@@ -152,13 +161,17 @@ async def reload_router(request: Request) -> Response:
 
 
 async def admin_costs(request: Request) -> Response:
-    """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by."""
+    """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by, wide (1: every
+    column). The same summary, table and notes as `cascade costs report --format table`."""
+    from dataclasses import replace
     from datetime import UTC, date, datetime, timedelta
 
+    from gateway.costs.by_key import load_key_rows
     from gateway.costs.html import render_html
     from gateway.costs.quality import served_with_quality
     from gateway.costs.report import GROUPINGS, load_report
     from gateway.ledger.store import LedgerKeys
+    from gateway.redis_client import safe_url
 
     runtime = _runtime(request)
     try:
@@ -167,20 +180,24 @@ async def admin_costs(request: Request) -> Response:
         start = date.fromisoformat(request.query_params.get("from", str(today - timedelta(days=6))))
         end = date.fromisoformat(request.query_params.get("to", str(today)))
         by = request.query_params.get("by", "tenant")
-        if by not in GROUPINGS or end < start or (end - start).days > 366:
-            raise BadRequest(f"use by={'|'.join(GROUPINGS)} and a range from <= to of at most a year", param="by")
+        if by not in (*GROUPINGS, "key") or end < start or (end - start).days > 366:
+            raise BadRequest(f"use by={'|'.join((*GROUPINGS, 'key'))} and a range from <= to of at most a year",
+                             param="by")
     except ValueError as exc:
         return _error(BadRequest(f"dates must be YYYY-MM-DD: {exc}", param="from"))
     except GatewayError as exc:
         return _error(exc)
     if runtime.redis is None:
         return _error(BadRequest("this gateway runs without the Redis ledger; no report to show"))
-    report = await load_report(runtime.redis, LedgerKeys(runtime.settings.redis_prefix), start, end)
+    keys = LedgerKeys(runtime.settings.redis_prefix)
+    report = replace(await load_report(runtime.redis, keys, start, end), source=safe_url(runtime.settings.redis_url))
+    key_rows = await load_key_rows(runtime.redis, keys, start, end) if by == "key" else None
     current = runtime.policies.current
     report = await served_with_quality(report.with_prices(current.policy, current.source), current.policy,
                                        runtime.settings.redis_url, runtime.settings.redis_prefix,
                                        runtime.settings.router_artifact)
-    return Response(render_html(report, by), media_type="text/html; charset=utf-8")
+    wide = request.query_params.get("wide", "") in ("1", "true")
+    return Response(render_html(report, by, wide, key_rows), media_type="text/html; charset=utf-8")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -6,6 +6,11 @@ per `cache_s` (0.5 s), so a key created is served at once and a key revoked is r
 worker and gateway. Redis unreachable: policy keys still authenticate; an issued key seen before follows its
 tenant's `on_redis_outage` (fail_open: served as last seen; fail_closed: 503), one never seen is a 503.
 
+A policy that names no tenants is open: every caller is tenant `default`, with or without a key. An issued key sent
+to it is still looked up, so that its own limits and budget apply (it is served as `default`, whatever tenant it was
+created for); a revoked or expired one is refused (401); any other key, or one that cannot be looked up (Redis
+unreachable), is served as an anonymous caller.
+
 Failed authentications are bounded per client address and unknown keys cached apart from valid ones
 (`gateway.api.auth_limits`): an address that failed `burst` times answers 429 with `Retry-After` before its key is
 looked up, and no flood of invalid keys evicts a valid one.
@@ -17,17 +22,17 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 
 from gateway.api.auth_limits import FailedAuths, UnknownKeys, address_of
 from gateway.errors import AdmissionUnavailable, AuthenticationError, TooManyRequests
-from gateway.tenancy.api_keys import ApiKey, KeyStore, id_of
+from gateway.tenancy.api_keys import OPEN_TENANT, ApiKey, KeyStore, id_of
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Policy
 
-__all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "tenant_for"]
+__all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "require_admin", "tenant_for"]
 
-OPEN_TENANT = "default"
 _MAX_CACHED = 100_000  # valid issued keys remembered (the oldest dropped first); unknown ones: `UnknownKeys`
 
 
@@ -51,6 +56,17 @@ def bearer_matches(authorization: str | None, expected: str | None) -> bool:
     """Whether the bearer token is `expected` (compared in constant time); never when `expected` is unset."""
     given = (authorization or "").removeprefix("Bearer ").strip()
     return bool(expected) and hmac.compare_digest(given.encode(), (expected or "").encode())
+
+
+def require_admin(authorization: str | None, admin_key: str | None) -> None:
+    """Raise `AuthenticationError` (401) unless the bearer token is the admin key, saying what to do: a gateway
+    started without `CASCADE_ADMIN_KEY` has no admin key, and only a restart with it set gives it one."""
+    if not admin_key:
+        raise AuthenticationError("this gateway was started without an admin key: set CASCADE_ADMIN_KEY in its "
+                                  "environment and restart it to use the admin endpoints (the policy file watcher "
+                                  "reloads edits without it)")
+    if not bearer_matches(authorization, admin_key):
+        raise AuthenticationError("admin endpoints need the admin key (CASCADE_ADMIN_KEY) as a bearer token")
 
 
 def key_id(authorization: str | None) -> str:
@@ -103,7 +119,7 @@ class KeyAuth:
         `AdmissionUnavailable` (503: see the module docstring)."""
         key = _bearer(authorization)
         if not policy.tenants:
-            return _policy_key(id_of(hash_key(key)) if key else "", OPEN_TENANT)
+            return await self._open(key, policy)
         digest = hash_key(key) if key else ""
         for name, tenant in policy.tenants.items() if key else ():
             if digest in tenant.api_key_sha256:
@@ -137,6 +153,22 @@ class KeyAuth:
         if self._failures is not None:
             self._failures.failed(address)
         return AuthenticationError(message)
+
+    async def _open(self, key: str, policy: Policy) -> ApiKey:
+        """The caller of an open policy (see the module docstring)."""
+        digest = hash_key(key) if key else ""
+        anonymous = _policy_key(id_of(digest), OPEN_TENANT)
+        if not key or self._store is None:
+            return anonymous
+        try:
+            issued = await self._issued(digest, policy)
+        except AdmissionUnavailable:
+            return anonymous
+        if issued is None:
+            return anonymous
+        if (why := issued.refusal(self._clock())) is not None:
+            raise AuthenticationError(f"API key {issued.id} is {why}")
+        return issued if issued.tenant == OPEN_TENANT else replace(issued, tenant=OPEN_TENANT)
 
     async def _issued(self, digest: str, policy: Policy) -> ApiKey | None:
         assert self._store is not None

@@ -89,6 +89,21 @@ _READY: dict[str, Any] = {
                      "description": "optional pools that are down (the gateway stays ready)"},
         "engines": {"type": "object", "additionalProperties": {"type": "string"}},
         "redis": {"type": "boolean"},
+        "status": {"enum": ["ready", "degraded", "not_ready"],
+                   "description": "degraded (200): an optional pool is down, or the policy file does not hold the "
+                   "policy served"},
+        "worker": {"type": "string", "description": "the answering process: its index under --workers, else its pid"},
+        "policy": {"type": ["object", "null"], "description": "the policy file beside the policy served "
+                   "(gateway/control/policy_file.py)", "properties": {
+                       "source": {"type": "string"}, "served_version": {"type": "string"},
+                       "served_since": {"type": "number"}, "file_version": {"type": ["string", "null"]},
+                       "matches_file": {"type": "boolean"}, "last_reload_at": {"type": ["number", "null"]},
+                       "last_error": {"type": ["object", "null"]}}},
+        "routing": {"type": "object", "description": "the routing threshold in use and where it came from",
+                    "properties": {
+            "policy_version": {"type": "string"}, "threshold": {"type": "number"},
+            "source": {"enum": ["policy", "initial", "share-held", "ladder-raised"]},
+            "routing_threshold": {"type": "number"}, "description": {"type": "string"}}},
     },
 }
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import redis.asyncio as aioredis
 
+from backends.background import Close, close_each
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
+from backends.engines.args import otlp_traces_endpoint
 from gateway.api.auth import OPEN_TENANT, KeyAuth
 from gateway.api.auth_limits import AuthSeries, FailedAuths, UnknownKeys
 from gateway.caching.answer_cache import AnswerCache
@@ -25,6 +29,7 @@ from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
+from gateway.control.policy_file import PolicyFile
 from gateway.control.policy_holder import PolicyHolder
 from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
@@ -52,6 +57,7 @@ from gateway.tenancy.api_keys import KeyStore
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter, retry_stale_connections
 from policies.loader import LoadedPolicy, load_policy
+from policies.providers import pool_provider
 from router_models.serving.artifact import default_store_dir
 from router_models.serving.classifier_scorer import ClassifierScorer
 from router_models.serving.scorer import Scorer
@@ -88,6 +94,7 @@ class Runtime:
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))  # owned
     tracing: Tracing = field(default_factory=Tracing)  # owned: OpenTelemetry, off without an OTLP endpoint
     keys: KeyAuth = field(default_factory=lambda: KeyAuth(None))  # the policy's keys and, with Redis, issued ones
+    policy_file: PolicyFile | None = None  # the policy file beside the policy served (readiness, reload metrics)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -100,7 +107,19 @@ class Runtime:
         version serves (seconds to minutes); a second reload waits for the first. `accept_interruption`: a
         pool the machine has no room to change side by side may restart in place (no replica meanwhile).
         Raises `PolicyError` (the running policy and pools stay as they were), also when a change is
-        refused or a new engine does not start (its own error in the problems)."""
+        refused or a new engine does not start (its own error in the problems). Each outcome is noted in
+        `policy_file` (readiness and metrics)."""
+        try:
+            fresh = await self._reload(accept_interruption)
+        except Exception as exc:
+            if self.policy_file is not None:
+                self.policy_file.failed(exc)
+            raise
+        if self.policy_file is not None:
+            self.policy_file.succeeded(fresh)
+        return fresh
+
+    async def _reload(self, accept_interruption: bool) -> LoadedPolicy:
         async with self._reload_lock:
             fresh = load_policy(self.policies.current.source)
             if fresh.version != self.policies.current.version:
@@ -130,32 +149,30 @@ class Runtime:
             return False
 
     async def aclose(self) -> None:
-        if self.retrain is not None:  # first: a training child still running is stopped
-            await self.retrain.aclose()
-        if self.memories is not None:
-            await self.memories.aclose()
-        if self.autoscaler is not None:
-            await self.autoscaler.aclose()
-        if self.live_threshold is not None:
-            await self.live_threshold.aclose()
-        if self.drift_sync is not None:
-            await self.drift_sync.aclose()
-        await self.degradation.aclose()
-        await self.on_demand.aclose()
-        await self.accountant.drain()
-        if self.request_log is not None:
-            self.request_log.close()
-        self.access_log.close()
-        await asyncio.to_thread(self.tracing.shutdown)  # flushes queued spans (the exporter's timeout bounds it)
-        await self.pool_set.aclose()
-        await self.router_swap.aclose()
-        if self.scorer is not None:
-            await self.scorer.aclose()
-        await self.ledger.aclose()
-        if self.redis is not None:
-            await close_quietly(self.redis, "the gateway")
-        await self.metrics.aclose()
-        await self.engines.aclose()
+        """Close everything, in this order, each part whatever the others do: a failure is logged with the part's
+        name and the rest still closes (the pools' engines above all: one left running holds its GPU)."""
+        await close_each(self._parts(), log, in_turn=True)
+
+    def _parts(self) -> list[Close]:
+        """What `aclose` closes, in order, leaving out what was not built."""
+        parts: list[tuple[str, Callable[[], Awaitable[object]] | None]] = [
+            ("the retraining schedule", self.retrain.aclose if self.retrain else None),  # first: a training child
+            ("the label memories", self.memories.aclose if self.memories else None),
+            ("the autoscaler", self.autoscaler.aclose if self.autoscaler else None),
+            ("the live threshold", self.live_threshold.aclose if self.live_threshold else None),
+            ("the drift sync", self.drift_sync.aclose if self.drift_sync else None),
+            ("the degradation monitor", self.degradation.aclose), ("the on-demand gate", self.on_demand.aclose),
+            ("the accountant", self.accountant.drain),
+            ("the replay log", partial(asyncio.to_thread, self.request_log.close) if self.request_log else None),
+            # flushes what a slow reader left queued, for 2 s at most
+            ("the access log", partial(asyncio.to_thread, self.access_log.close)),
+            # flushes queued spans (the exporter's timeout bounds it)
+            ("the tracer", partial(asyncio.to_thread, self.tracing.shutdown)),
+            ("the pools", self.pool_set.aclose), ("the router swap", self.router_swap.aclose),
+            ("the scorer", self.scorer.aclose if self.scorer is not None else None), ("the ledger", self.ledger.aclose),
+            ("redis", partial(close_quietly, self.redis, "the gateway") if self.redis is not None else None),
+            ("the metrics", self.metrics.aclose), ("the engine client", self.engines.aclose)]
+        return [(what, close) for what, close in parts if close is not None]
 
 
 async def _make_ledger(settings: Settings) -> Ledger:
@@ -196,7 +213,7 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
     if redis is None:
         return Admission(MemoryRateLimiter(), None, metrics)
     guard = BudgetGuard(redis, LedgerKeys(settings.redis_prefix))
-    return Admission(RateLimiter(redis, settings.redis_prefix), guard, metrics, key_spend=guard)
+    return Admission(RateLimiter(redis, settings.redis_prefix), guard, metrics, key_budget=guard)
 
 
 async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
@@ -215,7 +232,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     except BaseException:
         await engines.aclose()
         raise
-    pool_set = PoolSet(settings, engines, progress)
+    pool_set = PoolSet(settings, engines, progress, traces_to=otlp_traces_endpoint(os.environ))
     try:
         await pool_set.start(policies.current.policy)  # local engines load in the background meanwhile:
         scorer = await asyncio.to_thread(make_scorer, settings)  # on a fresh machine the ONNX export takes ~25 s
@@ -225,6 +242,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         await engines.aclose()
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
+    pool_set.on_probe_error(metrics.faults.probe_failed)
     counts = getattr(ledger, "counts", None)  # a RedisLedger's (the memory ledger keeps none)
     if isinstance(counts, LedgerCounts):
         counts.on_event = metrics.ledger_event
@@ -232,9 +250,11 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     metrics.start(settings.probe_interval_s)
     pool_set.on_engine_restart = metrics.engine_restarted
     _observe(scorer, metrics)
-    access_log = AccessLog(settings.access_log, settings.access_log_sample)
+    access_log = AccessLog(settings.access_log, settings.access_log_sample, capacity=settings.access_log_buffer,
+                           on_dropped=metrics.faults.access_log_dropped)
     accountant = Accountant(ledger, metrics, access_log)
     accountant.tracing = tracing = tracing_from_env(on_export_failure=metrics.trace_export_failures.inc)
+    tracing.provider_of = lambda pool: pool_provider(policies.current.policy, pool)
     degradation = DegradationMonitor(lambda: pool_set.pools, settings.probe_interval_s,
                                      on_change=metrics.ladder_changed)
     degradation.use_policy(policies.current)
@@ -268,6 +288,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                       access_log=access_log, tracing=tracing,
                       keys=_key_auth(redis, settings, metrics))
     router_swap.on_swap = runtime.scorer_swapped
+    runtime.policy_file = PolicyFile(lambda: policies.current)
+    runtime.policy_file.attach(metrics)
     runtime.retrain = _retrain(runtime)
     runtime.retrain.start()
     runtime.memories = router.memories

@@ -22,7 +22,10 @@ import redis
 
 from gateway.settings import default_home
 
-__all__ = ["SAMPLE_PROMPTS", "ensure_redis", "register", "run_demo", "stop_process_group"]
+__all__ = ["DEMO_PREFIX", "SAMPLE_PROMPTS", "ensure_redis", "gateway_command", "register", "run_demo",
+           "stop_process_group"]
+
+DEMO_PREFIX = "cascade-demo:"  # the quick start's records, apart from a real gateway's (cascade:) and the tests'
 
 SAMPLE_PROMPTS: tuple[tuple[str, bool], ...] = (
     ("Hi! How are you today?", False),
@@ -86,16 +89,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="model of the micro pool: SmolLM2-135M-Instruct, a real instruct model installed from its "
                    "PyPI wheel (default; falls back to tiny when it cannot be had), or the tiny random model "
                    "the tests use ($CASCADE_DEMO_MICRO)")
+    p.add_argument("--prefix", default=DEMO_PREFIX,
+                   help="Redis key prefix of the demo's gateway, ledger and report (default: %(default)s, apart "
+                   "from a real gateway's cascade:)")
     p.add_argument("--with-fallback", action="store_true",
                    help="build the flagship's calibrated int8 fallback (cascade quantize --demo, minutes the first "
                    "time) and run policies/demo-ladder.yaml, whose ladder uses it")
 
 
+def gateway_command(args: argparse.Namespace) -> list[str]:
+    """`cascade serve` as the demo runs it: its policy, port and Redis key prefix."""
+    return [sys.executable, "-m", "gateway", "serve", "--policy", args.policy, "--port", str(args.port),
+            "--redis-prefix", args.prefix]
+
+
 def _start_gateway(args: argparse.Namespace, log_path: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", args.policy, "--port", str(args.port)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(gateway_command(args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
@@ -215,7 +226,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _send_prompts(base, args.max_tokens)
         time.sleep(0.5)  # cost records are written just after each answer
         print()
-        return _print_costs(settings.redis_url)
+        return _print_costs(settings.redis_url, args.prefix)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -234,8 +245,9 @@ def _print_models() -> None:
     print(f"micro pool model: {shown}; flagship: tiny random Mixtral (meaningless text)", flush=True)
 
 
-def _print_costs(redis_url: str) -> int:
+def _print_costs(redis_url: str, prefix: str) -> int:
     from gateway.costs.cli import print_report
 
-    print("cost totals in the ledger (last 7 days, every run so far):")
-    return print_report(redis_url, by="pool", days=7)
+    print(f"cost totals in the ledger under the quick start's prefix {prefix} (last 7 days, every quick start run "
+          "in them):")
+    return print_report(redis_url, by="pool", days=7, prefix=prefix)

@@ -1,8 +1,11 @@
 """`cascade keys create|list|revoke`: API keys ops issue at run time (`gateway.tenancy.api_keys`), in the Redis of
 the gateways (`--redis-url`, `--prefix`: the gateway's own, from the same environment variables).
 
-`create` prints the key's description, then the key itself on its last line: it is shown once and never stored.
-Exit codes: 0 fine, 1 `revoke` found no such key, 2 usage error or Redis unreachable (one line on stderr).
+`create` prints the key's description, then the key itself on its last line: it is shown once and never stored. It
+refuses a tenant the policy (`--policy`, the file the gateways serve) does not serve, saying what to do;
+`--allow-unknown` creates the key anyway, with a warning on stderr.
+Exit codes: 0 fine, 1 `revoke` found no such key, 2 usage error, unknown tenant, unreadable policy or Redis
+unreachable (one line on stderr).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import orjson
 
 from gateway.redis_client import run_with_redis
 from gateway.settings import argparse_type
-from gateway.tenancy.api_keys import ApiKey, KeyStore
+from gateway.tenancy.api_keys import ApiKey, KeyStore, unknown_tenant
+from policies.loader import PolicyError, default_policy_path, load_policy
 from policies.money import usd_to_micro
 from policies.schema import RateLimits
 
@@ -56,6 +60,11 @@ def register(subparsers: Any) -> None:
     create.add_argument("--tpm", type=argparse_type(_positive, "tpm"), help="the key's own tokens per minute")
     create.add_argument("--daily-usd", type=argparse_type(usd_to_micro, "daily_usd"),
                         help="the key's own daily budget in USD (inside the tenant's)")
+    create.add_argument("--policy", default=str(default_policy_path()),
+                        help="the policy file the gateways serve, whose tenants a key may name (default: the demo "
+                        "policy, as for `cascade serve`)")
+    create.add_argument("--allow-unknown", action="store_true",
+                        help="create the key even for a tenant the policy does not name (warns)")
     create.add_argument("--expires", type=argparse_type(parse_expiry, "expires"),
                         help="when it stops working: 90d, 12h, 30m, or an ISO 8601 date or time (UTC)")
     create.set_defaults(func=_run_create)
@@ -86,7 +95,27 @@ def _describe(key: ApiKey) -> str:
             f"tpm={limits.tokens_per_minute or '-'}  daily_usd={budget}")
 
 
+def _tenant_refused(args: argparse.Namespace) -> bool:
+    """Whether `create` must stop: the policy is unreadable, or does not serve the tenant and `--allow-unknown` is
+    not given (one message on stderr either way; a warning when it is given)."""
+    try:
+        loaded = load_policy(args.policy)
+    except PolicyError as exc:
+        print(f"cascade keys: {exc}\npass --policy with the file the gateways serve", file=sys.stderr)
+        return True
+    problem = unknown_tenant(args.tenant, loaded.policy.tenants, loaded.source)
+    if problem is None:
+        return False
+    if args.allow_unknown:
+        print(f"cascade keys: warning: {problem}", file=sys.stderr)
+        return False
+    print(f"cascade keys: {problem}; or pass --allow-unknown to create the key anyway", file=sys.stderr)
+    return True
+
+
 def _run_create(args: argparse.Namespace) -> int:
+    if _tenant_refused(args):
+        return 2
     limits = RateLimits(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
     created = _with_store(args, lambda store: store.create(args.tenant, args.name, limits=limits,
                                                            daily_usd=args.daily_usd, expires_at=args.expires))

@@ -3,16 +3,21 @@
 - `validate FILE`: exit 0 and a summary, or exit 1 with every problem on stderr;
 - `schema`: the JSON Schema of the policy file (for editors);
 - `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]
-  [--threshold T]`:
+  [--threshold T | --gateway URL | --redis-url URL [--prefix P]]`:
   the score (the shipped classifier unless --score), every rule tried and why it did or did not match,
   the decision, its route (each step that chose or changed the pool, as `x-cascade-route` names them; the context
   step on the prompt's estimated tokens and the body's completion limit), and for a local pool the engine command
-  of its first replica;
+  of its first replica; with `--gateway` (its `/readyz`) or `--redis-url` (the shared score window and ladder the
+  gateways compute it from), the routing threshold a running gateway uses, and where it came from (initial,
+  share-held, ladder-raised: `gateway.cli.policy_live`), instead of the file's;
+- `status [--gateway URL]`: what a running gateway serves beside what its policy file holds, and its last reload
+  (`gateway.cli.policy_live`); exit 1 when the file no longer matches what is served;
 - `replay FILE --log requests.jsonl [--against OTHER.yaml] [--threshold T]`: see `policies.replay` for the log
   format. A `flagship_share` threshold is live only in the gateway: offline, its `initial` (or `--threshold`)
   is used, and the output says so.
 
-Exit codes: 0 ok, 1 invalid input (policy, log, request) or a refused request.
+Exit codes: 0 ok, 1 invalid input (policy, log, request), a refused request, a gateway that cannot be asked, or
+(`status`) a file that does not match what is served; 2 (`status`) a gateway that cannot be asked.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -118,6 +124,12 @@ def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
     return lines
 
 
+def _status(args: argparse.Namespace) -> int:
+    from gateway.cli.policy_live import run_status
+
+    return run_status(args)
+
+
 def _explain(args: argparse.Namespace) -> int:
     from backends.machine_checks import quant_lines
     from policies.context import RouteContext
@@ -143,13 +155,40 @@ def _explain(args: argparse.Namespace) -> int:
         score, source = _classifier_score(body.get("messages") or []), "classifier"
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     completion = limit if isinstance(limit, int) and limit > 0 else 1
-    exp = explain(loaded, ctx, score, threshold=args.threshold, completion=completion)
-    note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold)
-    lines = render_explanation(exp, source) + ([note] if note else []) + quant_lines(loaded.policy)
+    used = _live_threshold(args, loaded)
+    if isinstance(used, str):
+        print(f"cascade policy explain: {used}", file=sys.stderr)
+        return 1
+    threshold, ladder, notes = used
+    exp = explain(loaded, ctx, score, ladder=ladder, threshold=threshold, completion=completion)
+    if not notes:
+        note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold)
+        notes = [note] if note else []
+    lines = render_explanation(exp, source) + notes + quant_lines(loaded.policy)
     if exp.decision is not None:
         lines += _engine_lines(loaded, exp.decision.pool)
     print("\n".join(lines))
     return 0 if exp.decision is not None else 1
+
+
+def _live_threshold(args: argparse.Namespace, loaded: LoadedPolicy) -> tuple[float | None, Any, list[str]] | str:
+    """(routing threshold, ladder state, note lines) to explain with: `--threshold` or the file's (no notes), or a
+    running gateway's (`--gateway`, `--redis-url`); a message when the gateway cannot be asked."""
+    if args.gateway is None and args.redis_url is None:
+        return args.threshold, None, []
+    from gateway.cli.policy_live import gateway_threshold
+    from policies.ladder import LadderState
+
+    live = gateway_threshold(loaded, args.gateway, args.redis_url, args.prefix)
+    if isinstance(live, str):
+        return live
+    in_use = live.in_use
+    notes = [f"threshold in use: {in_use.describe()}, read from {live.where}"]
+    if live.version is not None and live.version != loaded.version:
+        notes.append(f"note: the gateway serves policy version {live.version}; {args.file} is version "
+                     f"{loaded.version} (its rules are the ones explained here; `cascade policy status` says why)")
+    raised = LadderState(threshold=in_use.value, threshold_step=in_use.ladder_step) if in_use.ladder_step else None
+    return in_use.routing, raised, notes
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -206,9 +245,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     e.add_argument("--model", default="auto", help="requested model with --prompt (default: auto)")
     e.add_argument("--score", type=float, help="use this score instead of running the classifier")
     e.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header")
-    e.add_argument("--threshold", type=unit_interval, help="routing threshold to use (default: the policy's float, or "
-                   "its flagship-share form's `initial`)")
+    used = e.add_mutually_exclusive_group()
+    used.add_argument("--threshold", type=unit_interval, help="routing threshold to use (default: the policy's float, "
+                      "or its flagship-share form's `initial`)")
+    used.add_argument("--gateway", metavar="URL", help="use the threshold this running gateway routes with (its "
+                      "/readyz), and say where it came from")
+    used.add_argument("--redis-url", metavar="URL", help="use the threshold the gateways on this Redis route with "
+                      "(their shared score window and ladder)")
+    e.add_argument("--prefix", default=os.environ.get("CASCADE_REDIS_PREFIX", "cascade:"),
+                   help="the gateways' key prefix with --redis-url (default: $CASCADE_REDIS_PREFIX or cascade:)")
     e.set_defaults(func=_explain)
+    st = sub.add_parser("status", help="what a running gateway serves beside what its policy file holds, its last "
+                        "reload and its routing threshold; exit 1 when the file does not match")
+    st.add_argument("--gateway", metavar="URL", default="http://127.0.0.1:8080",
+                    help="the gateway (default: http://127.0.0.1:8080, as `cascade serve`)")
+    st.set_defaults(func=_status)
     r = sub.add_parser("replay", help="replay a request log: pool moves (from -> to) and cost difference")
     r.add_argument("file")
     r.add_argument("--log", required=True, help="JSON Lines request log (format: policies/replay.py)")

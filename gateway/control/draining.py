@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from backends.background import close_each
 from backends.clients.pool import Pool, Replica
 from backends.engines.supervisor import EngineSupervisor
 
@@ -66,7 +67,6 @@ class Drainer:
 
 
 async def close(pool: Pool, sup: EngineSupervisor | None) -> None:
-    """Close `pool` and stop `sup`'s engines."""
-    await pool.aclose()
-    if sup is not None:
-        await sup.aclose()
+    """Close `pool` and stop `sup`'s engines, each whatever the other does (a failure is logged, not raised)."""
+    await close_each([(f"pool {pool.name}", pool.aclose),
+                      *([(f"the engines of pool {sup.pool}", sup.aclose)] if sup is not None else [])], log)

@@ -17,9 +17,9 @@ blue-green and rolling changes, canaries, autoscaling, replicas followed to a ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,8 +27,9 @@ from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, multiprocess
 
-from backends.background import stop
+from backends.background import close_each, stop
 from backends.clients.shared import make_engine_client
+from backends.engines.args import otlp_traces_endpoint
 from backends.engines.registry import publish
 from backends.engines.supervisor import CommandFactory, EngineSupervisor
 from gateway.control.autoscale import Autoscaler
@@ -91,6 +92,7 @@ class EngineHost:
         self._metrics_dir = metrics_dir
         self._client = make_engine_client(settings.transport)
         self.pool_set = PoolSet(settings, self._client, elsewhere=self._elsewhere, drain_floor_s=DRAIN_FLOOR_S,
+                                traces_to=otlp_traces_endpoint(os.environ),
                                 supervisor=functools.partial(EngineSupervisor, command=command))
         self.counters = ParentCounters(metrics_dir)
         self.pool_set.on_engine_restart = self.counters.engine_restarted
@@ -163,10 +165,9 @@ class EngineHost:
         return out
 
     async def aclose(self) -> None:
-        await self.autoscaler.aclose()
-        await self._watcher.aclose()
-        for task in self._tasks:
-            await stop(task)
-        with contextlib.suppress(Exception):
-            await self.pool_set.aclose()
-        await self._client.aclose()
+        """Stop the loops, then every pool and its engines, then the client: each whatever the others do, a
+        failure logged with what failed (`backends.background.close_each`), never swallowed."""
+        await close_each([("the autoscaler", self.autoscaler.aclose), ("the policy watcher", self._watcher.aclose),
+                          *((f"task {t.get_name()}", functools.partial(stop, t)) for t in self._tasks),
+                          ("the pool set", self.pool_set.aclose), ("the engine client", self._client.aclose)],
+                         log, in_turn=True)

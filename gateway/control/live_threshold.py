@@ -10,7 +10,12 @@ Contract:
   policy's `initial` is used.
 - Redis down: the last threshold stays, the buffer is kept (capped at the window), the failure is logged
   once, and the recovery once.
-- `threshold(policy)` is what `policies.decide.decide` gets: None for a float-threshold policy.
+- `threshold(policy)` is what `policies.decide.decide` gets: None for a float-threshold policy. It is computed for
+  the policy it is given from the window last read: after a reload, the first request routed on the new policy
+  uses the new policy's share (or its fixed threshold), never a value computed for the policy before.
+- `in_use(policy, ladder)` says what a score is compared with and where that came from (`policies.threshold.
+  ThresholdInUse`: initial, share-held, ladder-raised): `/readyz` shows it under `routing` (`routing_state`), and
+  `cascade policy explain --gateway` reads it there.
 
 The realised flagship share is the share of the window's requests that went to the flagship pool (after
 rules, tenant thresholds and the ladder), so it shows what routing did, not only what the quantile aimed at.
@@ -23,7 +28,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -34,12 +39,14 @@ from gateway.control.metrics import GatewayMetrics
 from gateway.redis_client import REDIS_FAILURES
 from policies.context import AUTO_MODEL, RouteContext
 from policies.decide import RouteDecision
+from policies.ladder import LadderState
+from policies.loader import LoadedPolicy
 from policies.schema import Policy
-from policies.threshold import ShareThreshold, base_threshold, share_target
+from policies.threshold import ShareThreshold, ThresholdInUse, base_threshold, share_target, threshold_in_use
 from router_models.training.calibrate import share_threshold
 
-__all__ = ["LiveThreshold", "MemoryWindow", "RedisWindow", "ScoreWindow", "ThresholdCollector", "start_live_threshold",
-           "window_key"]
+__all__ = ["LiveThreshold", "MemoryWindow", "RedisWindow", "ScoreWindow", "ThresholdCollector", "WindowState",
+           "routing_state", "start_live_threshold", "window_key", "window_state"]
 
 log = logging.getLogger("cascade.threshold")
 
@@ -108,27 +115,62 @@ def _parse(entries: Iterable[str]) -> tuple[list[float], list[bool]]:
     return scores, flagship
 
 
+def window_state(target: ShareThreshold, entries: list[str]) -> WindowState:
+    """The live threshold of `target` over the window's `entries` (`score|went`, newest first)."""
+    scores, flagship = _parse(entries)
+    if not scores:
+        return WindowState()
+    share = sum(flagship) / len(flagship)
+    if len(scores) < target.min_samples:
+        return WindowState(None, len(scores), share)
+    value = round(share_threshold(scores, target.flagship_share).threshold, 6)
+    return WindowState(value, len(scores), share)
+
+
 class LiveThreshold:
     """Holds the live threshold of the current policy; `aclose` stops the refresh task."""
 
     def __init__(self, window: ScoreWindow, policy: Callable[[], Policy], interval_s: float = 1.0) -> None:
         self._window, self._policy, self._interval = window, policy, interval_s
         self._buffer: list[str] = []
-        self._state = WindowState()
+        self._entries: list[str] = []  # the window as last read
+        self._states: dict[ShareThreshold, WindowState] = {}  # by target: what those entries give each
+        self._last: tuple[ShareThreshold, WindowState] | None = None  # the latest looked up
         self._down = False
         self._task: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> WindowState:
-        return self._state
+        """The window's state for the current policy."""
+        target = share_target(self._policy().routing.threshold)
+        return WindowState() if target is None else self._state_for(target)
+
+    def _state_for(self, target: ShareThreshold) -> WindowState:
+        last = self._last
+        if last is not None and last[0] is target:  # the same policy object as the last request: no hashing
+            return last[1]
+        state = self._states.get(target)
+        if state is None:  # a policy this window was not computed for (a reload): computed now, once
+            if len(self._states) >= 4:
+                self._states.clear()
+            state = self._states[target] = window_state(target, self._entries)
+        self._last = (target, state)
+        return state
 
     def threshold(self, policy: Policy) -> float | None:
         """The routing threshold to decide with: None for a float policy, else the live value or `initial`."""
         target = share_target(policy.routing.threshold)
         if target is None:
             return None
-        live = self._state.threshold
-        return target.initial if live is None or self._state.samples < target.min_samples else live
+        state = self._state_for(target)
+        return target.initial if state.threshold is None or state.samples < target.min_samples else state.threshold
+
+    def in_use(self, policy: Policy, ladder: LadderState | None = None) -> ThresholdInUse:
+        """What a score is compared with under `policy` and `ladder`, and where it came from."""
+        target = share_target(policy.routing.threshold)
+        state = WindowState() if target is None else self._state_for(target)
+        return threshold_in_use(policy.routing.threshold, state.threshold, state.samples,
+                                ladder.threshold if ladder else None, ladder.threshold_step if ladder else None)
 
     def observe(self, policy: Policy, ctx: RouteContext, decision: RouteDecision) -> None:
         """Note a decided request (only scored `auto` requests under a share policy count)."""
@@ -145,7 +187,7 @@ class LiveThreshold:
         target = share_target(self._policy().routing.threshold)
         if target is None:
             self._buffer.clear()
-            self._state = WindowState()
+            self._entries, self._states, self._last = [], {}, None
             return
         pending, self._buffer = self._buffer, []
         try:
@@ -154,24 +196,14 @@ class LiveThreshold:
             self._buffer = (pending + self._buffer)[-target.window:]
             if not self._down:
                 log.warning("shared score window unavailable; keeping the last routing threshold",
-                            extra={"threshold": self._state.threshold, "error": str(exc)})
+                            extra={"threshold": self._states.get(target, WindowState()).threshold,
+                                   "error": str(exc)})
             self._down = True
             return
         if self._down:
             log.info("shared score window reachable again")
             self._down = False
-        self._state = self._computed(target, entries)
-
-    @staticmethod
-    def _computed(target: ShareThreshold, entries: list[str]) -> WindowState:
-        scores, flagship = _parse(entries)
-        if not scores:
-            return WindowState()
-        share = sum(flagship) / len(flagship)
-        if len(scores) < target.min_samples:
-            return WindowState(None, len(scores), share)
-        value = round(share_threshold(scores, target.flagship_share).threshold, 6)
-        return WindowState(value, len(scores), share)
+        self._entries, self._states, self._last = entries, {target: window_state(target, entries)}, None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="live-threshold")
@@ -223,3 +255,13 @@ def start_live_threshold(client: aioredis.Redis | None, prefix: str, policy: Cal
     metrics.register_scrape_time(ThresholdCollector(live, policy), own_view=True)  # per worker: its own refresh
     live.start()
     return live
+
+
+def routing_state(live: LiveThreshold | None, loaded: LoadedPolicy, ladder: LadderState) -> dict[str, Any]:
+    """What `/readyz` shows under `routing`: the policy version and the threshold it routes with, and why."""
+    policy = loaded.policy
+    in_use = (live.in_use(policy, ladder) if live is not None else
+              threshold_in_use(policy.routing.threshold, None, 0, ladder.threshold, ladder.threshold_step))
+    return {"policy_version": loaded.version, "threshold": in_use.value, "source": in_use.source,
+            "routing_threshold": in_use.routing, "routing_source": in_use.routing_source, "samples": in_use.samples,
+            "ladder_step": in_use.ladder_step, "description": in_use.describe()}

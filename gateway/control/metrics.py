@@ -34,10 +34,9 @@ worker's `render()` adds (`gateway.control.parent_counters`). Router retraining 
 ran it (`gateway.learning.retrain`): `cascade_router_retrain_runs_total{outcome}` is summed,
 `_last_run_timestamp_seconds` the highest over all workers (`max`), `_last_apgr_delta` the last written.
 
-`cascade_ledger_records_total{outcome}` counts what the ledger did with each record (`lost`: Redis down and the
-outbox write failed), `cascade_ledger_outbox_records` is the backlog on disk, and
-`cascade_limiter_decisions_total{tenant,decision}` the rate limiter's admitted / limited / unchecked decisions.
-`cascade_route_steps_total{step,pool}` counts each step of an answered request's route (`RouteDecision.route`).
+`cascade_ledger_records_total{outcome}`: what the ledger did with each record (`lost`: the outbox failed too);
+`cascade_limiter_decisions_total{tenant,decision}` the rate limiter's decisions; `cascade_route_steps_total{step,pool}`
+each step of an answered request's route; faults absorbed in the background: `gateway.control.background_faults`.
 
 Latency histograms, and why they are apart:
 - `cascade_ttft_seconds`: a stream's (or a JSON answer assembled from a stream's) time to its first content
@@ -65,6 +64,7 @@ from prometheus_client.registry import Collector
 from backends.background import stop
 from backends.clients.breaker import BreakerState
 from backends.clients.pool import Pool, Replica
+from gateway.control.background_faults import BackgroundFaults
 from gateway.control.gc_pauses import GcMetrics
 from gateway.control.metrics_dir import multiprocess_dir
 from gateway.control.parent_counters import RESTARTS, SCALE_EVENTS, ParentCountersCollector
@@ -179,7 +179,7 @@ class GatewayMetrics:
         self.loop_lag = Histogram("cascade_event_loop_lag_seconds", "how much later than asked the event loop ran a "
                                   "timer (gateway.control.loop_lag): what holds every request in flight",
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1), registry=r)
-        self.gc = GcMetrics(r)
+        self.gc, self.faults = GcMetrics(r), BackgroundFaults(r)
         self.trace_export_failures = Counter("cascade_trace_export_failures", "batches of spans the OTLP receiver "
                                              "did not take (down, slow, refused): dropped", registry=r)
         self.scoring = Histogram("cascade_scoring_seconds", "complexity scoring latency", buckets=_FAST, registry=r)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from backends.clients.breaker import BreakerConfig
-from backends.clients.pool import ChoiceWeights, Pool
+from backends.clients.pool import ChoiceWeights, Pool, ProbeErrorHook
 from backends.clients.shared import EngineClient
 from backends.engines.registry import REGISTRY_ENV, published
 from backends.engines.supervisor import Answered
@@ -29,6 +29,7 @@ class PoolBuilder:
     def __init__(self, settings: Settings, client: EngineClient) -> None:
         self._settings = settings
         self._client = client
+        self.on_probe_error: ProbeErrorHook | None = None  # read at each error, so it may be set after a build
         registry = os.environ.get(REGISTRY_ENV)
         self.registry = Path(registry) if registry and not settings.start_engines else None
 
@@ -52,7 +53,12 @@ class PoolBuilder:
         return Pool(name, self.static_urls(name, spec) if urls is None else urls, self._client,
                     probe_interval_s=self._settings.probe_interval_s, health_path=health,
                     headers=api_key_headers(name, spec), breaker=breaker, connection=connection,
-                    version=pool_version(spec), weights=choice_weights(spec))
+                    version=pool_version(spec), weights=choice_weights(spec),
+                    on_probe_error=self._probe_error)
+
+    def _probe_error(self, pool: str, error: str) -> None:
+        if self.on_probe_error is not None:
+            self.on_probe_error(pool, error)
 
 
 def choice_weights(spec: LocalPool | RemotePool) -> ChoiceWeights:

@@ -16,14 +16,14 @@ reads from `apply` down.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
-from backends.clients.pool import Pool
+from backends.background import cancel_once, close_each
+from backends.clients.pool import Pool, ProbeErrorHook
 from backends.clients.shared import EngineClient
 from backends.engines.registry import published
 from backends.engines.supervisor import EngineSupervisor, RestartHook
@@ -52,13 +52,15 @@ class PoolSet:
 
     def __init__(self, settings: Settings, client: EngineClient, progress: Callable[[str], None] | None = None,
                  drain_grace_s: float = 60.0, elsewhere: Callable[[str, float], int] | None = None,
-                 drain_floor_s: float = 0.0,
+                 drain_floor_s: float = 0.0, traces_to: str | None = None,
                  supervisor: Callable[..., EngineSupervisor] | None = None) -> None:
         """`elsewhere(url, since)`: what other processes hold of the replica at `url` (the workers of `--workers N`,
         for the parent that runs their engines and serves nothing itself: their requests in flight to it, and the
         workers that have not shown since `since` that they stopped routing to it, `draining.Drainer`); a replica
         drains until that is 0 too, and not before `drain_floor_s`.
-        `supervisor`: how engine supervisors are made (default `EngineSupervisor`)."""
+        `supervisor`: how engine supervisors are made (default `EngineSupervisor`); `traces_to`: where local engines
+        export their own spans (`backends.engines.args.otlp_traces_endpoint`; None: they do not)."""
+        self._traces_to = traces_to
         self._drainer = Drainer(drain_grace_s, drain_floor_s, elsewhere)
         self._make_supervisor = supervisor
         self._settings = settings
@@ -113,6 +115,10 @@ class PoolSet:
     def retire_later(self, name: str, pool: Pool, sup: EngineSupervisor | None) -> None:
         """Drain `pool` (out of routing already), then stop it and `sup`'s engines, in the background."""
         self.spawn(self._drainer.retire(name, pool, sup), f"retire:{name}")
+
+    def on_probe_error(self, hook: ProbeErrorHook) -> None:
+        """Tell `hook` of every pool's probe errors from now on, the pools built already included."""
+        self._builder.on_probe_error = hook
 
     def build_pool(self, name: str, spec: LocalPool | RemotePool, urls: list[str] | None = None) -> Pool:
         """A `Pool` of `spec`'s replicas (`urls`: these instead), not started (`PoolBuilder.build`)."""
@@ -201,7 +207,7 @@ class PoolSet:
         factory = self._make_supervisor or EngineSupervisor
         sup = factory(name, spec.engine, home=self._settings.home, progress=self._progress,
                                on_restart=self._engine_restarted, answered=last_answer(pool), on_urls=moved,
-                               generation=generation, start_on=start_on)
+                               generation=generation, start_on=start_on, traces_to=self._traces_to)
         return sup
 
     async def _launch(self, name: str, spec: LocalPool, pool: Pool) -> float:
@@ -375,16 +381,19 @@ class PoolSet:
             self.remove(name)
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for pool in [*self.pools.values(), *(c.pool for c in self.canaries.values())]:
-            await pool.aclose()
-        for sup in [*self.supervisors.values(), *self._canaries.supervisors()]:
-            await sup.aclose()
+        """Stop the set's tasks (a pool being drained is closed, its engines stopped), then close every pool and
+        stop every supervisor's engines, each whatever the others do: a failure is logged with its pool (and the
+        supervisor logs each replica it could not stop), never raised."""
+        await cancel_once(list(self._tasks), log)  # once: a retiring pool's engines are stopped in its task
+        pools = [(f"pool {name}", pool.aclose) for name, pool in self.pools.items()]
+        pools += [(f"the canary of pool {name}", c.pool.aclose) for name, c in self.canaries.items()]
+        await close_each(pools, log)
+        sups = [(f"the engines of pool {name}", sup.aclose) for name, sup in self.supervisors.items()]
+        sups += [(f"the engines of a canary of pool {sup.pool}", sup.aclose) for sup in self._canaries.supervisors()]
+        await close_each(sups, log)
 
 
 def _runtime(spec: LocalPool | RemotePool) -> dict[str, object]:
     """What the pool's engines and replicas are built from (not its price or description)."""
-    return spec.model_dump(exclude={"price", "description", "max_quant_loss", "canary", "replica_choice"})
+    return spec.model_dump(exclude={"price", "description", "max_quant_loss", "canary", "provider",
+                                    "replica_choice"})

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gateway.costs.report import usd
+from gateway.costs.report import CostReport, usd
 from gateway.ledger.keys import LedgerKeys
 
 __all__ = ["KeyRow", "load_key_rows", "render_keys"]
@@ -67,22 +67,23 @@ async def load_key_rows(client: Any, keys: LedgerKeys, start: date, end: date) -
     return sorted(rows.values(), key=lambda r: (-r.cost_micro_usd, r.tenant, r.key_id))
 
 
-def render_keys(rows: Sequence[KeyRow], start: date, end: date, fmt: str) -> str:
-    """`rows` as a table, CSV or JSON (`fmt`); html is not offered for keys."""
+def render_keys(rows: Sequence[KeyRow], report: CostReport, fmt: str) -> str:
+    """`rows` as CSV or JSON (`fmt`), with a "(no key id)" row for the records without a key and the TOTAL of
+    `report` (the same rows as the table, `gateway.costs.view`); money as micro-USD and USD strings."""
+    from gateway.costs.view import NO_KEY, key_notes
+
     data = [row.fields() for row in rows]
+    total = report.total().counters
+    rest = KeyRow("-", NO_KEY, *(getattr(total, name) - sum(getattr(r, name) for r in rows) for name in _FIELDS))
+    if rest.requests > 0:
+        data.append(rest.fields())
+    whole = KeyRow("", "TOTAL", *(getattr(total, name) for name in _FIELDS)).fields()
     if fmt == "json":
-        return orjson.dumps({"from": str(start), "to": str(end), "by": "key", "rows": data},
+        return orjson.dumps({"from": str(report.start), "to": str(report.end), "by": "key", "prefix": report.prefix,
+                             "rows": data, "total": whole, "notes": key_notes(rows)},
                             option=orjson.OPT_INDENT_2).decode() + "\n"
-    if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(KeyRow("", "").fields()), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(data)
-        return buf.getvalue()
-    columns = ["tenant", "key_id", "requests", "prompt_tokens", "completion_tokens", "cost_usd"]
-    cells = [columns, *([str(row[c]) for c in columns] for row in data)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
-             for line in cells]
-    title = f"spend per API key, {start} .. {end} (UTC)"
-    return "\n".join([title, *lines, *([] if data else ["(no requests with a key id)"])]) + "\n"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(KeyRow("", "").fields()), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows([*data, whole])
+    return buf.getvalue()

@@ -2,7 +2,11 @@
 
 `register(subparsers)` adds the `costs` command to the `cascade` parser; each leaf sets
 `func(args) -> int` (the exit code). Exit codes: 0 fine, 1 `verify` found differences, 2 usage error or
-Redis unreachable (one line on stderr, no traceback).
+Redis unreachable (one line on stderr, no traceback). A report with no record under its prefix is written as
+such (its summary says what to check) and also said in one line on stderr; it exits 0.
+
+The ledger prefix is `--prefix`, else $CASCADE_REDIS_PREFIX, else `cascade:` (the gateway's own default); the
+report names the prefix it read.
 """
 
 from __future__ import annotations
@@ -10,11 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.cli.output import write_output
 from gateway.costs.html import render_html
@@ -25,26 +29,39 @@ from gateway.costs.report import (
     load_report,
     render_csv,
     render_json,
-    render_table,
     verify,
 )
+from gateway.costs.summary import empty_lines
+from gateway.costs.view import render_text
 from gateway.ledger.store import LedgerKeys
-from gateway.redis_client import run_with_redis
+from gateway.redis_client import run_with_redis, safe_url
 
-__all__ = ["print_report", "register", "render", "write_report"]
+if TYPE_CHECKING:
+    from gateway.costs.by_key import KeyRow
+
+__all__ = ["DEFAULT_PREFIX", "print_report", "register", "render", "write_report"]
 
 _MAX_DAYS = 3660
-_RENDERERS: dict[str, Callable[[CostReport, str], str]] = {
-    "table": render_table,
-    "csv": render_csv,
-    "json": render_json,
-    "html": render_html,
-}
+DEFAULT_PREFIX = "cascade:"
+FORMATS = ("csv", "html", "json", "table")
 
 
-def render(report: CostReport, by: str, fmt: str) -> str:
-    """`report` grouped by `by` in format `fmt` (table, csv, json or html)."""
-    return _RENDERERS[fmt](report, by)
+def render(report: CostReport, by: str, fmt: str, wide: bool = False,
+           key_rows: Sequence[KeyRow] | None = None) -> str:
+    """`report` grouped by `by` in format `fmt` (table, csv, json or html); `wide`: every column (table, html);
+    `key_rows` are the rows of `by="key"` (`gateway.costs.by_key`)."""
+    if by == "key":
+        from gateway.costs.by_key import render_keys
+
+        if fmt in ("csv", "json"):
+            return render_keys(key_rows or [], report, fmt)
+    elif fmt == "csv":
+        return render_csv(report, by)
+    elif fmt == "json":
+        return render_json(report, by)
+    if fmt == "html":
+        return render_html(report, by, wide, key_rows)
+    return render_text(report, by, wide, key_rows)
 
 
 def register(subparsers: Any) -> None:
@@ -54,8 +71,10 @@ def register(subparsers: Any) -> None:
     report = leaves.add_parser("report", help="tokens, cost and savings for a UTC date range")
     _common(report)
     report.add_argument("--by", choices=(*GROUPINGS, "key"), default="tenant",
-                        help="key: spend per API key (table, csv or json)")
-    report.add_argument("--format", choices=sorted(_RENDERERS), default="table")
+                        help="the rows: per tenant, pool, model, UTC day, endpoint or API key (default: tenant)")
+    report.add_argument("--format", choices=FORMATS, default="table")
+    report.add_argument("--wide", action="store_true", help="every column (tokens, cache, checks, each pool's "
+                        "share) and exact micro-USD amounts; the default view fits 100 columns")
     report.add_argument("--out", type=Path, help="write here instead of stdout")
     report.add_argument("--policy", type=Path, help="policy naming the micro and flagship pools, for the quality "
                         "kept, and the prices stated under the table (default: the demo policy)")
@@ -82,7 +101,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
         help="default: $CASCADE_REDIS_URL or redis://127.0.0.1:6379/0",
     )
-    parser.add_argument("--prefix", default="cascade:", help="ledger key prefix (default: cascade:)")
+    parser.add_argument("--prefix", default=os.environ.get("CASCADE_REDIS_PREFIX") or DEFAULT_PREFIX,
+                        help="the gateway's ledger key prefix (default: $CASCADE_REDIS_PREFIX or cascade:; the "
+                        "quick start writes under cascade-demo:)")
 
 
 def _day(text: str) -> date:
@@ -93,48 +114,41 @@ def _day(text: str) -> date:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    if args.by == "key":
-        return _write_key_report(args)
     return write_report(args.redis_url, args.prefix, args.start, args.end, by=args.by, fmt=args.format,
-                        out=args.out, policy=args.policy, artifact=args.artifact)
+                        out=args.out, policy=args.policy, artifact=args.artifact, wide=args.wide)
 
 
 def write_report(redis_url: str, prefix: str, start: date, end: date, *, by: str = "tenant", fmt: str = "table",
-                 out: Path | None = None, policy: Path | None = None, artifact: Path | None = None) -> int:
+                 out: Path | None = None, policy: Path | None = None, artifact: Path | None = None,
+                 wide: bool = False) -> int:
     """`cascade costs report`: the ledger under `prefix` from UTC day `start` to `end` (both included), grouped
     by `by` in format `fmt`, with the quality kept estimated from `policy` (default: the demo policy) and
     `artifact` (default: the shipped router's), written to `out` or stdout. Returns the exit code: 0, or 2
     after one line on stderr (a bad range, Redis unreachable)."""
     if (code := _check_range(start, end)) is not None:
         return code
-    keys = LedgerKeys(prefix)
-    report = run_with_redis(redis_url, "cascade costs", lambda client: load_report(client, keys, start, end))
-    if report is None:
+    loaded = run_with_redis(redis_url, "cascade costs", lambda client: _load(client, prefix, start, end, by))
+    if loaded is None:
         return 2
-    text = render(_with_policy_figures(report, redis_url, prefix, policy, artifact), by, fmt)
+    report, key_rows = loaded
+    report = replace(report, source=safe_url(redis_url))
+    if not report.cells:
+        print("cascade costs: " + " ".join(empty_lines(report)), file=sys.stderr)
+    text = render(_with_policy_figures(report, redis_url, prefix, policy, artifact), by, fmt, wide, key_rows)
     write_output(text, out)
     return 0
 
 
-def _write_key_report(args: argparse.Namespace) -> int:
-    """`cascade costs report --by key` (`gateway.costs.by_key`)."""
-    from gateway.costs.by_key import load_key_rows, render_keys
+async def _load(client: Any, prefix: str, start: date, end: date, by: str) -> tuple[CostReport, list[KeyRow]]:
+    """The report's rollups and, for `by="key"`, the per-key counters."""
+    from gateway.costs.by_key import load_key_rows
 
-    if (code := _check_range(args.start, args.end)) is not None:
-        return code
-    if args.format == "html":
-        print("cascade costs: --by key comes as table, csv or json", file=sys.stderr)
-        return 2
-    keys = LedgerKeys(args.prefix)
-    rows = run_with_redis(args.redis_url, "cascade costs",
-                          lambda client: load_key_rows(client, keys, args.start, args.end))
-    if rows is None:
-        return 2
-    write_output(render_keys(rows, args.start, args.end, args.format), args.out)
-    return 0
+    keys = LedgerKeys(prefix)
+    report = await load_report(client, keys, start, end)
+    return report, (await load_key_rows(client, keys, start, end) if by == "key" else [])
 
 
-def print_report(redis_url: str, by: str = "tenant", days: int = 7, prefix: str = "cascade:") -> int:
+def print_report(redis_url: str, by: str = "tenant", days: int = 7, prefix: str = DEFAULT_PREFIX) -> int:
     """Print the table report of the last `days` UTC days (today included), as `cascade costs report` does."""
     end = datetime.now(UTC).date()
     return write_report(redis_url, prefix, end - timedelta(days=days - 1), end, by=by)

@@ -8,9 +8,15 @@ The markup is well-formed XML (XHTML syntax) so it can be checked by any XML par
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
+from typing import TYPE_CHECKING
 
-from gateway.costs.report import TABLE_COLUMNS, CostReport, Counters, display, pct, row_fields, usd
+from gateway.costs.report import CostReport, Counters, pct, usd
+from gateway.costs.view import ReportView, report_view
+
+if TYPE_CHECKING:
+    from gateway.costs.by_key import KeyRow
 
 __all__ = ["render_html"]
 
@@ -36,29 +42,38 @@ tr.total td{font-weight:600;border-top:2px solid #9aa5b1}
 """
 
 
-def render_html(report: CostReport, by: str) -> str:
-    """The whole page for `report`, with the table grouped by `by`."""
+def render_html(report: CostReport, by: str, wide: bool = False, key_rows: Sequence[KeyRow] | None = None) -> str:
+    """The whole page for `report`, with the table grouped by `by`: the same summary, cells and notes as the text
+    report (`gateway.costs.view`), then the charts."""
+    view = report_view(report, by, wide, key_rows)
     total = report.total().counters
     title = f"Cascade costs {report.start.isoformat()} to {report.end.isoformat()}"
     parts = [
         '<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8" />',
         '<meta name="viewport" content="width=device-width, initial-scale=1" />',
         f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>",
-        f'<h1>Cascade costs</h1><p class="sub">{escape(report.start.isoformat())} to '
-        f"{escape(report.end.isoformat())} (UTC days) · table grouped by {escape(by)}</p>",
+        f'<h1>Cascade costs</h1><p class="sub">{escape(" ".join(view.header[1:]))} '
+        f"{escape(report.start.isoformat())} to {escape(report.end.isoformat())} (UTC days) · table grouped by "
+        f"{escape(by)}</p>",
+        _paragraphs("Summary", view.summary, "summary"),
+        _section(f"By {by}", _table(view)),
         _cards(total),
         *([] if report.quality is None else [_quality(report.quality.lines())]),
         *([] if report.prices is None else [_prices(report.prices.lines())]),
         _section("Spend per day, stacked by pool", _spend_chart(report)),
         _section("Savings over time (flagship counterfactual vs. actual spend)", _savings_chart(report)),
         _section("Top tenants by spend", _tenants_chart(report)),
-        _section(f"By {by}", _table(report, by)),
         "<footer>All amounts in USD, computed from integer micro-USD rollups. Savings = cost had every "
         "request run on the flagship pool at its prices, minus actual cost. % &lt;pool&gt; = share of the requests "
         "routed to that pool.</footer>",
         "</main></body></html>\n",
     ]
     return "\n".join(parts)
+
+
+def _paragraphs(title: str, lines: list[str], css: str) -> str:
+    items = "".join(f"<p>{escape(line)}</p>" for line in lines)
+    return f'<section class="{css}"><h2>{escape(title)}</h2>{items}</section>'
 
 
 def _quality(lines: list[str]) -> str:
@@ -230,15 +245,15 @@ def _tenants_chart(report: CostReport, limit: int = 10) -> str:
     return svg + _legend([("actual spend", "#4c78a8"), ("cost if all on flagship", "#e4e7eb")])
 
 
-def _table(report: CostReport, by: str) -> str:
-    pools = report.pools
-    columns = [("key", by), *TABLE_COLUMNS, *((f"share_{p}", f"% {p}") for p in pools)]
-    head = "".join(f"<th>{escape(title)}</th>" for _, title in columns)
+def _table(view: ReportView) -> str:
+    """The text report's table (`view.cells`: titles, rows, TOTAL) and its notes."""
+    head = "".join(f"<th>{escape(title)}</th>" for title in view.cells[0])
 
-    def tr(row: dict[str, object], css: str = "") -> str:
-        cells = "".join(f"<td>{escape(display(row[k]))}</td>" for k, _ in columns)
-        return f'<tr class="{css}">{cells}</tr>' if css else f"<tr>{cells}</tr>"
+    def tr(cells: list[str], css: str = "") -> str:
+        tds = "".join(f"<td>{escape(cell)}</td>" for cell in cells)
+        return f'<tr class="{css}">{tds}</tr>' if css else f"<tr>{tds}</tr>"
 
-    body = "".join(tr(row_fields(r, pools)) for r in report.rows(by))
-    total = tr(row_fields(report.total(), pools), "total")
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}{total}</tbody></table></div>'
+    body = "".join(tr(cells) for cells in view.cells[1:-1])
+    notes = "".join(f'<p class="note">{escape(note)}</p>' for note in view.notes)
+    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}{tr(view.cells[-1], "total")}'
+            f"</tbody></table></div>{notes}")

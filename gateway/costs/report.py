@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GROUPINGS",
-    "TABLE_COLUMNS",
     "Cell",
     "CostReport",
     "Counters",
@@ -207,18 +206,23 @@ def days_between(start: date, end: date) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class CostReport:
-    """The day rollups of `start..end` (inclusive, UTC), the quality routing kept (`gateway.costs.quality`,
-    shown beside the savings when set) and the rates the costs were derived from (`gateway.costs.prices`)."""
+    """The day rollups of `start..end` (inclusive, UTC) under a ledger prefix, the quality routing kept
+    (`gateway.costs.quality`, shown beside the savings when set) and the rates the costs were derived from
+    (`gateway.costs.prices`)."""
 
     start: date
     end: date
     cells: tuple[Cell, ...]
     quality: QualityEstimate | None = None
     prices: PriceBasis | None = None
+    prefix: str | None = None  # the ledger key prefix the cells were read under (`load_report`)
+    source: str | None = None  # where that ledger is, for people (a Redis URL without credentials)
+    flagship_pool: str | None = None  # the policy's flagship (`with_prices`)
 
     def with_prices(self, policy: Policy, source: str) -> CostReport:
         """This report stating the rates of its pools and the flagship in `policy` (read from `source`)."""
-        return replace(self, prices=price_basis(self.pools, policy, source))
+        flagship = policy.routing.flagship_pool
+        return replace(self, prices=price_basis(self.pools, policy, source), flagship_pool=flagship)
 
     @property
     def pools(self) -> list[str]:
@@ -285,7 +289,7 @@ async def load_report(client: Redis, keys: LedgerKeys, start: date, end: date) -
     for found, counters in await _read_hashes(client, await rollup_keys(client, keys, days_between(start, end))):
         merged[(found.day, found.member)] = merged.get((found.day, found.member), Counters()) + counters
     cells = [Cell(day, *_triple(member), counters) for (day, member), counters in merged.items()]
-    return CostReport(start, end, tuple(cells))
+    return CostReport(start, end, tuple(cells), prefix=keys.prefix)
 
 
 def _triple(member: str) -> tuple[str, str, str]:
@@ -313,6 +317,7 @@ def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
         **{f.name: getattr(c, f.name) for f in fields(c)},
         "total_tokens": c.total_tokens,
         "cost_usd": usd(c.cost_micro_usd),
+        "cost_per_1k_tokens_micro_usd": per_1k,
         "cost_per_1k_tokens_usd": None if per_1k is None else usd(per_1k),
         "flagship_cost_usd": usd(c.flagship_cost_micro_usd),
         "savings_micro_usd": c.savings_micro_usd,
@@ -328,16 +333,21 @@ def row_fields(row: ReportRow, pools: list[str]) -> dict[str, Any]:
 
 
 def render_json(report: CostReport, by: str) -> str:
-    """JSON document: range, grouping, pools, rows and the total row (see `row_fields`)."""
+    """JSON document: range, grouping, prefix, pools, rows and the total row (see `row_fields`), the summary's
+    sentences (`gateway.costs.summary`), the quality and the prices."""
+    from gateway.costs.summary import summary_lines
+
     pools = report.pools
     doc = {
         "from": report.start.isoformat(),
         "to": report.end.isoformat(),
         "by": by,
+        "prefix": report.prefix,
         "currency": "USD",
         "pools": pools,
         "rows": [row_fields(r, pools) for r in report.rows(by)],
         "total": row_fields(report.total(), pools),
+        "summary": summary_lines(report),
         "quality": None if report.quality is None else report.quality.fields(),
         "prices": None if report.prices is None else report.prices.fields(),
     }
@@ -356,41 +366,11 @@ def render_csv(report: CostReport, by: str) -> str:
     return buf.getvalue().replace("key", by, 1)
 
 
-TABLE_COLUMNS = (
-    ("requests", "requests"),
-    ("prompt_tokens", "prompt tok"),
-    ("completion_tokens", "compl tok"),
-    ("total_tokens", "total tok"),
-    ("cost_usd", "cost USD"),
-    ("cost_per_1k_tokens_usd", "USD/1k tok"),
-    ("flagship_cost_usd", "flagship USD"),
-    ("savings_usd", "savings USD"),
-    ("savings_pct", "savings"),
-    ("cache_hit_rate", "cache hits"),
-    ("cache_avoided_usd", "cache saved USD"),
-    ("output_check_failure_rate", "checks failed"),
-)
+def render_table(report: CostReport, by: str, wide: bool = False) -> str:
+    """The text report (`gateway.costs.view.render_text`): summary, the table and its TOTAL, the notes."""
+    from gateway.costs.view import render_text
 
-
-def render_table(report: CostReport, by: str) -> str:
-    """Aligned plain text: one line per group, a rule, the TOTAL line; numbers right-aligned."""
-    pools = report.pools
-    columns = [("key", by), *TABLE_COLUMNS, *((f"share_{p}", f"% {p}") for p in pools)]
-    body = [row_fields(r, pools) for r in report.rows(by)]
-    total = row_fields(report.total(), pools)
-    cells = [[display(r[k]) for k, _ in columns] for r in [*body, total]]
-    widths = [max(len(title), *(len(row[i]) for row in cells)) for i, (_, title) in enumerate(columns)]
-
-    def line(values: list[str]) -> str:
-        first = values[0].ljust(widths[0])
-        return "  ".join([first, *(v.rjust(w) for v, w in zip(values[1:], widths[1:], strict=True))])
-
-    header = f"Costs {report.start.isoformat()} .. {report.end.isoformat()} (UTC) by {by}"
-    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
-    lines = [header, "", line([t for _, t in columns]), rule, *(line(c) for c in cells[:-1]), rule]
-    prices = [] if report.prices is None else ["", *report.prices.lines()]
-    quality = [] if report.quality is None else ["", *report.quality.lines()]
-    return "\n".join([*lines, line(cells[-1]), *prices, *quality]) + "\n"
+    return render_text(report, by, wide)
 
 
 @dataclass(frozen=True, slots=True)

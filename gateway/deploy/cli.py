@@ -1,4 +1,5 @@
-"""`cascade deploy render --values deploy/k8s/values.yaml [--out FILE]`: the Kubernetes manifests.
+"""`cascade deploy render --values deploy/k8s/values.yaml [--policy FILE] [--image-registry REGISTRY] [--out FILE]`:
+the Kubernetes manifests.
 
 Exit codes: 0 rendered, 1 a bad values file or policy (every problem on stderr).
 """
@@ -19,7 +20,8 @@ def _render(args: argparse.Namespace) -> int:
     from gateway.deploy.k8s_values import ValuesError
 
     try:
-        text = to_yaml(render_file(Path(args.values)))
+        policy = Path(args.policy) if args.policy else None
+        text = to_yaml(render_file(Path(args.values), policy=policy, registry=args.image_registry))
     except ValuesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -37,5 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "vLLM StatefulSet per local pool of the policy the values file names. Nothing is applied.",
     )
     render.add_argument("--values", default="deploy/k8s/values.yaml", help="values YAML (default: %(default)s)")
+    render.add_argument("--policy", metavar="FILE", help="the policy to render (default: the one the values file "
+                        "names)")
+    render.add_argument("--image-registry", metavar="REGISTRY", help="where the project's images were pushed "
+                        "(scripts/build_image.sh, then push): replaces images.registry of the values file")
     render.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     render.set_defaults(func=_render)

@@ -9,8 +9,12 @@ What comes out (names prefixed with `values.name`):
 - per local pool, a vLLM StatefulSet (the engine arguments of `backends.engines.args.engine_command`, GPUs
   = tensor x pipeline parallel size, startup/readiness/liveness probes on `/health`, a model-cache PVC);
 - Redis as a StatefulSet with an append-only file on a PVC, and its Service;
-- the gateway Deployment (readiness `/readyz`, liveness `/healthz`, keys from a Secret ops create), its
-  Service, a PodDisruptionBudget and an autoscaling/v2 HPA on in-flight requests per pod.
+- the gateway Deployment (readiness `/readyz`, liveness `/healthz`, keys from a Secret ops create: required unless
+  `gateway.secret_optional`), its Service, a PodDisruptionBudget and an autoscaling/v2 HPA on in-flight requests
+  per pod.
+
+Every container names an image a cluster can pull (`gateway.deploy.k8s_images`): the project's own, under the
+registry they were pushed to, or the ones the values name; a local-only or unpinned tag fails the render.
 """
 
 from __future__ import annotations
@@ -25,19 +29,22 @@ import yaml
 
 from backends.engines.args import engine_command, engine_env
 from gateway.deploy.k8s_autoscale import engine_hpa, pods_listed
+from gateway.deploy.k8s_images import ENGINE_PACKAGES, NO_IMAGES, engine_image, gateway_image, image_problem
 from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_values
 from policies.loader import PolicyError, load_policy, parse_policy
 from policies.pools import as_remote_pool, engine_version
 from policies.schema import LocalPool, Policy
 from policies.speculative import DraftSpeculation
 
-__all__ = ["Manifest", "cluster_policy", "engine_name", "gpus_per_pod", "render", "render_file", "to_yaml"]
+__all__ = ["Manifest", "check_images", "cluster_policy", "engine_name", "gpus_per_pod", "render", "render_file",
+           "to_yaml"]
 
 Manifest = dict[str, Any]
 POLICY_DIR = "/etc/cascade"
 STATE_DIR = "/var/lib/cascade"
 _DEMO = "demo:"
 _OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_IMAGE_USER = 10001  # the project image's user (deploy/Dockerfile): owns the volumes it writes
 
 
 def _dns(text: str) -> str:
@@ -98,23 +105,38 @@ def _engine_args(values: Values, pool: str, spec: LocalPool) -> list[str]:
     return args
 
 
+def _on_gpus(values: Values) -> bool:
+    return values.images.engine_variant == "cuda"
+
+
 def _engine_resources(values: Values, pool: str, gpus: int) -> dict[str, Any]:
+    """A replica's resources: the pool's override, else per GPU; GPUs only for the cuda variant."""
     override = values.engines.pools.get(pool)
     if override is not None and override.resources is not None:
         res = _resources(override.resources)
-        res.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
+        if _on_gpus(values):
+            res.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
         return res
     cpu, mem = values.engines.cpu_per_gpu * gpus, values.engines.memory_gib_per_gpu * gpus
-    return {"requests": {"cpu": str(cpu), "memory": f"{mem}Gi", "nvidia.com/gpu": str(gpus)},
-            "limits": {"memory": f"{mem}Gi", "nvidia.com/gpu": str(gpus)}}
+    gpu = {"nvidia.com/gpu": str(gpus)} if _on_gpus(values) else {}
+    return {"requests": {"cpu": str(cpu), "memory": f"{mem}Gi", **gpu}, "limits": {"memory": f"{mem}Gi", **gpu}}
 
 
 def _engine_env(values: Values, spec: LocalPool) -> list[dict[str, Any]]:
-    # the supervisor's variables (KV space, Ray address, the policy's env), but a cluster downloads models
+    # the supervisor's variables (KV space, Ray address, the policy's env), but a cluster downloads models: the
+    # image is built offline (HF_HUB_OFFLINE=1), so online unless the policy's env says otherwise
     env = {k: v for k, v in engine_env(spec.engine).items() if k not in _OFFLINE or k in spec.engine.env}
-    items: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in ({"HF_HOME": "/models"} | env).items()]
-    ref = {"name": values.gateway.secret_name, "key": values.engines.hf_token_key, "optional": True}
-    return [*items, {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
+    online = {k: "0" for k in _OFFLINE if k not in env}
+    items: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in ({"HF_HOME": "/models"} | online | env).items()]
+    if values.engines.hf_token_key is None:
+        return items
+    return [*items, _secret_env(values, "HF_TOKEN", values.engines.hf_token_key)]
+
+
+def _secret_env(values: Values, name: str, key: str) -> dict[str, Any]:
+    """`name` from the Secret's `key`: required (a missing one stops the pod) unless `gateway.secret_optional`."""
+    ref = {"name": values.gateway.secret_name, "key": key, "optional": values.gateway.secret_optional}
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
 
 
 def gpus_per_pod(spec: LocalPool) -> int:
@@ -130,7 +152,7 @@ def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
     gpus = gpus_per_pod(spec)
     labels = _labels(values, "engine", **{"cascade/pool": _dns(pool), "cascade/version": engine_version(spec.engine)})
     container = {
-        "name": "vllm", "image": eng.image, "imagePullPolicy": eng.image_pull_policy,
+        "name": "vllm", "image": _engine_image(values), "imagePullPolicy": eng.image_pull_policy,
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": _engine_args(values, pool, spec),
         "env": _engine_env(values, spec), "ports": [{"name": "http", "containerPort": eng.port}],
         "resources": _engine_resources(values, pool, gpus),
@@ -142,9 +164,12 @@ def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
     override = eng.pools.get(pool)
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        # the image runs as its own user; the model cache's volume is made writable for it
+        "securityContext": {"runAsNonRoot": True, "runAsUser": _IMAGE_USER, "fsGroup": _IMAGE_USER},
         "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": eng.shm_size}}],
     }
+    if _on_gpus(values):
+        pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     if override is not None and override.node_selector:
         pod_spec["nodeSelector"] = dict(override.node_selector)
     service = {
@@ -154,7 +179,7 @@ def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
     }
     sts = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": _meta(values, name, labels, annotations={"cascade/description": spec.description}),
+        "metadata": _meta(values, name, labels, annotations=_engine_annotations(values, spec)),
         "spec": {"serviceName": name, "replicas": spec.engine.replicas, "podManagementPolicy": "Parallel",
                  "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels}, "spec": pod_spec},
@@ -162,6 +187,42 @@ def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
     }
     hpa = engine_hpa(name, _meta(values, name, labels), spec)
     return [service, sts] if hpa is None else [service, sts, hpa]
+
+
+def _engine_annotations(values: Values, spec: LocalPool) -> dict[str, str]:
+    notes = {"cascade/description": spec.description}
+    if values.engines.image is None:  # the project's own image: the engine it pins
+        notes["cascade/engine-package"] = ENGINE_PACKAGES[values.images.engine_variant]
+    return notes
+
+
+def _images(values: Values) -> tuple[str, str]:
+    """(the gateway's image, the engine pods' image): each named in the values, else the project's image under
+    `images.registry` (`gateway.deploy.k8s_images`). Raises ValuesError for one that is neither."""
+    images, registry = values.images, values.images.registry.strip()
+    gateway, engine = values.gateway.image, values.engines.image
+    if not registry and gateway is None:
+        raise ValuesError(NO_IMAGES)
+    gateway = gateway or gateway_image(registry, images.version)
+    return gateway, engine or (engine_image(registry, images.version, images.engine_variant) if registry else "")
+
+
+def _engine_image(values: Values) -> str:
+    if not (image := _images(values)[1]):
+        raise ValuesError(NO_IMAGES)
+    return image
+
+
+def check_images(manifests: Iterable[Manifest]) -> None:
+    """Raise ValuesError naming every container whose image a cluster could not pull (`image_problem`)."""
+    problems = []
+    for m in manifests:
+        pod = m.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []):
+            if (problem := image_problem(container["image"])) is not None:
+                problems.append(f"{m['kind']} {m['metadata']['name']}, container {container['name']}: {problem}")
+    if problems:
+        raise ValuesError("images a cluster cannot pull:\n  " + "\n  ".join(problems))
 
 
 def _claim(name: str, size: str, storage_class: str | None) -> dict[str, Any]:
@@ -198,10 +259,7 @@ def _gateway_env(values: Values, policy: Policy) -> list[dict[str, Any]]:
                                  {"name": "CASCADE_HOME", "value": STATE_DIR}]
     keys = ["CASCADE_ADMIN_KEY", *sorted({p.api_key_env for p in policy.pools.values()
                                           if not isinstance(p, LocalPool) and p.api_key_env})]
-    for key in keys:
-        ref = {"name": values.gateway.secret_name, "key": key, "optional": True}
-        env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
-    return env
+    return env + [_secret_env(values, key, key) for key in keys]
 
 
 def _gateway_deployment(values: Values, policy: Policy, labels: dict[str, str]) -> Manifest:
@@ -209,7 +267,8 @@ def _gateway_deployment(values: Values, policy: Policy, labels: dict[str, str]) 
     args = ["serve", "--policy", f"{POLICY_DIR}/policy.yaml", "--host", "0.0.0.0", "--port", str(g.port),
             "--no-engines", "--scorer", g.scorer, "--log-level", g.log_level, "--log-format", "json"]
     container = {
-        "name": "gateway", "image": g.image, "imagePullPolicy": g.image_pull_policy, "command": ["cascade"],
+        "name": "gateway", "image": _images(values)[0], "imagePullPolicy": g.image_pull_policy,
+        "command": ["cascade"],
         "args": args, "env": _gateway_env(values, policy), "ports": [{"name": "http", "containerPort": g.port}],
         "resources": _resources(g.resources),
         "readinessProbe": _http_probe("/readyz", g.port, 5, 2),
@@ -270,12 +329,15 @@ def render(values: Values, policy_path: Path) -> list[Manifest]:
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": values.namespace}}
     engines = [m for name, spec in loaded.policy.pools.items() if isinstance(spec, LocalPool)
                for m in _engine(values, name, spec)]
-    return [namespace, config, *_redis(values), *engines, *_gateway(values, loaded.policy)]
+    manifests = [namespace, config, *_redis(values), *engines, *_gateway(values, loaded.policy)]
+    check_images(manifests)
+    return manifests
 
 
-def render_file(values_path: Path) -> list[Manifest]:
-    """Load the values file (and the policy it names) and render. Raises ValuesError."""
-    values, policy_path = load_values(values_path)
+def render_file(values_path: Path, *, policy: Path | None = None, registry: str | None = None) -> list[Manifest]:
+    """Load the values file (and the policy it names, or `policy`) and render, with `registry` as
+    `images.registry` when given. Raises ValuesError."""
+    values, policy_path = load_values(values_path, policy=policy, registry=registry)
     return render(values, policy_path)
 
 

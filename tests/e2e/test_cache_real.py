@@ -108,7 +108,7 @@ def test_a_repeated_deterministic_request_is_a_cost_free_hit(gateway: str, prefi
     assert row.counters.cache_avoided_micro_usd == 2 * int(miss["cost_micro_usd"])
     fields = row_fields(row, report.pools)
     assert (fields["cache_hit_rate"], fields["cost_micro_usd"]) == ("66.7%", int(miss["cost_micro_usd"]))
-    table = render_table(report, "tenant")
+    table = render_table(report, "tenant", wide=True)
     assert "cache hits" in table and "66.7%" in table
     print(table)
 

@@ -1,10 +1,14 @@
-"""Replica probes: the pool's health path, with the pool's headers (a remote API's key)."""
+"""Replica probes: the pool's health path, with the pool's headers (a remote API's key); a probe that raises is
+counted and logged (rate-limited), and the pool's other replicas are probed all the same."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from backends.clients.pool import BUSY_GRACE_S, SLOW_PROBES_DOWN, Pool
+import pytest
+
+from backends.clients.pool import BUSY_GRACE_S, PROBE_ERROR_LOG_S, SLOW_PROBES_DOWN, Pool
 from backends.clients.shared import EngineTimeout, EngineUnavailable, Headers
 
 
@@ -111,3 +115,36 @@ def test_a_pool_moved_to_new_ports_serves_from_the_old_ones_until_the_new_ones_a
         assert chosen is not None and chosen.url == "http://new" and [r.url for r in pool.replicas] == ["http://new"]
 
     asyncio.run(scenario())
+
+
+class _BadMetrics:
+    """An engine client: every replica is healthy; `bad`'s /metrics is a page that cannot be parsed."""
+
+    def __init__(self, bad: str) -> None:
+        self.bad = bad
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        if url == self.bad + "/metrics":
+            return 'vllm:num_requests_waiting{engine="0"} 1.2.3\n'
+        if url.endswith("/metrics"):
+            return 'vllm:num_requests_waiting{engine="0"} 7\n'
+        return ""
+
+
+def test_a_probe_that_raises_is_counted_logged_at_most_once_a_minute_and_spares_the_other_replicas(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now, errors = [1000.0], []
+    pool = Pool("micro", ["http://good", "http://bad"], _BadMetrics("http://bad"),  # type: ignore[arg-type]
+                clock=lambda: now[0], on_probe_error=lambda *error: errors.append(error))
+    with caplog.at_level(logging.ERROR, logger="cascade.pool"):
+        for _ in range(3):
+            asyncio.run(pool.probe_once())  # raised out of the probe loop before, where it was swallowed
+            now[0] += 1.0
+        good, bad = pool.replicas
+        assert good.healthy and good.load.waiting == 7 and bad.load.waiting == 0  # the good one probed all the same
+        assert errors == [("micro", "ValueError")] * 3
+        assert len(caplog.records) == 1 and caplog.records[0].__dict__["replica"] == "http://bad"
+        now[0] += PROBE_ERROR_LOG_S
+        asyncio.run(pool.probe_once())
+    assert len(caplog.records) == 2 and caplog.records[1].__dict__["probe_errors"] == 3  # two held back, and this
+    assert caplog.records[1].exc_info is not None  # with its traceback

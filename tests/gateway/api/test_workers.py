@@ -135,6 +135,23 @@ def test_metrics_are_the_sum_over_both_workers_on_every_scrape(workers: Workers)
     assert scrapes == [sent] * 12
 
 
+def _file_matches(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=STALL_S).text
+    return {s.labels["worker"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "cascade_policy_file_matches"}
+
+
+def test_each_worker_answers_for_its_own_policy_reloads(workers: Workers) -> None:
+    seen: dict[str, dict[str, object]] = {}
+    deadline = time.monotonic() + STALL_S
+    while len(seen) < 2 and time.monotonic() < deadline:  # a new connection each: either worker answers
+        body = httpx.get(workers.url + "/readyz", timeout=STALL_S).json()
+        seen[body["worker"]] = body["policy"]
+    assert sorted(seen) == ["0", "1"] and all(policy["matches_file"] for policy in seen.values())
+    until(lambda: _file_matches(workers.url) == {"0": 1.0, "1": 1.0}, timeout=STALL_S,
+          describe=lambda: repr(_file_matches(workers.url)))
+
+
 def _scrape(url: str, name: str, label: str, value: str) -> float:
     """`name` summed over its series whose `label` is `value`, on one scrape of /metrics (a new connection: any
     worker answers)."""

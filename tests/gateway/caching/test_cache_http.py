@@ -135,8 +135,8 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
     assert total.cache_hits >= 2 and total.cache_misses >= 1
     assert total.cache_avoided_micro_usd == total.cache_hits * int(miss["cost_micro_usd"])
     fields = row_fields(report.total(), report.pools)
-    assert fields["cache_hit_rate"] != "-" and "cache hits" in render_table(report, "tenant")
-    page = render_html(report, "tenant")
+    assert fields["cache_hit_rate"] != "-" and "cache hits" in render_table(report, "tenant", wide=True)
+    page = render_html(report, "tenant", wide=True)
     assert "Cache hits" in page and "cache saved USD" in page and fields["cache_hit_rate"] in page
     assert _metric(gateway, "cascade_cache_lookups_total", tenant="cached", mode="exact", result="hit") >= 2
     assert _metric(gateway, "cascade_cache_avoided_micro_usd_total", tenant="cached", pool="micro") > 0

@@ -154,3 +154,38 @@ async def test_two_workers_share_one_window_in_redis(prefix: str) -> None:
         assert await client.llen(f"{prefix}routing:recent-scores") == 100  # capped at the window
     finally:
         await client.aclose()
+
+
+async def test_a_reload_switches_the_threshold_with_the_policy() -> None:
+    current = [SHARE]
+    live = LiveThreshold(MemoryWindow(), lambda: current[0])
+    _feed(live, [i / 100 for i in range(100)])
+    await live.refresh()
+    assert live.threshold(SHARE) == pytest.approx(0.75, abs=0.02)
+    tenth = _policy("{flagship_share: 0.1, window: 100, min_samples: 20, initial: 0.9}")
+    current[0] = tenth  # a reload, with no refresh since: the first request on it uses its own share already
+    assert live.threshold(tenth) == pytest.approx(0.9, abs=0.02)
+    assert live.state.threshold == live.threshold(tenth)
+    assert live.threshold(SHARE) == pytest.approx(0.75, abs=0.02)  # a request still in flight on the policy before
+    assert live.threshold(_policy("0.4")) is None  # a fixed threshold: the policy's own
+
+
+def test_where_the_threshold_in_use_came_from() -> None:
+    from policies.ladder import LadderState
+
+    live = LiveThreshold(MemoryWindow(), lambda: SHARE)
+    fresh = live.in_use(SHARE)
+    assert (fresh.value, fresh.source, fresh.samples) == (0.9, "initial", 0)
+    fixed = live.in_use(_policy("0.4"), LadderState(threshold=0.6, threshold_step="kv-high"))
+    assert (fixed.value, fixed.source, fixed.routing, fixed.routing_source) == (0.6, "ladder-raised", 0.4, "policy")
+    assert "ladder step 'kv-high' raised the routing threshold 0.4" in fixed.describe()
+    assert live.in_use(_policy("0.4"), LadderState(threshold=0.3, threshold_step="low")).source == "policy"
+
+
+async def test_share_held_once_the_window_holds_min_samples() -> None:
+    live = LiveThreshold(MemoryWindow(), lambda: SHARE)
+    _feed(live, [i / 100 for i in range(100)])
+    await live.refresh()
+    held = live.in_use(SHARE)
+    assert held.source == "share-held" and held.samples == 100 and held.value == live.threshold(SHARE)
+    assert "held to the flagship share over the 100 latest scores" in held.describe()

@@ -102,7 +102,7 @@ def _report(artifact: Path) -> CostReport:
 def test_every_format_shows_the_quality_line(artifact: Path) -> None:
     report = _report(artifact)
     kept = 1.5 * 63 / 123
-    table = render(report, "tenant", "table")
+    table = render(report, "tenant", "table", wide=True)  # wide: prose lines whole
     assert f"quality kept: ~{kept:.2f} of the micro->flagship gap (router eval curve: LOSO eval, realised " \
            "flagship share 51%" in table
     doc = json.loads(render(report, "tenant", "json"))
@@ -136,7 +136,7 @@ def test_cli_report_shows_quality_from_the_ledger(recorded: list[CostRecord], pr
     policy.write_text(policy_yaml("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"))
     out = tmp_path / "report.txt"
     assert run_cli("costs", "report", "--from", "2026-01-01", "--to", "2026-01-04", "--prefix", prefix,
-                   "--policy", str(policy), "--artifact", str(artifact), "--out", str(out)) == 0
+                   "--policy", str(policy), "--artifact", str(artifact), "--out", str(out), "--wide") == 0
     flagship = sum(r.pool == "flagship" for r in recorded) / len(recorded)
     assert flagship > 0
     assert f"quality kept: ~{1.5 * flagship:.2f} of the micro->flagship gap" in out.read_text()

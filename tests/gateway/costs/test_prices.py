@@ -61,10 +61,10 @@ def _report() -> CostReport:
 
 def test_the_table_json_and_html_state_the_rates_under_the_figures() -> None:
     report = _report().with_prices(load_policy(GPU).policy, "policies/gpu.yaml")
-    table = render_table(report, "pool").splitlines()
+    table = render_table(report, "pool", wide=True).splitlines()
     below = table[next(i for i, line in enumerate(table) if line.startswith("TOTAL")) + 1:]
-    assert below[1].startswith("prices the costs were derived from (policy policies/gpu.yaml;")
-    assert below[2:5] == [f"  {MICRO_LINE}", "  retired: not in the policy, price unknown",
+    assert below[4].startswith("prices the costs were derived from (policy policies/gpu.yaml;")
+    assert below[5:8] == [f"  {MICRO_LINE}", "  retired: not in the policy, price unknown",
                           "  flagship: $5.00/GPU-h, prefill 16,000 tok/s -> $0.0868/M prompt tokens, decode 1,800 "
                           "tok/s -> $0.772/M completion tokens [flagship: the savings column prices the same tokens "
                           "at these rates]"]
@@ -107,11 +107,11 @@ def test_the_cli_report_states_the_policys_rates(prefix: str, tmp_path: Path,
 
     asyncio.run(write())
     argv = ["costs", "report", "--from", "2026-01-01", "--to", "2026-01-02", "--by", "pool", "--prefix", prefix]
-    assert _run_cli(*argv, "--policy", str(GPU)) == 0
+    assert _run_cli(*argv, "--policy", str(GPU), "--wide") == 0
     out = capsys.readouterr().out
     assert f"prices the costs were derived from (policy {GPU};" in out and f"  {MICRO_LINE}\n" in out
     broken = tmp_path / "broken.yaml"
     broken.write_text(GPU.read_text().replace("prefill_tokens_per_second: 24000, ", "", 1))
-    assert _run_cli(*argv, "--policy", str(broken)) == 0  # the report itself still comes out
+    assert _run_cli(*argv, "--policy", str(broken), "--wide") == 0  # the report itself still comes out
     out = capsys.readouterr().out
     assert "prices unavailable (policy refused: " in out and "give both prefill_tokens_per_second" in out

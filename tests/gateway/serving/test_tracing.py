@@ -1,6 +1,6 @@
 """OpenTelemetry traces through a real gateway to a real OTLP/HTTP receiver: the client's trace continued, one
-request span with the GenAI attributes and no prompt text, a child span per engine attempt whose traceparent
-the engine receives; off without an endpoint; a malformed traceparent starts a new trace."""
+request span with the GenAI attributes (the provider included) and no prompt text, a child span per engine attempt
+whose traceparent the engine receives; off without an endpoint; a malformed traceparent starts a new trace."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def test_a_request_continues_the_clients_trace_to_the_engine(tmp_path: Path, ups
                                                              receiver: Receiver) -> None:
     _, micro_url, flagship, flagship_url = upstreams
     policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_yaml(micro_url, flagship_url))
+    text = policy_yaml(micro_url, flagship_url)  # the flagship's servers say who serves them (a vLLM of our own)
+    policy.write_text(text.replace("model: flagship-model\n", "model: flagship-model\n    provider: vllm\n"))
     app = create_app(Settings(policy_path=policy, scorer="none", start_engines=False, ledger="memory",
                               home=tmp_path, access_log=None))
     body = {"model": "flagship", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 8}
@@ -95,6 +96,7 @@ def test_a_request_continues_the_clients_trace_to_the_engine(tmp_path: Path, ups
     assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
     assert a["cascade.cost_micro_usd"] > 0 and a["cascade.route"].startswith("pinned:flagship")
     assert engine["attrs"]["http.response.status_code"] == 200
+    assert a["gen_ai.provider.name"] == engine["attrs"]["gen_ai.provider.name"] == "vllm"
     steps = {s["name"] for s in ours if s["parent"] == request["span_id"]}
     assert steps == {"admission", "route", "engine flagship", "ledger.write"}, steps
     # the engine call carried the engine span's context; the malformed traceparent started a trace of its own

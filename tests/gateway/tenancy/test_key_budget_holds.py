@@ -39,7 +39,7 @@ async def client() -> AsyncIterator[aioredis.Redis]:
 
 def _admission(client: aioredis.Redis, prefix: str) -> Admission:
     guard = BudgetGuard(client, LedgerKeys(prefix))
-    return Admission(None, guard, GatewayMetrics(dict), key_spend=guard)
+    return Admission(None, guard, GatewayMetrics(dict), key_budget=guard)
 
 
 async def test_concurrent_requests_of_one_key_stop_at_its_budget(client: aioredis.Redis, prefix: str) -> None:

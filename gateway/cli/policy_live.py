@@ -1,0 +1,126 @@
+"""What a running gateway serves, for `cascade policy status` and `cascade policy explain --gateway|--redis-url`.
+
+- `status --gateway URL`: the answering process's `/readyz` (`gateway.control.policy_file`): the version it serves and
+  since when, the version the file holds now, the last reload's error with every problem, and the routing threshold
+  it uses and where it came from. Exit 0 when the file holds the version served, 1 when it does not (an edit rejected
+  or not applied yet: what runs is the policy before), 2 when the gateway cannot be asked. Under `--workers N` each
+  answer is one worker's (it names itself); every worker reloads by itself.
+- The threshold a gateway uses (`gateway_threshold`), asked from its `/readyz` or worked out from its Redis (the
+  shared score window and the ladder's active steps, as every gateway process computes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from gateway.control.ladder_sync import LadderSync
+from gateway.control.live_threshold import WindowState, window_key, window_state
+from gateway.redis_client import run_with_redis
+from policies.ladder_schema import RaiseThreshold
+from policies.loader import LoadedPolicy
+from policies.threshold import ThresholdInUse, share_target, threshold_in_use
+
+__all__ = ["GatewayThreshold", "gateway_threshold", "run_status", "status_lines"]
+
+
+def _when(epoch: float | None) -> str:
+    return "-" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _readyz(url: str) -> dict[str, Any] | str:
+    """The gateway's `/readyz` body (answered with 200 or 503), or why it could not be read."""
+    try:
+        reply = httpx.get(url.rstrip("/") + "/readyz", timeout=10.0)
+        body = reply.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"cannot read {url}/readyz: {exc}"
+    if not isinstance(body, dict) or reply.status_code not in (200, 503):
+        return f"{url}/readyz answered {reply.status_code}: not a cascade gateway's readiness"
+    return body
+
+
+def status_lines(url: str, body: dict[str, Any]) -> tuple[list[str], bool]:
+    """The lines `status` prints for a `/readyz` body, and whether the policy file holds the version served."""
+    policy, routing = body.get("policy") or {}, body.get("routing") or {}
+    lines = [f"gateway {url}: {body.get('status', 'ready' if body.get('ready') else 'not_ready')} "
+             f"(worker {body.get('worker', '-')})",
+             f"policy served: {policy.get('served_version', body.get('policy_version'))} since "
+             f"{_when(policy.get('served_since'))} from {policy.get('source', '-')}"]
+    matches = bool(policy.get("matches_file", True))
+    on_disk = policy.get("file_version") or "unreadable"
+    lines.append(f"policy file:   {on_disk} " + ("(matches what is served)" if matches else
+                                                  "(does NOT match what is served: the policy before still runs)"))
+    error = policy.get("last_error")
+    if error:
+        lines.append(f"last reload:   {error['result']} at {_when(error['at'])}: {error['message']}")
+        lines += [f"  {problem}" for problem in error.get("problems", [])]
+    elif policy.get("last_reload_at") is not None:
+        lines.append(f"last reload:   ok at {_when(policy['last_reload_at'])}")
+    if routing:
+        lines.append(f"threshold:     {routing['description']}")
+    if not matches:
+        lines.append("to do: fix the file (`cascade policy validate FILE` lists every problem), or put the served "
+                     "version back; the gateway looks at the file again by itself (POST /admin/policy/reload with "
+                     "CASCADE_ADMIN_KEY to do it now)")
+    return lines, matches
+
+
+def run_status(args: argparse.Namespace) -> int:
+    body = _readyz(args.gateway)
+    if isinstance(body, str):
+        print(f"cascade policy status: {body}", file=sys.stderr)
+        return 2
+    lines, matches = status_lines(args.gateway, body)
+    print("\n".join(lines))
+    return 0 if matches else 1
+
+
+class GatewayThreshold:
+    """A running gateway's threshold: `in_use`, the policy version it serves (None: read from Redis, which does
+    not say), and where it was read (`where`)."""
+
+    def __init__(self, in_use: ThresholdInUse, version: str | None, where: str) -> None:
+        self.in_use, self.version, self.where = in_use, version, where
+
+
+def gateway_threshold(loaded: LoadedPolicy, gateway: str | None, redis_url: str | None,
+                      prefix: str) -> GatewayThreshold | str:
+    """The threshold the gateway at `gateway` (its `/readyz`), or the gateways on `redis_url` and `prefix`, route
+    `loaded`'s requests with; a message (what went wrong) otherwise."""
+    if gateway is not None:
+        body = _readyz(gateway)
+        if isinstance(body, str):
+            return body
+        routing = body.get("routing")
+        if not routing:
+            return f"{gateway}/readyz carries no routing threshold (a gateway of a version before this one)"
+        in_use = ThresholdInUse(routing["threshold"], routing["source"], routing["routing_threshold"],
+                                routing["routing_source"], routing.get("samples"), routing.get("ladder_step"))
+        return GatewayThreshold(in_use, routing.get("policy_version"), f"{gateway}/readyz")
+    assert redis_url is not None
+    found = run_with_redis(redis_url, "cascade policy explain", lambda client: _from_redis(client, loaded, prefix),
+                           socket_timeout_s=10.0)
+    if found is None:
+        return "the gateways' Redis could not be read (see above)"
+    return GatewayThreshold(found, None, f"Redis prefix {prefix!r}")
+
+
+async def _from_redis(client: Any, loaded: LoadedPolicy, prefix: str) -> ThresholdInUse:
+    """As a gateway process computes it: the shared window's scores and the ladder's active raise_threshold steps."""
+    policy = loaded.policy
+    target = share_target(policy.routing.threshold)
+    state = WindowState()
+    if target is not None:
+        raw = await client.lrange(window_key(prefix), 0, target.window - 1)
+        state = window_state(target, [v.decode() if isinstance(v, bytes) else str(v) for v in raw])
+    active = await LadderSync(client, prefix).read_state() or {}
+    raises = [(s.action.threshold, s.name) for s in policy.degradation.steps
+              if s.name in active and isinstance(s.action, RaiseThreshold)]
+    top = max(raises, default=None)
+    return threshold_in_use(policy.routing.threshold, state.threshold, state.samples,
+                            None if top is None else top[0], None if top is None else top[1])

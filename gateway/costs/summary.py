@@ -1,0 +1,72 @@
+"""The report's plain-language summary: what was spent, what the flagship would have cost, the saving, the quality
+kept and, when traffic is unlike the router's training data, what that means and what to do; one sentence each.
+
+The text report and the HTML page print the same sentences (`summary_lines`), above their tables.
+"""
+
+from __future__ import annotations
+
+from gateway.costs.estimate import DomainShare, QualityEstimate
+from gateway.costs.layout import money, money_decimals
+from gateway.costs.report import CostReport, pct
+
+__all__ = ["empty_lines", "summary_lines"]
+
+_TRAIN = "cascade router train --from-ledger"
+
+
+def empty_lines(report: CostReport) -> list[str]:
+    """What a report with no records says, and what to do."""
+    where = f"under the prefix {report.prefix!r}" if report.prefix is not None else "in this ledger"
+    return [f"No cost records {where} from {report.start} to {report.end} (UTC).",
+            "Check the prefix: a gateway writes under its CASCADE_REDIS_PREFIX (default cascade:), the quick start "
+            "under cascade-demo:, the tests under cascade-test:; pass it with --prefix, or widen --from / --to."]
+
+
+def summary_lines(report: CostReport) -> list[str]:
+    """One sentence each: spend, the flagship counterfactual, the saving, the quality kept and, where traffic is
+    unlike the router's data, what to do. `empty_lines` when the report has no record."""
+    total = report.total().counters
+    if not total.requests:
+        return empty_lines(report)
+    decimals = money_decimals(max(total.cost_micro_usd, total.flagship_cost_micro_usd))
+    flagship = f" ({report.flagship_pool})" if report.flagship_pool else ""
+    saved = total.savings_micro_usd
+    lines = [
+        f"Spend: ${money(total.cost_micro_usd, decimals)} for {total.requests:,} requests "
+        f"({total.total_tokens:,} tokens).",
+        f"Sending every request to the flagship pool{flagship} would have cost "
+        f"${money(total.flagship_cost_micro_usd, decimals)}.",
+        f"Routing saved ${money(saved, decimals)}, {pct(saved, total.flagship_cost_micro_usd)} of that."
+        if saved >= 0 else f"Routing cost ${money(-saved, decimals)} more than sending everything to the flagship.",
+    ]
+    if report.quality is not None:
+        lines += _quality(report.quality)
+    return lines
+
+
+def _quality(quality: QualityEstimate) -> list[str]:
+    if quality.curve_kept is None:
+        return [f"Quality kept: not estimated ({quality.unavailable})."]
+    domain = quality.domain
+    span = ""
+    if domain is not None and domain.kept_low is not None and domain.kept_high is not None:
+        span = f" (likely {domain.kept_low:.0%} to {domain.kept_high:.0%})"
+    share = "" if quality.flagship_share is None else f", with {quality.flagship_share:.0%} of requests on the " \
+        "flagship"
+    lines = [f"Quality kept: about {quality.curve_kept:.0%} of the flagship's edge over the micro pool{span}"
+             f"{share}."]
+    return lines + ([] if domain is None else _unlike(domain))
+
+
+def _unlike(domain: DomainShare) -> list[str]:
+    share = domain.share
+    if share is None:
+        return []
+    if domain.below == 0:
+        return ["All scored requests resemble the data the router was trained on, so the estimate applies as is."]
+    tenants = ", ".join(t for t, _, _ in domain.drifting)
+    who = f" (most of all tenant{'s' if len(domain.drifting) > 1 else ''} {tenants})" if tenants else ""
+    return [f"{share:.0%} of the scored requests{who} are unlike the router's training data, hence the range.",
+            f"To narrow it: label this traffic (client feedback, learning.shadow), then `{_TRAIN}`; to keep quality "
+            "meanwhile, send more to the flagship (learning.in_domain.hold, `cascade router calibrate`)."]

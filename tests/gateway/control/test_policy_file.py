@@ -1,0 +1,93 @@
+"""A policy file the gateway no longer serves shows: after an edit the watcher rejects, every gateway process on the
+file says so in /readyz (degraded, not failed: the policy before still serves), in /metrics and in
+`cascade policy status`, with what to do; a valid edit then clears it."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.api.app import create_app
+from gateway.cli.main import main
+from gateway.settings import Settings
+from tests.servers import serve, until
+
+
+@pytest.fixture
+def gateways(policy_file: Path, tmp_path: Path) -> Iterator[list[str]]:
+    """Two gateway processes' worth (as two workers would be) watching one policy file, each reloading by itself."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(serve(create_app(Settings(
+            policy_path=policy_file, scorer="none", start_engines=False, ledger="memory", home=tmp_path / f"gw{i}",
+            admin_key="admin", access_log=None, policy_watch_interval_s=0.05)))) for i in range(2)]
+
+
+def _ready(url: str) -> httpx.Response:
+    return httpx.get(url + "/readyz", timeout=10)
+
+
+def _rejected(url: str) -> bool:
+    return _ready(url).json()["policy"]["last_error"] is not None
+
+
+def _serves_another(url: str, version: str) -> bool:
+    return bool(_ready(url).json()["policy_version"] != version)
+
+
+def _metric(url: str, name: str, labels: str = "") -> float | None:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = re.search(rf"^{re.escape(name)}{{?{re.escape(labels)}[^ ]* ([0-9.e+-]+)$", text, re.M)
+    return None if found is None else float(found.group(1))
+
+
+def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
+        gateways: list[str], policy_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = _ready(gateways[0]).json()
+    served = first["policy_version"]
+    assert first["status"] == "ready" and first["policy"]["matches_file"] and first["policy"]["file_version"] == served
+    good = policy_file.read_text()
+    policy_file.write_text(good.replace("flagship_pool: flagship", "flagship_pool: nosuchpool"))
+    for url in gateways:  # each process looked at the file itself
+        until(functools.partial(_rejected, url))
+        reply = _ready(url)
+        body = reply.json()
+        assert reply.status_code == 200 and body["ready"] and body["status"] == "degraded"
+        policy = body["policy"]
+        assert policy["served_version"] == body["policy_version"] == served != policy["file_version"]
+        assert not policy["matches_file"] and policy["last_error"]["result"] == "rejected"
+        assert any("nosuchpool" in problem for problem in policy["last_error"]["problems"])
+        assert _metric(url, "cascade_policy_reloads_total", 'result="rejected"') == 1.0
+        assert _metric(url, "cascade_policy_file_matches") == 0.0
+        assert _metric(url, "cascade_policy_served_timestamp_seconds", f'version="{served}"') == policy["served_since"]
+    assert main(["policy", "status", "--gateway", gateways[0]]) == 1
+    out = capsys.readouterr().out
+    assert "degraded" in out and "does NOT match" in out and "nosuchpool" in out and "to do:" in out
+    policy_file.write_text(good.replace("threshold: 0.5", "threshold: 0.6"))
+    for url in gateways:
+        until(functools.partial(_serves_another, url, served))
+        body = _ready(url).json()
+        assert body["status"] == "ready" and body["policy"]["matches_file"] and body["policy"]["last_error"] is None
+        assert _metric(url, "cascade_policy_reloads_total", 'result="applied"') == 1.0
+        assert _metric(url, "cascade_policy_file_matches") == 1.0
+    assert main(["policy", "status", "--gateway", gateways[1]]) == 0
+    assert "(matches what is served)" in capsys.readouterr().out
+
+
+def test_policy_status_says_when_it_cannot_ask(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "status", "--gateway", "http://127.0.0.1:9"]) == 2
+    assert "cannot read http://127.0.0.1:9/readyz" in capsys.readouterr().err
+
+
+def test_a_reload_on_a_gateway_started_without_the_admin_key_says_what_to_do(policy_file: Path, tmp_path: Path) -> None:
+    with serve(create_app(Settings(policy_path=policy_file, scorer="none", start_engines=False, ledger="memory",
+                                   home=tmp_path / "gw", admin_key=None, access_log=None))) as url:
+        reply = httpx.post(url + "/admin/policy/reload", headers={"authorization": "Bearer anything"})
+    error = reply.json()["error"]
+    assert reply.status_code == 401 and "started without an admin key" in error["message"]
+    assert "CASCADE_ADMIN_KEY" in error["message"] and "restart" in error["message"]

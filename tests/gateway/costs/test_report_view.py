@@ -1,0 +1,185 @@
+"""The report finance reads: a plain-language summary first, one table layout for every grouping that fits 100
+columns (`--wide` for the rest), totals and thousands separators everywhere, the prefix it read named, a clear
+word when a prefix has no records, and the HTML page saying the same as the text."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.api.app import create_app
+from gateway.costs.by_key import KeyRow
+from gateway.costs.cli import render, write_report
+from gateway.costs.layout import WIDTH
+from gateway.costs.quality import with_quality
+from gateway.costs.report import GROUPINGS, Cell, CostReport, Counters
+from gateway.costs.view import NO_KEY, render_text
+from gateway.ledger.store import CostRecord, RedisLedger
+from gateway.settings import Settings
+from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
+from tests.gateway.costs.test_costs_domain import _policy
+from tests.gateway.costs.test_costs_domain import artifact as artifact
+from tests.gateway.ledger.test_ledger import make_record
+from tests.servers import serve
+
+DAY = "2026-03-02"
+START = END = date(2026, 3, 2)
+TENANTS = ("globex-international-holdings-emea", "acme", "initech")
+
+
+def big_report() -> CostReport:
+    """Finance-sized figures: 1.9 M requests, thousands of dollars, a long tenant name."""
+    cells = []
+    for i, tenant in enumerate(TENANTS):
+        for pool, model, n in (("micro", "qwen-7b", 900_000 // (i + 1)), ("flagship", "qwen-30b", 90_000)):
+            cost = n * (1_400 if pool == "micro" else 23_000)
+            cells.append(Cell(DAY, tenant, pool, model, Counters(n, 300 * n, 120 * n, cost, 23_000 * n,
+                                                                 in_domain_scored=n, in_domain_t8=n)))
+    return CostReport(START, END, tuple(cells), prefix="cascade:")
+
+
+def key_rows() -> list[KeyRow]:
+    return [KeyRow("acme", "7f3a9c21", 600_000, 180_000_000, 72_000_000, 900_000_000),
+            KeyRow("globex-international-holdings-emea", "7f3a9c21", 1_000, 300_000, 120_000, 1_400_000),
+            KeyRow("initech", "0b12", 100_000, 30_000_000, 12_000_000, 150_000_000)]
+
+
+def table_of(text: str) -> list[str]:
+    """The table's lines of a text report: from its titles to its TOTAL."""
+    lines = text.splitlines()
+    rule = next(i for i, line in enumerate(lines) if set(line) == {"-"})
+    end = next(i for i, line in enumerate(lines) if line.startswith("TOTAL"))
+    return lines[rule - 1:end + 1]
+
+
+@pytest.mark.parametrize("by", [*GROUPINGS, "key"])
+def test_the_default_view_fits_100_columns_in_one_layout_with_totals(by: str) -> None:
+    report = big_report().with_prices(_policy(), "policy.yaml")
+    text = render_text(report, by, key_rows=key_rows())
+    assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    table = table_of(text)
+    titles = re.split(r"\s{2,}", table[0].strip())
+    assert titles[-6:] == ["requests", "spend USD", "all on flagship USD", "saved USD", "saved", "on flagship"]
+    total = table[-1]
+    assert total.startswith("TOTAL") and "1,920,000" in total  # thousands separators, the same total in every view
+    assert "8,520.00" in total and "44,160.00" in total and "35,640.00" in total and "80.7%" in total
+    wide = render_text(report, by, wide=True, key_rows=key_rows())
+    assert "prompt tok" in wide and "cache hits" in wide and "% micro" in wide and "8,520.000000" in wide
+
+
+def test_the_summary_comes_first_in_plain_words_with_what_to_do_about_unlike_traffic(artifact: Path) -> None:
+    cells = (Cell(DAY, "acme", "micro", "m", Counters(70, 700, 70, 700, 7_000, in_domain_scored=70,
+                                                      in_domain_t8=70)),
+             Cell(DAY, "newco", "micro", "m", Counters(70, 700, 70, 700, 7_000, in_domain_scored=70,
+                                                       in_domain_t0=70)),
+             Cell(DAY, "newco", "flagship", "f", Counters(60, 600, 60, 6_000, 6_000, in_domain_scored=60,
+                                                          in_domain_t1=60)))
+    report = with_quality(CostReport(START, END, cells, prefix="p:").with_prices(_policy(), "p.yaml"), _policy(),
+                          artifact)
+    text = render_text(report, "tenant")
+    summary = " ".join(text[:text.index("tenant  ")].split())
+    assert "Spend: $0.007400 for 200 requests (2,200 tokens)." in summary
+    assert "Sending every request to the flagship pool (flagship) would have cost $0.020000." in summary
+    assert "Routing saved $0.012600, 63.0% of that." in summary
+    assert re.search(r"Quality kept: about \d+% of the flagship's edge over the micro pool \(likely \d+% to "
+                     r"\d+%\), with 30% of requests on the flagship\.", summary)
+    assert "65% of the scored requests (most of all tenant newco) are unlike the router's training data" in summary
+    assert "label this traffic (client feedback, learning.shadow), then `cascade router train --from-ledger`" in summary
+    assert "~0." not in summary and "drift_share" not in summary  # the figures' own notation stays in the details
+    assert summary.index("Spend:") < summary.index("Sending") < summary.index("Routing") < summary.index("Quality")
+
+
+def test_a_key_under_two_tenants_says_why_and_unkeyed_records_make_up_the_total() -> None:
+    text = render_text(big_report(), "key", key_rows=key_rows())
+    rows = table_of(text)
+    assert rows[0].startswith("key ") and " tenant " in rows[0]
+    assert any(line.startswith(NO_KEY) for line in rows)  # 1.9 M requests, 701,000 with a key
+    flat = " ".join(text.split())
+    assert ("Key 7f3a9c21 appears under 2 tenants, acme (600,000 requests), globex-international-holdings-emea "
+            "(1,000 requests): a request is recorded under the tenant it was served as") in flat
+    assert "Key 0b12 appears" not in flat
+    doc = json.loads(render(big_report(), "key", "json", key_rows=key_rows()))
+    assert any(note.startswith("Key 7f3a9c21 appears under 2 tenants") for note in doc["notes"])
+    assert doc["total"]["requests"] == 1_920_000 and doc["rows"][-1]["key_id"] == NO_KEY
+    csv_text = render(big_report(), "key", "csv", key_rows=key_rows())
+    assert csv_text.splitlines()[-1].split(",")[:3] == ["", "TOTAL", "1920000"]
+
+
+def test_the_report_names_its_prefix_and_an_empty_prefix_says_what_to_do(
+        prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.txt"
+    assert write_report(SHARED_URL, prefix, START, END, out=out) == 0
+    text = out.read_text()
+    assert f"Read from the ledger prefix {prefix!r} on redis://127.0.0.1:6379/0." in text
+    flat = " ".join(text.split())
+    assert f"No cost records under the prefix {prefix!r} from 2026-03-02 to 2026-03-02 (UTC)." in flat
+    assert "pass it with --prefix" in flat and "TOTAL" not in text
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No cost records" in err and "--prefix" in err
+
+
+# --- the served page against the text, on the shared Redis ------------------------------------------------------
+
+
+@pytest.fixture
+def recorded(prefix: str, tmp_path: Path) -> list[CostRecord]:
+    recs = [make_record(i, started_at=1_772_409_600.0 + 600.0 * i, key_id=f"a{i % 2}") for i in range(40)]
+
+    async def write() -> None:
+        led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
+        await led.start()
+        await asyncio.gather(*(led.record(r) for r in recs))
+        await led.aclose()
+
+    asyncio.run(write())
+    return recs
+
+
+@pytest.fixture
+def page_gateway(prefix: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"))
+    settings = Settings(policy_path=policy, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
+                        redis_url=SHARED_URL, admin_key="k", home=tmp_path, policy_watch_interval_s=0)
+    with serve(create_app(settings)) as url:
+        yield url, policy
+    delete_prefix(prefix)
+
+
+def _page_text(page: str) -> tuple[list[str], list[list[str]]]:
+    """The summary's sentences and the table's cells of the served page."""
+    root = ET.fromstring(page.split("\n", 1)[1])
+    ns = {"h": "http://www.w3.org/1999/xhtml"}
+    summary = next(s for s in root.iter("{http://www.w3.org/1999/xhtml}section") if s.get("class") == "summary")
+    sentences = ["".join(p.itertext()) for p in summary.findall("h:p", ns)]
+    table = root.find(".//h:table", ns)
+    assert table is not None
+    cells = [["".join(c.itertext()) for c in tr] for tr in table.iter("{http://www.w3.org/1999/xhtml}tr")]
+    return sentences, cells
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("by", ["pool", "key"])
+def test_the_admin_page_and_the_text_say_the_same(recorded: list[CostRecord], prefix: str, tmp_path: Path,
+                                                  page_gateway: tuple[str, Path], by: str) -> None:
+    url, policy = page_gateway
+    page = httpx.get(f"{url}/admin/costs", params={"from": "2026-03-02", "to": "2026-03-02", "by": by},
+                     headers={"authorization": "Bearer k"})
+    assert page.status_code == 200, page.text
+    out = tmp_path / "report.txt"
+    assert write_report(SHARED_URL, prefix, START, END, by=by, policy=policy, out=out) == 0
+    text = out.read_text()
+    sentences, cells = _page_text(page.text)
+    assert len(sentences) >= 4 and len(cells) >= 3  # the check cannot pass on an empty page
+    assert " ".join(sentences) == " ".join(text[:text.index("\n" + table_of(text)[0])].split("\n", 2)[2].split())
+    text_cells = [re.split(r"\s{2,}", line.strip()) for line in table_of(text) if set(line) != {"-"}]
+    assert cells == text_cells
+    assert f"{sum(r.cost_micro_usd for r in recorded) / 1e6:.6f}" in cells[-1]
