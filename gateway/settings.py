@@ -58,6 +58,8 @@ class Settings:
     max_messages: int = 1024
     max_tokens_cap: int | None = None  # clamp on max_tokens / max_completion_tokens (None: pool context)
     deadline_s: float = 300.0  # until the whole answer (non-streaming) or the first chunk (streaming)
+    auth_failure_burst: int = 20  # failed authentications a client address may make at once (then 429)
+    auth_failures_per_minute: float = 30.0  # how fast that allowance refills
     admin_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_ADMIN_KEY"))
     # who may read /metrics: unset or "" (anyone), "admin" (the admin key), any other value (that bearer key)
     metrics_key: str | None = field(default_factory=lambda: os.environ.get("CASCADE_METRICS_KEY"))
@@ -75,6 +77,12 @@ class Settings:
     # on, its process being the gateway's own; an app built inside another process (tests, a host app) leaves
     # that process's heap alone
     gc_freeze: bool = False
+
+    def __post_init__(self) -> None:
+        if self.auth_failure_burst < 1:  # 0 would answer every client 429 at its first wrong key
+            raise ValueError(f"auth_failure_burst: must be >= 1, got {self.auth_failure_burst}")
+        if not self.auth_failures_per_minute > 0:
+            raise ValueError(f"auth_failures_per_minute: must be > 0, got {self.auth_failures_per_minute}")
 
     @property
     def outbox_dir(self) -> Path:
@@ -158,6 +166,11 @@ OPTIONS: tuple[Option, ...] = (
            metavar="N"),
     Option("max_tokens_cap", "CASCADE_MAX_TOKENS_CAP", _optional_cap,
            "clamp max_tokens / max_completion_tokens to this (none: up to the pool's context)", metavar="TOKENS"),
+    Option("auth_failure_burst", "CASCADE_AUTH_FAILURE_BURST", positive_int, "failed authentications (missing, "
+           "unknown, revoked or expired key) one client address may make at once; then 429 with Retry-After, its "
+           "keys not looked up (gateway.api.auth_limits)", metavar="N"),
+    Option("auth_failures_per_minute", "CASCADE_AUTH_FAILURES_PER_MINUTE", _positive_float,
+           "how fast a client address's allowance of failed authentications refills", metavar="N"),
     Option("deadline_s", "CASCADE_DEADLINE_S", _positive_float,
            "seconds until the whole answer (or a stream's first chunk); 504 after it", metavar="SECONDS"),
     Option("probe_interval_s", "CASCADE_PROBE_INTERVAL_S", _positive_float,

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from policies.ladder_schema import FRACTION_SIGNALS, FallbackPool, LadderStep, Overflow, RaiseThreshold
 from policies.output_checks import resolve
+from policies.pools import context_of
 from policies.rules import RuleMatch
 from policies.schema import Policy, RemotePool
 from policies.threshold import base_threshold
@@ -175,8 +176,20 @@ def _autoscale_problems(policy: Policy) -> Iterator[Problem]:
                    "grows; lower the autoscale bound or raise the step's")
 
 
+def _limit_problems(policy: Policy) -> Iterator[Problem]:
+    """A default completion limit leaves room for a prompt in every pool whose context is known."""
+    limit = policy.default_max_tokens
+    if limit is None:
+        return
+    for name, spec in policy.pools.items():
+        context = context_of(spec)
+        if context is not None and limit >= context:
+            yield (("default_max_tokens",), f"{limit} does not fit pool {name!r}, whose context holds {context} "
+                   "tokens (prompt and completion together); set it below the smallest context")
+
+
 def reference_problems(policy: Policy) -> list[Problem]:
     """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
     return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy),
             *_on_demand_problems(policy), *_learning_problems(policy), *_autoscale_problems(policy),
-            *tier_problems(policy)]
+            *tier_problems(policy), *_limit_problems(policy)]

@@ -18,8 +18,8 @@ from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 from policies.speculative import Speculation
 from policies.tool_calling import ToolCalling
 
-__all__ = ["Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "as_remote_pool",
-           "context_of", "engine_version", "pool_version"]
+__all__ = ["Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "ReplicaChoice",
+           "as_remote_pool", "context_of", "engine_version", "pool_version"]
 
 
 class EngineSpec(Frozen):
@@ -96,6 +96,17 @@ class Breaker(Frozen):
     cooldown_s: float = Field(default=5.0, ge=0, description="open this long, then one half-open probe")
 
 
+class ReplicaChoice(Frozen):
+    """Which replica of the pool takes a new request: the one with the least weighted load
+    (`backends.clients.pool.Replica.cost`), each weight per unit of its signal. The gateway's own requests in
+    flight are exact; the engine's gauges (running, waiting, KV cache usage 0..1) lag by one probe."""
+
+    in_flight: float = Field(default=1.0, ge=0, description="per request this gateway has in flight there")
+    running: float = Field(default=0.5, ge=0, description="per request the engine reports running")
+    queue: float = Field(default=2.0, ge=0, description="per request the engine reports waiting")
+    kv_cache: float = Field(default=4.0, ge=0, description="per unit of KV cache usage (0..1) the engine reports")
+
+
 class CanaryGuard(Frozen):
     """Roll a canary back by itself when, over its last `window_s` seconds and at least `min_requests` requests,
     its error rate or its p95 time to first token passes a bound (`gateway.control.canaries.CanaryGuard`)."""
@@ -135,6 +146,8 @@ class LocalPool(Frozen):
                                         "engine.replicas is the count it starts with")
     on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
+    replica_choice: ReplicaChoice = Field(default_factory=ReplicaChoice, description="how a new request picks "
+                                          "its replica: weights of in-flight, running, queued and KV cache load")
     max_quant_loss: QuantCeiling | None = Field(
         default=None, description="a quantized pool is refused unless its measured loss is within this ceiling "
         "(checked where pools start and by `cascade policy validate`, against that machine's checkpoint)")
@@ -218,6 +231,8 @@ class RemotePool(Frozen):
         "how /v1/responses reaches the servers: native (they serve /v1/responses, as vLLM does) or chat (they "
         "speak chat completions only: the gateway translates, statelessly; gateway.serving.responses_chat)"))
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
+    replica_choice: ReplicaChoice = Field(default_factory=ReplicaChoice, description="how a new request picks "
+                                          "its replica: weights of in-flight, running, queued and KV cache load")
     health_path: str = Field(default="/health", pattern=r"^/", description=(
         "path probed (with the API key) to decide a replica is up: vLLM serves /health; for other "
         "OpenAI-compatible APIs use /v1/models"))

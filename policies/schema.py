@@ -157,3 +157,7 @@ class Policy(Frozen):
     learning: Learning = Learning()
     output_checks: OutputChecks | None = Field(default=None, description="checks of every pool's answers "
                                                "(policies.output_checks); a pool's or tenant's block wins")
+    default_max_tokens: int | None = Field(default=None, ge=1, description=(
+        "the completion limit (tokens per choice) the gateway sends for a request that sets none, and that the "
+        "tenant's budget holds; at most the context left after the prompt, which applies alone when this is unset "
+        "(gateway.serving.completion_limit). It must be below every pool's context"))

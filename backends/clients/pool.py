@@ -30,8 +30,8 @@ from backends.clients.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from backends.clients.connection import ConnectionSettings
 from backends.clients.shared import EngineClient, EngineClients, EngineTimeout, EngineUnavailable
 
-__all__ = ["BUSY_GRACE_S", "PROBE_ERROR_LOG_S", "SLOW_PROBES_DOWN", "EngineLoad", "Pool", "ProbeErrorHook", "Replica",
-           "parse_vllm_metrics"]
+__all__ = ["BUSY_GRACE_S", "DEFAULT_WEIGHTS", "PROBE_ERROR_LOG_S", "SLOW_PROBES_DOWN", "ChoiceWeights", "EngineLoad",
+           "Pool", "ProbeErrorHook", "Replica", "parse_vllm_metrics"]
 
 SLOW_PROBES_DOWN = 3
 """Health checks in a row that must time out before a replica that still accepts connections is marked down."""
@@ -90,6 +90,19 @@ def parse_vllm_metrics(text: str) -> EngineLoad:
     return load
 
 
+@dataclass(frozen=True, slots=True)
+class ChoiceWeights:
+    """What each unit of a replica's load weighs when a new request picks its replica (policy `replica_choice`)."""
+
+    in_flight: float = 1.0
+    running: float = 0.5
+    queue: float = 2.0
+    kv_cache: float = 4.0
+
+
+DEFAULT_WEIGHTS = ChoiceWeights()
+
+
 @dataclass(slots=True)
 class Replica:
     """One engine endpoint. `in_flight` is owned by the gateway (incremented around each request)."""
@@ -107,10 +120,11 @@ class Replica:
         """Healthy at the last probe and its breaker lets a request through now."""
         return self.healthy and self.breaker.available()
 
-    def cost(self) -> float:
+    def cost(self, weights: ChoiceWeights = DEFAULT_WEIGHTS) -> float:
         """Lower is better. Our own in-flight count is exact; engine gauges lag by one scrape."""
         queued = max(self.load.waiting, 0.0)
-        return self.in_flight + 0.5 * self.load.running + 2.0 * queued + 4.0 * self.load.kv_cache_usage
+        return (weights.in_flight * self.in_flight + weights.running * self.load.running + weights.queue * queued
+                + weights.kv_cache * self.load.kv_cache_usage)
 
 
 class Pool:
@@ -129,12 +143,13 @@ class Pool:
         clock: Clock = time.monotonic,
         connection: ConnectionSettings | None = None,
         version: str = "",
+        weights: ChoiceWeights = DEFAULT_WEIGHTS,
         on_probe_error: ProbeErrorHook | None = None,
     ) -> None:
         """`version` names the engine version its replicas run (a label for metrics and logs; the gateway's
         `policies.pools.engine_version`). `headers` go with every request to this pool's replicas (e.g. a
         remote API key); `breaker` configures each replica's circuit breaker, `clock` is its time source
-        (monotonic seconds).
+        (monotonic seconds); `weights` how `choose` weighs each replica's load (may be replaced while serving).
         `connection` (a remote pool's proxies, CA bundle, client certificate) is handed to `client`, which
         must then be the router of `backends.clients.shared` (`EngineClients`); a file it names that cannot
         be used raises `ConnectionSettingsError` here."""
@@ -143,6 +158,7 @@ class Pool:
         self._connection = connection
         self.name = name
         self.version = version
+        self.weights = weights
         self.headers: Mapping[str, str] = headers or {}
         self._breaker = breaker or BreakerConfig()
         self._clock = clock
@@ -189,7 +205,8 @@ class Pool:
         """The available replica with the least load, or None. The caller now holds the replica's breaker
         (its half-open probe slot, if it was half-open) and must report the outcome to it."""
         candidates = [r for r in self.replicas if r.available and r.url not in exclude]
-        replica = min(candidates, key=Replica.cost, default=None)
+        weights = self.weights
+        replica = min(candidates, key=lambda r: r.cost(weights), default=None)
         if replica is not None:
             replica.breaker.acquire()
         return replica

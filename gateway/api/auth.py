@@ -10,6 +10,10 @@ A policy that names no tenants is open: every caller is tenant `default`, with o
 to it is still looked up, so that its own limits and budget apply (it is served as `default`, whatever tenant it was
 created for); a revoked or expired one is refused (401); any other key, or one that cannot be looked up (Redis
 unreachable), is served as an anonymous caller.
+
+Failed authentications are bounded per client address and unknown keys cached apart from valid ones
+(`gateway.api.auth_limits`): an address that failed `burst` times answers 429 with `Retry-After` before its key is
+looked up, and no flood of invalid keys evicts a valid one.
 """
 
 from __future__ import annotations
@@ -21,14 +25,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 
-from gateway.errors import AdmissionUnavailable, AuthenticationError
+from gateway.api.auth_limits import FailedAuths, UnknownKeys, address_of
+from gateway.errors import AdmissionUnavailable, AuthenticationError, TooManyRequests
 from gateway.tenancy.api_keys import OPEN_TENANT, ApiKey, KeyStore, id_of
 from gateway.tenancy.limits import FailOpen
 from policies.schema import Policy
 
 __all__ = ["OPEN_TENANT", "KeyAuth", "bearer_matches", "hash_key", "key_id", "require_admin", "tenant_for"]
 
-_MAX_CACHED = 100_000
+_MAX_CACHED = 100_000  # valid issued keys remembered (the oldest dropped first); unknown ones: `UnknownKeys`
 
 
 @lru_cache(maxsize=4096)
@@ -87,15 +92,20 @@ def tenant_for(policy: Policy, authorization: str | None) -> str:
 
 class KeyAuth:
     """`identify` a caller from the policy's keys and the issued ones (`store`; None: the policy's only). See the
-    module docstring. `monotonic` and `clock` (UTC epoch s) are for tests. Used from one event loop."""
+    module docstring. `failures` bounds failed authentications per client address (None: unbounded); `unknown`
+    remembers unknown keys (default: 10,000 for `cache_s`). `monotonic` and `clock` (UTC epoch s) are for tests.
+    Used from one event loop."""
 
     def __init__(self, store: KeyStore | None, cache_s: float = 0.5, *, op_timeout_s: float = 0.5,
+                 failures: FailedAuths | None = None, unknown: UnknownKeys | None = None,
                  monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._cache_s = cache_s
         self._monotonic = monotonic
         self._clock = clock
-        self._cache: dict[str, tuple[float, ApiKey | None]] = {}  # digest -> (looked up at, key or unknown)
+        self._cache: dict[str, tuple[float, ApiKey]] = {}  # digest -> (looked up at, key found)
+        self._unknown = unknown or UnknownKeys(cache_s, monotonic=monotonic)
+        self._failures = failures
         self._guard = FailOpen("API keys", op_timeout_s=op_timeout_s, monotonic=monotonic)
 
     @property
@@ -103,27 +113,46 @@ class KeyAuth:
         """Where issued keys live (None: this gateway has no Redis, so only the policy's keys)."""
         return self._store
 
-    async def identify(self, policy: Policy, authorization: str | None) -> ApiKey:
+    async def identify(self, policy: Policy, authorization: str | None, client: str | None = None) -> ApiKey:
         """The caller's key. Raises `AuthenticationError` (401: missing, unknown, revoked or expired key, or a
-        tenant the policy no longer names) or `AdmissionUnavailable` (503: see the module docstring)."""
+        tenant the policy no longer names), `TooManyRequests` (429: `client`, its address, failed too often) or
+        `AdmissionUnavailable` (503: see the module docstring)."""
         key = _bearer(authorization)
         if not policy.tenants:
             return await self._open(key, policy)
-        if not key:
-            raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
-        digest = hash_key(key)
-        for name, tenant in policy.tenants.items():
+        digest = hash_key(key) if key else ""
+        for name, tenant in policy.tenants.items() if key else ():
             if digest in tenant.api_key_sha256:
                 return _policy_key(id_of(digest), name)
+        address = address_of(client)
+        self._refuse_if_limited(address, digest)
+        if not key:
+            raise self._failed(address, "missing API key: send `Authorization: Bearer <key>`")
         issued = await self._issued(digest, policy) if self._store is not None else None
         if issued is None:
-            raise AuthenticationError("invalid API key")
+            raise self._failed(address, "invalid API key")
         if (why := issued.refusal(self._clock())) is not None:
-            raise AuthenticationError(f"API key {issued.id} is {why}")
+            raise self._failed(address, f"API key {issued.id} is {why}")
         if issued.tenant not in policy.tenants:
-            raise AuthenticationError(f"API key {issued.id} belongs to tenant {issued.tenant!r}, which the policy "
-                                      "does not name")
+            raise self._failed(address, f"API key {issued.id} belongs to tenant {issued.tenant!r}, which the "
+                               "policy does not name")
         return issued
+
+    def _refuse_if_limited(self, address: str, digest: str) -> None:
+        """429 for an address out of failures, unless its key is an issued one this process has found valid (a
+        client sharing an address with a flood keeps working; its key is looked up again as usual)."""
+        if self._failures is None or (retry := self._failures.retry_after(address)) is None:
+            return
+        if digest in self._cache:
+            return
+        self._failures.limited()
+        raise TooManyRequests(f"too many failed authentications from this address; retry after {retry} s with a "
+                              "valid API key", retry, code="auth_rate_limited")
+
+    def _failed(self, address: str, message: str) -> AuthenticationError:
+        if self._failures is not None:
+            self._failures.failed(address)
+        return AuthenticationError(message)
 
     async def _open(self, key: str, policy: Policy) -> ApiKey:
         """The caller of an open policy (see the module docstring)."""
@@ -147,6 +176,8 @@ class KeyAuth:
         seen = self._cache.get(digest)
         if seen is not None and now - seen[0] < self._cache_s:
             return seen[1]
+        if seen is None and self._unknown.known_unknown(digest):
+            return None
         found = await self._guard.call(lambda: _found(store, digest))
         if found is None:  # Redis unreachable
             last = seen[1] if seen is not None else None
@@ -155,9 +186,15 @@ class KeyAuth:
                 raise AdmissionUnavailable("API keys cannot be checked right now (the gateway's store is "
                                            "unreachable); retry shortly")
             return last
-        if len(self._cache) >= _MAX_CACHED:
-            self._cache.clear()
+        if found[0] is None:
+            self._cache.pop(digest, None)
+            self._unknown.add(digest)
+            return None
+        self._unknown.forget(digest)
+        self._cache.pop(digest, None)  # re-inserted last: the dict's order is the age order
         self._cache[digest] = (now, found[0])
+        if len(self._cache) > _MAX_CACHED:
+            self._cache.pop(next(iter(self._cache)))
         return found[0]
 
 

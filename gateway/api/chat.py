@@ -120,7 +120,9 @@ class ChatEndpoint:
         access.begin(request_id, key_id(headers.get("authorization")), self._endpoint.name)
         runtime.tracing.begin(request_id, headers, self._endpoint.name)
         try:
-            key = await runtime.keys.identify(runtime.policies.current.policy, headers.get("authorization"))
+            client = scope.get("client")
+            key = await runtime.keys.identify(runtime.policies.current.policy, headers.get("authorization"),
+                                              client[0] if client else None)
             tenant = key.tenant
             reply = await self._handle(runtime, receive, headers, key, request_id)
         except GatewayError as exc:

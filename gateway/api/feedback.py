@@ -33,7 +33,8 @@ async def post_feedback(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     try:
         policy, authorization = runtime.policies.current.policy, request.headers.get("authorization")
-        tenant = (await runtime.keys.identify(policy, authorization)).tenant  # policy keys and issued ones
+        client = request.client.host if request.client else None
+        tenant = (await runtime.keys.identify(policy, authorization, client)).tenant  # policy keys, issued ones
         try:
             feedback = parse_feedback(await _read_body(request, MAX_BODY_BYTES))
         except BadRequest:

@@ -16,12 +16,14 @@ from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient, make_engine_client
 from backends.engines.args import otlp_traces_endpoint
 from gateway.api.auth import OPEN_TENANT, KeyAuth
+from gateway.api.auth_limits import AuthSeries, FailedAuths, UnknownKeys
 from gateway.caching.answer_cache import AnswerCache
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
 from gateway.checking.judge import OutputChecker
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import DegradationMonitor
+from gateway.control.drift_sync import DriftSync
 from gateway.control.gc_pauses import freeze_heap
 from gateway.control.ladder_sync import LadderSync
 from gateway.control.live_threshold import LiveThreshold, start_live_threshold
@@ -88,6 +90,7 @@ class Runtime:
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     live_tradeoff: LiveTradeoff | None = None  # a cost_per_1k policy's live tradeoff (owned)
+    drift_sync: DriftSync | None = None  # tenants' drift judged on every process's windows (owned; with Redis)
     autoscaler: Autoscaler | None = None  # where this process runs the engines (owned)
     retrain: RetrainSchedule | None = None  # policy learning.retrain (owned; started by build_runtime)
     memories: LabelMemories | None = None  # policy learning.label_memory (owned; started by build_runtime)
@@ -163,6 +166,7 @@ class Runtime:
             ("the autoscaler", self.autoscaler.aclose if self.autoscaler else None),
             ("the live threshold", self.live_threshold.aclose if self.live_threshold else None),
             ("the live tradeoff", self.live_tradeoff.aclose if self.live_tradeoff else None),
+            ("the drift sync", self.drift_sync.aclose if self.drift_sync else None),
             ("the degradation monitor", self.degradation.aclose), ("the on-demand gate", self.on_demand.aclose),
             ("the accountant", self.accountant.drain),
             ("the replay log", partial(asyncio.to_thread, self.request_log.close) if self.request_log else None),
@@ -199,6 +203,15 @@ def _learning(redis: aioredis.Redis | None, settings: Settings, forwarder: Forwa
                               metrics)
     feedback = FeedbackService(store, settings.ledger_retention_days * 86_400, metrics)
     return LearningTap(store, accountant, metrics, shadow), feedback
+
+
+def _key_auth(redis: aioredis.Redis | None, settings: Settings, metrics: GatewayMetrics) -> KeyAuth:
+    """Policy keys, and with Redis issued ones; failed authentications bounded per client address. Raises
+    ValueError naming the setting for a burst below 1."""
+    series = AuthSeries(metrics.registry)
+    failures = FailedAuths(settings.auth_failure_burst, settings.auth_failures_per_minute, series)
+    return KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None, failures=failures,
+                   unknown=UnknownKeys(0.5, series=series))
 
 
 def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: GatewayMetrics) -> Admission:
@@ -281,7 +294,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
                       live_tradeoff=tradeoff,
                       access_log=access_log, tracing=tracing,
-                      keys=KeyAuth(KeyStore(redis, settings.redis_prefix) if redis else None))
+                      keys=_key_auth(redis, settings, metrics))
     router_swap.on_swap = runtime.scorer_swapped
     runtime.policy_file = PolicyFile(lambda: policies.current)
     runtime.policy_file.attach(metrics)
@@ -289,6 +302,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     runtime.retrain.start()
     runtime.memories = router.memories
     runtime.memories.start()
+    if redis is not None:  # one drift judgement for every process on this Redis and prefix
+        runtime.drift_sync = DriftSync(redis, settings.redis_prefix, router.drift)
+        runtime.drift_sync.start()
     if settings.start_engines:
         runtime.autoscaler = Autoscaler(pool_set, degradation.signals, metrics.scale_event, settings.probe_interval_s)
         runtime.autoscaler.start()

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from backends.clients.breaker import BreakerConfig
-from backends.clients.pool import Pool, ProbeErrorHook
+from backends.clients.pool import ChoiceWeights, Pool, ProbeErrorHook
 from backends.clients.shared import EngineClient
 from backends.engines.registry import REGISTRY_ENV, published
 from backends.engines.supervisor import Answered
@@ -17,7 +17,7 @@ from gateway.settings import Settings
 from policies.pools import pool_version
 from policies.schema import LocalPool, RemotePool
 
-__all__ = ["PoolBuilder", "api_key_headers", "last_answer"]
+__all__ = ["PoolBuilder", "api_key_headers", "choice_weights", "last_answer"]
 
 log = logging.getLogger("cascade.pools")
 
@@ -53,11 +53,17 @@ class PoolBuilder:
         return Pool(name, self.static_urls(name, spec) if urls is None else urls, self._client,
                     probe_interval_s=self._settings.probe_interval_s, health_path=health,
                     headers=api_key_headers(name, spec), breaker=breaker, connection=connection,
-                    version=pool_version(spec), on_probe_error=self._probe_error)
+                    version=pool_version(spec), weights=choice_weights(spec),
+                    on_probe_error=self._probe_error)
 
     def _probe_error(self, pool: str, error: str) -> None:
         if self.on_probe_error is not None:
             self.on_probe_error(pool, error)
+
+
+def choice_weights(spec: LocalPool | RemotePool) -> ChoiceWeights:
+    """The pool's `replica_choice` as the replica choice reads it."""
+    return ChoiceWeights(**spec.replica_choice.model_dump())
 
 
 def api_key_headers(name: str, spec: LocalPool | RemotePool) -> dict[str, str]:

@@ -32,7 +32,7 @@ from backends.machine_checks import checked_here
 from gateway.control.canaries import CanaryGuard, CanaryRoute
 from gateway.control.canary_set import CanarySet, StartedCanary
 from gateway.control.draining import Drainer, close
-from gateway.control.pool_build import PoolBuilder, last_answer
+from gateway.control.pool_build import PoolBuilder, choice_weights, last_answer
 from gateway.control.pool_change import ChangePlan, PolicyNotApplied, PoolChangeRefused
 from gateway.control.replica_scaling import add_replica, remove_replica
 from gateway.control.version_change import VersionChange, local, placed_beside
@@ -360,6 +360,7 @@ class PoolSet:
             self._promote(name, policy.pools[name])
         for name in (n for n in changed if n not in restarted):
             self.specs[name] = policy.pools[name]
+            self.pools[name].weights = choice_weights(policy.pools[name])  # read per request: no restart
             self._canaries.settle(name, policy.pools[name], new_canaries.get(name))
 
     def _promote(self, name: str, spec: LocalPool | RemotePool) -> None:
@@ -394,4 +395,5 @@ class PoolSet:
 
 def _runtime(spec: LocalPool | RemotePool) -> dict[str, object]:
     """What the pool's engines and replicas are built from (not its price or description)."""
-    return spec.model_dump(exclude={"price", "description", "max_quant_loss", "canary", "provider"})
+    return spec.model_dump(exclude={"price", "description", "max_quant_loss", "canary", "provider",
+                                    "replica_choice"})

@@ -72,10 +72,11 @@ ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
 _LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "route",
-                     "key_id", "tiers")
+                     "key_id", "tiers", "completion_limit_by")
 _KEY_ID = re.compile(r"[0-9a-f]{1,64}")
-_LATER_INT_FIELDS = ("cache_avoided_micro_usd",)  # "0" when an older record lacks them
+_LATER_INT_FIELDS = ("cache_avoided_micro_usd", "completion_limit_tokens")  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
+_LIMITS_BY = frozenset({"", "default", "context"})
 _ANSWERS = frozenset({"ok", "client_disconnect", "upstream_error"})  # the statuses of a request's final record
 _OUTPUT_CHECK = re.compile(r"|pass|fail:[a-z_]+(,[a-z_]+)*")
 
@@ -125,6 +126,10 @@ class CostRecord:
     in_domain: float | None = None  # how close the request is to the router's training data, in [0, 1]
     # (`router_models.serving.domain`); None when not scored, scored by the overflow model, by an artifact without
     # a domain reference, or in a record written before the field existed
+    completion_limit_tokens: int = 0  # the completion limit (tokens per choice) the gateway sent for a request
+    # that set none (`gateway.serving.completion_limit`); 0 when the client's own limit applied or none was set
+    completion_limit_by: str = ""  # why that limit: "default" (the policy's `default_max_tokens`), "context" (the
+    # pool's context left after the prompt), "" (none set)
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -206,6 +211,9 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
         raise InvalidCostRecord(f"endpoint: must be one of {sorted(_ENDPOINTS)}, got {rec.endpoint!r}")
     if rec.cache not in _CACHE_RESULTS:
         raise InvalidCostRecord(f"cache: must be one of {sorted(_CACHE_RESULTS)}, got {rec.cache!r}")
+    if rec.completion_limit_by not in _LIMITS_BY:
+        raise InvalidCostRecord(f"completion_limit_by: must be one of {sorted(_LIMITS_BY)}, got "
+                                f"{rec.completion_limit_by!r}")
     for name in _INT_FIELDS + _LATER_INT_FIELDS:
         value = getattr(rec, name)
         limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD

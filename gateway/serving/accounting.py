@@ -16,6 +16,7 @@ from typing import Any
 from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.store import MAX_ROUTE, CostRecord, Ledger
 from gateway.serving.access_log import AccessLog
+from gateway.serving.completion_limit import NO_LIMIT_SET, SetLimit
 from gateway.serving.tracing import Tracing, step
 from gateway.serving.usage import Usage
 from policies.decide import RouteDecision, route_text
@@ -44,6 +45,7 @@ class RequestFacts:
     output_check: str = ""  # the output checks' verdict for the ledger (`gateway.checking.judge.Verdict.summary`)
     redo: tuple[str, ...] = ()  # what a failed output check may still do with this answer: "retry", "escalate"
     key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`)
+    limit_set: SetLimit = NO_LIMIT_SET  # the completion limit the gateway set on this call (`serving.completion_limit`)
 
 
 class Accountant:
@@ -95,6 +97,8 @@ class Accountant:
             key_id=facts.key_id,
             in_domain=decision.in_domain,
             tiers=estimates_text(decision.trade.estimates)[:MAX_ROUTE] if decision.trade is not None else "",
+            completion_limit_tokens=facts.limit_set.tokens,
+            completion_limit_by=facts.limit_set.by,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

@@ -5,13 +5,14 @@ pools, the budget downgrade, the ladder's raised threshold, pool moves and shedd
 demand (or its cold fallback); when none remains (or the target has no replica) the micro answer is kept,
 with `x-cascade-escalation-held: <why>` and rule "cascade-held". Escalation happens before any byte reaches
 the client. The discarded micro call is recorded under `<request id>-probe` with status "escalated"; the
-escalated call under the request id, priced at its own pool's prices. Every unsure answer is counted in
-`cascade_escalations{outcome, pool, held_by}`.
+escalated call under the request id, priced at its own pool's prices. The escalated call is held against the
+tenant's budget before it is made (`Admission.hold_again`): where the budget cannot carry it, the micro answer is
+kept (held by "budget"). Every unsure answer is counted in `cascade_escalations{outcome, pool, held_by}`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,11 +31,11 @@ from gateway.serving.cascade import (
     probe_stream,
     without_logprobs,
 )
+from gateway.serving.completion_limit import SetLimit
 from gateway.serving.endpoints import NativeBody
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.proxy import OpenStream
 from gateway.serving.schema import ChatRequest
-from gateway.serving.upstream import prepare_upstream
 from policies.decide import RouteDecision, served_model
 from policies.escalation import Escalation, escalation
 from policies.ladder import LadderState
@@ -44,6 +45,16 @@ from policies.tenant_moves import move_refused
 __all__ = ["CascadeFlow", "CascadeTurn", "cascades"]
 
 HELD_HEADER = "x-cascade-escalation-held"
+Prepare = Callable[[LoadedPolicy, "CascadeTurn", RouteDecision, ChatRequest],
+                   Awaitable[tuple[dict[str, Any], dict[str, str], SetLimit]]]
+"""The engine body for a decision, its ladder headers and the completion limit set on it."""
+HoldAgain = Callable[[LoadedPolicy, RequestFacts, ChatRequest, dict[str, Any], str, SetLimit], Awaitable[bool]]
+"""Hold a second engine call (facts of the request, its prompt, target pool, limit) before it is made: False when
+the budget cannot carry it."""
+
+
+class _NotHeld(Exception):
+    """The budget cannot hold the escalated call: the micro answer stays."""
 
 
 def cascades(loaded: LoadedPolicy, decision: RouteDecision) -> bool:
@@ -96,11 +107,14 @@ class CascadeFlow:
 
     def __init__(self, forwarder: Forwarder, pool_of: Callable[[RouteDecision, Mapping[str, Any]],
                                                                tuple[RouteDecision, Pool]],
-                 wake: Wake | None = None, metrics: GatewayMetrics | None = None) -> None:
+                 wake: Wake | None, metrics: GatewayMetrics | None, prepare: Prepare,
+                 hold_again: HoldAgain) -> None:
         self._fw = forwarder
         self._pool_of = pool_of
         self._wake = wake
         self._metrics = metrics
+        self._prepare = prepare
+        self._hold_again = hold_again
 
     async def run(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                   loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
@@ -121,6 +135,8 @@ class CascadeFlow:
                 reply = await self._escalate(call, plan, conf)
             except NoReplicaAvailable as exc:
                 plan = Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})")
+            except _NotHeld as exc:
+                plan = Escalation(None, "budget", str(exc))
             except BaseException:
                 self._fw.account_json(call.loaded, call.probe_facts, replica, call.upstream, answer)
                 raise
@@ -155,6 +171,8 @@ class CascadeFlow:
             reply = await self._escalate(call, plan, conf) if plan.pool is not None else None
         except NoReplicaAvailable as exc:
             plan, reply = Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})"), None
+        except _NotHeld as exc:
+            plan, reply = Escalation(None, "budget", str(exc)), None
         except BaseException:
             await self._drop_probe(opened, call, probe)
             raise
@@ -197,8 +215,10 @@ class CascadeFlow:
                                              model=served_model(loaded.policy, target),
                                              reason=f"{call.unsure(conf)}: {plan.reason}")
         decision, pool = self._pool_of(escalated, turn.raw)
-        facts = replace(call.facts, decision=decision)
-        upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
+        upstream, extra, limit = await self._prepare(loaded, turn, decision, request)
+        if not await self._hold_again(loaded, call.facts, request, turn.raw, target, limit):
+            raise _NotHeld(f"tenant {call.facts.tenant!r}'s budget cannot hold a call on {target!r}")
+        facts = replace(call.facts, decision=decision, limit_set=limit)
         headers = {**extra, **cascade_headers(True, conf)}
         reply: JSONReply | StreamReply
         if request.stream:

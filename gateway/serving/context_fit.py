@@ -81,16 +81,30 @@ class ContextFit:
                              native: NativeBody | None) -> int:
         """The prompt's tokens as `pool` counts them: at a healthy replica of a local pool, on this machine for a
         remote one, estimated for a local pool with no replica answering (`count_request_usage`)."""
+        body = raw if native is None else native.body
+        return (await self._count(loaded, pool, body, CHAT.name if native is None else native.endpoint.name))[0]
+
+    async def _count(self, loaded: LoadedPolicy, pool: str, body: dict[str, Any], endpoint: str) -> tuple[int, bool]:
+        """(the prompt's tokens in `body` as `pool` counts them, whether that was an estimate)."""
         spec: LocalPool | RemotePool | None = loaded.policy.pools[pool]
         replicas = self._pools(pool)
         url = next((r.url for r in replicas.replicas if r.healthy), "") if replicas is not None else ""
         if isinstance(spec, LocalPool) and not url:
             spec = None  # nothing to count at: estimated
-        body = raw if native is None else native.body
-        endpoint = CHAT.name if native is None else native.endpoint.name
         counted = await count_request_usage(endpoint, spec, self._engines, url, served_model(loaded.policy, pool),
                                             body, "")
-        return counted.prompt_tokens
+        return counted.prompt_tokens, counted.source == "estimate"
+
+    async def prompt_bound(self, loaded: LoadedPolicy, pool: str, body: dict[str, Any], endpoint: str,
+                           count: bool) -> int:
+        """An upper bound of the prompt's tokens in the engine body `body` on `pool`: its JSON size plus
+        `TEMPLATE_MARGIN` (no counting), or with `count` its tokens counted as `pool` counts them where that is
+        not an estimate (4 characters a token may undercount), whichever is smaller."""
+        bound = len(orjson.dumps(body)) + TEMPLATE_MARGIN
+        if not count:
+            return bound
+        tokens, estimated = await self._count(loaded, pool, body, endpoint)
+        return bound if estimated else min(bound, tokens)
 
     async def fits(self, loaded: LoadedPolicy, pool: str, need: Need, raw: dict[str, Any],
                    native: NativeBody | None, ladder: LadderState) -> tuple[bool, int | None]:

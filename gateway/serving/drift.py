@@ -6,9 +6,11 @@ figures of which more than `drift_share` are below the bound is drifting: a warn
 an info line when it stops), and `drifting(tenant)` says so to the router, which may hold a safer threshold for it
 (`learning.in_domain.hold`, `RequestRouter`).
 
-The window is this process's view. Behind a load balancer every process sees a sample of each tenant's traffic, so
-each judges the same drift from its share; nothing to share through Redis, and nothing lost on a restart but the
-last `window` requests' flags. The cost report states the drift from the ledger's rollups, over any date range
+The window is this process's view; under `--workers N` or several gateways on one Redis, `adopt` replaces the
+judgement by one on the windows of every process summed (`gateway.control.drift_sync`), so a tenant whose traffic
+is spread thin over many processes (none of which sees `min_requests` of it) is judged on all of it, and every
+process holds the same tenants. Without that (no Redis, or it cannot be reached) each process judges its own
+window. The cost report states the drift from the ledger's rollups, over any date range
 (`gateway.costs.domain`). Requests without a figure do not count. Memory: `window` booleans a tenant.
 """
 
@@ -37,28 +39,51 @@ class DomainDrift:
 
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
+        self._spec: InDomain | None = None  # the policy's, as of the latest request
+        self.shared = False  # judged on every process's windows (`adopt`), not this one's alone
 
     def observe(self, spec: InDomain, tenant: str, in_domain: float | None) -> None:
         """Count one scored request of `tenant` (nothing without a figure); logs when its drift starts or ends."""
         if in_domain is None:
             return
+        self._spec = spec
         window = self._windows.setdefault(tenant, _Window())
         low = in_domain < spec.bound
         window.flags.append(low)
         window.below += low
         while len(window.flags) > spec.window:
             window.below -= window.flags.popleft()
-        share = window.below / len(window.flags)
-        drifting = len(window.flags) >= spec.min_requests and share > spec.drift_share
-        if drifting != window.drifting:
-            window.drifting = drifting
-            if drifting:
-                log.warning("tenant %r drifts from the router's training data: %.0f%% of its last %d scored requests "
-                            "have an in-domain figure below %.1f (policy learning.in_domain.drift_share %.2f)",
-                            tenant, 100 * share, len(window.flags), spec.bound, spec.drift_share)
-            else:
-                log.info("tenant %r no longer drifts: %.0f%% of its last %d scored requests below in-domain %.1f",
-                         tenant, 100 * share, len(window.flags), spec.bound)
+        if not self.shared:
+            self._judge(spec, tenant, window, window.below, len(window.flags))
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Per tenant, (figures below the bound, figures) in this process's window: what it shares."""
+        return {tenant: (w.below, len(w.flags)) for tenant, w in self._windows.items() if w.flags}
+
+    def adopt(self, merged: dict[str, tuple[int, int]] | None) -> None:
+        """Judge every tenant on `merged` (per tenant, every process's counts summed, this one's included); None:
+        on this process's window again (the shared view is unavailable)."""
+        self.shared = merged is not None and self._spec is not None
+        if merged is None or self._spec is None:
+            return
+        for tenant in set(merged) | set(self._windows):
+            below, total = merged.get(tenant, (0, 0))
+            self._judge(self._spec, tenant, self._windows.setdefault(tenant, _Window()), below, total)
+
+    @staticmethod
+    def _judge(spec: InDomain, tenant: str, window: _Window, below: int, total: int) -> None:
+        share = below / total if total else 0.0
+        drifting = total >= spec.min_requests and share > spec.drift_share
+        if drifting == window.drifting:
+            return
+        window.drifting = drifting
+        if drifting:
+            log.warning("tenant %r drifts from the router's training data: %.0f%% of its last %d scored requests have "
+                        "an in-domain figure below %.1f (policy learning.in_domain.drift_share %.2f)",
+                        tenant, 100 * share, total, spec.bound, spec.drift_share)
+        else:
+            log.info("tenant %r no longer drifts: %.0f%% of its last %d scored requests below in-domain %.1f",
+                     tenant, 100 * share, total, spec.bound)
 
     def drifting(self, tenant: str) -> bool:
         window = self._windows.get(tenant)

@@ -82,14 +82,19 @@ class ChatRequest(NullIsUnset):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-def _apply_limits(request: ChatRequest, raw: dict[str, Any], max_messages: int, max_tokens_cap: int | None) -> None:
+def _apply_limits(request: ChatRequest, raw: dict[str, Any], max_messages: int,
+                  max_tokens_cap: int | None) -> ChatRequest:
+    """`request` as the gateway reads it (its completion limit clamped to the cap: what admission holds); `raw`
+    clamped in place (what the engine is sent)."""
     if len(request.messages) > max_messages:
         raise BadRequest(f"messages: {len(request.messages)} messages; the limit is {max_messages}",
                          param="messages", code="too_many_messages")
     limit = request.completion_limit
-    if max_tokens_cap is not None and (limit is None or limit > max_tokens_cap):
-        field = "max_completion_tokens" if "max_completion_tokens" in raw else "max_tokens"
-        raw[field] = max_tokens_cap  # clamped, not refused: the engine stops at the cap
+    if max_tokens_cap is None or (limit is not None and limit <= max_tokens_cap):
+        return request
+    field = "max_completion_tokens" if "max_completion_tokens" in raw else "max_tokens"
+    raw[field] = max_tokens_cap  # clamped, not refused: the engine stops at the cap
+    return request.model_copy(update={field: max_tokens_cap})
 
 
 def json_object(body: bytes) -> dict[str, Any]:
@@ -121,6 +126,6 @@ def parse_chat_request(
         first = exc.errors(include_url=False)[0]
         param = dotted_path(tuple(first["loc"]))
         raise BadRequest(f"{param}: {first['msg']}", param=param, code="invalid_value") from exc
-    _apply_limits(request, raw, max_messages, max_tokens_cap)
+    request = _apply_limits(request, raw, max_messages, max_tokens_cap)
     check_request_schemas(raw)
     return request, raw

@@ -24,6 +24,7 @@ from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade_flow import CascadeFlow, CascadeTurn, cascades
+from gateway.serving.completion_limit import CompletionLimits, SetLimit, held_completion
 from gateway.serving.context_fit import ContextFit, Need
 from gateway.serving.endpoints import CHAT, NativeBody, native_upstream
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
@@ -68,12 +69,13 @@ class ChatService:
         self._metrics = metrics
         self._keep_requests = keep_requests
         self._admission = admission
-        self._cascade = CascadeFlow(forwarder, versions.target, wake, metrics)
         self._learning = learning
         self._cache = cache
         self._guard = InputGuard(metrics.guard_decision)
         self._checker = forwarder.checker
         self._fit = fit or ContextFit(forwarder.engines, versions.pool)
+        self._limits = CompletionLimits(self._fit)
+        self._cascade = CascadeFlow(forwarder, versions.target, wake, metrics, self._upstream, self._hold_again)
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
@@ -114,13 +116,13 @@ class ChatService:
         decision = await _step("context-fit", request_id, decision,
                                self._fit.place(loaded, decision, request, raw, native, tenant, ladder, downgrade))
         turn = CascadeTurn(raw, ladder, downgrade, {}, native)
-        upstream, extra = _upstream(turn, decision, request)
+        upstream, extra, limit = await self._upstream(loaded, turn, decision, request)
         turn = replace(turn, headers=extra)
         kept = raw if self._keep_requests else None  # the routing view: what a replay routes again
         redo = self._redo(loaded, tenant, decision, request, ladder, downgrade) if native is None else ()
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok", kept,
                              redo=redo, endpoint=CHAT.name if native is None else native.endpoint.name,
-                             key_id=key.id if key is not None else "")
+                             key_id=key.id if key is not None else "", limit_set=limit)
         # the response cache keeps chat answers only (its key is the chat body)
         cached = await lookup_answer(self._cache if native is None else None, loaded.policy, facts, request, raw)
         if cached.reply is not None:
@@ -164,18 +166,29 @@ class ChatService:
             decision = answered.then("output-check", f"failed {checks}: retried",
                                      reason=f"{answered.reason}; {why}: retried")
             done = "retried"
-        upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
+        upstream, extra, limit = await self._upstream(loaded, turn, decision, request)
+        if not await self._hold_again(loaded, facts, request, turn.raw, decision.pool, limit):
+            return await self._first_answer(rejected, facts, turn, f"{why}; not {done}: the tenant's budget cannot "
+                                            "hold another answer")
         try:
-            reply = await self._serve(upstream, request, replace(facts, decision=decision, redo=()), loaded,
-                                      replace(turn, headers=extra))
+            reply = await self._serve(upstream, request, replace(facts, decision=decision, redo=(), limit_set=limit),
+                                      loaded, replace(turn, headers=extra))
         except (NoReplicaAvailable, UpstreamError) as exc:
-            log.warning("request %s: %s; %s failed (%s): the first answer is served", facts.request_id, why, done,
-                        exc.message)
-            self._checker.acted(answered.pool, verdict, "held")
-            headers = {**turn.headers, CHECK_HEADER: verdict.header, ACTION_HEADER: f"held:{checks}"}
-            return JSONReply(rejected.body, answered, headers)
+            return await self._first_answer(rejected, facts, turn, f"{why}; {done} failed ({exc.message})")
         self._checker.acted(answered.pool, verdict, done)
         return replace(reply, headers={**reply.headers, ACTION_HEADER: f"{done}:{checks}"})
+
+    async def _first_answer(self, rejected: OutputRejected, facts: RequestFacts, turn: CascadeTurn,
+                            why: str) -> JSONReply:
+        """Serve the answer that failed its checks, flagged (`held:<checks>`): no other could be had (`why`). It is
+        recorded as discarded, so nothing records the request's id: its budget holds go back now."""
+        assert self._checker is not None
+        log.warning("request %s: %s: the first answer is served", facts.request_id, why)
+        self._checker.acted(rejected.decision.pool, rejected.verdict, "held")
+        await self._admission.give_back_hold(facts.request_id)
+        checks = ",".join(rejected.verdict.failed)
+        headers = {**turn.headers, CHECK_HEADER: rejected.verdict.header, ACTION_HEADER: f"held:{checks}"}
+        return JSONReply(rejected.body, rejected.decision, headers)
 
     async def _serve(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
@@ -189,9 +202,28 @@ class ChatService:
                 raise
             why = f"no replica of {decision.pool!r} available"
             other_decision = moved(loaded.policy, decision, "failover", other, why, f"{why}: failed over to {other!r}")
-            upstream, extra = _upstream(turn, other_decision, request)
+            upstream, extra, limit = await self._upstream(loaded, turn, other_decision, request)
             turn = replace(turn, headers=extra)
-            return await self._forward(upstream, request, replace(facts, decision=other_decision), loaded, turn)
+            return await self._forward(upstream, request, replace(facts, decision=other_decision, limit_set=limit),
+                                       loaded, turn)
+
+    async def _upstream(self, loaded: LoadedPolicy, turn: CascadeTurn, decision: RouteDecision,
+                        request: ChatRequest) -> tuple[dict[str, Any], dict[str, str], SetLimit]:
+        """The engine's body for `decision` (`_upstream`) with the completion limit the gateway sets on it
+        (`gateway.serving.completion_limit`), the ladder's response headers, and that limit."""
+        upstream, extra = _upstream(turn, decision, request)
+        endpoint = CHAT.name if turn.native is None else turn.native.endpoint.name
+        upstream, limit = await self._limits.apply(loaded, decision.pool, request.completion_limit, upstream,
+                                                   endpoint)
+        return upstream, extra, limit
+
+    async def _hold_again(self, loaded: LoadedPolicy, facts: RequestFacts, request: ChatRequest,
+                          raw: dict[str, Any], pool: str, limit: SetLimit) -> bool:
+        """Hold a second engine call of the request on `pool` before it is made (`Admission.hold_again`): its
+        prompt `raw["messages"]` and completion limit."""
+        completion = limit.tokens or held_completion(loaded.policy, pool, request.completion_limit)
+        return await self._admission.hold_again(loaded.policy, facts.tenant, facts.request_id, pool,
+                                                raw["messages"], completion * request.n)
 
     async def _failover_pool(self, loaded: LoadedPolicy, decision: RouteDecision, tenant: str, turn: CascadeTurn,
                              need: Need) -> str | None:

@@ -10,7 +10,10 @@ work again. Tenants without limits or budget cost no Redis round trip and are ne
 
 What admission takes it gives back when the request is refused later (`Admission.refunds`): the rate limiter's
 entry (`Limiter.give_back`) and the budget hold (`BudgetChecker.release`). A request refused by its budget gives
-back its rate-limit entry at once. The budget hold is the request's worst case (`worst_case_micro_usd`).
+back its rate-limit entry at once. The budget hold is the request's worst case (`worst_case_micro_usd`): its
+completion at the limit the gateway will send where it set none (`gateway.serving.completion_limit`). A second
+engine call for the same request (a cascade escalation, an output-check retry) is held before it is made
+(`hold_again`): where the budget cannot carry it, it is not made.
 
 An issued API key's own limits (`gateway.tenancy.api_keys`) apply inside the tenant's, and also under a policy that
 names no tenants (every caller is `default` there, and a key's limits are all there is): its requests and tokens
@@ -28,12 +31,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import AdmissionUnavailable, GatewayError, RateLimited, TooManyRequests
 from gateway.logs import LogThrottle
+from gateway.serving.completion_limit import held_completion
 from gateway.serving.schema import ChatRequest
 from gateway.tenancy.api_keys import ApiKey
 from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeyBudget, key_budget_error
@@ -78,11 +82,13 @@ class OutageSignal:
             log.info("%s checked again: Redis reachable", check.replace("_", " "))
 
 
-def worst_case_micro_usd(policy: Policy, spec: Tenant, prompt_tokens: int, completion_tokens: int) -> int:
-    """What a request can cost at most, in micro-USD: its tokens at the prices of the dearest pool the tenant may
-    be served by (its allowed pools, else all: routing, failover and the cascade may each move it up)."""
-    pools = [policy.pools[name] for name in spec.allowed_pools or policy.pools if name in policy.pools]
-    return max((pool.price.cost_micro_usd(prompt_tokens, completion_tokens) for pool in pools), default=0)
+def worst_case_micro_usd(policy: Policy, spec: Tenant, prompt_tokens: int, limit: int | None, n: int = 1) -> int:
+    """What a request can cost at most, in micro-USD: its prompt and `n` choices of the completion each pool may be
+    sent (`held_completion`: the client's `limit`, else the gateway's), at the prices of the dearest pool the tenant
+    may be served by (its allowed pools, else all: routing, failover and the cascade may each move it up)."""
+    names = [name for name in spec.allowed_pools or policy.pools if name in policy.pools]
+    return max((policy.pools[name].price.cost_micro_usd(prompt_tokens, held_completion(policy, name, limit) * n)
+                for name in names), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,7 @@ class _Taken:
     grants: tuple[tuple[str, Grant], ...]  # (limiter subject, grant): the key's, the tenant's
     held: bool
     key_held: str = ""  # the API key whose budget holds this request ("" none)
+    key_limit: int = 0  # that key's daily budget, micro-USD
 
 
 class Admission:
@@ -122,16 +129,16 @@ class Admission:
             return None
         spec = named or _OPEN
         prompt = estimate_tokens(prompt_text_of(raw_messages))
-        completion = (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
+        tokens = prompt + (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
+        worst = worst_case_micro_usd(policy, spec, prompt, request.completion_limit, request.n) if request_id else 0
         grants: list[tuple[str, Grant]] = []
         key_held = ""
         try:
             if key is not None and issued:
-                worst = worst_case_micro_usd(policy, spec, prompt, completion) if request_id else 0
-                key_held = await self._key_limits(tenant, spec, key, prompt + completion, grants, request_id, worst)
-            grant = await self._rate_limit(tenant, spec, prompt + completion)
+                key_held = await self._key_limits(tenant, spec, key, tokens, grants, request_id, worst)
+            grant = await self._rate_limit(tenant, spec, tokens)
             grants += [(tenant, grant)] if grant is not None and grant.member is not None else []
-            verdict = await self._budget(policy, tenant, spec, request_id, prompt, completion)
+            verdict = await self._budget(tenant, spec, request_id, worst)
         except (GatewayError, asyncio.CancelledError) as exc:  # refused, or cancelled with a hold maybe placed
             cancelled = isinstance(exc, asyncio.CancelledError) and bool(request_id)
             key_held = key.id if cancelled and key is not None and key.daily_usd is not None else key_held
@@ -139,8 +146,41 @@ class Admission:
             raise
         held = verdict is not None and verdict.held
         if request_id and (grants or held or key_held):
-            self._taken[request_id] = _Taken(tenant, tuple(grants), held, key_held)
+            limit = (key.daily_usd or 0) if key is not None else 0
+            self._taken[request_id] = _Taken(tenant, tuple(grants), held, key_held, limit)
         return verdict
+
+    async def hold_again(self, policy: Policy, tenant: str, request_id: str, pool: str, raw_messages: object,
+                         completion: int) -> bool:
+        """Before a second engine call for request `request_id` (admitted, inside `refunds`): hold that call's
+        worst case (its prompt and `completion` tokens, all choices, at `pool`'s prices) in place of the request's
+        hold, against the key's and the tenant's budgets, counting the first call (its hold, or its cost once
+        recorded). False: a budget cannot carry it, so the call must not be made (the request's hold stays; the
+        caller gives it back with `give_back_hold` when no record of `request_id` will follow). True: held, or
+        nothing to hold (no budget, or its store unreachable: as at admission, the spend is still recorded)."""
+        taken = self._taken.get(request_id)
+        if taken is None or not (taken.held or taken.key_held):
+            return True
+        worst = policy.pools[pool].price.cost_micro_usd(estimate_tokens(prompt_text_of(raw_messages)), completion)
+        if taken.key_held and self._key_budget is not None:
+            hold = await self._key_budget.reserve_key(tenant, taken.key_held, taken.key_limit, request_id, worst)
+            if hold is not None and not hold.placed and worst > 0:
+                self._metrics.budget.labels(tenant, "key_exceeded").inc()
+                return False
+        spec = policy.tenants.get(tenant)
+        if taken.held and spec is not None and self._budgets is not None:
+            verdict = await self._budgets.reserve(tenant, spec.budget, request_id, worst)
+            if not verdict.fail_open and not verdict.held:
+                self._metrics.budget.labels(tenant, verdict.state).inc()
+                return False
+        return True
+
+    async def give_back_hold(self, request_id: str) -> None:
+        """Release the budget holds of an admitted request whose cost no record under `request_id` will bring
+        (its answer was recorded under another id); its rate-limit entries stay."""
+        taken = self._taken.pop(request_id, None)
+        if taken is not None:
+            await asyncio.shield(self._give_back(request_id, replace(taken, grants=())))
 
     @asynccontextmanager
     async def refunds(self, request_id: str) -> AsyncIterator[None]:
@@ -204,12 +244,10 @@ class Admission:
         self._outcome("rate_limit", tenant, spec, grant.checked)  # may refuse (503): nothing was taken
         return grant
 
-    async def _budget(self, policy: Policy, tenant: str, spec: Tenant, request_id: str, prompt: int,
-                      completion: int) -> BudgetVerdict | None:
+    async def _budget(self, tenant: str, spec: Tenant, request_id: str, worst: int) -> BudgetVerdict | None:
         budget = spec.budget
         if self._budgets is None or (budget.daily_usd is None and budget.monthly_usd is None):
             return None
-        worst = worst_case_micro_usd(policy, spec, prompt, completion) if request_id else 0
         verdict = await self._budgets.reserve(tenant, budget, request_id, worst)
         self._outcome("budget", tenant, spec, not verdict.fail_open)  # may refuse (503): nothing was held
         if verdict.state != "ok":

@@ -3,11 +3,12 @@ is refused by its budget, or later inside `refunds`; holds of requests in flight
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import BudgetExceeded, NoReplicaAvailable, RateLimited
-from gateway.serving.schema import ChatRequest
+from gateway.serving.schema import ChatRequest, parse_chat_request
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.budgets import StaticBudgets
 from gateway.tenancy.limits import MemoryRateLimiter
@@ -58,3 +59,15 @@ async def test_holds_count_and_go_back_when_the_request_is_refused_later() -> No
     limitless = Admission(None, budgets, GatewayMetrics(dict))
     with pytest.raises(BudgetExceeded):
         await limitless.admit(POLICY, "acme", REQUEST, MESSAGES, "more")
+
+
+async def test_the_max_tokens_cap_is_what_the_budget_holds() -> None:
+    """CASCADE_MAX_TOKENS_CAP clamps the body the engine gets and the limit admission holds: a request asking for
+    more than the cap, or for nothing, is held at the cap (1 token here: 2 + 1 tokens at the flagship's prices)."""
+    for limit in ({"max_tokens": 5000}, {"max_completion_tokens": 5000}, {}):
+        body = orjson.dumps({"model": "auto", "messages": MESSAGES, **limit})
+        request, raw = parse_chat_request(body, max_tokens_cap=1)
+        assert request.completion_limit == 1 and raw.get("max_completion_tokens", raw.get("max_tokens")) == 1
+        budgets = StaticBudgets()
+        await Admission(None, budgets, GatewayMetrics(dict)).admit(POLICY, "acme", request, MESSAGES, "req")
+        assert budgets.held["acme"] == {"req": 102}
