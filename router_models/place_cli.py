@@ -68,7 +68,8 @@ def describe(placement: Placement, pool_map: PoolMap) -> str:
     """Where the pool sits: overall ability (and P(good) on a request of average difficulty), each domain axis, with
     +- two standard errors, and where among the shared models it ranks overall."""
     overall, se = placement.ability[0], placement.se[0]
-    typical = 1.0 / (1.0 + math.exp(-(overall - float(pool_map.bias[0]))))
+    mean_position = pool_map.metadata.get("mean_position") or [float(pool_map.bias[0])]  # over the fit's prompts
+    typical = 1.0 / (1.0 + math.exp(-(overall - float(mean_position[0]))))
     others = sorted(s.ability[0] for s in pool_map.shared.values())
     rank = sum(v <= overall for v in others) / max(len(others), 1)
     lines = [f"pool {placement.pool!r} on {placement.map_version} ({placement.rows} rows, mean quality "

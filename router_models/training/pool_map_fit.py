@@ -161,7 +161,8 @@ def fit_pool_map(x: npt.NDArray[np.floating], examples: Sequence[Example], embed
     return PoolMap(pool_map.weights, bias, axes, embedder, version, shared, prior_mean, prior_sd,
                    {"fit": {"k": cfg.k, "ridge": cfg.ridge, "ability_sd": cfg.ability_sd, "steps": cfg.steps,
                             "lbfgs_steps": cfg.lbfgs_steps, "seed": cfg.seed, "models": len(obs.models),
-                            "graded_outcomes": len(obs.y), "judged_pairs": len(obs.pair_item)}})
+                            "graded_outcomes": len(obs.y), "judged_pairs": len(obs.pair_item)},
+                    "mean_position": [round(float(v), 6) for v in c_std]})
 
 
 def shared_abilities(pool_map: PoolMap, x: npt.NDArray[np.floating],
