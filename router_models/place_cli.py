@@ -74,8 +74,8 @@ def describe(placement: Placement, pool_map: PoolMap) -> str:
     rank = sum(v <= overall for v in others) / max(len(others), 1)
     lines = [f"pool {placement.pool!r} on {placement.map_version} ({placement.rows} rows, mean quality "
              f"{placement.mean_quality:.3f}; from {placement.origin})",
-             f"  overall      {overall:+.3f} +- {2 * se:.3f}  (P(good) on a request of average difficulty {typical:.3f}; above "
-             f"{rank:.0%} of the {len(others)} shared source models)"]
+             f"  overall      {overall:+.3f} +- {2 * se:.3f}  (P(good) on a request of average difficulty "
+             f"{typical:.3f}; above {rank:.0%} of the {len(others)} shared source models)"]
     for name, value, err in zip(pool_map.axes[1:], placement.ability[1:], placement.se[1:], strict=True):
         lines.append(f"  {name:<12} {value:+.3f} +- {2 * err:.3f}")
     return "\n".join(lines)
