@@ -244,7 +244,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     on_demand = OnDemandGate(pool_set)
     on_demand.start()
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
-    tradeoff = start_live_tradeoff(redis, settings.redis_prefix, lambda: policies.current.policy)
+    tradeoff = start_live_tradeoff(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
     router = RequestRouter(scorer, metrics, live, tradeoff=tradeoff)
     router.memories = LabelMemories(default_store_dir() / "memory", lambda: router.scorer)
     router.memories.on_inline = metrics.memory_moves.labels("inline").inc

@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import redis.asyncio as aioredis
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from backends.background import stop
 from gateway.control.live_threshold import MemoryWindow, RedisWindow, ScoreWindow
+from gateway.control.metrics import GatewayMetrics
 from gateway.redis_client import REDIS_FAILURES
 from policies.schema import Policy
 from policies.tiers import TierEstimate, solve_tradeoff
 
-__all__ = ["MIN_SAMPLES", "WINDOW", "LiveTradeoff", "entry_of", "parse_entry", "start_live_tradeoff"]
+__all__ = ["MIN_SAMPLES", "WINDOW", "LiveTradeoff", "TradeoffCollector", "entry_of", "parse_entry",
+           "start_live_tradeoff"]
 
 log = logging.getLogger("cascade.threshold")
 
@@ -59,6 +63,11 @@ class LiveTradeoff:
         self.samples = 0
         self._down = False
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def live(self) -> float | None:
+        """The tradeoff the last refresh solved on the window; None until it holds `MIN_SAMPLES` trades."""
+        return self._live
 
     def tradeoff(self, policy: Policy, estimates: Sequence[TierEstimate]) -> float:
         """The tradeoff to decide this request with: the policy's (0 when it gives none) or, for a cost_per_1k
@@ -115,10 +124,33 @@ class LiveTradeoff:
         self._task = None
 
 
-def start_live_tradeoff(client: aioredis.Redis | None, prefix: str, policy: Callable[[], Policy]) -> LiveTradeoff:
-    """A started `LiveTradeoff` on the Redis window (a process-local one without Redis). The caller owns it."""
+class TradeoffCollector(Collector):
+    """/metrics gauges of a `cost_per_1k` policy: the tradeoff in force (absent until the window fills: each request
+    is then solved on its own), its target and the trades in the window. Each worker's own, as the threshold's."""
+
+    def __init__(self, live: LiveTradeoff, policy: Callable[[], Policy]) -> None:
+        self._live, self._policy = live, policy
+
+    def collect(self) -> Iterable[Metric]:
+        target = self._policy().routing.cost_per_1k
+        if target is None:
+            return
+        yield GaugeMetricFamily("cascade_routing_cost_per_1k_target_usd", "mean expected cost per 1,000 requests "
+                                "the policy targets (routing.cost_per_1k)", value=target / 1e6)
+        yield GaugeMetricFamily("cascade_routing_trade_window", "trades in the shared window", value=self._live.samples)
+        if self._live.live is not None:
+            yield GaugeMetricFamily("cascade_routing_tradeoff", "tradeoff in force: the quality one USD of expected "
+                                    "cost per request is worth", value=self._live.live)
+
+
+def start_live_tradeoff(client: aioredis.Redis | None, prefix: str, policy: Callable[[], Policy],
+                        metrics: GatewayMetrics | None = None) -> LiveTradeoff:
+    """A started `LiveTradeoff` on the Redis window (a process-local one without Redis), its gauges registered in
+    `metrics`. The caller owns it."""
     window: ScoreWindow = (MemoryWindow() if client is None
                            else RedisWindow(client, prefix, f"{prefix}routing:recent-trades"))
     live = LiveTradeoff(window, policy)
+    if metrics is not None:
+        metrics.register_scrape_time(TradeoffCollector(live, policy), own_view=True)
     live.start()
     return live

@@ -13,16 +13,14 @@ Contract:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from policies.loader import LoadedPolicy, PolicyError
+from router_models.serving.placement import Placement
 
 __all__ = ["MapPlacements", "PlacementSource", "placement_path", "with_placements"]
-
-MAP_MODULE = "router_models.serving.pool_map"
 
 
 class PlacementSource(Protocol):
@@ -38,20 +36,14 @@ class PlacementSource(Protocol):
 
 
 class MapPlacements:
-    """Placements as the pool map reads them (`router_models.serving.pool_map.Placement`)."""
+    """Placements on the served pool map (`router_models.serving.placement.Placement`: checked against the map's
+    version and embedder; a `PlacementError`, a ValueError, names what is wrong)."""
 
     def load(self, path: Path) -> Any:
-        return _map_module().Placement.load(path)
+        return Placement.load(path)
 
     def named(self, name: str) -> Any:
-        return _map_module().Placement.named(name)
-
-
-def _map_module() -> Any:
-    try:
-        return importlib.import_module(MAP_MODULE)
-    except ImportError as exc:
-        raise ValueError(f"this gateway has no pool map ({MAP_MODULE}: {exc})") from exc
+        return Placement.named(name)
 
 
 def placement_path(loaded: LoadedPolicy, value: str) -> Path | None:

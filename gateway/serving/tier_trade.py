@@ -14,7 +14,6 @@ Contract:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ import numpy.typing as npt
 from policies.context import RouteContext
 from policies.loader import LoadedPolicy
 from policies.tiers import TierEstimate, expected_completion, expected_cost_usd
+from router_models.serving.pool_map import PoolMap, quality
 
 __all__ = ["MapQuality", "QualityModel", "map_of", "tier_estimates"]
 
@@ -43,26 +43,18 @@ class QualityModel(Protocol):
 class MapQuality:
     """The pool map's prediction (`router_models.serving.pool_map.quality(pool_map, features, placements)`)."""
 
-    def __init__(self, pool_map: Any) -> None:
+    def __init__(self, pool_map: PoolMap) -> None:
         self._map = pool_map
-        self._quality = importlib.import_module("router_models.serving.pool_map").quality
 
     def quality(self, features: npt.NDArray[np.float32], placements: Sequence[Any]) -> npt.NDArray[np.float64]:
-        return np.asarray(self._quality(self._map, features, list(placements)), dtype=np.float64)
+        return quality(self._map, features, list(placements))
 
 
 def map_of(scorer: object) -> QualityModel | None:
-    """The pool map a scorer carries (its `pool_map`, beside the classifier it scores with), as a `QualityModel`;
-    None when it carries none."""
+    """The pool map a scorer carries (the classifier's `pool_map`, on its own feature rows: `router_models.serving.
+    pool_map.pool_map_for`), as a `QualityModel`; None when it carries none."""
     pool_map = getattr(scorer, "pool_map", None)
-    if pool_map is None:
-        return None
-    try:
-        return MapQuality(pool_map)
-    except ImportError:
-        log.warning("the scorer carries a pool map and %s cannot be imported: tiers split by score",
-                    "router_models.serving.pool_map")
-        return None
+    return MapQuality(pool_map) if isinstance(pool_map, PoolMap) else None
 
 
 def tier_estimates(loaded: LoadedPolicy, ctx: RouteContext, model: QualityModel,

@@ -25,7 +25,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -33,10 +33,7 @@ import numpy.typing as npt
 from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
 from router_models.serving.artifact import ArtifactError, read_metadata, read_payload, replace_atomically
 
-if TYPE_CHECKING:
-    from router_models.serving.placement import Placement, PlacementError
-
-__all__ = ["DEFAULT_POOL_MAP", "MAP_FORMAT", "Placement", "PlacementError", "PoolMap", "SharedAbility", "abilities",
+__all__ = ["DEFAULT_POOL_MAP", "MAP_FORMAT", "Placed", "PoolMap", "SharedAbility", "abilities",
            "load_pool_map", "pool_map_for", "quality", "quality_logits", "save_pool_map", "served_pool_map"]
 
 Floats = npt.NDArray[np.float64]
@@ -99,7 +96,17 @@ class PoolMap:
         return np.asarray(features.astype(np.float32) @ self.weights, np.float64) + self.bias
 
 
-def abilities(placements: Sequence[Placement], pool_map: PoolMap) -> Floats:
+class Placed(Protocol):
+    """A pool's place on a map, as `quality` reads it (`router_models.serving.placement.Placement`: this module does
+    not import it, since it imports this one)."""
+
+    @property
+    def ability(self) -> tuple[float, ...]: ...
+
+    def check(self, pool_map: PoolMap, where: str = "") -> None: ...
+
+
+def abilities(placements: Sequence[Placed], pool_map: PoolMap) -> Floats:
     """(P, k+1) ability matrix of `placements`, checked against `pool_map` (`Placement.check`)."""
     for p in placements:
         p.check(pool_map)
@@ -111,7 +118,7 @@ def quality_logits(positions: Floats, ability: Floats) -> Floats:
     return np.asarray(ability[:, 0] + positions[:, 1:] @ ability[:, 1:].T - positions[:, :1], np.float64)
 
 
-def quality(pool_map: PoolMap, features: npt.NDArray[np.floating], placements: Sequence[Placement]) -> Floats:
+def quality(pool_map: PoolMap, features: npt.NDArray[np.floating], placements: Sequence[Placed]) -> Floats:
     """(n, P): P(pool p answers request i well), for feature rows (n, d) and the pools' placements (in order)."""
     z = quality_logits(pool_map.positions(features), abilities(placements, pool_map))
     return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0))), np.float64)
@@ -205,11 +212,3 @@ def pool_map_for(embedder: str) -> PoolMap | None:
         return None
     return pool_map
 
-
-def __getattr__(name: str) -> Any:
-    """`Placement` and `PlacementError` live in `placement` (which imports this module); served from here too."""
-    if name in ("Placement", "PlacementError"):
-        from router_models.serving import placement
-
-        return getattr(placement, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

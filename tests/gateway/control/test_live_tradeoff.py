@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.control.live_threshold import MemoryWindow, RedisWindow
-from gateway.control.live_tradeoff import MIN_SAMPLES, LiveTradeoff, entry_of, parse_entry
+from gateway.control.live_tradeoff import MIN_SAMPLES, LiveTradeoff, TradeoffCollector, entry_of, parse_entry
 from policies.tiers import TierEstimate, choose
 from tests.conftest import SHARED_URL
 from tests.policies.test_tiers import _policy
@@ -80,6 +80,21 @@ async def test_two_workers_share_one_window_and_hold_the_target(prefix: str) -> 
         assert {choose(row, tradeoff).pool for row in rows} == {"general", "code", "flagship"}
     finally:
         await client.aclose()
+
+
+async def test_the_gauges_show_the_target_the_window_and_the_tradeoff_in_force() -> None:
+    live = LiveTradeoff(MemoryWindow(), lambda: HELD)
+
+    def gauges() -> dict[str, float]:
+        return {m.name: m.samples[0].value for m in TradeoffCollector(live, lambda: HELD).collect()}
+
+    assert gauges() == {"cascade_routing_cost_per_1k_target_usd": 2.0, "cascade_routing_trade_window": 0}
+    for row in _rows(100, 4):
+        live.observe(HELD, row)
+    await live.refresh()
+    assert gauges()["cascade_routing_trade_window"] == 100
+    assert gauges()["cascade_routing_tradeoff"] == live.live and live.live is not None and live.live > 0
+    assert list(TradeoffCollector(live, lambda: FIXED).collect()) == []  # a tradeoff policy: nothing live
 
 
 async def test_redis_down_keeps_the_last_tradeoff_and_catches_up() -> None:

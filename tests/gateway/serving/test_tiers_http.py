@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -137,3 +137,68 @@ def test_a_placement_that_cannot_load_at_reload_keeps_the_previous_policy(
     fixed = httpx.post(url + "/v1/chat/completions", timeout=30, json={
         "model": "auto", "messages": [{"role": "user", "content": "a python question"}]})
     assert fixed.headers["x-cascade-pool"] == "flagship"
+
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "policies" / "examples" / "three-pools.yaml"
+
+
+def test_the_three_pool_example_passes_the_schema_and_is_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import jsonschema
+    import yaml
+
+    from gateway.serving import placements
+    from policies.loader import load_policy
+    from tests.gateway.serving.tier_fakes import NAMED
+    from tests.policies.test_examples import _exported_schema
+
+    policy = load_policy(EXAMPLE).policy
+    assert policy.routing.tiers == ("general", "code", "flagship")
+    assert (policy.routing.micro_pool, policy.routing.flagship_pool) == ("general", "flagship")
+    validator = jsonschema.Draft202012Validator(_exported_schema(capsys))
+    assert [e.message for e in validator.iter_errors(yaml.safe_load(EXAMPLE.read_text()))] == []
+    fake_the_map(monkeypatch)
+    stand_in = dict(zip((policy.pools[p].placement for p in policy.routing.tiers), NAMED.values(), strict=True))
+    monkeypatch.setattr(placements, "MapPlacements", lambda: _Named(stand_in))
+    settings = Settings(policy_path=EXAMPLE, scorer="length", start_engines=False, ledger="memory", home=tmp_path,
+                        policy_watch_interval_s=0)
+    with serve(create_app(settings)) as url:
+        models = httpx.get(url + "/v1/models", timeout=30)
+    assert {m["id"] for m in models.json()["data"]} >= {"general", "code", "flagship", "auto"}
+
+
+class _Named:
+    """The example's shared-source model names, placed as the fake map's stand-ins."""
+
+    def __init__(self, names: Mapping[str | None, object]) -> None:
+        self._names = names
+
+    def load(self, path: Path) -> object:
+        raise AssertionError(f"the example names no placement file ({path})")
+
+    def named(self, name: str) -> object:
+        return self._names[name]
+
+
+def test_the_shipped_classifier_and_pool_map_pick_the_best_predicted_quality(tmp_path: Path) -> None:
+    """No fake: the trained classifier keeps each request's feature row, the shipped pool map predicts from it, and
+    the tiers are placed as shared sources' models by name. At tradeoff 0 each request goes to the tier the
+    header shows the highest predicted quality for."""
+    upstreams = {name: FakeUpstream(f"{name}-model") for name in ("general", "code", "flagship")}
+    with serve(upstreams["general"]) as g, serve(upstreams["code"]) as c, serve(upstreams["flagship"]) as f:
+        policy = tmp_path / "three.yaml"
+        policy.write_text(_policy({"general": g, "code": c, "flagship": f}, "routerbench/meta/code-llama-instruct-34b-"
+                                  "chat").replace("general-7b", "routerbench/mistralai/mistral-7b-chat").replace(
+            "placement: frontier", "placement: routerbench/gpt-4-1106-preview").replace("tradeoff: 50", "tradeoff: 0"))
+        settings = Settings(policy_path=policy, scorer="classifier", start_engines=False, ledger="memory",
+                            home=tmp_path, policy_watch_interval_s=0)
+        with serve(create_app(settings)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            for text in ("hi, how are you today?", "Write a Python function that merges two sorted lists.",
+                         "Prove that there are infinitely many primes."):
+                headers, _ = _ask(client, text)
+                predicted = {e.split("=")[0]: float(e.split("=")[1].split("/")[0])
+                             for e in headers["x-cascade-tiers"].split(", ")}
+                assert list(predicted) == ["general", "code", "flagship"] and all(0 < q < 1 for q in predicted.values())
+                chosen = headers["x-cascade-route"].removeprefix("trade:")
+                assert predicted[chosen] >= max(predicted.values()) - 0.001  # the header rounds to 3 decimals

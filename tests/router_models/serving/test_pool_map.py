@@ -146,7 +146,7 @@ def test_the_served_map_checks_placements_and_names_shared_models(tmp_path: Path
     monkeypatch.setenv("CASCADE_POOL_MAP", str(path))
     pool_map = served.served_pool_map()
     assert served.pool_map_for("emb") is pool_map and served.pool_map_for("another embedder") is None
-    assert served.Placement.named("src/strong").ability == (1.5, 0.5, 0.0)  # served from the module the gateway reads
+    assert Placement.named("src/strong").ability == (1.5, 0.5, 0.0)  # on the served map
     placed = place_from_shared(_map(), "src/strong").save(tmp_path / "old.json")  # placed on another map version
     with pytest.raises(PlacementError, match="field 'map_version' is 'map@test'"):
         Placement.load(placed)
