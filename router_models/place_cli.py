@@ -68,13 +68,14 @@ def describe(placement: Placement, pool_map: PoolMap) -> str:
     """Where the pool sits: overall ability (and P(good) on a request of average difficulty), each domain axis, with
     +- two standard errors, and where among the shared models it ranks overall."""
     overall, se = placement.ability[0], placement.se[0]
-    typical = 1.0 / (1.0 + math.exp(-(overall - float(pool_map.bias[0]))))
+    mean_position = pool_map.metadata.get("mean_position") or [float(pool_map.bias[0])]  # over the fit's prompts
+    typical = 1.0 / (1.0 + math.exp(-(overall - float(mean_position[0]))))
     others = sorted(s.ability[0] for s in pool_map.shared.values())
     rank = sum(v <= overall for v in others) / max(len(others), 1)
     lines = [f"pool {placement.pool!r} on {placement.map_version} ({placement.rows} rows, mean quality "
              f"{placement.mean_quality:.3f}; from {placement.origin})",
-             f"  overall      {overall:+.3f} +- {2 * se:.3f}  (P(good) on a request of average difficulty {typical:.3f}; above "
-             f"{rank:.0%} of the {len(others)} shared source models)"]
+             f"  overall      {overall:+.3f} +- {2 * se:.3f}  (P(good) on a request of average difficulty "
+             f"{typical:.3f}; above {rank:.0%} of the {len(others)} shared source models)"]
     for name, value, err in zip(pool_map.axes[1:], placement.ability[1:], placement.se[1:], strict=True):
         lines.append(f"  {name:<12} {value:+.3f} +- {2 * err:.3f}")
     return "\n".join(lines)

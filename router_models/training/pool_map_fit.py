@@ -19,8 +19,9 @@ bit for bit, on one machine (`test_pool_map_fit`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -97,6 +98,28 @@ def _standardise(x: npt.NDArray[np.floating]) -> tuple[Floats, Floats, Floats]:
     return (np.asarray(x, np.float64) - mean) / scale, mean, scale
 
 
+def _minimise(params: list[Any], loss: Callable[[], Any], cfg: FitConfig) -> None:
+    """`cfg.steps` of full-batch Adam, then L-BFGS with a strong Wolfe line search, on `params` in place."""
+    import torch
+
+    adam = torch.optim.Adam(params, lr=cfg.lr)
+    for _ in range(cfg.steps):
+        adam.zero_grad()
+        value = loss()
+        value.backward()
+        adam.step()
+    lbfgs = torch.optim.LBFGS(params, max_iter=cfg.lbfgs_steps, line_search_fn="strong_wolfe",
+                              tolerance_grad=1e-9, tolerance_change=1e-12)
+
+    def closure() -> Any:
+        lbfgs.zero_grad()
+        value = loss()
+        value.backward()
+        return value
+
+    lbfgs.step(closure)  # type: ignore[no-untyped-call]
+
+
 def _torch_fit(z: Floats, obs: Observations, cfg: FitConfig) -> tuple[Floats, Floats, Floats]:
     """(W, c, theta) on standardised rows `z`: see the module docstring."""
     import torch
@@ -124,22 +147,7 @@ def _torch_fit(z: Floats, obs: Observations, cfg: FitConfig) -> tuple[Floats, Fl
         prior = cfg.ridge * (w * w).sum() + (theta * theta).sum() / (2 * cfg.ability_sd**2 * len(obs.models))
         return total / n_sources + prior
 
-    adam = torch.optim.Adam([w, c0, theta], lr=cfg.lr)
-    for _ in range(cfg.steps):
-        adam.zero_grad()
-        value = loss()
-        value.backward()  # type: ignore[no-untyped-call]
-        adam.step()
-    lbfgs = torch.optim.LBFGS([w, c0, theta], max_iter=cfg.lbfgs_steps, line_search_fn="strong_wolfe",
-                              tolerance_grad=1e-9, tolerance_change=1e-12)
-
-    def closure() -> torch.Tensor:
-        lbfgs.zero_grad()
-        value = loss()
-        value.backward()  # type: ignore[no-untyped-call]
-        return value
-
-    lbfgs.step(closure)  # type: ignore[no-untyped-call]
+    _minimise([w, c0, theta], loss, cfg)
     c = np.concatenate([c0.detach().numpy(), np.zeros(cfg.k)])
     return w.detach().numpy().copy(), c, theta.detach().numpy().copy()
 
@@ -161,7 +169,8 @@ def fit_pool_map(x: npt.NDArray[np.floating], examples: Sequence[Example], embed
     return PoolMap(pool_map.weights, bias, axes, embedder, version, shared, prior_mean, prior_sd,
                    {"fit": {"k": cfg.k, "ridge": cfg.ridge, "ability_sd": cfg.ability_sd, "steps": cfg.steps,
                             "lbfgs_steps": cfg.lbfgs_steps, "seed": cfg.seed, "models": len(obs.models),
-                            "graded_outcomes": len(obs.y), "judged_pairs": len(obs.pair_item)}})
+                            "graded_outcomes": len(obs.y), "judged_pairs": len(obs.pair_item)},
+                    "mean_position": [round(float(v), 6) for v in c_std]})
 
 
 def shared_abilities(pool_map: PoolMap, x: npt.NDArray[np.floating],
