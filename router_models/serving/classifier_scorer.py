@@ -49,9 +49,10 @@ from router_models.serving.artifact import (
     load_artifact,
     overflow_artifact,
 )
+from router_models.serving.blas_threads import one_blas_thread
 from router_models.serving.classifier import LinearRouter, feature_matrix
 from router_models.serving.domain import DomainReference
-from router_models.serving.scorer import ConversationShape, prompt_shape
+from router_models.serving.scorer import SCORING_CHARS, ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
 __all__ = ["BatchModel", "BatchScores", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "EmbeddingModel",
@@ -122,6 +123,12 @@ class EmbeddingClassifier:
         feats = feature_matrix(vectors, texts, shapes)
         structure = np.ascontiguousarray(feats[:, vectors.shape[1]:])
         return [float(p) for p in self._router.predict_proba(feats)], vectors, structure
+
+    def take_truncated(self) -> int:
+        """Texts whose word pieces the embedder cut (at its token limit, as in training) since the last call;
+        0 for an embedder that does not count them."""
+        take = getattr(self._embedder, "take_truncated", None)
+        return int(take()) if take is not None else 0
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,16 @@ class ClassifierScorer:
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=10_000)
         self.on_batch: Callable[[int], None] | None = None
+        self.truncated = {"chars": 0, "tokens": 0}
+        self.on_truncated: Callable[[str, int], None] | None = None
+        """Told of texts cut: "chars" (at `SCORING_CHARS`), "tokens" (by the embedder, at its word-piece limit;
+        counted per text embedded, so not again for a cached score). The gateway's metrics count them."""
+
+    def _count(self, what: str, texts: int) -> None:
+        if texts:
+            self.truncated[what] += texts
+            if self.on_truncated is not None:
+                self.on_truncated(what, texts)
 
     async def score(self, texts: Sequence[str]) -> list[float]:
         """One P(micro falls short) per text, each a plain prompt, in order. Cached ones are answered without
@@ -250,7 +267,8 @@ class ClassifierScorer:
             raise RuntimeError("scorer is closed")
         if len(texts) == 1:  # one future, no gather
             return [(await self.score_one(texts[0]))[0]]
-        keys = [(t, prompt_shape(t)) for t in texts]
+        keys = [(t[:SCORING_CHARS], prompt_shape(t)) for t in texts]
+        self._count("chars", sum(1 for t in texts if len(t) >= SCORING_CHARS))
         results: list[float | None] = [self.cache.get(k) for k in keys]
         pending = [(i, self._enqueue(k)) for i, k in enumerate(keys) if results[i] is None]
         if pending:
@@ -261,10 +279,17 @@ class ClassifierScorer:
 
     async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
         """The gateway's case: one conversation's score (None `shape`: a plain prompt) and the model that gave it
-        (a cached score is the primary's)."""
+        (a cached score is the primary's). A text longer than `SCORING_CHARS` is scored on its first
+        `SCORING_CHARS` characters (as the router was trained, and as `conversation_text` cuts a conversation;
+        a plain prompt keeps the shape of its whole text, as in training): counted in `truncated["chars"]`."""
         if self._closed:
             raise RuntimeError("scorer is closed")
-        key = (text, shape if shape is not None else prompt_shape(text))
+        if len(text) >= SCORING_CHARS:
+            self._count("chars", 1)
+            key = (text[:SCORING_CHARS], shape if shape is not None else prompt_shape(text))
+            text = key[0]
+        else:
+            key = (text, shape if shape is not None else prompt_shape(text))
         cached = self.cache.get(key)
         if cached is None:
             return await self._enqueue(key)
@@ -373,6 +398,8 @@ class ClassifierScorer:
                 self._primary_s_per_text += _EWMA * (per_text - self._primary_s_per_text) \
                     if self._primary_s_per_text else per_text
                 self._keep(unique, scored)
+                if isinstance(model, EmbeddingClassifier):
+                    self._count("tokens", model.take_truncated())
             for key, fut, _ in live:
                 if not fut.done():
                     fut.set_result((by_key[key], which))
@@ -504,8 +531,10 @@ def load_scorer(
     Parallelism comes from `config.workers` concurrent calls, each on `torch_threads` intra-op threads (one
     by default: on small batches a second intra-op thread mostly adds wake-up costs, see BENCHMARKS.md).
     `overflow` ("none", "auto" or an artifact path, see `artifact.overflow_artifact`) is verified now and its
-    model loaded in the background (`ClassifierScorer.load_overflow_in_background`)."""
+    model loaded in the background (`ClassifierScorer.load_overflow_in_background`). BLAS runs on one thread in this
+    process from then on (`blas_threads`: its per-request products are small) unless the environment sets a count."""
     overflow_path = overflow_artifact(artifact_path, overflow)
+    one_blas_thread()
     model = load_model(artifact_path, torch_threads)
     scorer = ClassifierScorer(model, config, version=model.version,
                               domain=_domain(artifact_path or current_artifact_path(), model.embedder_name))
