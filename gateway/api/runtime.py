@@ -34,6 +34,7 @@ from gateway.control.policy_file import PolicyFile
 from gateway.control.policy_holder import PolicyHolder
 from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
+from gateway.control.scoring_metrics import truncation_counter
 from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
 from gateway.learning.retrain import LedgerLabelIds, RetrainSchedule, check_retrain
@@ -326,7 +327,8 @@ def _retrain(runtime: Runtime) -> RetrainSchedule:
 
 
 def _observe(scorer: Scorer | None, metrics: GatewayMetrics) -> None:
-    """Attach the scorer's batch and per-model counters to the metrics (the trained classifier has them)."""
+    """Attach the scorer's batch, per-model and truncation counters to the metrics (the trained classifier has them)."""
     if isinstance(scorer, ClassifierScorer):
         scorer.on_batch = metrics.scoring_batch.observe
         scorer.on_scored = metrics.router_scored
+        scorer.on_truncated = truncation_counter(metrics.registry)

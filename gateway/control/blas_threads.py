@@ -1,35 +1,8 @@
-"""One BLAS thread in a gateway process.
-
-The gateway's BLAS work is small and per request: the in-domain figure's (2,100 x 384) matrix-vector product, the
-label memory's neighbours, the classifier's dot products, each well under a millisecond on one core. OpenBLAS's
-default (a thread per core) wakes its threads for each of them; on a busy machine they wait for cores the event
-loop and the embedder need: measured 4.3 ms per in-domain figure with two threads under load against 0.09 ms with
-one (BENCHMARKS.md, "In-domain figure"). `cascade serve` and each of its workers therefore run BLAS on one thread
-(set once the app is built, so that every BLAS library loaded by then is limited), unless the operator chose a
-count (`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`, `MKL_NUM_THREADS`). The ONNX embedder has its own thread pool and
-is not affected; engines are other processes and keep their own settings.
-"""
+"""One BLAS thread in a gateway process: `router_models.serving.blas_threads`, which the scorer's `load_scorer` also
+calls (any process that scores needs it, the scorer benchmark and `cascade router score` as much as the gateway)."""
 
 from __future__ import annotations
 
-import logging
-import os
+from router_models.serving.blas_threads import THREAD_VARIABLES, one_blas_thread
 
 __all__ = ["THREAD_VARIABLES", "one_blas_thread"]
-
-THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-_log = logging.getLogger(__name__)
-
-
-def one_blas_thread() -> bool:
-    """Limit BLAS to one thread in this process for its lifetime; False (nothing changed) where the operator set a
-    thread count in the environment."""
-    chosen = [name for name in THREAD_VARIABLES if os.environ.get(name)]
-    if chosen:
-        _log.info("BLAS threads left as %s sets them", chosen[0])
-        return False
-    import numpy  # noqa: F401  # loads its BLAS: threadpoolctl limits the libraries loaded, not those to come
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=1, user_api="blas")
-    return True

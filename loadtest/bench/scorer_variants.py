@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from loadtest.bench.offered_load import offer_load
+from loadtest.bench.offered_load import ScoreOne, offer_load
 
 if TYPE_CHECKING:  # typing only: at run time router_models must come from the tree under test
     from router_models.serving.classifier_scorer import ClassifierScorer
@@ -56,11 +56,15 @@ class TreeWorker:
     The caller owns the process: `close()` ends it (idempotent). Raises RuntimeError when the worker dies.
     """
 
-    def __init__(self, tree: str, prompts_file: Path, artifact: str | None) -> None:
+    def __init__(self, tree: str, prompts_file: Path, artifact: str | None, labels: int = 0,
+                 one_blas: bool = False) -> None:
         self.label = tree_label(tree)
-        cmd = [sys.executable, "-m", "loadtest.bench.scorer_variants", "--tree", tree, "--prompts", str(prompts_file)]
+        cmd = [sys.executable, "-m", "loadtest.bench.scorer_variants", "--tree", tree, "--prompts", str(prompts_file),
+               "--labels", str(labels)]
         if artifact:
             cmd += ["--artifact", artifact]
+        if one_blas:
+            cmd.append("--one-blas")
         repo = Path(__file__).resolve().parents[2]
         self._proc = subprocess.Popen(cmd, cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.origin = str(self._read()["origin"])  # waits until the scorer is loaded and warm
@@ -114,9 +118,15 @@ def take_stats(scorer: ClassifierScorer) -> str:
     return line
 
 
-async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str]) -> None:
-    async def score_one(text: str) -> float:
+async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str], labels: int) -> None:
+    async def plain(text: str) -> float:
         return (await scorer.score([text]))[0]
+
+    score_one: ScoreOne = plain
+    if labels > 0:  # as the gateway: every score moved by a label memory (`scorer_memory`)
+        from loadtest.bench.scorer_memory import attach_memory, with_memory
+
+        score_one = with_memory(scorer, attach_memory(scorer, labels))
 
     await offer_load(score_one, iter([f"warm-up {i}" for i in range(40)]), 20, 1.0, 0.0, 0)
     print(json.dumps({"origin": origin}), flush=True)
@@ -138,14 +148,22 @@ def main() -> None:
     p.add_argument("--tree", required=True, help="source tree whose router_models is scored")
     p.add_argument("--prompts", required=True, help="JSON list of prompts, consumed in order")
     p.add_argument("--artifact", default=None, help="artifact .json (default: the tree's shipped one)")
+    p.add_argument("--labels", type=int, default=0, help="a label memory of this many real labels moves each score")
+    p.add_argument("--one-blas", action="store_true", help="BLAS on one thread, as `cascade serve` sets it")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.one_blas:
+        import numpy  # noqa: F401  # loads its BLAS, which threadpoolctl limits
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1, user_api="blas")
     sys.path.insert(0, str(Path(args.tree).resolve()))  # before anything imports router_models
     import router_models
 
     load_scorer = _load_scorer_of_tree()
     origin = str(Path(router_models.__file__).resolve().parent)
-    asyncio.run(_serve(_gateway_scorer(load_scorer, args.artifact), origin, _prompts(Path(args.prompts))))
+    asyncio.run(_serve(_gateway_scorer(load_scorer, args.artifact), origin, _prompts(Path(args.prompts)),
+                       args.labels))
 
 
 def _load_scorer_of_tree() -> Callable[..., ClassifierScorer]:

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench.cells import Target, measure
-from loadtest.bench.wrk import WRK_INSTALL_HINT, lua_script, run_wrk
+from loadtest.bench.scorer_prompts import timing_prompts
+from loadtest.bench.wrk import WRK_INSTALL_HINT, distinct_lua, lua_script, run_wrk
 from loadtest.processes import (
     Env,
     Procs,
@@ -52,6 +53,7 @@ from loadtest.processes import (
 __all__ = ["build_parser", "gc_counts", "main", "summarise"]
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+BODIES = ("json", "stream", "distinct", "pinned")
 BODY = {"model": "auto", "max_tokens": 16, "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 LAG_OVER_S = 0.025  # event-loop lag bucket bound: wakes later than this count as stalls
 
@@ -219,6 +221,18 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
               f"{over if 'gen2_count' in gc else '-':>5} {lag:>4} {cycles:>10}")
 
 
+def _distinct_share(rows: list[dict[str, Any]]) -> None:
+    """Routed requests with every prompt different against pinned ones (no score), per gateway and concurrency:
+    the share of the pinned rate the scorer leaves (issue 55's target: at least 0.5 at c=16)."""
+    rates = {(r["target"], r["concurrency"]): r["rps"] for r in rows}
+    for (target, conc), rps in rates.items():
+        name, _, body = target.rpartition("/")
+        pinned = rates.get((f"{name}/pinned", conc))
+        if body == "distinct" and name != "direct" and pinned:
+            print(f"c={conc} {name}: routed with distinct prompts {rps:.0f} req/s = {rps / pinned:.2f} of pinned "
+                  f"({pinned:.0f} req/s)")
+
+
 def _soak(env: Env, targets: list[Target], lua: Path) -> dict[str, list[float | None]]:
     """Each gateway at c=16 for `--soak` seconds in one-minute slices, round-robin; RSS (MiB) after each."""
     rss: dict[str, list[float | None]] = {t.name: [_rss_mib(t.pid)] for t in targets[1:]}
@@ -234,10 +248,13 @@ def _soak(env: Env, targets: list[Target], lua: Path) -> dict[str, list[float | 
 def run(env: Env) -> dict[str, Any]:
     args = env.args
     targets = _targets(env)
-    luas = {"json": env.tmp / "json.lua", "stream": env.tmp / "stream.lua"}
+    luas = {body: env.tmp / f"{body}.lua" for body in BODIES}
     luas["json"].write_text(lua_script(json.dumps(BODY).encode()))
     luas["stream"].write_text(lua_script(json.dumps(BODY | {"stream": True}).encode()))
-    bodies = [b for b in ("json", "stream") if b in args.bodies]
+    luas["pinned"].write_text(lua_script(json.dumps(BODY | {"model": "micro"}).encode()))
+    prompts = timing_prompts(3000, 1).prompts  # real prompts beside short chat ones, as the scorer bench's
+    luas["distinct"].write_text(distinct_lua(prompts, {k: v for k, v in BODY.items() if k != "messages"}))
+    bodies = [b for b in BODIES if b in args.bodies]
     for t in targets:
         run_wrk(t.url, luas["json"], 16, args.warmup, 1, args.wrk_timeout)  # warm-up, not recorded
     cells: list[dict[str, Any]] = []
@@ -248,6 +265,7 @@ def run(env: Env) -> dict[str, Any]:
                 cells.extend(_cell(t, luas[body], conc, body, env, rnd) for t in order)
     rows = summarise(cells)
     _print(rows, args)
+    _distinct_share(rows)
     result: dict[str, Any] = {"cells": cells, "summary": rows,
                               "rss_mib_after": {t.name: _rss_mib(t.pid) for t in targets[1:]}}
     if args.soak:
@@ -276,7 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gateway --scorer (default classifier: the default trained router is loaded and scores)")
     p.add_argument("--concurrency", type=_ints, default=[16, 64],
                    help="wrk connections (default 16,64)")
-    p.add_argument("--bodies", type=_words, default=["json", "stream"], help="json, stream (default both)")
+    p.add_argument("--bodies", type=_words, default=["json", "stream"],
+                   help="json (one prompt, routed), stream, distinct (routed, every prompt different: each is scored), "
+                   "pinned (one prompt, `model: micro`: not scored); default json,stream")
     p.add_argument("--duration", type=float, default=8.0, help="seconds per cell (default 8)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per target (default 3)")

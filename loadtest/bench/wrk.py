@@ -13,6 +13,7 @@ __all__ = [
     "WRK_INSTALL_HINT",
     "WrkResult",
     "chat_body",
+    "distinct_lua",
     "lua_script",
     "parse_latency_ms",
     "parse_wrk",
@@ -82,6 +83,28 @@ def lua_script(body: bytes) -> str:
         raise ValueError("body must not contain ']==]'")
     return (f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
             f"wrk.body = [==[{text}]==]\n")
+
+
+def distinct_lua(prompts: list[str], body: dict[str, object]) -> str:
+    """A wrk script that POSTs `body` (a chat request without messages) with a different user message each time:
+    `prompts` in turn, each ending in the request's number, so no two requests of a run share a prompt (the
+    gateway's score cache never answers; every request is embedded and scored). One wrk thread numbers its own
+    requests: run it with -t1."""
+    level = "=" * 8
+    pieces = []
+    for prompt in prompts:
+        head = orjson.dumps({**body, "messages": [{"role": "user", "content": prompt + " #"}]}).decode()
+        cut = head.rindex(' #"')
+        front, back = head[: cut + 2], head[cut + 2:]
+        if f"]{level}]" in front or f"]{level}]" in back:
+            continue
+        pieces.append(f"{{[{level}[{front}]{level}], [{level}[{back}]{level}]}}")
+    if not pieces:
+        raise ValueError("no prompt fits the Lua script")
+    return ('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+            f"local prompts = {{{', '.join(pieces)}}}\nlocal n = 0\n"
+            "request = function()\n  n = n + 1\n  local p = prompts[(n % #prompts) + 1]\n"
+            "  return wrk.format(nil, nil, nil, p[1] .. n .. p[2])\nend\n")
 
 
 def run_wrk(url: str, lua: Path, connections: int, duration_s: float, threads: int, timeout_s: float) -> WrkResult:

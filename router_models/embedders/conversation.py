@@ -10,7 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConversationShape", "conversation_shape", "conversation_text", "prompt_shape", "read_conversation"]
+__all__ = ["SCORING_CHARS", "ConversationShape", "conversation_shape", "conversation_text", "prompt_shape",
+           "read_conversation"]
+
+SCORING_CHARS = 2000  # the scoring text's length at most, as the router was trained (`training.outcomes.MAX_CHARS`)
 
 _Turns = list[tuple[str, str]]  # (role, stripped text) of each message
 
@@ -27,14 +30,15 @@ def _turns(messages: Sequence[Mapping[str, Any]]) -> _Turns:
     return [(str(m.get("role")), _content_text(m.get("content")).strip()) for m in messages]
 
 
-def read_conversation(messages: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> tuple[str, ConversationShape]:
+def read_conversation(messages: Sequence[Mapping[str, Any]],
+                      max_chars: int = SCORING_CHARS) -> tuple[str, ConversationShape]:
     """(`conversation_text`, `conversation_shape`) of `messages`, reading each message once (the gateway's
     per-request case)."""
     turns = _turns(messages)
     return _text(turns, max_chars), _shape(turns)
 
 
-def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> str:
+def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = SCORING_CHARS) -> str:
     """The text the scorer sees for a conversation, cut to `max_chars`.
 
     The latest user turn comes first: it carries the task, and the router was trained on bare user prompts,
@@ -50,11 +54,17 @@ def conversation_text(messages: Sequence[Mapping[str, Any]], max_chars: int = 20
 def _text(turns: _Turns, max_chars: int) -> str:
     users = [text for role, text in turns if role == "user" and text]
     system = next((text for role, text in turns if role in ("system", "developer") and text), "")
-    if users:
-        parts = [users[-1], system, *reversed(users[:-1])]
-    else:
-        parts = [next((text for _, text in reversed(turns) if text), "")]
-    return "\n\n".join(p for p in parts if p)[:max_chars]
+    if not users:
+        return next((text for _, text in reversed(turns) if text), "")[:max_chars]
+    kept: list[str] = []
+    length = -2
+    for part in (users[-1], system, *reversed(users[:-1])):  # only what the cut keeps is joined: a conversation
+        if part:                                              # of 500 long turns costs what one turn does
+            kept.append(part[:max_chars])
+            length += len(kept[-1]) + 2
+            if length >= max_chars:
+                break
+    return "\n\n".join(kept)[:max_chars]
 
 
 @dataclass(frozen=True, slots=True)

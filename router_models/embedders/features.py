@@ -43,15 +43,21 @@ class _Counter:
         self._folded = bool(flags & re.IGNORECASE)
         self._needles = tuple(n.casefold() for n in needles) if self._folded else needles
 
-    def __call__(self, text: str) -> int:
+    def __call__(self, text: str, folded: str | None = None) -> int:
+        """Matches in `text`; `folded`: `fold(text)` when the caller has it (several counters share one)."""
         if self._needles:
-            haystack = text.casefold().translate(_FOLD_EXTRA) if self._folded else text
+            haystack = (folded if folded is not None else fold(text)) if self._folded else text
             if not any(needle in haystack for needle in self._needles):
                 return 0
         return len(self.regex.findall(text))
 
 
 
+
+
+def fold(text: str) -> str:
+    """`text` as an IGNORECASE counter's needles are looked for in it (casefolded, `_FOLD_EXTRA` mapped)."""
+    return text.casefold().translate(_FOLD_EXTRA)
 
 
 _CODE_TOKENS = _Counter(
@@ -151,7 +157,8 @@ def _one(text: str, shape: ConversationShape | None) -> list[float]:
         math.log1p(text.count("\n")),
         1.0 if words <= 8 else 0.0,
     ]
-    row.extend(math.log1p(count(text)) for _, count in _COUNTERS)
+    folded = fold(text)  # once per text, for every IGNORECASE counter
+    row.extend(math.log1p(count(text, folded)) for _, count in _COUNTERS)
     row.extend(_shape(shape if shape is not None else prompt_shape(text)))
     return row
 

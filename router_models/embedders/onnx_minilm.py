@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,14 +173,22 @@ class OnnxMiniLMEmbedder:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(self.model_path), options, providers=["CPUExecutionProvider"])
         self._tokenizer = tokenizer
+        self._probe_chars = 8 * max_tokens  # ~2x the characters of `max_tokens` word pieces of English
+        self._lock = threading.Lock()
+        self._truncated = 0
         self.name = name
         width = self._session.get_outputs()[0].shape[1]
         self.dim = width if isinstance(width, int) else 384
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
+        """Row i: texts[i]'s vector. Counts the texts whose word pieces were cut at `max_tokens` (`take_truncated`)."""
         tok = self._tokenizer  # one text (serving): no hand-off to the tokenizer's thread pool (~0.3 ms)
-        encodings = ([tok.encode(texts[0] or " ")] if len(texts) == 1
-                     else tok.encode_batch([t or " " for t in texts]))
+        encodings = ([self._encode_one(texts[0])] if len(texts) == 1
+                     else tok.encode_batch([_valid(t) or " " for t in texts]))
+        cut = sum(1 for e in encodings if e.overflowing)
+        if cut:
+            with self._lock:
+                self._truncated += cut
         lengths = [len(e.ids) for e in encodings]
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for idx in length_buckets(lengths, self._batch_size):
@@ -191,6 +200,39 @@ class OnnxMiniLMEmbedder:
             (vectors,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
             out[idx] = vectors
         return out
+
+    def take_truncated(self) -> int:
+        """Texts whose word pieces were cut at `max_tokens` since the last call (counting restarts)."""
+        with self._lock:
+            taken, self._truncated = self._truncated, 0
+        return taken
+
+    def _encode_one(self, text: str) -> Any:
+        """`text`'s encoding, as the tokenizer gives it for the whole text, reading only as much of it as the cut at
+        `max_tokens` needs: a long text is first tokenized up to a space or newline after `_probe_chars`. Words
+        before a whitespace are tokenized alone (the normaliser is per character, the pre-tokenizer splits at
+        whitespace), so when that prefix already overflows the cut, its word pieces up to the cut are the whole
+        text's (tests/router_models/embedders/test_onnx_minilm.py holds them equal); otherwise the whole text is
+        read. A 100,000-character prompt then costs what a 500-character one does."""
+        text = _valid(text) or " "
+        if 0 < self._probe_chars < len(text):
+            ends = [i for i in (text.find(" ", self._probe_chars), text.find("\n", self._probe_chars)) if i > 0]
+            if ends:
+                end = min(ends)
+                first = self._tokenizer.encode(text[:end])
+                if first.overflowing:
+                    return first
+        return self._tokenizer.encode(text)
+
+
+def _valid(text: str) -> str:
+    """`text` as the tokenizer can read it: lone surrogates (a JSON string may carry "\\udc80") replaced by "?",
+    where the tokenizer would raise for the text and fail every text in its batch."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def length_buckets(lengths: Sequence[int], max_size: int, slack: float = 1.25) -> list[list[int]]:

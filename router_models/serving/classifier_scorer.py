@@ -34,14 +34,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from router_models.embedders.concat import part_names
 from router_models.embedders.factory import make_embedder
 from router_models.embedders.features import FEATURE_NAMES
-from router_models.embedders.protocol import Embedder, FloatArray, parse_name
+from router_models.embedders.protocol import FloatArray, parse_name
 from router_models.serving.artifact import (
     ArtifactError,
     artifact_version,
@@ -49,10 +48,19 @@ from router_models.serving.artifact import (
     load_artifact,
     overflow_artifact,
 )
-from router_models.serving.classifier import LinearRouter, feature_matrix
+from router_models.serving.batch_model import (
+    BatchModel,
+    BatchScores,
+    EmbeddingClassifier,
+    EmbeddingModel,
+    FeatureModel,
+    score_texts,
+)
+from router_models.serving.blas_threads import one_blas_thread
+from router_models.serving.classifier import LinearRouter
 from router_models.serving.domain import DomainReference
 from router_models.serving.pool_map import PoolMap, pool_map_for
-from router_models.serving.scorer import ConversationShape, prompt_shape
+from router_models.serving.scorer import SCORING_CHARS, ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
 __all__ = ["BatchModel", "BatchScores", "BatchingConfig", "ClassifierScorer", "EmbeddingClassifier", "EmbeddingModel",
@@ -60,69 +68,6 @@ __all__ = ["BatchModel", "BatchScores", "BatchingConfig", "ClassifierScorer", "E
 
 _log = logging.getLogger(__name__)
 _EWMA = 0.1  # weight of the latest batch in the primary's time per text
-
-
-class BatchModel(Protocol):
-    """Synchronous, CPU-bound: scores a batch of conversations, texts[i] of shape shapes[i], one float in [0, 1]
-    per text, in order. Without `shapes`, every text is a plain prompt (`scorer.prompt_shape`)."""
-
-    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]: ...
-
-
-@runtime_checkable
-class EmbeddingModel(BatchModel, Protocol):
-    """A `BatchModel` that also hands out the embeddings it scored from, row i for texts[i], in the vector space
-    named `embedder_name` (the response cache's semantic mode compares them: `gateway.caching`)."""
-
-    embedder_name: str
-
-    def score_and_embed(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
-                        ) -> tuple[list[float], FloatArray]: ...
-
-
-@runtime_checkable
-class FeatureModel(EmbeddingModel, Protocol):
-    """An `EmbeddingModel` that also hands out the structural columns it scored from (`classifier.feature_matrix`'s
-    columns after the embedding), row i for texts[i] and shapes[i]: label memories whose similarity reads them
-    (`label_memory.MemoryParams.structure`) take them from the scorer instead of computing them again."""
-
-    def score_and_features(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
-                           ) -> tuple[list[float], FloatArray, FloatArray]: ...
-
-
-class EmbeddingClassifier:
-    """`BatchModel` of an embedder and a trained `LinearRouter`. Thread-safe when its embedder is."""
-
-    def __init__(self, embedder: Embedder, router: LinearRouter, version: str = "") -> None:
-        self._embedder = embedder
-        self._router = router
-        self.version = version  # the artifact's (`artifact.artifact_version`)
-
-    @property
-    def embedder_name(self) -> str:
-        return self._embedder.name
-
-    @property
-    def router(self) -> LinearRouter:
-        """The trained head (label memories take their residuals against it)."""
-        return self._router
-
-    def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
-        return self.score_and_embed(texts, shapes)[0]
-
-    def score_and_embed(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
-                        ) -> tuple[list[float], FloatArray]:
-        """The scores and the embeddings of the texts they came from (one model call for both)."""
-        scores, vectors, _ = self.score_and_features(texts, shapes)
-        return scores, vectors
-
-    def score_and_features(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None
-                           ) -> tuple[list[float], FloatArray, FloatArray]:
-        """The scores, the embeddings and the structural columns they came from (one model call for all three)."""
-        vectors = self._embedder.embed(texts)
-        feats = feature_matrix(vectors, texts, shapes)
-        structure = np.ascontiguousarray(feats[:, vectors.shape[1]:])
-        return [float(p) for p in self._router.predict_proba(feats)], vectors, structure
 
 
 @dataclass(frozen=True)
@@ -150,32 +95,6 @@ class BatchingConfig:
 _Scored = tuple[float, str]  # a score and the model that gave it ("primary" | "overflow")
 _Key = tuple[str, ConversationShape]  # what is scored, and cached: the scoring text and the conversation's shape
 _Item = tuple[_Key, "asyncio.Future[_Scored]", float]  # what, its caller's future, loop time it was queued
-
-
-class BatchScores(NamedTuple):
-    """What `score_texts` gives for a batch: the scores, in order, and when asked and the model gives them, the
-    embeddings they came from, the structural columns beside them (`FeatureModel`) and the in-domain figures."""
-
-    scores: list[float]
-    vectors: FloatArray | None = None
-    structure: FloatArray | None = None
-    figures: list[float] | None = None
-
-
-def score_texts(model: BatchModel, texts: list[str], shapes: list[ConversationShape], embed: bool,
-                domain: DomainReference | None = None) -> BatchScores:
-    """The scores, with the embeddings and structural columns when `embed` and the model gives them, and their
-    in-domain figures when `domain` is given too (to 4 decimals, as headers, records and `cascade router score`
-    show them)."""
-    if not (embed and isinstance(model, EmbeddingModel)):
-        return BatchScores(model(texts, shapes))
-    structure: FloatArray | None = None
-    if isinstance(model, FeatureModel):
-        values, vectors, structure = model.score_and_features(texts, shapes)
-    else:
-        values, vectors = model.score_and_embed(texts, shapes)
-    figures = None if domain is None else [round(float(v), 4) for v in domain.in_domain(vectors)]
-    return BatchScores(values, vectors, structure, figures)
 
 
 def _timed(model: BatchModel, keys: list[_Key], embed: bool,
@@ -244,6 +163,16 @@ class ClassifierScorer:
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=10_000)
         self.on_batch: Callable[[int], None] | None = None
+        self.truncated = {"chars": 0, "tokens": 0}
+        self.on_truncated: Callable[[str, int], None] | None = None
+        """Told of texts cut: "chars" (at `SCORING_CHARS`), "tokens" (by the embedder, at its word-piece limit;
+        counted per text embedded, so not again for a cached score). The gateway's metrics count them."""
+
+    def _count(self, what: str, texts: int) -> None:
+        if texts:
+            self.truncated[what] += texts
+            if self.on_truncated is not None:
+                self.on_truncated(what, texts)
 
     async def score(self, texts: Sequence[str]) -> list[float]:
         """One P(micro falls short) per text, each a plain prompt, in order. Cached ones are answered without
@@ -252,7 +181,8 @@ class ClassifierScorer:
             raise RuntimeError("scorer is closed")
         if len(texts) == 1:  # one future, no gather
             return [(await self.score_one(texts[0]))[0]]
-        keys = [(t, prompt_shape(t)) for t in texts]
+        keys = [(t[:SCORING_CHARS], prompt_shape(t)) for t in texts]
+        self._count("chars", sum(1 for t in texts if len(t) >= SCORING_CHARS))
         results: list[float | None] = [self.cache.get(k) for k in keys]
         pending = [(i, self._enqueue(k)) for i, k in enumerate(keys) if results[i] is None]
         if pending:
@@ -263,10 +193,17 @@ class ClassifierScorer:
 
     async def score_one(self, text: str, shape: ConversationShape | None = None) -> tuple[float, str]:
         """The gateway's case: one conversation's score (None `shape`: a plain prompt) and the model that gave it
-        (a cached score is the primary's)."""
+        (a cached score is the primary's). A text longer than `SCORING_CHARS` is scored on its first
+        `SCORING_CHARS` characters (as the router was trained, and as `conversation_text` cuts a conversation;
+        a plain prompt keeps the shape of its whole text, as in training): counted in `truncated["chars"]`."""
         if self._closed:
             raise RuntimeError("scorer is closed")
-        key = (text, shape if shape is not None else prompt_shape(text))
+        if len(text) >= SCORING_CHARS:
+            self._count("chars", 1)
+            key = (text[:SCORING_CHARS], shape if shape is not None else prompt_shape(text))
+            text = key[0]
+        else:
+            key = (text, shape if shape is not None else prompt_shape(text))
         cached = self.cache.get(key)
         if cached is None:
             return await self._enqueue(key)
@@ -375,6 +312,8 @@ class ClassifierScorer:
                 self._primary_s_per_text += _EWMA * (per_text - self._primary_s_per_text) \
                     if self._primary_s_per_text else per_text
                 self._keep(unique, scored)
+                if isinstance(model, EmbeddingClassifier):
+                    self._count("tokens", model.take_truncated())
             for key, fut, _ in live:
                 if not fut.done():
                     fut.set_result((by_key[key], which))
@@ -506,8 +445,10 @@ def load_scorer(
     Parallelism comes from `config.workers` concurrent calls, each on `torch_threads` intra-op threads (one
     by default: on small batches a second intra-op thread mostly adds wake-up costs, see BENCHMARKS.md).
     `overflow` ("none", "auto" or an artifact path, see `artifact.overflow_artifact`) is verified now and its
-    model loaded in the background (`ClassifierScorer.load_overflow_in_background`)."""
+    model loaded in the background (`ClassifierScorer.load_overflow_in_background`). BLAS runs on one thread in this
+    process from then on (`blas_threads`: its per-request products are small) unless the environment sets a count."""
     overflow_path = overflow_artifact(artifact_path, overflow)
+    one_blas_thread()
     model = load_model(artifact_path, torch_threads)
     scorer = ClassifierScorer(model, config, version=model.version,
                               domain=_domain(artifact_path or current_artifact_path(), model.embedder_name))

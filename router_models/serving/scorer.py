@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.embedders.conversation import (
+    SCORING_CHARS,
     ConversationShape,
     conversation_shape,
     conversation_text,
@@ -21,8 +22,8 @@ from router_models.embedders.conversation import (
     read_conversation,
 )
 
-__all__ = ["ConversationShape", "DomainSource", "EmbeddingSource", "FeatureSource", "LengthScorer", "Scorer",
-           "ScorerViews", "conversation_shape", "conversation_text", "prompt_shape", "read_conversation"]
+__all__ = ["SCORING_CHARS", "ConversationShape", "DomainSource", "EmbeddingSource", "FeatureSource", "LengthScorer",
+           "Scorer", "ScorerViews", "conversation_shape", "conversation_text", "prompt_shape", "read_conversation"]
 
 
 class Scorer(Protocol):

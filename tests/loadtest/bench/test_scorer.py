@@ -45,17 +45,17 @@ def test_prompts_fall_back_without_the_data_folder(tmp_path: Path) -> None:
     assert lengths[len(lengths) // 2] < 120 < lengths[-1]  # mostly short, some long
 
 
-def _cell(rate: float, throughput: float, p99: float) -> Result:
-    return Result(rate, int(throughput * 10), throughput, p99 / 3, p99, 0, 4.0)
+def _cell(rate: float, throughput: float, p99: float, cpu_ms: float = 4.0) -> Result:
+    return Result(rate, int(throughput * 10), throughput, p99 / 3, p99, 0, cpu_ms)
 
 
 def test_verdicts_apply_the_targets_to_medians() -> None:
-    good = {100.0: [_cell(100, 100, 15), _cell(100, 100, 40), _cell(100, 100, 12)],
-            300.0: [_cell(300, 299, 50)] * 3}
-    assert [ok for _, ok in verdicts(good)] == [True, True]
-    runaway = {100.0: [_cell(100, 100, 25)] * 3, 300.0: [_cell(300, 299, 900)] * 3, 400.0: [_cell(400, 280, 3000)]}
-    assert [ok for _, ok in verdicts(runaway)] == [False, False]
-    assert [ok for _, ok in verdicts({200.0: [_cell(200, 200, 5)]})] == [None, None]
+    good = {100.0: [_cell(100, 100, 5), _cell(100, 100, 40), _cell(100, 100, 8)],
+            1000.0: [_cell(1000, 999, 50, 0.8)] * 3}
+    assert [ok for _, ok in verdicts(good)] == [True, True, True]
+    runaway = {100.0: [_cell(100, 100, 25)] * 3, 1000.0: [_cell(1000, 700, 900, 2.0)] * 3}
+    assert [ok for _, ok in verdicts(runaway)] == [False, False, False]
+    assert [ok for _, ok in verdicts({50.0: [_cell(50, 50, 5)]})] == [None, None, None]
 
 
 def test_variants_parse_and_reject_unknown_knobs() -> None:

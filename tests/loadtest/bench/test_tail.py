@@ -4,6 +4,7 @@ summary gives p99/p50 per cell."""
 from __future__ import annotations
 
 import gc
+import re
 
 from gateway.control.gc_pauses import GcPauses
 from gateway.control.metrics import GatewayMetrics
@@ -42,3 +43,17 @@ def test_defaults_match_the_saturation_setup() -> None:
     args = build_parser().parse_args([])
     assert args.scorer == "classifier" and args.concurrency == [16, 64] and args.bodies == ["json", "stream"]
     assert args.variants == ["freeze", "nofreeze"]
+
+
+def test_the_distinct_script_sends_a_different_valid_prompt_each_time() -> None:
+    import orjson
+
+    from loadtest.bench.wrk import distinct_lua
+
+    prompts = ['say "hi"\nplease', "x" * 50, "Ünï ]==] code {}"]
+    script = distinct_lua(prompts, {"model": "auto", "max_tokens": 16})
+    pieces = re.findall(r"\{\[(=+)\[(.*?)\]\1\], \[\1\[(.*?)\]\1\]\}", script, re.DOTALL)
+    assert len(pieces) == 3
+    bodies = [orjson.loads(front + str(n) + back) for n, (_, front, back) in enumerate(pieces * 2)]
+    contents = [b["messages"][0]["content"] for b in bodies]
+    assert len(set(contents)) == 6 and contents[0] == 'say "hi"\nplease #0' and bodies[0]["model"] == "auto"
