@@ -149,8 +149,10 @@ class ChatService:
     async def _answer_again(self, rejected: OutputRejected, request: ChatRequest, facts: RequestFacts,
                             loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
         """A JSON answer failed an output check that replaces it: ask the next pool up (escalate) or the same pool
-        again (retry), once, judged again but never replaced twice. Where that cannot be had (no replica, an
-        engine error), the first answer is served, flagged (`x-cascade-output-check-action: held:...`)."""
+        again (retry), once, judged again but never replaced twice. The second call is forwarded as any request
+        (its version, canary fallback) but neither cascaded (`cascade_flow.cascades`) nor failed over: the check
+        chose its pool. Where that cannot be had (no replica, an engine error), the first answer is served, flagged
+        (`x-cascade-output-check-action: held:...`)."""
         assert self._checker is not None
         answered, verdict = rejected.decision, rejected.verdict
         checks = ",".join(verdict.failed)
@@ -166,8 +168,8 @@ class ChatService:
             done = "retried"
         upstream, extra = prepare_upstream(turn.raw, decision, request, turn.ladder)
         try:
-            reply = await self._serve(upstream, request, replace(facts, decision=decision, redo=()), loaded,
-                                      replace(turn, headers=extra))
+            reply = await self._forward(upstream, request, replace(facts, decision=decision, redo=()), loaded,
+                                        replace(turn, headers=extra))
         except (NoReplicaAvailable, UpstreamError) as exc:
             log.warning("request %s: %s; %s failed (%s): the first answer is served", facts.request_id, why, done,
                         exc.message)
@@ -179,16 +181,20 @@ class ChatService:
 
     async def _serve(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
-        """Forward, failing over to the other tier when the pool has no replica (`_failover_pool`)."""
+        """Forward, failing over to the other tier (`_failover_pool`) when the pool could not answer before any
+        byte reached the client: no replica could take the request, or every replica tried answered 5xx (the
+        proxy's retries spent). An engine's 4xx is the request's fault and is passed on."""
         decision, tenant, ladder = facts.decision, facts.tenant, turn.ladder
         try:
             return await self._forward(upstream, request, facts, loaded, turn)
-        except NoReplicaAvailable:
-            other = _failover_pool(loaded, decision, tenant, ladder, turn.downgrade)
+        except (NoReplicaAvailable, UpstreamError) as exc:
+            other = _failover_pool(loaded, decision, tenant, ladder, turn.downgrade) if exc.status >= 500 else None
             if other is None or not (await self._fit.fits(loaded, other, Need.of(request, turn.raw, turn.native),
                                                           turn.raw, turn.native, ladder))[0]:
                 raise
-            why = f"no replica of {decision.pool!r} available"
+            why = (f"no replica of {decision.pool!r} available" if isinstance(exc, NoReplicaAvailable)
+                   else f"every replica of {decision.pool!r} answered 5xx")
+            log.warning("request %s: %s (%s); failed over to %r", facts.request_id, why, exc.message, other)
             other_decision = moved(loaded.policy, decision, "failover", other, why, f"{why}: failed over to {other!r}")
             upstream, extra = _upstream(turn, other_decision, request)
             turn = replace(turn, headers=extra)
