@@ -68,7 +68,7 @@ class ChatService:
         self._metrics = metrics
         self._keep_requests = keep_requests
         self._admission = admission
-        self._cascade = CascadeFlow(forwarder, versions.target, wake, metrics)
+        self._cascade = CascadeFlow(forwarder, self._forward, wake, metrics)
         self._learning = learning
         self._cache = cache
         self._guard = InputGuard(metrics.guard_decision)
