@@ -7,8 +7,9 @@ gauge names), `/tokenize` (1 token per whitespace-separated word, plus 3 per mes
 Knobs (per request, in the body's `metadata`): `fake_tokens` (completion length, default 16),
 `fake_delay_ms` (sleep between streamed tokens), `fake_tool_call` (a function name: with `tools` in the
 request, each choice is a call of it, `{"q": "w0 w1 ..."}`, streamed as argument deltas); per server:
-`delay_ms`, `max_running`. `n` choices are answered (streams interleave them, as vLLM does) and `usage`
-covers them all; `logprobs` / `top_logprobs` are honoured.
+`delay_ms`, `max_running`, `fail_status` (every chat request answered with that error status: a broken engine).
+`n` choices are answered (streams interleave them, as vLLM does) and `usage` covers them all; `logprobs` /
+`top_logprobs` are honoured.
 Run: `python -m loadtest.fake_upstream --port 9001`.
 """
 
@@ -68,6 +69,7 @@ class FakeUpstream:
         self.last_body: dict[str, Any] | None = None  # the last chat request's body, as the engine received it
         self.tokenize_requests = 0  # calls of /tokenize (vLLM's token counter)
         self.content: str | None = None  # a test's choice of every text answer (4 characters a token, stops)
+        self.fail_status: int | None = None  # a test's choice: every chat request answered with this error status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -124,6 +126,9 @@ class FakeUpstream:
     async def _chat(self, send: Send, receive: Receive, body: bytes) -> None:
         self.requests += 1
         self.last_body = orjson.loads(body)
+        if self.fail_status is not None:  # answered as vLLM answers an engine error: the OpenAI envelope
+            error = {"message": "the fake engine fails", "type": "InternalServerError", "code": self.fail_status}
+            return await self._reply(send, self.fail_status, orjson.dumps({"error": error}))
         if not self.max_running:
             return await self._answer(send, receive, body)
         if self._slots is None or self._slots_loop is not asyncio.get_running_loop():

@@ -119,10 +119,11 @@ class Routing(Frozen):
     rules: tuple[Rule, ...] = ()
     cascade: Cascade = Cascade()
     failover: bool = Field(
-        default=False,
-        description="when no replica of the chosen pool can take a request (before any byte was sent), try the "
-        "other tier (micro <-> flagship; with tiers: the next tier that fits, up first, then down), within the "
-        "tenant's allowed pools",
+        default=True,
+        description="when the chosen pool cannot answer a request before any byte was sent (no replica can take "
+        "it, or every replica tried answered 5xx), try the other tier (micro <-> flagship; with tiers: the next tier "
+        "that fits, up first, then down), where the tenant's allowed pools, budget and the ladder's shedding let it "
+        "go; false: the client gets the 503 or 502",
     )
 
     @model_validator(mode="before")

@@ -3,16 +3,19 @@
 An unsure answer escalates only where the policy lets this request go (`policies.escalation`: the tenant's
 pools, the budget downgrade, the ladder's raised threshold, pool moves and shedding), to a target woken on
 demand (or its cold fallback); when none remains (or the target has no replica) the micro answer is kept,
-with `x-cascade-escalation-held: <why>` and rule "cascade-held". Escalation happens before any byte reaches
-the client. The discarded micro call is recorded under `<request id>-probe` with status "escalated"; the
-escalated call under the request id, priced at its own pool's prices. The escalated call is held against the
-tenant's budget before it is made (`Admission.hold_again`): where the budget cannot carry it, the micro answer is
-kept (held by "budget"). Every unsure answer is counted in `cascade_escalations{outcome, pool, held_by}`.
+with `x-cascade-escalation-held: <why>` and rule "cascade-held". The escalated call is held against the tenant's
+budget before it is made (`Admission.hold_again`): where the budget cannot carry it, the micro answer is kept (held by
+"budget"). It is then sent as every routed request is (`Forward`: the service's version targeting and canary
+fallback, the ladder's stream choice); when the target cannot answer it before any byte (no replica could take it:
+"no-replica"; every replica tried answered 5xx: "engine-error") the micro answer is kept as well, which is the
+escalation's failover. Escalation happens before any byte reaches the client. The discarded micro call is recorded
+under `<request id>-probe` with status "escalated"; the escalated call under the request id, priced at its own pool's
+prices. Every unsure answer is counted in `cascade_escalations{outcome, pool, held_by}`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,7 +24,7 @@ import orjson
 from backends.clients.pool import Pool
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import Wake
-from gateway.errors import NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable, UpstreamError
 from gateway.serving.accounting import RequestFacts
 from gateway.serving.cascade import (
     StreamProbe,
@@ -42,7 +45,7 @@ from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.tenant_moves import move_refused
 
-__all__ = ["CascadeFlow", "CascadeTurn", "cascades"]
+__all__ = ["CascadeFlow", "CascadeTurn", "Forward", "cascades"]
 
 HELD_HEADER = "x-cascade-escalation-held"
 Prepare = Callable[[LoadedPolicy, "CascadeTurn", RouteDecision, ChatRequest],
@@ -51,6 +54,7 @@ Prepare = Callable[[LoadedPolicy, "CascadeTurn", RouteDecision, ChatRequest],
 HoldAgain = Callable[[LoadedPolicy, RequestFacts, ChatRequest, dict[str, Any], str, SetLimit], Awaitable[bool]]
 """Hold a second engine call (facts of the request, its prompt, target pool, limit) before it is made: False when
 the budget cannot carry it."""
+_SERVED_AGAIN = frozenset({"failover", "output-check"})
 
 
 class _NotHeld(Exception):
@@ -59,10 +63,14 @@ class _NotHeld(Exception):
 
 def cascades(loaded: LoadedPolicy, decision: RouteDecision) -> bool:
     """The cascade applies to requests the score sent to the micro pool (with `routing.tiers`: the trade sent to any
-    tier but the top one; it escalates one tier up), when the policy enables it."""
+    tier but the top one; it escalates one tier up), when the policy enables it; not to one served again by a later
+    step: failed over (the pool it would escalate to may have just failed it), or sent again by an output check
+    (which has already chosen between retrying and escalating: its retry is one more call on the same pool, never a
+    second escalation decision)."""
     routing = loaded.policy.routing
     lower = routing.tiers[:-1] if routing.tiers else (routing.micro_pool,)
-    return routing.cascade.enabled and decision.score is not None and decision.pool in lower
+    return (routing.cascade.enabled and decision.score is not None and decision.pool in lower
+            and not any(step.step in _SERVED_AGAIN for step in decision.route))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +109,21 @@ class _Call:
         return replace(self, facts=replace(self.facts, decision=decision)), headers
 
 
-class CascadeFlow:
-    """Shares, does not own, the forwarder and pools. `wake(pool)` (scale to zero) returns the pool that serves
-    now; `metrics` counts the outcome of every unsure answer."""
+Forward = Callable[[dict[str, Any], ChatRequest, RequestFacts, LoadedPolicy, CascadeTurn],
+                   Awaitable[JSONReply | StreamReply]]
+"""`(upstream, request, facts, loaded, turn)`: send a routed request to `facts.decision`'s pool as the service
+sends every request (its version, canary fallback, stream or JSON; `turn.headers` go on the reply)."""
 
-    def __init__(self, forwarder: Forwarder, pool_of: Callable[[RouteDecision, Mapping[str, Any]],
-                                                               tuple[RouteDecision, Pool]],
-                 wake: Wake | None, metrics: GatewayMetrics | None, prepare: Prepare,
-                 hold_again: HoldAgain) -> None:
+
+class CascadeFlow:
+    """Shares, does not own, the forwarder and pools. `forward` sends the escalated call (`Forward`) once `prepare`
+    has made its engine body and completion limit and `hold_again` has held it against the budget; `wake(pool)`
+    (scale to zero) returns the pool that serves now; `metrics` counts the outcome of every unsure answer."""
+
+    def __init__(self, forwarder: Forwarder, forward: Forward, prepare: Prepare, hold_again: HoldAgain,
+                 wake: Wake | None = None, metrics: GatewayMetrics | None = None) -> None:
         self._fw = forwarder
-        self._pool_of = pool_of
+        self._forward = forward
         self._wake = wake
         self._metrics = metrics
         self._prepare = prepare
@@ -133,8 +146,12 @@ class CascadeFlow:
         if plan.pool is not None:
             try:
                 reply = await self._escalate(call, plan, conf)
-            except NoReplicaAvailable as exc:
-                plan = Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})")
+            except (NoReplicaAvailable, UpstreamError) as exc:
+                held = _unanswered(plan, exc)
+                if held is None:
+                    self._fw.account_json(call.loaded, call.probe_facts, replica, call.upstream, answer)
+                    raise
+                plan = held
             except _NotHeld as exc:
                 plan = Escalation(None, "budget", str(exc))
             except BaseException:
@@ -169,8 +186,12 @@ class CascadeFlow:
             plan = await self._plan(call)
             # the flagship stream opens before the micro one closes: with no replica there, the micro one is kept
             reply = await self._escalate(call, plan, conf) if plan.pool is not None else None
-        except NoReplicaAvailable as exc:
-            plan, reply = Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})"), None
+        except (NoReplicaAvailable, UpstreamError) as exc:
+            held = _unanswered(plan, exc)
+            if held is None:
+                await self._drop_probe(opened, call, probe)
+                raise
+            plan, reply = held, None
         except _NotHeld as exc:
             plan, reply = Escalation(None, "budget", str(exc)), None
         except BaseException:
@@ -209,24 +230,17 @@ class CascadeFlow:
         return Escalation(serving, None, f"{plan.reason}; {plan.pool!r} is starting on demand: {serving!r} serves")
 
     async def _escalate(self, call: _Call, plan: Escalation, conf: float) -> JSONReply | StreamReply:
+        """Send the request to `plan.pool` as the service sends any request there (`Forward`)."""
         assert plan.pool is not None
         target, loaded, request, turn = plan.pool, call.loaded, call.request, call.turn
         escalated = call.facts.decision.then("cascade", call.unsure(conf), pool=target, rule="cascade",
                                              model=served_model(loaded.policy, target),
                                              reason=f"{call.unsure(conf)}: {plan.reason}")
-        decision, pool = self._pool_of(escalated, turn.raw)
-        upstream, extra, limit = await self._prepare(loaded, turn, decision, request)
+        upstream, extra, limit = await self._prepare(loaded, turn, escalated, request)
         if not await self._hold_again(loaded, call.facts, request, turn.raw, target, limit):
             raise _NotHeld(f"tenant {call.facts.tenant!r}'s budget cannot hold a call on {target!r}")
-        facts = replace(call.facts, decision=decision, limit_set=limit)
-        headers = {**extra, **cascade_headers(True, conf)}
-        reply: JSONReply | StreamReply
-        if request.stream:
-            reply = await self._fw.stream(pool, upstream, request, facts, loaded, headers)
-        elif turn.ladder.applying_to(target).force_stream:
-            reply = await self._fw.json_via_stream(pool, upstream, facts, loaded, headers)
-        else:
-            reply = await self._fw.json(pool, upstream, facts, loaded, headers)
+        reply = await self._forward(upstream, request, replace(call.facts, decision=escalated, limit_set=limit),
+                                    loaded, replace(turn, headers={**extra, **cascade_headers(True, conf)}))
         self._count("escalated", target, "")
         return reply
 
@@ -237,3 +251,14 @@ class CascadeFlow:
     def _count(self, outcome: str, pool: str, held_by: str) -> None:
         if self._metrics is not None:
             self._metrics.escalations.labels(outcome, pool, held_by).inc()
+
+
+def _unanswered(plan: Escalation, exc: NoReplicaAvailable | UpstreamError) -> Escalation | None:
+    """Why the unsure answer stays when its escalation could not be answered before any byte: no replica took it,
+    or every replica tried answered 5xx (after its canary's fallback). None for an engine's 4xx: the request's
+    fault, passed on to the client."""
+    if isinstance(exc, NoReplicaAvailable):
+        return Escalation(None, "no-replica", f"{plan.pool!r} has no replica available ({exc})")
+    if exc.status >= 500:
+        return Escalation(None, "engine-error", f"every replica of {plan.pool!r} answered 5xx ({exc})")
+    return None

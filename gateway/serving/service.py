@@ -69,13 +69,13 @@ class ChatService:
         self._metrics = metrics
         self._keep_requests = keep_requests
         self._admission = admission
+        self._cascade = CascadeFlow(forwarder, self._forward, self._upstream, self._hold_again, wake, metrics)
         self._learning = learning
         self._cache = cache
         self._guard = InputGuard(metrics.guard_decision)
         self._checker = forwarder.checker
         self._fit = fit or ContextFit(forwarder.engines, versions.pool)
         self._limits = CompletionLimits(self._fit)
-        self._cascade = CascadeFlow(forwarder, versions.target, wake, metrics, self._upstream, self._hold_again)
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
@@ -151,8 +151,10 @@ class ChatService:
     async def _answer_again(self, rejected: OutputRejected, request: ChatRequest, facts: RequestFacts,
                             loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
         """A JSON answer failed an output check that replaces it: ask the next pool up (escalate) or the same pool
-        again (retry), once, judged again but never replaced twice. Where that cannot be had (no replica, an
-        engine error), the first answer is served, flagged (`x-cascade-output-check-action: held:...`)."""
+        again (retry), once, judged again but never replaced twice. The second call is forwarded as any request
+        (its version, canary fallback) but neither cascaded (`cascade_flow.cascades`) nor failed over: the check
+        chose its pool. Where that cannot be had (no replica, an engine error), the first answer is served, flagged
+        (`x-cascade-output-check-action: held:...`)."""
         assert self._checker is not None
         answered, verdict = rejected.decision, rejected.verdict
         checks = ",".join(verdict.failed)
@@ -171,8 +173,8 @@ class ChatService:
             return await self._first_answer(rejected, facts, turn, f"{why}; not {done}: the tenant's budget cannot "
                                             "hold another answer")
         try:
-            reply = await self._serve(upstream, request, replace(facts, decision=decision, redo=(), limit_set=limit),
-                                      loaded, replace(turn, headers=extra))
+            reply = await self._forward(upstream, request, replace(facts, decision=decision, redo=(), limit_set=limit),
+                                        loaded, replace(turn, headers=extra))
         except (NoReplicaAvailable, UpstreamError) as exc:
             return await self._first_answer(rejected, facts, turn, f"{why}; {done} failed ({exc.message})")
         self._checker.acted(answered.pool, verdict, done)
@@ -192,15 +194,20 @@ class ChatService:
 
     async def _serve(self, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
-        """Forward, failing over to the other tier when the pool has no replica (`_failover_pool`)."""
+        """Forward, failing over to the next tier that fits (`_failover_pool`) when the pool could not answer before
+        any byte reached the client: no replica could take the request, or every replica tried answered 5xx (the
+        proxy's retries spent). An engine's 4xx is the request's fault and is passed on."""
         decision, tenant = facts.decision, facts.tenant
         try:
             return await self._forward(upstream, request, facts, loaded, turn)
-        except NoReplicaAvailable:
-            other = await self._failover_pool(loaded, decision, tenant, turn, Need.of(request, turn.raw, turn.native))
+        except (NoReplicaAvailable, UpstreamError) as exc:
+            need = Need.of(request, turn.raw, turn.native)
+            other = await self._failover_pool(loaded, decision, tenant, turn, need) if exc.status >= 500 else None
             if other is None:
                 raise
-            why = f"no replica of {decision.pool!r} available"
+            why = (f"no replica of {decision.pool!r} available" if isinstance(exc, NoReplicaAvailable)
+                   else f"every replica of {decision.pool!r} answered 5xx")
+            log.warning("request %s: %s (%s); failed over to %r", facts.request_id, why, exc.message, other)
             other_decision = moved(loaded.policy, decision, "failover", other, why, f"{why}: failed over to {other!r}")
             upstream, extra, limit = await self._upstream(loaded, turn, other_decision, request)
             turn = replace(turn, headers=extra)

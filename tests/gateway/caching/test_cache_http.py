@@ -87,10 +87,13 @@ def _metric(url: str, name: str, **labels: str) -> float:
 
 
 def _wait_kept(client: openai.OpenAI, text: str = "What is the capital of France?") -> Any:
-    """Ask until the answer comes from the cache (the miss's answer is kept off the response path)."""
-    deadline = time.monotonic() + 5
+    """Ask until the answer comes from the cache (the miss's answer is kept off the response path). A `bypass` on
+    the way is the cache's contract, not a fault: a Redis call slower than the store's 0.1 s bound (a loaded host;
+    4 busy loops beside the suite on 2 cores made one in most runs) bypasses, and the calls of the next second skip
+    Redis (`gateway.caching.store`). The wait allows for a few of those."""
+    deadline = time.monotonic() + 30
     while (raw := _ask(client, text)).headers["x-cascade-cache"] != "hit":
-        assert raw.headers["x-cascade-cache"] == "miss"
+        assert raw.headers["x-cascade-cache"] in ("miss", "bypass")
         assert time.monotonic() < deadline, "the answer was never kept"
         time.sleep(0.05)
     return raw

@@ -204,3 +204,18 @@ def test_escalation_follows_the_ladder_to_an_overflow_pool(tmp_path: Path, upstr
         assert final.cost_micro_usd == final.prompt_tokens * 5 + final.completion_tokens * 20  # the cloud's prices
         metrics = httpx.get(url + "/metrics").text
         assert 'cascade_escalations_total{held_by="",outcome="escalated",pool="cloud"} 1.0' in metrics
+
+
+def test_an_answer_the_output_check_sends_again_does_not_re_enter_the_cascade(tmp_path: Path,
+                                                                             upstreams: Upstreams) -> None:
+    """The check chose between retrying and escalating: its retry is one more call on the same pool, not a second
+    cascade (no logprobs probe, no second escalation decision)."""
+    micro, _, flagship, _ = upstreams
+    micro.content = ""  # a confident empty answer: kept by the cascade, failed by the check
+    with _serve(tmp_path, upstreams, "output_checks: {empty: retry}\n") as (url, ledger):
+        resp = httpx.post(url + "/v1/chat/completions", json=_body(-0.1, False), timeout=10)
+        assert resp.status_code == 200 and resp.headers["x-cascade-output-check-action"] == "retried:empty"
+        assert resp.headers["x-cascade-route"] == "score:micro, output-check:micro"
+        assert micro.requests == 2 and flagship.requests == 0
+        assert micro.last_body is not None and not micro.last_body.get("logprobs")  # the retry was no probe
+        assert {r.status for r in _records(ledger, 2).values()} == {"discarded", "ok"}

@@ -72,3 +72,14 @@ def test_an_asleep_on_demand_flagship_keeps_the_micro_answer(tmp_path: Path, ups
     with _gateway(tmp_path, micro_url, flagship_url, pools, flagship="big", start_engines=True) as (url, ledger):
         _held_once(url, ledger, stream, "on-demand")
     assert flagship.requests == 0 and micro.requests == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_flagship_whose_every_replica_answers_5xx_keeps_the_micro_answer(tmp_path: Path, upstreams: Upstreams,
+                                                                           stream: bool) -> None:
+    """The escalation's failover: the other tier is the micro pool, whose answer is in hand."""
+    micro, micro_url, flagship, flagship_url = upstreams
+    flagship.fail_status = 500
+    with _gateway(tmp_path, micro_url, flagship_url) as (url, ledger):
+        _held_once(url, ledger, stream, "engine-error")
+    assert flagship.requests == 1 and micro.requests == 1

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,10 +39,10 @@ from router_models.training.outcomes import DEFAULT_ROUTING_DIR
 from tests.conftest import delete_prefix, policy_yaml
 from tests.servers import ROOT, free_port, serve
 
-# `cascade router train --from-ledger` reads the ledger's default key prefix (it takes no prefix option), so the
-# gateway here writes under that prefix into a Redis database that no other test uses.
+# A Redis database no other test uses, and a key prefix of this run's own (`ledger`, passed to `cascade router train
+# --redis-prefix`): two suites on one machine (two clones, a session's runs beside a suite) never read each other's
+# labels, which a fixed prefix let them do.
 LEDGER_URL = "redis://127.0.0.1:6379/11"
-LEDGER_PREFIX = "cascade:"
 MAX_PER_SOURCE = "100"
 REQUESTS = 30
 KEY = "key-loop"
@@ -117,8 +118,10 @@ def _kept_path(out: str) -> Path:
 
 @pytest.fixture
 def ledger() -> Iterator[str]:
-    yield LEDGER_URL
-    delete_prefix(LEDGER_PREFIX, LEDGER_URL)
+    """This test's own ledger prefix in `LEDGER_URL` (its keys deleted afterwards)."""
+    prefix = f"test-loop:{uuid.uuid4().hex}:"
+    yield prefix
+    delete_prefix(prefix, LEDGER_URL)
 
 
 @pytest.fixture
@@ -128,7 +131,7 @@ def gateway(upstreams: Upstreams, home: Path, ledger: str) -> Iterator[str]:
     _, micro_url, _, flagship_url = upstreams
     policy = home / "policy.yaml"
     policy.write_text(policy_yaml(micro_url, flagship_url, LEARNING).replace("threshold: 0.5", "threshold: 1.0"))
-    settings = Settings(policy_path=policy, redis_url=ledger, redis_prefix=LEDGER_PREFIX, scorer="classifier",
+    settings = Settings(policy_path=policy, redis_url=LEDGER_URL, redis_prefix=ledger, scorer="classifier",
                         start_engines=False, ledger="redis", home=home, policy_watch_interval_s=0)
     with serve(create_app(settings)) as url:
         yield url
@@ -167,16 +170,16 @@ def _traffic_with_feedback(url: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolled_back(
-        gateway: str, home: Path) -> None:
+        gateway: str, home: Path, ledger: str) -> None:
     labels = _traffic_with_feedback(gateway)
     assert len(labels) == REQUESTS
-    rows = read_ledger_labels(LEDGER_URL)
+    rows = read_ledger_labels(LEDGER_URL, key_prefix=ledger)
     assert {r["id"]: r["needs_flagship"] for r in rows if r["id"] in labels} == labels
     train_rows, held = split_held_back(examples_from_rows(rows, default_source="ledger"), 0.3)
     assert train_rows and held  # both sides of the comparison are exercised
 
     # 1. --no-promote: the candidate is compared on the held-back labels and kept aside; nothing becomes current
-    run = _train(home, "--from-ledger", "--redis-url", LEDGER_URL, "--no-promote")
+    run = _train(home, "--from-ledger", "--redis-url", LEDGER_URL, "--redis-prefix", ledger, "--no-promote")
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
     assert f"[train] {len(rows)} labelled requests from the ledger at {LEDGER_URL}" in out
@@ -194,7 +197,7 @@ def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolle
 
     # 2. against a current artifact whose recorded figure any candidate beats: promoted, and served from the store
     seed = _seed_current(home, recorded_apgr=0.0)
-    run = _train(home, "--from-ledger", "--redis-url", LEDGER_URL, "--held-back", "0")
+    run = _train(home, "--from-ledger", "--redis-url", LEDGER_URL, "--redis-prefix", ledger, "--held-back", "0")
     assert run.returncode == 0, run.stdout + run.stderr
     cand, cur, delta, basis = _verdict(run.stdout)
     assert (cur, basis) == (0.0, "mean leave-one-source-out APGR on the 7 public sources both were evaluated on")
