@@ -9,11 +9,19 @@ The log is JSON Lines, one request per line, exactly as the gateway writes it wh
 - `tenant`: the authenticated tenant; `pool`: where the gateway sent it;
 - `score`: the classifier's score, or null when none was computed (pinned model, pool rule);
 - `prompt_tokens`, `completion_tokens`: the usage recorded for the request (integers >= 0);
-- optional `headers`: {name: value} of request headers, for rules that match on headers.
+- optional `headers`: {name: value} of request headers, for rules that match on headers;
+- optional `tiers`: with routing.tiers, every tier's prediction as the cost record's `tiers` field and the
+  `x-cascade-tiers` header show it ("general=0.670/$0.000120, ..."; `policies.tiers.parse_estimates`).
 
 Replaying assumes the same usage wherever a request goes (the completion length of another model is
 unknown) and re-uses the recorded score; a request that now needs a score but has none is decided
-without one (and counted as `unscored`).
+without one (and counted as `unscored`). Under a policy with `routing.tiers`, a request whose line carries a
+prediction for every one of its tiers is decided by the trade, as the gateway decides it (`policies.decide`,
+`policies.tiers.choose`): the recorded qualities, each tier priced at the replayed policy's prices for the recorded
+prompt tokens and the tier's expected completion tokens, at the policy's `tradeoff` or, with `cost_per_1k`, the
+tradeoff that holds that target over the replayed log's predictions (`policies.tiers.solve_tradeoff`; the gateway
+holds it live over its recent traffic). Such requests are counted as `traded`; the others split by score between
+the first and last tier.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 from policies.context import RouteContext
 from policies.decide import ModelNotRouted, PoolNotAllowed, decide, known_model, needs_score
 from policies.loader import LoadedPolicy
+from policies.tiers import TierEstimate, Trade, expected_completion, expected_cost_usd, parse_estimates, solve_tradeoff
 
 __all__ = ["LogEntry", "LogError", "ReplayResult", "parse_line", "parse_log", "render_replay", "replay", "usd"]
 
@@ -47,6 +56,7 @@ class LogEntry:
     prompt_tokens: int
     completion_tokens: int
     headers: dict[str, str] = field(default_factory=dict)
+    tiers: tuple[TierEstimate, ...] = ()
 
 
 def _entry(obj: Any) -> LogEntry:
@@ -59,9 +69,12 @@ def _entry(obj: Any) -> LogEntry:
     if score is not None and not isinstance(score, int | float):
         raise ValueError("`score` must be a number or null")
     headers = obj.get("headers") or {}
+    tiers = obj.get("tiers") or ""
+    if not isinstance(tiers, str):
+        raise ValueError("`tiers` must be a string (as the cost record's `tiers` field)")
     return LogEntry(obj["request"], str(obj.get("tenant") or "default"), None if score is None else float(score),
                     str(obj.get("pool") or ""), obj["prompt_tokens"], obj["completion_tokens"],
-                    {str(k): str(v) for k, v in headers.items()})
+                    {str(k): str(v) for k, v in headers.items()}, parse_estimates(tiers))
 
 
 def parse_line(line: str) -> LogEntry:
@@ -91,6 +104,8 @@ class ReplayResult:
     candidate_micro_usd: int = 0
     unscored: int = 0
     refused: int = 0
+    traded: int = 0  # decided by the trade on the line's recorded tier predictions
+    tradeoff: float | None = None  # the candidate's tradeoff in force (None: no request traded)
 
     @property
     def total(self) -> int:
@@ -101,15 +116,47 @@ class ReplayResult:
         return sum(n for (a, b), n in self.moves.items() if a != b)
 
 
-def _route(loaded: LoadedPolicy, entry: LogEntry, threshold: float | None = None) -> tuple[str, bool]:
+def _estimates(loaded: LoadedPolicy, entry: LogEntry) -> tuple[TierEstimate, ...] | None:
+    """The entry's recorded prediction of every tier of `loaded` (in tier order), priced at its prices (module
+    docstring); None without `routing.tiers` or when the line misses one of them."""
+    policy = loaded.policy
+    recorded = {e.pool: e.quality for e in entry.tiers}
+    tiers = policy.routing.tiers or ()
+    if not tiers or not all(p in recorded for p in tiers):
+        return None
+    return tuple(TierEstimate(p, recorded[p], expected_cost_usd(policy.pools[p].price, entry.prompt_tokens,
+                                                                expected_completion(policy, p))) for p in tiers)
+
+
+def _tradeoff(loaded: LoadedPolicy, rows: list[tuple[TierEstimate, ...]]) -> float:
+    """The tradeoff a tiers policy replays at: its own, else the one holding `cost_per_1k` over `rows`, else 0."""
+    routing = loaded.policy.routing
+    if routing.tradeoff is not None or routing.cost_per_1k is None or not rows:
+        return routing.tradeoff or 0.0
+    return solve_tradeoff(rows, routing.cost_per_1k / 1e6)
+
+
+def _trades(loaded: LoadedPolicy, entries: list[LogEntry]) -> tuple[list[Trade | None], float | None]:
+    """Each entry's trade under `loaded` (None: it splits by score) and the tradeoff in force (None: no trade)."""
+    estimates = [_estimates(loaded, e) for e in entries]
+    rows = [row for row in estimates if row is not None]
+    if not rows:
+        return [None] * len(entries), None
+    tradeoff = _tradeoff(loaded, rows)
+    return [None if row is None else Trade(row, tradeoff) for row in estimates], tradeoff
+
+
+def _route(loaded: LoadedPolicy, entry: LogEntry, threshold: float | None = None,
+           trade: Trade | None = None) -> tuple[str, bool]:
     """(pool or REFUSED, whether a needed score was missing) for one entry under `loaded` (`threshold`:
-    the routing threshold to use instead of the policy's, see `policies.decide.decide`)."""
+    the routing threshold to use instead of the policy's; `trade`: its tiers' predictions; see
+    `policies.decide.decide`)."""
     ctx = RouteContext.from_request(entry.request, entry.tenant, entry.headers, entry.prompt_tokens)
     policy = loaded.policy
     if not known_model(policy, ctx.requested_model):
         return REFUSED, False
     try:
-        decision = decide(policy, loaded.version, ctx, entry.score, threshold=threshold)
+        decision = decide(policy, loaded.version, ctx, entry.score, threshold=threshold, trade=trade)
     except (PoolNotAllowed, ModelNotRouted):
         return REFUSED, False
     return decision.pool, entry.score is None and needs_score(policy, ctx)
@@ -126,10 +173,14 @@ def replay(entries: Iterable[LogEntry], candidate: LoadedPolicy, baseline: Loade
     the log when `baseline` is None (then priced with `candidate`'s prices). A pool a policy does not define,
     and a refused request, cost 0. `thresholds`: routing thresholds replacing (candidate's, baseline's)."""
     result = ReplayResult()
-    for entry in entries:
-        before = entry.pool if baseline is None else _route(baseline, entry, thresholds[1])[0]
-        after, unscored = _route(candidate, entry, thresholds[0])
+    entries = list(entries)
+    trades, result.tradeoff = _trades(candidate, entries)
+    baseline_trades = _trades(baseline, entries)[0] if baseline is not None else [None] * len(entries)
+    for entry, trade, baseline_trade in zip(entries, trades, baseline_trades, strict=True):
+        before = entry.pool if baseline is None else _route(baseline, entry, thresholds[1], baseline_trade)[0]
+        after, unscored = _route(candidate, entry, thresholds[0], trade)
         result.moves[(before, after)] += 1
+        result.traded += trade is not None
         result.unscored += unscored
         result.refused += after == REFUSED
         result.baseline_micro_usd += _cost(baseline or candidate, before, entry)
@@ -154,6 +205,9 @@ def render_replay(result: ReplayResult, before_name: str, after_name: str) -> li
     diff = result.candidate_micro_usd - result.baseline_micro_usd
     lines.append(f"cost {before_name}: {usd(result.baseline_micro_usd)} USD; {after_name}: "
                  f"{usd(result.candidate_micro_usd)} USD; difference: {'+' if diff >= 0 else '-'}{usd(abs(diff))} USD")
+    if result.traded:
+        lines.append(f"{result.traded} requests decided by the trade on their recorded tier predictions (tradeoff "
+                     f"{result.tradeoff:g}: quality one USD of expected cost per request is worth)")
     if result.unscored:
         lines.append(f"{result.unscored} requests needed a score the log does not have (decided without one)")
     if result.refused:

@@ -13,6 +13,11 @@ Contract:
 - `solve_tradeoff` sets the tradeoff on a window of requests so that their mean expected cost per 1,000 requests
   is at most a target (`routing.cost_per_1k`): the gateway holds it live across workers
   (`gateway.control.live_tradeoff`), `cascade router route --cost-per-1k` on its input.
+- A label memory moves a tiers trade as it moves a score (`remembered`): its move of the quality gap bottom ->
+  top tier (`gap`, on the memory's [0, 1] gap-target scale: half the gap) lowers the bottom tier's quality by `gap`,
+  raises the top tier's by as much and shifts a middle tier by its place between them, so a move towards "needs a
+  stronger model" never sends a request to a cheaper tier. Labels record a gap, not which end was wrong, so the
+  shift is split evenly between the ends (docs/policies.md, "Label memory with tiers").
 - Failover, context fit and the cascade move along the tiers (`neighbours`: the next tier up, then down, then
   further out; `tier_above`: one up).
 """
@@ -26,7 +31,7 @@ from policies.money import Price
 from policies.schema import Policy
 
 __all__ = ["TierEstimate", "Trade", "choose", "estimates_text", "expected_completion", "expected_cost_usd",
-           "neighbours", "solve_tradeoff", "tier_above", "tier_problems", "tiers_of"]
+           "neighbours", "parse_estimates", "remembered", "solve_tradeoff", "tier_above", "tier_problems", "tiers_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,24 @@ def estimates_text(estimates: Sequence[TierEstimate]) -> str:
     return ", ".join(str(e) for e in estimates)
 
 
+def parse_estimates(text: str) -> tuple[TierEstimate, ...]:
+    """The estimates `estimates_text` wrote ("" -> none). ValueError naming the item that is not
+    "pool=quality/$cost" with a quality in [0, 1] and a cost >= 0."""
+    out: list[TierEstimate] = []
+    for item in text.split(", ") if text else ():
+        pool, _, rest = item.partition("=")
+        quality, _, cost = rest.partition("/$")
+        try:
+            estimate = TierEstimate(pool, float(quality), float(cost))
+        except ValueError:
+            estimate = None
+        if estimate is None or not pool or not 0 <= estimate.quality <= 1 or not estimate.cost_usd >= 0:
+            raise ValueError(f"tier prediction {item!r} is not pool=quality/$cost (as x-cascade-tiers shows it: "
+                             "\"general=0.670/$0.000120\")")
+        out.append(estimate)
+    return tuple(out)
+
+
 def tiers_of(policy: Policy) -> tuple[str, ...]:
     """The policy's tiers, cheapest first: `routing.tiers`, else (micro pool, flagship pool)."""
     routing = policy.routing
@@ -81,6 +104,16 @@ def choose(estimates: Sequence[TierEstimate], tradeoff: float) -> TierEstimate:
         if estimate.quality - tradeoff * estimate.cost_usd > best.quality - tradeoff * best.cost_usd:
             best = estimate
     return best
+
+
+def remembered(estimates: Sequence[TierEstimate], gap: float) -> tuple[TierEstimate, ...]:
+    """`estimates` (tier order) shifted by a label memory's move `gap` (module docstring): tier i of n by
+    gap * (2 i / (n - 1) - 1), each quality kept in [0, 1]. Unchanged for gap 0 or fewer than two tiers."""
+    n = len(estimates)
+    if gap == 0 or n < 2:
+        return tuple(estimates)
+    return tuple(TierEstimate(e.pool, min(max(e.quality + gap * (2 * i / (n - 1) - 1), 0.0), 1.0), e.cost_usd)
+                 for i, e in enumerate(estimates))
 
 
 def _mean_cost(window: Sequence[Sequence[TierEstimate]], tradeoff: float) -> float:

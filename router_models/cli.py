@@ -60,11 +60,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
+    from router_models.serving.artifact import default_store_dir
     from router_models.serving.score_file import score_file
 
+    memory = None if args.memory is None else (args.store or default_store_dir(), args.memory)
     try:
         return score_file(args.input, args.output, args.artifact, args.threshold,
-                          (args.micro_pool, args.flagship_pool), args.batch_size)
+                          (args.micro_pool, args.flagship_pool), args.batch_size, memory=memory)
     except ArtifactError as exc:
         return _fail(str(exc))
 
@@ -254,7 +256,16 @@ def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--micro-pool", default="micro", help="pool name for scores below the threshold")
     p.add_argument("--flagship-pool", default="flagship", help="pool name at or above the threshold")
     p.add_argument("--batch-size", type=int, default=64, help="texts per model call")
+    add_memory_flags(p)
     p.set_defaults(func=_score)
+
+
+def add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """`--memory NAME` and `--store` (score and route)."""
+    p.add_argument("--memory", metavar="NAME", default=None,
+                   help='move scores by this label memory exactly as the gateway does ("shared" or a tenant\'s name)')
+    p.add_argument("--store", type=Path, default=None,
+                   help="store the memory lives in (<store>/memory/NAME.json; default $CASCADE_HOME/router)")
 
 
 def _add_store(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

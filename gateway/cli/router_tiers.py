@@ -10,8 +10,11 @@ the best trade (`policies.tiers.choose`). The tradeoff: `--tradeoff` (the qualit
 request is worth; 0 = the best predicted quality whatever it costs), else `--cost-per-1k` (solved on the input
 itself, `policies.tiers.solve_tradeoff`, so its mean expected cost per 1,000 requests is at most that), else the
 policy's. Input lines: {"id", "prompt" | "messages"}; output per line: {"id", "pool", "predicted": {pool: quality},
-"expected_cost_usd": {pool: usd}}. (Lives beside the gateway's CLI because it reads policies, which
-`router_models` may not import.)
+"expected_cost_usd": {pool: usd}}. With `--memory NAME` ("shared" or a tenant's label memory) the router's score of
+each prompt is moved by that memory exactly as the gateway moves it (`router_models.serving.memory_apply`) and every
+tier's prediction is shifted by the move as the gateway's trade is (`policies.tiers.remembered`); each line then also
+carries "gap_move" (the move on the memory's gap scale). (Lives beside the gateway's CLI because it reads policies,
+which `router_models` may not import.)
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from policies.context import estimate_tokens, prompt_text_of
 from policies.loader import LoadedPolicy, PolicyError, default_policy_path, load_policy
-from policies.tiers import TierEstimate, choose, expected_completion, expected_cost_usd, solve_tradeoff
+from policies.tiers import TierEstimate, choose, expected_completion, expected_cost_usd, remembered, solve_tradeoff
 
-__all__ = ["register", "route_rows"]
+if TYPE_CHECKING:
+    from router_models.serving.classifier import LinearRouter
+
+__all__ = ["memory_gaps", "register", "route_rows"]
 
 
 class RouteError(ValueError):
@@ -74,13 +80,18 @@ def _read(path: Path) -> list[tuple[Any, str, Any, int]]:
 
 
 def route_rows(loaded: LoadedPolicy, quality: npt.NDArray[np.float64], tokens: list[int],
-               tradeoff: float | None, cost_per_1k: float | None) -> tuple[list[tuple[TierEstimate, ...]], float]:
-    """Every row's tier estimates and the tradeoff in force (module docstring). `RouteError` for a negative
-    tradeoff or a cost target below what the cheapest tier of every row costs."""
+               tradeoff: float | None, cost_per_1k: float | None,
+               gaps: npt.NDArray[np.float64] | None = None) -> tuple[list[tuple[TierEstimate, ...]], float]:
+    """Every row's tier estimates (shifted by its label memory's move, `gaps`) and the tradeoff in force (module
+    docstring). `RouteError` for a negative tradeoff or a cost target below what the cheapest tier of every row
+    costs."""
     policy = loaded.policy
     tiers = policy.routing.tiers or ()
-    rows = [tuple(TierEstimate(p, float(q), expected_cost_usd(policy.pools[p].price, n, expected_completion(policy, p)))
-                  for p, q in zip(tiers, row, strict=True)) for row, n in zip(quality, tokens, strict=True)]
+    moves = np.zeros(len(tokens)) if gaps is None else gaps
+    rows = [remembered([TierEstimate(p, float(q), expected_cost_usd(policy.pools[p].price, n,
+                                                                    expected_completion(policy, p)))
+                        for p, q in zip(tiers, row, strict=True)], float(gap))
+            for row, n, gap in zip(quality, tokens, moves, strict=True)]
     if tradeoff is not None:
         if not tradeoff >= 0:
             raise RouteError(f"--tradeoff {tradeoff} is negative: it is the quality one USD of expected cost per "
@@ -112,25 +123,45 @@ def _route(args: argparse.Namespace) -> int:
             raise RouteError(f"the router artifact embeds with {router.embedder!r}, the pool map reads "
                              f"{pool_map.embedder!r} rows; give --artifact and --map of one embedder")
         texts = [r[1] for r in rows]
-        x = feature_matrix(make_embedder(router.embedder).embed(texts), texts, [r[2] for r in rows])
+        embedder = make_embedder(router.embedder)
+        x = feature_matrix(embedder.embed(texts), texts, [r[2] for r in rows])
         tiers = loaded.policy.routing.tiers or ()
         predicted = quality(pool_map, x, [loaded.placements[p] for p in tiers])
-        estimates, tradeoff = route_rows(loaded, predicted, [r[3] for r in rows], args.tradeoff, args.cost_per_1k)
+        gaps = None if args.memory is None else memory_gaps(router.router, embedder.name, x, args.store, args.memory)
+        estimates, tradeoff = route_rows(loaded, predicted, [r[3] for r in rows], args.tradeoff, args.cost_per_1k,
+                                         gaps)
     except (PolicyError, RouteError, PlacementError, ArtifactError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _write(args.out, rows, estimates, tradeoff)
+    _write(args.out, rows, estimates, tradeoff, gaps)
     return 0
 
 
+def memory_gaps(router: LinearRouter, embedder: str, x: npt.NDArray[np.float32], store: Path | None,
+                name: str) -> npt.NDArray[np.float64]:
+    """Each feature row's label-memory move on the gap scale: memory `name` of `store` (default: the served
+    store; its vectors `embedder`'s) attached to `router` moves its score as the gateway's does (`memory_apply`)."""
+    from router_models.serving.artifact import default_store_dir
+    from router_models.serving.memory_apply import attach_named, gap_moves, request_rows
+
+    attached = attach_named(store or default_store_dir(), name, router, embedder)
+    rows = request_rows(attached, x[:, :attached.memory.embedding_dim], x)
+    assert rows is not None  # both given
+    before = router.predict_proba(x)
+    return gap_moves(attached, before, attached.adjust(rows, before))
+
+
 def _write(out: Path, rows: list[tuple[Any, str, Any, int]], estimates: list[tuple[TierEstimate, ...]],
-           tradeoff: float) -> None:
+           tradeoff: float, gaps: npt.NDArray[np.float64] | None) -> None:
     picks = [choose(row, tradeoff) for row in estimates]
     with out.open("w", encoding="utf-8") as fh:
-        for (row_id, *_), row, pick in zip(rows, estimates, picks, strict=True):
-            fh.write(json.dumps({"id": row_id, "pool": pick.pool,
-                                 "predicted": {e.pool: round(e.quality, 6) for e in row},
-                                 "expected_cost_usd": {e.pool: round(e.cost_usd, 9) for e in row}}) + "\n")
+        for i, ((row_id, *_), row, pick) in enumerate(zip(rows, estimates, picks, strict=True)):
+            line: dict[str, Any] = {"id": row_id, "pool": pick.pool,
+                                    "predicted": {e.pool: round(e.quality, 6) for e in row},
+                                    "expected_cost_usd": {e.pool: round(e.cost_usd, 9) for e in row}}
+            if gaps is not None:
+                line["gap_move"] = round(float(gaps[i]), 6)
+            fh.write(json.dumps(line) + "\n")
     n = len(picks)
     mean_cost = 1000 * sum(p.cost_usd for p in picks) / n
     shares = ", ".join(f"{e.pool} {sum(p.pool == e.pool for p in picks) / n:.1%}" for e in estimates[0])
@@ -161,6 +192,7 @@ def _pools(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add `route` and `pools` to the already registered `router` command."""
     from gateway.cli.calibrate import _router_commands
+    from router_models.cli import add_memory_flags
 
     router = _router_commands(subparsers)
     p = router.add_parser("route", help="route a JSONL file of prompts over a tiers policy's pools (no engines)",
@@ -173,6 +205,7 @@ def register(subparsers: Any) -> None:
     target.add_argument("--cost-per-1k", type=float, metavar="USD", help="target mean cost per 1,000 requests")
     p.add_argument("--artifact", type=Path, default=None, help="router artifact (default: the served one)")
     p.add_argument("--map", type=Path, default=None, help="pool map .json (default: the served one)")
+    add_memory_flags(p)
     p.set_defaults(func=_route)
     p = router.add_parser("pools", help="show where every tier of a policy sits on the pool map")
     p.add_argument("--policy", default=str(default_policy_path()), help="a policy with routing.tiers")

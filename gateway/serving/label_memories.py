@@ -39,7 +39,7 @@ from gateway.serving.memory_batches import MoveBatcher
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.label_memory import MemoryRouter
-from router_models.serving.memory_file import load_memory
+from router_models.serving.memory_apply import attach_file, gap_moves, request_rows
 from router_models.serving.scorer import ConversationShape, Scorer, ScorerViews
 
 __all__ = ["INLINE_LABELS", "LabelMemories", "MemoryScore"]
@@ -55,11 +55,14 @@ INLINE_LABELS = 5000
 
 @dataclass(frozen=True)
 class MemoryScore:
-    """A score moved by memory `name`, which held `labels` labels: `version` names both for the records."""
+    """A score moved by memory `name`, which held `labels` labels: `version` names both for the records. `gap`:
+    how far the move took the predicted quality gap target on the memory's scale (`memory_apply.gap_moves`; a
+    `routing.tiers` trade shifts its tiers by it)."""
 
     score: float
     name: str
     labels: int
+    gap: float = 0.0
 
     def version(self, router_version: str) -> str:
         """`<router version>+memory/<name>@<labels>`: a name the ledger accepts (no ":"; the router's version
@@ -132,10 +135,10 @@ class LabelMemories:
         attached, row = found
         if len(attached.memory) <= self.inline_labels:
             return self._inline(name, attached, row, score)
-        return MemoryScore(await self._moves.move(attached, row, score), name, len(attached.memory))
+        return _moved(attached, name, score, await self._moves.move(attached, row, score))
 
     def _inline(self, name: str, attached: MemoryRouter, row: npt.NDArray[np.float32], score: float) -> MemoryScore:
-        moved = MemoryScore(float(attached.adjust(row, np.asarray([score]))[0]), name, len(attached.memory))
+        moved = _moved(attached, name, score, float(attached.adjust(row, np.asarray([score]))[0]))
         if self.on_inline is not None:
             self.on_inline()
         return moved
@@ -146,11 +149,9 @@ class LabelMemories:
         attached = self._attached.get(name)
         if attached is None or views.embedding is None or _router_of(views.scorer) is not attached.base:
             return None
-        if attached.reads_features:
-            row = views.features.features(text, shape) if views.features is not None else None
-        else:
-            row = views.embedding.embedding(text)
-        return None if row is None else (attached, np.asarray(row, np.float32)[None, :])
+        features = views.features.features(text, shape) if views.features is not None else None
+        row = request_rows(attached, views.embedding.embedding(text), features)
+        return None if row is None else (attached, row)
 
     async def refresh(self) -> None:
         """Load what changed under the folder and attach every memory to the current router (a worker thread)."""
@@ -176,13 +177,9 @@ class LabelMemories:
                 out[name] = before if before.base is base else MemoryRouter.attach(base, before.memory)
                 continue
             try:
-                memory, _ = load_memory(files[name], embedder=embedder)
-                attached = MemoryRouter.attach(base, memory)
-                if attached.reads_features and not features:  # `adjust` could read the embedding alone
-                    raise ValueError(f"it reads {_what_it_reads(attached)} of each request, which this scorer does "
-                                     "not keep per request")
+                attached = attach_file(files[name], base, embedder, features)
                 out[name] = attached
-                log.info("label memory %s loaded: %d labels", name, len(memory))
+                log.info("label memory %s loaded: %d labels", name, len(attached.memory))
             except (ArtifactError, ValueError) as exc:
                 log.warning("label memory %s not loaded (%s); %s", name, exc,
                             "the previous one keeps serving" if before is not None else "none serves")
@@ -210,13 +207,9 @@ class LabelMemories:
             self._task = None
 
 
-def _what_it_reads(attached: MemoryRouter) -> str:
-    """What of a request's feature row beyond its embedding a memory reads (for the refusal)."""
-    p = attached.memory.params
-    parts = [f"the structural columns (structure {p.structure:g})"] if p.structure > 0 else []
-    if attached.source_logits.shape[1]:
-        parts.append(f"the whole row for the router's per-source routers (sources {p.sources:g})")
-    return " and ".join(parts)
+def _moved(attached: MemoryRouter, name: str, score: float, moved: float) -> MemoryScore:
+    gap = float(gap_moves(attached, np.asarray([score]), np.asarray([moved]))[0])
+    return MemoryScore(moved, name, len(attached.memory), gap)
 
 
 def _router_of(scorer: Scorer | None) -> LinearRouter | None:

@@ -2,7 +2,8 @@
 
 Format (see `policies/replay.py`): {"request": <chat body>, "tenant", "score", "pool", "pool_version" (the
 engine version that answered: the pool's or its canary's), "prompt_tokens", "completion_tokens", "route" (each step
-that chose or changed the pool: {"step", "pool", "why"}, `policies.decide.RouteStep`)}. It holds
+that chose or changed the pool: {"step", "pool", "why"}, `policies.decide.RouteStep`), "tiers" (with routing.tiers:
+every tier's prediction as the cost record's `tiers` holds it; "" without one)}. It holds
 prompt text, so it is off by default and meant for a sample of traffic on a trusted disk (`--request-log-sample`:
 each request is kept with that probability). Lines are appended
 with one write each (atomic for lines under PIPE_BUF on Linux when several workers share the file); no fsync:
@@ -40,7 +41,7 @@ class RequestLog:
         route = [{"step": s.step, "pool": s.pool, "why": s.why} for s in facts.decision.route]
         line = {"request": facts.request, "tenant": rec.tenant, "score": facts.decision.score, "pool": rec.pool,
                 "pool_version": rec.pool_version, "prompt_tokens": rec.prompt_tokens,
-                "completion_tokens": rec.completion_tokens, "route": route}
+                "completion_tokens": rec.completion_tokens, "route": route, "tiers": rec.tiers}
         os.write(self._fd, orjson.dumps(line) + b"\n")
 
     def close(self) -> None:

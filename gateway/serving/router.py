@@ -35,7 +35,7 @@ from policies.decide import (
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.threshold import base_threshold
-from policies.tiers import Trade
+from policies.tiers import Trade, remembered
 from router_models.embedders.protocol import FloatArray
 from router_models.serving.scorer import (
     ConversationShape,
@@ -106,24 +106,27 @@ class RequestRouter:
         return score, scored_by, scorer.version, conversation
 
     async def _remembered(self, loaded: LoadedPolicy, tenant: str, conversation: _Conversation, score: float,
-                          version: str) -> tuple[float, str]:
+                          version: str) -> tuple[float, str, float]:
         """The primary model's score of `conversation` moved by the label memory the policy gives this tenant
-        (`learning.label_memory.scope`), and the version naming both; unchanged when there is none."""
+        (`learning.label_memory.scope`), the version naming both, and the move of the predicted gap (`MemoryScore.
+        gap`: a tiers trade shifts by it); unchanged (and 0) when there is none."""
         scope = loaded.policy.learning.label_memory.scope
         if scope == "none" or self.memories is None:
-            return score, version
+            return score, version, 0.0
         text, shape = conversation
         try:
             moved = await self.memories.adjust_off_loop(tenant if scope == "tenant" else "shared", self._views, text,
                                                         score, shape)
         except Exception:  # the memory could not move it: the router's own score routes
             log.exception("label memory did not move the score; routing on the router's")
-            return score, version
-        return (score, version) if moved is None else (moved.score, moved.version(version))
+            return score, version, 0.0
+        return (score, version, 0.0) if moved is None else (moved.score, moved.version(version), moved.gap)
 
-    def _trade(self, loaded: LoadedPolicy, ctx: RouteContext, conversation: _Conversation | None) -> Trade | None:
-        """Every tier's prediction for a request the primary model scored (`gateway.serving.tier_trade`) and the
-        tradeoff in force; None without tiers, a pool map or the request's feature row."""
+    def _trade(self, loaded: LoadedPolicy, ctx: RouteContext, conversation: _Conversation | None,
+               gap: float = 0.0) -> Trade | None:
+        """Every tier's prediction for a request the primary model scored (`gateway.serving.tier_trade`), shifted
+        by its label memory's move `gap` (`policies.tiers.remembered`), and the tradeoff in force; None without
+        tiers, a pool map or the request's feature row."""
         policy = loaded.policy
         source = self._views.features
         if not policy.routing.tiers or self.pool_map is None or source is None or conversation is None:
@@ -132,6 +135,7 @@ class RequestRouter:
         estimates = None if row is None else tier_estimates(loaded, ctx, self.pool_map, row)
         if estimates is None:
             return None
+        estimates = remembered(estimates, gap)
         if self.tradeoff is None:
             return Trade(estimates, policy.routing.tradeoff or 0.0)
         self.tradeoff.observe(policy, estimates)
@@ -181,10 +185,10 @@ class RequestRouter:
                                                    and needs_score(policy, ctx) else (None, "", "", None))
         in_domain, trade = None, None
         if score is not None and scored_by == "primary" and conversation is not None:
-            trade = self._trade(loaded, ctx, conversation)
             in_domain = self._in_domain(conversation[0])
             self.drift.observe(policy.learning.in_domain, tenant, in_domain)
-            score, version = await self._remembered(loaded, tenant, conversation, score, version)
+            score, version, gap = await self._remembered(loaded, tenant, conversation, score, version)
+            trade = self._trade(loaded, ctx, conversation, gap)
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
             decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold, trade),

@@ -1,0 +1,143 @@
+"""`cascade router score --memory` and `cascade router route --memory` apply a label memory exactly as the gateway
+does: the CLI's moved scores equal the gateway's `LabelMemories` moves of the same prompts, and its per-tier
+predictions equal the trade the gateway's router builds for a `routing.tiers` policy with that memory (the shipped
+router artifact and pool map, the three-pool example's shared-model placements). An unknown memory is refused with
+the memories there are.
+
+The prompts and labels are written here: they show that labels reach the score and the trade, never which prompt is
+harder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import pytest_asyncio
+
+from gateway.cli.main import main
+from gateway.control.metrics import GatewayMetrics
+from gateway.serving.label_memories import LabelMemories
+from gateway.serving.placements import with_placements
+from gateway.serving.router import RequestRouter
+from gateway.serving.schema import parse_chat_request
+from policies.ladder import LadderState
+from policies.loader import load_policy
+from router_models.embedders.features import FEATURE_NAMES
+from router_models.serving.artifact import DEFAULT_ARTIFACT
+from router_models.serving.classifier import feature_matrix
+from router_models.serving.classifier_scorer import ClassifierScorer, load_scorer
+from router_models.serving.label_memory import LabelMemory
+from router_models.serving.memory_file import save_memory
+from router_models.serving.score_file import parse_line
+from router_models.serving.scorer import ScorerViews
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "policies" / "examples" / "three-pools.yaml"
+LABELLED = ["Summarise the attached contract and list every clause that conflicts with the others.",
+            "Write a Python function that merges overlapping intervals, with tests.",
+            "What is the capital of France?"]
+PROMPTS: list[dict[str, Any]] = [
+    {"id": "a", "prompt": LABELLED[0]},
+    {"id": "b", "prompt": "Write a Python function that merges overlapping intervals."},
+    {"id": "c", "messages": [{"role": "user", "content": "What is the capital of Spain?"}]},
+    {"id": "d", "prompt": "Prove there are infinitely many primes of the form 4k+3."}]
+
+
+@pytest_asyncio.fixture
+async def scorer() -> AsyncIterator[ClassifierScorer]:
+    scorer = load_scorer(str(DEFAULT_ARTIFACT), torch_threads=1)
+    yield scorer
+    await scorer.aclose()
+
+
+@pytest_asyncio.fixture
+async def store(scorer: ClassifierScorer, tmp_path: Path) -> Path:
+    """A store whose shared memory labels the first two prompts as needing the flagship and the third as not."""
+    await scorer.score(LABELLED)
+    vectors = np.stack([v for t in LABELLED if (v := scorer.embedding(t)) is not None]).astype(np.float32)
+    rows = feature_matrix(vectors, LABELLED)
+    memory = LabelMemory(rows, np.asarray([1.0, 1.0, 0.5]), rows.shape[1] - len(FEATURE_NAMES))
+    save_memory(memory, tmp_path / "store" / "memory" / "shared.json", embedder=scorer.embedding_space)
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return path
+
+
+def _lines(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_score_moves_each_score_as_the_gateways_memory_does(scorer: ClassifierScorer, store: Path,
+                                                                  prompts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "scores.jsonl"
+    assert main(["router", "score", "--in", str(prompts), "--out", str(out), "--artifact", str(DEFAULT_ARTIFACT),
+                 "--memory", "shared", "--store", str(store)]) == 0
+    memories = LabelMemories(store / "memory", lambda: scorer)
+    await memories.refresh()
+    views = ScorerViews.of(scorer)
+    moved_any = False
+    for line, got in zip(prompts.read_text().splitlines(), _lines(out), strict=True):
+        _, text, shape = parse_line(line)
+        base, _ = await scorer.score_one(text, shape)
+        served = memories.adjust("shared", views, text, base, shape)
+        assert served is not None
+        # a batch's similarities are one matrix product, a lone move's a vector product: float32 rounding apart
+        assert got["score"] == pytest.approx(served.score, abs=2e-6)
+        assert got["router_score"] == pytest.approx(base, abs=1e-6)
+        assert got["pool"] == ("flagship" if got["score"] >= 0.5 else "micro")
+        moved_any |= abs(served.score - base) > 0.01
+    assert moved_any  # the labels reached the scores
+
+
+async def test_route_shifts_every_tier_as_the_gateways_trade_does(scorer: ClassifierScorer, store: Path,
+                                                                  prompts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "routes.jsonl"
+    assert main(["router", "route", "--policy", str(EXAMPLE), "--in", str(prompts), "--out", str(out),
+                 "--tradeoff", "0", "--artifact", str(DEFAULT_ARTIFACT), "--memory", "shared",
+                 "--store", str(store)]) == 0
+    plain = tmp_path / "plain.jsonl"
+    assert main(["router", "route", "--policy", str(EXAMPLE), "--in", str(prompts), "--out", str(plain),
+                 "--tradeoff", "0", "--artifact", str(DEFAULT_ARTIFACT)]) == 0
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(EXAMPLE.read_text().replace('cost_per_1k: "2.00"', "tradeoff: 0")
+                      + "learning:\n  label_memory:\n    scope: shared\n")
+    loaded = with_placements(load_policy(policy))
+    memories = LabelMemories(store / "memory", lambda: scorer)
+    await memories.refresh()
+    router = RequestRouter(scorer, GatewayMetrics(dict), memories=memories)
+    for prompt, got, before in zip(PROMPTS, _lines(out), _lines(plain), strict=True):
+        messages = prompt.get("messages") or [{"role": "user", "content": prompt["prompt"]}]
+        request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": messages}))
+        decision = await router.route(request, raw, "acme", {}, loaded, LadderState())
+        assert decision.trade is not None and decision.router_version.endswith("+memory/shared@3")
+        served = {e.pool: e.quality for e in decision.trade.estimates}
+        assert got["predicted"] == pytest.approx(served, abs=1e-5)
+        assert got["pool"] == decision.pool
+        tiers = list(served)  # the bottom tier falls and the top one rises by the move, the middle one stays
+        shift = [got["predicted"][p] - before["predicted"][p] for p in tiers]
+        assert shift == pytest.approx([-got["gap_move"], 0.0, got["gap_move"]], abs=2e-6)
+    assert max(abs(r["gap_move"]) for r in _lines(out)) > 0.01
+
+
+@pytest.mark.parametrize("command", ["score", "route"])
+def test_an_unknown_memory_is_refused_with_the_memories_there_are(store: Path, prompts: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  command: str) -> None:
+    extra = ["--policy", str(EXAMPLE)] if command == "route" else []
+    for name, words in (("acme", "no label memory"), ("bad name!", "must be 1-40 letters")):
+        assert main(["router", command, *extra, "--in", str(prompts), "--out", str(tmp_path / "o.jsonl"),
+                     "--artifact", str(DEFAULT_ARTIFACT), "--memory", name, "--store", str(store)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.startswith("error: ")
+    main(["router", command, *extra, "--in", str(prompts), "--out", str(tmp_path / "o.jsonl"),
+          "--artifact", str(DEFAULT_ARTIFACT), "--memory", "acme", "--store", str(store)])
+    assert f"memories in {store / 'memory'}: shared)" in capsys.readouterr().err
