@@ -20,8 +20,10 @@ from gateway.ledger.record import CostRecord
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
+from policies.loader import load_policy
+from policies.replay import parse_log, replay
 from tests.gateway.serving.tier_fakes import fake_the_map
-from tests.servers import serve
+from tests.servers import serve, until
 
 ADMIN = "test-admin-key"
 
@@ -65,7 +67,8 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[s
         policy = tmp_path / "three.yaml"
         policy.write_text(_policy({"general": g, "code": c, "flagship": f}))
         settings = Settings(policy_path=policy, scorer="length", start_engines=False, ledger="memory",
-                            home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0)
+                            home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0,
+                            request_log=tmp_path / "requests.jsonl")
         app = create_app(settings)
         with serve(app) as url:
             ledger = app.state.runtime.ledger
@@ -89,7 +92,7 @@ def _record(ledger: MemoryLedger, request_id: str) -> CostRecord:
 
 
 def test_each_request_goes_to_the_best_trade_and_says_so(gateway: tuple[str, Path, MemoryLedger]) -> None:
-    url, _, ledger = gateway
+    url, policy, ledger = gateway
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     seen = {}
     for text in ("hi, how are you today?", "write a python function that sorts a list",
@@ -104,6 +107,11 @@ def test_each_request_goes_to_the_best_trade_and_says_so(gateway: tuple[str, Pat
     assert tiers[1].startswith("code=0.850/$0.000")  # its predicted quality and expected cost
     rec = _record(ledger, headers["x-request-id"])
     assert (rec.tiers, rec.route) == (headers["x-cascade-tiers"], "trade:code")
+    # the replay log carries each request's tier predictions: replayed under the same policy, nothing moves
+    log = policy.parent / "requests.jsonl"
+    until(lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 10, lambda: "no replay log lines")
+    result = replay(parse_log(log.read_text().splitlines()), load_policy(policy))
+    assert (result.total, result.moved, result.traded) == (3, 0, 3)
 
 
 def test_a_request_too_long_for_its_tier_moves_up_the_tiers(gateway: tuple[str, Path, MemoryLedger]) -> None:
