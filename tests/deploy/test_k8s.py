@@ -350,3 +350,21 @@ def test_render_takes_the_policy_from_the_command_line(tmp_path: Path) -> None:
                  and d["metadata"]["labels"].get("cascade/pool") == "micro")
     args = micro["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--max-model-len") + 1] == "8192"  # the file on the command line, not the values' policy
+
+
+def test_a_tiered_policy_renders_with_its_placements_and_context(tmp_path: Path) -> None:
+    """The three-pool example with hub models: the cluster form keeps each tier's placement and expected completion
+    tokens (the render failed on 'is a tier and has no placement') and each engine's context window."""
+    text = (ROOT / "policies" / "examples" / "three-pools.yaml").read_text(encoding="utf-8")
+    policy = tmp_path / "three-pools.yaml"
+    policy.write_text(text.replace("demo:micro", "HuggingFaceTB/SmolLM2-135M-Instruct")
+                      .replace("demo:flagship", "Qwen/Qwen1.5-MoE-A2.7B"))
+    config = named(render_file(VALUES, policy=policy, registry=REGISTRY), "ConfigMap", "cascade-policy")
+    original = load_policy(policy).policy
+    cluster = parse_policy(config["data"]["policy.yaml"], source="configmap").policy
+    for name, pool in original.pools.items():
+        remote = cluster.pools[name]
+        assert isinstance(pool, LocalPool) and isinstance(remote, RemotePool)
+        assert (remote.placement, remote.expected_completion_tokens) == (pool.placement,
+                                                                         pool.expected_completion_tokens)
+        assert remote.context_tokens == pool.engine.max_model_len
