@@ -323,15 +323,37 @@ def render(values: Values, policy_path: Path, *, warn: Callable[[str], None] | N
     except PolicyError as exc:
         raise ValuesError(str(exc)) from exc
     values = _known_pool_overrides(values, loaded.policy, policy_path, warn)
+    files = _placement_files(derived, policy_path)
     labels = _labels(values, "policy")
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(values, f"{values.name}-policy", labels),
-              "data": {"policy.yaml": yaml.safe_dump(derived, sort_keys=False)}}
+              "data": {"policy.yaml": yaml.safe_dump(derived, sort_keys=False), **files}}
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": values.namespace}}
     engines = [m for name, spec in loaded.policy.pools.items() if isinstance(spec, LocalPool)
                for m in _engine(values, name, spec)]
     manifests = [namespace, config, *_redis(values), *engines, *_gateway(values, loaded.policy)]
     check_images(manifests)
     return manifests
+
+
+def _placement_files(derived: dict[str, Any], policy_path: Path) -> dict[str, str]:
+    """The placement files the policy's tiers name (relative to the policy's folder), as ConfigMap entries beside
+    policy.yaml: each pool's `placement:` in `derived` becomes the file's bare name (mounted in the same folder)."""
+    files: dict[str, str] = {}
+    for name, pool in list(derived["pools"].items()):
+        value = pool.get("placement")
+        if not isinstance(value, str) or not value.endswith(".json"):
+            continue  # a shared source's model name: nothing to ship
+        key, path = Path(value).name, policy_path.parent / value
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValuesError(f"pool {name!r}: cannot read its placement file {path}: {exc}") from exc
+        if files.get(key, text) != text or key == "policy.yaml":
+            raise ValuesError(f"pool {name!r}: its placement file {value!r} has the name of another file of the "
+                              "policy ConfigMap; give each placement file a name of its own")
+        files[key] = text
+        derived["pools"][name] = {**pool, "placement": key}
+    return files
 
 
 def _known_pool_overrides(values: Values, policy: Policy, policy_path: Path,

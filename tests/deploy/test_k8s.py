@@ -403,3 +403,23 @@ def test_values_naming_a_pool_their_own_policy_does_not_run_fail_the_render(tmp_
                       .replace("    flagship:\n", "    flagshp:\n"))
     with pytest.raises(ValuesError, match=r"engines.pools names \['flagshp'\].*remove them from the values file"):
         render_file(values, registry=REGISTRY)
+
+
+def test_placement_files_ship_in_the_policy_configmap(tmp_path: Path) -> None:
+    """A tier placed by a file (`cascade router place`): the file goes into the ConfigMap beside policy.yaml and
+    the cluster policy names it there (it named a path no gateway pod has)."""
+    text = (ROOT / "policies" / "examples" / "three-pools.yaml").read_text(encoding="utf-8")
+    (tmp_path / "maps").mkdir()
+    (tmp_path / "maps" / "code.json").write_text('{"pool": "code"}')
+    policy = tmp_path / "three-pools.yaml"
+    policy.write_text(text.replace("demo:micro", "HuggingFaceTB/SmolLM2-135M-Instruct")
+                      .replace("demo:flagship", "Qwen/Qwen1.5-MoE-A2.7B")
+                      .replace("routerbench/meta/code-llama-instruct-34b-chat", "maps/code.json"))
+    config = named(render_file(VALUES, policy=policy, registry=REGISTRY), "ConfigMap", "cascade-policy")
+    assert config["data"]["code.json"] == '{"pool": "code"}'
+    cluster = parse_policy(config["data"]["policy.yaml"], source="configmap").policy
+    assert cluster.pools["code"].placement == "code.json"
+    assert cluster.pools["general"].placement == "routerbench/mistralai/mistral-7b-chat"
+    (tmp_path / "maps" / "code.json").unlink()
+    with pytest.raises(ValuesError, match="pool 'code': cannot read its placement file"):
+        render_file(VALUES, policy=policy, registry=REGISTRY)
