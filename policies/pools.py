@@ -290,9 +290,17 @@ def pool_version(spec: LocalPool | RemotePool) -> str:
 def as_remote_pool(raw: Mapping[str, Any], urls: Sequence[str]) -> dict[str, Any]:
     """A local pool's policy entry (`raw`, as written) as a remote pool on `urls`: its engine moved to containers
     or pods of its own (`cascade-image gateway --engine`, `cascade deploy render`). It serves the engine's
-    `served_name` at the same price, keeps its description and breaker, and /readyz still needs it as it needed
-    the local pool (`LocalPool.needed_for_ready`). Raises pydantic's ValidationError for an invalid local pool."""
+    `served_name` at the same price, keeps what the gateway itself does with the pool (its description, breaker,
+    replica choice, output checks, placement on the pool map and expected completion tokens, as written), checks
+    the context window against the engine's `max_model_len` (`context_tokens`), and /readyz still needs it as it
+    needed the local pool (`LocalPool.needed_for_ready`). Raises pydantic's ValidationError for an invalid local
+    pool."""
     spec = LocalPool.model_validate(raw)
     remote = {"type": "remote", "price": raw["price"], "urls": list(urls), "model": spec.engine.served_name,
-              "description": raw.get("description", ""), "required_for_ready": spec.needed_for_ready}
-    return remote | ({"breaker": raw["breaker"]} if "breaker" in raw else {})
+              "description": raw.get("description", ""), "required_for_ready": spec.needed_for_ready,
+              "context_tokens": spec.engine.max_model_len}
+    return remote | {key: raw[key] for key in _KEPT_AS_REMOTE if key in raw}
+
+
+# the keys of a local pool that mean the same on a remote one (the gateway's side of the pool, not its engine's)
+_KEPT_AS_REMOTE = ("breaker", "replica_choice", "output_checks", "placement", "expected_completion_tokens")

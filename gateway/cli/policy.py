@@ -110,7 +110,8 @@ def _classifier_score(messages: Any) -> float:
 def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
     spec = loaded.policy.pools[pool]
     if spec.type != "local":
-        return [f"remote:   {', '.join(spec.urls)} (model {spec.model!r}, key from ${spec.api_key_env or '-'})"]
+        key = f"key from ${spec.api_key_env}" if spec.api_key_env else "no API key"
+        return [f"remote:   {', '.join(spec.urls)} (model {spec.model!r}, {key})"]
     from backends.engines.args import engine_command, engine_env
 
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(engine_env(spec.engine).items()))

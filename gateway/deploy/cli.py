@@ -21,7 +21,8 @@ def _render(args: argparse.Namespace) -> int:
 
     try:
         policy = Path(args.policy) if args.policy else None
-        text = to_yaml(render_file(Path(args.values), policy=policy, registry=args.image_registry))
+        text = to_yaml(render_file(Path(args.values), policy=policy, registry=args.image_registry,
+                                   warn=lambda line: print(f"warning: {line}", file=sys.stderr)))
     except ValuesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

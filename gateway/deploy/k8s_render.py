@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -311,8 +311,10 @@ def _gateway(values: Values, policy: Policy) -> list[Manifest]:
     return [service, _gateway_deployment(values, policy, labels), _gateway_hpa(values, labels), pdb]
 
 
-def render(values: Values, policy_path: Path) -> list[Manifest]:
-    """All manifests, in apply order. Raises ValuesError (also for a policy that does not load)."""
+def render(values: Values, policy_path: Path, *, warn: Callable[[str], None] | None = None) -> list[Manifest]:
+    """All manifests, in apply order. Raises ValuesError (also for a policy that does not load). `engines.pools`
+    naming a pool that is not a local pool of the policy is an error, or, with `warn` (a policy given instead of
+    the values file's own), a warning and the entry is left out."""
     try:
         loaded = load_policy(policy_path)
         raw = yaml.safe_load(policy_path.read_text(encoding="utf-8"))
@@ -320,12 +322,11 @@ def render(values: Values, policy_path: Path) -> list[Manifest]:
         parse_policy(yaml.safe_dump(derived, sort_keys=False), source=f"{policy_path} (cluster form)")
     except PolicyError as exc:
         raise ValuesError(str(exc)) from exc
-    local = [name for name, spec in loaded.policy.pools.items() if isinstance(spec, LocalPool)]
-    if unknown := sorted(set(values.engines.pools) - set(local)):
-        raise ValuesError(f"engines.pools names {unknown}, which are not local pools of {policy_path} ({local})")
+    values = _known_pool_overrides(values, loaded.policy, policy_path, warn)
+    files = _placement_files(derived, policy_path)
     labels = _labels(values, "policy")
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(values, f"{values.name}-policy", labels),
-              "data": {"policy.yaml": yaml.safe_dump(derived, sort_keys=False)}}
+              "data": {"policy.yaml": yaml.safe_dump(derived, sort_keys=False), **files}}
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": values.namespace}}
     engines = [m for name, spec in loaded.policy.pools.items() if isinstance(spec, LocalPool)
                for m in _engine(values, name, spec)]
@@ -334,11 +335,48 @@ def render(values: Values, policy_path: Path) -> list[Manifest]:
     return manifests
 
 
-def render_file(values_path: Path, *, policy: Path | None = None, registry: str | None = None) -> list[Manifest]:
+def _placement_files(derived: dict[str, Any], policy_path: Path) -> dict[str, str]:
+    """The placement files the policy's tiers name (relative to the policy's folder), as ConfigMap entries beside
+    policy.yaml: each pool's `placement:` in `derived` becomes the file's bare name (mounted in the same folder)."""
+    files: dict[str, str] = {}
+    for name, pool in list(derived["pools"].items()):
+        value = pool.get("placement")
+        if not isinstance(value, str) or not value.endswith(".json"):
+            continue  # a shared source's model name: nothing to ship
+        key, path = Path(value).name, policy_path.parent / value
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValuesError(f"pool {name!r}: cannot read its placement file {path}: {exc}") from exc
+        if files.get(key, text) != text or key == "policy.yaml":
+            raise ValuesError(f"pool {name!r}: its placement file {value!r} has the name of another file of the "
+                              "policy ConfigMap; give each placement file a name of its own")
+        files[key] = text
+        derived["pools"][name] = {**pool, "placement": key}
+    return files
+
+
+def _known_pool_overrides(values: Values, policy: Policy, policy_path: Path,
+                          warn: Callable[[str], None] | None) -> Values:
+    local = [name for name, spec in policy.pools.items() if isinstance(spec, LocalPool)]
+    if not (unknown := sorted(set(values.engines.pools) - set(local))):
+        return values
+    problem = (f"engines.pools names {unknown}, which are not local pools of {policy_path} (its local pools: "
+               f"{', '.join(local) or 'none'})")
+    if warn is None:
+        raise ValuesError(f"{problem}: remove them from the values file or name this policy's pools there")
+    warn(f"{problem}: left out (they set the values file's own policy's engines)")
+    kept = {name: spec for name, spec in values.engines.pools.items() if name in local}
+    return values.model_copy(update={"engines": values.engines.model_copy(update={"pools": kept})})
+
+
+def render_file(values_path: Path, *, policy: Path | None = None, registry: str | None = None,
+                warn: Callable[[str], None] | None = None) -> list[Manifest]:
     """Load the values file (and the policy it names, or `policy`) and render, with `registry` as
-    `images.registry` when given. Raises ValuesError."""
+    `images.registry` when given. With `policy`, `warn` takes what the values file sets for pools that policy does
+    not run locally (else an error). Raises ValuesError."""
     values, policy_path = load_values(values_path, policy=policy, registry=registry)
-    return render(values, policy_path)
+    return render(values, policy_path, warn=warn if policy is not None else None)
 
 
 class _PlainDumper(yaml.SafeDumper):

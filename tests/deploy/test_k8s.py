@@ -350,3 +350,76 @@ def test_render_takes_the_policy_from_the_command_line(tmp_path: Path) -> None:
                  and d["metadata"]["labels"].get("cascade/pool") == "micro")
     args = micro["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--max-model-len") + 1] == "8192"  # the file on the command line, not the values' policy
+
+
+def test_a_tiered_policy_renders_with_its_placements_and_context(tmp_path: Path) -> None:
+    """The three-pool example with hub models: the cluster form keeps each tier's placement and expected completion
+    tokens (the render failed on 'is a tier and has no placement') and each engine's context window."""
+    text = (ROOT / "policies" / "examples" / "three-pools.yaml").read_text(encoding="utf-8")
+    policy = tmp_path / "three-pools.yaml"
+    policy.write_text(text.replace("demo:micro", "HuggingFaceTB/SmolLM2-135M-Instruct")
+                      .replace("demo:flagship", "Qwen/Qwen1.5-MoE-A2.7B"))
+    config = named(render_file(VALUES, policy=policy, registry=REGISTRY), "ConfigMap", "cascade-policy")
+    original = load_policy(policy).policy
+    cluster = parse_policy(config["data"]["policy.yaml"], source="configmap").policy
+    for name, pool in original.pools.items():
+        remote = cluster.pools[name]
+        assert isinstance(pool, LocalPool) and isinstance(remote, RemotePool)
+        assert (remote.placement, remote.expected_completion_tokens) == (pool.placement,
+                                                                         pool.expected_completion_tokens)
+        assert remote.context_tokens == pool.engine.max_model_len
+
+
+REMOTE_ONLY = """version: 1
+pools:
+  micro: {type: remote, urls: ["http://micro.internal:8000"], model: micro, price: {input_per_mtok: "0.2",
+          output_per_mtok: "0.2"}}
+  big: {type: remote, urls: ["http://big.internal:8000"], model: big, price: {input_per_mtok: "3",
+        output_per_mtok: "15"}}
+routing: {micro_pool: micro, flagship_pool: big, threshold: 0.5}
+"""
+
+
+def test_render_policy_renders_another_policy_with_the_shipped_values(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`--policy FILE` needs no edit of the values file: its engines.pools entries for pools FILE does not run
+    locally are left out with a warning (the render failed: 'engines.pools names ['flagship']...')."""
+    policy = tmp_path / "remote.yaml"
+    policy.write_text(REMOTE_ONLY)
+    out = tmp_path / "cascade.yaml"
+    argv = ["deploy", "render", "--values", str(VALUES), "--policy", str(policy), "--image-registry", REGISTRY]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "warning: engines.pools names ['flagship']" in capsys.readouterr().err
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert not [d for d in docs if d["kind"] == "StatefulSet" and "cascade/pool" in d["metadata"]["labels"]]
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert set(parse_policy(config["data"]["policy.yaml"], source="configmap").policy.pools) == {"micro", "big"}
+
+
+def test_values_naming_a_pool_their_own_policy_does_not_run_fail_the_render(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(VALUES.read_text().replace("policy: ../../policies/gpu.yaml",
+                                                 f"policy: {ROOT / 'policies' / 'gpu.yaml'}")
+                      .replace("    flagship:\n", "    flagshp:\n"))
+    with pytest.raises(ValuesError, match=r"engines.pools names \['flagshp'\].*remove them from the values file"):
+        render_file(values, registry=REGISTRY)
+
+
+def test_placement_files_ship_in_the_policy_configmap(tmp_path: Path) -> None:
+    """A tier placed by a file (`cascade router place`): the file goes into the ConfigMap beside policy.yaml and
+    the cluster policy names it there (it named a path no gateway pod has)."""
+    text = (ROOT / "policies" / "examples" / "three-pools.yaml").read_text(encoding="utf-8")
+    (tmp_path / "maps").mkdir()
+    (tmp_path / "maps" / "code.json").write_text('{"pool": "code"}')
+    policy = tmp_path / "three-pools.yaml"
+    policy.write_text(text.replace("demo:micro", "HuggingFaceTB/SmolLM2-135M-Instruct")
+                      .replace("demo:flagship", "Qwen/Qwen1.5-MoE-A2.7B")
+                      .replace("routerbench/meta/code-llama-instruct-34b-chat", "maps/code.json"))
+    config = named(render_file(VALUES, policy=policy, registry=REGISTRY), "ConfigMap", "cascade-policy")
+    assert config["data"]["code.json"] == '{"pool": "code"}'
+    cluster = parse_policy(config["data"]["policy.yaml"], source="configmap").policy
+    assert cluster.pools["code"].placement == "code.json"
+    assert cluster.pools["general"].placement == "routerbench/mistralai/mistral-7b-chat"
+    (tmp_path / "maps" / "code.json").unlink()
+    with pytest.raises(ValuesError, match="pool 'code': cannot read its placement file"):
+        render_file(VALUES, policy=policy, registry=REGISTRY)

@@ -47,3 +47,16 @@ def test_a_pool_moved_to_its_own_engine_keeps_its_breaker_and_readiness() -> Non
     assert remote.urls == ("http://a:8000", "http://b:8000") and remote.model == local.engine.served_name
     assert (remote.price, remote.breaker, remote.needed_for_ready) == (local.price, local.breaker, False)
     assert remote.breaker.failure_threshold == 2
+
+
+def test_a_pool_moved_to_its_own_engine_keeps_what_the_gateway_does_with_it() -> None:
+    """Output checks, replica choice, its place on the pool map, expected completion tokens and the context window
+    are the gateway's side of a pool: an engine moved to pods of its own must not lose them (they were dropped)."""
+    raw = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text(encoding="utf-8"))
+    micro = dict(raw["pools"]["micro"], output_checks={"json": "escalate"}, replica_choice={"queue": 3.0},
+                 placement="routerbench/mistralai/mistral-7b-chat", expected_completion_tokens=400)
+    local = LocalPool.model_validate(micro)
+    remote = RemotePool.model_validate(as_remote_pool(micro, ["http://a:8000"]))
+    assert (remote.output_checks, remote.replica_choice) == (local.output_checks, local.replica_choice)
+    assert (remote.placement, remote.expected_completion_tokens) == (local.placement, 400)
+    assert remote.context_tokens == local.engine.max_model_len  # context-fit still checks what the engine holds

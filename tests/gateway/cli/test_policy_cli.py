@@ -227,3 +227,21 @@ def test_explain_shows_what_a_pools_speculative_decoding_means(capsys: pytest.Ca
     assert "--speculative-config" in out
     assert "speculative: ngram (prompt lookup): the last 4..2 tokens" in out
     assert "cascade_pool_spec_decode_acceptance" in out
+
+
+def test_explain_names_a_remote_pools_key_or_says_it_has_none(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """It printed `key from $-` for a remote pool without api_key_env."""
+    policy = tmp_path / "remote.yaml"
+    price = '{input_per_mtok: "1", output_per_mtok: "1"}'
+    policy.write_text(f"""version: 1
+pools:
+  micro: {{type: remote, urls: ["http://m:8000"], model: m, price: {price}}}
+  flagship: {{type: remote, urls: ["http://f:8000"], model: f, api_key_env: F_KEY, price: {price}}}
+routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
+""")
+    assert run("explain", str(policy), "--prompt", "hi", "--score", "0.1") == 0
+    out = capsys.readouterr().out
+    assert "remote:   http://m:8000 (model 'm', no API key)" in out and "$-" not in out
+    assert run("explain", str(policy), "--prompt", "hi", "--score", "0.9") == 0
+    assert "remote:   http://f:8000 (model 'f', key from $F_KEY)" in capsys.readouterr().out
