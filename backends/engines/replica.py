@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +63,27 @@ class Replica:
     def pid(self) -> int | None:
         """Pid (and process group id) of the running API server process, if any."""
         return None if self.process is None else self.process.pid
+
+    async def stop(self, grace_s: float, say: Callable[[str], None]) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace_s`; reaps the leader. `say` tells what went wrong."""
+        self.ready = False
+        process = self.process
+        if process is None:
+            return
+        if not signal_group(process.pid, signal.SIGTERM):
+            await process.wait()
+            return
+        try:
+            await asyncio.wait_for(process.wait(), timeout=grace_s)
+        except TimeoutError:
+            say(f"pool {self.pool}: replica {self.index} (pid {process.pid}) ignored SIGTERM for {grace_s:.0f} s; "
+                "sending SIGKILL")
+        # Children may outlive the leader; the group id stays valid while any of them lives.
+        signal_group(process.pid, signal.SIGKILL)
+        await process.wait()
+        if not await group_gone(process.pid):
+            say(f"pool {self.pool}: replica {self.index} (group {process.pid}) still has live processes "
+                "10 s after SIGKILL: " + ", ".join(map(str, live_group_members(process.pid))))
 
 
 def port_free(port: int) -> bool:

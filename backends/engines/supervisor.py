@@ -419,27 +419,7 @@ class EngineSupervisor:
         self._say(f"pool {self.pool}: stopped replica {replica.index} (port {replica.port})")
 
     async def _stop_replica(self, replica: Replica) -> None:
-        """SIGTERM the replica's process group, SIGKILL it after the grace period; reaps the leader."""
-        replica.ready = False
-        process = replica.process
-        if process is None:
-            return
-        if not signal_group(process.pid, signal.SIGTERM):
-            await process.wait()
-            return
-        try:
-            await asyncio.wait_for(process.wait(), timeout=self._stop_grace_s)
-        except TimeoutError:
-            self._say(
-                f"pool {self.pool}: replica {replica.index} (pid {process.pid}) ignored SIGTERM "
-                f"for {self._stop_grace_s:.0f} s; sending SIGKILL"
-            )
-        # Children may outlive the leader; the group id stays valid while any of them lives.
-        signal_group(process.pid, signal.SIGKILL)
-        await process.wait()
-        if not await group_gone(process.pid):
-            self._say(f"pool {self.pool}: replica {replica.index} (group {process.pid}) still has live processes "
-                      "10 s after SIGKILL: " + ", ".join(map(str, live_group_members(process.pid))))
+        await replica.stop(self._stop_grace_s, self._say)
 
     async def aclose(self) -> None:
         """Stop monitoring, stop every replica and close the HTTP client. Idempotent; never raises for one part:
