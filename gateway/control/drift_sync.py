@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 import orjson
 import redis.asyncio as aioredis
 
+from backends.background import stop
 from gateway.serving.drift import DomainDrift
 
 __all__ = ["DriftSync", "merge_counts"]
@@ -98,10 +99,7 @@ class DriftSync:
             self._task = asyncio.create_task(self._loop(), name="drift-sync")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop(self._task)  # cancels again if redis-py swallowed the first cancellation
+        self._task = None
         with contextlib.suppress(aioredis.RedisError, OSError):
             await self._redis.hdel(self._key, self._id)  # gone now, not `stale_s` later

@@ -23,20 +23,16 @@ rules, tenant thresholds and the ladder), so it shows what routing did, not only
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backends.background import stop
 from gateway.control.metrics import GatewayMetrics
-from gateway.redis_client import REDIS_FAILURES
+from gateway.control.shared_window import MemoryWindow, RedisWindow, ScoreWindow, WindowSync, window_key
 from policies.context import AUTO_MODEL, RouteContext
 from policies.decide import RouteDecision
 from policies.ladder import LadderState
@@ -47,50 +43,6 @@ from router_models.training.calibrate import share_threshold
 
 __all__ = ["LiveThreshold", "MemoryWindow", "RedisWindow", "ScoreWindow", "ThresholdCollector", "WindowState",
            "routing_state", "start_live_threshold", "window_key", "window_state"]
-
-log = logging.getLogger("cascade.threshold")
-
-
-class ScoreWindow(Protocol):
-    """The recent-scores window all workers share."""
-
-    async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
-        """Add `new` entries, keep the latest `keep`, return those kept (newest first)."""
-        ...
-
-
-class MemoryWindow:
-    """A window for one process (memory ledger, tests)."""
-
-    def __init__(self) -> None:
-        self._items: deque[str] = deque()
-
-    async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
-        self._items.extendleft(new)
-        while len(self._items) > keep:
-            self._items.pop()
-        return list(self._items)
-
-
-def window_key(prefix: str) -> str:
-    return f"{prefix}routing:recent-scores"
-
-
-class RedisWindow:
-    """A capped Redis list under `{prefix}routing:recent-scores` (or `key`). Uses, does not own, the client."""
-
-    def __init__(self, client: aioredis.Redis, prefix: str, key: str | None = None) -> None:
-        self._client, self._key = client, key or window_key(prefix)
-
-    async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
-        async with self._client.pipeline(transaction=False) as pipe:
-            if new:
-                pipe.lpush(self._key, *new)
-            pipe.ltrim(self._key, 0, keep - 1)
-            pipe.lrange(self._key, 0, keep - 1)
-            replies = await pipe.execute()
-        return [v.decode() if isinstance(v, bytes) else str(v) for v in replies[-1]]
-
 
 @dataclass(frozen=True, slots=True)
 class WindowState:
@@ -127,17 +79,17 @@ def window_state(target: ShareThreshold, entries: list[str]) -> WindowState:
     return WindowState(value, len(scores), share)
 
 
-class LiveThreshold:
+class LiveThreshold(WindowSync):
     """Holds the live threshold of the current policy; `aclose` stops the refresh task."""
 
+    TASK, WHAT, KEEPS = "live-threshold", "score window", "routing threshold"
+
     def __init__(self, window: ScoreWindow, policy: Callable[[], Policy], interval_s: float = 1.0) -> None:
-        self._window, self._policy, self._interval = window, policy, interval_s
-        self._buffer: list[str] = []
+        super().__init__(window, interval_s)
+        self._policy = policy
         self._entries: list[str] = []  # the window as last read
         self._states: dict[ShareThreshold, WindowState] = {}  # by target: what those entries give each
         self._last: tuple[ShareThreshold, WindowState] | None = None  # the latest looked up
-        self._down = False
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> WindowState:
@@ -189,36 +141,10 @@ class LiveThreshold:
             self._buffer.clear()
             self._entries, self._states, self._last = [], {}, None
             return
-        pending, self._buffer = self._buffer, []
-        try:
-            entries = await self._window.exchange(pending, target.window)
-        except REDIS_FAILURES as exc:
-            self._buffer = (pending + self._buffer)[-target.window:]
-            if not self._down:
-                log.warning("shared score window unavailable; keeping the last routing threshold",
-                            extra={"threshold": self._states.get(target, WindowState()).threshold,
-                                   "error": str(exc)})
-            self._down = True
-            return
-        if self._down:
-            log.info("shared score window reachable again")
-            self._down = False
-        self._entries, self._states, self._last = entries, {target: window_state(target, entries)}, None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="live-threshold")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.refresh()
-            except Exception:  # a bug here must not stop routing: keep the last threshold
-                log.exception("routing threshold refresh failed")
-
-    async def aclose(self) -> None:
-        await stop(self._task)
-        self._task = None
+        entries = await self._exchange(target.window,
+                                       {"threshold": self._states.get(target, WindowState()).threshold})
+        if entries is not None:
+            self._entries, self._states, self._last = entries, {target: window_state(target, entries)}, None
 
 
 class ThresholdCollector(Collector):

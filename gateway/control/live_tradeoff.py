@@ -14,25 +14,19 @@ Contract (as `gateway.control.live_threshold` holds a flagship share):
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import redis.asyncio as aioredis
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backends.background import stop
-from gateway.control.live_threshold import MemoryWindow, RedisWindow, ScoreWindow
 from gateway.control.metrics import GatewayMetrics
-from gateway.redis_client import REDIS_FAILURES
+from gateway.control.shared_window import MemoryWindow, RedisWindow, ScoreWindow, WindowSync
 from policies.schema import Policy
 from policies.tiers import TierEstimate, solve_tradeoff
 
 __all__ = ["MIN_SAMPLES", "WINDOW", "LiveTradeoff", "TradeoffCollector", "entry_of", "parse_entry",
            "start_live_tradeoff"]
-
-log = logging.getLogger("cascade.threshold")
 
 WINDOW = 2000
 MIN_SAMPLES = 50
@@ -53,16 +47,16 @@ def parse_entry(entry: str, tiers: Sequence[str]) -> tuple[TierEstimate, ...] | 
     return row if tuple(e.pool for e in row) == tuple(tiers) else None
 
 
-class LiveTradeoff:
+class LiveTradeoff(WindowSync):
     """Holds the live tradeoff of the current policy; `aclose` stops the refresh task."""
 
+    TASK, WHAT, KEEPS = "live-tradeoff", "trade window", "tradeoff"
+
     def __init__(self, window: ScoreWindow, policy: Callable[[], Policy], interval_s: float = 1.0) -> None:
-        self._window, self._policy, self._interval = window, policy, interval_s
-        self._buffer: list[str] = []
+        super().__init__(window, interval_s)
+        self._policy = policy
         self._live: float | None = None
         self.samples = 0
-        self._down = False
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def live(self) -> float | None:
@@ -92,36 +86,12 @@ class LiveTradeoff:
             self._buffer.clear()
             self._live, self.samples = None, 0
             return
-        pending, self._buffer = self._buffer, []
-        try:
-            entries = await self._window.exchange(pending, WINDOW)
-        except REDIS_FAILURES as exc:
-            self._buffer = (pending + self._buffer)[-WINDOW:]
-            if not self._down:
-                log.warning("shared trade window unavailable; keeping the last tradeoff", extra={"error": str(exc)})
-            self._down = True
+        entries = await self._exchange(WINDOW)
+        if entries is None:
             return
-        if self._down:
-            log.info("shared trade window reachable again")
-            self._down = False
         rows = [row for row in (parse_entry(e, routing.tiers) for e in entries) if row is not None]
         self.samples = len(rows)
         self._live = solve_tradeoff(rows, routing.cost_per_1k / 1e6) if len(rows) >= MIN_SAMPLES else None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="live-tradeoff")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.refresh()
-            except Exception:  # a bug here must not stop routing: keep the last tradeoff
-                log.exception("tradeoff refresh failed")
-
-    async def aclose(self) -> None:
-        await stop(self._task)
-        self._task = None
 
 
 class TradeoffCollector(Collector):

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.api.auth import hash_key
 from gateway.costs.report import row_fields
@@ -113,7 +114,7 @@ def test_easy_prompt_goes_to_micro_and_the_unsure_answer_escalates(gateway: str,
     """The demo models are random: their answers are near-uniform guesses (confidence ~1/vocab), so the
     cascade must escalate every one, before any byte reaches the client, and charge both calls."""
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
-    messages = [{"role": "user", "content": "Hi! How are you?"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi! How are you?"}]
     if stream:
         with client.chat.completions.with_streaming_response.create(
             model="auto", messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True},
@@ -249,8 +250,8 @@ def test_a_json_answer_that_does_not_hold_its_schema_is_escalated_or_flagged(gat
     """Three tokens cannot hold `{"answer": ""}` (guided decoding or not): the micro answer fails the json check.
     A JSON client's answer is escalated before its first byte; a stream has left and is flagged."""
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
-    ask = {"model": "auto", "messages": [{"role": "user", "content": "What is 2+2? Answer in JSON."}],
-           "max_tokens": 3, "response_format": ANSWER_SCHEMA, "metadata": {"check": "json"}}
+    ask: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "What is 2+2? Answer in JSON."}],
+                           "max_tokens": 3, "response_format": ANSWER_SCHEMA, "metadata": {"check": "json"}}
     if stream:
         with client.chat.completions.with_streaming_response.create(**ask, stream=True) as raw:
             list(raw.parse())
@@ -311,13 +312,14 @@ def test_a_card_number_is_redacted_before_the_engine_or_refused(gateway: str, st
     assert 'cascade_guard_decisions_total{action="refused",guard="pii",kind="card",tenant="refusing"}' in metrics
 
 
-def _conversation(engine: str, tokens: int) -> list[dict[str, str]]:
+def _conversation(engine: str, tokens: int) -> list[ChatCompletionMessageParam]:
     """A multi-turn conversation of about `tokens` prompt tokens as the micro engine counts them."""
     turn = "Here is the next part of the incident log we are reviewing together, line by line. " * 4
-    messages: list[dict[str, str]] = []
+    messages: list[ChatCompletionMessageParam] = []
     while True:
         messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "Noted, go on."}]
-        asked = [*messages, {"role": "user", "content": "Summarise the log in one line."}]
+        asked: list[ChatCompletionMessageParam] = [*messages,
+                                                   {"role": "user", "content": "Summarise the log in one line."}]
         count = httpx.post(engine + "/tokenize", json={"model": "micro", "messages": asked},
                            timeout=30).json()["count"]
         if count >= tokens:
@@ -336,11 +338,11 @@ def test_a_conversation_too_long_for_micro_is_served_by_the_flagship_whose_conte
     for stream in (False, True):
         raw = client.chat.completions.with_raw_response.create(
             model="auto", messages=messages, max_tokens=16, metadata={"check": "json"}, stream=stream)
-        if stream:
-            chunks = list(raw.parse())
-            assert any(c.choices and c.choices[0].delta.content for c in chunks)
+        parsed = raw.parse()
+        if isinstance(parsed, openai.Stream):
+            assert stream and any(c.choices and c.choices[0].delta.content for c in parsed)
         else:
-            assert raw.parse().choices[0].message.content
+            assert not stream and parsed.choices[0].message.content
         assert (raw.headers["x-cascade-pool"], raw.headers["x-cascade-rule"]) == ("flagship", "context-fit")
         rec = _record(prefix, raw.headers["x-request-id"])
         assert (rec["pool"], rec["rule"], rec["status"]) == ("flagship", "context-fit", "ok")

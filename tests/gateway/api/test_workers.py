@@ -54,7 +54,8 @@ class Workers:
 
     def ladder_state(self) -> bytes | None:
         """The shared ladder's state as the leader wrote it to Redis."""
-        state: bytes | None = redis.Redis.from_url(SHARED_URL).get(self.prefix + "ladder:{sync}:state")
+        state = redis.Redis.from_url(SHARED_URL).get(self.prefix + "ladder:{sync}:state")
+        assert state is None or isinstance(state, bytes)  # a client without decode_responses
         return state
 
     def why(self, seen: list[str]) -> str:

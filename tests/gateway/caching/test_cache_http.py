@@ -195,7 +195,9 @@ def test_redis_down_bypasses_and_never_fails_a_request(tmp_path: Path, upstreams
                 max_tokens=8, temperature=0, stream=stream)
             assert answer.status_code == 200 and answer.headers["x-cascade-cache"] == "bypass"
             if stream:
-                assert any(c.choices and c.choices[0].delta.content for c in answer.parse())
+                chunks = answer.parse()
+                assert isinstance(chunks, openai.Stream)
+                assert any(c.choices and c.choices[0].delta.content for c in chunks)
         assert _metric(url, "cascade_cache_failures_total", tenant="cached", reason="unavailable") >= 1
 
 

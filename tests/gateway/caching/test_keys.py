@@ -73,7 +73,8 @@ def test_nearest_row_respects_context_age_and_size() -> None:
     best, bad = nearest(rows, vectors[0], ctx, not_before=1_500_000_000)
     assert best is not None and best.field == b"a" and best.similarity == pytest.approx(1.0, abs=0.01)
     assert bad == 1
-    assert nearest(rows, vectors[1], ctx, not_before=1_500_000_000)[0].field == b"a"  # b is too old
+    found, _ = nearest(rows, vectors[1], ctx, not_before=1_500_000_000)
+    assert found is not None and found.field == b"a"  # b is too old
     assert nearest(rows, vectors[2], b"\x03" * 8, not_before=0)[0] is None  # no row of that context
 
 
@@ -86,7 +87,7 @@ def test_quantised_similarity_stays_close_to_the_cosine() -> None:
         assert abs(similarity(quantise(a), quantise(b)) - cosine) < 0.01
 
 
-ANSWER = {"id": "x", "object": "chat.completion", "model": "micro-model",
+ANSWER: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": "micro-model",
           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
           "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
 

@@ -116,7 +116,7 @@ async def test_the_nearest_prompt_answers_above_the_threshold_only(setup: Any) -
         scorer.vectors[conversation_text(_request(text)[1]["messages"])] = vector
     assert (await _ask(cache, accountant, "a", "What is the capital of France?", 1)).result == "miss"
     near = await _ask(cache, accountant, "a", "what's france's capital?", 2)
-    assert near.result == "hit" and near.reply is not None
+    assert near.result == "hit" and isinstance(near.reply, JSONReply)
     assert 0.97 < float(near.reply.headers["x-cascade-cache-similarity"]) < 0.99
     assert orjson.loads(near.reply.body)["choices"][0]["message"]["content"] == "Paris."
     await accountant.drain()

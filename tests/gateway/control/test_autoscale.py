@@ -153,7 +153,7 @@ async def test_a_pool_grows_under_load_and_shrinks_when_idle_losing_no_request(g
                 finally:
                     done.set()
 
-            *results, _ = await asyncio.gather(*(traffic(w) for w in range(6)), watch())
+            results, _ = await asyncio.gather(asyncio.gather(*(traffic(w) for w in range(6))), watch())
         assert [o for worker in results for o in worker if o != "ok"] == []
         sup = pool_set.supervisors["spare"]
         added = max(sup.replicas, key=lambda r: r.index)

@@ -32,7 +32,8 @@ def _child(**env: str) -> dict[str, object]:
 
 def test_blas_runs_on_one_thread_in_a_gateway_process() -> None:
     got = _child()
-    assert got["changed"] is True and got["threads"] and set(got["threads"]) == {1}  # type: ignore[arg-type]
+    threads = got["threads"]
+    assert got["changed"] is True and isinstance(threads, list) and threads and set(threads) == {1}
 
 
 @pytest.mark.parametrize("variable", THREAD_VARIABLES)

@@ -111,12 +111,13 @@ async def test_a_canary_added_weighted_promoted_and_rolled_back_loses_no_request
                 stream, i = worker % 2 == 0, 0
                 while not done.is_set():
                     i += 1
+                    user = f"u{worker}-{i % 7}"
                     body = {"model": "spare", "messages": [{"role": "user", "content": "hi"}], "stream": stream,
-                            "user": f"u{worker}-{i % 7}", "metadata": {"fake_tokens": "6", "fake_delay_ms": "10"}}
+                            "user": user, "metadata": {"fake_tokens": "6", "fake_delay_ms": "10"}}
                     r = await client.post(url + "/v1/chat/completions", json=body)
                     ok = r.status_code == 200 and (not stream or r.text.rstrip().endswith("data: [DONE]"))
                     outcomes.append(("ok" if ok else f"{r.status_code} {r.text[:200]}",
-                                     r.headers.get("x-cascade-pool-version", ""), body["user"]))
+                                     r.headers.get("x-cascade-pool-version", ""), user))
 
             async def answered(version: str, n: int = 8) -> None:
                 """Until `n` more requests were answered by `version` (traffic on it after each step)."""

@@ -8,12 +8,12 @@ import random
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.control.live_threshold import MemoryWindow, RedisWindow
 from gateway.control.live_tradeoff import MIN_SAMPLES, LiveTradeoff, TradeoffCollector, entry_of, parse_entry
+from gateway.control.shared_window import MemoryWindow, RedisWindow
 from policies.tiers import TierEstimate, choose
 from tests.conftest import SHARED_URL
+from tests.gateway.control.test_live_threshold import FlakyWindow
 from tests.policies.test_tiers import _policy
 
 HELD = _policy("tiers: [general, code, flagship]\n  cost_per_1k: '2.00'").policy
@@ -29,17 +29,6 @@ def _rows(n: int, seed: int) -> list[tuple[TierEstimate, ...]]:
 
 def _mean_per_1k(rows: Sequence[Sequence[TierEstimate]], tradeoff: float) -> float:
     return sum(choose(row, tradeoff).cost_usd for row in rows) / len(rows) * 1000
-
-
-class FlakyWindow(MemoryWindow):
-    def __init__(self) -> None:
-        super().__init__()
-        self.down = False
-
-    async def exchange(self, new: Sequence[str], keep: int) -> list[str]:
-        if self.down:
-            raise RedisConnectionError("connection refused")
-        return await super().exchange(new, keep)
 
 
 def test_an_entry_round_trips_and_other_tiers_are_skipped() -> None:

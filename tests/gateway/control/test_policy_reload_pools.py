@@ -119,6 +119,6 @@ async def test_editing_a_pool_under_load_loses_no_request(policy_file: Path, tmp
                 finally:
                     done.set()
 
-            *results, _ = await asyncio.gather(*(traffic(w) for w in range(8)), edit_prices())
+            results, _ = await asyncio.gather(asyncio.gather(*(traffic(w) for w in range(8))), edit_prices())
     codes = [c for worker in results for c in worker]
     assert len(codes) > 100 and [c for c in codes if c != 200] == []

@@ -81,7 +81,7 @@ def test_the_shipped_router_pairs_its_overflow_curve() -> None:
     assert kept.curve_kept == pytest.approx(overflow.pgr_at(share))
     plain = with_quality(base, POLICY, DEFAULT_ARTIFACT).quality
     assert plain is not None and plain.curve_kept == pytest.approx(primary.pgr_at(share))
-    assert plain.curve_kept > kept.curve_kept
+    assert plain.curve_kept is not None and kept.curve_kept is not None and plain.curve_kept > kept.curve_kept
 
 
 def test_label_estimate_counts_micro_routed_labels_only() -> None:

@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -110,20 +111,24 @@ def test_html_renders_an_empty_range() -> None:
 # --- against the shared Redis ---------------------------------------------------------------------
 
 
+async def record_all(prefix: str, outbox: Path, recs: Iterable[CostRecord]) -> None:
+    """Write `recs` through a RedisLedger under `prefix` on the shared Redis."""
+    led = RedisLedger(SHARED_URL, outbox, prefix)
+    await led.start()
+    await asyncio.gather(*(led.record(r) for r in recs))
+    await led.aclose()
+
+
+def write_records(prefix: str, outbox: Path, recs: Iterable[CostRecord]) -> None:
+    """`record_all`, from a sync test (CLI tests run asyncio.run themselves)."""
+    asyncio.run(record_all(prefix, outbox, recs))
 
 
 @pytest.fixture
 def recorded(prefix: str, tmp_path: Path) -> list[CostRecord]:
-    """The sample records written through RedisLedger under `prefix` (sync: CLI tests run asyncio.run)."""
+    """The sample records written through RedisLedger under `prefix`."""
     recs = sample_records()
-
-    async def write() -> None:
-        led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-        await led.start()
-        await asyncio.gather(*(led.record(r) for r in recs))
-        await led.aclose()
-
-    asyncio.run(write())
+    write_records(prefix, tmp_path / "outbox", recs)
     return recs
 
 
@@ -195,13 +200,7 @@ def test_demo_report_prints_what_the_cli_prints(
     recent = [make_record(i, started_at=now.timestamp() - 3600.0 * i) for i in range(6)]  # today, maybe yesterday
     old = make_record(99, started_at=(now - timedelta(days=3)).timestamp())
 
-    async def write() -> None:
-        led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-        await led.start()
-        await asyncio.gather(*(led.record(r) for r in [*recent, old]))
-        await led.aclose()
-
-    asyncio.run(write())
+    write_records(prefix, tmp_path / "outbox", [*recent, old])
     assert print_report(SHARED_URL, by="pool", days=3, prefix=prefix) == 0
     printed = capsys.readouterr().out
     since = (today - timedelta(days=2)).isoformat()

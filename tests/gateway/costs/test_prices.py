@@ -3,8 +3,6 @@ request's own prompt and completion tokens at the flagship's split rates."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import time
 from datetime import date
@@ -13,19 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from gateway.costs.cli import register
 from gateway.costs.formats import render_json
 from gateway.costs.html import render_html
 from gateway.costs.prices import PoolRate, price_basis
 from gateway.costs.report import Cell, CostReport, Counters
 from gateway.costs.view import render_text
-from gateway.ledger.store import MemoryLedger, RedisLedger
+from gateway.ledger.store import MemoryLedger
 from gateway.serving.accounting import Accountant, RequestFacts
 from gateway.serving.usage import Usage
 from policies.decide import RouteDecision
 from policies.loader import load_policy
 from policies.money import Price
-from tests.conftest import SHARED_URL
+from tests.gateway.costs.test_costs_report import run_cli, write_records
 from tests.gateway.ledger.test_ledger import DAY0, make_record
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,29 +88,16 @@ def test_the_flagship_counterfactual_uses_the_flagships_split_rates() -> None:
     assert price_basis(["micro"], policy, "gpu.yaml").rates[-1].flagship
 
 
-def _run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="cascade")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
-    return int(args.func(args))
-
-
 @pytest.mark.redis
 def test_the_cli_report_states_the_policys_rates(prefix: str, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    async def write() -> None:
-        led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-        await led.start()
-        await asyncio.gather(*(led.record(make_record(i)) for i in range(8)))
-        await led.aclose()
-
-    asyncio.run(write())
+    write_records(prefix, tmp_path / "outbox", [make_record(i) for i in range(8)])
     argv = ["costs", "report", "--from", "2026-01-01", "--to", "2026-01-02", "--by", "pool", "--prefix", prefix]
-    assert _run_cli(*argv, "--policy", str(GPU), "--wide") == 0
+    assert run_cli(*argv, "--policy", str(GPU), "--wide") == 0
     out = capsys.readouterr().out
     assert f"prices the costs were derived from (policy {GPU};" in out and f"  {MICRO_LINE}\n" in out
     broken = tmp_path / "broken.yaml"
     broken.write_text(GPU.read_text().replace("prefill_tokens_per_second: 24000, ", "", 1))
-    assert _run_cli(*argv, "--policy", str(broken), "--wide") == 0  # the report itself still comes out
+    assert run_cli(*argv, "--policy", str(broken), "--wide") == 0  # the report itself still comes out
     out = capsys.readouterr().out
     assert "prices unavailable (policy refused: " in out and "give both prefill_tokens_per_second" in out

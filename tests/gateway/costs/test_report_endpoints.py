@@ -13,9 +13,9 @@ import redis
 from gateway.costs.formats import render_json
 from gateway.costs.report import CostReport, Counters, load_report, verify
 from gateway.ledger.record import ENDPOINT_FIELDS, record_from_fields, record_to_fields
-from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger
+from gateway.ledger.store import CostRecord, LedgerKeys
 from tests.conftest import SHARED_URL
-from tests.gateway.costs.test_costs_report import DAY0, END, START
+from tests.gateway.costs.test_costs_report import DAY0, END, START, record_all
 from tests.gateway.ledger.test_ledger import make_record
 
 ENDPOINTS = ("chat", "responses", "completions")
@@ -37,10 +37,7 @@ def _base(recs: list[CostRecord]) -> Counters:
 
 def _written(prefix: str, tmp_path: Path, recs: list[CostRecord]) -> tuple[CostReport, bool]:
     async def run() -> tuple[CostReport, bool]:
-        led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-        await led.start()
-        await asyncio.gather(*(led.record(r) for r in recs))
-        await led.aclose()
+        await record_all(prefix, tmp_path / "outbox", recs)
         client = redis.asyncio.Redis.from_url(SHARED_URL)
         try:
             keys = LedgerKeys(prefix)

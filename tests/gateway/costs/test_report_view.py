@@ -4,7 +4,6 @@ word when a prefix has no records, and the HTML page saying the same as the text
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -22,11 +21,12 @@ from gateway.costs.layout import WIDTH
 from gateway.costs.quality import with_quality
 from gateway.costs.report import GROUPINGS, Cell, CostReport, Counters
 from gateway.costs.view import render_text
-from gateway.ledger.store import CostRecord, RedisLedger
+from gateway.ledger.store import CostRecord
 from gateway.settings import Settings
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
 from tests.gateway.costs.test_costs_domain import _policy
 from tests.gateway.costs.test_costs_domain import artifact as artifact
+from tests.gateway.costs.test_costs_report import write_records
 from tests.gateway.ledger.test_ledger import make_record
 from tests.servers import serve
 
@@ -133,13 +133,7 @@ def test_the_report_names_its_prefix_and_an_empty_prefix_says_what_to_do(
 def recorded(prefix: str, tmp_path: Path) -> list[CostRecord]:
     recs = [make_record(i, started_at=1_772_409_600.0 + 600.0 * i, key_id=f"a{i % 2}") for i in range(40)]
 
-    async def write() -> None:
-        led = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-        await led.start()
-        await asyncio.gather(*(led.record(r) for r in recs))
-        await led.aclose()
-
-    asyncio.run(write())
+    write_records(prefix, tmp_path / "outbox", recs)
     return recs
 
 

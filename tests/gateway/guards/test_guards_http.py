@@ -69,7 +69,7 @@ def _user(content: Any) -> list[dict[str, Any]]:
 
 def test_the_engine_sees_redacted_text(served: Served, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    messages = [{"role": "system", "content": "Escalate to ops@example.com"},
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Escalate to ops@example.com"},
                 {"role": "user", "content": [{"type": "text", "text": f"charge card {CARD} please"}]}]
     resp = served.chat("sk-redact", messages)
     assert resp.status_code == 200, resp.text

@@ -4,6 +4,7 @@ the conversation shown as the client sent it, cut with a marker."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from gateway.learning.judge import (
     MAX_CONVERSATION_CHARS,
@@ -57,7 +58,7 @@ def test_the_order_is_reproducible_per_request_id() -> None:
 
 
 def test_the_conversation_is_shown_whole_with_every_role() -> None:
-    messages = [{"role": "system", "content": "be brief"},
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "what is this?"},
                                              {"type": "image_url", "image_url": {"url": "data:..."}}]},
                 {"role": "assistant", "content": None,

@@ -84,7 +84,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
                         "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=30)
         for node in nodes:
-            _wait(lambda n=node: n.cluster("info")["cluster_state"] == "ok", "cluster_state:ok")  # type: ignore[misc]
+            _wait(lambda n=node: n.cluster("info")["cluster_state"] == "ok", "cluster_state:ok")
         yield f"redis+cluster://127.0.0.1:{ports[0]}"
     finally:
         for node in nodes:
@@ -134,14 +134,14 @@ async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str
     assert isinstance(client, RedisCluster)
     keys = LedgerKeys(PREFIX)
     try:
-        await client.initialize()  # type: ignore[attr-defined]  # the slot map, read now (else on first use)
-        masters = {client.get_node_from_key(keys.stream(f"tenant-{t}")).name  # type: ignore[attr-defined]
+        await client.initialize()  # the slot map, read now (else on first use)
+        masters = {client.get_node_from_key(keys.stream(f"tenant-{t}")).name
                    for t in range(5)}
         assert len(masters) >= 2, "the tenants' keys must spread over the masters, or the test proves little"
-        report = await load_report(client, keys, date(2026, 1, 1), date(2026, 1, 2))  # type: ignore[arg-type]
+        report = await load_report(client, keys, date(2026, 1, 1), date(2026, 1, 2))
         assert report.total().counters == _sums(recs)
         assert len({(c.day, c.tenant, c.pool, c.model) for c in report.cells}) == len(report.cells)
-        checked = await verify(client, keys, date(2026, 1, 1), date(2026, 1, 2))  # type: ignore[arg-type]
+        checked = await verify(client, keys, date(2026, 1, 1), date(2026, 1, 2))
         assert checked.ok and checked.records == 60, checked
 
         day2 = DAY0 + 86_400 + 3600.0  # 2026-01-02T01:00Z

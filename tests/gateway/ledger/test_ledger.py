@@ -75,9 +75,9 @@ async def assert_exact(url: str, keys: LedgerKeys, recs: list[CostRecord]) -> No
         got = {k: Counters.from_hash(await client.hgetall(k)) for k in want}
         assert got == want
         streams = await stream_keys(client, keys)
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = [e for s in streams for e in await client.xrange(s)]
-        ids = [fields[b"request_id"].decode() for _, fields in entries]
-        assert sorted(ids) == sorted(r.request_id for r in recs)
+        entries = [e for s in streams for e in await client.xrange(s) or []]
+        ids = [(fields or {})[b"request_id"] for _, fields in entries]
+        assert sorted(ids) == sorted(r.request_id.encode() for r in recs)
     finally:
         await client.aclose()
 

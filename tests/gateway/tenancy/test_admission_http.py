@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,17 +34,25 @@ TENANTS = f"""tenants:
 """
 
 
-@pytest.fixture
-def gateway_prefix(tmp_path: Path, upstreams: Upstreams) -> Iterator[tuple[str, str]]:
-    _, micro_url, _, flagship_url = upstreams
+@contextmanager
+def redis_gateway(tmp_path: Path, policy: str) -> Iterator[tuple[str, str]]:
+    """A gateway serving `policy` on the shared Redis ledger under a fresh prefix: (url, prefix); the prefix's
+    keys are deleted after."""
     path = tmp_path / "policy.yaml"
-    path.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
+    path.write_text(policy)
     prefix = f"test:{uuid.uuid4().hex[:8]}:"
     settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
                         home=tmp_path)
     with serve(create_app(settings)) as url:
         yield url, prefix
     delete_prefix(prefix)
+
+
+@pytest.fixture
+def gateway_prefix(tmp_path: Path, upstreams: Upstreams) -> Iterator[tuple[str, str]]:
+    _, micro_url, _, flagship_url = upstreams
+    with redis_gateway(tmp_path, policy_yaml(micro_url, flagship_url) + TENANTS) as served:
+        yield served
 
 
 @pytest.fixture

@@ -283,7 +283,7 @@ async def test_fail_open_when_redis_unreachable(caplog: pytest.LogCaptureFixture
 
 async def held(client: aioredis.Redis, prefix: str, tenant: str = "acme") -> dict[str, int]:
     raw = await client.hgetall(LedgerKeys(prefix).holds(tenant))
-    return {k.decode(): int(v) for k, v in raw.items()}
+    return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
 
 
 @pytest.mark.redis

@@ -3,7 +3,6 @@ until their context ends when no limit is sent (`fake_tokens` far above the cont
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,14 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.api.app import create_app
 from gateway.api.auth import hash_key
-from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import parse_policy
-from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
-from tests.servers import serve, until
+from tests.conftest import SHARED_URL, policy_yaml
+from tests.gateway.tenancy.test_admission_http import redis_gateway
+from tests.servers import until
 
 pytestmark = pytest.mark.redis
 Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
@@ -43,14 +41,8 @@ def _policy(micro_url: str, flagship_url: str, extra: str = "") -> str:
 @pytest.fixture
 def served(tmp_path: Path, upstreams: Upstreams, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     _, micro_url, _, flagship_url = upstreams
-    path = tmp_path / "policy.yaml"
-    path.write_text(_policy(micro_url, flagship_url, getattr(request, "param", "")))
-    prefix = f"test:{uuid.uuid4().hex[:8]}:"
-    settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
-                        home=tmp_path)
-    with serve(create_app(settings)) as url:
-        yield url, prefix
-    delete_prefix(prefix)
+    with redis_gateway(tmp_path, _policy(micro_url, flagship_url, getattr(request, "param", ""))) as gateway:
+        yield gateway
 
 
 def _post(url: str, key: str, limit: int | None = None) -> httpx.Response:

@@ -208,9 +208,9 @@ async def test_the_cache_keys_on_the_shape_too() -> None:
     model = ShapeModel()
     scorer = ClassifierScorer(model)
     long_chat = ConversationShape(user_turns=5, assistant_turns=4, total_chars=5000, latest_chars=4)
-    assert await scorer.score_one("more") == (pytest.approx(0.14), "primary")
-    assert await scorer.score_one("more", long_chat) == (pytest.approx(0.54), "primary")  # not the cached 0.14
-    assert await scorer.score_one("more", prompt_shape("more")) == (pytest.approx(0.14), "primary")  # cached
+    assert await scorer.score_one("more") == pytest.approx((0.14, "primary"))
+    assert await scorer.score_one("more", long_chat) == pytest.approx((0.54, "primary"))  # not the cached 0.14
+    assert await scorer.score_one("more", prompt_shape("more")) == pytest.approx((0.14, "primary"))  # cached
     assert await scorer.score(["more"]) == [pytest.approx(0.14)]  # a text alone is a plain prompt
     assert model.calls == [["more"], ["more"]]
     await scorer.aclose()

@@ -15,7 +15,7 @@ from router_models.serving.scorer import (
 
 
 def test_latest_user_turn_first_then_system_then_earlier_turns() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You extract JSON."},
         {"role": "user", "content": "Write a sorting function."},
         {"role": "assistant", "content": "def sort(x): ..."},
@@ -38,8 +38,9 @@ def test_no_user_turn_scores_the_last_message_with_text() -> None:
 
 def test_the_shape_counts_turns_and_the_whole_uncut_length() -> None:
     history = [{"role": "user", "content": "x" * 3000}, {"role": "assistant", "content": "y" * 1500}]
-    messages = [{"role": "system", "content": "be brief"}, *history, {"role": "tool", "content": "42"},
-                {"role": "user", "content": [{"type": "text", "text": "and now?"}]}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, *history,
+                                      {"role": "tool", "content": "42"},
+                                      {"role": "user", "content": [{"type": "text", "text": "and now?"}]}]
     assert len(conversation_text(messages)) == 2000  # the text is cut; the shape is not
     assert conversation_shape(messages) == ConversationShape(
         user_turns=2, assistant_turns=1, tool_messages=1, system_prompt=True,

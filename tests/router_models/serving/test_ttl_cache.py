@@ -15,7 +15,7 @@ class Clock:
 
 def test_hit_miss_and_ttl() -> None:
     clock = Clock()
-    cache = TTLCache(10, ttl_s=5.0, clock=clock)
+    cache: TTLCache[str, float] = TTLCache(10, ttl_s=5.0, clock=clock)
     assert cache.get("a") is None
     cache.put("a", 0.3)
     clock.now = 4.9
@@ -27,7 +27,7 @@ def test_hit_miss_and_ttl() -> None:
 
 
 def test_lru_eviction() -> None:
-    cache = TTLCache(2, ttl_s=60.0)
+    cache: TTLCache[str, float] = TTLCache(2, ttl_s=60.0)
     cache.put("a", 1.0)
     cache.put("b", 2.0)
     assert cache.get("a") == 1.0  # a is now most recent
@@ -38,6 +38,6 @@ def test_lru_eviction() -> None:
 
 
 def test_disabled() -> None:
-    cache = TTLCache(0, ttl_s=60.0)
+    cache: TTLCache[str, float] = TTLCache(0, ttl_s=60.0)
     cache.put("a", 1.0)
     assert cache.get("a") is None

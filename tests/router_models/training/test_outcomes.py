@@ -6,6 +6,7 @@ import csv
 import gzip
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from router_models.training.outcomes import DEFAULT_ROUTING_DIR, DEFAULT_SOURCES
 from router_models.training.targets import TARGETS, targets
 
 
-def _jsonl_gz(path: Path, rows: list[dict[str, object]]) -> None:
+def _jsonl_gz(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in rows)
@@ -67,7 +68,7 @@ TURNS = [{"role": "user", "content": "Write a haiku."}, {"role": "assistant", "c
 
 def _rmb(root: Path) -> list[str]:
     """A miniature rmb-helpfulness file; returns the texts of its usable rows (as the gateway scores them)."""
-    rows = [
+    rows: list[dict[str, object]] = [
         {"id": "r1", "prompt": "Fix my SQL join", "category": "Helpfulness/Code/Debugging",
          "scores": {_LLAMA: 0.0, _SONNET: 1.0, _OPUS: 1.0}, "pairs": [[_SONNET, _LLAMA], [_OPUS, _LLAMA]]},
         {"id": "r2", "prompt": "Write a haiku.", "messages": TURNS, "category": "Helpfulness/Generation/Poetry",
