@@ -25,7 +25,6 @@ with the labels; the loop serves every other request meanwhile).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from backends.background import stop
 from gateway.serving.memory_batches import MoveBatcher
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
@@ -200,11 +200,8 @@ class LabelMemories:
             self._task = asyncio.get_running_loop().create_task(poll(), name="label-memories")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop(self._task)
+        self._task = None
 
 
 def _moved(attached: MemoryRouter, name: str, score: float, moved: float) -> MemoryScore:

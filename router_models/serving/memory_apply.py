@@ -4,7 +4,7 @@ offline on labelled traffic they held back is what their labels would do to serv
 
 Contract:
 - Memories live at `<store>/memory/<name>.json` (+ `.npz`): `<name>` is a tenant's name or "shared"
-  (`router_models.training.memory_build.memory_path`); the store is `$CASCADE_HOME/router` by default.
+  (`router_models.serving.memory_file.memory_path`); the store is `$CASCADE_HOME/router` by default.
 - `attach_file` loads one memory verified (`memory_file.load_memory`: format, features, payload hash, the scorer's
   embedder) and attaches it to the router being served (`MemoryRouter.attach`); a memory that reads a request's whole
   feature row is refused (ValueError) where the scorer keeps no feature rows.
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.label_memory import MemoryRouter
-from router_models.serving.memory_file import load_memory
+from router_models.serving.memory_file import load_memory, memory_path
 
 __all__ = ["attach_file", "attach_named", "gap_moves", "memory_names", "request_rows"]
 
@@ -55,8 +55,6 @@ def attach_file(path: Path, base: LinearRouter, embedder: str, keeps_features: b
 def attach_named(store: Path, name: str, base: LinearRouter, embedder: str) -> MemoryRouter:
     """Memory `name` ("shared" or a tenant's) of `store`, attached to `base`. `ArtifactError` for a name that is
     malformed or names no memory (listing those there are), or a memory that does not load."""
-    from router_models.training.memory_build import memory_path
-
     try:
         path = memory_path(store, name)
     except ValueError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +24,10 @@ from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
 from router_models.serving.artifact import ArtifactError, read_metadata, read_payload, replace_atomically
 from router_models.serving.label_memory import LabelMemory, MemoryParams
 
-__all__ = ["MEMORY_FORMAT", "load_memory", "memory_paths", "save_memory"]
+__all__ = ["MEMORY_FORMAT", "SHARED", "load_memory", "memory_path", "memory_paths", "save_memory"]
+
+SHARED = "shared"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # it goes into the router version cost records keep
 
 MEMORY_FORMAT = 1
 _FIX = "rebuild it with `cascade router memory add` from the label files"
@@ -91,3 +95,10 @@ def load_memory(path: str | Path, embedder: str | None = None) -> tuple[LabelMem
         raise ArtifactError(f"label memory {payload_path} has {memory.rows.shape[1]} columns, its metadata "
                             f"{meta.get('dim')}; {_FIX}")
     return memory, meta
+
+
+def memory_path(store: Path, name: str) -> Path:
+    """The metadata file of memory `name` (a tenant's name, or `SHARED`) in the store `store`."""
+    if not _NAME.match(name):
+        raise ValueError(f"memory name {name!r} must be 1-40 letters, digits, '_', '.', '-' (a tenant's name)")
+    return store / "memory" / f"{name}.json"

@@ -10,7 +10,6 @@ file up within seconds. The memory's parameters are the ones measured on the lea
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,21 +19,10 @@ from router_models.embedders.factory import make_embedder
 from router_models.serving.artifact import load_artifact
 from router_models.serving.classifier import feature_matrix
 from router_models.serving.label_memory import LabelMemory, MemoryParams, gap_target
-from router_models.serving.memory_file import load_memory, memory_paths, save_memory
+from router_models.serving.memory_file import SHARED, load_memory, memory_path, memory_paths, save_memory
 from router_models.training.outcomes import Example
 
 __all__ = ["SHARED", "MemoryUpdate", "add_labels", "memory_path"]
-
-SHARED = "shared"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # it goes into the router version cost records keep
-
-
-def memory_path(store: Path, name: str) -> Path:
-    """The metadata file of memory `name` (a tenant's name, or `SHARED`) in the store `store`."""
-    if not _NAME.match(name):
-        raise ValueError(f"memory name {name!r} must be 1-40 letters, digits, '_', '.', '-' (a tenant's name)")
-    return store / "memory" / f"{name}.json"
-
 
 @dataclass(frozen=True)
 class MemoryUpdate:

@@ -117,13 +117,15 @@ async def test_a_tenants_labels_move_its_scores_at_once_and_no_one_elses(scorer:
 async def test_the_shipped_artifacts_per_source_routers_are_read_by_a_default_memory(scorer: ClassifierScorer) -> None:
     """The artifact carries one router per public source; a memory with the default `sources` reads the router
     together with them (so it needs the request's whole feature row), one with `sources` 0 reads the router alone."""
-    sources = scorer.router.sources
+    router = scorer.router
+    assert router is not None
+    sources = router.sources
     assert sources is not None and set(sources.names) == set(json.loads(DEFAULT_ARTIFACT.read_text())["sources"])
     rows = await _rows(scorer, [HARD, EASY])
     width = rows.shape[1] - len(FEATURE_NAMES)
-    combined = MemoryRouter.attach(scorer.router, LabelMemory(rows, np.asarray([1.0, 0.5]), width))
+    combined = MemoryRouter.attach(router, LabelMemory(rows, np.asarray([1.0, 0.5]), width))
     assert combined.source_logits.shape == (2, len(sources.names)) and combined.reads_features
-    alone = MemoryRouter.attach(scorer.router, LabelMemory(rows, np.asarray([1.0, 0.5]), width, EMBEDDING_ONLY))
+    alone = MemoryRouter.attach(router, LabelMemory(rows, np.asarray([1.0, 0.5]), width, EMBEDDING_ONLY))
     assert alone.source_logits.shape == (2, 0) and not alone.reads_features
 
 
@@ -139,7 +141,7 @@ async def test_a_memory_past_inline_labels_is_moved_in_a_worker_thread_in_batche
     threads: list[int] = []
     compute = memory_batches._compute
 
-    def recorded(batch: Any) -> list[float]:
+    def recorded(batch: Any) -> list[float | Exception]:
         threads.append(threading.get_ident())
         return compute(batch)
 
