@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from backends.models.demo import models_root
 from loadtest.processes import free_port, gateway_command, policy_text, wait_ready
@@ -74,13 +74,13 @@ def _client_args(base: str, tokenizer: Path, concurrency: int, prompts: int, see
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser()
+    parser = FlexibleArgumentParser()  # type: ignore[no-untyped-call]
     add_cli_args(parser)
-    return parser.parse_args([
+    return cast(argparse.Namespace, parser.parse_args([
         "--base-url", base, "--model", "micro", "--tokenizer", str(tokenizer), "--dataset-name", "random",
         "--random-input-len", "64", "--random-output-len", "32", "--ignore-eos", "--num-prompts", str(prompts),
         "--max-concurrency", str(concurrency), "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles",
-        "50,99", "--seed", str(seed), "--disable-tqdm"])
+        "50,99", "--seed", str(seed), "--disable-tqdm"]))
 
 
 def _cpu_s(pid: int | None) -> float:
