@@ -30,21 +30,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["GcMetrics", "GcPauses", "freeze_heap", "frozen_objects"]
+__all__ = ["GcMetrics", "GcPauses", "freeze_heap"]
 
 log = logging.getLogger(__name__)
-
-
-_frozen = [0]
-"""Objects the last `freeze_heap` left frozen. `gc.get_freeze_count()` walks the permanent generation's list:
-about 230,000 objects in a served gateway, 5-30 ms with the event loop held (measured on the 2-core host of
-BENCHMARKS.md, issue 55 item 4), so a scrape (every second per worker under `--workers`) reads this instead."""
-
-
-def frozen_objects() -> int:
-    """Objects `freeze_heap` froze last (0 before it ran). Frozen objects that are freed later leave the
-    collector's own count; this stays at what was frozen, an upper bound."""
-    return _frozen[0]
 
 
 def freeze_heap(why: str) -> None:
@@ -53,9 +41,8 @@ def freeze_heap(why: str) -> None:
     gc.unfreeze()  # the previous freeze's objects back in generation 2, so the swapped-out ones can go
     freed = gc.collect()
     gc.freeze()
-    _frozen[0] = gc.get_freeze_count()  # a walk of the whole permanent generation: here, once, not per scrape
     log.info("heap frozen out of the cyclic collector", extra={
-        "why": why, "frozen_objects": _frozen[0], "freed_objects": freed,
+        "why": why, "frozen_objects": gc.get_freeze_count(), "freed_objects": freed,
         "pause_ms": round(1000 * (time.perf_counter() - started), 1)})
 
 
@@ -106,4 +93,4 @@ class GcMetrics:
             self._count[generation](collected)
 
     def publish(self) -> None:
-        self._frozen.set(frozen_objects())
+        self._frozen.set(gc.get_freeze_count())

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.control.gc_pauses import GcPauses, freeze_heap, frozen_objects
+from gateway.control.gc_pauses import GcPauses, freeze_heap
 from gateway.control.metrics import GatewayMetrics
 
 
@@ -72,22 +72,14 @@ def test_freezing_keeps_live_objects_out_and_a_later_freeze_frees_what_was_dropp
     assert dropped() is None  # ...until the next freeze collects before it freezes again
 
 
-def test_the_frozen_gauge_reports_what_the_last_freeze_froze(unfrozen: None) -> None:
+def test_the_frozen_gauge_reads_the_collectors_freeze_count(unfrozen: None) -> None:
     metrics = GatewayMetrics(lambda: {})
+    gc.unfreeze()
+    assert "cascade_gc_frozen_objects 0.0" in metrics.render().decode()
     freeze_heap("test")
-    frozen = gc.get_freeze_count()
+    # a frozen object that is freed leaves the count (under coverage's tracer some were, between the scrape and
+    # the read after it: 689,755 against 689,752), so the gauge lies between the counts read around the scrape
+    before = gc.get_freeze_count()
     line = next(x for x in metrics.render().decode().splitlines() if x.startswith("cascade_gc_frozen_objects "))
-    assert float(line.split()[1]) == frozen_objects() == frozen > 0
-
-
-def test_a_scrape_does_not_walk_the_frozen_heap(unfrozen: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    # `gc.get_freeze_count()` walks every frozen object (5-30 ms for a served gateway's heap, the event loop held):
-    # a scrape, every second per worker under --workers, must not call it
-    metrics = GatewayMetrics(lambda: {})
-    freeze_heap("test")
-
-    def walk() -> int:
-        raise AssertionError("a scrape walked the permanent generation")
-
-    monkeypatch.setattr(gc, "get_freeze_count", walk)
-    assert f"cascade_gc_frozen_objects {float(frozen_objects())}" in metrics.render().decode()
+    after = gc.get_freeze_count()
+    assert before >= float(line.split()[1]) >= after > 0
