@@ -71,6 +71,16 @@ def _gateway(tmp: Path, name: str, engine: str, launcher: str | None) -> tuple[s
     return base, proc
 
 
+def _bare_relay(tmp: Path, engine: str) -> tuple[Target, subprocess.Popen[bytes]]:
+    """`loadtest.bench.bare_relay` in front of the engine: the least any Python hop costs here."""
+    port, log = free_port(), tmp / "bare.log"
+    proc = _start([sys.executable, "-m", "loadtest.bench.bare_relay", "--upstream", engine, "--port", str(port)], log,
+                  {})
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/health", proc, 120, "bare relay", lambda: _tail(log))
+    return (base, proc.pid), proc
+
+
 def _client_args(base: str, tokenizer: Path, concurrency: int, prompts: int, seed: int) -> argparse.Namespace:
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -134,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts-per-client", type=int, default=16, help="prompts per concurrent client (min 32)")
     p.add_argument("--engine-url", help="an engine already serving `micro` (else one is started here)")
     p.add_argument("--gateway-cmd", help="launcher of a second gateway measured beside this tree's")
+    p.add_argument("--bare", action="store_true", help="also measure `loadtest.bench.bare_relay` (a floor)")
     p.add_argument("--out", type=Path, help="write the cells as JSON here")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="vllm-direct-"))
@@ -145,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
             engine, proc = _engine(tmp, model_dir)
             procs.append(proc)
         targets: dict[str, Target] = {"direct": (engine, None)}
+        if args.bare:
+            targets["bare-relay"], proc = _bare_relay(tmp, engine)
+            procs.append(proc)
         for name, launcher in (("gateway", None), ("gateway-old", args.gateway_cmd)):
             if name == "gateway" or launcher:
                 base, proc = _gateway(tmp, name, engine, launcher)
