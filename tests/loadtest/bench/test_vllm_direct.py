@@ -1,0 +1,19 @@
+"""The pinned-vs-direct bench's table: medians over rounds per target and concurrency, ratios against direct."""
+
+from __future__ import annotations
+
+from loadtest.bench.vllm_direct import _summary
+
+
+def _cell(rnd: int, target: str, req_s: float, p50: float, p99: float, cpu: float = 0.0) -> dict[str, object]:
+    return {"round": rnd, "target": target, "concurrency": 8, "req_s": req_s, "ttft_p50_ms": p50,
+            "ttft_p99_ms": p99, "relay_cpu_ms_per_req": cpu}
+
+
+def test_the_table_compares_each_targets_medians_with_direct() -> None:
+    cells = [_cell(0, "direct", 10.0, 20.0, 100.0), _cell(1, "direct", 30.0, 40.0, 300.0),
+             _cell(0, "gateway", 9.0, 25.0, 130.0, 1.0), _cell(1, "gateway", 19.0, 35.0, 270.0, 3.0)]
+    rows = _summary(cells, ["direct", "gateway"])
+    assert rows[2] == "| 8 | direct | 20.00 | 1.000 | 30.0 | +0.0 | 200.0 | 1.00 | 0.00 |"
+    # medians 14 req/s, 30 ms, 200 ms, 2 ms of relay CPU: 0.7 of direct's rate, TTFT p50 +0, p99 1.0x
+    assert rows[3] == "| 8 | gateway | 14.00 | 0.700 | 30.0 | +0.0 | 200.0 | 1.00 | 2.00 |"
