@@ -125,8 +125,10 @@ class SharedOnDemand:
 
     def __init__(self, pools: OnDemandPools, requests: Callable[[], Mapping[str, float]],
                  in_flight: Callable[[], Mapping[str, float]], changed: Callable[[], None],
-                 interval_s: float = 0.25) -> None:
+                 interval_s: float = 0.25, later_s: Callable[[], float] = lambda: 0.0) -> None:
+        """`later_s()`: seconds to add to the clocks (a test's way to let time pass)."""
         self._pools, self._requests, self._in_flight, self._changed = pools, requests, in_flight, changed
+        self._later = later_s
         self.gate = OnDemandGate(pools, busy=self._busy)
         self._interval = interval_s
         self._settled: dict[str, float] = {}  # wall-clock time each pool last fell asleep or failed to start
@@ -142,23 +144,23 @@ class SharedOnDemand:
 
     async def tick(self) -> list[str]:
         """One look at the workers' requests: wake the pools asked for, stop the idle ones; returns those stopped."""
-        now_wall, now_mono = time.time(), time.monotonic()
+        now_wall, now_mono = time.time() + self._later(), time.monotonic() + self._later()
         for name, at in self._requests().items():
             if self._pools.on_demand(name) is None:
                 continue
             self.gate.used(name, now_mono - max(0.0, now_wall - at))
             if self.gate.asleep(name) and not self.gate.waking(name) and at > self._settled.get(name, 0.0):
                 self.gate.wake(name).add_done_callback(functools.partial(self._woke, name))
-        stopped = await self.gate.check_idle()
+        stopped = await self.gate.check_idle(now_mono)
         for name in stopped:
-            self._settled[name] = time.time()
+            self._settled[name] = now_wall
         if stopped:
             self._changed()
         return stopped
 
     def _woke(self, name: str, task: asyncio.Task[float]) -> None:
         if task.cancelled() or task.exception() is not None:
-            self._settled[name] = time.time()  # a request after the failure tries again
+            self._settled[name] = time.time() + self._later()  # a request after the failure tries again
         self._changed()
 
     async def _loop(self) -> None:
