@@ -2,7 +2,7 @@
 
 A request for an on-demand pool goes through the worker's `OnDemandGate` as in one process, on a `WorkerEngines`:
 - each worker publishes, in its gauge file (`gateway.control.worker_gauges`), when it last had a request for each
-  on-demand pool (`cascade_on_demand_last_request_timestamp_seconds{pool, worker}`): every second, and at once
+  on-demand pool (`cascade_on_demand_last_request_timestamp_seconds{pool, worker}`): every probe interval, and at once
   when the pool is asleep and a request needs it;
 - the parent (`SharedOnDemand`, in `gateway.control.engine_host`) reads every live worker's figure a few times a
   second: a request newer than the moment the pool last fell asleep (or failed to start) wakes it, once, whatever
@@ -13,7 +13,7 @@ A request for an on-demand pool goes through the worker's `OnDemandGate` as in o
   asleep, and its wake waits for the published replicas (or the request takes the cold fallback, as in one
   process). Every worker follows the registry, so each routes there once they are up.
 
-A worker's figure reaches the parent up to a second late: a request in the last second of an idle period can meet
+A worker's figure reaches the parent up to a probe interval late: a request at the very end of an idle period can meet
 the pool just as it stops, and then fails over or retries like any request to a replica that went away.
 """
 
