@@ -30,6 +30,7 @@ from gateway.control.live_threshold import LiveThreshold, start_live_threshold
 from gateway.control.live_tradeoff import LiveTradeoff, start_live_tradeoff
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import OnDemandGate
+from gateway.control.on_demand_shared import WorkerEngines
 from gateway.control.policy_file import PolicyFile
 from gateway.control.policy_holder import PolicyHolder
 from gateway.control.pool_set import PoolSet
@@ -193,6 +194,20 @@ async def _make_ledger(settings: Settings) -> Ledger:
     return ledger
 
 
+def _on_demand(pool_set: PoolSet, metrics: GatewayMetrics) -> OnDemandGate:
+    """The scale-to-zero gate: this process's own, or under `--workers N` (a pool set following the parent's
+    registry) one that asks the parent, which decides for every worker (`gateway.control.on_demand_shared`)."""
+    if pool_set.registry is None:
+        gate = OnDemandGate(pool_set)
+        gate.start()
+        return gate
+    engines = WorkerEngines(pool_set, pool_set.registry, metrics.publish)
+    metrics.register_scrape_time(engines, own_view=True)
+    gate = OnDemandGate(engines)
+    gate.on_use = engines.used
+    return gate
+
+
 def _learning(redis: aioredis.Redis | None, settings: Settings, forwarder: Forwarder, pool_set: PoolSet,
               engines: EngineClient, accountant: Accountant,
               metrics: GatewayMetrics) -> tuple[LearningTap | None, FeedbackService | None]:
@@ -275,8 +290,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     if redis is not None:  # one ladder for every gateway process on this Redis and prefix
         degradation.share(LadderSync(redis, settings.redis_prefix))
     admission = _admission(redis, settings, metrics)
-    on_demand = OnDemandGate(pool_set)
-    on_demand.start()
+    on_demand = _on_demand(pool_set, metrics)
     live = start_live_threshold(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
     tradeoff = start_live_tradeoff(redis, settings.redis_prefix, lambda: policies.current.policy, metrics)
     router = RequestRouter(scorer, metrics, live, tradeoff=tradeoff)

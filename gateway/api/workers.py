@@ -26,8 +26,10 @@ Design:
   (`gateway.control.engine_host`: blue-green and rolling changes, canaries, autoscaling), watching the policy
   file itself, and drains a replica on the workers' own in-flight counts (read from the metrics folder).
 
-Limits: on-demand (scale-to-zero) local pools need `--workers 1` (the process that owns engines must see
-the requests); `POST /admin/policy/reload` reaches the worker that answers it and, through the file, the
+- Scale to zero: the parent wakes an on-demand pool when any worker asks and stops it once no worker has used it
+  for its idle period (`gateway.control.on_demand_shared`); each worker waits for it or takes its cold fallback.
+
+Limits: `POST /admin/policy/reload` reaches the worker that answers it and, through the file, the
 parent's watcher: an engine change applies on the parent's next look at the file (`policy_watch_interval_s`),
 not within that request.
 """
@@ -105,8 +107,6 @@ def workers_problem(settings: Settings) -> str | None:
     if not settings.start_engines:
         return None
     for name, spec in _local_pools(settings).items():
-        if spec.on_demand is not None:
-            return f"pool {name!r} is on demand (scale to zero); on-demand pools need --workers 1"
         for engine in [spec.engine, *([spec.canary.engine] if spec.canary is not None else [])]:
             wanted = list(range(engine.base_port, engine.base_port + engine.replicas))
             if choose_ports(engine.base_port, engine.replicas) != wanted:
@@ -156,7 +156,9 @@ class WorkerGroup:
         host, port, log_level, json_logs = self._args
         proc = self._ctx.Process(target=_worker_main, name=f"cascade-worker-{index}",
                                  args=(self._worker_settings(index), host, port, log_level, json_logs))
-        with (exported(MULTIPROC_ENV, str(self._metrics_dir)), exported(REGISTRY_ENV, str(self._registry)),
+        # the registry only where the parent runs the engines (with --no-engines nothing is published there)
+        registry = str(self._registry) if self._settings.start_engines else os.environ.get(REGISTRY_ENV, "")
+        with (exported(MULTIPROC_ENV, str(self._metrics_dir)), exported(REGISTRY_ENV, registry),
               exported(WORKER_ENV, str(index))):
             proc.start()  # this worker's environment, not the engines'
         log.info("worker %d started (pid %s)", index, proc.pid)

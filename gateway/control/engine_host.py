@@ -10,6 +10,8 @@ blue-green and rolling changes, canaries, autoscaling, replicas followed to a ne
   no longer routes there: its view (`worker_gauges.worker_views`, published every second) was written after the
   replica left routing and does not hold it. A worker the machine stalls past its probe interval is waited for
   (up to the drain's grace), not assumed to have followed; and not before `DRAIN_FLOOR_S`;
+- on-demand pools (scale to zero) are woken and stopped here on every worker's requests
+  (`gateway.control.on_demand_shared.SharedOnDemand`); their replicas are published once ready, none while asleep;
 - the autoscaler's signals are the engines' own (KV cache, queue, scraped by the parent's probes) and the
   workers' in-flight count; the gateway's TTFT is not seen here.
 """
@@ -35,6 +37,7 @@ from backends.engines.supervisor import CommandFactory, EngineSupervisor
 from gateway.control.autoscale import Autoscaler
 from gateway.control.degradation import engine_signals
 from gateway.control.file_watch import FileWatcher
+from gateway.control.on_demand_shared import SharedOnDemand, last_requests
 from gateway.control.parent_counters import ParentCounters
 from gateway.control.pool_set import PoolSet
 from gateway.control.worker_gauges import WorkerView, still_routing, worker_views
@@ -106,6 +109,8 @@ class EngineHost:
         self._watcher = FileWatcher([settings.policy_path], self.reload, settings.policy_watch_interval_s,
                                     retry_s=max(1.0, 7.5 * settings.policy_watch_interval_s))
         self.autoscaler = Autoscaler(self.pool_set, self._signals, self.counters.scale_event, settings.probe_interval_s)
+        self.on_demand = SharedOnDemand(self.pool_set, functools.partial(last_requests, metrics_dir),
+                                        self._counts.get, self._published_now)
 
     async def start(self) -> None:
         """Start every pool's engines (in the background, as in one process) and the loops."""
@@ -116,6 +121,7 @@ class EngineHost:
         if self._settings.policy_watch_interval_s > 0:
             self._watcher.start()
         self.autoscaler.start()
+        self.on_demand.start()
 
     async def reload(self) -> None:
         """Reconcile the engines with the policy file (the file watcher calls it). Raises `PolicyError`, or
@@ -132,15 +138,22 @@ class EngineHost:
 
     def publish(self) -> None:
         """Write the registry entries that changed: each local pool's replicas and its canary's (none: empty)."""
-        wanted: dict[str, tuple[str, ...]] = {}
+        wanted: dict[str, tuple[str, ...]] = {name: () for name in self.pool_set.pools
+                                              if self.pool_set.on_demand(name) is not None}  # asleep: none
         for name, sup in self.pool_set.supervisors.items():
-            wanted[name] = sup.urls
+            wanted[name] = () if self.on_demand.waking(name) else sup.urls  # an on-demand pool: once ready
             canary = self.pool_set.canaries.get(name)
             wanted[f"{name}.canary"] = tuple(r.url for r in canary.pool.replicas) if canary is not None else ()
         for key, urls in wanted.items():
             if self._published.get(key) != urls:
                 publish(self._registry, key, urls)
                 self._published[key] = urls
+
+    def _published_now(self) -> None:
+        try:
+            self.publish()
+        except OSError as exc:
+            log.warning("could not publish the engines' ports: %s", exc)
 
     async def _publish_loop(self) -> None:
         while True:
@@ -167,7 +180,8 @@ class EngineHost:
     async def aclose(self) -> None:
         """Stop the loops, then every pool and its engines, then the client: each whatever the others do, a
         failure logged with what failed (`backends.background.close_each`), never swallowed."""
-        await close_each([("the autoscaler", self.autoscaler.aclose), ("the policy watcher", self._watcher.aclose),
+        await close_each([("the autoscaler", self.autoscaler.aclose), ("the on-demand pools", self.on_demand.aclose),
+                          ("the policy watcher", self._watcher.aclose),
                           *((f"task {t.get_name()}", functools.partial(stop, t)) for t in self._tasks),
                           ("the pool set", self.pool_set.aclose), ("the engine client", self._client.aclose)],
                          log, in_turn=True)

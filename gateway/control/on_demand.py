@@ -63,8 +63,14 @@ class OnDemandPools(Protocol):
 class OnDemandGate:
     """Owns the wake tasks, the last-use times and the idle task (`start` / `aclose`)."""
 
-    def __init__(self, pools: OnDemandPools, check_interval_s: float = 1.0) -> None:
+    def __init__(self, pools: OnDemandPools, check_interval_s: float = 1.0,
+                 busy: Callable[[str, Pool], bool] | None = None) -> None:
+        """`busy(name, pool)`: does the pool have requests in flight (default: this process's own)? Under
+        `--workers N` the parent asks the workers' (`gateway.control.on_demand_shared`)."""
         self._pools = pools
+        self._busy = busy or (lambda _name, pool: pool.in_flight > 0)
+        self.on_use: Callable[[str], None] | None = None
+        """Told of every request for an on-demand pool (a worker publishes it for the parent)."""
         self._interval = check_interval_s
         self._last_used: dict[str, float] = {}
         self._waking: dict[str, asyncio.Task[float]] = {}
@@ -73,8 +79,16 @@ class OnDemandGate:
         """Seconds each finished cold start took, per pool (newest last)."""
         self._task: asyncio.Task[None] | None = None
 
-    def _asleep(self, name: str) -> bool:
+    def asleep(self, name: str) -> bool:
+        """Are the engines of `name` stopped or still starting?"""
         return name not in self._pools.supervisors or name in self._waking
+
+    def waking(self, name: str) -> bool:
+        return name in self._waking
+
+    def used(self, name: str, at: float) -> None:
+        """A request for `name` at `at` (monotonic) seen elsewhere (another process's): idle counts from there."""
+        self._last_used[name] = max(self._last_used.get(name, at), at)
 
     async def ensure(self, name: str, may_use: Callable[[str], bool] | None = None) -> str:
         """The pool that serves this request: `name`, once awake, or its cold fallback where `may_use(fallback)`
@@ -84,9 +98,11 @@ class OnDemandGate:
         if settings is None:
             return name
         self._last_used[name] = time.monotonic()
-        if not self._asleep(name):
+        if self.on_use is not None:
+            self.on_use(name)
+        if not self.asleep(name):
             return name
-        task = self._wake(name)
+        task = self.wake(name)
         fallback = settings.fallback_pool
         if fallback is not None and (may_use is None or may_use(fallback)):
             return fallback
@@ -108,7 +124,8 @@ class OnDemandGate:
         running = time.monotonic() - self._wake_started.get(name, time.monotonic())
         return max(1, math.ceil(expected - running))
 
-    def _wake(self, name: str) -> asyncio.Task[float]:
+    def wake(self, name: str) -> asyncio.Task[float]:
+        """The cold start of `name`: the running one, else a new one."""
         task = self._waking.get(name)
         if task is None:
             log.warning("pool %s is asleep: starting its engines on demand", name)
@@ -132,7 +149,7 @@ class OnDemandGate:
         stopped: list[str] = []
         for name, pool in list(self._pools.pools.items()):
             settings = self._pools.on_demand(name)
-            if settings is None or self._asleep(name) or pool.in_flight:
+            if settings is None or self.asleep(name) or self._busy(name, pool):
                 continue
             idle = now - self._last_used.setdefault(name, now)
             if idle >= settings.idle_stop_after_s:

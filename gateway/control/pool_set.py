@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from backends.background import cancel_once, close_each
@@ -145,10 +146,16 @@ class PoolSet:
         if self.on_engine_restart is not None:
             self.on_engine_restart(pool, index, reason)
 
+    @property
+    def registry(self) -> Path | None:
+        """Where another process (the `--workers N` parent) publishes the local engines' ports, else None."""
+        return self._registry
+
     def on_demand(self, name: str) -> OnDemand | None:
-        """The scale-to-zero settings of pool `name` when this process starts its engines, else None."""
+        """The scale-to-zero settings of pool `name` when this process starts its engines or follows the process
+        that does (a worker of `--workers N`), else None."""
         spec = self.specs.get(name)
-        if isinstance(spec, LocalPool) and self._settings.start_engines:
+        if isinstance(spec, LocalPool) and (self._settings.start_engines or self._registry is not None):
             return spec.on_demand
         return None
 

@@ -29,8 +29,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["WORKER_ENV", "WorkerGauges", "WorkerGaugesCollector", "WorkerView", "remove_worker", "still_routing",
-           "worker_label", "worker_views"]
+__all__ = ["WORKER_ENV", "WorkerGauges", "WorkerGaugesCollector", "WorkerView", "published_gauges", "remove_worker",
+           "still_routing", "worker_label", "worker_views"]
 
 log = logging.getLogger("cascade.metrics")
 
@@ -72,10 +72,10 @@ def worker_views(path: Path) -> list[WorkerView]:
     return [WorkerView(0.0, frozenset()) if isinstance(families, Exception) else
             WorkerView(written, frozenset(labels.get("replica", "") for name, _, samples in families
                                           if name == HEALTHY for labels, _ in samples))
-            for _, written, families in _published(path)]
+            for _, written, families in published_gauges(path)]
 
 
-def _published(path: Path) -> Iterator[tuple[Path, float, Any]]:
+def published_gauges(path: Path) -> Iterator[tuple[Path, float, Any]]:
     """Each live worker's file in the metrics folder `path`: the file, when it was written, and its gauge families
     (`WorkerGauges.publish`'s JSON), or the error that kept it from being read. A file whose worker exited between
     the listing and the read is left out."""
@@ -131,7 +131,7 @@ class WorkerGaugesCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         merged: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}  # by name: the family, its label names
-        for file, _, families in _published(self._path):
+        for file, _, families in published_gauges(self._path):
             if isinstance(families, Exception):
                 log.warning("could not read a worker's gauges from %s: %s", file, families)
                 continue

@@ -21,9 +21,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
-from gateway.api.workers import exported, workers_problem
+from gateway.api.workers import exported
 from gateway.control.metrics_dir import MULTIPROC_ENV
-from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
@@ -253,18 +252,3 @@ def test_only_the_workers_get_the_metrics_folder(workers: Workers, tmp_path: Pat
     assert MULTIPROC_ENV not in os.environ  # engines started later (os.environ) do not get it
     assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "None"
 
-
-def test_workers_refuse_on_demand_pools(tmp_path: Path) -> None:
-    policy = tmp_path / "p.yaml"
-    policy.write_text("""
-version: 1
-pools:
-  micro:
-    type: local
-    price: {gpu_hour_usd: "1.00", tokens_per_second: 100}
-    engine: {model: demo:micro, served_name: micro}
-    on_demand: {idle_stop_after_s: 60, cold_start_timeout_s: 60}
-routing: {micro_pool: micro, flagship_pool: micro, threshold: 0.5}
-""")
-    assert "need --workers 1" in (workers_problem(Settings(policy_path=policy)) or "")
-    assert workers_problem(Settings(policy_path=policy, start_engines=False)) is None

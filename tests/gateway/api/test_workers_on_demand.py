@@ -1,0 +1,85 @@
+"""Scale to zero under `serve --workers 2`: the parent starts an on-demand pool's engine once, whichever workers
+ask for it, every worker's requests wait for it and are answered, and it stops once no worker has used it for its
+idle period; the next request wakes it again. The engine is the fake upstream (a real HTTP server process, started
+and stopped by the real supervisor in the parent)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.api.workers import workers_problem
+from gateway.settings import Settings
+from tests.conftest import delete_prefix
+from tests.gateway.api.test_workers_restarts import DRIVER, Group
+from tests.servers import free_port, until, wait_ready
+
+pytestmark = pytest.mark.redis
+ROOT = Path(__file__).resolve().parents[3]
+STALL_S = 30  # a 2-vCPU machine shared with engine tests stalls processes for seconds (see test_workers.py)
+
+
+def _policy(engine_port: int) -> str:
+    return f"""
+version: 1
+pools:
+  micro:
+    type: local
+    price: {{gpu_hour_usd: "1.00", tokens_per_second: 100}}
+    engine: {{model: fake, served_name: micro-model, base_port: {engine_port}, startup_timeout_s: 60}}
+    on_demand: {{idle_stop_after_s: 2, cold_start_timeout_s: 60}}
+routing: {{micro_pool: micro, flagship_pool: micro, threshold: 0.5}}
+"""
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Group]:
+    prefix = f"test:{uuid.uuid4().hex}:"
+    policy = tmp_path / "policy.yaml"
+    engine_port = free_port()
+    policy.write_text(_policy(engine_port))
+    port = free_port()
+    log = (tmp_path / "gateway.log").open("wb")
+    cmd = [sys.executable, "-c", DRIVER, str(policy), str(tmp_path), prefix, str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, 90, (tmp_path / "gateway.log").read_text)
+        yield Group(url, proc, engine_port)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
+        delete_prefix(prefix)
+
+
+def _post(url: str) -> httpx.Response:
+    body = {"model": "micro", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=STALL_S)  # a new connection each
+
+
+def test_workers_accept_on_demand_pools(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(free_port()))
+    assert workers_problem(Settings(policy_path=policy)) is None
+
+
+def test_a_pool_asleep_for_two_workers_starts_once_serves_both_and_sleeps_when_idle(group: Group) -> None:
+    assert group.engine_pids() == []  # asleep until a request needs it
+    with ThreadPoolExecutor(8) as pool:  # 8 connections: the kernel spreads them over both workers
+        answers = list(pool.map(lambda _: _post(group.url), range(8)))
+    assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers if a.status_code != 200]
+    assert len(group.engine_pids()) == 1  # one cold start for every request of every worker
+    until(lambda: group.engine_pids() == [], timeout=STALL_S)  # no worker used it for 2 s: stopped
+    again = _post(group.url)
+    assert again.status_code == 200, again.text  # woken again, by whichever worker got it
+    assert len(group.engine_pids()) == 1
