@@ -1,16 +1,12 @@
 """The running pools of a policy: built at start, reconciled on every policy reload.
 
-Local pools' engines start in the background (so the gateway answers /healthz and /readyz, with
-progress, while engines load). On reload, added pools start and removed pools stop once their in-flight
-requests are done (bounded by a grace period): requests in flight keep the `Pool` object they started with.
-A pool whose engines change is changed without going dark where it can be (`gateway.control.pool_change`):
-its new engines start beside the old ones, take traffic once ready, and the old ones drain and stop. A
-replica that restarts on another port (its own was taken) is followed there.
-
-It owns the pools and composes the concerns of changing them, each a module of its own: new engine versions
-(blue-green and rolling, `gateway.control.version_change`), canaries (`gateway.control.canary_set`), one replica more
-or less (`gateway.control.replica_scaling`), and draining what leaves routing (`gateway.control.draining`). A reload
-reads from `apply` down.
+Local pools' engines start in the background (/healthz and /readyz answer, with progress, while engines load). On
+reload, added pools start and removed ones stop once their in-flight requests are done (bounded by a grace period):
+requests in flight keep the `Pool` they started with. A pool whose engines change does not go dark where it can be
+helped (`gateway.control.pool_change`): new engines start beside the old, take traffic once ready, and the old drain
+and stop; a replica that restarts on another port is followed there. It owns the pools and composes the concerns of
+changing them, each a module of its own: new engine versions (`version_change`), canaries (`canary_set`), one replica
+more or less (`replica_scaling`) and draining what leaves routing (`draining`). A reload reads from `apply` down.
 """
 
 from __future__ import annotations
@@ -152,12 +148,10 @@ class PoolSet:
         return self._registry
 
     def on_demand(self, name: str) -> OnDemand | None:
-        """The scale-to-zero settings of pool `name` when this process starts its engines or follows the process
-        that does (a worker of `--workers N`), else None."""
+        """Pool `name`'s scale-to-zero settings where this process starts engines or follows one that does."""
         spec = self.specs.get(name)
-        if isinstance(spec, LocalPool) and (self._settings.start_engines or self._registry is not None):
-            return spec.on_demand
-        return None
+        here = self._settings.start_engines or self._registry is not None  # a worker of --workers N follows
+        return spec.on_demand if isinstance(spec, LocalPool) and here else None
 
     def readiness(self) -> dict[str, bool]:
         """Per pool: can it take requests now? A sleeping on-demand pool counts as ready (it wakes on use)."""
