@@ -5,11 +5,6 @@ and stopped by the real supervisor in the parent)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,9 +14,8 @@ import pytest
 
 from gateway.api.workers import workers_problem
 from gateway.settings import Settings
-from tests.conftest import delete_prefix
-from tests.gateway.api.test_workers_restarts import DRIVER, Group
-from tests.servers import free_port, until, wait_ready
+from tests.gateway.api.test_workers_restarts import Group, serve_group
+from tests.servers import free_port, until
 
 pytestmark = pytest.mark.redis
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,23 +37,7 @@ routing: {{micro_pool: micro, flagship_pool: micro, threshold: 0.5}}
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[Group]:
-    prefix = f"test:{uuid.uuid4().hex}:"
-    policy = tmp_path / "policy.yaml"
-    engine_port = free_port()
-    policy.write_text(_policy(engine_port))
-    port = free_port()
-    log = (tmp_path / "gateway.log").open("wb")
-    cmd = [sys.executable, "-c", DRIVER, str(policy), str(tmp_path), prefix, str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, 90, (tmp_path / "gateway.log").read_text)
-        yield Group(url, proc, engine_port)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        log.close()
-        delete_prefix(prefix)
+    yield from serve_group(tmp_path, _policy)
 
 
 def _post(url: str) -> httpx.Response:

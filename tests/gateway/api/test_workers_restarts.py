@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -72,12 +72,13 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-@pytest.fixture
-def group(tmp_path: Path) -> Iterator[Group]:
+def serve_group(tmp_path: Path, policy_for: Callable[[int], str]) -> Iterator[Group]:
+    """`serve --workers 2` (DRIVER) on the policy `policy_for(engine_port)`, ready; stopped by SIGTERM (exit 0
+    asserted) and its Redis prefix deleted after. A fixture's body: yields once."""
     prefix = f"test:{uuid.uuid4().hex}:"
     policy = tmp_path / "policy.yaml"
     engine_port = free_port()
-    policy.write_text(_policy(engine_port))
+    policy.write_text(policy_for(engine_port))
     port = free_port()
     log = (tmp_path / "gateway.log").open("wb")
     cmd = [sys.executable, "-c", DRIVER, str(policy), str(tmp_path), prefix, str(port)]
@@ -91,6 +92,11 @@ def group(tmp_path: Path) -> Iterator[Group]:
         assert proc.wait(timeout=60) == 0
         log.close()
         delete_prefix(prefix)
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Group]:
+    yield from serve_group(tmp_path, _policy)
 
 
 def _restarts(text: str) -> float:
