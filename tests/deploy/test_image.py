@@ -58,7 +58,10 @@ def _source_hash() -> str:
 def _podman_env(image: str) -> dict[str, str]:
     """The environment for podman here (scripts/podman_env.sh: CONTAINERS_CONF where this machine needs it)."""
     script = f'. scripts/podman_env.sh && cascade_podman_env {image} && echo "${{CONTAINERS_CONF:-}}"'
-    conf = subprocess.run(["bash", "-c", script], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:  # podman's own words, not only the exit status (CI once failed with nothing more)
+        pytest.fail(f"podman cannot run {image} on this machine:\n{done.stderr.strip()}", pytrace=False)
+    conf = done.stdout
     env = dict(os.environ)
     if conf.strip():
         env["CONTAINERS_CONF"] = conf.strip()
