@@ -111,7 +111,8 @@ def _memory_add(args: argparse.Namespace) -> int:
         rows = [row for label_file in args.labels for row in read_label_rows(label_file, tenant=args.tenant)]
         if args.check_ids:
             check_ids_in_ledger(rows, args.redis_url, args.redis_prefix, args.tenant)
-        update = add_labels([row.example for row in rows], path, args.artifact)
+        update = add_labels([row.example for row in rows], path, args.artifact,
+                            pools=[dict(row.pools) for row in rows])
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     except RedisError as exc:

@@ -88,7 +88,7 @@ def _attach(model: BatchModel, store: Path, name: str) -> MemoryRouter:
     if not isinstance(model, EmbeddingClassifier):
         raise ArtifactError("--memory needs a router artifact with an embedder and a trained head (label memories "
                             "take their residuals against it)")
-    return attach_named(store, name, model.router, model.embedder_name)
+    return attach_named(store, name, model.router, model.embedder_name).score  # score reads no tiers
 
 
 def score_rows(
