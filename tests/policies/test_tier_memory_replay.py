@@ -1,6 +1,7 @@
-"""A label memory's move shifts a tiers trade consistently (`policies.tiers.remembered`), its labels per pool move
-each tier alone (`moved`), the cost record's tier predictions read back with each tier's move (`parse_estimates`), and `policies.replay` decides a tiers policy by the trade on the
-predictions a log line carries, at the policy's tradeoff or the one holding its cost target on the log.
+"""A label memory's move shifts a tiers trade consistently (`policies.tiers.remembered`), its labels per pool move each
+tier alone (`moved`), the cost record's tier predictions read back with each tier's move (`parse_estimates`), and
+`policies.replay` decides a tiers policy by the trade on the predictions a log line carries, at the policy's
+tradeoff or the one holding its cost target on the log.
 
 The predictions and prices are made up to make routing visible; they back no quality claim."""
 
