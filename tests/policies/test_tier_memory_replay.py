@@ -51,7 +51,7 @@ def test_labels_per_pool_move_each_tier_alone_and_the_record_carries_each_move()
     assert [(e.pool, round(e.quality, 3), round(e.memory, 3)) for e in parse_estimates(text)] == \
         [("general", 0.6, 0.0), ("code", 0.5, -0.2), ("flagship", 0.9, 0.0)]
     top = moved(ROW, [0.5, 0.0, 0.0])[0]  # kept in [0, 1]: the move recorded is the one made
-    assert (top.quality, top.memory) == (1.0, pytest.approx(0.4))
+    assert top.quality == 1.0 and top.memory == pytest.approx(0.4)
     assert remembered(ROW, 0.05)[0].memory == pytest.approx(-0.05)  # a gap move is recorded as well
     with pytest.raises(ValueError, match="1 memory moves for 3 tiers"):
         moved(ROW, [0.1])
