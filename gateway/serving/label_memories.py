@@ -97,7 +97,8 @@ class LabelMemories:
         self._current = current
         self._interval = interval_s
         self._attached: dict[str, AttachedMemory] = {}
-        self._tiers: dict[str, tuple[tuple[object, ...], TierLabels]] = {}  # per memory: what its residuals are against
+        self._tiers: dict[str, tuple[tuple[object, ...], TierLabels]] = {}  # per memory: its residuals, and against
+        # which labels, quality model and placements (by identity: a reload or a router swap brings new ones)
         self._stamps: dict[str, _Stamp] = {}
         self._base: LinearRouter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -164,9 +165,10 @@ class LabelMemories:
         attached = self._attached.get(name)
         if attached is None or attached.pools is None:
             return None
-        key: tuple[object, ...] = (attached.pools, model, tiers, *placements)
+        key: tuple[object, ...] = (attached.pools, model, *placements)  # the objects the residuals are against
         kept = self._tiers.get(name)
-        if kept is not None and len(kept[0]) == len(key) and all(a is b for a, b in zip(kept[0], key, strict=True)):
+        if kept is not None and kept[1].tiers == tiers and len(kept[0]) == len(key) and all(
+                a is b for a, b in zip(kept[0], key, strict=True)):
             tier_labels = kept[1]
             moves = (tier_labels.moves(row.reshape(1, -1)) if attached.labels <= self.inline_labels
                      else await asyncio.to_thread(tier_labels.moves, row.reshape(1, -1)))

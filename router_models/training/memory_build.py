@@ -25,9 +25,10 @@ from router_models.serving.classifier import feature_matrix
 from router_models.serving.label_memory import LabelMemory, MemoryParams, gap_target
 from router_models.serving.memory_file import SHARED, load_memory, memory_path, memory_paths, save_memory
 from router_models.serving.pool_labels import FLAGSHIP, MICRO
+from router_models.training.labels import LabelRow
 from router_models.training.outcomes import Example
 
-__all__ = ["SHARED", "MemoryUpdate", "add_labels", "memory_path"]
+__all__ = ["SHARED", "MemoryUpdate", "add_label_rows", "add_labels", "memory_path"]
 
 @dataclass(frozen=True)
 class MemoryUpdate:
@@ -60,6 +61,11 @@ def add_labels(rows: list[Example], path: Path, artifact: Path | None = None,
                                                                                                strict=True)])
     save_memory(grown, meta_path, embedder.name)
     return MemoryUpdate(meta_path, len(memory), len(grown), grown.conflicts())
+
+
+def add_label_rows(rows: Sequence[LabelRow], path: Path, artifact: Path | None = None) -> MemoryUpdate:
+    """`add_labels` of label rows as read (`labels.read_label_rows`): each with its qualities per named pool."""
+    return add_labels([r.example for r in rows], path, artifact, pools=[dict(r.pools) for r in rows])
 
 
 def _qualities(example: Example, named: Mapping[str, float]) -> dict[str, float]:

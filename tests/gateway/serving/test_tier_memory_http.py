@@ -19,7 +19,7 @@ from loadtest.fake_upstream import FakeUpstream
 from policies.tiers import parse_estimates
 from router_models.serving.artifact import DEFAULT_ARTIFACT
 from router_models.training.labels import label_rows
-from router_models.training.memory_build import add_labels
+from router_models.training.memory_build import add_label_rows
 from tests.gateway.serving.test_tiers_http import _ask, _policy, _record
 from tests.servers import serve, until
 
@@ -31,8 +31,7 @@ def test_a_label_of_the_code_pool_moves_the_code_tier_alone_and_every_record_say
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", str(DEFAULT_ARTIFACT))
     rows = label_rows([{"prompt": PROMPT, "pool": "code", "quality": 0}])
-    add_labels([r.example for r in rows], tmp_path / "router" / "memory" / "shared.json", DEFAULT_ARTIFACT,
-               pools=[dict(r.pools) for r in rows])
+    add_label_rows(rows, tmp_path / "router" / "memory" / "shared.json", DEFAULT_ARTIFACT)
     upstreams = {name: FakeUpstream(f"{name}-model") for name in ("general", "code", "flagship")}
     with serve(upstreams["general"]) as g, serve(upstreams["code"]) as c, serve(upstreams["flagship"]) as f:
         policy = tmp_path / "three.yaml"
