@@ -2,10 +2,10 @@
 map's P(good answer), `pool_map.quality`) for requests near that prompt, and no other pool's.
 
 A label memory (`label_memory.LabelMemory`) keeps, beside each label's gap target, the qualities it gives per pool
-(`LabelMemory.pools`, `qualities`; NaN where it says nothing of a pool). A label file's `"pool": X, "quality": q` or
-`"pools": {X: q, ...}` name pools; its `micro` and `flagship` qualities (or `needs_flagship = p`: micro 1 - p,
-flagship 1) are kept as the columns `MICRO` and `FLAGSHIP`, read as the first and the last tier of a
-`routing.tiers` policy (its micro and flagship pools). A pool's own column comes first where both say something.
+(`LabelMemory.pools`, `qualities`; NaN where it says nothing of a pool). A label file's `"pools": {X: q, ...}` names
+pools; its `micro` and `flagship` qualities (or `needs_flagship = p`: micro 1 - p, flagship 1) are kept as the
+columns `MICRO` and `FLAGSHIP`, read as the first and the last tier of a `routing.tiers` policy (its micro and
+flagship pools). A pool's own column comes first where both say something.
 
 Contract:
 - `PoolLabels.of(memory)`: the labels that give some pool's quality, with their similarity rows (as the score's

@@ -5,13 +5,13 @@ Label file (`cascade router train --labels FILE`): JSON Lines, one prompt per li
     {"prompt": "...", "needs_flagship": 1}                       # the micro answer fell short (0 = it did not)
     {"messages": [{"role": "user", "content": "..."}], "needs_flagship": 0.25}   # a probability is fine
     {"prompt": "...", "micro": 0.4, "flagship": 0.9}             # quality of each pool's answer, in [0, 1]
-    {"prompt": "...", "pool": "code", "quality": 0.0}             # one named pool's answer judged, in [0, 1]
+    {"prompt": "...", "pools": {"code": 0.0}}                     # a named pool's answer judged, in [0, 1]
     {"prompt": "...", "pools": {"general": 0.2, "code": 1.0}}     # several named pools' answers
     optional on every line: "id" (string), "source" (a name for your traffic; default "labels"), "tenant" (string)
 
 Give `prompt` or `messages` (scored as the gateway scores them: `conversation_text`, the latest user turn first, and
 `conversation_shape`, the turns and whole length; a `prompt` is one user turn), and either `needs_flagship` or both
-`micro` and `flagship`, or a named pool's quality (`pool` and `quality`, or `pools`), or both. `needs_flagship = p`
+`micro` and `flagship`, or named pools' qualities (`pools`), or both. `needs_flagship = p`
 is read as micro quality `1 - p` against flagship quality 1. A pool's name is a policy's pool (labels per pool move
 that pool's predicted quality in a `routing.tiers` policy, `router_models.serving.pool_labels`; `micro` and
 `flagship` are its first and last tier); a row that names pools only (`LabelRow.has_gap` False) moves no two-pool
@@ -98,12 +98,9 @@ def _given_shape(row: Mapping[str, Any], where: str) -> ConversationShape | None
 
 
 def _pool_qualities(row: Mapping[str, Any], where: str) -> dict[str, float]:
-    """The row's qualities per named pool (`pool` and `quality`, `pools`); {} when it names none."""
+    """The row's qualities per named pool (`pools`); {} when it names none. (A ledger row's `pool`, the pool whose
+    answer the client got, is information, not a label.)"""
     out: dict[str, float] = {}
-    if "pool" in row or "quality" in row:
-        if not ("pool" in row and "quality" in row):
-            raise LabelError(f"{where}: give both 'pool' (a pool's name) and 'quality' (0..1), or neither")
-        out[_pool_name(row["pool"], where)] = _quality(row, "quality", where)
     if "pools" in row:
         given = row["pools"]
         if not isinstance(given, Mapping) or not given:
@@ -133,8 +130,8 @@ def _example(row: Any, where: str, default_source: str, pools: bool = False) -> 
     elif pools:
         weak = strong = math.nan
     else:
-        raise LabelError(f"{where}: give 'needs_flagship' (0..1), both 'micro' and 'flagship' (0..1), or a named "
-                         "pool's quality ('pool' and 'quality', or 'pools': {name: quality})")
+        raise LabelError(f"{where}: give 'needs_flagship' (0..1), both 'micro' and 'flagship' (0..1), or named "
+                         "pools' qualities ('pools': {name: quality})")
     source = row.get("source", default_source)
     if not isinstance(source, str) or not source.strip():
         raise LabelError(f"{where}: field 'source' must be a non-empty string")

@@ -30,7 +30,7 @@ def test_a_label_of_the_code_pool_moves_the_code_tier_alone_and_every_record_say
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", str(DEFAULT_ARTIFACT))
-    rows = label_rows([{"prompt": PROMPT, "pool": "code", "quality": 0}])
+    rows = label_rows([{"prompt": PROMPT, "pools": {"code": 0}}])
     add_label_rows(rows, tmp_path / "router" / "memory" / "shared.json", DEFAULT_ARTIFACT)
     upstreams = {name: FakeUpstream(f"{name}-model") for name in ("general", "code", "flagship")}
     with serve(upstreams["general"]) as g, serve(upstreams["code"]) as c, serve(upstreams["flagship"]) as f:

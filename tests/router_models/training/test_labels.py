@@ -41,9 +41,9 @@ def test_both_forms_and_messages(tmp_path: Path) -> None:
     ({"needs_flagship": 1}, "'prompt'"),
     ({"prompt": "x", "needs_flagship": 1.5}, "'needs_flagship' must be a number in \\[0, 1\\]"),
     ({"prompt": "x", "micro": 0.5}, "give 'needs_flagship'"),
-    ({"prompt": "x", "pool": "code"}, "give both 'pool'"),
-    ({"prompt": "x", "pool": "code", "quality": 2}, "'quality' must be a number in \\[0, 1\\]"),
-    ({"prompt": "x", "pool": "@micro", "quality": 1}, "not starting with '@'"),
+    ({"prompt": "x", "pool": "code"}, "give 'needs_flagship'"),  # a ledger row's "pool" is information only
+    ({"prompt": "x", "pools": {"code": 2}}, "pools: field 'code' must be a number in \\[0, 1\\]"),
+    ({"prompt": "x", "pools": {"@micro": 1}}, "not starting with '@'"),
     ({"prompt": "x", "pools": {}}, "'pools' must be an object"),
     ({"prompt": "x", "pools": {"code": "good"}}, "pools: field 'code' must be a number"),
     ({"prompt": "x", "micro": "high", "flagship": 1}, "'micro'"),
@@ -61,7 +61,7 @@ def test_bad_rows_name_line_and_field(tmp_path: Path, row: object, message: str)
 
 def test_labels_per_pool_are_read_and_a_row_of_pools_alone_gives_no_gap(tmp_path: Path) -> None:
     path = _write(tmp_path / "l.jsonl", [
-        {"prompt": "a", "pool": "code", "quality": 0},
+        {"prompt": "a", "pools": {"code": 0}, "pool": "general"},
         {"prompt": "b", "pools": {"general": 0.2, "code": 1}, "needs_flagship": 1},
         {"prompt": "c", "needs_flagship": 0},
     ])

@@ -51,7 +51,7 @@ def test_labels_are_appended_to_the_tenants_memory_and_conflicts_counted(tmp_pat
 def test_labels_per_pool_are_kept_beside_each_labels_micro_and_flagship_quality(tmp_path: Path) -> None:
     store = tmp_path / "store"
     rows = _labels(tmp_path / "a.jsonl", [{"prompt": "Write a Python function that reverses a list.",
-                                           "pool": "code", "quality": 0},
+                                           "pools": {"code": 0}},
                                           {"prompt": "Say hello.", "micro": 1.0, "flagship": 0.5,
                                            "pools": {"general": 1}}])
     assert _run("--labels", str(rows), "--store", str(store), "--artifact", str(DEFAULT_ARTIFACT)) == 0
