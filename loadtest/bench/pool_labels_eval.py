@@ -2,7 +2,8 @@
 
 For each held-out shared source with many models (`pool_map_costs.MODELS`): the map fitted without it and its
 7B-class, middle and frontier model placed from half of its prompts, exactly as `loadtest.bench.pool_map_eval`
-(same halves, same cached fits). The other half is split in two by prompt key: one quarter plays a user's labelled
+(same halves, same cached fits; `--place-rows N`: from N rows of that half, drawn seeded, as a pool placed from
+few of its own judged answers). The other half is split in two by prompt key: one quarter plays a user's labelled
 traffic, the other is routed. A label is a real graded outcome of one of the three models on a labelled prompt:
 - `one pool per label`: each labelled prompt labels one of the three pools, drawn at random (seeded), as a judge
   sampling served answers would;
@@ -63,7 +64,7 @@ def _moved(predicted: Floats, x: npt.NDArray[np.float32], labelled: npt.NDArray[
 
 
 def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path, embedder: str,
-                    embedding_dim: int, cfg: FitConfig, cache: Path) -> dict[str, Any]:
+                    embedding_dim: int, cfg: FitConfig, cache: Path, place_rows: int | None = None) -> dict[str, Any]:
     test = [i for i, ex in enumerate(examples) if ex.source == source]
     pool_map, _ = _fits(source, x, examples, embedder, cfg, cache)
     held = [examples[i] for i in test]
@@ -74,6 +75,8 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
     half = np.asarray([_half(ex) for ex in held])
     quarter = np.asarray([_quarter(ex) for ex in held])
     place = np.flatnonzero(usable & (half == 0))
+    if place_rows is not None:
+        place = np.random.default_rng(0).choice(place, size=min(place_rows, len(place)), replace=False)
     labelled = np.flatnonzero(usable & (half == 1) & (quarter == 0))
     routed = np.flatnonzero(usable & (half == 1) & (quarter == 1))
     positions = pool_map.positions(x[test])
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="what labels per pool buy a tiers trade (leave one source out)")
     parser.add_argument("--sources", default=",".join(MODELS))
     parser.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR)
+    parser.add_argument("--place-rows", type=int, default=None, help="place from this many rows (default: the half)")
     parser.add_argument("--out", type=Path, default=Path(".cascade/pool-labels-eval.json"))
     parser.add_argument("--cache", type=Path, default=Path(".cascade/pool-map-loso"), help="fitted maps kept here")
     args = parser.parse_args(argv)
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for source in args.sources.split(","):
         results.append(evaluate_source(source, x, examples, args.routing_dir, embedder.name, embedder.dim,
-                                       FitConfig(), args.cache))
+                                       FitConfig(), args.cache, args.place_rows))
         print_result(results[-1])
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,9 @@ skipped; blank lines are ignored.
 
 With a label memory (`--memory NAME`: "shared" or a tenant's, `memory_apply.attach_named`), each score is moved by it
 exactly as the gateway moves a served request's (`memory_apply.request_rows` and `MemoryRouter.adjust`), the pool
-follows the moved score, and the line also carries "router_score" (the score before the move).
+follows the moved score, and the line also carries "router_score" (the score before the move). Only the memory's
+gap labels move a score, as in the gateway; its labels per pool move a tiers policy's tiers (`cascade router route
+--memory`).
 """
 
 from __future__ import annotations
