@@ -34,7 +34,7 @@ from loadtest.bench.pool_map_eval import _fits, _half, _table, route_sweep
 from router_models.embedders.factory import make_embedder
 from router_models.serving.artifact import load_artifact
 from router_models.serving.label_memory import LabelMemory, MemoryParams
-from router_models.serving.placement import fit_ability
+from router_models.serving.placement import fit_ability, placement_prior
 from router_models.serving.pool_labels import PoolLabels
 from router_models.serving.pool_map import quality_logits
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, load_outcomes
@@ -80,7 +80,7 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
     labelled = np.flatnonzero(usable & (half == 1) & (quarter == 0))
     routed = np.flatnonzero(usable & (half == 1) & (quarter == 1))
     positions = pool_map.positions(x[test])
-    prior = (np.asarray(pool_map.prior_mean), np.asarray(pool_map.prior_sd))
+    prior = placement_prior(pool_map, len(place))  # as `cascade router place` places a pool from these rows
     ability = np.stack([fit_ability(positions[place], outcome[place, j], *prior)[0] for j in range(3)])
     predicted = 1.0 / (1.0 + np.exp(-quality_logits(positions, ability)))
     one = np.full((len(labelled), 3), np.nan)

@@ -9,8 +9,12 @@ the curve as the harness does (mean margin over the hull of single models, quali
 - `domains x0.5`: the domain axes' prior spread halved (the overall ability as before): fewer rows say less about
   domains than about overall strength;
 - `overall only`: the domain abilities held at the prior mean (spread ~0), only the overall ability fitted;
+- `domains x0.25`: a quarter;
 - `prior x2`: every spread doubled (a weaker prior);
-- `all rows`: the whole placement half, as the harness's first row (the reference a few-row placement falls from).
+- `by rows`: `placement.placement_prior`, what `cascade router place` uses (the domain axes' spread times
+  min(1, sqrt(rows / 400))).
+Each prior also places from the whole placement half (`all rows`, as the harness's first row): a prior that helps
+few rows must not cost many.
 Same maps, halves and costs as the harness (its cached fits).
 
     python -m loadtest.bench.pool_map_few [--sources mmlu-pro] [--draws 20] [--rows 100]
@@ -31,7 +35,7 @@ from loadtest.bench.pool_map_costs import MODELS, cost_matrix
 from loadtest.bench.pool_map_eval import FEW_ROWS, _fits, _half, _table, route_sweep
 from router_models.embedders.factory import make_embedder
 from router_models.serving.artifact import load_artifact
-from router_models.serving.placement import fit_ability
+from router_models.serving.placement import FULL_PRIOR_ROWS, fit_ability
 from router_models.serving.pool_map import quality_logits
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, load_outcomes
 from router_models.training.pool_map_fit import FitConfig
@@ -43,16 +47,22 @@ Floats = npt.NDArray[np.float64]
 
 
 def _domains(scale: float) -> Any:
-    def prior(mean: Floats, sd: Floats) -> tuple[Floats, Floats]:
+    def prior(mean: Floats, sd: Floats, rows: int) -> tuple[Floats, Floats]:
         return mean, np.concatenate([sd[:1], np.maximum(sd[1:] * scale, 1e-3)])
     return prior
 
 
+def _by_rows(mean: Floats, sd: Floats, rows: int) -> tuple[Floats, Floats]:
+    return mean, np.concatenate([sd[:1], np.maximum(sd[1:] * min(1.0, np.sqrt(rows / FULL_PRIOR_ROWS)), 1e-3)])
+
+
 PRIORS: dict[str, Any] = {
-    "map prior": lambda mean, sd: (mean, sd),
+    "map prior": lambda mean, sd, rows: (mean, sd),
     "domains x0.5": _domains(0.5),
+    "domains x0.25": _domains(0.25),
     "overall only": _domains(0.0),
-    "prior x2": lambda mean, sd: (mean, sd * 2.0),
+    "prior x2": lambda mean, sd, rows: (mean, sd * 2.0),
+    "by rows": _by_rows,
 }
 
 
@@ -84,8 +94,8 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
     for _ in range(draws):
         sample = rng.choice(place, size=min(rows, len(place)), replace=False)
         for name, prior in PRIORS.items():
-            out[name].append(row(sample, prior(mean, sd)))
-    whole = row(place, (mean, sd))
+            out[name].append(row(sample, prior(mean, sd, len(sample))))
+    whole = {name: row(place, prior(mean, sd, len(place))) for name, prior in PRIORS.items()}
     summary = {name: {key: (float(np.mean([d[key] for d in got])), float(np.std([d[key] for d in got])))
                       for key in ("margin", "min_margin", "q30")} for name, got in out.items()}
     return {"source": source, "rows": rows, "draws": draws, "placed_on": len(place), "routed": len(route),
@@ -94,13 +104,13 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
 
 def print_result(r: dict[str, Any]) -> None:
     print(f"\n{r['source']}: {r['draws']} draws of {r['rows']} rows of {r['placed_on']}, routed {r['routed']}")
-    print(f"  {'prior':<14} margin over hull mean (sd over draws)  lowest margin mean   q@30% mean (sd)")
+    print(f"  {'prior':<14} margin over hull mean (sd over draws)  lowest margin mean   q@30% mean (sd)   "
+          "all rows: margin / lowest / q@30%")
     for name, s in r["summary"].items():
+        a = r["all_rows"][name]
         print(f"  {name:<14} {s['margin'][0]:+.4f} ({s['margin'][1]:.4f})               {s['min_margin'][0]:+.4f}"
-              f"             {s['q30'][0]:.3f} ({s['q30'][1]:.3f})")
-    a = r["all_rows"]
-    print(f"  {'all rows':<14} {a['margin']:+.4f}                        {a['min_margin']:+.4f}             "
-          f"{a['q30']:.3f}")
+              f"             {s['q30'][0]:.3f} ({s['q30'][1]:.3f})     {a['margin']:+.4f} / {a['min_margin']:+.4f} / "
+              f"{a['q30']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
