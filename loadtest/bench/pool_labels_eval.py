@@ -53,10 +53,9 @@ def _quarter(ex: Example) -> int:
 
 
 def _moved(predicted: Floats, x: npt.NDArray[np.float32], labelled: npt.NDArray[np.intp],
-           routed: npt.NDArray[np.intp], qualities: Floats, embedding_dim: int) -> Floats:
+           routed: npt.NDArray[np.intp], qualities: Floats, embedding_dim: int, params: MemoryParams) -> Floats:
     """Routed rows' predictions moved by labels `qualities` (labelled rows x tiers, NaN where unlabelled)."""
-    memory = LabelMemory(x[labelled], np.full(len(labelled), np.nan), embedding_dim, MemoryParams(), (), TIERS,
-                         qualities)
+    memory = LabelMemory(x[labelled], np.full(len(labelled), np.nan), embedding_dim, params, (), TIERS, qualities)
     pools = PoolLabels.of(memory)
     assert pools is not None
     moves = pools.on(TIERS, predicted[labelled]).moves(x[routed])
@@ -64,7 +63,9 @@ def _moved(predicted: Floats, x: npt.NDArray[np.float32], labelled: npt.NDArray[
 
 
 def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path, embedder: str,
-                    embedding_dim: int, cfg: FitConfig, cache: Path, place_rows: int | None = None) -> dict[str, Any]:
+                    embedding_dim: int, cfg: FitConfig, cache: Path, place_rows: int | None = None,
+                    params: MemoryParams | None = None) -> dict[str, Any]:
+    params = params or MemoryParams()
     test = [i for i, ex in enumerate(examples) if ex.source == source]
     pool_map, _ = _fits(source, x, examples, embedder, cfg, cache)
     held = [examples[i] for i in test]
@@ -88,8 +89,8 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
     one[np.arange(len(labelled)), drawn] = outcome[labelled, drawn]
     rows = x[test]
     variants = {"no labels": predicted[routed],
-                "one pool per label": _moved(predicted, rows, labelled, routed, one, embedding_dim),
-                "every pool": _moved(predicted, rows, labelled, routed, outcome[labelled], embedding_dim)}
+                "one pool per label": _moved(predicted, rows, labelled, routed, one, embedding_dim, params),
+                "every pool": _moved(predicted, rows, labelled, routed, outcome[labelled], embedding_dim, params)}
     c, y = cost[routed], outcome[routed]
     curves = {name: route_sweep(p, c, y) for name, p in variants.items()}
     singles = [(float(c[:, j].mean()), float(y[:, j].mean())) for j in range(3)]
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sources", default=",".join(MODELS))
     parser.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR)
     parser.add_argument("--place-rows", type=int, default=None, help="place from this many rows (default: the half)")
+    parser.add_argument("--prior", type=float, default=MemoryParams().prior, help="the memory's pseudo-count")
     parser.add_argument("--out", type=Path, default=Path(".cascade/pool-labels-eval.json"))
     parser.add_argument("--cache", type=Path, default=Path(".cascade/pool-map-loso"), help="fitted maps kept here")
     args = parser.parse_args(argv)
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for source in args.sources.split(","):
         results.append(evaluate_source(source, x, examples, args.routing_dir, embedder.name, embedder.dim,
-                                       FitConfig(), args.cache, args.place_rows))
+                                       FitConfig(), args.cache, args.place_rows, MemoryParams(prior=args.prior)))
         print_result(results[-1])
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
