@@ -240,6 +240,8 @@ def _traded(policy: Policy, ctx: RouteContext, trade: Trade) -> Base:
     usable = [e for e in trade.estimates if allowed is None or e.pool in allowed] or list(trade.estimates)
     best = choose(usable, trade.tradeoff)
     why = f"best trade at tradeoff {trade.tradeoff:g} among {len(usable)} tier(s): {estimates_text(usable)}"
+    if trade.memory:
+        why += f" (label memory {trade.memory} applied)"
     reason = (f"predicted quality {best.quality:.3f} at expected ${best.cost_usd:.6f} on {best.pool!r} "
               f"(tradeoff {trade.tradeoff:g})")
     return best.pool, "trade", reason, (RouteStep("trade", best.pool, why),)

@@ -127,13 +127,17 @@ def render_explanation(exp: Explanation, score_source: str) -> list[str]:
 
 
 def _tier_lines(d: RouteDecision) -> list[str]:
-    """Every tier's predicted quality and expected cost, and the trade it gives (a tiers policy's decision)."""
+    """Every tier's predicted quality (and a label memory's move of it, included) and expected cost, and the trade
+    it gives (a tiers policy's decision)."""
     if d.trade is None:
         return []
     lines = [f"tiers:    predicted quality and expected cost (tradeoff {d.trade.tradeoff:g}: quality - tradeoff x USD)"]
+    if d.trade.memory:
+        lines.append(f"  label memory {d.trade.memory} applied (a tier it moved shows the move in brackets)")
     chosen = next((step.pool for step in d.route if step.step == "trade"), None)
     for e in d.trade.estimates:
         mark = "  <- the trade" if e.pool == chosen else ""
-        lines.append(f"  {e.pool}: quality {e.quality:.3f}, expected ${e.cost_usd:.6f}, "
+        moved = f" (label memory {e.memory:+.3f})" if e.memory else ""
+        lines.append(f"  {e.pool}: quality {e.quality:.3f}{moved}, expected ${e.cost_usd:.6f}, "
                      f"trade {e.quality - d.trade.tradeoff * e.cost_usd:.4f}{mark}")
     return lines

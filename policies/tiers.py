@@ -13,11 +13,13 @@ Contract:
 - `solve_tradeoff` sets the tradeoff on a window of requests so that their mean expected cost per 1,000 requests
   is at most a target (`routing.cost_per_1k`): the gateway holds it live across workers
   (`gateway.control.live_tradeoff`), `cascade router route --cost-per-1k` on its input.
-- A label memory moves a tiers trade as it moves a score (`remembered`): its move of the quality gap bottom ->
-  top tier (`gap`, on the memory's [0, 1] gap-target scale: half the gap) lowers the bottom tier's quality by `gap`,
-  raises the top tier's by as much and shifts a middle tier by its place between them, so a move towards "needs a
-  stronger model" never sends a request to a cheaper tier. Labels record a gap, not which end was wrong, so the
-  shift is split evenly between the ends (docs/policies.md, "Label memory with tiers").
+- A label memory moves a tiers trade by its labels per pool (`moved`): each tier's predicted quality by that tier's
+  own labels near the request (`router_models.serving.pool_labels`; a label of the micro and flagship quality
+  labels the first and the last tier). A memory written before labels per pool records only gaps; it moves the
+  trade as it moves a score (`remembered`): its move of the quality gap bottom -> top tier (`gap`, on the memory's
+  [0, 1] gap-target scale: half the gap) lowers the bottom tier's quality by `gap`, raises the top tier's by as
+  much and shifts a middle tier by its place between them (docs/policies.md, "Label memory with tiers"). Either
+  way each estimate keeps the move it got (`TierEstimate.memory`), which `estimates_text` shows.
 - Failover, context fit and the cascade move along the tiers (`neighbours`: the next tier up, then down, then
   further out; `tier_above`: one up).
 """
@@ -30,34 +32,40 @@ from dataclasses import dataclass
 from policies.money import Price
 from policies.schema import Policy
 
-__all__ = ["TierEstimate", "Trade", "choose", "estimates_text", "expected_completion", "expected_cost_usd",
+__all__ = ["TierEstimate", "Trade", "choose", "estimates_text", "expected_completion", "expected_cost_usd", "moved",
            "neighbours", "parse_estimates", "remembered", "solve_tradeoff", "tier_above", "tier_problems", "tiers_of"]
 
 
 @dataclass(frozen=True, slots=True)
 class TierEstimate:
-    """One tier's prediction for one request: `quality` P(good answer) in [0, 1], `cost_usd` its expected cost."""
+    """One tier's prediction for one request: `quality` P(good answer) in [0, 1], `cost_usd` its expected cost,
+    `memory` how far a label memory moved the quality (included in `quality`; 0: not moved)."""
 
     pool: str
     quality: float
     cost_usd: float
+    memory: float = 0.0
 
     def __str__(self) -> str:
-        return f"{self.pool}={self.quality:.3f}/${self.cost_usd:.6f}"
+        moved = f" (memory {self.memory:+.3f})" if self.memory else ""
+        return f"{self.pool}={self.quality:.3f}/${self.cost_usd:.6f}{moved}"
 
 
 @dataclass(frozen=True, slots=True)
 class Trade:
     """Every tier's estimate for one request (in tier order) and the tradeoff in force (the policy's, or the live
-    value that holds `routing.cost_per_1k`)."""
+    value that holds `routing.cost_per_1k`); `memory`: the label memory that moved the estimates ("name@labels"; ""
+    when none did)."""
 
     estimates: tuple[TierEstimate, ...]
     tradeoff: float
+    memory: str = ""
 
 
 def estimates_text(estimates: Sequence[TierEstimate]) -> str:
     """The estimates as the `x-cascade-tiers` header and the cost record carry them:
-    "general=0.670/$0.000120, code=0.610/$0.000150, flagship=0.950/$0.005100"."""
+    "general=0.670/$0.000120, code=0.610/$0.000150, flagship=0.950/$0.005100"; a tier a label memory moved also
+    says by how much: "general=0.570/$0.000120 (memory -0.100)"."""
     return ", ".join(str(e) for e in estimates)
 
 
@@ -67,14 +75,17 @@ def parse_estimates(text: str) -> tuple[TierEstimate, ...]:
     out: list[TierEstimate] = []
     for item in text.split(", ") if text else ():
         pool, _, rest = item.partition("=")
+        rest, memory, move = rest.partition(" (memory ")
         quality, _, cost = rest.partition("/$")
         try:
-            estimate = TierEstimate(pool, float(quality), float(cost))
+            estimate = TierEstimate(pool, float(quality), float(cost),
+                                    float(move.removesuffix(")")) if memory and move.endswith(")") else 0.0)
         except ValueError:
             estimate = None
-        if estimate is None or not pool or not 0 <= estimate.quality <= 1 or not estimate.cost_usd >= 0:
+        if (estimate is None or not pool or not 0 <= estimate.quality <= 1 or not estimate.cost_usd >= 0
+                or (memory and not move.endswith(")"))):
             raise ValueError(f"tier prediction {item!r} is not pool=quality/$cost (as x-cascade-tiers shows it: "
-                             "\"general=0.670/$0.000120\")")
+                             "\"general=0.670/$0.000120\", or \"general=0.570/$0.000120 (memory -0.100)\")")
         out.append(estimate)
     return tuple(out)
 
@@ -112,8 +123,20 @@ def remembered(estimates: Sequence[TierEstimate], gap: float) -> tuple[TierEstim
     n = len(estimates)
     if gap == 0 or n < 2:
         return tuple(estimates)
-    return tuple(TierEstimate(e.pool, min(max(e.quality + gap * (2 * i / (n - 1) - 1), 0.0), 1.0), e.cost_usd)
-                 for i, e in enumerate(estimates))
+    return moved(estimates, [gap * (2 * i / (n - 1) - 1) for i in range(n)])
+
+
+def moved(estimates: Sequence[TierEstimate], moves: Sequence[float]) -> tuple[TierEstimate, ...]:
+    """`estimates` (tier order) each moved by its label memory's move (one per tier, `router_models.serving.
+    pool_labels.TierLabels.moves`), each quality kept in [0, 1]; `TierEstimate.memory` the move made (after the
+    clip). A tier moved by 0 is kept as it was."""
+    if len(moves) != len(estimates):
+        raise ValueError(f"{len(moves)} memory moves for {len(estimates)} tiers")
+    out = []
+    for e, move in zip(estimates, moves, strict=True):
+        quality = min(max(e.quality + float(move), 0.0), 1.0)
+        out.append(e if move == 0 else TierEstimate(e.pool, quality, e.cost_usd, e.memory + quality - e.quality))
+    return tuple(out)
 
 
 def _mean_cost(window: Sequence[Sequence[TierEstimate]], tradeoff: float) -> float:

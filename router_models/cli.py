@@ -104,14 +104,14 @@ def _memory_add(args: argparse.Namespace) -> int:
     from router_models.serving.artifact import default_store_dir
     from router_models.training.label_checks import check_ids_in_ledger, find_contradictions
     from router_models.training.labels import LabelError, read_label_rows
-    from router_models.training.memory_build import SHARED, add_labels, memory_path
+    from router_models.training.memory_build import SHARED, add_label_rows, memory_path
 
     try:
         path = memory_path(args.store or default_store_dir(), args.tenant or SHARED)
         rows = [row for label_file in args.labels for row in read_label_rows(label_file, tenant=args.tenant)]
         if args.check_ids:
             check_ids_in_ledger(rows, args.redis_url, args.redis_prefix, args.tenant)
-        update = add_labels([row.example for row in rows], path, args.artifact)
+        update = add_label_rows(rows, path, args.artifact)
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     except RedisError as exc:

@@ -274,6 +274,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "predicted quality instead of the classifier's pool map")
     e.add_argument("--tradeoff", type=float, help="with routing.tiers: the tradeoff to decide with (default: the "
                    "policy's; a cost_per_1k policy: solved on this request)")
+    e.add_argument("--memory", metavar="NAME", default=None, help="with routing.tiers: move the predictions by this "
+                   "label memory (\"shared\" or a tenant's; default: the one the policy's learning.label_memory.scope "
+                   "gives --tenant)")
+    e.add_argument("--store", type=Path, default=None, help="the store label memories live in (<store>/memory; "
+                   "default $CASCADE_HOME/router)")
     e.set_defaults(func=_explain)
     st = sub.add_parser("status", help="what a running gateway serves beside what its policy file holds, its last "
                         "reload and its routing threshold; exit 1 when the file does not match")

@@ -1,12 +1,19 @@
 """What `cascade policy explain` predicts for each tier of a `routing.tiers` policy: the gateway's own estimates
 (`gateway.serving.tier_trade`) from the shipped classifier's feature row and pool map, or qualities given with
 `--quality POOL=Q,...`; the tradeoff is `--tradeoff`, else the policy's (a `cost_per_1k` policy: solved on this
-request alone, as the gateway does before its window fills)."""
+request alone, as the gateway does before its window fills).
+
+The predicted estimates are moved by the label memory the gateway would apply (`gateway.serving.label_memories`:
+the policy's `learning.label_memory.scope` for `--tenant`, or `--memory NAME`), read from `--store` (default: the
+served store), exactly as the gateway's router moves them (`LabelMemories.adjust`, then `move_tiers`); each tier's
+move shows beside its quality. A `--memory` that names no memory is refused with the memories there are; a memory
+the scope names and the store lacks moves nothing, as in the gateway."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from gateway.serving.placements import with_placements
@@ -15,7 +22,9 @@ from policies.context import RouteContext
 from policies.loader import LoadedPolicy
 from policies.tiers import TierEstimate, Trade, expected_completion, expected_cost_usd, solve_tradeoff
 
-__all__ = ["explain_trade", "given_qualities"]
+_Predicted = tuple[tuple[TierEstimate, ...], str]  # the estimates, and the label memory that moved them ("": none)
+
+__all__ = ["explain_trade", "given_qualities", "memory_name"]
 
 
 def given_qualities(text: str) -> dict[str, float]:
@@ -42,21 +51,70 @@ def _given(loaded: LoadedPolicy, ctx: RouteContext, qualities: dict[str, float])
                                                                  expected_completion(policy, p))) for p in tiers)
 
 
-def _predicted(loaded: LoadedPolicy, ctx: RouteContext, messages: Any) -> tuple[TierEstimate, ...] | None:
-    """The gateway's estimates from the shipped classifier (None: it carries no pool map or keeps no row)."""
+def memory_name(loaded: LoadedPolicy, tenant: str, given: str | None) -> str | None:
+    """The label memory the gateway applies to `tenant`'s requests under `loaded` (`learning.label_memory.scope`),
+    or the one `given`; None for none."""
+    from router_models.serving.memory_file import SHARED
+
+    if given is not None:
+        return given
+    scope = loaded.policy.learning.label_memory.scope
+    return None if scope == "none" else tenant if scope == "tenant" else SHARED
+
+
+def _memory_folder(store: Path | None, name: str, given: bool) -> Path | None:
+    """`<store>/memory`; ValueError for a `given` name that is malformed or names no memory there (a tenant whose
+    name is no memory name gets none, as in the gateway: None)."""
+    from router_models.serving.artifact import default_store_dir
+    from router_models.serving.memory_apply import memory_names
+    from router_models.serving.memory_file import memory_path
+
+    root = store or default_store_dir()
+    try:
+        path = memory_path(root, name)
+    except ValueError as exc:
+        if given:
+            raise ValueError(f"--memory: {exc}") from exc
+        return None
+    if given and not path.is_file():
+        there = memory_names(root)
+        raise ValueError(f"--memory {name!r}: no label memory {path} (memories in {path.parent}: "
+                         f"{', '.join(there) if there else 'none'})")
+    return path.parent
+
+
+def _predicted(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: argparse.Namespace) -> _Predicted | None:
+    """The gateway's estimates from the shipped classifier, moved by the label memory it would apply (module
+    docstring); None: it carries no pool map or keeps no row."""
+    from gateway.serving.label_memories import LabelMemories
     from router_models.serving.classifier_scorer import load_scorer
     from router_models.serving.scorer import ScorerViews, read_conversation
 
     placed = with_placements(loaded)
+    given = getattr(args, "memory", None)
+    name = memory_name(loaded, ctx.tenant, given)
+    folder = None if name is None else _memory_folder(getattr(args, "store", None), name, given is not None)
 
-    async def run() -> tuple[TierEstimate, ...] | None:
+    async def run() -> _Predicted | None:
         scorer = load_scorer()
         try:
             conversation = read_conversation(messages)
-            await scorer.score_one(*conversation)
-            source, model = ScorerViews.of(scorer).features, map_of(scorer)
-            row = None if source is None else source.features(*conversation)
-            return None if row is None or model is None else tier_estimates(placed, ctx, model, row)
+            score, _ = await scorer.score_one(*conversation)
+            views, model = ScorerViews.of(scorer), map_of(scorer)
+            row = None if views.features is None else views.features.features(*conversation)
+            estimates = None if row is None or model is None else tier_estimates(placed, ctx, model, row)
+            if estimates is None or row is None or model is None or folder is None or name is None:
+                return None if estimates is None else (estimates, "")
+            memories = LabelMemories(folder, lambda: scorer)
+            await memories.refresh()
+            text, shape = conversation
+            memory = memories.adjust(name, views, text, score, shape)
+            if memory is None:
+                return estimates, ""
+            tiers = placed.policy.routing.tiers or ()
+            moved = await memories.move_tiers(memory, estimates, row, tuple(placed.placements[p] for p in tiers),
+                                              model)
+            return moved, f"{memory.name}@{memory.labels}"
         finally:
             await scorer.aclose()
 
@@ -69,15 +127,16 @@ def explain_trade(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: 
     routing = loaded.policy.routing
     if not routing.tiers:
         return None
-    estimates = (_given(loaded, ctx, args.quality) if args.quality is not None
-                 else _predicted(loaded, ctx, messages))
-    if estimates is None:
+    found = (_given(loaded, ctx, args.quality), "") if args.quality is not None else _predicted(loaded, ctx,
+                                                                                                messages, args)
+    if found is None:
         return None
+    estimates, memory = found
     if args.tradeoff is not None:
         if not args.tradeoff >= 0:
             raise ValueError(f"--tradeoff {args.tradeoff} is negative: it is the quality one USD of expected cost "
                              "is worth, >= 0 (0 picks the best predicted quality whatever it costs)")
-        return Trade(estimates, args.tradeoff)
+        return Trade(estimates, args.tradeoff, memory)
     if routing.cost_per_1k is not None:
-        return Trade(estimates, solve_tradeoff([estimates], routing.cost_per_1k / 1e6))
-    return Trade(estimates, routing.tradeoff or 0.0)
+        return Trade(estimates, solve_tradeoff([estimates], routing.cost_per_1k / 1e6), memory)
+    return Trade(estimates, routing.tradeoff or 0.0, memory)

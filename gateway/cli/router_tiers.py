@@ -10,10 +10,12 @@ the best trade (`policies.tiers.choose`). The tradeoff: `--tradeoff` (the qualit
 request is worth; 0 = the best predicted quality whatever it costs), else `--cost-per-1k` (solved on the input
 itself, `policies.tiers.solve_tradeoff`, so its mean expected cost per 1,000 requests is at most that), else the
 policy's. Input lines: {"id", "prompt" | "messages"}; output per line: {"id", "pool", "predicted": {pool: quality},
-"expected_cost_usd": {pool: usd}}. With `--memory NAME` ("shared" or a tenant's label memory) the router's score of
-each prompt is moved by that memory exactly as the gateway moves it (`router_models.serving.memory_apply`) and every
-tier's prediction is shifted by the move as the gateway's trade is (`policies.tiers.remembered`); each line then also
-carries "gap_move" (the move on the memory's gap scale). (Lives beside the gateway's CLI because it reads policies,
+"expected_cost_usd": {pool: usd}}. With `--memory NAME` ("shared" or a tenant's label memory) every tier's
+prediction is moved by that memory exactly as the gateway's trade is: by the memory's labels per pool
+(`router_models.serving.pool_labels`, `policies.tiers.moved`), or, for a memory without them, by the move of the
+router's score (`router_models.serving.memory_apply`, `policies.tiers.remembered`); each line then also carries
+"memory_move" ({pool: the move of its predicted quality}) and "gap_move" (the score's move on the memory's gap
+scale). (Lives beside the gateway's CLI because it reads policies,
 which `router_models` may not import.)
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,12 +34,24 @@ import numpy.typing as npt
 
 from policies.context import estimate_tokens, prompt_text_of
 from policies.loader import LoadedPolicy, PolicyError, default_policy_path, load_policy
-from policies.tiers import TierEstimate, choose, expected_completion, expected_cost_usd, remembered, solve_tradeoff
+from policies.tiers import (
+    TierEstimate,
+    choose,
+    expected_completion,
+    expected_cost_usd,
+    moved,
+    remembered,
+    solve_tradeoff,
+)
 
 if TYPE_CHECKING:
     from router_models.serving.classifier import LinearRouter
 
-__all__ = ["memory_gaps", "register", "route_rows"]
+__all__ = ["MemoryMoves", "memory_moves", "register", "route_rows"]
+
+MemoryMoves = tuple[npt.NDArray[np.float64], "npt.NDArray[np.float64] | None"]
+"""A label memory's moves of each input row: the score's on the gap scale (n,), and each tier's of its predicted
+quality (n, tiers) when the memory has labels per pool (else None)."""
 
 
 class RouteError(ValueError):
@@ -81,17 +96,18 @@ def _read(path: Path) -> list[tuple[Any, str, Any, int]]:
 
 def route_rows(loaded: LoadedPolicy, quality: npt.NDArray[np.float64], tokens: list[int],
                tradeoff: float | None, cost_per_1k: float | None,
-               gaps: npt.NDArray[np.float64] | None = None) -> tuple[list[tuple[TierEstimate, ...]], float]:
-    """Every row's tier estimates (shifted by its label memory's move, `gaps`) and the tradeoff in force (module
-    docstring). `RouteError` for a negative tradeoff or a cost target below what the cheapest tier of every row
-    costs."""
+               memory: MemoryMoves | None = None) -> tuple[list[tuple[TierEstimate, ...]], float]:
+    """Every row's tier estimates (moved by its label memory's moves, `memory`, as the gateway's trade) and the
+    tradeoff in force (module docstring). `RouteError` for a negative tradeoff or a cost target below what the
+    cheapest tier of every row costs."""
     policy = loaded.policy
     tiers = policy.routing.tiers or ()
-    moves = np.zeros(len(tokens)) if gaps is None else gaps
-    rows = [remembered([TierEstimate(p, float(q), expected_cost_usd(policy.pools[p].price, n,
-                                                                    expected_completion(policy, p)))
-                        for p, q in zip(tiers, row, strict=True)], float(gap))
-            for row, n, gap in zip(quality, tokens, moves, strict=True)]
+    rows = [tuple(TierEstimate(p, float(q), expected_cost_usd(policy.pools[p].price, n, expected_completion(policy, p)))
+                  for p, q in zip(tiers, row, strict=True)) for row, n in zip(quality, tokens, strict=True)]
+    if memory is not None:
+        gaps, per_tier = memory
+        rows = [remembered(row, float(gaps[i])) if per_tier is None else moved(row, per_tier[i])
+                for i, row in enumerate(rows)]
     if tradeoff is not None:
         if not tradeoff >= 0:
             raise RouteError(f"--tradeoff {tradeoff} is negative: it is the quality one USD of expected cost per "
@@ -127,28 +143,36 @@ def _route(args: argparse.Namespace) -> int:
         x = feature_matrix(embedder.embed(texts), texts, [r[2] for r in rows])
         tiers = loaded.policy.routing.tiers or ()
         predicted = quality(pool_map, x, [loaded.placements[p] for p in tiers])
-        gaps = None if args.memory is None else memory_gaps(router.router, embedder.name, x, args.store, args.memory)
+        placements = [loaded.placements[p] for p in tiers]
+        memory = None if args.memory is None else memory_moves(router.router, embedder.name, x, args.store,
+                                                               args.memory, tiers, lambda v: quality(pool_map, v,
+                                                                                                     placements))
         estimates, tradeoff = route_rows(loaded, predicted, [r[3] for r in rows], args.tradeoff, args.cost_per_1k,
-                                         gaps)
+                                         memory)
     except (PolicyError, RouteError, PlacementError, ArtifactError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _write(args.out, rows, estimates, tradeoff, gaps)
+    _write(args.out, rows, estimates, tradeoff, None if memory is None else memory[0])
     return 0
 
 
-def memory_gaps(router: LinearRouter, embedder: str, x: npt.NDArray[np.float32], store: Path | None,
-                name: str) -> npt.NDArray[np.float64]:
-    """Each feature row's label-memory move on the gap scale: memory `name` of `store` (default: the served
-    store; its vectors `embedder`'s) attached to `router` moves its score as the gateway's does (`memory_apply`)."""
+def memory_moves(router: LinearRouter, embedder: str, x: npt.NDArray[np.float32], store: Path | None, name: str,
+                 tiers: Sequence[str], predict: Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float64]],
+                 ) -> MemoryMoves:
+    """Memory `name` of `store`'s (default: the served store; its vectors `embedder`'s) moves of feature rows `x`,
+    as the gateway's (`MemoryMoves`): attached to `router`, it moves each score (`memory_apply`), and its labels per
+    pool move each of `tiers` against `predict` (rows -> (rows, tiers) predicted quality: the map and the tiers'
+    placements the rows are predicted with; `pool_labels`)."""
     from router_models.serving.artifact import default_store_dir
     from router_models.serving.memory_apply import attach_named, gap_moves, request_rows
 
     attached = attach_named(store or default_store_dir(), name, router, embedder)
-    rows = request_rows(attached, x[:, :attached.memory.embedding_dim], x)
+    rows = request_rows(attached.score, x[:, :attached.memory.embedding_dim], x)
     assert rows is not None  # both given
     before = router.predict_proba(x)
-    return gap_moves(attached, before, attached.adjust(rows, before))
+    gaps = gap_moves(attached.score, before, attached.score.adjust(rows, before))
+    pools = attached.pools
+    return gaps, None if pools is None else pools.on(tiers, predict(pools.rows)).moves(x)
 
 
 def _write(out: Path, rows: list[tuple[Any, str, Any, int]], estimates: list[tuple[TierEstimate, ...]],
@@ -160,6 +184,7 @@ def _write(out: Path, rows: list[tuple[Any, str, Any, int]], estimates: list[tup
                                     "predicted": {e.pool: round(e.quality, 6) for e in row},
                                     "expected_cost_usd": {e.pool: round(e.cost_usd, 9) for e in row}}
             if gaps is not None:
+                line["memory_move"] = {e.pool: round(e.memory, 6) for e in row}
                 line["gap_move"] = round(float(gaps[i]), 6)
             fh.write(json.dumps(line) + "\n")
     n = len(picks)

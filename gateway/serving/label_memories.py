@@ -20,6 +20,11 @@ loop); anything else keeps its score. A scorer that keeps no feature rows refuse
 calls `adjust_off_loop`: the request's kept row is read on the event loop, and a memory of more than `INLINE_LABELS`
 labels is moved in a worker thread, batched with the moves waiting beside it (`memory_batches`: the move's cost grows
 with the labels; the loop serves every other request meanwhile).
+
+A memory's labels per pool (`router_models.serving.pool_labels`) move a `routing.tiers` policy's tiers (`tier_moves`):
+each tier's predicted quality by that tier's labels near the request, against the quality model and placements the
+request was predicted with (their residuals computed once per memory, map and placements, and kept); in a worker
+thread past `inline_labels` labels, as the score's move.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ import numpy.typing as npt
 
 from backends.background import stop
 from gateway.serving.memory_batches import MoveBatcher
+from gateway.serving.tier_trade import QualityModel
+from policies.tiers import TierEstimate, moved, remembered
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
-from router_models.serving.label_memory import MemoryRouter
-from router_models.serving.memory_apply import attach_file, gap_moves, request_rows
+from router_models.serving.memory_apply import AttachedMemory, attach_file, gap_moves, request_rows
+from router_models.serving.pool_labels import TierLabels
 from router_models.serving.scorer import ConversationShape, Scorer, ScorerViews
 
 __all__ = ["INLINE_LABELS", "LabelMemories", "MemoryScore"]
@@ -89,7 +96,9 @@ class LabelMemories:
         self._moves = MoveBatcher()
         self._current = current
         self._interval = interval_s
-        self._attached: dict[str, MemoryRouter] = {}
+        self._attached: dict[str, AttachedMemory] = {}
+        self._tiers: dict[str, tuple[tuple[object, ...], TierLabels]] = {}  # per memory: its residuals, and against
+        # which labels, quality model and placements (by identity: a reload or a router swap brings new ones)
         self._stamps: dict[str, _Stamp] = {}
         self._base: LinearRouter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -112,7 +121,7 @@ class LabelMemories:
     def labels(self, name: str) -> int:
         """Labels in memory `name` as loaded now (0: none loaded)."""
         attached = self._attached.get(name)
-        return 0 if attached is None else len(attached.memory)
+        return 0 if attached is None else attached.labels
 
     def adjust(self, name: str, views: ScorerViews, text: str, score: float,
                shape: ConversationShape | None = None) -> MemoryScore | None:
@@ -133,24 +142,62 @@ class LabelMemories:
         if found is None:
             return None
         attached, row = found
-        if len(attached.memory) <= self.inline_labels:
+        if attached.labels <= self.inline_labels:
             return self._inline(name, attached, row, score)
-        return _moved(attached, name, score, await self._moves.move(attached, row, score))
+        return _moved(attached, name, score, await self._moves.move(attached.score, row, score))
 
-    def _inline(self, name: str, attached: MemoryRouter, row: npt.NDArray[np.float32], score: float) -> MemoryScore:
-        moved = _moved(attached, name, score, float(attached.adjust(row, np.asarray([score]))[0]))
+    async def move_tiers(self, memory: MemoryScore, estimates: tuple[TierEstimate, ...],
+                         row: npt.NDArray[np.float32], placements: tuple[object, ...],
+                         model: QualityModel) -> tuple[TierEstimate, ...]:
+        """`estimates` (a `routing.tiers` trade's, in tier order, predicted by `model` with `placements` for the
+        request of feature `row`) moved by the memory that moved its score (`memory`): each tier by its labels per
+        pool (`tier_moves`, `policies.tiers.moved`), or, for a memory with none, every tier by the score's gap move
+        (`policies.tiers.remembered`)."""
+        tiers = tuple(e.pool for e in estimates)
+        moves = await self.tier_moves(memory.name, row, tiers, placements, model)
+        return remembered(estimates, memory.gap) if moves is None else moved(estimates, moves)
+
+    async def tier_moves(self, name: str, row: npt.NDArray[np.float32], tiers: tuple[str, ...],
+                         placements: tuple[object, ...], model: QualityModel) -> tuple[float, ...] | None:
+        """Each of `tiers`' move of its predicted quality by memory `name`'s labels per pool, for the request of
+        feature `row` (the whole row the scorer kept), the tiers predicted by `model` with `placements` (module
+        docstring); None when there is no such memory or it has no labels per pool."""
+        attached = self._attached.get(name)
+        if attached is None or attached.pools is None:
+            return None
+        key: tuple[object, ...] = (attached.pools, model, *placements)  # the objects the residuals are against
+        kept = self._tiers.get(name)
+        if kept is not None and kept[1].tiers == tiers and len(kept[0]) == len(key) and all(
+                a is b for a, b in zip(kept[0], key, strict=True)):
+            tier_labels = kept[1]
+            moves = (tier_labels.moves(row.reshape(1, -1)) if attached.labels <= self.inline_labels
+                     else await asyncio.to_thread(tier_labels.moves, row.reshape(1, -1)))
+            return tuple(float(v) for v in moves[0])
+        pools = attached.pools
+
+        def against() -> tuple[TierLabels, npt.NDArray[np.float64]]:
+            tier_labels = pools.on(tiers, model.quality(pools.rows, placements))
+            return tier_labels, tier_labels.moves(row.reshape(1, -1))
+
+        tier_labels, moves = await asyncio.to_thread(against)  # the residuals: one pass of the map over the labels
+        self._tiers[name] = (key, tier_labels)
+        return tuple(float(v) for v in moves[0])
+
+    def _inline(self, name: str, attached: AttachedMemory, row: npt.NDArray[np.float32],
+                score: float) -> MemoryScore:
+        moved = _moved(attached, name, score, float(attached.score.adjust(row, np.asarray([score]))[0]))
         if self.on_inline is not None:
             self.on_inline()
         return moved
 
     def _row(self, name: str, views: ScorerViews, text: str,
-             shape: ConversationShape | None) -> tuple[MemoryRouter, npt.NDArray[np.float32]] | None:
+             shape: ConversationShape | None) -> tuple[AttachedMemory, npt.NDArray[np.float32]] | None:
         """Memory `name` as attached now and the row of the request it reads (`adjust`'s None cases: None)."""
         attached = self._attached.get(name)
         if attached is None or views.embedding is None or _router_of(views.scorer) is not attached.base:
             return None
         features = views.features.features(text, shape) if views.features is not None else None
-        row = request_rows(attached, views.embedding.embedding(text), features)
+        row = request_rows(attached.score, views.embedding.embedding(text), features)
         return None if row is None else (attached, row)
 
     async def refresh(self) -> None:
@@ -169,22 +216,23 @@ class LabelMemories:
         self._stamps, self._base = stamps, base
 
     def _load(self, files: dict[str, Path], stamps: dict[str, _Stamp], base: LinearRouter,
-              embedder: str, features: bool) -> dict[str, MemoryRouter]:
-        out: dict[str, MemoryRouter] = {}
+              embedder: str, features: bool) -> dict[str, AttachedMemory]:
+        out: dict[str, AttachedMemory] = {}
         for name, stamp in stamps.items():
             before = self._attached.get(name)
             if before is not None and stamp == self._stamps.get(name):
-                out[name] = before if before.base is base else MemoryRouter.attach(base, before.memory)
+                out[name] = before.on(base)
                 continue
             try:
                 attached = attach_file(files[name], base, embedder, features)
                 out[name] = attached
-                log.info("label memory %s loaded: %d labels", name, len(attached.memory))
+                log.info("label memory %s loaded: %d labels (%d per pool)", name, attached.labels,
+                         0 if attached.pools is None else len(attached.pools))
             except (ArtifactError, ValueError) as exc:
                 log.warning("label memory %s not loaded (%s); %s", name, exc,
                             "the previous one keeps serving" if before is not None else "none serves")
                 if before is not None:
-                    out[name] = before if before.base is base else MemoryRouter.attach(base, before.memory)
+                    out[name] = before.on(base)
         return out
 
     def start(self) -> None:
@@ -204,9 +252,9 @@ class LabelMemories:
         self._task = None
 
 
-def _moved(attached: MemoryRouter, name: str, score: float, moved: float) -> MemoryScore:
-    gap = float(gap_moves(attached, np.asarray([score]), np.asarray([moved]))[0])
-    return MemoryScore(moved, name, len(attached.memory), gap)
+def _moved(attached: AttachedMemory, name: str, score: float, moved: float) -> MemoryScore:
+    gap = float(gap_moves(attached.score, np.asarray([score]), np.asarray([moved]))[0])
+    return MemoryScore(moved, name, attached.labels, gap)
 
 
 def _router_of(scorer: Scorer | None) -> LinearRouter | None:

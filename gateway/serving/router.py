@@ -16,7 +16,7 @@ from gateway.control.live_tradeoff import LiveTradeoff
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import ModelNotFound, PermissionDenied, TooManyRequests
 from gateway.serving.drift import DomainDrift
-from gateway.serving.label_memories import LabelMemories
+from gateway.serving.label_memories import LabelMemories, MemoryScore
 from gateway.serving.schema import ChatRequest
 from gateway.serving.tier_trade import QualityModel, map_of, tier_estimates
 from policies.decide import (
@@ -35,7 +35,7 @@ from policies.decide import (
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.threshold import base_threshold
-from policies.tiers import Trade, remembered
+from policies.tiers import TierEstimate, Trade
 from router_models.embedders.protocol import FloatArray
 from router_models.serving.scorer import (
     ConversationShape,
@@ -105,41 +105,55 @@ class RequestRouter:
         self._metrics.scoring.observe(time.monotonic() - began)
         return score, scored_by, scorer.version, conversation
 
-    async def _remembered(self, loaded: LoadedPolicy, tenant: str, conversation: _Conversation, score: float,
-                          version: str) -> tuple[float, str, float]:
+    async def _remembered(self, loaded: LoadedPolicy, tenant: str, conversation: _Conversation,
+                          score: float) -> MemoryScore | None:
         """The primary model's score of `conversation` moved by the label memory the policy gives this tenant
-        (`learning.label_memory.scope`), the version naming both, and the move of the predicted gap (`MemoryScore.
-        gap`: a tiers trade shifts by it); unchanged (and 0) when there is none."""
+        (`learning.label_memory.scope`), with the memory's name, labels and move of the predicted gap
+        (`MemoryScore`); None when there is none or it could not move the score."""
         scope = loaded.policy.learning.label_memory.scope
         if scope == "none" or self.memories is None:
-            return score, version, 0.0
+            return None
         text, shape = conversation
         try:
-            moved = await self.memories.adjust_off_loop(tenant if scope == "tenant" else "shared", self._views, text,
-                                                        score, shape)
+            return await self.memories.adjust_off_loop(tenant if scope == "tenant" else "shared", self._views, text,
+                                                       score, shape)
         except Exception:  # the memory could not move it: the router's own score routes
             log.exception("label memory did not move the score; routing on the router's")
-            return score, version, 0.0
-        return (score, version, 0.0) if moved is None else (moved.score, moved.version(version), moved.gap)
+            return None
 
-    def _trade(self, loaded: LoadedPolicy, ctx: RouteContext, conversation: _Conversation | None,
-               gap: float = 0.0) -> Trade | None:
-        """Every tier's prediction for a request the primary model scored (`gateway.serving.tier_trade`), shifted
-        by its label memory's move `gap` (`policies.tiers.remembered`), and the tradeoff in force; None without
-        tiers, a pool map or the request's feature row."""
+    async def _trade(self, loaded: LoadedPolicy, ctx: RouteContext, conversation: _Conversation | None,
+                     memory: MemoryScore | None = None) -> Trade | None:
+        """Every tier's prediction for a request the primary model scored (`gateway.serving.tier_trade`), moved by
+        its label memory (`_memory_moved`), and the tradeoff in force; None without tiers, a pool map or the
+        request's feature row."""
         policy = loaded.policy
         source = self._views.features
         if not policy.routing.tiers or self.pool_map is None or source is None or conversation is None:
             return None
         row = source.features(*conversation)
         estimates = None if row is None else tier_estimates(loaded, ctx, self.pool_map, row)
-        if estimates is None:
+        if estimates is None or row is None:
             return None
-        estimates = remembered(estimates, gap)
+        label = ""
+        if memory is not None:
+            estimates = await self._memory_moved(loaded, estimates, row, memory)
+            label = f"{memory.name}@{memory.labels}"
         if self.tradeoff is None:
-            return Trade(estimates, policy.routing.tradeoff or 0.0)
+            return Trade(estimates, policy.routing.tradeoff or 0.0, label)
         self.tradeoff.observe(policy, estimates)
-        return Trade(estimates, self.tradeoff.tradeoff(policy, estimates))
+        return Trade(estimates, self.tradeoff.tradeoff(policy, estimates), label)
+
+    async def _memory_moved(self, loaded: LoadedPolicy, estimates: tuple[TierEstimate, ...], row: FloatArray,
+                            memory: MemoryScore) -> tuple[TierEstimate, ...]:
+        """`estimates` moved by `memory` (`LabelMemories.move_tiers`: by its labels per pool, or its gap move for a
+        memory without them). A move that fails is logged and the estimates are kept."""
+        assert self.memories is not None and self.pool_map is not None  # a MemoryScore came from them
+        placements = tuple(loaded.placements[e.pool] for e in estimates)
+        try:
+            return await self.memories.move_tiers(memory, estimates, row, placements, self.pool_map)
+        except Exception:
+            log.exception("label memory %s did not move the tiers; trading on the map's predictions", memory.name)
+            return estimates
 
     def _in_domain(self, text: str) -> float | None:
         """The in-domain figure the scorer kept for this scoring text (None: it keeps none)."""
@@ -187,8 +201,10 @@ class RequestRouter:
         if score is not None and scored_by == "primary" and conversation is not None:
             in_domain = self._in_domain(conversation[0])
             self.drift.observe(policy.learning.in_domain, tenant, in_domain)
-            score, version, gap = await self._remembered(loaded, tenant, conversation, score, version)
-            trade = self._trade(loaded, ctx, conversation, gap)
+            memory = await self._remembered(loaded, tenant, conversation, score)
+            if memory is not None:
+                score, version = memory.score, memory.version(version)
+            trade = await self._trade(loaded, ctx, conversation, memory)
         try:
             threshold = self._live.threshold(policy) if self._live is not None else None
             decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold, trade),

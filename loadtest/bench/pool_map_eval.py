@@ -33,7 +33,7 @@ import numpy.typing as npt
 from loadtest.bench.pool_map_costs import MODELS, cost_matrix
 from router_models.embedders.factory import make_embedder
 from router_models.serving.artifact import load_artifact
-from router_models.serving.placement import fit_ability
+from router_models.serving.placement import fit_ability, placement_prior
 from router_models.serving.pool_map import PoolMap, load_pool_map, quality_logits, save_pool_map
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, data_hash, load_outcomes
 from router_models.training.pool_map_fit import FitConfig, fit_pool_map
@@ -130,10 +130,10 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
     half = np.asarray([_half(ex) for ex in held])
     place, route = np.flatnonzero(usable & (half == 0)), np.flatnonzero(usable & (half == 1))
     positions = pool_map.positions(x[test])
-    prior = (np.asarray(pool_map.prior_mean), np.asarray(pool_map.prior_sd))
     few = np.random.default_rng(0).choice(place, size=min(FEW_ROWS, len(place)), replace=False)
     predicted = {}
     for name, rows in (("map N=3", place), (f"map N=3, {FEW_ROWS} rows", few)):
+        prior = placement_prior(pool_map, len(rows))  # as `cascade router place` places a pool from these rows
         ability = np.stack([fit_ability(positions[rows], outcome[rows, j], *prior)[0] for j in range(3)])
         predicted[name] = 1.0 / (1.0 + np.exp(-quality_logits(positions[route], ability)))
     c, y = cost[route], outcome[route]

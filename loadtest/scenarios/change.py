@@ -176,12 +176,12 @@ def add_memory_then_wait(base: str, labels: Sequence[Path], tenant: str | None, 
     no answer names it within `timeout_s` (the policy's `learning.label_memory.scope` may not read it)."""
     from router_models.serving.artifact import default_store_dir
     from router_models.training.labels import read_label_rows
-    from router_models.training.memory_build import SHARED, add_labels, memory_path
+    from router_models.training.memory_build import SHARED, add_label_rows, memory_path
 
     def add() -> tuple[str, int]:
         name = tenant or SHARED
-        rows = [row.example for path in labels for row in read_label_rows(path, tenant=tenant)]
-        return name, add_labels(rows, memory_path(store or default_store_dir(), name), artifact).after
+        rows = [row for path in labels for row in read_label_rows(path, tenant=tenant)]
+        return name, add_label_rows(rows, memory_path(store or default_store_dir(), name), artifact).after
 
     async def change() -> httpx.Response:
         name, size = await asyncio.to_thread(add)

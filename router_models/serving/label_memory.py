@@ -58,7 +58,7 @@ Everything is numpy and deterministic; objects are immutable, so a holder swaps 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,7 +68,7 @@ from router_models.serving.classifier import LinearRouter
 from router_models.serving.logistic import penalised_logistic
 
 __all__ = ["Combination", "LabelMemory", "MemoryParams", "MemoryRouter", "fit_combination", "fit_scale",
-           "gap_target", "level_shift", "reading_scale"]
+           "gap_target", "level_shift", "neighbour_move", "reading_scale", "similarity_rows"]
 
 Floats = npt.NDArray[np.float64]
 FloatArray = npt.NDArray[np.float32]
@@ -234,24 +234,40 @@ class MemoryParams:
 @dataclass(frozen=True)
 class LabelMemory:
     """Labelled feature rows (`rows`, (n, d) float32; the first `embedding_dim` columns an L2-normalised
-    embedding), their targets (`targets`, (n,) in [0, 1]: `gap_target`) and the prompts' keys (`keys`, for
-    counting conflicting labels; "" when unknown)."""
+    embedding), their targets (`targets`, (n,) in [0, 1]: `gap_target`; NaN for a label that gives no gap, only
+    pools' qualities) and the prompts' keys (`keys`, for counting conflicting labels; "" when unknown). Labels per
+    pool (`router_models.serving.pool_labels`): `pools` names the columns of `qualities` ((n, len(pools)) in
+    [0, 1], NaN where a label says nothing of that pool): a pool's name, or `pool_labels.MICRO` / `FLAGSHIP` for the
+    micro and flagship quality of a two-pool label. Every label gives a target or a quality."""
 
     rows: FloatArray
     targets: Floats
     embedding_dim: int
     params: MemoryParams = MemoryParams()
     keys: tuple[str, ...] = ()
+    pools: tuple[str, ...] = ()
+    qualities: Floats | None = None
 
     def __post_init__(self) -> None:
         if self.rows.ndim != 2 or self.rows.shape[0] != self.targets.shape[0]:
             raise ValueError(f"{self.rows.shape} rows for {self.targets.shape} targets")
         if not 0 < self.embedding_dim <= self.rows.shape[1]:
             raise ValueError(f"embedding_dim {self.embedding_dim} outside the rows' {self.rows.shape[1]} columns")
-        if not (np.all(np.isfinite(self.rows)) and np.all((self.targets >= 0.0) & (self.targets <= 1.0))):
+        given = np.isfinite(self.targets)
+        if not (np.all(np.isfinite(self.rows)) and np.all((self.targets[given] >= 0.0) & (self.targets[given] <= 1.0))):
             raise ValueError("memory rows must be finite and targets in [0, 1]")
         if self.keys and len(self.keys) != len(self.targets):
             raise ValueError(f"{len(self.keys)} keys for {len(self.targets)} labels")
+        q = self.qualities
+        if q is None:
+            if self.pools or not np.all(given):
+                raise ValueError("every label needs a target or a quality (and pools named their qualities)")
+            return
+        if q.shape != (len(self), len(self.pools)) or len(set(self.pools)) != len(self.pools):
+            raise ValueError(f"qualities {q.shape} for {len(self)} labels of pools {self.pools}")
+        known = np.isfinite(q)
+        if not np.all((q[known] >= 0.0) & (q[known] <= 1.0)) or not np.all(given | known.any(axis=1)):
+            raise ValueError("pool qualities must be in [0, 1], and every label needs a target or a quality")
 
     @classmethod
     def empty(cls, dim: int, embedding_dim: int, params: MemoryParams = MemoryParams()) -> LabelMemory:
@@ -261,20 +277,45 @@ class LabelMemory:
         return int(self.targets.shape[0])
 
     def extended(self, rows: npt.NDArray[np.floating], targets: Sequence[float] | Floats,
-                 keys: Sequence[str] = ()) -> LabelMemory:
-        """A new memory with these labels appended (this one is left as it was)."""
+                 keys: Sequence[str] = (), qualities: Sequence[Mapping[str, float]] = ()) -> LabelMemory:
+        """A new memory with these labels appended (this one is left as it was); `qualities`: per new label, its
+        pools' qualities (empty: none; a target NaN needs some)."""
         new_keys = tuple(keys) if keys else ("",) * len(targets)
         old_keys = self.keys if self.keys else ("",) * len(self)
+        pools, table = self._pool_columns(len(targets), qualities)
         return LabelMemory(np.vstack([self.rows, np.asarray(rows, np.float32)]),
                            np.concatenate([self.targets, np.asarray(targets, np.float64)]), self.embedding_dim,
-                           self.params, old_keys + new_keys)
+                           self.params, old_keys + new_keys, pools, table)
+
+    def _pool_columns(self, added: int, qualities: Sequence[Mapping[str, float]]) -> tuple[tuple[str, ...],
+                                                                                           Floats | None]:
+        """(pools, qualities) of this memory with `added` labels of `qualities` appended (new pools: new columns)."""
+        pools = tuple(dict.fromkeys([*self.pools, *(p for q in qualities for p in q)]))
+        if not pools:
+            return (), None
+        table = np.full((len(self) + added, len(pools)), np.nan)
+        if self.qualities is not None:
+            table[:len(self), :len(self.pools)] = self.qualities
+        for i, given in enumerate(qualities):
+            for pool, value in given.items():
+                table[len(self) + i, pools.index(pool)] = float(value)
+        return pools, table
+
+    def gap_labels(self) -> LabelMemory:
+        """The labels that give a gap target, without pool columns (the two-pool score's memory; this memory itself
+        when every label gives one and none names a pool)."""
+        if self.qualities is None:
+            return self
+        keep = np.isfinite(self.targets)
+        keys = tuple(k for k, kept in zip(self.keys, keep, strict=True) if kept) if self.keys else ()
+        return LabelMemory(self.rows[keep], self.targets[keep], self.embedding_dim, self.params, keys)
 
     def conflicts(self, tolerance: float = 0.5) -> int:
         """Prompts (by key) labelled more than once whose targets are at least `tolerance` apart (the default:
         `needs_flagship` 0 against 1, targets 0.5 and 1)."""
         by_key: dict[str, list[float]] = defaultdict(list)
         for key, target in zip(self.keys, self.targets, strict=False):
-            if key:
+            if key and np.isfinite(target):
                 by_key[key].append(float(target))
         return sum(1 for v in by_key.values() if len(v) > 1 and max(v) - min(v) >= tolerance - 1e-9)
 
@@ -305,6 +346,8 @@ class MemoryRouter:
 
     @classmethod
     def attach(cls, base: LinearRouter, memory: LabelMemory) -> MemoryRouter:
+        """`memory`'s gap labels (`LabelMemory.gap_labels`: labels per pool alone move no score) on `base`."""
+        memory = memory.gap_labels()
         if memory.rows.shape[1] != base.dim:
             raise ValueError(f"memory rows have {memory.rows.shape[1]} columns, the router reads {base.dim}")
         return cls._with(base, memory, _router_logits(base, memory.rows), _source_logits(base, memory, memory.rows))
@@ -319,7 +362,7 @@ class MemoryRouter:
         centre = extra.mean(axis=0) if len(memory) else np.zeros(extra.shape[1])
         spread = extra.std(axis=0) if len(memory) else np.ones(extra.shape[1])
         spread = np.where(spread > 1e-6, spread, np.inf)  # a column constant over the labels says nothing
-        unit = _similarity_rows(memory.rows, memory.embedding_dim, memory.params.structure, centre, spread)
+        unit = similarity_rows(memory.rows, memory.embedding_dim, memory.params.structure, centre, spread)
         return cls(base, memory, logits, source_logits, combination, a, c, back,
                    memory.targets - _sigmoid(a * read + c), unit, centre, spread)
 
@@ -357,14 +400,14 @@ class MemoryRouter:
         width = self.dim if self.reads_features else self.memory.embedding_dim
         if features.shape[1] < width:
             raise ValueError(f"the memory reads {width} columns of a request, got {features.shape[1]}")
-        query = _similarity_rows(features[:, :width], self.memory.embedding_dim, p.structure, self.centre,
+        query = similarity_rows(features[:, :width], self.memory.embedding_dim, p.structure, self.centre,
                                  self.spread)
         sims = query @ self.unit.T
         k = min(p.neighbours, sims.shape[1])
         nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
         bandwidth, shrink = p.moving(len(self.memory))
         weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / bandwidth)
-        shift = _move(weights, self.residuals[nearest], p.prior, shrink)
+        shift = neighbour_move(weights, self.residuals[nearest], p.prior, shrink)
         sources = (self.base.sources.logits(features[:, :self.dim])
                    if self.base.sources is not None and self.combination.used else np.zeros((len(scores), 0)))
         read = self.combination.logits(_logit(scores), sources)
@@ -373,7 +416,7 @@ class MemoryRouter:
         return _sigmoid((_logit(moved) - back_level) / back_slope)
 
 
-def _move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Floats:
+def neighbour_move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Floats:
     """Each row's move (module docstring): its neighbours' weighted mean residual against the pseudo-count
     `prior`, times m^2 / (m^2 + shrink se2), where se2 is the squared standard error of that mean."""
     total = weights.sum(axis=1)
@@ -403,7 +446,7 @@ def _router_logits(router: LinearRouter, x: npt.NDArray[np.floating]) -> Floats:
     return np.asarray(np.asarray(x, np.float64) @ router.weights.astype(np.float64) + router.bias, np.float64)
 
 
-def _similarity_rows(x: npt.NDArray[np.floating], embedding_dim: int, structure: float, centre: Floats,
+def similarity_rows(x: npt.NDArray[np.floating], embedding_dim: int, structure: float, centre: Floats,
                      spread: Floats) -> FloatArray:
     """Rows of unit length to compare by dot product: the embedding, then (with `structure` > 0) the structural
     columns standardised by `centre`, `spread` and weighted so that together they count `structure` against

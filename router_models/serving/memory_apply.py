@@ -6,20 +6,23 @@ Contract:
 - Memories live at `<store>/memory/<name>.json` (+ `.npz`): `<name>` is a tenant's name or "shared"
   (`router_models.serving.memory_file.memory_path`); the store is `$CASCADE_HOME/router` by default.
 - `attach_file` loads one memory verified (`memory_file.load_memory`: format, features, payload hash, the scorer's
-  embedder) and attaches it to the router being served (`MemoryRouter.attach`); a memory that reads a request's whole
-  feature row is refused (ValueError) where the scorer keeps no feature rows.
+  embedder) and attaches it to the router being served (`AttachedMemory`: its gap labels move the score,
+  `MemoryRouter.attach`; its labels per pool move a `routing.tiers` policy's tiers, `pool_labels.PoolLabels`); a
+  memory that reads a request's whole feature row is refused (ValueError) where the scorer keeps no feature rows.
 - `request_rows` is the row a memory reads of each request: the embedding alone, or (`MemoryRouter.reads_features`)
   the whole feature row (the embedding, then the structural columns the scorer computed beside it). The move itself
   is `MemoryRouter.adjust` (row by row independent: a batch moves each row as alone).
 - `gap_moves` is what a move did on the memory's own scale (the quality gap bottom -> top tier mapped to [0, 1],
-  `label_memory.gap_target`): a `routing.tiers` trade shifts its tiers' predicted quality by it
-  (`policies.tiers.remembered`).
+  `label_memory.gap_target`): a `routing.tiers` trade of a memory with no labels per pool (written before them)
+  shifts its tiers' predicted quality by it (`policies.tiers.remembered`); one with labels per pool moves each tier
+  by its own labels instead (`pool_labels.TierLabels.moves`, `policies.tiers.moved`).
 - `attach_named` is the offline tools' entry: an unknown or malformed name is an `ArtifactError` that lists the
   memories there are and how to write one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +30,11 @@ import numpy.typing as npt
 
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
-from router_models.serving.label_memory import MemoryRouter
+from router_models.serving.label_memory import LabelMemory, MemoryRouter
 from router_models.serving.memory_file import load_memory, memory_path
+from router_models.serving.pool_labels import PoolLabels
 
-__all__ = ["attach_file", "attach_named", "gap_moves", "memory_names", "request_rows"]
+__all__ = ["AttachedMemory", "attach_file", "attach_named", "gap_moves", "memory_names", "request_rows"]
 
 _EPS = 1e-6
 
@@ -41,18 +45,46 @@ def memory_names(store: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
 
 
-def attach_file(path: Path, base: LinearRouter, embedder: str, keeps_features: bool) -> MemoryRouter:
+@dataclass(frozen=True)
+class AttachedMemory:
+    """One label memory (`memory`, every label) attached to a router: `score` moves the router's score by its gap
+    labels, `pools` a tiers policy's predicted qualities by its labels per pool (None: it has none)."""
+
+    memory: LabelMemory
+    score: MemoryRouter
+    pools: PoolLabels | None
+
+    @classmethod
+    def attach(cls, base: LinearRouter, memory: LabelMemory) -> AttachedMemory:
+        return cls(memory, MemoryRouter.attach(base, memory), PoolLabels.of(memory))
+
+    @property
+    def labels(self) -> int:
+        """Every label (gap labels and labels per pool)."""
+        return len(self.memory)
+
+    @property
+    def base(self) -> LinearRouter:
+        return self.score.base
+
+    def on(self, base: LinearRouter) -> AttachedMemory:
+        """The same labels attached to `base` (a swapped router; the labels per pool do not read it)."""
+        return self if base is self.base else AttachedMemory(self.memory, MemoryRouter.attach(base, self.memory),
+                                                             self.pools)
+
+
+def attach_file(path: Path, base: LinearRouter, embedder: str, keeps_features: bool) -> AttachedMemory:
     """The memory at `path`, verified and attached to `base` (module docstring). Raises `ArtifactError` or
     ValueError."""
     memory, _ = load_memory(path, embedder=embedder)
-    attached = MemoryRouter.attach(base, memory)
-    if attached.reads_features and not keeps_features:  # `adjust` could read the embedding alone
-        raise ValueError(f"it reads {_what_it_reads(attached)} of each request, which this scorer does not keep "
-                         "per request")
+    attached = AttachedMemory.attach(base, memory)
+    if attached.score.reads_features and not keeps_features:  # `adjust` could read the embedding alone
+        raise ValueError(f"it reads {_what_it_reads(attached.score)} of each request, which this scorer does not "
+                         "keep per request")
     return attached
 
 
-def attach_named(store: Path, name: str, base: LinearRouter, embedder: str) -> MemoryRouter:
+def attach_named(store: Path, name: str, base: LinearRouter, embedder: str) -> AttachedMemory:
     """Memory `name` ("shared" or a tenant's) of `store`, attached to `base`. `ArtifactError` for a name that is
     malformed or names no memory (listing those there are), or a memory that does not load."""
     try:

@@ -29,7 +29,10 @@ __all__ = ["MEMORY_FORMAT", "SHARED", "load_memory", "memory_path", "memory_path
 SHARED = "shared"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")  # it goes into the router version cost records keep
 
-MEMORY_FORMAT = 1
+MEMORY_FORMAT = 2
+"""Written by a memory with labels per pool (`qualities` in the payload, `pools` in the metadata); one without them
+is written as format 1, which a gateway from before labels per pool still reads. Both are read."""
+_READ_FORMATS = (1, 2)
 _FIX = "rebuild it with `cascade router memory add` from the label files"
 
 
@@ -42,7 +45,10 @@ def memory_paths(path: str | Path) -> tuple[Path, Path]:
 def _payload(memory: LabelMemory) -> bytes:
     buf = io.BytesIO()
     keys = np.asarray(memory.keys if memory.keys else ("",) * len(memory), dtype=str)
-    np.savez(buf, rows=memory.rows.astype(np.float32), targets=memory.targets.astype(np.float64), keys=keys)
+    arrays = {"rows": memory.rows.astype(np.float32), "targets": memory.targets.astype(np.float64), "keys": keys}
+    if memory.qualities is not None:
+        arrays["qualities"] = memory.qualities.astype(np.float64)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
@@ -53,7 +59,10 @@ def save_memory(memory: LabelMemory, path: str | Path, embedder: str, extra: dic
     payload = _payload(memory)
     replace_atomically(payload_path, payload)
     meta = dict(extra or {})
-    meta.update(memory_format=MEMORY_FORMAT, feature_version=FEATURE_VERSION, feature_names=list(FEATURE_NAMES),
+    if memory.qualities is not None:
+        meta["pools"] = list(memory.pools)
+    meta.update(memory_format=MEMORY_FORMAT if memory.qualities is not None else 1,
+                feature_version=FEATURE_VERSION, feature_names=list(FEATURE_NAMES),
                 embedder=embedder, embedding_dim=memory.embedding_dim, dim=int(memory.rows.shape[1]),
                 labels=len(memory), conflicting_prompts=memory.conflicts(),
                 params=asdict(memory.params),  # a file without a newer field reads its default
@@ -65,8 +74,10 @@ def save_memory(memory: LabelMemory, path: str | Path, embedder: str, extra: dic
 
 def _metadata(meta_path: Path) -> dict[str, Any]:
     meta = read_metadata(meta_path, "label memory", "label memory metadata", _FIX)
-    expected = {"memory_format": MEMORY_FORMAT, "feature_version": FEATURE_VERSION,
-                "feature_names": list(FEATURE_NAMES)}
+    if meta.get("memory_format") not in _READ_FORMATS:
+        raise ArtifactError(f"label memory {meta_path} has memory_format={meta.get('memory_format')!r} but this "
+                            f"code reads {list(_READ_FORMATS)}; {_FIX}")
+    expected = {"feature_version": FEATURE_VERSION, "feature_names": list(FEATURE_NAMES)}
     for key, value in expected.items():
         if meta.get(key) != value:
             raise ArtifactError(f"label memory {meta_path} has {key}={meta.get(key)!r} but this code needs "
@@ -86,9 +97,11 @@ def load_memory(path: str | Path, embedder: str | None = None) -> tuple[LabelMem
     try:
         with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
             rows, targets, keys = npz["rows"], npz["targets"], npz["keys"]
+            qualities = np.asarray(npz["qualities"], np.float64) if "qualities" in npz.files else None
         params = MemoryParams(**meta["params"])
+        pools = tuple(str(p) for p in meta.get("pools") or ()) if qualities is not None else ()
         memory = LabelMemory(np.asarray(rows, np.float32), np.asarray(targets, np.float64),
-                             int(meta["embedding_dim"]), params, tuple(str(k) for k in keys))
+                             int(meta["embedding_dim"]), params, tuple(str(k) for k in keys), pools, qualities)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"label memory {payload_path} is unreadable ({exc}); {_FIX}") from exc
     if memory.rows.shape[1] != meta.get("dim"):

@@ -3,7 +3,10 @@
 
 The fit: maximum a-posteriori of the k+1 abilities under the map's model, P(good) = sigmoid(overall + theta . a(x) -
 difficulty(x)), each row's quality in [0, 1] read as a (soft) Bernoulli outcome, with the map's prior (the spread of
-the shared models' abilities, so a pool is placed among models like it). Newton steps on k+1 parameters: instant.
+the shared models' abilities, so a pool is placed among models like it; `placement_prior`: below `FULL_PRIOR_ROWS`
+rows the domain axes' spread is narrowed by sqrt(rows / FULL_PRIOR_ROWS), since few right-or-wrong rows say much
+less about a pool's domains than about its overall strength: measured leave one source out, MODEL_CARD.md, "Pool
+map"). Newton steps on k+1 parameters: instant.
 The standard errors are the square roots of the inverse Hessian's diagonal at the optimum (how sure each figure is;
 they shrink like 1/sqrt(rows)). `MIN_ROWS` rows are needed; 100 place a pool to about +-0.2 logits overall.
 """
@@ -25,13 +28,15 @@ from router_models.serving.artifact import ArtifactError
 from router_models.serving.pool_map import PoolMap, quality_logits, served_pool_map
 from router_models.serving.scorer import ConversationShape
 
-__all__ = ["MIN_ROWS", "PLACEMENT_FORMAT", "PlaceRow", "Placement", "PlacementError", "fit_ability",
-           "place_from_outcomes", "place_from_shared"]
+__all__ = ["FULL_PRIOR_ROWS", "MIN_ROWS", "PLACEMENT_FORMAT", "PlaceRow", "Placement", "PlacementError",
+           "fit_ability", "place_from_outcomes", "place_from_shared", "placement_prior"]
 
 Floats = npt.NDArray[np.float64]
 PLACEMENT_FORMAT = 1
 MIN_ROWS = 50
 """Fewest judged rows a placement is fitted from (100 recommended: MODEL_CARD.md, "Pool map")."""
+FULL_PRIOR_ROWS = 400
+"""From this many rows a placement's domain axes get the map's whole prior spread (`placement_prior`)."""
 _REPLACE = "place the pool again with `cascade router place` against the map the gateway serves"
 
 
@@ -165,10 +170,14 @@ def fit_ability(positions: Floats, quality: Floats, prior_mean: Floats, prior_sd
     return theta, np.sqrt(np.diag(np.linalg.inv(hessian)))
 
 
-def _prior(pool_map: PoolMap) -> tuple[Floats, Floats]:
+def placement_prior(pool_map: PoolMap, rows: int) -> tuple[Floats, Floats]:
+    """(mean, sd) of the prior a pool placed from `rows` judged rows is fitted under: the map's (`prior_mean`,
+    `prior_sd`), the domain axes' spread times min(1, sqrt(rows / FULL_PRIOR_ROWS)) (module docstring; 100 rows:
+    half the spread)."""
     k1 = pool_map.k + 1
     mean = np.asarray(pool_map.prior_mean or (0.0,) * k1, np.float64)
     sd = np.asarray(pool_map.prior_sd or (2.0,) * k1, np.float64)
+    sd[1:] *= min(1.0, math.sqrt(max(rows, 0) / FULL_PRIOR_ROWS))
     return mean, np.maximum(sd, 1e-3)
 
 
@@ -191,7 +200,7 @@ def place_from_outcomes(pool_map: PoolMap, rows: Sequence[PlaceRow],
     check_rows(rows, origin or "outcome rows")
     x = np.asarray(embed([r.text for r in rows], [r.shape for r in rows]))
     y = np.asarray([r.quality for r in rows], np.float64)
-    mean, sd = _prior(pool_map)
+    mean, sd = placement_prior(pool_map, len(rows))
     theta, se = fit_ability(pool_map.positions(x), y, mean, sd)
     return _placement(pool_map, pool, theta, se, len(rows), float(y.mean()), {"outcomes": origin})
 

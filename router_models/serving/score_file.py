@@ -9,7 +9,9 @@ skipped; blank lines are ignored.
 
 With a label memory (`--memory NAME`: "shared" or a tenant's, `memory_apply.attach_named`), each score is moved by it
 exactly as the gateway moves a served request's (`memory_apply.request_rows` and `MemoryRouter.adjust`), the pool
-follows the moved score, and the line also carries "router_score" (the score before the move).
+follows the moved score, and the line also carries "router_score" (the score before the move). Only the memory's
+gap labels move a score, as in the gateway; its labels per pool move a tiers policy's tiers (`cascade router route
+--memory`).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def _attach(model: BatchModel, store: Path, name: str) -> MemoryRouter:
     if not isinstance(model, EmbeddingClassifier):
         raise ArtifactError("--memory needs a router artifact with an embedder and a trained head (label memories "
                             "take their residuals against it)")
-    return attach_named(store, name, model.router, model.embedder_name)
+    return attach_named(store, name, model.router, model.embedder_name).score  # score reads no tiers
 
 
 def score_rows(

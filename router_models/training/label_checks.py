@@ -85,7 +85,9 @@ def _groups(rows: Sequence[LabelRow]) -> list[list[int]]:
 
 
 def find_contradictions(rows: Sequence[LabelRow], tolerance: float = TOLERANCE) -> Contradictions:
-    """Count prompts whose label targets are at least `tolerance` apart (module docstring)."""
+    """Count prompts whose label targets are at least `tolerance` apart (module docstring); rows that name pools only
+    (no gap target) are left out."""
+    rows = [r for r in rows if r.has_gap]
     targets = [gap_target(r.example.weak, r.example.strong) for r in rows]
     count, example = 0, None
     for group in _groups(rows):

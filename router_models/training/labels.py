@@ -5,17 +5,22 @@ Label file (`cascade router train --labels FILE`): JSON Lines, one prompt per li
     {"prompt": "...", "needs_flagship": 1}                       # the micro answer fell short (0 = it did not)
     {"messages": [{"role": "user", "content": "..."}], "needs_flagship": 0.25}   # a probability is fine
     {"prompt": "...", "micro": 0.4, "flagship": 0.9}             # quality of each pool's answer, in [0, 1]
+    {"prompt": "...", "pools": {"code": 0.0}}                     # a named pool's answer judged, in [0, 1]
+    {"prompt": "...", "pools": {"general": 0.2, "code": 1.0}}     # several named pools' answers
     optional on every line: "id" (string), "source" (a name for your traffic; default "labels"), "tenant" (string)
 
-Give `prompt` or `messages` (scored as the gateway scores them: `conversation_text`, the latest user turn first,
-and `conversation_shape`, the turns and whole length; a `prompt` is one user turn), and either
-`needs_flagship` or both `micro` and `flagship`. `needs_flagship = p` is read as micro quality `1 - p`
-against flagship quality 1. Rows from the gateway's ledger (`ledger_labels.read_ledger_labels`) use the
-same fields, plus the shape the gateway saw of the conversation their `prompt` came from (`"shape": {...}`, the
-counts named in `ledger_labels.SHAPE_FIELDS`). A bad row is refused with its line number and field, and nothing is
-trained. Read for one tenant (`read_label_rows(..., tenant=T)`: `cascade router memory add --tenant T`), a row whose
-"tenant" names another tenant is a bad row. Checks across rows (request ids the ledger does not know, contradicting
-labels): `label_checks.py`.
+Give `prompt` or `messages` (scored as the gateway scores them: `conversation_text`, the latest user turn first, and
+`conversation_shape`, the turns and whole length; a `prompt` is one user turn), and either `needs_flagship` or both
+`micro` and `flagship`, or named pools' qualities (`pools`), or both. `needs_flagship = p`
+is read as micro quality `1 - p` against flagship quality 1. A pool's name is a policy's pool (labels per pool move
+that pool's predicted quality in a `routing.tiers` policy, `router_models.serving.pool_labels`; `micro` and
+`flagship` are its first and last tier); a row that names pools only (`LabelRow.has_gap` False) moves no two-pool
+score and trains no router (`cascade router train` skips it). Rows from the gateway's ledger
+(`ledger_labels.read_ledger_labels`) use the same fields, plus the shape the gateway saw of the conversation their
+`prompt` came from (`"shape": {...}`, the counts named in `ledger_labels.SHAPE_FIELDS`). A bad row is refused with
+its line number and field, and nothing is trained. Read for one tenant (`read_label_rows(..., tenant=T)`: `cascade
+router memory add --tenant T`), a row whose "tenant" names another tenant is a bad row. Checks across rows (request
+ids the ledger does not know, contradicting labels): `label_checks.py`.
 """
 
 from __future__ import annotations
@@ -47,6 +52,13 @@ class LabelRow:
     where: str
     request_id: str = ""
     tenant: str = ""
+    pools: tuple[tuple[str, float], ...] = ()  # (pool name, quality) the row gives per named pool
+
+    @property
+    def has_gap(self) -> bool:
+        """Whether the row gives micro and flagship quality (`needs_flagship`, or `micro` and `flagship`): the
+        example's `weak` and `strong` are NaN when it names pools only."""
+        return math.isfinite(self.example.weak)
 
 
 def _quality(row: Mapping[str, Any], field: str, where: str) -> float:
@@ -85,7 +97,29 @@ def _given_shape(row: Mapping[str, Any], where: str) -> ConversationShape | None
     return ConversationShape(**{f: given.get(f, getattr(base, f)) for f in (*counts, "system_prompt")})
 
 
-def _example(row: Any, where: str, default_source: str) -> Example:
+def _pool_qualities(row: Mapping[str, Any], where: str) -> dict[str, float]:
+    """The row's qualities per named pool (`pools`); {} when it names none. (A ledger row's `pool`, the pool whose
+    answer the client got, is information, not a label.)"""
+    out: dict[str, float] = {}
+    if "pools" in row:
+        given = row["pools"]
+        if not isinstance(given, Mapping) or not given:
+            raise LabelError(f"{where}: field 'pools' must be an object of pool name -> quality (0..1), "
+                             'e.g. {"general": 0.2, "code": 1}')
+        for name in given:
+            out[_pool_name(name, where)] = _quality(given, name, f"{where}: pools")
+    return out
+
+
+def _pool_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not name.strip() or name.strip().startswith("@"):
+        raise LabelError(f"{where}: a pool's name must be a non-empty string not starting with '@' (a policy's "
+                         f"pool), got {name!r}")
+    return name.strip()
+
+
+def _example(row: Any, where: str, default_source: str, pools: bool = False) -> Example:
+    """The row's example; `pools`: the row names pools, so micro and flagship may be left out (then NaN)."""
     if not isinstance(row, Mapping):
         raise LabelError(f"{where}: expected a JSON object, got {type(row).__name__}")
     text, shape = _text(row, where)
@@ -93,8 +127,11 @@ def _example(row: Any, where: str, default_source: str) -> Example:
         weak, strong = 1.0 - _quality(row, "needs_flagship", where), 1.0
     elif "micro" in row and "flagship" in row:
         weak, strong = _quality(row, "micro", where), _quality(row, "flagship", where)
+    elif pools:
+        weak = strong = math.nan
     else:
-        raise LabelError(f"{where}: give 'needs_flagship' (0..1) or both 'micro' and 'flagship' (0..1)")
+        raise LabelError(f"{where}: give 'needs_flagship' (0..1), both 'micro' and 'flagship' (0..1), or named "
+                         "pools' qualities ('pools': {name: quality})")
     source = row.get("source", default_source)
     if not isinstance(source, str) or not source.strip():
         raise LabelError(f"{where}: field 'source' must be a non-empty string")
@@ -110,11 +147,12 @@ def _optional_text(row: Mapping[str, Any], field: str, where: str) -> str:
 
 
 def _label_row(row: Any, where: str, default_source: str, tenant: str | None) -> LabelRow:
-    example = _example(row, where, default_source)
+    pools = _pool_qualities(row, where) if isinstance(row, Mapping) else {}
+    example = _example(row, where, default_source, bool(pools))
     request_id, owner = _optional_text(row, "id", where), _optional_text(row, "tenant", where)
     if tenant is not None and owner and owner != tenant:
         raise LabelError(f"{where}: field 'tenant' is {owner!r}, but these labels are for tenant {tenant!r}")
-    return LabelRow(example, where, request_id, owner)
+    return LabelRow(example, where, request_id, owner, tuple(pools.items()))
 
 
 def label_rows(rows: Iterable[Any], default_source: str = "labels", origin: str = "row",
@@ -124,8 +162,9 @@ def label_rows(rows: Iterable[Any], default_source: str = "labels", origin: str 
 
 
 def examples_from_rows(rows: Iterable[Any], default_source: str = "labels", origin: str = "row") -> list[Example]:
-    """Examples from label rows (dicts); raises LabelError naming `origin` + row number on the first bad row."""
-    return [r.example for r in label_rows(rows, default_source, origin)]
+    """Examples from label rows (dicts) that give a gap (`LabelRow.has_gap`); raises LabelError naming `origin` +
+    row number on the first bad row."""
+    return [r.example for r in label_rows(rows, default_source, origin) if r.has_gap]
 
 
 def read_label_rows(path: Path, default_source: str = "labels", tenant: str | None = None) -> list[LabelRow]:
@@ -148,8 +187,8 @@ def read_label_rows(path: Path, default_source: str = "labels", tenant: str | No
 
 
 def read_label_file(path: Path, default_source: str = "labels") -> list[Example]:
-    """The examples of every row of a label file (`read_label_rows`)."""
-    return [r.example for r in read_label_rows(path, default_source)]
+    """The examples of every row of a label file that gives a gap (`read_label_rows`, `LabelRow.has_gap`)."""
+    return [r.example for r in read_label_rows(path, default_source) if r.has_gap]
 
 
 def split_held_back(examples: Sequence[Example], share: float = 0.3) -> tuple[list[Example], list[Example]]:

@@ -2,7 +2,9 @@
 
 Each label row (a label file, format in `labels.py`) is embedded as the gateway scores it (the artifact's
 embedder, the structural features of its text and conversation shape) and appended, with its target
-(`label_memory.gap_target`), to the memory at `<store>/memory/<name>.json` (`memory_file`; `<name>`: a tenant,
+(`label_memory.gap_target`; NaN for a row that names pools only) and its qualities per pool (its micro and flagship
+quality as `pool_labels.MICRO` and `FLAGSHIP`, and each pool it names: `router_models.serving.pool_labels`), to the
+memory at `<store>/memory/<name>.json` (`memory_file`; `<name>`: a tenant,
 or "shared" for labels every tenant's scores read). A running gateway that serves label memories picks the new
 file up within seconds. The memory's parameters are the ones measured on the learning curve (MODEL_CARD.md,
 "Learning curve"), unless the file already has its own.
@@ -10,6 +12,8 @@ file up within seconds. The memory's parameters are the ones measured on the lea
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +24,11 @@ from router_models.serving.artifact import load_artifact
 from router_models.serving.classifier import feature_matrix
 from router_models.serving.label_memory import LabelMemory, MemoryParams, gap_target
 from router_models.serving.memory_file import SHARED, load_memory, memory_path, memory_paths, save_memory
+from router_models.serving.pool_labels import FLAGSHIP, MICRO
+from router_models.training.labels import LabelRow
 from router_models.training.outcomes import Example
 
-__all__ = ["SHARED", "MemoryUpdate", "add_labels", "memory_path"]
+__all__ = ["SHARED", "MemoryUpdate", "add_label_rows", "add_labels", "memory_path"]
 
 @dataclass(frozen=True)
 class MemoryUpdate:
@@ -35,10 +41,11 @@ class MemoryUpdate:
 
 
 def add_labels(rows: list[Example], path: Path, artifact: Path | None = None,
-               params: MemoryParams | None = None) -> MemoryUpdate:
+               params: MemoryParams | None = None, pools: Sequence[Mapping[str, float]] = ()) -> MemoryUpdate:
     """Append `rows` to the memory at `path` (created when missing), on the vectors of `artifact`'s embedder
-    (default: the artifact the gateway serves). Raises `ArtifactError` when the existing memory is unreadable
-    or holds another embedder's vectors (nothing is written then)."""
+    (default: the artifact the gateway serves); `pools`: each row's qualities per named pool (`LabelRow.pools`;
+    empty: none). Raises `ArtifactError` when the existing memory is unreadable or holds another embedder's vectors
+    (nothing is written then)."""
     art = load_artifact(artifact)
     embedder = make_embedder(art.embedder)
     texts = [ex.text for ex in rows]
@@ -48,7 +55,20 @@ def add_labels(rows: list[Example], path: Path, artifact: Path | None = None,
         memory, _ = load_memory(meta_path, embedder=embedder.name)
     else:
         memory = LabelMemory.empty(x.shape[1], embedder.dim, params or MemoryParams())
+    named = list(pools) or [{}] * len(rows)
     grown = memory.extended(x, np.asarray([gap_target(ex.weak, ex.strong) for ex in rows], np.float64),
-                            [ex.key for ex in rows])
+                            [ex.key for ex in rows], [_qualities(ex, given) for ex, given in zip(rows, named,
+                                                                                               strict=True)])
     save_memory(grown, meta_path, embedder.name)
     return MemoryUpdate(meta_path, len(memory), len(grown), grown.conflicts())
+
+
+def add_label_rows(rows: Sequence[LabelRow], path: Path, artifact: Path | None = None) -> MemoryUpdate:
+    """`add_labels` of label rows as read (`labels.read_label_rows`): each with its qualities per named pool."""
+    return add_labels([r.example for r in rows], path, artifact, pools=[dict(r.pools) for r in rows])
+
+
+def _qualities(example: Example, named: Mapping[str, float]) -> dict[str, float]:
+    """A label's qualities per pool: its micro and flagship quality (when it gives them) and the pools it names."""
+    ends = {MICRO: example.weak, FLAGSHIP: example.strong} if math.isfinite(example.weak) else {}
+    return ends | dict(named)

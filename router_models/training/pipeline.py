@@ -105,7 +105,11 @@ def _user_labels(req: TrainRequest) -> list[Example]:
         print(f"[train] {len(ledger)} labelled requests from the ledger at {req.redis_url}")
     if rows:
         print(f"[train] {find_contradictions(rows).line()}")
-    return [row.example for row in rows]
+    pool_only = sum(not row.has_gap for row in rows)
+    if pool_only:
+        print(f"[train] {pool_only} label rows name pools only (no micro and flagship quality): not trained on; "
+              "`cascade router memory add` keeps them as labels per pool")
+    return [row.example for row in rows if row.has_gap]
 
 
 def _held_back_metrics(art: RouterArtifact, embedder: Embedder, rows: list[Example]) -> dict[str, float]:

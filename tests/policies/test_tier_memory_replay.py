@@ -1,6 +1,7 @@
-"""A label memory's move shifts a tiers trade consistently (`policies.tiers.remembered`), the cost record's tier
-predictions read back (`parse_estimates`), and `policies.replay` decides a tiers policy by the trade on the
-predictions a log line carries, at the policy's tradeoff or the one holding its cost target on the log.
+"""A label memory's move shifts a tiers trade consistently (`policies.tiers.remembered`), its labels per pool move each
+tier alone (`moved`), the cost record's tier predictions read back with each tier's move (`parse_estimates`), and
+`policies.replay` decides a tiers policy by the trade on the predictions a log line carries, at the policy's
+tradeoff or the one holding its cost target on the log.
 
 The predictions and prices are made up to make routing visible; they back no quality claim."""
 
@@ -12,7 +13,7 @@ import pytest
 
 from policies.loader import LoadedPolicy, parse_policy
 from policies.replay import LogError, parse_log, render_replay, replay
-from policies.tiers import TierEstimate, choose, estimates_text, parse_estimates, remembered
+from policies.tiers import TierEstimate, choose, estimates_text, moved, parse_estimates, remembered
 
 POOLS = """
 pools:
@@ -39,6 +40,23 @@ def test_a_memorys_move_lowers_the_bottom_tier_raises_the_top_and_keeps_the_midd
     assert [e.quality for e in remembered(ROW, -0.7)] == pytest.approx([1.0, 0.70, 0.2])  # kept in [0, 1]
     two = remembered((ROW[0], ROW[2]), 0.1)  # two tiers: the gap moves by twice the move, as the score's target
     assert two[1].quality - two[0].quality == pytest.approx(ROW[2].quality - ROW[0].quality + 0.2)
+
+
+def test_labels_per_pool_move_each_tier_alone_and_the_record_carries_each_move() -> None:
+    row = moved(ROW, [0.0, -0.2, 0.0])
+    assert [e.quality for e in row] == pytest.approx([0.60, 0.50, 0.90])
+    assert row[0] is ROW[0] and row[2] is ROW[2] and row[1].memory == pytest.approx(-0.2)
+    text = estimates_text(row)
+    assert text == "general=0.600/$0.000100, code=0.500/$0.000400 (memory -0.200), flagship=0.900/$0.010000"
+    assert [(e.pool, round(e.quality, 3), round(e.memory, 3)) for e in parse_estimates(text)] == \
+        [("general", 0.6, 0.0), ("code", 0.5, -0.2), ("flagship", 0.9, 0.0)]
+    top = moved(ROW, [0.5, 0.0, 0.0])[0]  # kept in [0, 1]: the move recorded is the one made
+    assert top.quality == 1.0 and top.memory == pytest.approx(0.4)
+    assert remembered(ROW, 0.05)[0].memory == pytest.approx(-0.05)  # a gap move is recorded as well
+    with pytest.raises(ValueError, match="1 memory moves for 3 tiers"):
+        moved(ROW, [0.1])
+    with pytest.raises(ValueError, match="is not pool=quality"):
+        parse_estimates("code=0.500/$0.000400 (memory -0.200")
 
 
 @pytest.mark.parametrize("tradeoff", [0.0, 10.0, 30.0, 100.0, 1000.0])

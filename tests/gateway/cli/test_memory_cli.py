@@ -1,8 +1,9 @@
 """`cascade router score --memory` and `cascade router route --memory` apply a label memory exactly as the gateway
 does: the CLI's moved scores equal the gateway's `LabelMemories` moves of the same prompts, and its per-tier
 predictions equal the trade the gateway's router builds for a `routing.tiers` policy with that memory (the shipped
-router artifact and pool map, the three-pool example's shared-model placements). An unknown memory is refused with
-the memories there are.
+router artifact and pool map, the three-pool example's shared-model placements): a memory of gap labels only shifts
+every tier by the gap move, one with labels per pool moves each labelled tier alone, and `cascade policy explain`
+shows the same moves. An unknown memory is refused with the memories there are.
 
 The prompts and labels are written here: they show that labels reach the score and the trade, never which prompt is
 harder."""
@@ -27,6 +28,7 @@ from gateway.serving.router import RequestRouter
 from gateway.serving.schema import parse_chat_request
 from policies.ladder import LadderState
 from policies.loader import load_policy
+from policies.tiers import estimates_text
 from router_models.embedders.features import FEATURE_NAMES
 from router_models.serving.artifact import DEFAULT_ARTIFACT
 from router_models.serving.classifier import feature_matrix
@@ -63,6 +65,19 @@ async def store(scorer: ClassifierScorer, tmp_path: Path) -> Path:
     memory = LabelMemory(rows, np.asarray([1.0, 1.0, 0.5]), rows.shape[1] - len(FEATURE_NAMES))
     save_memory(memory, tmp_path / "store" / "memory" / "shared.json", embedder=scorer.embedding_space)
     return tmp_path / "store"
+
+
+@pytest_asyncio.fixture
+async def pool_store(scorer: ClassifierScorer, tmp_path: Path) -> Path:
+    """A store whose shared memory says the code pool answered the second prompt badly and the general pool the
+    third well (labels per pool only: no gap)."""
+    await scorer.score(LABELLED)
+    vectors = np.stack([v for t in LABELLED if (v := scorer.embedding(t)) is not None]).astype(np.float32)
+    rows = feature_matrix(vectors, LABELLED)[1:]
+    memory = LabelMemory(rows, np.full(2, np.nan), rows.shape[1] - len(FEATURE_NAMES), pools=("code", "general"),
+                         qualities=np.asarray([[0.0, np.nan], [np.nan, 1.0]]))
+    save_memory(memory, tmp_path / "pools" / "memory" / "shared.json", embedder=scorer.embedding_space)
+    return tmp_path / "pools"
 
 
 @pytest.fixture
@@ -126,6 +141,71 @@ async def test_route_shifts_every_tier_as_the_gateways_trade_does(scorer: Classi
         shift = [got["predicted"][p] - before["predicted"][p] for p in tiers]
         assert shift == pytest.approx([-got["gap_move"], 0.0, got["gap_move"]], abs=2e-6)
     assert max(abs(r["gap_move"]) for r in _lines(out)) > 0.01
+
+
+async def _served_trades(scorer: ClassifierScorer, store: Path, tmp_path: Path) -> list[Any]:
+    """The trade the gateway's router builds for each prompt under the three-pool example with `store`'s shared
+    memory (tradeoff 0)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(EXAMPLE.read_text().replace('cost_per_1k: "2.00"', "tradeoff: 0")
+                      + "learning:\n  label_memory:\n    scope: shared\n")
+    loaded = with_placements(load_policy(policy))
+    memories = LabelMemories(store / "memory", lambda: scorer)
+    await memories.refresh()
+    router = RequestRouter(scorer, GatewayMetrics(dict), memories=memories)
+    trades = []
+    for prompt in PROMPTS:
+        messages = prompt.get("messages") or [{"role": "user", "content": prompt["prompt"]}]
+        request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": messages}))
+        decision = await router.route(request, raw, "acme", {}, loaded, LadderState())
+        assert decision.trade is not None
+        trades.append(decision.trade)
+    return trades
+
+
+async def test_labels_per_pool_move_each_labelled_tier_alone_as_the_gateways_trade_does(
+        scorer: ClassifierScorer, pool_store: Path, prompts: Path, tmp_path: Path) -> None:
+    out, plain = tmp_path / "routes.jsonl", tmp_path / "plain.jsonl"
+    common = ["router", "route", "--policy", str(EXAMPLE), "--in", str(prompts), "--tradeoff", "0",
+              "--artifact", str(DEFAULT_ARTIFACT)]
+    assert main([*common, "--out", str(out), "--memory", "shared", "--store", str(pool_store)]) == 0
+    assert main([*common, "--out", str(plain)]) == 0
+    trades = await _served_trades(scorer, pool_store, tmp_path)
+    lines, before = _lines(out), _lines(plain)
+    for got, was, trade in zip(lines, before, trades, strict=True):
+        assert trade.memory == "shared@2"
+        assert got["predicted"] == pytest.approx({e.pool: e.quality for e in trade.estimates}, abs=1e-5)
+        assert got["memory_move"] == pytest.approx({e.pool: e.memory for e in trade.estimates}, abs=1e-5)
+        assert got["memory_move"]["flagship"] == 0.0 and got["gap_move"] == 0.0  # no label of it; no gap label
+        for pool, move in got["memory_move"].items():
+            # three figures each rounded to 6 decimals in the file
+            assert got["predicted"][pool] == pytest.approx(was["predicted"][pool] + move, abs=2e-6)
+    by_id = {line["id"]: line for line in lines}
+    assert by_id["b"]["memory_move"]["code"] < -0.05  # near the prompt the code pool answered badly
+    assert by_id["c"]["memory_move"]["general"] > 0.01  # near the one the general pool answered well
+    assert "(memory -" in estimates_text(trades[1].estimates)  # what x-cascade-tiers and the cost record carry
+
+
+def test_explain_shows_each_tiers_memory_move(pool_store: Path, prompts: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", str(DEFAULT_ARTIFACT))
+    out = tmp_path / "routes.jsonl"
+    assert main(["router", "route", "--policy", str(EXAMPLE), "--in", str(prompts), "--tradeoff", "0",
+                 "--artifact", str(DEFAULT_ARTIFACT), "--out", str(out), "--memory", "shared",
+                 "--store", str(pool_store)]) == 0
+    routed = _lines(out)[1]
+    capsys.readouterr()
+    assert main(["policy", "explain", str(EXAMPLE), "--prompt", PROMPTS[1]["prompt"], "--tradeoff", "0",
+                 "--memory", "shared", "--store", str(pool_store)]) == 0
+    shown = capsys.readouterr().out
+    assert "label memory shared@2 applied" in shown
+    code = next(line for line in shown.splitlines() if line.startswith("  code: quality"))
+    assert code.startswith(f"  code: quality {routed['predicted']['code']:.3f} "
+                           f"(label memory {routed['memory_move']['code']:+.3f})")
+    assert main(["policy", "explain", str(EXAMPLE), "--prompt", "hi", "--memory", "acme",
+                 "--store", str(pool_store)]) == 1
+    assert "no label memory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["score", "route"])

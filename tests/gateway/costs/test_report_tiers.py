@@ -34,6 +34,10 @@ def test_a_record_counts_its_pools_predicted_quality_and_the_top_tiers() -> None
     assert tier_counters(make_record(1, pool="other", tiers=TIERS[1])) == (0, 0, 0)  # no prediction for its pool
     assert tier_counters(make_record(1, pool="code")) == (0, 0, 0)  # no tiers
     assert record_from_fields(record_to_fields(rec)).tiers == TIERS[1]  # the stream and the outbox keep it
+    moved = make_record(1, pool="code", tiers="general=0.300/$0.000050, code=0.750/$0.000300 (memory -0.100), "
+                                              "flagship=0.950/$0.007000")
+    assert tier_counters(moved) == (1, 750, 950)  # a label memory's move rides along: the moved quality counts
+    assert record_from_fields(record_to_fields(moved)).tiers == moved.tiers
 
 
 def test_the_report_gives_per_pool_spend_savings_and_quality_kept(prefix: str, tmp_path: Path) -> None:

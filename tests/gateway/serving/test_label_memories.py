@@ -409,3 +409,33 @@ def test_a_memory_grown_under_steady_traffic_fails_no_request(
             assert answer.headers["x-cascade-router-version"].endswith(f"+memory/shared@{size}")
             result = figures(outcomes, began, applied)
             assert result["failed"] == 0 and result["during"]["requests"] > 0, result  # clients are always in flight
+
+
+class _CountingMap:
+    """A quality model that predicts 0.5 for every tier and counts the label rows it was asked about."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def quality(self, features: npt.NDArray[np.float32], placements: Sequence[Any]) -> npt.NDArray[np.float64]:
+        self.rows += len(features)
+        return np.full((len(features), len(placements)), 0.5)
+
+
+async def test_labels_per_pool_are_read_against_the_placements_once_until_they_change(scorer: ClassifierScorer,
+                                                                                       tmp_path: Path) -> None:
+    rows = await _rows(scorer, [HARD, EASY])
+    memory = LabelMemory(rows, np.full(2, np.nan), rows.shape[1] - len(FEATURE_NAMES), pools=("code", "general"),
+                         qualities=np.asarray([[0.0, np.nan], [np.nan, 1.0]]))
+    save_memory(memory, tmp_path / "memory" / "shared.json", embedder=scorer.embedding_space)
+    memories = LabelMemories(tmp_path / "memory", lambda: scorer)
+    await memories.refresh()
+    model, placements, tiers = _CountingMap(), (object(), object(), object()), ("general", "code", "flagship")
+    first = await memories.tier_moves("shared", rows[0], tiers, placements, model)
+    again = await memories.tier_moves("shared", rows[0], tuple(list(tiers)), placements, model)
+    assert first == again and model.rows == 2  # the residuals were computed once, on the 2 labels
+    assert first is not None and first[1] < -0.1 and first[2] == 0.0  # HARD's own label: code falls; no flagship one
+    assert abs(first[0]) < abs(first[1]) / 5  # the general label is EASY's, far from HARD
+    await memories.tier_moves("shared", rows[0], tiers, (object(), *placements[1:]), model)
+    assert model.rows == 4  # a placement reloaded: read against it afresh
+    assert await memories.tier_moves("other", rows[0], tiers, placements, model) is None

@@ -17,6 +17,7 @@ from router_models.serving.placement import (
     PlaceRow,
     place_from_outcomes,
     place_from_shared,
+    placement_prior,
 )
 from router_models.serving.pool_map import (
     DEFAULT_POOL_MAP,
@@ -77,6 +78,13 @@ def test_more_rows_place_a_pool_more_surely_and_near_its_true_ability() -> None:
     assert all(b < s for b, s in zip(big.se, small.se, strict=True))
     assert np.all(np.abs(np.array(big.ability) - truth) < 3 * np.array(big.se) + 0.05)
     assert big.rows == 3000 and big.origin == {"outcomes": "rows.jsonl"} and big.map_version == "map@test"
+
+
+def test_few_rows_narrow_the_prior_on_the_domain_axes_alone() -> None:
+    pool_map = _map()
+    mean, sd = placement_prior(pool_map, 100)
+    assert mean.tolist() == [0.0, 0.0, 0.0] and sd.tolist() == pytest.approx([2.0, 0.5, 0.5])  # sqrt(100 / 400)
+    assert placement_prior(pool_map, 400)[1].tolist() == placement_prior(pool_map, 5000)[1].tolist() == [2.0, 1.0, 1.0]
 
 
 def test_placement_round_trips_and_refuses_a_bad_file(tmp_path: Path) -> None:

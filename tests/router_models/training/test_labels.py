@@ -1,4 +1,4 @@
-"""The label-file format: both forms read, every bad row named by file:line and field."""
+"""The label-file format: both forms and labels per pool read, every bad row named by file:line and field."""
 
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ def test_both_forms_and_messages(tmp_path: Path) -> None:
     ({"needs_flagship": 1}, "'prompt'"),
     ({"prompt": "x", "needs_flagship": 1.5}, "'needs_flagship' must be a number in \\[0, 1\\]"),
     ({"prompt": "x", "micro": 0.5}, "give 'needs_flagship'"),
+    ({"prompt": "x", "pool": "code"}, "give 'needs_flagship'"),  # a ledger row's "pool" is information only
+    ({"prompt": "x", "pools": {"code": 2}}, "pools: field 'code' must be a number in \\[0, 1\\]"),
+    ({"prompt": "x", "pools": {"@micro": 1}}, "not starting with '@'"),
+    ({"prompt": "x", "pools": {}}, "'pools' must be an object"),
+    ({"prompt": "x", "pools": {"code": "good"}}, "pools: field 'code' must be a number"),
     ({"prompt": "x", "micro": "high", "flagship": 1}, "'micro'"),
     ({"prompt": "x", "needs_flagship": 0, "source": ""}, "'source'"),
     ({"prompt": "x", "needs_flagship": 0, "shape": {"user_turns": -1}}, "'shape'"),
@@ -52,6 +57,19 @@ def test_bad_rows_name_line_and_field(tmp_path: Path, row: object, message: str)
     with pytest.raises(LabelError, match=message) as err:
         read_label_file(path)
     assert f"{path}:2" in str(err.value)
+
+
+def test_labels_per_pool_are_read_and_a_row_of_pools_alone_gives_no_gap(tmp_path: Path) -> None:
+    path = _write(tmp_path / "l.jsonl", [
+        {"prompt": "a", "pools": {"code": 0}, "pool": "general"},
+        {"prompt": "b", "pools": {"general": 0.2, "code": 1}, "needs_flagship": 1},
+        {"prompt": "c", "needs_flagship": 0},
+    ])
+    a, b, c = read_label_rows(path)
+    assert (a.pools, a.has_gap) == ((("code", 0.0),), False)
+    assert (b.pools, b.has_gap, b.example.weak) == ((("general", 0.2), ("code", 1.0)), True, 0.0)
+    assert (c.pools, c.has_gap) == ((), True)
+    assert [e.text for e in read_label_file(path)] == ["b", "c"]  # what trains a router: rows that give a gap
 
 
 def test_not_json_and_empty_file(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 
@@ -45,6 +46,20 @@ def test_labels_are_appended_to_the_tenants_memory_and_conflicts_counted(tmp_pat
     assert len(memory) == 3 and meta["conflicting_prompts"] == 1  # "Say hello.": targets 0.25, then 1.0
     assert memory.targets.tolist() == [1.0, 0.25, 1.0]
     assert "2 -> 3 labels, 1 prompts with conflicting labels" in capsys.readouterr().out
+
+
+def test_labels_per_pool_are_kept_beside_each_labels_micro_and_flagship_quality(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    rows = _labels(tmp_path / "a.jsonl", [{"prompt": "Write a Python function that reverses a list.",
+                                           "pools": {"code": 0}},
+                                          {"prompt": "Say hello.", "micro": 1.0, "flagship": 0.5,
+                                           "pools": {"general": 1}}])
+    assert _run("--labels", str(rows), "--store", str(store), "--artifact", str(DEFAULT_ARTIFACT)) == 0
+    memory, meta = load_memory(store / "memory" / "shared.json")
+    assert meta["memory_format"] == 2 and memory.pools == ("code", "@micro", "@flagship", "general")
+    assert memory.qualities is not None
+    assert np.isnan(memory.targets[0]) and memory.targets[1] == 0.25
+    assert np.nan_to_num(memory.qualities, nan=-1).tolist() == [[0, -1, -1, -1], [-1, 1.0, 0.5, 1.0]]
 
 
 def test_a_bad_row_is_refused_with_its_line_and_nothing_is_written(tmp_path: Path,
