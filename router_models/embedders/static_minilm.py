@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.embedders.onnx_minilm import default_cache_dir
+from router_models.embedders.onnx_minilm import default_cache_dir, readable
 
 __all__ = ["STATIC_VERSION", "StaticMiniLMEmbedder", "build_static_table", "ensure_static_table", "zipf_weights"]
 
@@ -141,15 +141,14 @@ class StaticMiniLMEmbedder:
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        tok = self._tokenizer  # one text (serving): no hand-off to the tokenizer's thread pool
-        encodings = ([tok.encode(texts[0], add_special_tokens=False)] if len(texts) == 1
-                     else tok.encode_batch(list(texts), add_special_tokens=False))
+        # `encode_batch_fast`: the same word pieces as `encode` without the offsets nothing here reads (15% less CPU
+        # a text, a lone one included); `readable`: a lone surrogate would make the tokenizer fail the whole batch
+        encodings = self._tokenizer.encode_batch_fast([readable(t) for t in texts], add_special_tokens=False)
         for row, enc in enumerate(encodings):
             ids = np.asarray(enc.ids, dtype=np.int64)
             if ids.size == 0:
                 continue
-            w = self._weights[ids]
-            vec = w @ self._table[ids]
+            vec = self._weights[ids] @ self._table[ids]
             norm = float(np.linalg.norm(vec))
             if norm > 0.0:
                 out[row] = vec / norm

@@ -145,3 +145,13 @@ def test_a_missing_table_is_built_once_and_written_whole(tmp_path: Path, monkeyp
     assert np.array_equal(np.load(path), np.arange(12, dtype=np.float16).reshape(3, 4))
     assert [p.name for p in (tmp_path / "static").iterdir()] == [path.name]  # no temporary file left
     assert embedder_static.ensure_static_table(model_dir, 6, tmp_path) == path and built == [6]
+
+
+def test_a_lone_surrogate_neither_raises_nor_fails_the_texts_beside_it(static: StaticMiniLMEmbedder) -> None:
+    """A JSON string may carry "\\udc80": the tokenizer would raise for it and fail every text of its batch (the
+    scorer's overflow batches, or the primary's when this embedder serves). It is read as "?" is."""
+    broken = "what is 2 + 2 \udc80 and why"
+    vecs = static.embed([broken, TEXTS[2]])
+    assert np.array_equal(vecs[0], static.embed(["what is 2 + 2 ? and why"])[0])
+    assert np.array_equal(vecs[1], static.embed([TEXTS[2]])[0])
+    assert np.linalg.norm(vecs[0]) == pytest.approx(1.0, abs=1e-5)
