@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets",
-           "readable"]
+           "readable", "word_prefix"]
 
 FloatArray = npt.NDArray[np.float32]
 EXPORT_VERSION = 2  # bump when the exported graph or the quantization recipe changes
@@ -216,14 +216,23 @@ class OnnxMiniLMEmbedder:
         text's (tests/router_models/embedders/test_onnx_minilm.py holds them equal); otherwise the whole text is
         read. A 100,000-character prompt then costs what a 500-character one does."""
         text = readable(text) or " "
-        if 0 < self._probe_chars < len(text):
-            ends = [i for i in (text.find(" ", self._probe_chars), text.find("\n", self._probe_chars)) if i > 0]
-            if ends:
-                end = min(ends)
-                first = self._tokenizer.encode(text[:end])
-                if first.overflowing:
-                    return first
+        head = word_prefix(text, self._probe_chars) if self._probe_chars > 0 else text
+        if len(head) < len(text):
+            first = self._tokenizer.encode(head)
+            if first.overflowing:
+                return first
         return self._tokenizer.encode(text)
+
+
+def word_prefix(text: str, chars: int) -> str:
+    """`text` up to the first space or newline at or after `chars` characters (the whole text when it has none
+    there). Its word pieces are the first ones of the whole text's: the normaliser works per character and the
+    pre-tokenizer splits at whitespace, so the words before a space are tokenized as in the whole text
+    (tests/router_models/embedders/test_onnx_bad_input.py holds them equal on hard and real texts)."""
+    if len(text) <= chars:
+        return text
+    ends = [i for i in (text.find(" ", chars), text.find("\n", chars)) if i > 0]
+    return text[: min(ends)] if ends else text
 
 
 def readable(text: str) -> str:
