@@ -36,7 +36,8 @@ Floats = npt.NDArray[np.float64]
 def row_norms(x: npt.NDArray[np.floating]) -> npt.NDArray[np.floating]:
     """(n, 1): each row's L2 norm, as `np.linalg.norm(x, axis=1, keepdims=True)` computes it for real rows (the same
     sum of squares and square root, so the same values) without its dispatch, a few us a call on one-row arrays."""
-    return np.sqrt(np.add.reduce(x * x, axis=1, keepdims=True))
+    norms: npt.NDArray[np.floating] = np.sqrt(np.add.reduce(x * x, axis=1, keepdims=True))
+    return norms
 
 
 def unit_rows(x: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
