@@ -66,7 +66,7 @@ class Retrain(Frozen):
     held_back: float = Field(default=0.3, ge=0.05, le=0.9, description="share of the labels kept out of "
                              "training to compare the candidate with the current artifact")
     embedder: str | None = Field(default=None, description="embedder of the candidate, e.g. "
-                                 "all-MiniLM-L6-v2:static (default: the trainer's, the shipped artifact's)")
+                                 "all-MiniLM-L6-v2:static:t64 (default: the trainer's, the shipped artifact's)")
     timeout_minutes: int = Field(default=60, ge=1, le=1440, description="a training still running after "
                                  "this long is stopped and counted as failed")
 

@@ -201,7 +201,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feature-set", choices=("embedding+structure", "embedding", "structure"), default=None,
                    help="inputs of the classifier (default: the artifact's, else embedding+structure)")
     p.add_argument("--embedder", default=None, help="embedder name (default: the artifact's, else "
-                   "all-MiniLM-L6-v2:onnx-int8:t64:l3); e.g. all-MiniLM-L6-v2:static (the fast one); '+' joins "
+                   "all-MiniLM-L6-v2:onnx-int8:t64:l3); e.g. all-MiniLM-L6-v2:static:t64 (the fast one); '+' joins "
                    "two side by side")
     p.add_argument("--max-per-source", type=int, default=None,
                    help="use at most N evenly spaced prompts per source (quick runs; the figures then differ)")

@@ -17,6 +17,7 @@ omission). The speed targets (`TARGET_*`) are printed with PASS/FAIL for every s
     git worktree add /tmp/scorer-old HEAD~1
     python -m loadtest.bench.scorer --trees /tmp/scorer-old,. --rates 100,300,400 --repeats 3
     python -m loadtest.bench.scorer --old-tree /tmp/scorer-old --rates 100,300,600 --repeats 2   # the guard
+    python -m loadtest.bench.scorer --trees OLD,. --artifacts OLD/a.json,NEW/b.json   # each tree its own artifact
 
 Every score is moved by a label memory of `--labels` real labels (default 1,000; `scorer_memory`), as a tenant's
 memory moves it in the gateway, and the shipped artifact brings its in-domain figure: the targets are for that.
@@ -137,9 +138,9 @@ def _label(artifact: str | None) -> str:
     return load_artifact(artifact).embedder if artifact else "shipped:" + load_artifact().embedder
 
 
-def _med(results: list[Result], key: str) -> str:
+def _med(results: list[Result], key: str, digits: int = 1) -> str:
     vals = sorted(float(getattr(r, key)) for r in results)
-    return f"{statistics.median(vals):7.1f} ({vals[0]:.1f}-{vals[-1]:.1f})"
+    return f"{statistics.median(vals):7.{digits}f} ({vals[0]:.{digits}f}-{vals[-1]:.{digits}f})"
 
 
 def verdicts(rows: dict[float, list[Result]]) -> list[tuple[str, bool | None]]:
@@ -171,7 +172,7 @@ def _summary(rows: dict[tuple[str, float], list[Result]]) -> None:
     print("\nmedian over repeats (min-max):")
     for (label, rate), res in rows.items():
         print(f"{label:38} offered {rate:5.0f}: scored/s {_med(res, 'throughput')}  p50 ms {_med(res, 'p50_ms')}  "
-              f"p99 ms {_med(res, 'p99_ms')}  CPU ms/req {_med(res, 'cpu_ms')}")
+              f"p99 ms {_med(res, 'p99_ms')}  CPU ms/req {_med(res, 'cpu_ms', 2)}")
     print("\ntargets:")
     for label in dict.fromkeys(label for label, _ in rows):
         cells = {rate: res for (lab, rate), res in rows.items() if lab == label}
@@ -182,7 +183,7 @@ def _summary(rows: dict[tuple[str, float], list[Result]]) -> None:
 def _print_cell(rep: int, label: str, res: Result, stats: str) -> None:
     print(f"[{rep}] {label}: offered {res.offered:4.0f} req/s -> {res.throughput:6.1f} scored/s, "
           f"p50 {res.p50_ms:6.1f} ms, p99 {res.p99_ms:7.1f} ms, errors {res.errors}, "
-          f"process CPU {res.cpu_ms:.1f} ms/req ({stats}) load {os.getloadavg()[0]:.2f}", flush=True)
+          f"process CPU {res.cpu_ms:.2f} ms/req ({stats}) load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 def _cells(args: argparse.Namespace) -> Iterator[tuple[int, float, int]]:
@@ -190,6 +191,19 @@ def _cells(args: argparse.Namespace) -> Iterator[tuple[int, float, int]]:
     rates = [float(r) for r in args.rates.split(",")]
     for rep, (k, rate) in itertools.product(range(args.repeats), enumerate(rates)):
         yield rep, rate, args.seed + 100 * rep + k
+
+
+def _tree_artifacts(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(tree, artifact) per worker: `--artifacts` names one artifact for every tree, or one per tree, in order
+    (e.g. each tree's own fast artifact, when an old tree cannot read the new one's embedder name)."""
+    trees = args.trees.split(",")
+    artifacts: list[str | None] = list(args.artifacts.split(",")) if args.artifacts else [None]
+    if len(artifacts) == 1:
+        artifacts *= len(trees)
+    if len(artifacts) != len(trees):
+        raise SystemExit(f"--artifacts with --trees: one artifact for every tree, or one per tree "
+                         f"({len(trees)}), got {len(artifacts)}")
+    return list(zip(trees, artifacts, strict=True))
 
 
 def _run_trees(args: argparse.Namespace) -> None:
@@ -203,8 +217,10 @@ def _run_trees(args: argparse.Namespace) -> None:
         path.write_text(json.dumps(prompt_set.prompts))
         workers: list[TreeWorker] = []
         try:
-            for tree in args.trees.split(","):
-                workers.append(TreeWorker(tree, path, args.artifacts, args.labels, args.one_blas))
+            for tree, artifact in _tree_artifacts(args):
+                workers.append(TreeWorker(tree, path, artifact, args.labels, args.one_blas))
+                if artifact and args.artifacts and "," in args.artifacts:
+                    workers[-1].label += f" {Path(artifact).stem}"
                 print(f"scorer {workers[-1].label}: router_models from {workers[-1].origin}", flush=True)
             for rep, rate, seed in _cells(args):
                 for w in workers:
@@ -274,7 +290,7 @@ def main() -> None:
                    "load_scorer's); a comma list compares ONNX sessions side by side (torch's is process-wide)")
     p.add_argument("--artifacts", default=None,
                    help="comma-separated artifact .json paths, benchmarked side by side (default: the shipped one); "
-                   "with --trees, one artifact used by every tree")
+                   "with --trees, one artifact used by every tree, or one per tree (in the trees' order)")
     p.add_argument("--variants", default=None, help="scorers with other knobs side by side, e.g. "
                    "'workers=1,threads=2,max_wait_ms=2;workers=2,threads=1' (threads and BatchingConfig fields)")
     p.add_argument("--trees", default=None, help="comma-separated source trees (e.g. a git worktree of an older "

@@ -33,7 +33,7 @@ def make_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> E
     if spec.backend == "static":
         from router_models.embedders.static_minilm import StaticMiniLMEmbedder
 
-        return StaticMiniLMEmbedder(name, spec.layers)
+        return StaticMiniLMEmbedder(name, spec.layers, max_tokens=spec.max_tokens)
     alone = 1 if spec.quantize else 8  # int8 activations are quantized per call: see OnnxMiniLMEmbedder
     if spec.backend == "torch":
         return MiniLMEmbedder(name, batch_size=alone)

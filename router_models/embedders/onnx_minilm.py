@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets"]
+__all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets",
+           "readable", "word_prefix"]
 
 FloatArray = npt.NDArray[np.float32]
 EXPORT_VERSION = 2  # bump when the exported graph or the quantization recipe changes
@@ -184,7 +185,7 @@ class OnnxMiniLMEmbedder:
         """Row i: texts[i]'s vector. Counts the texts whose word pieces were cut at `max_tokens` (`take_truncated`)."""
         tok = self._tokenizer  # one text (serving): no hand-off to the tokenizer's thread pool (~0.3 ms)
         encodings = ([self._encode_one(texts[0])] if len(texts) == 1
-                     else tok.encode_batch([_valid(t) or " " for t in texts]))
+                     else tok.encode_batch([readable(t) or " " for t in texts]))
         cut = sum(1 for e in encodings if e.overflowing)
         if cut:
             with self._lock:
@@ -214,18 +215,27 @@ class OnnxMiniLMEmbedder:
         whitespace), so when that prefix already overflows the cut, its word pieces up to the cut are the whole
         text's (tests/router_models/embedders/test_onnx_minilm.py holds them equal); otherwise the whole text is
         read. A 100,000-character prompt then costs what a 500-character one does."""
-        text = _valid(text) or " "
-        if 0 < self._probe_chars < len(text):
-            ends = [i for i in (text.find(" ", self._probe_chars), text.find("\n", self._probe_chars)) if i > 0]
-            if ends:
-                end = min(ends)
-                first = self._tokenizer.encode(text[:end])
-                if first.overflowing:
-                    return first
+        text = readable(text) or " "
+        head = word_prefix(text, self._probe_chars) if self._probe_chars > 0 else text
+        if len(head) < len(text):
+            first = self._tokenizer.encode(head)
+            if first.overflowing:
+                return first
         return self._tokenizer.encode(text)
 
 
-def _valid(text: str) -> str:
+def word_prefix(text: str, chars: int) -> str:
+    """`text` up to the first space or newline at or after `chars` characters (the whole text when it has none
+    there). Its word pieces are the first ones of the whole text's: the normaliser works per character and the
+    pre-tokenizer splits at whitespace, so the words before a space are tokenized as in the whole text
+    (tests/router_models/embedders/test_onnx_bad_input.py holds them equal on hard and real texts)."""
+    if len(text) <= chars:
+        return text
+    ends = [i for i in (text.find(" ", chars), text.find("\n", chars)) if i > 0]
+    return text[: min(ends)] if ends else text
+
+
+def readable(text: str) -> str:
     """`text` as the tokenizer can read it: lone surrogates (a JSON string may carry "\\udc80") replaced by "?",
     where the tokenizer would raise for the text and fail every text in its batch."""
     try:

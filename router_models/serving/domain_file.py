@@ -5,8 +5,9 @@ Stored apart from the artifact so that an artifact built before it keeps loading
 version stay what they were), and so that `cascade router domain build` can add one to any artifact without
 retraining it. Written payload first, metadata last, each through a temporary file renamed into place.
 
-`reference_for(artifact)`: the reference beside the artifact; else, for an artifact on the shipped one's embedder
-(a version retrained on the same public sources plus the gateway's own labels), the shipped reference; else None:
+`reference_for(artifact)`: the reference beside the artifact; else, for an artifact on the embedder of one of the two
+shipped artifacts (a version retrained on the same public sources plus the gateway's own labels), that one's
+reference; else None:
 the artifact has no in-domain figure, and every place that shows one says so (`in_domain` null/absent).
 A reference that is there but corrupt, or on another embedder, raises `ArtifactError`.
 """
@@ -24,6 +25,7 @@ import numpy as np
 
 from router_models.serving.artifact import (
     DEFAULT_ARTIFACT,
+    FAST_ARTIFACT,
     ArtifactError,
     read_metadata,
     read_payload,
@@ -95,8 +97,9 @@ def reference_for(artifact: str | Path, embedder: str) -> tuple[DomainReference,
     own = domain_path(artifact)
     if own.exists():
         return load_domain(own, embedder)
-    shipped = domain_path(DEFAULT_ARTIFACT)
-    if shipped.exists():
+    for shipped in (domain_path(DEFAULT_ARTIFACT), domain_path(FAST_ARTIFACT)):
+        if not shipped.exists():
+            continue
         try:
             meta = json.loads(shipped.read_text())
         except (OSError, ValueError):

@@ -65,6 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
+from router_models.serving.domain import row_norms
 from router_models.serving.logistic import penalised_logistic
 
 __all__ = ["Combination", "LabelMemory", "MemoryParams", "MemoryRouter", "fit_combination", "fit_scale",
@@ -182,12 +183,18 @@ def fit_combination(router_logits: Floats, source_logits: Floats, targets: Float
     return Combination(max(float(theta[0]), 0.0), weights, float(theta[-1] - weights[used] @ mean[used]))
 
 
+def _clip(x: Floats, low: float, high: float) -> Floats:
+    """`np.clip(x, low, high)`, the same values, without its dispatch: 1-2 us against 5-6 us on the one-row arrays
+    `adjust` moves per request, where it runs four times."""
+    return np.asarray(np.minimum(np.maximum(x, low), high), np.float64)
+
+
 def _sigmoid(z: Floats) -> Floats:
-    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))), np.float64)
+    return np.asarray(1.0 / (1.0 + np.exp(-_clip(z, -40.0, 40.0))), np.float64)
 
 
 def _logit(p: Floats) -> Floats:
-    q = np.clip(p, _EPS, 1.0 - _EPS)
+    q = _clip(p, _EPS, 1.0 - _EPS)
     return np.asarray(np.log(q) - np.log1p(-q), np.float64)
 
 
@@ -411,7 +418,7 @@ class MemoryRouter:
         sources = (self.base.sources.logits(features[:, :self.dim])
                    if self.base.sources is not None and self.combination.used else np.zeros((len(scores), 0)))
         read = self.combination.logits(_logit(scores), sources)
-        moved = np.clip(_sigmoid(self.slope * read + self.level) + shift, _EPS, 1.0 - _EPS)
+        moved = _clip(_sigmoid(self.slope * read + self.level) + shift, _EPS, 1.0 - _EPS)
         back_slope, back_level = self.back
         return _sigmoid((_logit(moved) - back_level) / back_slope)
 
@@ -461,5 +468,5 @@ def similarity_rows(x: npt.NDArray[np.floating], embedding_dim: int, structure: 
 
 def _unit_rows(x: npt.NDArray[np.floating]) -> FloatArray:
     """Rows scaled to unit length (the embedder's already are, up to int8 rounding; zero rows stay zero)."""
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    norms = row_norms(x)
     return np.asarray(x / np.where(norms > 0, norms, 1.0), np.float32)

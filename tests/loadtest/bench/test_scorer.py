@@ -106,3 +106,18 @@ def test_a_tree_worker_scores_with_its_own_tree(tmp_path: Path) -> None:
         worker.close()
     assert reply["errors"] == 0 and 50 < int(str(reply["completed"])) < 160  # Poisson(100), more than 10 prompts
     assert str(reply["stats"]).startswith("batches=")
+
+
+def test_trees_take_one_artifact_for_all_or_one_each() -> None:
+    import argparse
+
+    from loadtest.bench.scorer import _tree_artifacts
+
+    def pairs(trees: str, artifacts: str | None) -> list[tuple[str, str | None]]:
+        return _tree_artifacts(argparse.Namespace(trees=trees, artifacts=artifacts))
+
+    assert pairs("old,.", None) == [("old", None), (".", None)]
+    assert pairs("old,.", "a.json") == [("old", "a.json"), (".", "a.json")]
+    assert pairs("old,.", "a.json,b.json") == [("old", "a.json"), (".", "b.json")]
+    with pytest.raises(SystemExit, match="one per tree"):
+        pairs("old,.", "a.json,b.json,c.json")

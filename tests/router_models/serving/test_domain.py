@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router_models.serving.artifact import DEFAULT_ARTIFACT, ArtifactError
+from router_models.serving.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT, ArtifactError
 from router_models.serving.classifier_scorer import BatchingConfig, load_scorer
 from router_models.serving.domain import DomainReference
 from router_models.serving.domain_file import domain_path, load_domain, reference_for, save_domain
@@ -60,6 +60,9 @@ def test_an_artifact_without_a_reference_has_no_figure(tmp_path: Path) -> None:
     shipped = json.loads(domain_path(DEFAULT_ARTIFACT).read_text())
     found = reference_for(artifact, shipped["embedder"])  # a retrained version on the shipped embedder
     assert found is not None and found[1]["payload_sha256"] == shipped["payload_sha256"]
+    fast = json.loads(domain_path(FAST_ARTIFACT).read_text())  # one retrained on the fast artifact's embedder
+    found = reference_for(artifact, fast["embedder"])
+    assert found is not None and found[1]["payload_sha256"] == fast["payload_sha256"] != shipped["payload_sha256"]
     save_domain(_reference(), domain_path(artifact), "emb")
     with pytest.raises(ArtifactError, match="holds vectors of 'emb'"):  # its own, on another embedder: refused
         reference_for(artifact, shipped["embedder"])
