@@ -82,10 +82,8 @@ class StreamRelay:
         forward_usage: bool,
         started: float,
         on_finish: Callable[[StreamRelay], None],
-        fmt: StreamFormat = CHAT_STREAM,
     ) -> None:
-        """`fmt`: the endpoint's stream format (chat, completions, Responses)."""
-        self._fmt = fmt
+        self.fmt = CHAT_STREAM  # the endpoint's stream format (chat, completions, Responses): set before `body()`
         self._first = first_chunk
         self._chunks = chunks
         self._upstream = upstream
@@ -121,7 +119,7 @@ class StreamRelay:
         out = []
         content = 0
         for event in parts:
-            has_content = self._fmt.content in event and self._fmt.empty not in event
+            has_content = self.fmt.content in event and self.fmt.empty not in event
             content += has_content
             if _USAGE in event:
                 # the last usage seen counts: an engine that reports usage on every chunk (vLLM's
@@ -129,7 +127,7 @@ class StreamRelay:
                 self.usage = _parse_usage(event) or self.usage
                 if not self._forward_usage and not has_content:
                     continue
-            if event.startswith(self._fmt.final):
+            if event.startswith(self.fmt.final):
                 self._done_relayed = True
             self._events.append(event)
             out.append(event)
@@ -195,7 +193,7 @@ class StreamRelay:
 
     def generated_text(self) -> str:
         """The content generated so far, from the relayed events (parsed only when needed)."""
-        return "".join(text for event in self._events for chunk in sse_json(event) for text in self._fmt.texts(chunk))
+        return "".join(text for event in self._events for chunk in sse_json(event) for text in self.fmt.texts(chunk))
 
 
 def sse_json(event: bytes) -> Iterator[dict[str, Any]]:
