@@ -1,8 +1,8 @@
 """The chat-completions service: screen → plan (`gateway.serving.steps`) → send (`gateway.serving.layers`).
 
 HTTP-free: it takes a validated `ChatRequest` and returns a reply for `gateway.api.app` to render. The request's
-path, top to bottom: the tenant's input guards; admission, the first route and each route step (`Planner`); the
-first call's engine body; then the sending layers, cache, output check, failover, canary, cascade, dispatch
+path, top to bottom: the tenant's input guards; admission, the first route, each route step and the first call's
+engine body (`Planner`); then the sending layers, cache, output check, failover, canary, cascade, dispatch
 (`sending_stack`), each wrapping the next.
 """
 
@@ -17,9 +17,7 @@ from gateway.control.policy_holder import PolicyHolder
 from gateway.errors import BadRequest
 from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
-from gateway.serving.accounting import RequestFacts
-from gateway.serving.answer_check import redo
-from gateway.serving.calls import Call, Calls
+from gateway.serving.calls import Calls
 from gateway.serving.completion_limit import CompletionLimits
 from gateway.serving.endpoints import NativeBody
 from gateway.serving.forwarding import JSONReply, StreamReply
@@ -29,7 +27,6 @@ from gateway.serving.schema import ChatRequest
 from gateway.serving.serving_parts import ServingParts
 from gateway.serving.steps import Planner
 from gateway.tenancy.api_keys import ApiKey
-from policies.decide import RouteDecision
 
 __all__ = ["ChatService", "JSONReply", "ServingParts", "StreamReply"]
 
@@ -44,10 +41,10 @@ class ChatService:
         self._parts = parts
         self._learning = learning
         self._guard = InputGuard(parts.metrics.guard_decision)
-        self._planner = Planner(parts)
         assert parts.fit is not None
-        self._calls = Calls(CompletionLimits(parts.fit), parts.admission)
-        self._layers = sending_stack(parts, self._calls)
+        calls = Calls(CompletionLimits(parts.fit), parts.admission)
+        self._planner = Planner(parts, calls)
+        self._layers = sending_stack(parts, calls)
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
@@ -66,17 +63,9 @@ class ChatService:
         ctx = RequestContext(screened.request, screened.raw, tenant, request_id, loaded, self._parts.degradation.state,
                              native, headers or {}, key, started=started, started_wall=started_wall)
         async with self._parts.admission.refunds(request_id):  # refused after admission: its limits and hold go back
-            ctx, decision = await self._planner.plan(ctx)
-            reply = await self._layers.send(ctx, await self._first_call(ctx, decision))
+            ctx, call = await self._planner.plan(ctx)
+            reply = await self._layers.send(ctx, call)
         self._parts.metrics.route_taken(reply.decision.route)
         if self._learning is not None and ctx.endpoint.learning:
             self._learning.observe(reply, ctx.raw, tenant, request_id, self._policies.current)
         return replace(reply, headers={**reply.headers, **screened.headers}) if screened.decisions else reply
-
-    async def _first_call(self, ctx: RequestContext, decision: RouteDecision) -> Call:
-        """The planned request's first engine call: its facts (what its records say) and engine body."""
-        facts = RequestFacts(ctx.request_id, ctx.tenant, decision, ctx.started_wall, ctx.started, None, "ok",
-                             ctx.raw if self._parts.keep_requests else None,  # the routing view: what a replay routes
-                             redo=redo(self._parts.forwarder.checker, ctx, decision), endpoint=ctx.endpoint.name,
-                             key_id=ctx.key.id if ctx.key is not None else "")
-        return await self._calls.prepare(ctx, facts, decision)

@@ -1,10 +1,12 @@
-"""Planning a request: admission, the first route, then the route steps, in order.
+"""Planning a request: admission, the first route, then the route steps, in order, and the first engine call.
 
 Admission completes the request's context (`RequestContext.downgrade`); the router makes the first decision
 (`RequestRouter.route`: pinning, rules, the score, the ladder's shedding and holds, the budget's downgrade:
 `policies.decide`); then each step of `Planner.steps`, an `async (context, decision) -> decision`, may change it and
 appends to its route what it did (`RouteDecision.then`, `moved`). One loop runs them: an error a step raises names
-the step in its message, and the log has the route up to it. Adding a step is adding one item to `steps`.
+the step in its message, and the log has the route up to it. Adding a step is adding one item to `steps`. The plan
+ends with the request's first engine call (`gateway.serving.calls.Call`): its facts, what its records carry, and the
+engine's body for its decision.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from dataclasses import dataclass, replace
 
 from gateway.checking.fallback import json_fallback_refused
 from gateway.errors import GatewayError
+from gateway.serving.accounting import RequestFacts
+from gateway.serving.answer_check import redo
+from gateway.serving.calls import Call, Calls
 from gateway.serving.request_context import RequestContext
 from gateway.serving.serving_parts import ServingParts
 from gateway.serving.tracing import step
@@ -35,19 +40,20 @@ class Step:
 
 
 class Planner:
-    """Plans requests. Shares, does not own, its parts (`ServingParts`; `parts.fit` set)."""
+    """Plans requests. Shares, does not own, its parts (`ServingParts`; `parts.fit` set) and `calls`."""
 
-    def __init__(self, parts: ServingParts) -> None:
+    def __init__(self, parts: ServingParts, calls: Calls) -> None:
         self._parts = parts
+        self._calls = calls
         self.steps: tuple[Step, ...] = (
             Step("on-demand-fallback", self._on_cold),
             Step("json-guard", self._json_guard),
             Step("context-fit", self._fit),
         )
 
-    async def plan(self, ctx: RequestContext) -> tuple[RequestContext, RouteDecision]:
-        """The context completed by admission, and the request's decision after every step. Raises the error of
-        the first step that refuses the request (admission's 429s, the router's 404 and 403, ...)."""
+    async def plan(self, ctx: RequestContext) -> tuple[RequestContext, Call]:
+        """The context completed by admission, and the request's first call: its decision after every step. Raises
+        the error of the first step that refuses the request (admission's 429s, the router's 404 and 403, ...)."""
         with step("admission"):
             verdict = await self._parts.admission.admit(ctx.loaded.policy, ctx.tenant, ctx.request,
                                                         ctx.raw["messages"], ctx.request_id, ctx.key)
@@ -57,7 +63,15 @@ class Planner:
                                                       ctx.ladder, ctx.downgrade)
         for each in self.steps:
             decision = await _run(each, ctx, decision)
-        return ctx, decision
+        return ctx, await self._first_call(ctx, decision)
+
+    async def _first_call(self, ctx: RequestContext, decision: RouteDecision) -> Call:
+        """The planned request's first engine call: its facts (what its records say) and engine body."""
+        facts = RequestFacts(ctx.request_id, ctx.tenant, decision, ctx.started_wall, ctx.started, None, "ok",
+                             ctx.raw if self._parts.keep_requests else None,  # the routing view: what a replay routes
+                             redo=redo(self._parts.forwarder.checker, ctx, decision), endpoint=ctx.endpoint.name,
+                             key_id=ctx.key.id if ctx.key is not None else "")
+        return await self._calls.prepare(ctx, facts, decision)
 
     async def _on_cold(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
         """Wake an on-demand pool (or take its cold fallback pool, where the tenant may be moved there:
