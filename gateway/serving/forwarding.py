@@ -184,11 +184,14 @@ class Forwarder:
 
     def relay(self, opened: OpenStream, first: bytes, upstream: dict[str, Any], request: ChatRequest,
               facts: RequestFacts, loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
-        def on_finish(relay: StreamRelay) -> None:
-            relay.output_check = self._judge_stream(loaded, facts, upstream, relay)  # before later callbacks read it
+        def judge(relay: StreamRelay) -> None:  # first: the record and the cache read the verdict
+            relay.output_check = self._judge_stream(loaded, facts, upstream, relay)
+
+        def record(relay: StreamRelay) -> None:
             self._accountant.spawn(self._account_stream(loaded, facts, opened.replica, upstream, relay))
 
-        relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, on_finish)
+        relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, judge)
+        relay.add_finish_callback(record)
         relay.fmt = _STREAM_FORMATS[facts.endpoint]
         return StreamReply(relay, facts.decision, headers or {})
 
