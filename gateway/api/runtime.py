@@ -46,13 +46,13 @@ from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
 from gateway.redis_client import close_quietly, redis_from_url
 from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
-from gateway.serving.forwarding import Forwarder
+from gateway.serving.forwarding import Forwarder, Recording
 from gateway.serving.label_memories import LabelMemories
 from gateway.serving.placements import with_placements
 from gateway.serving.proxy import Proxy
 from gateway.serving.request_log import RequestLog
 from gateway.serving.router import RequestRouter
-from gateway.serving.service import ChatService
+from gateway.serving.service import ChatService, ServingParts
 from gateway.serving.tracing import Tracing, tracing_from_env
 from gateway.serving.versions import PoolVersions
 from gateway.settings import Settings
@@ -284,8 +284,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     request_log = RequestLog(settings.request_log, settings.request_log_sample) if settings.request_log else None
     proxy = Proxy(engines, on_in_flight=metrics.in_flight_changed)
     proxy.tracing = tracing
-    forwarder = Forwarder(proxy, engines, accountant, metrics, degradation, request_log,
-                          on_outcome=pool_set.guard.observe, checker=OutputChecker(metrics))
+    forwarder = Forwarder(proxy, engines, Recording(accountant, degradation, request_log, pool_set.guard.observe),
+                          metrics, checker=OutputChecker(metrics))
     redis = redis_from_url(settings.redis_url) if settings.ledger == "redis" else None  # or a cluster's
     if redis is not None:  # one ladder for every gateway process on this Redis and prefix
         degradation.share(LadderSync(redis, settings.redis_prefix))
@@ -302,9 +302,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     versions = PoolVersions(pool_set.pools, pool_set.canaries)
     cache = AnswerCache(RedisCacheStore(redis) if redis is not None else None, CacheKeys(settings.redis_prefix), router,
                         accountant, metrics)
-    service = ChatService(policies, versions, router, forwarder, degradation, metrics, admission,
-                          keep_requests=request_log is not None, wake=on_demand.ensure, learning=learning,
-                          cache=cache)
+    parts = ServingParts(versions, router, forwarder, admission, degradation, metrics, wake=on_demand.ensure,
+                         cache=cache, keep_requests=request_log is not None)
+    service = ChatService(policies, parts, learning=learning)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
                       live_tradeoff=tradeoff,

@@ -20,7 +20,7 @@ from policies.decide import RouteDecision
 from policies.output_checks import CheckAction, Repetition, resolve
 from policies.schema import Policy
 
-__all__ = ["ACTION_HEADER", "CHECK_HEADER", "JsonRates", "OutputChecker", "OutputRejected", "Verdict"]
+__all__ = ["ACTION_HEADER", "CHECK_HEADER", "JsonRates", "OutputChecker", "Rejection", "Verdict"]
 
 log = logging.getLogger("cascade.checks")
 CHECK_HEADER = "x-cascade-output-check"  # "<check>=<result>, ..." of the answer served
@@ -61,13 +61,14 @@ def _strength(action: str) -> int:
     return _STRENGTH.get(action, -1)
 
 
-class OutputRejected(Exception):
+@dataclass(frozen=True, slots=True)
+class Rejection:
     """An answer failed a check whose action (`action`: "escalate" or "retry") replaces it. It has been recorded
-    in the ledger as discarded; `body` is the answer, served flagged if the replacement cannot be had."""
+    in the ledger as discarded; the reply that carries it (`gateway.serving.forwarding.JSONReply.rejected`) holds
+    the answer and its decision, served flagged if the replacement cannot be had."""
 
-    def __init__(self, action: CheckAction, verdict: Verdict, decision: RouteDecision, body: bytes) -> None:
-        super().__init__(f"output check(s) {list(verdict.failed)} failed: {action}")
-        self.action, self.verdict, self.decision, self.body = action, verdict, decision, body
+    action: CheckAction
+    verdict: Verdict
 
 
 class JsonRates:

@@ -4,9 +4,10 @@ An unsure answer escalates only where the policy lets this request go (`policies
 pools, the budget downgrade, the ladder's raised threshold, pool moves and shedding), to a target woken on
 demand (or its cold fallback); when none remains (or the target has no replica) the micro answer is kept,
 with `x-cascade-escalation-held: <why>` and rule "cascade-held". The escalated call is held against the tenant's
-budget before it is made (`Admission.hold_again`): where the budget cannot carry it, the micro answer is kept (held by
-"budget"). It is then sent as every routed request is (`Forward`: the service's version targeting and canary
-fallback, the ladder's stream choice); when the target cannot answer it before any byte (no replica could take it:
+budget before it is made (`Calls.hold_again`): where the budget cannot carry it, the micro answer is kept (held by
+"budget"). It is then sent as every routed request is, back through the canary layer and the layers below it
+(`gateway.serving.layers`: its version, canary fallback, the cascade again on a middle tier, the ladder's stream
+choice); when the target cannot answer it before any byte (no replica could take it:
 "no-replica"; every replica tried answered 5xx: "engine-error") the micro answer is kept as well, which is the
 escalation's failover. Escalation happens before any byte reaches the client. The discarded micro call is recorded
 under `<request id>-probe` with status "escalated"; the escalated call under the request id, priced at its own pool's
@@ -15,17 +16,16 @@ prices. Every unsure answer is counted in `cascade_escalations{outcome, pool, he
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import orjson
 
-from backends.clients.pool import Pool
+from backends.clients.pool import Pool, Replica
 from gateway.control.metrics import GatewayMetrics
 from gateway.control.on_demand import Wake
 from gateway.errors import NoReplicaAvailable, UpstreamError
 from gateway.serving.accounting import RequestFacts
+from gateway.serving.calls import Call, Calls, Layer
 from gateway.serving.cascade import (
     StreamProbe,
     answer_logprobs,
@@ -34,26 +34,17 @@ from gateway.serving.cascade import (
     probe_stream,
     without_logprobs,
 )
-from gateway.serving.completion_limit import SetLimit
-from gateway.serving.endpoints import NativeBody
 from gateway.serving.forwarding import Forwarder, JSONReply, StreamReply
 from gateway.serving.proxy import OpenStream
-from gateway.serving.schema import ChatRequest
+from gateway.serving.request_context import RequestContext
 from policies.decide import RouteDecision, served_model
 from policies.escalation import Escalation, escalation
-from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 from policies.tenant_moves import move_refused
 
-__all__ = ["CascadeFlow", "CascadeTurn", "Forward", "cascades"]
+__all__ = ["CascadeFlow", "cascades"]
 
 HELD_HEADER = "x-cascade-escalation-held"
-Prepare = Callable[[LoadedPolicy, "CascadeTurn", RouteDecision, ChatRequest],
-                   Awaitable[tuple[dict[str, Any], dict[str, str], SetLimit]]]
-"""The engine body for a decision, its ladder headers and the completion limit set on it."""
-HoldAgain = Callable[[LoadedPolicy, RequestFacts, ChatRequest, dict[str, Any], str, SetLimit], Awaitable[bool]]
-"""Hold a second engine call (facts of the request, its prompt, target pool, limit) before it is made: False when
-the budget cannot carry it."""
 _SERVED_AGAIN = frozenset({"failover", "output-check"})
 
 
@@ -73,151 +64,126 @@ def cascades(loaded: LoadedPolicy, decision: RouteDecision) -> bool:
             and not any(step.step in _SERVED_AGAIN for step in decision.route))
 
 
-@dataclass(frozen=True, slots=True)
-class CascadeTurn:
-    """What the request was routed under, for its escalation: the client's body, the ladder state, whether the
-    budget downgrades the tenant, and the ladder's response headers for the micro call."""
-
-    raw: dict[str, Any]
-    ladder: LadderState
-    downgrade: bool
-    headers: dict[str, str]
-    native: NativeBody | None = None  # a Responses or completions body (`gateway.serving.endpoints`): never cascaded
+def _probe_facts(call: Call) -> RequestFacts:
+    return replace(call.facts, request_id=call.facts.request_id + "-probe", status="escalated")
 
 
-@dataclass(frozen=True, slots=True)
-class _Call:
-    upstream: dict[str, Any]
-    request: ChatRequest
-    facts: RequestFacts
-    loaded: LoadedPolicy
-    turn: CascadeTurn
-
-    @property
-    def probe_facts(self) -> RequestFacts:
-        return replace(self.facts, request_id=self.facts.request_id + "-probe", status="escalated")
-
-    def unsure(self, conf: float) -> str:
-        return f"micro answer confidence {conf:.3f} < {self.loaded.policy.routing.cascade.min_confidence}"
-
-    def held(self, plan: Escalation, conf: float) -> tuple[_Call, dict[str, str]]:
-        """This call with the decision saying why the unsure answer stays, and its response headers."""
-        d = self.facts.decision
-        decision = d.then("cascade-held", f"{self.unsure(conf)}; kept: {plan.held or 'unknown'}", rule="cascade-held",
-                          reason=f"{d.reason}; {self.unsure(conf)}, kept: {plan.reason}")
-        headers = {**self.turn.headers, **cascade_headers(False, conf), HELD_HEADER: plan.held or "unknown"}
-        return replace(self, facts=replace(self.facts, decision=decision)), headers
-
-
-Forward = Callable[[dict[str, Any], ChatRequest, RequestFacts, LoadedPolicy, CascadeTurn],
-                   Awaitable[JSONReply | StreamReply]]
-"""`(upstream, request, facts, loaded, turn)`: send a routed request to `facts.decision`'s pool as the service
-sends every request (its version, canary fallback, stream or JSON; `turn.headers` go on the reply)."""
+def _unsure(ctx: RequestContext, conf: float) -> str:
+    return f"micro answer confidence {conf:.3f} < {ctx.loaded.policy.routing.cascade.min_confidence}"
 
 
 class CascadeFlow:
-    """Shares, does not own, the forwarder and pools. `forward` sends the escalated call (`Forward`) once `prepare`
-    has made its engine body and completion limit and `hold_again` has held it against the budget; `wake(pool)`
-    (scale to zero) returns the pool that serves now; `metrics` counts the outcome of every unsure answer."""
+    """The cascade layer (`gateway.serving.layers`): requests the cascade applies to (`cascades`, for endpoints
+    that have it: `Endpoint.cascade`) are probed on the pool the canary layer chose (`Call.pool`) and kept or
+    escalated; every other call goes on to `inner` (dispatch). Shares, does not own, the forwarder and pools. An
+    escalation is made ready by `calls` (its engine body and completion limit, its hold against the budget) and sent
+    through the layer it is told (`escalate_through`: the canary layer above it); `wake(pool)` (scale to zero)
+    returns the pool that serves now; `metrics` counts the outcome of every unsure answer."""
 
-    def __init__(self, forwarder: Forwarder, forward: Forward, prepare: Prepare, hold_again: HoldAgain,
-                 wake: Wake | None = None, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(self, inner: Layer, forwarder: Forwarder, calls: Calls, wake: Wake | None = None,
+                 metrics: GatewayMetrics | None = None) -> None:
+        self._inner = inner
+        self._above: Layer = inner
         self._fw = forwarder
-        self._forward = forward
+        self._calls = calls
         self._wake = wake
         self._metrics = metrics
-        self._prepare = prepare
-        self._hold_again = hold_again
 
-    async def run(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
-                  loaded: LoadedPolicy, turn: CascadeTurn) -> JSONReply | StreamReply:
-        call = _Call(upstream, request, facts, loaded, turn)
-        body = orjson.dumps({**upstream, "logprobs": True})
-        if request.stream:
-            return await self._run_stream(pool, body, call)
-        return await self._run_json(pool, body, call)
+    def escalate_through(self, layer: Layer) -> None:
+        """Send escalations through `layer` (set once, when the layers are built: the canary layer wraps this one)."""
+        self._above = layer
 
-    async def _run_json(self, pool: Pool, body: bytes, call: _Call) -> JSONReply:
+    async def send(self, ctx: RequestContext, call: Call) -> JSONReply | StreamReply:
+        if not (ctx.endpoint.cascade and cascades(ctx.loaded, call.decision)):
+            return await self._inner.send(ctx, call)
+        assert call.pool is not None, "the canary layer sets the call's pool"
+        body = orjson.dumps({**call.upstream, "logprobs": True})
+        if ctx.request.stream:
+            return await self._run_stream(ctx, call, call.pool, body)
+        return await self._run_json(ctx, call, call.pool, body)
+
+    async def _run_json(self, ctx: RequestContext, call: Call, pool: Pool, body: bytes) -> JSONReply:
         replica, answer = await self._fw.complete(pool, body, started=call.facts.started)
         conf = confidence(answer_logprobs(answer))
-        if conf is None or conf >= call.loaded.policy.routing.cascade.min_confidence:
-            return self._keep_json(call, replica, answer, {**call.turn.headers, **cascade_headers(False, conf)})
-        plan = await self._plan(call)
+        if conf is None or conf >= ctx.loaded.policy.routing.cascade.min_confidence:
+            return self._keep_json(ctx, replace(call, headers={**call.headers, **cascade_headers(False, conf)}),
+                                   replica, answer)
+        plan = await self._plan(ctx, call)
         if plan.pool is not None:
             try:
-                reply = await self._escalate(call, plan, conf)
+                reply = await self._escalate(ctx, call, plan, conf)
             except (NoReplicaAvailable, UpstreamError) as exc:
                 held = _unanswered(plan, exc)
                 if held is None:
-                    self._fw.account_json(call.loaded, call.probe_facts, replica, call.upstream, answer)
+                    self._fw.account_json(ctx.loaded, _probe_facts(call), replica, call.upstream, answer)
                     raise
                 plan = held
             except _NotHeld as exc:
                 plan = Escalation(None, "budget", str(exc))
             except BaseException:
-                self._fw.account_json(call.loaded, call.probe_facts, replica, call.upstream, answer)
+                self._fw.account_json(ctx.loaded, _probe_facts(call), replica, call.upstream, answer)
                 raise
             else:
-                self._fw.account_json(call.loaded, call.probe_facts, replica, call.upstream, answer)
+                self._fw.account_json(ctx.loaded, _probe_facts(call), replica, call.upstream, answer)
                 assert isinstance(reply, JSONReply)
                 return reply
-        kept, headers = self._hold(call, plan, conf)
-        return self._keep_json(kept, replica, answer, headers)
+        return self._keep_json(ctx, self._hold(ctx, call, plan, conf), replica, answer)
 
-    def _keep_json(self, call: _Call, replica: Any, answer: bytes, headers: dict[str, str]) -> JSONReply:
-        """Serve the micro answer, once the output checks have judged it (`Forwarder.judged`)."""
-        served = answer if call.request.logprobs else without_logprobs(answer)
-        facts, checked = self._fw.judged(call.loaded, call.facts, replica, call.upstream, served)
-        self._fw.account_json(call.loaded, facts, replica, call.upstream, answer)
-        return JSONReply(served, facts.decision, {**headers, **checked})
+    def _keep_json(self, ctx: RequestContext, call: Call, replica: Replica, answer: bytes) -> JSONReply:
+        """Serve the micro answer, once the output checks have judged it (`Forwarder.judged`): recorded unless a
+        check rejected it (recorded as discarded there)."""
+        served = answer if ctx.request.logprobs else without_logprobs(answer)
+        facts, checked, rejected = self._fw.judged(ctx.loaded, call.facts, replica, call.upstream, served)
+        if rejected is None:
+            self._fw.account_json(ctx.loaded, facts, replica, call.upstream, answer)
+        return JSONReply(served, facts.decision, {**call.headers, **checked}, rejected)
 
-    async def _run_stream(self, pool: Pool, body: bytes, call: _Call) -> StreamReply:
+    async def _run_stream(self, ctx: RequestContext, call: Call, pool: Pool, body: bytes) -> StreamReply:
         opened = await self._fw.open(pool, body)
         try:
-            probe = await probe_stream(opened, call.loaded.policy.routing.cascade.first_tokens)
+            probe = await probe_stream(opened, ctx.loaded.policy.routing.cascade.first_tokens)
         except BaseException:
             await opened.upstream.aclose()
             raise
         conf = confidence(probe.logprobs)
-        if conf is None or conf >= call.loaded.policy.routing.cascade.min_confidence:
-            headers = {**call.turn.headers, **cascade_headers(False, conf)}
-            return self._fw.relay(opened, probe.held, call.upstream, call.request, call.facts, call.loaded, headers)
+        if conf is None or conf >= ctx.loaded.policy.routing.cascade.min_confidence:
+            headers = {**call.headers, **cascade_headers(False, conf)}
+            return self._fw.relay(opened, probe.held, call.upstream, ctx.request, call.facts, ctx.loaded, headers)
         try:
-            plan = await self._plan(call)
+            plan = await self._plan(ctx, call)
             # the flagship stream opens before the micro one closes: with no replica there, the micro one is kept
-            reply = await self._escalate(call, plan, conf) if plan.pool is not None else None
+            reply = await self._escalate(ctx, call, plan, conf) if plan.pool is not None else None
         except (NoReplicaAvailable, UpstreamError) as exc:
             held = _unanswered(plan, exc)
             if held is None:
-                await self._drop_probe(opened, call, probe)
+                await self._drop_probe(ctx, opened, call, probe)
                 raise
             plan, reply = held, None
         except _NotHeld as exc:
             plan, reply = Escalation(None, "budget", str(exc)), None
         except BaseException:
-            await self._drop_probe(opened, call, probe)
+            await self._drop_probe(ctx, opened, call, probe)
             raise
         if reply is not None:
-            await self._drop_probe(opened, call, probe)
+            await self._drop_probe(ctx, opened, call, probe)
             assert isinstance(reply, StreamReply)
             return reply
-        kept, headers = self._hold(call, plan, conf)
-        return self._fw.relay(opened, probe.held, kept.upstream, kept.request, kept.facts, kept.loaded, headers)
+        kept = self._hold(ctx, call, plan, conf)
+        return self._fw.relay(opened, probe.held, kept.upstream, ctx.request, kept.facts, ctx.loaded, kept.headers)
 
-    async def _drop_probe(self, opened: OpenStream, call: _Call, probe: StreamProbe) -> None:
+    async def _drop_probe(self, ctx: RequestContext, opened: OpenStream, call: Call, probe: StreamProbe) -> None:
         await opened.upstream.aclose()  # aborts the micro request on the engine
-        self._fw.account_partial(call.loaded, call.probe_facts, opened.replica, call.upstream, probe.text,
+        self._fw.account_partial(ctx.loaded, _probe_facts(call), opened.replica, call.upstream, probe.text,
                                  len(probe.logprobs))
 
-    async def _plan(self, call: _Call) -> Escalation:
+    async def _plan(self, ctx: RequestContext, call: Call) -> Escalation:
         """Where the unsure answer may go now: the policy's answer, then the target woken on demand."""
-        turn, policy = call.turn, call.loaded.policy
-        answered = call.facts.decision.pool
-        plan = escalation(policy, call.facts.tenant, turn.ladder, turn.downgrade, answered)
+        policy, answered = ctx.loaded.policy, call.decision.pool
+        plan = escalation(policy, ctx.tenant, ctx.ladder, ctx.downgrade, answered)
         if plan.pool is None or self._wake is None:
             return plan
         def may_use(pool: str) -> bool:  # the target's cold fallback: the same tenant decision
-            return move_refused(policy, call.facts.tenant, pool, turn.ladder, turn.downgrade) is None
+            return move_refused(policy, ctx.tenant, pool, ctx.ladder, ctx.downgrade) is None
 
         try:
             serving = await self._wake(plan.pool, may_use)
@@ -229,24 +195,28 @@ class CascadeFlow:
             return Escalation(None, "on-demand", f"{plan.pool!r} is starting on demand; its fallback is {serving!r}")
         return Escalation(serving, None, f"{plan.reason}; {plan.pool!r} is starting on demand: {serving!r} serves")
 
-    async def _escalate(self, call: _Call, plan: Escalation, conf: float) -> JSONReply | StreamReply:
-        """Send the request to `plan.pool` as the service sends any request there (`Forward`)."""
+    async def _escalate(self, ctx: RequestContext, call: Call, plan: Escalation,
+                        conf: float) -> JSONReply | StreamReply:
+        """Send the request to `plan.pool` as any request is sent there (through the canary layer)."""
         assert plan.pool is not None
-        target, loaded, request, turn = plan.pool, call.loaded, call.request, call.turn
-        escalated = call.facts.decision.then("cascade", call.unsure(conf), pool=target, rule="cascade",
-                                             model=served_model(loaded.policy, target),
-                                             reason=f"{call.unsure(conf)}: {plan.reason}")
-        upstream, extra, limit = await self._prepare(loaded, turn, escalated, request)
-        if not await self._hold_again(loaded, call.facts, request, turn.raw, target, limit):
-            raise _NotHeld(f"tenant {call.facts.tenant!r}'s budget cannot hold a call on {target!r}")
-        reply = await self._forward(upstream, request, replace(call.facts, decision=escalated, limit_set=limit),
-                                    loaded, replace(turn, headers={**extra, **cascade_headers(True, conf)}))
+        target, unsure = plan.pool, _unsure(ctx, conf)
+        escalated = call.decision.then("cascade", unsure, pool=target, rule="cascade",
+                                       model=served_model(ctx.loaded.policy, target), reason=f"{unsure}: {plan.reason}")
+        again = await self._calls.prepare(ctx, call.facts, escalated)
+        if not await self._calls.hold_again(ctx, again):
+            raise _NotHeld(f"tenant {ctx.tenant!r}'s budget cannot hold a call on {target!r}")
+        reply = await self._above.send(ctx, replace(again, headers={**again.headers, **cascade_headers(True, conf)}))
         self._count("escalated", target, "")
         return reply
 
-    def _hold(self, call: _Call, plan: Escalation, conf: float) -> tuple[_Call, dict[str, str]]:
-        self._count("held", call.facts.decision.pool, plan.held or "unknown")
-        return call.held(plan, conf)
+    def _hold(self, ctx: RequestContext, call: Call, plan: Escalation, conf: float) -> Call:
+        """`call` with the decision saying why the unsure answer stays, and its response headers."""
+        self._count("held", call.decision.pool, plan.held or "unknown")
+        d, unsure = call.decision, _unsure(ctx, conf)
+        decision = d.then("cascade-held", f"{unsure}; kept: {plan.held or 'unknown'}", rule="cascade-held",
+                          reason=f"{d.reason}; {unsure}, kept: {plan.reason}")
+        headers = {**call.headers, **cascade_headers(False, conf), HELD_HEADER: plan.held or "unknown"}
+        return replace(call, facts=replace(call.facts, decision=decision), headers=headers)
 
     def _count(self, outcome: str, pool: str, held_by: str) -> None:
         if self._metrics is not None:

@@ -31,7 +31,7 @@ import orjson
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient
 from gateway.errors import BadRequest
-from gateway.serving.endpoints import CHAT, COMPLETIONS, RESPONSES, NativeBody
+from gateway.serving.endpoints import COMPLETIONS, RESPONSES, NativeBody, endpoint_of
 from gateway.serving.prompt_count import count_request_usage
 from gateway.serving.schema import ChatRequest
 from policies.decide import RouteDecision, moved, served_model
@@ -82,7 +82,7 @@ class ContextFit:
         """The prompt's tokens as `pool` counts them: at a healthy replica of a local pool, on this machine for a
         remote one, estimated for a local pool with no replica answering (`count_request_usage`)."""
         body = raw if native is None else native.body
-        return (await self._count(loaded, pool, body, CHAT.name if native is None else native.endpoint.name))[0]
+        return (await self._count(loaded, pool, body, endpoint_of(native).name))[0]
 
     async def _count(self, loaded: LoadedPolicy, pool: str, body: dict[str, Any], endpoint: str) -> tuple[int, bool]:
         """(the prompt's tokens in `body` as `pool` counts them, whether that was an estimate)."""
@@ -116,7 +116,7 @@ class ContextFit:
         if need.completion >= context:
             return False, None  # no prompt fits beside it: nothing to count
         tokens = await self._prompt_tokens(loaded, pool, raw, native)
-        truncate = ladder.applying_to(pool).truncate_tokens if native is None else None
+        truncate = ladder.applying_to(pool).truncate_tokens if endpoint_of(native).truncation else None
         if truncate is not None:
             tokens = min(tokens, truncate)
         return tokens + need.completion <= context, tokens
@@ -159,6 +159,6 @@ def _too_long(loaded: LoadedPolicy, sizes: dict[str, int | None], need: Need, de
         param = need.field
     else:
         param = {RESPONSES.name: "input", COMPLETIONS.name: "prompt"}.get(
-            native.endpoint.name if native is not None else CHAT.name, "messages")
+            endpoint_of(native).name, "messages")
     return BadRequest(f"{_size(tokens, need)} do not fit in any pool that may serve this request: {pools}, prompt "
                       f"and completion together{pinned}", param=param, code="context_length_exceeded")

@@ -6,8 +6,10 @@ stream flag) and, for the Responses and completions endpoints, a `NativeBody`: t
 the engine is sent (on the engine's own path, `Endpoint.path`) with only `model` (and the completions stream's
 `include_usage`) rewritten. The chat endpoint's view is its body, so it has no `NativeBody`.
 
-What stays chat-only, by design: the true cascade (its confidence is read from chat logprobs), the ladder's
-context truncation (it cuts chat messages) and its force_stream step (it assembles a chat answer).
+What stays chat-only, by design, is data on the endpoint (`Endpoint`'s capabilities): the true cascade (its
+confidence is read from chat logprobs), the ladder's context truncation (it cuts chat messages) and its force_stream
+step (it assembles a chat answer), the response cache (its key is the chat body), the output checks (they read chat
+answers), the input guards' redaction, and the learning tap.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gateway.serving.upstream import BILLED_STREAM_OPTIONS
 from policies.decide import RouteDecision
 from policies.ladder import LadderState
 
-__all__ = ["CHAT", "COMPLETIONS", "ENDPOINTS", "RESPONSES", "Endpoint", "NativeBody",
+__all__ = ["CHAT", "COMPLETIONS", "ENDPOINTS", "RESPONSES", "Endpoint", "NativeBody", "endpoint_of",
            "native_upstream"]
 
 
@@ -28,14 +30,25 @@ __all__ = ["CHAT", "COMPLETIONS", "ENDPOINTS", "RESPONSES", "Endpoint", "NativeB
 class Endpoint:
     """`name` is what the ledger's `endpoint` field, the `x-cascade-endpoint` header and the metrics say; `path`
     is the client's path and the engine's (the gateway serves the OpenAI paths the engines serve); `id_tag` marks
-    the request ids of the endpoint (`req_<tag>_...`; "" for chat, whose ids stay `req_...`)."""
+    the request ids of the endpoint (`req_<tag>_...`; "" for chat, whose ids stay `req_...`). The rest say what the
+request path does for the endpoint's requests: cascade them, let the ladder truncate their context or stream them
+for a JSON answer (`force_stream`), answer them from the response cache, judge their answers (output checks), let the
+input guards rewrite their prompts (`redaction`), show them to the learning tap."""
 
     name: str
     path: str
     id_tag: str
+    cascade: bool = False
+    truncation: bool = False
+    force_stream: bool = False
+    cache: bool = False
+    checks: bool = False
+    redaction: bool = False
+    learning: bool = False
 
 
-CHAT = Endpoint("chat", "/v1/chat/completions", "")
+CHAT = Endpoint("chat", "/v1/chat/completions", "", cascade=True, truncation=True, force_stream=True, cache=True,
+                checks=True, redaction=True, learning=True)
 RESPONSES = Endpoint("responses", "/v1/responses", "resp")
 COMPLETIONS = Endpoint("completions", "/v1/completions", "cmpl")
 ENDPOINTS: Mapping[str, Endpoint] = {e.name: e for e in (CHAT, RESPONSES, COMPLETIONS)}
@@ -47,6 +60,11 @@ class NativeBody:
 
     endpoint: Endpoint
     body: dict[str, Any]
+
+
+def endpoint_of(native: NativeBody | None) -> Endpoint:
+    """The endpoint of a request: chat, or a native body's."""
+    return CHAT if native is None else native.endpoint
 
 
 def native_upstream(native: NativeBody, decision: RouteDecision, stream: bool,

@@ -17,7 +17,7 @@ import orjson
 
 from backends.clients.pool import Pool, Replica
 from backends.clients.shared import EngineClient
-from gateway.checking.judge import CHECK_HEADER, OutputChecker, OutputRejected
+from gateway.checking.judge import CHECK_HEADER, OutputChecker, Rejection
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.metrics import GatewayMetrics
 from gateway.errors import GatewayError, NoReplicaAvailable
@@ -33,7 +33,7 @@ from gateway.serving.usage import Usage, usage_from_json
 from policies.decide import RouteDecision
 from policies.loader import LoadedPolicy
 
-__all__ = ["Forwarder", "JSONReply", "OutcomeHook", "StreamReply"]
+__all__ = ["Forwarder", "JSONReply", "OutcomeHook", "Recording", "StreamReply"]
 
 OutcomeHook = Callable[[str, str, "float | None", bool], None]
 """(pool, engine version, TTFT seconds or None, failed) of every call that ended: the canary guard's feed."""
@@ -45,9 +45,13 @@ _STREAM_FORMATS: dict[str, StreamFormat] = {CHAT.name: CHAT_STREAM, COMPLETIONS.
 
 @dataclass(frozen=True, slots=True)
 class JSONReply:
+    """`rejected`: the output check's verdict on an answer it replaces (`Forwarder.judged`); the output check layer
+    (`gateway.serving.answer_check`) answers again, and a rejected reply never reaches the client."""
+
     body: bytes
     decision: RouteDecision
     headers: dict[str, str] = field(default_factory=dict)
+    rejected: Rejection | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,21 +61,31 @@ class StreamReply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Recording:
+    """Where every finished call is told: the cost ledger (`accountant`), the degradation monitor's windows, the
+    replay log when enabled, and `on_outcome` (the canary guard's feed)."""
+
+    accountant: Accountant
+    degradation: DegradationMonitor
+    request_log: RequestLog | None = None
+    on_outcome: OutcomeHook | None = None
+
+
 class Forwarder:
     """Shares, does not own, its collaborators."""
 
-    def __init__(self, proxy: Proxy, engines: EngineClient, accountant: Accountant, metrics: GatewayMetrics,
-                 degradation: DegradationMonitor, request_log: RequestLog | None = None,
-                 on_outcome: OutcomeHook | None = None, checker: OutputChecker | None = None) -> None:
+    def __init__(self, proxy: Proxy, engines: EngineClient, recording: Recording, metrics: GatewayMetrics,
+                 checker: OutputChecker | None = None) -> None:
         """`checker` judges every answer (`gateway.checking`; None: no output checks)."""
         self.proxy = proxy
         self.checker = checker
-        self._on_outcome = on_outcome
+        self._on_outcome = recording.on_outcome
         self._engines = engines
-        self._accountant = accountant
+        self._accountant = recording.accountant
         self._metrics = metrics
-        self._degradation = degradation
-        self._log = request_log
+        self._degradation = recording.degradation
+        self._log = recording.request_log
 
     @property
     def engines(self) -> EngineClient:
@@ -112,26 +126,28 @@ class Forwarder:
             answer: dict[str, Any] | None = orjson.loads(body)  # once, for the checks and the usage
         except orjson.JSONDecodeError:
             answer = None
-        facts, checked = self.judged(loaded, facts, replica, upstream, body, answer)
-        self.account_json(loaded, facts, replica, upstream, body, answer)
-        return JSONReply(body, facts.decision, {**(headers or {}), **checked})
+        facts, checked, rejected = self.judged(loaded, facts, replica, upstream, body, answer)
+        if rejected is None:
+            self.account_json(loaded, facts, replica, upstream, body, answer)
+        return JSONReply(body, facts.decision, {**(headers or {}), **checked}, rejected)
 
     def judged(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
                body: bytes, answer: dict[str, Any] | None = None, usage: Usage | None = None,
-               ) -> tuple[RequestFacts, dict[str, str]]:
+               ) -> tuple[RequestFacts, dict[str, str], Rejection | None]:
         """Run the output checks on a JSON answer about to be served (`answer`: its parsed `body`, when known).
-        Returns the facts to record it with (the verdict in `output_check`) and its response headers. Raises
-        `OutputRejected`, after recording the answer as discarded, when a failed check asks for an action that
-        `facts.redo` still allows (escalation only from the micro pool: there is no pool up from the others)."""
-        if self.checker is None or facts.status != "ok" or facts.endpoint != CHAT.name:  # checks read chat answers
-            return facts, {}
+        Returns the facts to record it with (the verdict in `output_check`), its response headers, and a
+        `Rejection` when a failed check asks for an action that `facts.redo` still allows (escalation only from the
+        micro pool: there is no pool up from the others): the answer is then recorded as discarded here, and the
+        caller neither records nor serves it."""
+        if self.checker is None or facts.status != "ok" or not ENDPOINTS[facts.endpoint].checks:
+            return facts, {}, None
         try:
             answer = orjson.loads(body) if answer is None else answer
         except orjson.JSONDecodeError:
-            return facts, {}
+            return facts, {}, None
         verdict = self.checker.judge(loaded.policy, facts.tenant, facts.decision, upstream, answer)
         if not verdict.results:
-            return facts, {}
+            return facts, {}, None
         facts = replace(facts, output_check=verdict.summary)
         action = verdict.action
         redo = facts.redo if facts.decision.pool == loaded.policy.routing.micro_pool else (
@@ -140,10 +156,10 @@ class Forwarder:
             dropped = replace(facts, request_id=facts.request_id + "-check", status="discarded")
             self._accountant.spawn(self._record(loaded, dropped, replica, upstream, usage_from_json(answer)
                                                 if usage is None else usage, ""))
-            raise OutputRejected(action, verdict, facts.decision, body)
+            return facts, {CHECK_HEADER: verdict.header}, Rejection(action, verdict)
         if action is not None:
             self.checker.acted(facts.decision.pool, verdict, "flagged" if action == "flag" else "held")
-        return facts, {CHECK_HEADER: verdict.header}
+        return facts, {CHECK_HEADER: verdict.header}, None
 
     async def json_via_stream(self, pool: Pool, upstream: dict[str, Any], facts: RequestFacts, loaded: LoadedPolicy,
                               headers: dict[str, str]) -> JSONReply:
@@ -156,9 +172,10 @@ class Forwarder:
             answer, usage, ttft_s = await assemble_stream(opened, facts.started)
         facts = replace(facts, ttft_s=ttft_s)
         served = orjson.dumps(answer)
-        facts, checked = self.judged(loaded, facts, opened.replica, upstream, served, answer, usage)
-        self._accountant.spawn(self._record(loaded, facts, opened.replica, upstream, usage, ""))
-        return JSONReply(served, facts.decision, {**headers, **checked})
+        facts, checked, rejected = self.judged(loaded, facts, opened.replica, upstream, served, answer, usage)
+        if rejected is None:
+            self._accountant.spawn(self._record(loaded, facts, opened.replica, upstream, usage, ""))
+        return JSONReply(served, facts.decision, {**headers, **checked}, rejected)
 
     async def stream(self, pool: Pool, upstream: dict[str, Any], request: ChatRequest, facts: RequestFacts,
                      loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
@@ -167,12 +184,15 @@ class Forwarder:
 
     def relay(self, opened: OpenStream, first: bytes, upstream: dict[str, Any], request: ChatRequest,
               facts: RequestFacts, loaded: LoadedPolicy, headers: dict[str, str] | None = None) -> StreamReply:
-        def on_finish(relay: StreamRelay) -> None:
-            relay.output_check = self._judge_stream(loaded, facts, upstream, relay)  # before later callbacks read it
+        def judge(relay: StreamRelay) -> None:  # first: the record and the cache read the verdict
+            relay.output_check = self._judge_stream(loaded, facts, upstream, relay)
+
+        def record(relay: StreamRelay) -> None:
             self._accountant.spawn(self._account_stream(loaded, facts, opened.replica, upstream, relay))
 
-        relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, on_finish,
-                            _STREAM_FORMATS[facts.endpoint])
+        relay = StreamRelay(first, opened.chunks, opened.upstream, request.wants_usage_chunk, facts.started, judge)
+        relay.add_finish_callback(record)
+        relay.fmt = _STREAM_FORMATS[facts.endpoint]
         return StreamReply(relay, facts.decision, headers or {})
 
     def account_json(self, loaded: LoadedPolicy, facts: RequestFacts, replica: Replica, upstream: dict[str, Any],
@@ -209,7 +229,7 @@ class Forwarder:
                       relay: StreamRelay) -> str:
         """The output checks' verdict (`Verdict.summary`) on a whole streamed chat answer: judged, never replaced
         (it has left); "" when nothing judged it."""
-        if not relay.completed or self.checker is None or facts.endpoint != CHAT.name:
+        if not relay.completed or self.checker is None or not ENDPOINTS[facts.endpoint].checks:
             return ""
         verdict = self.checker.judge(loaded.policy, facts.tenant, facts.decision, upstream,
                                      assemble_events(relay.events).answer())

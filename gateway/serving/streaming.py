@@ -69,9 +69,11 @@ RESPONSES_STREAM = StreamFormat(b'"delta":"', b'"delta":""', tuple(
 class StreamRelay:
     """One relayed stream. Its `body()` generator is the client's response body.
 
-    `on_finish(relay)` is called exactly once when the body ends for any reason (complete, client gone,
-    engine failed); it must not block (schedule async work). After that, `completed`, `disconnected`,
-    `error`, `usage`, `ttft_s` and `generated_text()` describe what happened.
+    What happens when the body ends, for any reason (complete, client gone, engine failed), is an ordered list,
+    `at_end`: `on_finish(relay)` first, then each callback added (`add_finish_callback`), each called exactly once,
+    in that order; none may block (schedule async work). On the request path: the output checks' verdict, the call's
+    record (`Forwarder.relay`), then the response cache's keep and the learning tap. After the body ends,
+    `completed`, `disconnected`, `error`, `usage`, `ttft_s` and `generated_text()` describe what happened.
     """
 
     def __init__(
@@ -82,16 +84,14 @@ class StreamRelay:
         forward_usage: bool,
         started: float,
         on_finish: Callable[[StreamRelay], None],
-        fmt: StreamFormat = CHAT_STREAM,
     ) -> None:
-        """`fmt`: the endpoint's stream format (chat, completions, Responses)."""
-        self._fmt = fmt
+        self.fmt = CHAT_STREAM  # the endpoint's stream format (chat, completions, Responses): set before `body()`
         self._first = first_chunk
         self._chunks = chunks
         self._upstream = upstream
         self._forward_usage = forward_usage
         self._started = started
-        self._on_finish = on_finish
+        self.at_end: list[Callable[[StreamRelay], None]] = [on_finish]
         self._buffer = b""
         self._events: list[bytes] = []
         self.usage: Usage | None = None
@@ -105,15 +105,9 @@ class StreamRelay:
         self.output_check = ""  # the output checks' verdict on the whole answer, set when it ends (`Forwarder.relay`)
 
     def add_finish_callback(self, callback: Callable[[StreamRelay], None]) -> None:
-        """Also call `callback(relay)` when the body ends, after `on_finish`; the same rules apply (once,
+        """Also call `callback(relay)` when the body ends, after those in `at_end`; the same rules apply (once,
         must not block, must not raise)."""
-        first = self._on_finish
-
-        def both(relay: StreamRelay) -> None:
-            first(relay)
-            callback(relay)
-
-        self._on_finish = both
+        self.at_end.append(callback)
 
     def _feed(self, chunk: bytes) -> bytes:
         parts = (self._buffer + chunk).split(b"\n\n")
@@ -121,7 +115,7 @@ class StreamRelay:
         out = []
         content = 0
         for event in parts:
-            has_content = self._fmt.content in event and self._fmt.empty not in event
+            has_content = self.fmt.content in event and self.fmt.empty not in event
             content += has_content
             if _USAGE in event:
                 # the last usage seen counts: an engine that reports usage on every chunk (vLLM's
@@ -129,7 +123,7 @@ class StreamRelay:
                 self.usage = _parse_usage(event) or self.usage
                 if not self._forward_usage and not has_content:
                     continue
-            if event.startswith(self._fmt.final):
+            if event.startswith(self.fmt.final):
                 self._done_relayed = True
             self._events.append(event)
             out.append(event)
@@ -186,7 +180,8 @@ class StreamRelay:
             raise
         finally:
             await self._upstream.aclose()
-            self._on_finish(self)
+            for each in self.at_end:
+                each(self)
 
     @property
     def events(self) -> tuple[bytes, ...]:
@@ -195,7 +190,7 @@ class StreamRelay:
 
     def generated_text(self) -> str:
         """The content generated so far, from the relayed events (parsed only when needed)."""
-        return "".join(text for event in self._events for chunk in sse_json(event) for text in self._fmt.texts(chunk))
+        return "".join(text for event in self._events for chunk in sse_json(event) for text in self.fmt.texts(chunk))
 
 
 def sse_json(event: bytes) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,42 @@
+"""The collaborators the request path shares: what the composition root (`gateway.api.runtime`) hands the chat
+service, which builds its route steps and sending layers from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.caching.answer_cache import AnswerCache
+from gateway.control.degradation import DegradationMonitor
+from gateway.control.metrics import GatewayMetrics
+from gateway.control.on_demand import Wake
+from gateway.serving.context_fit import ContextFit
+from gateway.serving.forwarding import Forwarder
+from gateway.serving.router import RequestRouter
+from gateway.serving.versions import PoolVersions
+from gateway.tenancy.admission import Admission
+
+__all__ = ["ServingParts"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServingParts:
+    """Shared, not owned, by the request path. `versions` gives each routed request its pool's replicas (the pool's
+    own, or its canary's). `wake(pool)` (scale to zero, `gateway.control.on_demand`) returns the pool that serves
+    now. `cache` answers from, and keeps answers in, a tenant's response cache (`gateway.caching`). `fit` places a
+    request by its length (`gateway.serving.context_fit`; None: `versions`' pools, counted by the forwarder's engine
+    client). `keep_requests`: keep each request's routing view on its facts (the replay log is on)."""
+
+    versions: PoolVersions
+    router: RequestRouter
+    forwarder: Forwarder
+    admission: Admission
+    degradation: DegradationMonitor
+    metrics: GatewayMetrics
+    wake: Wake | None = None
+    cache: AnswerCache | None = None
+    fit: ContextFit | None = None
+    keep_requests: bool = False
+
+    def context_fit(self) -> ContextFit:
+        """`fit`, or the context-fit step over `versions`' pools."""
+        return self.fit or ContextFit(self.forwarder.engines, self.versions.pool)
