@@ -33,8 +33,8 @@ from backends.clients.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from backends.clients.connection import ConnectionSettings
 from backends.clients.shared import EngineClient, EngineClients, EngineTimeout, EngineUnavailable
 
-__all__ = ["BUSY_GRACE_S", "DEFAULT_WEIGHTS", "IDLE_LOAD_PROBES", "PROBE_ERROR_LOG_S", "SLOW_PROBES_DOWN", "ChoiceWeights",
-           "EngineLoad", "Pool", "ProbeErrorHook", "Replica", "parse_vllm_metrics"]
+__all__ = ["BUSY_GRACE_S", "DEFAULT_WEIGHTS", "IDLE_LOAD_PROBES", "PROBE_ERROR_LOG_S", "SLOW_PROBES_DOWN",
+           "ChoiceWeights", "EngineLoad", "Pool", "ProbeErrorHook", "Replica", "parse_vllm_metrics"]
 
 SLOW_PROBES_DOWN = 3
 """Health checks in a row that must time out before a replica that still accepts connections is marked down."""

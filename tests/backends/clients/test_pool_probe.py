@@ -176,7 +176,7 @@ def _scrapes(urls: list[str], read: bool, probes: int) -> tuple[_Scraped, Pool]:
 def test_an_engines_metrics_nobody_reads_are_scraped_once_per_idle_interval_not_every_probe() -> None:
     client, pool = _scrapes(["http://a"], read=False, probes=30)
     assert len(client.scrapes) == 30 // IDLE_LOAD_PROBES  # 2, not 30
-    assert pool.replicas[0].healthy and pool.replicas[0].load.waiting == 3  # the gauges still follow, later: the first probe scrapes
+    assert pool.replicas[0].healthy and pool.replicas[0].load.waiting == 3  # the first probe scrapes
 
 
 def test_metrics_are_scraped_every_probe_where_the_ladder_reads_them_or_replicas_are_chosen_by_them() -> None:
