@@ -139,6 +139,12 @@ def test_validate_accepts_model_paths_and_no_ttft() -> None:
     validate_record(make_record(1, model="Qwen/Qwen2.5-7B-Instruct", ttft_ms=None, tenant="acme_corp"))
 
 
+def test_a_limit_left_to_the_engine_is_a_valid_record_and_round_trips() -> None:
+    rec = make_record(1, completion_limit_tokens=0, completion_limit_by="engine")
+    validate_record(rec)
+    assert record_from_fields(record_to_fields(rec)) == rec
+
+
 def test_fields_round_trip() -> None:
     rec = make_record(5, ttft_ms=None, started_at=DAY0 + 0.123456789)
     assert record_from_fields(record_to_fields(rec)) == rec
