@@ -67,6 +67,7 @@ class LineWriter:
             return
         self._lines.append(line)
         if self._asleep:  # read after the append: a writer that went to sleep before it saw the line is woken
+            self._asleep = False  # once: the lines that arrive before the woken writer runs do not set it again
             self._wake.set()
 
     def _run(self) -> None:
