@@ -1,7 +1,10 @@
 """A pool of engine replicas with load-aware choice.
 
 Load = the gateway's own in-flight count for the replica (exact, instant) plus what the engine itself
-reports on `/metrics` (running + waiting requests, KV-cache use), scraped every `probe_interval_s`.
+reports on `/metrics` (running + waiting requests, KV-cache use), scraped every `probe_interval_s` while something
+reads it on the serving path (more than one replica to choose from, or `load_read()`: the ladder, the autoscaler,
+speculative-decoding figures), else at every `IDLE_LOAD_PROBES`-th probe (vLLM's page is ~50 KB, rendered by its
+API server).
 A replica that refuses connections is marked down at once and probed back to life by the loop; one whose
 health check times out is marked down only after `SLOW_PROBES_DOWN` timeouts in a row (a saturated engine
 answers slowly but is still serving its batch: taking it out on one slow probe empties a busy pool). Each
@@ -30,14 +33,17 @@ from backends.clients.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from backends.clients.connection import ConnectionSettings
 from backends.clients.shared import EngineClient, EngineClients, EngineTimeout, EngineUnavailable
 
-__all__ = ["BUSY_GRACE_S", "DEFAULT_WEIGHTS", "PROBE_ERROR_LOG_S", "SLOW_PROBES_DOWN", "ChoiceWeights", "EngineLoad",
-           "Pool", "ProbeErrorHook", "Replica", "parse_vllm_metrics"]
+__all__ = ["BUSY_GRACE_S", "DEFAULT_WEIGHTS", "IDLE_LOAD_PROBES", "PROBE_ERROR_LOG_S", "SLOW_PROBES_DOWN",
+           "ChoiceWeights", "EngineLoad", "Pool", "ProbeErrorHook", "Replica", "parse_vllm_metrics"]
 
 SLOW_PROBES_DOWN = 3
 """Health checks in a row that must time out before a replica that still accepts connections is marked down."""
 BUSY_GRACE_S = 10.0
 """A health check that times out does not count while the replica answered a real request this recently: a
 saturated vLLM answers its health endpoint late, and taking a serving replica out only adds to the load."""
+IDLE_LOAD_PROBES = 15
+"""A replica's `/metrics` is scraped at one probe in this many while nothing on the serving path reads its load
+(the gateway's own gauges of it then lag by up to 15 s at the default 1 s interval, a Prometheus scrape's)."""
 PROBE_ERROR_LOG_S = 60.0
 """A pool's probe errors are logged at most once per this many seconds (each is counted)."""
 ProbeErrorHook = Callable[[str, str], None]
@@ -113,6 +119,7 @@ class Replica:
     load: EngineLoad = field(default_factory=EngineLoad)
     failures: int = 0
     slow_probes: int = 0  # health checks in a row that timed out
+    unscraped: int = IDLE_LOAD_PROBES  # probes since its /metrics was last asked for
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
@@ -145,6 +152,7 @@ class Pool:
         version: str = "",
         weights: ChoiceWeights = DEFAULT_WEIGHTS,
         on_probe_error: ProbeErrorHook | None = None,
+        load_read: Callable[[], bool] | None = None,
     ) -> None:
         """`version` names the engine version its replicas run (a label for metrics and logs; the gateway's
         `policies.pools.engine_version`). `headers` go with every request to this pool's replicas (e.g. a
@@ -152,7 +160,8 @@ class Pool:
         (monotonic seconds); `weights` how `choose` weighs each replica's load (may be replaced while serving).
         `connection` (a remote pool's proxies, CA bundle, client certificate) is handed to `client`, which
         must then be the router of `backends.clients.shared` (`EngineClients`); a file it names that cannot
-        be used raises `ConnectionSettingsError` here."""
+        be used raises `ConnectionSettingsError` here. `load_read()`: whether anything but the replica choice
+        reads the engines' load now (asked at each probe; None: always)."""
         if connection is not None and not isinstance(client, EngineClients):
             raise TypeError(f"pool {name}: connection settings need an EngineClients, not {type(client).__name__}")
         self._connection = connection
@@ -169,6 +178,7 @@ class Pool:
         self._health_path = health_path
         self._task: asyncio.Task[None] | None = None
         self._on_probe_error = on_probe_error
+        self._load_read = load_read
         self._probe_errors = 0  # since the last line logged
         self._probe_logged_at = -math.inf
 
@@ -265,9 +275,19 @@ class Pool:
         if not replica.healthy:
             log.info("replica ready", extra={"pool": self.name, "replica": replica.url})
         replica.healthy = True
+        if not self._load_due(replica):
+            replica.unscraped += 1
+            return
+        replica.unscraped = 0
         with contextlib.suppress(EngineUnavailable):
             replica.load = parse_vllm_metrics(await self._client.get_text(replica.url + "/metrics",
                                                                           headers=self.headers or None))
+
+    def _load_due(self, replica: Replica) -> bool:
+        """Scrape at every probe while something reads the load, else at one in `IDLE_LOAD_PROBES`."""
+        if len(self.replicas) > 1 or self._load_read is None or self._load_read():
+            return True
+        return replica.unscraped + 1 >= IDLE_LOAD_PROBES
 
     async def _loop(self) -> None:
         while True:

@@ -33,6 +33,7 @@ from gateway.control.on_demand import OnDemandGate
 from gateway.control.on_demand_shared import WorkerEngines
 from gateway.control.policy_file import PolicyFile
 from gateway.control.policy_holder import PolicyHolder
+from gateway.control.pool_build import engine_load_read
 from gateway.control.pool_set import PoolSet
 from gateway.control.router_swap import RouterSwap, make_scorer
 from gateway.control.scoring_metrics import truncation_counter
@@ -265,6 +266,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
     pool_set.on_probe_error(metrics.faults.probe_failed)
+    pool_set.builder.load_read = lambda name: engine_load_read(policies.current.policy, name)
     counts = getattr(ledger, "counts", None)  # a RedisLedger's (the memory ledger keeps none)
     if isinstance(counts, LedgerCounts):
         counts.on_event = metrics.ledger_event

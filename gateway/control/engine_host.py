@@ -39,6 +39,7 @@ from gateway.control.degradation import engine_signals
 from gateway.control.file_watch import FileWatcher
 from gateway.control.on_demand_shared import SharedOnDemand, last_requests
 from gateway.control.parent_counters import ParentCounters
+from gateway.control.pool_build import engine_load_read
 from gateway.control.pool_set import PoolSet
 from gateway.control.worker_gauges import WorkerView, still_routing, worker_views
 from gateway.settings import Settings
@@ -99,6 +100,7 @@ class EngineHost:
                                 supervisor=functools.partial(EngineSupervisor, command=command))
         self.counters = ParentCounters(metrics_dir)
         self.pool_set.on_engine_restart = self.counters.engine_restarted
+        self.pool_set.builder.load_read = self._load_read
         self._loaded: LoadedPolicy | None = None
         self._lock = asyncio.Lock()
         self._published: dict[str, tuple[str, ...]] = {}
@@ -168,6 +170,9 @@ class EngineHost:
         whose view was written before `since` (the moment it left routing) or still holds it."""
         url = url.rstrip("/")
         return int(self._counts.get().get(url, 0.0)) + still_routing(self._views.get(), url, since)
+
+    def _load_read(self, name: str) -> bool:
+        return self._loaded is None or engine_load_read(self._loaded.policy, name)
 
     def _signals(self, now: float) -> Mapping[tuple[str, str], float]:
         counts = self._counts.get()

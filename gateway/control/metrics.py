@@ -25,7 +25,7 @@ is true on every scrape, whichever worker answers, in one of four ways:
   `min` / `max` by (pool, replica) or `max` over the workers. With one process there is no `worker` label.
 - Read at scrape time from the answering worker, for what every worker reads alike from one source:
   `cascade_replica_kv_cache_usage` and `_queue_depth` (the engine's own figures, scraped by every worker from the
-  same `/metrics` of the engine each probe interval: they differ between workers only by when each scraped),
+  same `/metrics` of the engine each probe, or each 15th where nothing routes by it: `backends.clients.pool`),
   `cascade_pool_replicas` (the pool's replicas, from the one policy and engine registry) and the speculative
   decoding figures (`gateway.control.speculation_metrics`, engine counters scraped alike).
 `cascade_engine_restarts_total{pool,reason}` and `cascade_scale_events_total{pool,direction,outcome}` are counted

@@ -3,8 +3,10 @@ settings, API key and version. No I/O but reading the engine registry and the en
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from backends.clients.breaker import BreakerConfig
@@ -15,11 +17,15 @@ from backends.engines.supervisor import Answered
 from backends.machine_checks import connection_settings
 from gateway.settings import Settings
 from policies.pools import pool_version
-from policies.schema import LocalPool, RemotePool
+from policies.schema import LocalPool, Policy, RemotePool
 
-__all__ = ["PoolBuilder", "api_key_headers", "choice_weights", "last_answer"]
+__all__ = ["ENGINE_LOAD_SIGNALS", "PoolBuilder", "api_key_headers", "choice_weights", "engine_load_read",
+           "last_answer"]
 
 log = logging.getLogger("cascade.pools")
+
+ENGINE_LOAD_SIGNALS = frozenset({"kv_cache_usage", "queue_depth"})
+"""The ladder's and the autoscaler's signals scraped from the engines' `/metrics` (the others are the gateway's)."""
 
 
 class PoolBuilder:
@@ -30,6 +36,8 @@ class PoolBuilder:
         self._settings = settings
         self._client = client
         self.on_probe_error: ProbeErrorHook | None = None  # read at each error, so it may be set after a build
+        # whether anything reads pool `name`'s engine load (`engine_load_read`); read at each probe (None: always)
+        self.load_read: Callable[[str], bool] | None = None
         registry = os.environ.get(REGISTRY_ENV)
         self.registry = Path(registry) if registry and not settings.start_engines else None
 
@@ -54,11 +62,27 @@ class PoolBuilder:
                     probe_interval_s=self._settings.probe_interval_s, health_path=health,
                     headers=api_key_headers(name, spec), breaker=breaker, connection=connection,
                     version=pool_version(spec), weights=choice_weights(spec),
-                    on_probe_error=self._probe_error)
+                    on_probe_error=self._probe_error, load_read=functools.partial(self._load_read, name))
+
+    def _load_read(self, name: str) -> bool:
+        return self.load_read is None or self.load_read(name)
 
     def _probe_error(self, pool: str, error: str) -> None:
         if self.on_probe_error is not None:
             self.on_probe_error(pool, error)
+
+
+def engine_load_read(policy: Policy, name: str) -> bool:
+    """Whether `policy` reads pool `name`'s engine load beyond the replica choice and the gateway's own gauges: a
+    ladder step or the pool's autoscaler watching a scraped signal, or speculative decoding (its counters); a
+    pool the policy does not name (being retired): yes."""
+    spec = policy.pools.get(name)
+    if spec is None or any(s.pool == name and s.signal in ENGINE_LOAD_SIGNALS for s in policy.degradation.steps):
+        return True
+    if isinstance(spec, RemotePool):
+        return False
+    scaled = spec.autoscale is not None and bool(ENGINE_LOAD_SIGNALS & set(spec.autoscale.scale_up.bounds()))
+    return scaled or spec.engine.speculative is not None
 
 
 def choice_weights(spec: LocalPool | RemotePool) -> ChoiceWeights:

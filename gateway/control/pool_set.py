@@ -69,8 +69,8 @@ class PoolSet:
         self.status: dict[str, str] = {}
         self.on_engine_restart: RestartHook | None = None  # (pool, replica index, "exited" | "hung"): metrics
         self.start_took: dict[str, float] = {}  # seconds the pool's engines took to start, the last time
-        self._builder = PoolBuilder(settings, client)
-        self._registry = self._builder.registry  # the `--workers N` parent's published ports, in a worker
+        self.builder = PoolBuilder(settings, client)
+        self._registry = self.builder.registry  # the `--workers N` parent's published ports, in a worker
         self._tasks: set[asyncio.Task[None]] = set()
         self._canaries = CanarySet(self.retire_later)
         self.canaries: dict[str, CanaryRoute] = self._canaries.routes  # read by the request path
@@ -115,11 +115,11 @@ class PoolSet:
 
     def on_probe_error(self, hook: ProbeErrorHook) -> None:
         """Tell `hook` of every pool's probe errors from now on, the pools built already included."""
-        self._builder.on_probe_error = hook
+        self.builder.on_probe_error = hook
 
     def build_pool(self, name: str, spec: LocalPool | RemotePool, urls: list[str] | None = None) -> Pool:
         """A `Pool` of `spec`'s replicas (`urls`: these instead), not started (`PoolBuilder.build`)."""
-        return self._builder.build(name, spec, urls)
+        return self.builder.build(name, spec, urls)
 
     async def add(self, name: str, spec: LocalPool | RemotePool) -> None:
         pool = self.build_pool(name, spec)
@@ -263,7 +263,7 @@ class PoolSet:
         as_pool = spec.model_copy(update={"engine": canary.engine, "canary": None})
         version, model = engine_version(canary.engine), canary.engine.served_name
         if not self._settings.start_engines:
-            pool = self.build_pool(name, as_pool, self._builder.static_urls(f"{name}.canary", as_pool))
+            pool = self.build_pool(name, as_pool, self.builder.static_urls(f"{name}.canary", as_pool))
             await pool.probe_once()
             pool.start()
             return CanaryRoute(pool, version, model, canary.weight, canary.guard), None

@@ -76,7 +76,7 @@ _LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_chec
 _KEY_ID = re.compile(r"[0-9a-f]{1,64}")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd", "completion_limit_tokens")  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
-_LIMITS_BY = frozenset({"", "default", "context"})
+_LIMITS_BY = frozenset({"", "default", "context", "engine"})
 _ANSWERS = frozenset({"ok", "client_disconnect", "upstream_error"})  # the statuses of a request's final record
 _OUTPUT_CHECK = re.compile(r"|pass|fail:[a-z_]+(,[a-z_]+)*")
 
@@ -129,7 +129,8 @@ class CostRecord:
     completion_limit_tokens: int = 0  # the completion limit (tokens per choice) the gateway sent for a request
     # that set none (`gateway.serving.completion_limit`); 0 when the client's own limit applied or none was set
     completion_limit_by: str = ""  # why that limit: "default" (the policy's `default_max_tokens`), "context" (the
-    # pool's context left after the prompt), "" (none set)
+    # pool's context left after the prompt), "engine" (nothing sent: a local engine stops at the context left by
+    # itself), "" (none set)
 
 
 def overflow_scored(rec: CostRecord) -> int:

@@ -7,11 +7,16 @@ until its context is full. The gateway sends each engine call of such a request 
   JSON size plus `TEMPLATE_MARGIN` bounds its tokens);
 - else the context left after the prompt, counted as context-fit counts it (`ContextFit.prompt_bound`), at most the
   default;
+- nothing on a local pool's chat or Responses call without a default whose prompt the JSON-size bound shows fits
+  (no counting, no `/tokenize` round trip): vLLM's own limit there is the context left after the prompt, the same
+  figure counted; recorded as "engine". A completions call (vLLM's default there is 16 tokens) or a prompt near the
+  context is counted as above;
 - on a pool whose context is unknown (a remote pool without `context_tokens`): the default, else nothing (the
   engine's own default applies: set `context_tokens` or `default_max_tokens` for a budget to hold the worst case).
 Admission holds, before routing, the most any pool may be sent (`held_completion`): the client's limit (after
 `CASCADE_MAX_TOKENS_CAP`), else the smaller of the default and the pool's whole context, never less than is sent.
-The cost record says what was set (`completion_limit_tokens`, `completion_limit_by`: "default" or "context").
+The cost record says what was set (`completion_limit_tokens`, `completion_limit_by`: "default", "context", or
+"engine" with 0 tokens where the local engine applies the context left itself).
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ from typing import Any
 from gateway.serving.context_fit import ContextFit
 from gateway.serving.endpoints import CHAT, COMPLETIONS, RESPONSES
 from policies.loader import LoadedPolicy
-from policies.pools import context_of
+from policies.pools import LocalPool, context_of
 from policies.schema import Policy
 
-__all__ = ["FALLBACK_COMPLETION", "NO_LIMIT_SET", "CompletionLimits", "SetLimit", "held_completion"]
+__all__ = ["ENGINE_LIMIT", "FALLBACK_COMPLETION", "NO_LIMIT_SET", "CompletionLimits", "SetLimit", "held_completion"]
 
 FALLBACK_COMPLETION = 256
 """Tokens held for a request without a limit on a pool whose context is unknown and with no policy default: the
@@ -37,14 +42,17 @@ _FIELD = {CHAT.name: "max_completion_tokens", COMPLETIONS.name: "max_tokens", RE
 @dataclass(frozen=True, slots=True)
 class SetLimit:
     """The limit the gateway set on one engine call (tokens per choice) and why: "default" (the policy's) or
-    "context" (the context left after the prompt); `tokens` 0 and `by` "" where the client's own limit applies or
-    none could be set."""
+    "context" (the context left after the prompt); `tokens` 0 and `by` "engine" where a local engine applies the
+    context left itself (nothing sent), `by` "" where the client's own limit applies or none could be set."""
 
     tokens: int = 0
     by: str = ""
 
 
 NO_LIMIT_SET = SetLimit()
+ENGINE_LIMIT = SetLimit(0, "engine")
+_ENGINE_DEFAULTS_TO_CONTEXT = frozenset({CHAT.name, RESPONSES.name})
+"""Endpoints whose vLLM default completion limit is the context left after the prompt (completions': 16 tokens)."""
 
 
 def held_completion(policy: Policy, pool: str, limit: int | None) -> int:
@@ -73,6 +81,9 @@ class CompletionLimits:
             chosen = NO_LIMIT_SET if default is None else SetLimit(default, "default")
         else:
             room = context - await self._fit.prompt_bound(loaded, pool, upstream, endpoint, count=False)
+            if default is None and room >= 1 and endpoint in _ENGINE_DEFAULTS_TO_CONTEXT and isinstance(
+                    loaded.policy.pools[pool], LocalPool):
+                return upstream, ENGINE_LIMIT  # the engine stops at the context left: counting it adds nothing
             if default is None or default > room:
                 room = context - await self._fit.prompt_bound(loaded, pool, upstream, endpoint, count=True)
             room = max(1, room)  # context-fit placed it: a prompt that leaves no room is an engine's to refuse

@@ -2,7 +2,11 @@
 stalls (a pipe nobody reads, a slow disk) never holds the event loop that produces them.
 
 Contract: `put` never blocks and never raises for the descriptor's sake. A line that finds the queue full is
-dropped and reported as `on_dropped("full", 1)`. The writer thread joins queued lines into writes of at most
+dropped and reported as `on_dropped("full", 1)`. `put` is one `deque.append`: it wakes the writer only when the
+writer sleeps with nothing queued, and a woken writer lets lines gather for `LINGER_S` before it writes, so a busy
+event loop hands over a batch of lines per wake-up, not a lock, a notify and a thread switch per line (that was
+2.5% of the gateway's samples at 640 requests/s). A line waits at most about `LINGER_S` before it is written.
+The writer thread joins queued lines into writes of at most
 `PIPE_BUF` bytes (a write that size to a pipe is atomic, and each `O_APPEND` write to a file lands whole, so
 lines of several processes sharing one descriptor never interleave); a write that fails (`OSError`) drops the
 lines it held (`on_dropped("error", n)`) and the next lines are tried again: the first failure is logged, and
@@ -16,20 +20,21 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import select
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
-__all__ = ["DroppedHook", "LineWriter"]
+__all__ = ["LINGER_S", "DroppedHook", "LineWriter"]
 
 log = logging.getLogger("cascade.logs")
 
 DroppedHook = Callable[[str, int], None]
 """``(reason, lines)``: lines dropped, reason ``"full"``, ``"error"`` or ``"shutdown"``."""
 
-_STOP = b""  # put by `close`: the writer ends once it reaches it (no line is empty: each ends with a newline)
+LINGER_S = 0.02
+"""How long a woken writer lets lines gather before it writes them."""
 
 
 class LineWriter:
@@ -41,7 +46,10 @@ class LineWriter:
         if capacity < 1:
             raise ValueError(f"{name}: the queue must hold at least one line, got {capacity}")
         self._fd, self._owned, self._name = fd, owned, name
-        self._queue: queue.Queue[bytes] = queue.Queue(maxsize=capacity)
+        self._lines: deque[bytes] = deque()  # appended by `put` (any thread), taken by the writer thread alone
+        self._capacity = capacity
+        self._wake = threading.Event()  # set by `put` while the writer sleeps with nothing queued, and by `close`
+        self._asleep = False
         self.on_dropped = on_dropped
         self._failing = 0  # lines lost to write errors since the last write that succeeded
         self._closed = False
@@ -54,26 +62,36 @@ class LineWriter:
         if self._closed:
             self._dropped("shutdown", 1)
             return
-        try:
-            self._queue.put_nowait(line)
-        except queue.Full:
+        if len(self._lines) >= self._capacity:
             self._dropped("full", 1)
+            return
+        self._lines.append(line)
+        if self._asleep:  # read after the append: a writer that went to sleep before it saw the line is woken
+            self._asleep = False  # once: the lines that arrive before the woken writer runs do not set it again
+            self._wake.set()
 
     def _run(self) -> None:
-        pending: bytes | None = None  # a line taken that did not fit in the last write
         while not self._abandoned:
-            line = self._queue.get() if pending is None else pending
-            if line == _STOP or self._abandoned:
-                return
-            batch, size, pending = [line], len(line), None
-            while size < select.PIPE_BUF:  # join what is queued, up to one atomic write
-                try:
-                    line = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if line == _STOP or size + len(line) > select.PIPE_BUF:
-                    pending = line
-                    break
+            if not self._lines:
+                if self._closed:
+                    return
+                self._asleep = True  # set before the check below: `put` then sees it and wakes the writer
+                if not self._lines and not self._closed:
+                    self._wake.wait()
+                self._asleep = False
+                self._wake.clear()
+                if not self._closed:
+                    time.sleep(LINGER_S)  # let the lines of a busy moment gather into few writes
+            self._write_some()
+
+    def _write_some(self) -> None:
+        """Write the queued lines, joined into writes of at most `PIPE_BUF` bytes (one line longer than that is
+        one write of its own)."""
+        while self._lines and not self._abandoned:
+            batch = [self._lines.popleft()]
+            size = len(batch[0])
+            while self._lines and size + len(self._lines[0]) <= select.PIPE_BUF:
+                line = self._lines.popleft()
                 batch.append(line)
                 size += len(line)
             self._write(b"".join(batch), len(batch))
@@ -103,16 +121,11 @@ class LineWriter:
         if self._closed:
             return
         self._closed = True
-        deadline = time.monotonic() + flush_s
-        stop_queued = True
-        try:
-            self._queue.put(_STOP, timeout=flush_s)
-        except queue.Full:
-            stop_queued = False
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._wake.set()
+        self._thread.join(flush_s)
         if self._thread.is_alive():
             self._abandoned = True  # the thread ends after the write it is blocked in, if that ever returns
-            left = max(0, self._queue.qsize() - stop_queued)
+            left = len(self._lines)
             log.warning("%s: %d line(s) not written at shutdown: the reader stopped reading", self._name, left)
             self._dropped("shutdown", left)
             return  # the thread may still be writing to the descriptor: it is not closed under it

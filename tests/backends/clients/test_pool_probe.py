@@ -1,5 +1,6 @@
 """Replica probes: the pool's health path, with the pool's headers (a remote API's key); a probe that raises is
-counted and logged (rate-limited), and the pool's other replicas are probed all the same."""
+counted and logged (rate-limited), and the pool's other replicas are probed all the same; an engine's `/metrics` is
+scraped every probe only while something reads it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 
 import pytest
 
-from backends.clients.pool import BUSY_GRACE_S, PROBE_ERROR_LOG_S, SLOW_PROBES_DOWN, Pool
+from backends.clients.pool import BUSY_GRACE_S, IDLE_LOAD_PROBES, PROBE_ERROR_LOG_S, SLOW_PROBES_DOWN, Pool
 from backends.clients.shared import EngineTimeout, EngineUnavailable, Headers
 
 
@@ -148,3 +149,36 @@ def test_a_probe_that_raises_is_counted_logged_at_most_once_a_minute_and_spares_
         asyncio.run(pool.probe_once())
     assert len(caplog.records) == 2 and caplog.records[1].__dict__["probe_errors"] == 3  # two held back, and this
     assert caplog.records[1].exc_info is not None  # with its traceback
+
+
+class _Scraped:
+    """An engine client: every replica is healthy; counts the GETs of each replica's /metrics."""
+
+    def __init__(self) -> None:
+        self.scrapes: list[str] = []
+
+    async def get_text(self, url: str, timeout_s: float = 2.0, headers: Headers | None = None) -> str:
+        if url.endswith("/metrics"):
+            self.scrapes.append(url.removesuffix("/metrics"))
+            return 'vllm:num_requests_waiting{engine="0"} 3\n'
+        return ""
+
+
+def _scrapes(urls: list[str], read: bool, probes: int) -> tuple[_Scraped, Pool]:
+    """`probes` probes of a pool of `urls` whose load something reads (`read`) or not."""
+    client = _Scraped()
+    pool = Pool("micro", urls, client, load_read=lambda: read)  # type: ignore[arg-type]
+    for _ in range(probes):
+        asyncio.run(pool.probe_once())
+    return client, pool
+
+
+def test_an_engines_metrics_nobody_reads_are_scraped_once_per_idle_interval_not_every_probe() -> None:
+    client, pool = _scrapes(["http://a"], read=False, probes=30)
+    assert len(client.scrapes) == 30 // IDLE_LOAD_PROBES  # 2, not 30
+    assert pool.replicas[0].healthy and pool.replicas[0].load.waiting == 3  # the first probe scrapes
+
+
+def test_metrics_are_scraped_every_probe_where_the_ladder_reads_them_or_replicas_are_chosen_by_them() -> None:
+    assert len(_scrapes(["http://a"], read=True, probes=30)[0].scrapes) == 30
+    assert len(_scrapes(["http://a", "http://b"], read=False, probes=30)[0].scrapes) == 60

@@ -139,6 +139,12 @@ def test_validate_accepts_model_paths_and_no_ttft() -> None:
     validate_record(make_record(1, model="Qwen/Qwen2.5-7B-Instruct", ttft_ms=None, tenant="acme_corp"))
 
 
+def test_a_limit_left_to_the_engine_is_a_valid_record_and_round_trips() -> None:
+    rec = make_record(1, completion_limit_tokens=0, completion_limit_by="engine")
+    validate_record(rec)
+    assert record_from_fields(record_to_fields(rec)) == rec
+
+
 def test_fields_round_trip() -> None:
     rec = make_record(5, ttft_ms=None, started_at=DAY0 + 0.123456789)
     assert record_from_fields(record_to_fields(rec)) == rec
@@ -425,3 +431,29 @@ def test_the_rollup_slot_is_the_records_utc_hour_at_and_across_hour_boundaries()
         rec = CostRecord("r", "t", "micro", "m", 1, 1, 1, 2, "threshold", "v", at, 5.0, 9.0)
         when = datetime.fromtimestamp(at, UTC)
         assert rollup_slot(rec) == (f"{when:%Y-%m-%d}", "t:micro:m", f"{when:%H}:t:micro:m")
+
+
+class _CountedBatches(RedisLedger):
+    """A Redis ledger that counts its record-script round trips."""
+
+    batches = 0
+
+    async def _run_scripts(self, recs: list[CostRecord]) -> list[object]:
+        self.batches += 1
+        return await super()._run_scripts(recs)
+
+
+@pytest.mark.redis
+async def test_records_a_millisecond_apart_share_one_round_trip_within_the_linger(tmp_path: Path, prefix: str) -> None:
+    led = _CountedBatches(SHARED_URL, tmp_path / "outbox", prefix, linger_s=0.2)
+    await led.start()
+    try:
+        recs, pending = [make_record(i) for i in range(20)], []
+        for rec in recs:  # ~20 ms in all, well within the linger (a loaded machine may stretch it: 2 allowed)
+            pending.append(asyncio.create_task(led.record(rec)))
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*pending)
+    finally:
+        await led.aclose()
+    assert led.counts.recorded == 20 and led.batches <= 2, led.batches
+    await assert_exact(SHARED_URL, led.keys, recs)

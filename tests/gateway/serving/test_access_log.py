@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import re
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -137,6 +138,7 @@ def test_a_reader_that_stops_reading_never_holds_the_caller(tmp_path: Path) -> N
         caller.join(timeout=20)
         assert not caller.is_alive(), "the caller waited for a reader that does not read"
         assert dropped.get("full", 0) >= n - capacity - 1_000  # the pipe holds ~200 lines, the queue 100
+        select.select([reader], [], [], 5)  # the writer lets lines gather for `LINGER_S` before it writes
         written = _drain(reader).splitlines()
         assert written and all(orjson.loads(line)["request_id"].startswith("r") for line in written)  # whole lines
         assert len(written) + dropped["full"] <= n
