@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake engine upstream and a gateway in front of it, both real uvicorn servers."""
+"""Shared fixtures: fake engine upstreams (served on ports, or in-process), gateways in front of them (`make_gateway`:
+in-process by default, served by uvicorn where the claim is end to end), Redis prefixes and real engines."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import os
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import ExitStack
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 import redis
@@ -16,8 +18,10 @@ import redis.asyncio as aioredis
 
 from gateway.costs.report import CostReport, Reconciliation, load_report, verify
 from gateway.ledger.keys import LedgerKeys
+from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.engines import SharedEngines
+from tests.harness import FakeEngines, Gateway, InProcessGateway, ServedGateway
 from tests.servers import PrivateRedis, serve
 
 # The tests assert the tiny demo models' behaviour: a real micro model chosen for the demo must not leak in.
@@ -104,19 +108,74 @@ routing:
 """
 
 
+Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
+"""The micro and flagship fake engines and their base URLs."""
+
+
 @pytest.fixture
-def upstreams() -> Iterator[tuple[FakeUpstream, str, FakeUpstream, str]]:
+def upstreams() -> Iterator[Upstreams]:
+    """The two fake engines on uvicorn servers (ports), for gateways in other processes or served ones."""
     micro, flagship = FakeUpstream("micro-model"), FakeUpstream("flagship-model")
     with serve(micro) as micro_url, serve(flagship) as flagship_url:
         yield micro, micro_url, flagship, flagship_url
 
 
 @pytest.fixture
-def policy_file(tmp_path: Path, upstreams: tuple[FakeUpstream, str, FakeUpstream, str]) -> Path:
+def policy_file(tmp_path: Path, upstreams: Upstreams) -> Path:
     _, micro_url, _, flagship_url = upstreams
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(micro_url, flagship_url))
     return path
+
+
+@pytest.fixture
+def fake_engines() -> FakeEngines:
+    """The test's in-process fake engines (none yet), which the gateways of `make_gateway` reach."""
+    return FakeEngines()
+
+
+@pytest.fixture
+def fake_upstreams(fake_engines: FakeEngines) -> Upstreams:
+    """`upstreams` without ports: the two fake engines in-process (`fake_engines`), for in-process gateways."""
+    micro, flagship = FakeUpstream("micro-model"), FakeUpstream("flagship-model")
+    return micro, fake_engines.add("micro", micro), flagship, fake_engines.add("flagship", flagship)
+
+
+@pytest.fixture
+def fake_policy_file(tmp_path: Path, fake_upstreams: Upstreams) -> Path:
+    """`policy_file` over `fake_upstreams`."""
+    _, micro_url, _, flagship_url = fake_upstreams
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(micro_url, flagship_url))
+    return path
+
+
+GATEWAY_DEFAULTS: dict[str, Any] = {"scorer": "length", "start_engines": False, "ledger": "memory"}
+"""The settings a test gateway starts from: the length scorer, no engines of its own, the in-memory ledger."""
+
+
+class GatewayFactory(Protocol):
+    def __call__(self, policy: Path, *, served: bool = False, **settings: Any) -> Gateway:
+        ...
+
+
+@pytest.fixture
+def make_gateway(tmp_path: Path, fake_engines: FakeEngines) -> Iterator[GatewayFactory]:
+    """Builds gateways for the test, closed at its end: `make_gateway(policy, **settings)` is `GATEWAY_DEFAULTS`
+    updated with `settings` (each gateway's home `tmp_path/gateway<n>` unless given), in-process over `fake_engines`
+    and any engine on a port; `served=True` puts it on a uvicorn server instead (a port, for end-to-end claims)."""
+    made: list[Gateway] = []
+    with ExitStack() as stack:
+
+        def make(policy: Path, *, served: bool = False, **settings: Any) -> Gateway:
+            home = tmp_path / f"gateway{len(made)}"
+            config = Settings(**{"policy_path": policy, "home": home, **GATEWAY_DEFAULTS, **settings})
+            gateway = ServedGateway(config) if served else InProcessGateway(config, fake_engines)
+            stack.enter_context(gateway)
+            made.append(gateway)
+            return gateway
+
+        yield make
 
 
 @pytest.fixture
