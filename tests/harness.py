@@ -32,9 +32,9 @@ from backends.clients.protocol import EngineClient, EngineHTTPError, EngineUnava
 from backends.clients.shared import EngineClients
 from gateway.api.app import GatewayApp, create_app
 from gateway.api.runtime import Runtime, build_runtime
-from gateway.ledger.store import MemoryLedger
+from gateway.ledger.store import CostRecord, MemoryLedger
 from gateway.settings import Settings
-from tests.servers import serve
+from tests.servers import serve, until
 
 __all__ = ["BASE_URL", "FAKE_DOMAIN", "FakeEngines", "Gateway", "InProcess", "InProcessGateway", "ServedGateway",
            "in_process", "lifespan"]
@@ -266,6 +266,19 @@ class Gateway:
         ledger = self.runtime.ledger
         assert isinstance(ledger, MemoryLedger), "a gateway with ledger='memory' has a MemoryLedger"
         return ledger
+
+    def record(self, request_id: str, timeout_s: float = 5.0) -> CostRecord:
+        """The memory ledger's record of `request_id`, once written (the accountant writes after the answer)."""
+        records = self.ledger.records
+        until(lambda: request_id in records, timeout_s, lambda: f"no ledger record for {request_id}")
+        return records[request_id]
+
+    def records(self, n: int, timeout_s: float = 5.0) -> dict[str, CostRecord]:
+        """The memory ledger's records once there are `n` (and not more), by request id."""
+        records = self.ledger.records
+        until(lambda: len(records) >= n, timeout_s, lambda: f"{len(records)} ledger records, not {n}")
+        assert len(records) == n, f"{len(records)} ledger records, not {n}"
+        return dict(records)
 
     def openai(self, api_key: str = "unused", **options: Any) -> openai.OpenAI:
         """An OpenAI SDK client of the gateway, its requests sent through `client`."""

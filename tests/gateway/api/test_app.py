@@ -13,10 +13,8 @@ import orjson
 import pytest
 
 from gateway.api.auth import hash_key
-from gateway.ledger.store import MemoryLedger
 from tests.conftest import GatewayFactory, Upstreams, policy_yaml
 from tests.harness import Gateway
-from tests.servers import until
 
 DEAD = "http://dead.engine.test"  # no engine there: the connection is refused
 
@@ -24,11 +22,6 @@ DEAD = "http://dead.engine.test"  # no engine there: the connection is refused
 @pytest.fixture
 def gateway(make_gateway: GatewayFactory, fake_policy_file: Path) -> Gateway:
     return make_gateway(fake_policy_file, probe_interval_s=0.2)
-
-
-def _wait_records(ledger: MemoryLedger, n: int, timeout: float = 5.0) -> None:
-    until(lambda: len(ledger.records) >= n, timeout)
-    assert len(ledger.records) == n
 
 
 def test_openai_sdk_non_streaming_routes_short_prompt_to_micro(gateway: Gateway) -> None:
@@ -44,7 +37,7 @@ def test_openai_sdk_non_streaming_routes_short_prompt_to_micro(gateway: Gateway)
     assert raw.headers["x-request-id"]
     assert resp.usage is not None and resp.usage.completion_tokens == 8
     ledger = gateway.ledger
-    _wait_records(ledger, 1)
+    gateway.records(1)
     rec = ledger.records[raw.headers["x-request-id"]]
     assert (rec.pool, rec.prompt_tokens, rec.completion_tokens) == ("micro", resp.usage.prompt_tokens, 8)
     assert rec.cost_micro_usd == (rec.prompt_tokens * 200_000 + 8 * 200_000 + 500_000) // 1_000_000
@@ -64,7 +57,7 @@ def test_long_prompt_goes_to_flagship_and_streams_usage(gateway: Gateway) -> Non
     assert text.split() == [f"w{i}" for i in range(16)]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
     ledger = gateway.ledger
-    _wait_records(ledger, 1)
+    gateway.records(1)
     rec = next(iter(ledger.records.values()))
     assert (rec.pool, rec.completion_tokens, rec.status, rec.usage_source) == ("flagship", 16, "ok", "engine")
     assert rec.ttft_ms is not None
@@ -76,7 +69,7 @@ def test_usage_chunk_hidden_unless_asked_but_still_recorded(gateway: Gateway) ->
                                                  stream=True))
     assert all(c.usage is None for c in chunks)
     ledger = gateway.ledger
-    _wait_records(ledger, 1)
+    gateway.records(1)
     assert next(iter(ledger.records.values())).completion_tokens == 16
 
 
@@ -202,7 +195,7 @@ def test_metrics_count_what_the_ledger_records(gateway: Gateway) -> None:
     client.chat.completions.create(model="micro", messages=[{"role": "user", "content": "a b"}], max_tokens=4)
     list(client.chat.completions.create(model="flagship", messages=[{"role": "user", "content": "a"}], stream=True))
     gateway.client.post("/v1/chat/completions", content=b"{")
-    _wait_records(gateway.ledger, 2)
+    gateway.records(2)
     text = gateway.client.get("/metrics").text
     pools = gateway.runtime.pool_set.pools
     micro, flagship = pools["micro"].version, pools["flagship"].version
@@ -263,4 +256,4 @@ def test_client_request_ids_cannot_make_requests_free(gateway: Gateway) -> None:
         assert r.headers["x-client-request-id"] == "same-id"
         ids.add(r.headers["x-request-id"])
     assert len(ids) == 3 and "same-id" not in ids
-    _wait_records(gateway.ledger, 3)  # three records: each request is charged
+    gateway.records(3)  # three records: each request is charged

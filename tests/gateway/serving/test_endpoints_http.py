@@ -11,21 +11,13 @@ import httpx
 import orjson
 import pytest
 
-from gateway.ledger.store import CostRecord
 from tests.conftest import GatewayFactory, Upstreams, policy_yaml
 from tests.harness import Gateway
-from tests.servers import until
 
 
 @pytest.fixture
 def gateway(make_gateway: GatewayFactory, fake_policy_file: Path) -> Gateway:
     return make_gateway(fake_policy_file, probe_interval_s=0.2, max_tokens_cap=64)
-
-
-def _record(gateway: Gateway, request_id: str, timeout: float = 5.0) -> CostRecord:
-    ledger = gateway.ledger
-    until(lambda: request_id in ledger.records, timeout)
-    return ledger.records[request_id]
 
 
 def test_responses_create_is_routed_priced_and_recorded(gateway: Gateway, fake_upstreams: Upstreams) -> None:
@@ -38,7 +30,7 @@ def test_responses_create_is_routed_priced_and_recorded(gateway: Gateway, fake_u
     assert raw.headers["x-cascade-pool"] == "micro"
     assert raw.headers["x-request-id"].startswith("req_resp_")
     assert fake_upstreams[0].requests == 1 and fake_upstreams[2].requests == 0
-    rec = _record(gateway, raw.headers["x-request-id"])
+    rec = gateway.record(raw.headers["x-request-id"])
     assert resp.usage is not None
     assert (rec.endpoint, rec.pool, rec.status, rec.usage_source) == ("responses", "micro", "ok", "engine")
     assert (rec.prompt_tokens, rec.completion_tokens) == (resp.usage.input_tokens, 6)
@@ -58,7 +50,7 @@ def test_responses_input_items_are_scored_and_streamed_events_relayed(gateway: G
     assert kinds.count("response.output_text.delta") == 5
     usage = events[-1].response.usage
     assert usage is not None
-    rec = _record(gateway, raw.headers["x-request-id"])
+    rec = gateway.record(raw.headers["x-request-id"])
     assert (rec.endpoint, rec.pool, rec.prompt_tokens, rec.completion_tokens) == (
         "responses", "flagship", usage.input_tokens, 5)
     assert rec.ttft_ms is not None and fake_upstreams[2].requests == 1
@@ -76,7 +68,7 @@ def test_a_cancelled_responses_stream_is_charged_for_what_was_generated(make_gat
             seen += line.startswith("event: response.output_text.delta")
             if seen == 3:
                 break
-    rec = _record(gateway, request_id)
+    rec = gateway.record(request_id)
     assert (rec.endpoint, rec.status, rec.usage_source) == ("responses", "client_disconnect", "estimate")
     assert rec.completion_tokens >= 1 and rec.prompt_tokens >= 1
 
@@ -87,7 +79,7 @@ def test_completions_create_streams_and_token_arrays(gateway: Gateway) -> None:
     done = raw.parse()
     assert done.choices[0].text == " w0 w1 w2 w3" and raw.headers["x-cascade-endpoint"] == "completions"
     assert raw.headers["x-request-id"].startswith("req_cmpl_")
-    rec = _record(gateway, raw.headers["x-request-id"])
+    rec = gateway.record(raw.headers["x-request-id"])
     assert done.usage is not None
     assert (rec.endpoint, rec.prompt_tokens, rec.completion_tokens) == ("completions", done.usage.prompt_tokens, 4)
     # streamed without include_usage: the client sees no usage chunk, the ledger still has the engine's usage
@@ -96,7 +88,7 @@ def test_completions_create_streams_and_token_arrays(gateway: Gateway) -> None:
         chunks = list(streamed.parse())
     assert "".join(c.choices[0].text for c in chunks if c.choices) == " w0 w1 w2"
     assert all(c.usage is None for c in chunks)
-    rec = _record(gateway, streamed.headers["x-request-id"])
+    rec = gateway.record(streamed.headers["x-request-id"])
     assert (rec.endpoint, rec.prompt_tokens, rec.completion_tokens, rec.usage_source) == ("completions", 3, 3,
                                                                                           "engine")
 
@@ -139,7 +131,7 @@ def test_metrics_count_each_endpoint(gateway: Gateway) -> None:
            client.completions.with_raw_response.create(model="flagship", prompt="x").headers["x-request-id"],
            client.chat.completions.with_raw_response.create(
                model="micro", messages=[{"role": "user", "content": "x"}]).headers["x-request-id"]]
-    costs = [_record(gateway, request_id).cost_micro_usd for request_id in ids]
+    costs = [gateway.record(request_id).cost_micro_usd for request_id in ids]
     text = gateway.client.get("/metrics", timeout=10).text
     for endpoint, pool, cost in zip(("responses", "completions", "chat"), ("micro", "flagship", "micro"), costs,
                                     strict=True):
@@ -160,7 +152,7 @@ def test_output_checks_judge_chat_answers_only(make_gateway: GatewayFactory, fak
     for raw in (client.responses.with_raw_response.create(model="micro", input="x"),
                 client.completions.with_raw_response.create(model="micro", prompt="x")):
         assert "x-cascade-output-check" not in raw.headers
-        assert _record(gateway, raw.headers["x-request-id"]).output_check == ""
+        assert gateway.record(raw.headers["x-request-id"]).output_check == ""
     with client.responses.with_streaming_response.create(model="micro", input="x", stream=True) as streamed:
         assert list(streamed.parse())[-1].type == "response.completed"
-    assert _record(gateway, streamed.headers["x-request-id"]).output_check == ""
+    assert gateway.record(streamed.headers["x-request-id"]).output_check == ""
