@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from gateway.api.auth import hash_key
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.servers import serve, until
 
 Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 TENANTS = f"""tenants:
@@ -45,13 +45,6 @@ def _gateway(tmp_path: Path, upstreams: Upstreams, step: str, extra: str = "") -
         yield url
 
 
-def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
 def _post(url: str, **body: Any) -> httpx.Response:
     payload = {"model": "auto", "messages": [{"role": "user", "content": "hello there"}], **body}
     return httpx.post(url + "/v1/chat/completions", json=payload, headers=body.pop("headers", None), timeout=10)
@@ -68,14 +61,14 @@ def test_fallback_engages_on_kv_cache_and_recedes(fallback: str, upstreams: Upst
     flagship = upstreams[2]
     assert _post(fallback, model="flagship").headers["x-cascade-pool"] == "flagship"
     flagship.kv_cache_usage = 0.9
-    _until(lambda: _post(fallback, model="flagship").headers["x-cascade-pool"] == "micro")
+    until(lambda: _post(fallback, model="flagship").headers["x-cascade-pool"] == "micro")
     r = _post(fallback, model="flagship")
     assert r.headers["x-cascade-rule"] == "ladder:kv-high" and r.headers["x-cascade-degraded"] == "kv-high"
     flagship.kv_cache_usage = 0.7  # between exit and enter: hysteresis keeps the step on
     time.sleep(0.5)
     assert _post(fallback, model="flagship").headers["x-cascade-pool"] == "micro"
     flagship.kv_cache_usage = 0.2
-    _until(lambda: _post(fallback, model="flagship").headers["x-cascade-pool"] == "flagship")
+    until(lambda: _post(fallback, model="flagship").headers["x-cascade-pool"] == "flagship")
     assert "x-cascade-degraded" not in _post(fallback, model="flagship").headers
 
 
@@ -92,7 +85,7 @@ def test_truncation_keeps_system_and_latest_turns(truncating: str, upstreams: Up
     ] + [{"role": "user", "content": "last question"}]
     full = _post(truncating, model="flagship", messages=messages).json()["usage"]["prompt_tokens"]
     upstreams[2].waiting = 10
-    _until(lambda: "x-cascade-truncated" in _post(truncating, model="flagship", messages=messages).headers)
+    until(lambda: "x-cascade-truncated" in _post(truncating, model="flagship", messages=messages).headers)
     r = _post(truncating, model="flagship", messages=messages)
     assert int(r.headers["x-cascade-truncated"]) == 6
     assert r.json()["usage"]["prompt_tokens"] == (3 + 2) + (3 + 2)  # system + last question (fake tokenizer)
@@ -112,7 +105,7 @@ def test_shedding_rejects_low_priority_with_retry_after(shedding: str, upstreams
     gold, free = {"authorization": "Bearer sk-gold"}, {"authorization": "Bearer sk-free"}
     assert _post(shedding, model="flagship", headers=free).status_code == 200
     upstreams[2].waiting = 10
-    _until(lambda: _post(shedding, model="flagship", headers=free).status_code == 429)
+    until(lambda: _post(shedding, model="flagship", headers=free).status_code == 429)
     r = _post(shedding, model="flagship", headers=free)
     assert r.headers["retry-after"] == "7" and r.json()["error"]["code"] == "load_shed"
     assert _post(shedding, model="flagship", headers=gold).status_code == 200
@@ -120,7 +113,7 @@ def test_shedding_rejects_low_priority_with_retry_after(shedding: str, upstreams
     assert (micro.status_code, micro.headers["x-cascade-pool"]) == (200, "micro")
     assert micro.headers["x-cascade-degraded"] == "shed"
     upstreams[2].waiting = 0
-    _until(lambda: _post(shedding, model="flagship", headers=free).status_code == 200)
+    until(lambda: _post(shedding, model="flagship", headers=free).status_code == 200)
 
 
 @pytest.fixture
@@ -134,7 +127,7 @@ def test_shedding_with_scope_all_rejects_micro_traffic_too(shedding_everyone: st
     free = {"authorization": "Bearer sk-free"}
     assert _post(shedding_everyone, headers=free).headers["x-cascade-pool"] == "micro"
     upstreams[2].waiting = 10
-    _until(lambda: _post(shedding_everyone, headers=free).status_code == 429)
+    until(lambda: _post(shedding_everyone, headers=free).status_code == 429)
     served = upstreams[0].requests  # micro requests answered before the step engaged
     assert _post(shedding_everyone, headers=free).json()["error"]["code"] == "load_shed"
     assert upstreams[0].requests == served  # shed before any engine call
@@ -155,13 +148,13 @@ def test_shedding_on_the_gateways_own_in_flight_requests(shedding_on_in_flight: 
     slow = {"model": "flagship", "metadata": {"fake_delay_ms": "150"}, "headers": gold}
     with ThreadPoolExecutor(5) as pool:
         running = [pool.submit(_post, url, **slow) for _ in range(5)]  # 16 tokens x 150 ms each
-        _until(lambda: _post(url, model="flagship", headers=free).status_code == 429)
+        until(lambda: _post(url, model="flagship", headers=free).status_code == 429)
         r = _post(url, model="flagship", headers=free)
         assert r.headers["retry-after"] == "3" and r.json()["error"]["code"] == "load_shed"
         assert _post(url, model="flagship", headers=gold).status_code == 200  # higher priority is still served
         assert _post(url, headers=free).status_code == 200  # micro traffic is not the flagship's load
         assert all(f.result().status_code == 200 for f in running)
-    _until(lambda: _post(url, model="flagship", headers=free).status_code == 200)
+    until(lambda: _post(url, model="flagship", headers=free).status_code == 200)
 
 
 @pytest.fixture
@@ -173,7 +166,7 @@ def forcing(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
 
 def test_force_stream_still_answers_json(forcing: str, upstreams: Upstreams) -> None:
     upstreams[2].kv_cache_usage = 0.9
-    _until(lambda: "x-cascade-degraded" in _post(forcing, model="flagship").headers)
+    until(lambda: "x-cascade-degraded" in _post(forcing, model="flagship").headers)
     r = _post(forcing, model="flagship", max_tokens=5)
     body = r.json()
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 5
@@ -187,7 +180,7 @@ TOOL_CALL = {"model": "flagship", "tools": TOOLS, "n": 2, "logprobs": True, "top
 
 def _forced(url: str, flagship: FakeUpstream) -> None:
     flagship.kv_cache_usage = 0.9
-    _until(lambda: "x-cascade-degraded" in _post(url, model="flagship").headers)
+    until(lambda: "x-cascade-degraded" in _post(url, model="flagship").headers)
 
 
 def test_force_stream_json_is_the_engines_own_answer(forcing: str, upstreams: Upstreams) -> None:
@@ -236,7 +229,7 @@ def test_raise_threshold_sends_borderline_requests_to_micro(raising: str, upstre
     long_prompt = [{"role": "user", "content": "explain " * 150}]  # length scorer: 0.75
     assert _post(raising, messages=long_prompt).headers["x-cascade-pool"] == "flagship"
     upstreams[2].kv_cache_usage = 0.9
-    _until(lambda: _post(raising, messages=long_prompt).headers["x-cascade-pool"] == "micro")
+    until(lambda: _post(raising, messages=long_prompt).headers["x-cascade-pool"] == "micro")
     assert _post(raising, messages=long_prompt).headers["x-cascade-rule"] == "ladder:raise"
 
 
@@ -265,9 +258,9 @@ def test_overflow_bursts_to_the_remote_pool_and_back(overflowing: str, upstreams
     long_prompt = [{"role": "user", "content": "explain " * 150}]
     assert _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "flagship"
     upstreams[2].waiting = 10
-    _until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "cloud")
+    until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "cloud")
     r = _post(overflowing, messages=long_prompt)
     assert r.headers["x-cascade-rule"] == "ladder:burst" and r.json()["model"] == "cloud-model"
     assert upstreams[2].last_authorization == "Bearer sk-cloud-123"  # the remote pool's key, from its env var
     upstreams[2].waiting = 0
-    _until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "flagship")
+    until(lambda: _post(overflowing, messages=long_prompt).headers["x-cascade-pool"] == "flagship")
