@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import ExitStack
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 import redis
@@ -23,6 +23,9 @@ from loadtest.fake_upstream import FakeUpstream
 from tests.engines import SharedEngines
 from tests.harness import FakeEngines, Gateway, InProcessGateway, ServedGateway
 from tests.servers import PrivateRedis, serve
+
+if TYPE_CHECKING:
+    from tests.gateway.serving.test_tracing import Receiver
 
 # The tests assert the tiny demo models' behaviour: a real micro model chosen for the demo must not leak in.
 os.environ.pop("CASCADE_DEMO_MICRO", None)
@@ -198,10 +201,27 @@ def private_redis(stopped_redis: PrivateRedis) -> PrivateRedis:
     return stopped_redis
 
 
+ENGINE_TRACE_ID = "5cf92f3577b34da6a3ce929d0e0e4737"
+"""The trace id whose spans `engine_spans` keeps (the one test of the engines' spans sends it)."""
+
+
 @pytest.fixture(scope="session")
-def shared_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngines]:
-    """Real vLLM engines shared by the session's tests, one per engine configuration (`tests/engines.py`)."""
-    engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"))
+def engine_spans() -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver (`tests.gateway.serving.test_tracing.Receiver`) that the shared engines export their
+    request spans to, for the whole session; it keeps the spans of `ENGINE_TRACE_ID`. `url` is its base URL."""
+    from tests.gateway.serving.test_tracing import Receiver
+
+    receiver = Receiver(trace_ids={ENGINE_TRACE_ID})
+    with serve(receiver) as receiver.url:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def shared_engines(tmp_path_factory: pytest.TempPathFactory,
+                   engine_spans: Receiver) -> Iterator[SharedEngines]:
+    """Real vLLM engines shared by the session's tests, one per engine configuration (`tests/engines.py`), each
+    exporting its request spans to `engine_spans` (as a traced gateway's engines do)."""
+    engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"), traces_to=engine_spans.url + "/v1/traces")
     try:
         yield engines
     finally:
