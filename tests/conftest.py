@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import ExitStack
@@ -69,6 +70,20 @@ async def verify_recent(prefix: str, url: str = SHARED_URL) -> Reconciliation:
 async def report_recent(prefix: str, url: str = SHARED_URL) -> CostReport:
     """The cost report of the ledger under `prefix` over yesterday and today (UTC)."""
     return await _over_recent_days(load_report, prefix, url)
+
+
+def ledger_record(prefix: str, request_id: str, timeout_s: float = 10.0, url: str = SHARED_URL) -> dict[str, str]:
+    """The Redis ledger's record of `request_id` under `prefix`, once written (the accountant writes after the
+    answer); fails the test after `timeout_s`."""
+    from loadtest.scenarios.chaos_figures import ledger_records
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for fields in ledger_records(url, prefix):
+            if fields.get("request_id") == request_id:
+                return dict(fields)
+        time.sleep(0.05)
+    raise AssertionError(f"no ledger record for {request_id}")
 
 
 def delete_prefix(prefix: str, url: str = SHARED_URL) -> None:

@@ -20,8 +20,15 @@ from gateway.api.auth import hash_key
 from gateway.costs.html import render_html
 from gateway.costs.report import row_fields
 from gateway.costs.view import render_text
-from loadtest.scenarios.chaos_figures import ledger_records
-from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, policy_yaml, report_recent, verify_recent
+from tests.conftest import (
+    SHARED_URL,
+    GatewayFactory,
+    Upstreams,
+    ledger_record,
+    policy_yaml,
+    report_recent,
+    verify_recent,
+)
 from tests.harness import Gateway
 from tests.servers import PrivateRedis
 
@@ -68,15 +75,6 @@ def _ask(client: openai.OpenAI, text: str = "What is the capital of France?", **
     return client.chat.completions.with_raw_response.create(
         model="micro", messages=[{"role": "user", "content": text}], max_tokens=8, **extra)
 
-
-def _record(prefix: str, request_id: str) -> dict[str, str]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for fields in ledger_records(SHARED_URL, prefix):
-            if fields.get("request_id") == request_id:
-                return fields
-        time.sleep(0.05)
-    raise AssertionError(f"no ledger record for {request_id}")
 
 
 def _metric(gateway: Gateway, name: str, **labels: str) -> float:
@@ -126,7 +124,7 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: Gateway
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == engine_answer.usage.prompt_tokens
     assert micro.requests == calls_after_keep  # neither hit reached the engine
 
-    miss, json_hit, stream_hit = (_record(prefix, r.headers["x-request-id"]) for r in (first, hit, streamed))
+    miss, json_hit, stream_hit = (ledger_record(prefix, r.headers["x-request-id"]) for r in (first, hit, streamed))
     assert (miss["status"], miss["cache"], int(miss["cost_micro_usd"]) > 0) == ("ok", "miss", True)
     for rec in (json_hit, stream_hit):
         assert (rec["status"], rec["cache"], rec["pool"], rec["pool_version"]) == ("cache_hit", "hit", "micro", "")
