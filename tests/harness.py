@@ -8,8 +8,8 @@ TLS, several processes and anything about ports and sockets.
 
 - `FakeEngines`: ASGI apps by host name (`http://<name>.engine.test`); `client()` is the gateway's engine client
   with those hosts reaching their apps (`backends.clients.protocol`'s contract: a fake host it does not know refuses
-  the connection, an error status is an `EngineHTTPError`, a stream is handed over event by event), and any other
-  host reached over the network as usual.
+  the connection, an error status is an `EngineHTTPError`, a stream arrives as its first event and then the rest),
+  and any other host reached over the network as usual.
 - `in_process(settings, engines)`: the app with its lifespan run and its runtime, for async tests.
 - `InProcessGateway`: the same on an event loop of its own (a daemon thread), with a synchronous `httpx.Client`,
   for synchronous tests (the shape of the served gateway's fixtures: poll with `tests.servers.until`).
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar, cast
@@ -61,13 +61,11 @@ class _ByHost(httpx.AsyncBaseTransport):
         return await transport.handle_async_request(request)
 
 
-def _events(body: bytes) -> Iterator[bytes]:
-    """A server-sent-event body one event at a time (how an engine's stream arrives, roughly)."""
-    parts = body.split(b"\n\n")
-    for part in parts[:-1]:
-        yield part + b"\n\n"
-    if parts[-1]:
-        yield parts[-1]
+def _chunks(body: bytes) -> list[bytes]:
+    """A server-sent-event body as a zero-latency engine's answer reaches the gateway over loopback: its first event
+    on its own, the rest in one burst (so both a stream's first chunk alone and chunks of many events are seen)."""
+    first, sep, rest = body.partition(b"\n\n")
+    return [chunk for chunk in (first + sep, rest) if chunk]
 
 
 class _AsgiEngineClient:
@@ -96,8 +94,8 @@ class _AsgiEngineClient:
             raise EngineHTTPError(response.status_code, response.content)
 
         async def chunks() -> AsyncIterator[bytes]:
-            for event in _events(response.content):
-                yield event
+            for chunk in _chunks(response.content):
+                yield chunk
 
         yield chunks()
 
