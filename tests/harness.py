@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar, cast
@@ -44,8 +44,6 @@ BASE_URL = "http://gateway.test"
 """The in-process gateway's base URL (the host is not resolved: every request goes to the app)."""
 
 T = TypeVar("T")
-ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-                   Awaitable[None]]
 
 
 class _ByHost(httpx.AsyncBaseTransport):
