@@ -20,6 +20,7 @@ from gateway.settings import Settings
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, delete_prefix, policy_yaml
 from tests.harness import FakeEngines, Gateway, InProcessGateway
+from tests.servers import until
 
 pytestmark = pytest.mark.redis
 TENANTS = f"""tenants:
@@ -78,7 +79,8 @@ def test_requests_per_minute(gateway: Gateway, caplog: pytest.LogCaptureFixture)
     metrics = gateway.client.get("/metrics").text  # every decision is counted, the 429 as limited
     assert 'cascade_limiter_decisions_total{decision="limited",tenant="capped"} 1.0' in metrics
     assert 'cascade_limiter_decisions_total{decision="admitted",tenant="capped"}' in metrics
-    assert 'cascade_ledger_records_total{outcome="recorded"}' in metrics  # the Redis ledger's own count
+    # the Redis ledger's own count, once its writes (after the answers, off the response path) have landed
+    until(lambda: 'cascade_ledger_records_total{outcome="recorded"}' in gateway.client.get("/metrics").text, 10)
 
 
 def test_budget_rejects_once_spent(gateway: Gateway) -> None:
