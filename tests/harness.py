@@ -37,7 +37,7 @@ from gateway.settings import Settings
 from tests.servers import serve, until
 
 __all__ = ["BASE_URL", "FAKE_DOMAIN", "FakeEngines", "Gateway", "InProcess", "InProcessGateway", "ServedGateway",
-           "in_process", "lifespan"]
+           "in_process", "lifespan", "wait_records"]
 
 FAKE_DOMAIN = ".engine.test"
 BASE_URL = "http://gateway.test"
@@ -243,6 +243,15 @@ class _ThroughClient(httpx2.BaseTransport):
         return httpx2.Response(response.status_code, headers=headers, content=response.content)
 
 
+def wait_records(ledger: MemoryLedger, n: int, timeout_s: float = 5.0) -> dict[str, CostRecord]:
+    """`ledger`'s records once there are `n` (and not more), by request id (the accountant writes after the
+    answer)."""
+    records = ledger.records
+    until(lambda: len(records) >= n, timeout_s, lambda: f"{len(records)} ledger records, not {n}")
+    assert len(records) == n, f"{len(records)} ledger records, not {n}"
+    return dict(records)
+
+
 class Gateway:
     """What a test sees of a gateway under test, in-process or served: `client` (synchronous, base URL `url`), the
     app, its runtime. A context manager; `close` stops it."""
@@ -271,10 +280,7 @@ class Gateway:
 
     def records(self, n: int, timeout_s: float = 5.0) -> dict[str, CostRecord]:
         """The memory ledger's records once there are `n` (and not more), by request id."""
-        records = self.ledger.records
-        until(lambda: len(records) >= n, timeout_s, lambda: f"{len(records)} ledger records, not {n}")
-        assert len(records) == n, f"{len(records)} ledger records, not {n}"
-        return dict(records)
+        return wait_records(self.ledger, n, timeout_s)
 
     def openai(self, api_key: str = "unused", **options: Any) -> openai.OpenAI:
         """An OpenAI SDK client of the gateway, its requests sent through `client`."""
