@@ -12,11 +12,8 @@ import httpx
 
 from gateway.api.app import create_app
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import free_port, serve, until
-
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 
 def _post(url: str, model: str, **body: Any) -> httpx.Response:

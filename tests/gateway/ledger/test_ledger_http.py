@@ -17,7 +17,6 @@ from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, GatewayFactory, verify_recent
 
 pytestmark = pytest.mark.redis
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 
 @pytest.fixture

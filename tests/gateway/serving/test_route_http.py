@@ -15,11 +15,8 @@ import pytest
 from gateway.api.app import create_app
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import free_port, serve
-
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 PROMPT = "word " * 60  # 60 words: length score 0.30 < 0.5; ~75 estimated tokens, over micro's 64
 

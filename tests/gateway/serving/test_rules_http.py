@@ -16,7 +16,6 @@ from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml
 from tests.harness import FakeEngines, InProcessGateway
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 RULES = f"""  rules:
     - {{name: by-tenant, match: {{tenants: [vip]}}, pool: flagship}}
     - {{name: by-alias, match: {{models: [smart]}}, pool: flagship}}

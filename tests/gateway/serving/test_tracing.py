@@ -17,11 +17,9 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.app import create_app
 from gateway.serving.tracing import tracing_from_env
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import serve
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 SECRET = "the zebra-plum merger terms"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 

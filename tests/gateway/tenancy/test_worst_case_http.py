@@ -11,16 +11,14 @@ import httpx
 import pytest
 
 from gateway.api.auth import hash_key
-from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import parse_policy
-from tests.conftest import SHARED_URL, policy_yaml
+from tests.conftest import SHARED_URL, Upstreams, policy_yaml
 from tests.gateway.tenancy.test_admission_http import redis_gateway
 from tests.harness import FakeEngines, Gateway
 from tests.servers import until
 
 pytestmark = pytest.mark.redis
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 CONTEXT = 4096
 FLAGSHIP_OUT = 15  # micro-USD a completion token on the flagship (15 USD per million)
 WORST = CONTEXT * FLAGSHIP_OUT + 3 * 64  # one request's worst case: its prompt (under 64 tokens) and a full context
