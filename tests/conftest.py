@@ -138,12 +138,16 @@ def upstreams() -> Iterator[Upstreams]:
         yield micro, micro_url, flagship, flagship_url
 
 
+def _policy_over(tmp_path: Path, upstreams: Upstreams) -> Path:
+    """`tmp_path/policy.yaml`: `policy_yaml` over the micro and flagship engines of `upstreams`."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(upstreams[1], upstreams[3]))
+    return path
+
+
 @pytest.fixture
 def policy_file(tmp_path: Path, upstreams: Upstreams) -> Path:
-    _, micro_url, _, flagship_url = upstreams
-    path = tmp_path / "policy.yaml"
-    path.write_text(policy_yaml(micro_url, flagship_url))
-    return path
+    return _policy_over(tmp_path, upstreams)
 
 
 @pytest.fixture
@@ -162,10 +166,7 @@ def fake_upstreams(fake_engines: FakeEngines) -> Upstreams:
 @pytest.fixture
 def fake_policy_file(tmp_path: Path, fake_upstreams: Upstreams) -> Path:
     """`policy_file` over `fake_upstreams`."""
-    _, micro_url, _, flagship_url = fake_upstreams
-    path = tmp_path / "policy.yaml"
-    path.write_text(policy_yaml(micro_url, flagship_url))
-    return path
+    return _policy_over(tmp_path, fake_upstreams)
 
 
 GATEWAY_DEFAULTS: dict[str, Any] = {"scorer": "length", "start_engines": False, "ledger": "memory"}
