@@ -103,6 +103,9 @@ def test_the_token_cap_clamps_each_endpoints_own_limit(gateway: Gateway) -> None
 
 @pytest.mark.parametrize(("path", "body", "status", "param", "says"), [
     ("/v1/responses", {"model": "auto", "input": [{"type": "bogus_item"}]}, 400, "input[0].type", "bogus_item"),
+    ("/v1/responses", {"model": "auto", "input": [5]}, 400, "input[0]", "must be an object"),
+    ("/v1/responses", {"model": "auto", "input": [{"role": "wizard", "content": "x"}]}, 400, "input[0].role",
+     "must be one of"),
     ("/v1/responses", {"model": "auto", "input": "x", "previous_response_id": "resp_1"}, 400,
      "previous_response_id", "whole conversation"),
     ("/v1/responses", {"model": "auto", "input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input[0]",
