@@ -1,14 +1,17 @@
-"""Shared fixtures: a fake engine upstream and a gateway in front of it, both real uvicorn servers."""
+"""Shared fixtures: fake engine upstreams (served on ports, or in-process), gateways in front of them (`make_gateway`:
+in-process by default, served by uvicorn where the claim is end to end), Redis prefixes and real engines."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import ExitStack
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 import redis
@@ -16,9 +19,14 @@ import redis.asyncio as aioredis
 
 from gateway.costs.report import CostReport, Reconciliation, load_report, verify
 from gateway.ledger.keys import LedgerKeys
+from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.engines import SharedEngines
+from tests.harness import FakeEngines, Gateway, InProcessGateway, ServedGateway
 from tests.servers import PrivateRedis, serve
+
+if TYPE_CHECKING:
+    from tests.gateway.serving.test_tracing import Receiver
 
 # The tests assert the tiny demo models' behaviour: a real micro model chosen for the demo must not leak in.
 os.environ.pop("CASCADE_DEMO_MICRO", None)
@@ -64,6 +72,20 @@ async def report_recent(prefix: str, url: str = SHARED_URL) -> CostReport:
     return await _over_recent_days(load_report, prefix, url)
 
 
+def ledger_record(prefix: str, request_id: str, timeout_s: float = 10.0, url: str = SHARED_URL) -> dict[str, str]:
+    """The Redis ledger's record of `request_id` under `prefix`, once written (the accountant writes after the
+    answer); fails the test after `timeout_s`."""
+    from loadtest.scenarios.chaos_figures import ledger_records
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for fields in ledger_records(url, prefix):
+            if fields.get("request_id") == request_id:
+                return dict(fields)
+        time.sleep(0.05)
+    raise AssertionError(f"no ledger record for {request_id}")
+
+
 def delete_prefix(prefix: str, url: str = SHARED_URL) -> None:
     """Delete every key under `prefix` (tests share one Redis; each uses its own prefix)."""
     client = redis.Redis.from_url(url)
@@ -104,19 +126,75 @@ routing:
 """
 
 
+Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
+"""The micro and flagship fake engines and their base URLs."""
+
+
 @pytest.fixture
-def upstreams() -> Iterator[tuple[FakeUpstream, str, FakeUpstream, str]]:
+def upstreams() -> Iterator[Upstreams]:
+    """The two fake engines on uvicorn servers (ports), for gateways in other processes or served ones."""
     micro, flagship = FakeUpstream("micro-model"), FakeUpstream("flagship-model")
     with serve(micro) as micro_url, serve(flagship) as flagship_url:
         yield micro, micro_url, flagship, flagship_url
 
 
-@pytest.fixture
-def policy_file(tmp_path: Path, upstreams: tuple[FakeUpstream, str, FakeUpstream, str]) -> Path:
-    _, micro_url, _, flagship_url = upstreams
+def _policy_over(tmp_path: Path, upstreams: Upstreams) -> Path:
+    """`tmp_path/policy.yaml`: `policy_yaml` over the micro and flagship engines of `upstreams`."""
     path = tmp_path / "policy.yaml"
-    path.write_text(policy_yaml(micro_url, flagship_url))
+    path.write_text(policy_yaml(upstreams[1], upstreams[3]))
     return path
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path, upstreams: Upstreams) -> Path:
+    return _policy_over(tmp_path, upstreams)
+
+
+@pytest.fixture
+def fake_engines() -> FakeEngines:
+    """The test's in-process fake engines (none yet), which the gateways of `make_gateway` reach."""
+    return FakeEngines()
+
+
+@pytest.fixture
+def fake_upstreams(fake_engines: FakeEngines) -> Upstreams:
+    """`upstreams` without ports: the two fake engines in-process (`fake_engines`), for in-process gateways."""
+    micro, flagship = FakeUpstream("micro-model"), FakeUpstream("flagship-model")
+    return micro, fake_engines.add("micro", micro), flagship, fake_engines.add("flagship", flagship)
+
+
+@pytest.fixture
+def fake_policy_file(tmp_path: Path, fake_upstreams: Upstreams) -> Path:
+    """`policy_file` over `fake_upstreams`."""
+    return _policy_over(tmp_path, fake_upstreams)
+
+
+GATEWAY_DEFAULTS: dict[str, Any] = {"scorer": "length", "start_engines": False, "ledger": "memory"}
+"""The settings a test gateway starts from: the length scorer, no engines of its own, the in-memory ledger."""
+
+
+class GatewayFactory(Protocol):
+    def __call__(self, policy: Path, *, served: bool = False, **settings: Any) -> Gateway:
+        ...
+
+
+@pytest.fixture
+def make_gateway(tmp_path: Path, fake_engines: FakeEngines) -> Iterator[GatewayFactory]:
+    """Builds gateways for the test, closed at its end: `make_gateway(policy, **settings)` is `GATEWAY_DEFAULTS`
+    updated with `settings` (each gateway's home `tmp_path/gateway<n>` unless given), in-process over `fake_engines`
+    and any engine on a port; `served=True` puts it on a uvicorn server instead (a port, for end-to-end claims)."""
+    made: list[Gateway] = []
+    with ExitStack() as stack:
+
+        def make(policy: Path, *, served: bool = False, **settings: Any) -> Gateway:
+            home = tmp_path / f"gateway{len(made)}"
+            config = Settings(**{"policy_path": policy, "home": home, **GATEWAY_DEFAULTS, **settings})
+            gateway = ServedGateway(config) if served else InProcessGateway(config, fake_engines)
+            stack.enter_context(gateway)
+            made.append(gateway)
+            return gateway
+
+        yield make
 
 
 @pytest.fixture
@@ -139,10 +217,27 @@ def private_redis(stopped_redis: PrivateRedis) -> PrivateRedis:
     return stopped_redis
 
 
+ENGINE_TRACE_ID = "5cf92f3577b34da6a3ce929d0e0e4737"
+"""The trace id whose spans `engine_spans` keeps (the one test of the engines' spans sends it)."""
+
+
 @pytest.fixture(scope="session")
-def shared_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngines]:
-    """Real vLLM engines shared by the session's tests, one per engine configuration (`tests/engines.py`)."""
-    engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"))
+def engine_spans() -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver (`tests.gateway.serving.test_tracing.Receiver`) that the shared engines export their
+    request spans to, for the whole session; it keeps the spans of `ENGINE_TRACE_ID`. `url` is its base URL."""
+    from tests.gateway.serving.test_tracing import Receiver
+
+    receiver = Receiver(trace_ids={ENGINE_TRACE_ID})
+    with serve(receiver) as receiver.url:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def shared_engines(tmp_path_factory: pytest.TempPathFactory,
+                   engine_spans: Receiver) -> Iterator[SharedEngines]:
+    """Real vLLM engines shared by the session's tests, one per engine configuration (`tests/engines.py`), each
+    exporting its request spans to `engine_spans` (as a traced gateway's engines do)."""
+    engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"), traces_to=engine_spans.url + "/v1/traces")
     try:
         yield engines
     finally:

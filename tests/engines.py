@@ -77,10 +77,12 @@ class SharedEngines:
     instances: ClassVar[list[SharedEngines]] = []
     """Those not closed yet (the conftest stops their engines before a test that starts its own)."""
 
-    def __init__(self, home: Path, models: Path | None = None) -> None:
+    def __init__(self, home: Path, models: Path | None = None, traces_to: str | None = None) -> None:
         """`home`: where the engines' logs go (`home/logs`); `models`: the built demo models (default: the
-        cascade home's), linked into `home` so the supervisor finds them."""
+        cascade home's), linked into `home` so the supervisor finds them; `traces_to`: the OTLP/HTTP endpoint every
+        engine exports its request spans to (vLLM's own tracing, as a traced gateway starts its engines)."""
         self._home = home
+        self._traces_to = traces_to
         home.mkdir(parents=True, exist_ok=True)
         link = models_root(home)
         if not link.exists():
@@ -131,7 +133,8 @@ class SharedEngines:
     async def _start(self, key: str, spec: EngineSpec) -> None:
         self._started += 1
         name = f"shared-{spec.served_name}-{self._started}"
-        sup = EngineSupervisor(name, spec.model_copy(update={"base_port": free_port()}), home=self._home)
+        sup = EngineSupervisor(name, spec.model_copy(update={"base_port": free_port()}), home=self._home,
+                               traces_to=self._traces_to)
         await sup.start()  # raises EngineStartError with the log tail; it has stopped what it started
         self._engines[key] = sup
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from loadtest.private_redis import PrivateRedis
 from loadtest.processes import free_port
 
 __all__ = ["ROOT", "PrivateRedis", "alive", "fake_engine", "free_port", "serve", "start_gateway", "until",
-           "wait_ready"]
+           "until_async", "wait_ready"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +38,16 @@ def until(check: Callable[[], bool], timeout: float = 20.0, describe: Callable[[
     while not check():
         assert time.monotonic() < deadline, "condition not reached" if describe is None else describe()
         time.sleep(0.05)
+
+
+async def until_async(check: Callable[[], bool], timeout: float = 20.0, describe: Callable[[], str] | None = None,
+                      poll_s: float = 0.05) -> None:
+    """`until` for async tests: poll `check` every `poll_s` seconds without blocking the event loop (what the test
+    waits for may run on it)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached" if describe is None else describe()
+        await asyncio.sleep(poll_s)
 
 
 def alive(pid: int) -> bool:

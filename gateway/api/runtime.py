@@ -239,9 +239,12 @@ def _admission(redis: aioredis.Redis | None, settings: Settings, metrics: Gatewa
     return Admission(RateLimiter(redis, settings.redis_prefix), guard, metrics, key_budget=guard)
 
 
-async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None) -> Runtime:
+async def build_runtime(settings: Settings, progress: Callable[[str], None] | None = None,
+                        engine_client: EngineClient | None = None) -> Runtime:
     """Build everything; local engines start in the background when `settings.start_engines`
-    (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built."""
+    (`Runtime.pool_set.status` tells how far they are). On failure, closes what it had built. `engine_client`: the
+    client every engine request goes through (default: `make_engine_client(settings.transport)`; tests pass a fake
+    one); the runtime owns and closes it either way."""
     loaded = with_placements(load_policy(settings.policy_path))
     PoolSet.check(loaded)
     check_retrain(loaded, settings)
@@ -249,7 +252,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         log.warning("policy %s names no tenants: every caller is served as tenant %r, with or without a key",
                     loaded.source, OPEN_TENANT)
     policies = PolicyHolder(loaded)
-    engines = make_engine_client(settings.transport)
+    engines = make_engine_client(settings.transport) if engine_client is None else engine_client
     try:
         ledger = await _make_ledger(settings)
     except BaseException:

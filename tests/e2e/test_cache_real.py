@@ -20,8 +20,7 @@ import pytest
 from gateway.api.auth import hash_key
 from gateway.costs.report import row_fields
 from gateway.costs.view import render_text
-from loadtest.scenarios.chaos_figures import ledger_records
-from tests.conftest import delete_prefix, report_recent
+from tests.conftest import delete_prefix, ledger_record, report_recent
 from tests.engines import SharedEngines, demo_policy_text, gateway_on_shared_engines
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
@@ -55,15 +54,6 @@ def gateway(prefix: str, shared_engines: SharedEngines, tmp_path_factory: pytest
         delete_prefix(prefix)
 
 
-def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for fields in ledger_records("redis://127.0.0.1:6379/0", prefix):
-            if fields.get("request_id") == request_id:
-                return fields
-        time.sleep(0.1)
-    raise AssertionError(f"no ledger record for {request_id}")
-
 
 def _ask(client: openai.OpenAI, model: str = "micro") -> Any:
     return client.chat.completions.with_raw_response.create(
@@ -95,10 +85,10 @@ def test_a_repeated_deterministic_request_is_a_cost_free_hit(gateway: str, prefi
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == engine.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == engine.usage.completion_tokens
 
-    miss = _record(prefix, first.headers["x-request-id"])
+    miss = ledger_record(prefix, first.headers["x-request-id"])
     assert (miss["status"], miss["cache"], miss["usage_source"]) == ("ok", "miss", "engine")
     for raw in (hit, streamed):
-        rec = _record(prefix, raw.headers["x-request-id"])
+        rec = ledger_record(prefix, raw.headers["x-request-id"])
         assert (rec["status"], rec["cache"], rec["pool"], rec["cost_micro_usd"]) == ("cache_hit", "hit", "micro", "0")
         assert rec["cache_avoided_micro_usd"] == miss["cost_micro_usd"] != "0"
         assert rec["flagship_cost_micro_usd"] == miss["flagship_cost_micro_usd"]
@@ -121,7 +111,7 @@ def test_the_semantic_cache_hits_through_the_routers_own_embedding(gateway: str,
     hit = _until_hit(client, "auto")
     assert float(hit.headers["x-cascade-cache-similarity"]) >= 0.99
     assert hit.parse().choices[0].message.content == first.parse().choices[0].message.content
-    rec = _record(prefix, hit.headers["x-request-id"])
+    rec = ledger_record(prefix, hit.headers["x-request-id"])
     assert (rec["status"], rec["tenant"], rec["cost_micro_usd"]) == ("cache_hit", "semantic", "0")
     unlike = client.chat.completions.with_raw_response.create(
         model="auto", messages=[{"role": "user", "content": "Prove that there are infinitely many primes."}],

@@ -10,7 +10,6 @@ way by the engine directly, with routing headers and the exact ledger record (re
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,10 +22,9 @@ from hypothesis import strategies as st
 
 from gateway.serving.completions_schema import CompletionsRequest
 from gateway.serving.responses_schema import ResponsesRequest
-from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import load_policy
 from policies.pools import LocalPool
-from tests.conftest import delete_prefix
+from tests.conftest import delete_prefix, ledger_record
 from tests.engines import SharedEngines, gateway_on_shared_engines
 from tests.openai_requests import requests
 from tests.servers import ROOT
@@ -136,15 +134,6 @@ def test_the_gateway_serves_the_completions_requests_the_engine_serves(served: t
         assert len(routed.json()["choices"]) == (body.get("n") or 1)
 
 
-def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for fields in ledger_records("redis://127.0.0.1:6379/0", prefix):
-            if fields.get("request_id") == request_id:
-                return dict(fields)
-        time.sleep(0.1)
-    raise AssertionError(f"no ledger record for {request_id}")
-
 
 def _priced(rec: dict[str, str], endpoint: str, pool: str, prompt: int, completion: int) -> None:
     """The record names the endpoint and pool, holds the engine's usage exactly and its price (default prices)."""
@@ -168,7 +157,7 @@ def test_responses_and_completions_with_the_sdk(served: tuple[str, str], prefix:
     assert alone.usage.input_tokens == resp.usage.input_tokens and resp.usage.output_tokens <= 8
     assert raw.headers["x-cascade-endpoint"] == "responses" and raw.headers["x-cascade-pool"] == "micro"
     assert resp.usage is not None and resp.output_text
-    _priced(_record(prefix, raw.headers["x-request-id"]), "responses", "micro", resp.usage.input_tokens,
+    _priced(ledger_record(prefix, raw.headers["x-request-id"]), "responses", "micro", resp.usage.input_tokens,
             resp.usage.output_tokens)
 
     long_input: Any = [{"role": "user", "content": "explain the proof step by step " * 30}]
@@ -180,7 +169,7 @@ def test_responses_and_completions_with_the_sdk(served: tuple[str, str], prefix:
     assert events[0].response.id.startswith("resp_chatcmpl")  # translated: the flagship pool is chat-only
     usage = events[-1].response.usage
     assert usage is not None and sum(e.type == "response.output_text.delta" for e in events) >= 1
-    rec = _record(prefix, streamed.headers["x-request-id"])
+    rec = ledger_record(prefix, streamed.headers["x-request-id"])
     _priced(rec, "responses", "flagship", usage.input_tokens, usage.output_tokens)
     assert rec["ttft_ms"]
 
@@ -190,7 +179,7 @@ def test_responses_and_completions_with_the_sdk(served: tuple[str, str], prefix:
     alone_usage = direct.completions.create(model="micro", prompt="Once upon a time", max_tokens=5).usage
     assert alone_usage is not None and alone_usage.prompt_tokens == completion.usage.prompt_tokens
     assert completion.usage.completion_tokens <= 5
-    _priced(_record(prefix, done.headers["x-request-id"]), "completions", "micro", completion.usage.prompt_tokens,
+    _priced(ledger_record(prefix, done.headers["x-request-id"]), "completions", "micro", completion.usage.prompt_tokens,
             completion.usage.completion_tokens)
 
 
@@ -225,7 +214,7 @@ def test_tool_calls_forced_and_auto_directly_and_through_the_gateway(served: tup
     answer = raw.parse()
     assert answer.usage is not None and raw.headers["x-cascade-endpoint"] == "chat"
     assert raw.headers["x-cascade-pool"] == "micro"
-    _priced(_record(prefix, raw.headers["x-request-id"]), "chat", "micro", answer.usage.prompt_tokens,
+    _priced(ledger_record(prefix, raw.headers["x-request-id"]), "chat", "micro", answer.usage.prompt_tokens,
             answer.usage.completion_tokens)  # tool-call tokens priced like any other
 
     with via.chat.completions.with_streaming_response.create(
@@ -236,7 +225,7 @@ def test_tool_calls_forced_and_auto_directly_and_through_the_gateway(served: tup
     assert deltas and deltas[0].function is not None and deltas[0].function.name == "get_weather"
     usage = chunks[-1].usage
     assert usage is not None
-    _priced(_record(prefix, streamed.headers["x-request-id"]), "chat", "micro", usage.prompt_tokens,
+    _priced(ledger_record(prefix, streamed.headers["x-request-id"]), "chat", "micro", usage.prompt_tokens,
             usage.completion_tokens)
 
     tool: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
@@ -252,8 +241,8 @@ def test_tool_calls_forced_and_auto_directly_and_through_the_gateway(served: tup
     item = response.output[0]
     assert response.id.startswith("resp_chatcmpl") and item.type == "function_call" and item.name == "get_weather"
     assert response.usage is not None
-    _priced(_record(prefix, translated.headers["x-request-id"]), "responses", "flagship", response.usage.input_tokens,
-            response.usage.output_tokens)
+    _priced(ledger_record(prefix, translated.headers["x-request-id"]), "responses", "flagship",
+            response.usage.input_tokens, response.usage.output_tokens)
 
 
 def test_what_the_engine_refuses_on_an_endpoint_comes_back_as_its_400(served: tuple[str, str]) -> None:

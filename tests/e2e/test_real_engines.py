@@ -22,8 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from gateway.api.auth import hash_key
 from gateway.costs.report import row_fields
 from loadtest.load.metrics import samples
-from loadtest.scenarios.chaos_figures import ledger_records
-from tests.conftest import delete_prefix, report_recent
+from tests.conftest import delete_prefix, ledger_record, report_recent
 from tests.engines import FLAGSHIP_CONTEXT, Gateway, SharedEngines, demo_policy_text, gateway_on_shared_engines
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
@@ -80,15 +79,6 @@ tenants:
 POLICY_INITIAL_THRESHOLD = 0.28
 
 
-def _record(prefix: str, request_id: str, timeout: float = 10.0) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for fields in ledger_records("redis://127.0.0.1:6379/0", prefix):
-            if fields.get("request_id") == request_id:
-                return fields
-        time.sleep(0.1)
-    raise AssertionError(f"no ledger record for {request_id}")
-
 
 def test_hard_prompt_is_routed_to_the_flagship_and_priced(gateway: str, prefix: str) -> None:
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
@@ -102,7 +92,7 @@ def test_hard_prompt_is_routed_to_the_flagship_and_priced(gateway: str, prefix: 
     assert float(raw.headers["x-cascade-score"]) >= POLICY_INITIAL_THRESHOLD
     assert resp.model == "flagship"  # the demo engines serve their pool's name
     assert resp.usage is not None and resp.usage.completion_tokens > 0
-    rec = _record(prefix, raw.headers["x-request-id"])
+    rec = ledger_record(prefix, raw.headers["x-request-id"])
     assert rec["pool"] == "flagship"
     assert int(rec["prompt_tokens"]) == resp.usage.prompt_tokens
     assert int(rec["completion_tokens"]) == resp.usage.completion_tokens
@@ -128,8 +118,8 @@ def test_easy_prompt_goes_to_micro_and_the_unsure_answer_escalates(gateway: str,
     assert (headers["x-cascade-escalated"], headers["x-cascade-rule"]) == ("true", "cascade")
     assert float(headers["x-cascade-confidence"]) < 0.5
     assert models == {"flagship"}  # nothing of the micro answer reached the client
-    probe = _record(prefix, headers["x-request-id"] + "-probe")
-    final = _record(prefix, headers["x-request-id"])
+    probe = ledger_record(prefix, headers["x-request-id"] + "-probe")
+    final = ledger_record(prefix, headers["x-request-id"])
     assert (probe["pool"], probe["status"]) == ("micro", "escalated")
     assert int(probe["completion_tokens"]) > 0 and int(probe["cost_micro_usd"]) >= 0
     assert (final["pool"], final["rule"], final["status"]) == ("flagship", "cascade", "ok")
@@ -150,7 +140,7 @@ def test_streaming_pinned_pool_counts_usage_exactly(gateway: str, prefix: str, p
     assert usage is not None and 0 < usage.completion_tokens <= 24
     text_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert text_chunks, "the engine streamed no text"
-    rec = _record(prefix, raw.headers["x-request-id"])
+    rec = ledger_record(prefix, raw.headers["x-request-id"])
     assert (int(rec["prompt_tokens"]), int(rec["completion_tokens"])) == (usage.prompt_tokens, usage.completion_tokens)
     assert rec["usage_source"] == "engine" and rec["status"] == "ok"
 
@@ -209,7 +199,7 @@ def test_client_leaving_mid_stream_is_charged_for_what_was_generated(gateway: st
     late: list[tuple[str, float]] = []
     for _ in range(LEAVING_ATTEMPTS):
         request_id, read, left_at = _leave_after_five_chunks(gateway)
-        rec = _record(prefix, request_id)
+        rec = ledger_record(prefix, request_id)
         relayed_after = float(rec["started_at"]) + float(rec["latency_ms"]) / 1000 - left_at  # s after the leave
         if rec["status"] != "ok" or int(rec["completion_tokens"]) < 900 or relayed_after > NOTICE_S:
             break
@@ -257,7 +247,7 @@ def test_a_json_answer_that_does_not_hold_its_schema_is_escalated_or_flagged(gat
             list(raw.parse())
         headers = raw.headers
         assert (headers["x-cascade-pool"], headers["x-cascade-rule"]) == ("micro", "json-on-micro")
-        rec = _record(prefix, headers["x-request-id"])
+        rec = ledger_record(prefix, headers["x-request-id"])
         assert (rec["pool"], rec["status"], rec["output_check"]) == ("micro", "ok", "fail:json")
         return
     resp = client.chat.completions.with_raw_response.create(**ask)
@@ -266,8 +256,8 @@ def test_a_json_answer_that_does_not_hold_its_schema_is_escalated_or_flagged(gat
     assert headers["x-cascade-output-check-action"] == "escalated:json"
     assert headers["x-cascade-output-check"] == "json=fail"  # the flagship's 3 tokens fail too: served, flagged
     assert resp.parse().model == "flagship"
-    dropped = _record(prefix, headers["x-request-id"] + "-check")
-    served = _record(prefix, headers["x-request-id"])
+    dropped = ledger_record(prefix, headers["x-request-id"] + "-check")
+    served = ledger_record(prefix, headers["x-request-id"])
     assert (dropped["pool"], dropped["status"], dropped["output_check"]) == ("micro", "discarded", "fail:json")
     assert int(dropped["completion_tokens"]) > 0 and dropped["flagship_cost_micro_usd"] == "0"
     assert (served["pool"], served["status"], served["output_check"]) == ("flagship", "ok", "fail:json")
@@ -344,7 +334,7 @@ def test_a_conversation_too_long_for_micro_is_served_by_the_flagship_whose_conte
         else:
             assert not stream and parsed.choices[0].message.content
         assert (raw.headers["x-cascade-pool"], raw.headers["x-cascade-rule"]) == ("flagship", "context-fit")
-        rec = _record(prefix, raw.headers["x-request-id"])
+        rec = ledger_record(prefix, raw.headers["x-request-id"])
         assert (rec["pool"], rec["rule"], rec["status"]) == ("flagship", "context-fit", "ok")
         assert 1024 < int(rec["prompt_tokens"]) <= FLAGSHIP_CONTEXT - 16
 

@@ -23,6 +23,7 @@ from policies.loader import parse_policy
 from policies.schema import EngineSpec, LocalPool
 from policies.speculative import NgramSpeculation
 from tests.engines import SharedEngines, assert_engine_cores_placed, demo_policy_text
+from tests.servers import until_async
 
 FAKE_ENGINE = r"""
 import http.server, subprocess, sys, time
@@ -152,13 +153,6 @@ def _child_pids(log: Path) -> list[int]:
     return [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("fake-child ")]
 
 
-async def _wait_until(predicate: object, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not callable(predicate) or not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
-
-
 async def test_fake_engine_restart_and_stop(tmp_path: Path) -> None:
     messages: list[str] = []
     supervisor = _fake_supervisor(tmp_path, "serve", replicas=2)
@@ -170,7 +164,7 @@ async def test_fake_engine_restart_and_stop(tmp_path: Path) -> None:
         old_pid = victim.pid
         assert old_pid is not None and len(live_group_members(old_pid)) == 2  # server + its child
         os.kill(old_pid, signal.SIGKILL)
-        await _wait_until(lambda: victim.pid != old_pid and victim.ready)
+        await until_async(lambda: victim.pid != old_pid and victim.ready)
         assert victim.restarts == 1 and live_group_members(old_pid) == []  # orphaned child killed too
         assert any("exited with code -9; restarting" in m for m in messages)
     finally:
@@ -200,7 +194,7 @@ async def test_a_live_engine_that_stops_answering_is_killed_and_restarted(
         hung_pid = replica.pid
         assert hung_pid is not None and replica.ready
         os.kill(hung_pid, signal.SIGSTOP)  # alive, holding its port, answering nothing
-        await _wait_until(lambda: replica.pid != hung_pid and replica.ready, timeout=30)
+        await until_async(lambda: replica.pid != hung_pid and replica.ready, timeout=30)
         assert restarts == [("fake", 0, "hung")] and replica.restarts == 1
         assert live_group_members(hung_pid) == []  # the stopped leader and its child were killed
         assert any("answered no health check or request" in r.getMessage() and r.levelname == "WARNING"
@@ -221,7 +215,7 @@ async def test_an_engine_that_answers_requests_is_not_hung_though_its_health_che
     assert replica.pid is not None
     os.kill(replica.pid, signal.SIGSTOP)
     try:
-        await _wait_until(lambda: not replica.ready, timeout=30)  # a health check timed out (5 s)...
+        await until_async(lambda: not replica.ready, timeout=30)  # a health check timed out (5 s)...
         await asyncio.sleep(1.5)
         assert restarts == [] and replica.restarts == 0  # ...but it is answering traffic: left alone
     finally:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,7 +11,8 @@ import pytest
 
 from gateway.api.app import create_app
 from gateway.settings import Settings
-from tests.conftest import delete_prefix
+from tests.conftest import GatewayFactory
+from tests.harness import Gateway
 from tests.servers import serve, until
 
 pytestmark = pytest.mark.redis
@@ -21,64 +20,59 @@ ADMIN = "test-admin-key"
 
 
 @pytest.fixture
-def gateway(policy_file: Path, tmp_path: Path) -> Iterator[str]:
-    prefix = f"test:{uuid.uuid4().hex[:8]}:"
-    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="redis",
-                        redis_prefix=prefix, admin_key=ADMIN, home=tmp_path)
-    with serve(create_app(settings)) as url:
-        yield url
-    delete_prefix(prefix)
+def gateway(make_gateway: GatewayFactory, fake_policy_file: Path, prefix: str) -> Gateway:
+    return make_gateway(fake_policy_file, ledger="redis", redis_prefix=prefix, admin_key=ADMIN)
 
 
-def test_cost_page_needs_the_admin_key_and_shows_the_traffic(gateway: str) -> None:
+def test_cost_page_needs_the_admin_key_and_shows_the_traffic(gateway: Gateway) -> None:
     for _ in range(3):
-        r = httpx.post(gateway + "/v1/chat/completions",
+        r = gateway.client.post("/v1/chat/completions",
                        json={"model": "flagship", "messages": [{"role": "user", "content": "hello there"}]})
         assert r.status_code == 200
-    assert httpx.get(gateway + "/admin/costs").status_code == 401
+    assert gateway.client.get("/admin/costs").status_code == 401
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        page = httpx.get(gateway + "/admin/costs?by=pool", headers={"authorization": f"Bearer {ADMIN}"})
+        page = gateway.client.get("/admin/costs?by=pool", headers={"authorization": f"Bearer {ADMIN}"})
         if "flagship" in page.text:
             break
         time.sleep(0.1)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "<svg" in page.text and "flagship" in page.text
-    bad = httpx.get(gateway + "/admin/costs?from=yesterday", headers={"authorization": f"Bearer {ADMIN}"})
+    bad = gateway.client.get("/admin/costs?from=yesterday", headers={"authorization": f"Bearer {ADMIN}"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "from"
 
 
-def test_cost_page_groups_by_endpoint_as_the_cli_report_does(gateway: str) -> None:
-    r = httpx.post(gateway + "/v1/chat/completions",
+def test_cost_page_groups_by_endpoint_as_the_cli_report_does(gateway: Gateway) -> None:
+    r = gateway.client.post("/v1/chat/completions",
                    json={"model": "flagship", "messages": [{"role": "user", "content": "hello there"}]})
     assert r.status_code == 200
     auth = {"authorization": f"Bearer {ADMIN}"}
-    deadline, page = time.monotonic() + 5, httpx.get(gateway + "/admin/costs?by=endpoint", headers=auth)
+    deadline, page = time.monotonic() + 5, gateway.client.get("/admin/costs?by=endpoint", headers=auth)
     while page.status_code == 200 and ">chat<" not in page.text and time.monotonic() < deadline:
         time.sleep(0.1)
-        page = httpx.get(gateway + "/admin/costs?by=endpoint", headers=auth)
+        page = gateway.client.get("/admin/costs?by=endpoint", headers=auth)
     assert page.status_code == 200, page.text
     assert "By endpoint" in page.text and ">chat<" in page.text
-    bad = httpx.get(gateway + "/admin/costs?by=colour", headers=auth)
+    bad = gateway.client.get("/admin/costs?by=colour", headers=auth)
     assert bad.status_code == 400 and "by=tenant|pool|model|day|endpoint" in bad.json()["error"]["message"]
 
 
-def test_reload_rejects_a_broken_file_and_keeps_serving(gateway: str, policy_file: Path) -> None:
+def test_reload_rejects_a_broken_file_and_keeps_serving(gateway: Gateway, fake_policy_file: Path) -> None:
     auth = {"authorization": f"Bearer {ADMIN}"}
-    before = httpx.get(gateway + "/readyz").json()["policy_version"]
-    good = policy_file.read_text()
-    policy_file.write_text(good.replace("threshold: 0.5", "threshold: 7"))
-    r = httpx.post(gateway + "/admin/policy/reload", headers=auth)
+    before = gateway.client.get("/readyz").json()["policy_version"]
+    good = fake_policy_file.read_text()
+    fake_policy_file.write_text(good.replace("threshold: 0.5", "threshold: 7"))
+    r = gateway.client.post("/admin/policy/reload", headers=auth)
     assert r.status_code == 422
     assert any("routing.threshold" in p for p in r.json()["error"]["problems"])
-    assert httpx.get(gateway + "/readyz").json()["policy_version"] == before
-    ok = httpx.post(gateway + "/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user",
+    assert gateway.client.get("/readyz").json()["policy_version"] == before
+    ok = gateway.client.post("/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user",
                                                                                            "content": "x"}]})
     assert ok.status_code == 200 and ok.headers["x-cascade-policy-version"] == before
-    policy_file.write_text(good.replace("threshold: 0.5", "threshold: 0.7"))
-    r = httpx.post(gateway + "/admin/policy/reload", headers=auth)
+    fake_policy_file.write_text(good.replace("threshold: 0.5", "threshold: 0.7"))
+    r = gateway.client.post("/admin/policy/reload", headers=auth)
     assert r.status_code == 200 and r.json()["policy_version"] != before
-    assert httpx.post(gateway + "/admin/policy/reload").status_code == 401
+    assert gateway.client.post("/admin/policy/reload").status_code == 401
 
 
 def test_file_change_adds_a_pool_live_and_a_broken_edit_is_ignored(policy_file: Path, tmp_path: Path,

@@ -1,4 +1,4 @@
-"""Fuzzing the chat endpoint with hypothesis over real HTTP: no input may produce a 500, and every error
+"""Fuzzing the chat endpoint with hypothesis through the gateway in-process: no input may produce a 500, and every error
 is the OpenAI envelope."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.api.app import create_app
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.harness import FakeEngines, InProcessGateway
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -48,15 +47,15 @@ bodies = st.fixed_dictionaries(
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """A client of the gateway under fuzz, kept for the module (a new client per example costs more than the
-    request: httpx builds an SSL context for each)."""
+    """A client of the gateway under fuzz, in-process (`tests.harness`), kept for the module."""
     tmp = tmp_path_factory.mktemp("fuzz")
-    with serve(FakeUpstream("micro-model")) as micro, serve(FakeUpstream("flagship-model")) as flagship:
-        path = tmp / "policy.yaml"
-        path.write_text(policy_yaml(micro, flagship))
-        settings_ = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
-        with serve(create_app(settings_)) as url, httpx.Client(base_url=url, timeout=10) as client:
-            yield client
+    engines = FakeEngines()
+    micro, flagship = (engines.add(name, FakeUpstream(f"{name}-model")) for name in ("micro", "flagship"))
+    path = tmp / "policy.yaml"
+    path.write_text(policy_yaml(micro, flagship))
+    settings_ = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
+    with InProcessGateway(settings_, engines) as served:
+        yield served.client
 
 
 def _check(resp: httpx.Response) -> None:

@@ -13,11 +13,8 @@ import httpx
 
 from gateway.api.app import create_app
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import PrivateRedis, free_port, serve
-
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 
 def _dead() -> str:

@@ -1,35 +1,39 @@
-"""The exact response cache through a real gateway (uvicorn, fake engines, real Redis ledger), with the openai SDK:
-a repeated deterministic request is answered from the cache, streamed and not, recorded at cost 0 and counted in
-the cost report; anything else reaches the engine; a corrupt entry or a Redis outage never fails a request."""
+"""The exact response cache through a gateway in-process (`tests.harness`, fake engines, real Redis ledger), with
+the openai SDK: a repeated deterministic request is answered from the cache, streamed and not, recorded at cost 0
+and counted in the cost report; anything else reaches the engine; a corrupt entry or a Redis outage never fails a
+request."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.costs.html import render_html
 from gateway.costs.report import row_fields
 from gateway.costs.view import render_text
-from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from loadtest.scenarios.chaos_figures import ledger_records
-from tests.conftest import SHARED_URL, policy_yaml, report_recent, verify_recent
-from tests.servers import PrivateRedis, serve
+from tests.conftest import (
+    SHARED_URL,
+    GatewayFactory,
+    Upstreams,
+    ledger_record,
+    policy_yaml,
+    report_recent,
+    verify_recent,
+)
+from tests.harness import Gateway
+from tests.servers import PrivateRedis
 
 pytestmark = pytest.mark.redis
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 TENANTS = f"""tenants:
   cached:
     api_key_sha256: ['{hash_key("sk-cached")}']
@@ -43,23 +47,27 @@ TENANTS = f"""tenants:
 """
 
 
-def _gateway(tmp: Path, upstreams: Upstreams, prefix: str, redis_url: str = SHARED_URL) -> Iterator[str]:
-    _, micro_url, _, flagship_url = upstreams
-    policy = tmp / "policy.yaml"
-    policy.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
-    settings = Settings(policy_path=policy, scorer="none", start_engines=False, ledger="redis", redis_url=redis_url,
-                        redis_prefix=prefix, home=tmp, policy_watch_interval_s=0)
-    with serve(create_app(settings)) as url:
-        yield url
+@pytest.fixture
+def build(make_gateway: GatewayFactory, tmp_path: Path, fake_upstreams: Upstreams) -> Callable[..., Gateway]:
+    """`build(prefix, redis_url)`: a gateway in-process over `fake_upstreams` whose tenants cache."""
+
+    def make(prefix: str, redis_url: str = SHARED_URL) -> Gateway:
+        _, micro_url, _, flagship_url = fake_upstreams
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
+        return make_gateway(policy, scorer="none", ledger="redis", redis_url=redis_url, redis_prefix=prefix,
+                            policy_watch_interval_s=0)
+
+    return make
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[str]:
-    yield from _gateway(tmp_path, upstreams, prefix)
+def gateway(build: Callable[..., Gateway], prefix: str) -> Gateway:
+    return build(prefix)
 
 
-def _client(url: str, key: str = "sk-cached") -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+def _client(gateway: Gateway, key: str = "sk-cached") -> openai.OpenAI:
+    return gateway.openai(key, max_retries=0)
 
 
 def _ask(client: openai.OpenAI, text: str = "What is the capital of France?", **extra: Any) -> Any:
@@ -68,18 +76,9 @@ def _ask(client: openai.OpenAI, text: str = "What is the capital of France?", **
         model="micro", messages=[{"role": "user", "content": text}], max_tokens=8, **extra)
 
 
-def _record(prefix: str, request_id: str) -> dict[str, str]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for fields in ledger_records(SHARED_URL, prefix):
-            if fields.get("request_id") == request_id:
-                return fields
-        time.sleep(0.05)
-    raise AssertionError(f"no ledger record for {request_id}")
 
-
-def _metric(url: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+def _metric(gateway: Gateway, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(gateway.client.get("/metrics", timeout=10).text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
@@ -99,9 +98,9 @@ def _wait_kept(client: openai.OpenAI, text: str = "What is the capital of France
     return raw
 
 
-def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, prefix: str,
-                                                                upstreams: Upstreams) -> None:
-    micro = upstreams[0]
+def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: Gateway, prefix: str,
+                                                                fake_upstreams: Upstreams) -> None:
+    micro = fake_upstreams[0]
     client = _client(gateway)
     first = _ask(client)
     assert first.headers["x-cascade-cache"] == "miss"
@@ -125,7 +124,7 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == engine_answer.usage.prompt_tokens
     assert micro.requests == calls_after_keep  # neither hit reached the engine
 
-    miss, json_hit, stream_hit = (_record(prefix, r.headers["x-request-id"]) for r in (first, hit, streamed))
+    miss, json_hit, stream_hit = (ledger_record(prefix, r.headers["x-request-id"]) for r in (first, hit, streamed))
     assert (miss["status"], miss["cache"], int(miss["cost_micro_usd"]) > 0) == ("ok", "miss", True)
     for rec in (json_hit, stream_hit):
         assert (rec["status"], rec["cache"], rec["pool"], rec["pool_version"]) == ("cache_hit", "hit", "micro", "")
@@ -146,8 +145,8 @@ def test_a_repeated_request_is_a_cost_free_hit_streamed_and_not(gateway: str, pr
     assert _metric(gateway, "cascade_cache_avoided_micro_usd_total", tenant="cached", pool="micro") > 0
 
 
-def test_what_is_not_eligible_goes_to_the_engine(gateway: str, upstreams: Upstreams) -> None:
-    micro, client = upstreams[0], _client(gateway)
+def test_what_is_not_eligible_goes_to_the_engine(gateway: Gateway, fake_upstreams: Upstreams) -> None:
+    micro, client = fake_upstreams[0], _client(gateway)
     for extra in ({"temperature": 0.7}, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}):
         before = micro.requests
         assert [_ask(client, "Same every time", **extra).headers["x-cascade-cache"] for _ in range(2)] == ["bypass"] * 2
@@ -157,7 +156,7 @@ def test_what_is_not_eligible_goes_to_the_engine(gateway: str, upstreams: Upstre
     assert _metric(gateway, "cascade_cache_lookups_total", tenant="cached", result="bypass") == 4
 
 
-def test_entries_are_bounded_per_tenant(gateway: str, prefix: str) -> None:
+def test_entries_are_bounded_per_tenant(gateway: Gateway, prefix: str) -> None:
     client = _client(gateway)
     for text in ("first", "second", "third"):  # max_entries: 2
         _ask(client, text)
@@ -167,41 +166,41 @@ def test_entries_are_bounded_per_tenant(gateway: str, prefix: str) -> None:
     assert _ask(client, "first").headers["x-cascade-cache"] == "miss"  # the oldest went first
 
 
-def test_a_corrupt_entry_is_dropped_and_served_fresh(gateway: str, prefix: str, upstreams: Upstreams) -> None:
+def test_a_corrupt_entry_is_dropped_and_served_fresh(gateway: Gateway, prefix: str, fake_upstreams: Upstreams) -> None:
     client = _client(gateway)
     _ask(client, "corrupt me")
     _wait_kept(client, "corrupt me")
     store = redis.Redis.from_url(SHARED_URL)
     (key,) = store.keys(prefix + "cache:{cached}:x:*")
     store.set(key, b'{"format": 1, "pool": "micro"')
-    before = upstreams[0].requests
+    before = fake_upstreams[0].requests
     fresh = _ask(client, "corrupt me")
     assert fresh.status_code == 200 and fresh.headers["x-cascade-cache"] == "miss"
-    assert upstreams[0].requests == before + 1
+    assert fake_upstreams[0].requests == before + 1
     assert _metric(gateway, "cascade_cache_failures_total", tenant="cached", reason="corrupt_entry") == 1
     _wait_kept(client, "corrupt me")  # the fresh answer replaced it
 
 
-def test_redis_down_bypasses_and_never_fails_a_request(tmp_path: Path, upstreams: Upstreams,
+def test_redis_down_bypasses_and_never_fails_a_request(build: Callable[..., Gateway],
                                                        private_redis: PrivateRedis) -> None:
-    for url in _gateway(tmp_path, upstreams, "cache-outage:", private_redis.url):
-        client = _client(url)
-        _ask(client)
-        _wait_kept(client)
-        private_redis.kill()
-        for stream in (False, True):
-            answer = client.chat.completions.with_raw_response.create(
-                model="micro", messages=[{"role": "user", "content": "What is the capital of France?"}],
-                max_tokens=8, temperature=0, stream=stream)
-            assert answer.status_code == 200 and answer.headers["x-cascade-cache"] == "bypass"
-            if stream:
-                chunks = answer.parse()
-                assert isinstance(chunks, openai.Stream)
-                assert any(c.choices and c.choices[0].delta.content for c in chunks)
-        assert _metric(url, "cascade_cache_failures_total", tenant="cached", reason="unavailable") >= 1
+    gateway = build("cache-outage:", private_redis.url)
+    client = _client(gateway)
+    _ask(client)
+    _wait_kept(client)
+    private_redis.kill()
+    for stream in (False, True):
+        answer = client.chat.completions.with_raw_response.create(
+            model="micro", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=8, temperature=0, stream=stream)
+        assert answer.status_code == 200 and answer.headers["x-cascade-cache"] == "bypass"
+        if stream:
+            chunks = answer.parse()
+            assert isinstance(chunks, openai.Stream)
+            assert any(c.choices and c.choices[0].delta.content for c in chunks)
+    assert _metric(gateway, "cascade_cache_failures_total", tenant="cached", reason="unavailable") >= 1
 
 
-def test_a_streamed_answer_is_kept_once_it_finished(gateway: str, prefix: str, upstreams: Upstreams) -> None:
+def test_a_streamed_answer_is_kept_once_it_finished(gateway: Gateway, prefix: str, fake_upstreams: Upstreams) -> None:
     client = _client(gateway)
     with client.chat.completions.with_streaming_response.create(
         model="micro", messages=[{"role": "user", "content": "Streamed first"}], max_tokens=8, temperature=0,
@@ -213,14 +212,14 @@ def test_a_streamed_answer_is_kept_once_it_finished(gateway: str, prefix: str, u
     while not store.zcard(prefix + "cache:{cached}:xi"):  # kept off the response path, once the stream ended
         assert time.monotonic() < deadline, "the streamed answer was never kept"
         time.sleep(0.05)
-    before = upstreams[0].requests
+    before = fake_upstreams[0].requests
     hit = _ask(client, "Streamed first")
-    assert hit.headers["x-cascade-cache"] == "hit" and upstreams[0].requests == before
+    assert hit.headers["x-cascade-cache"] == "hit" and fake_upstreams[0].requests == before
     assert hit.parse().choices[0].message.content == text and text
 
 
-def test_an_answer_that_failed_an_output_check_is_not_kept(gateway: str, upstreams: Upstreams) -> None:
-    client, micro = _client(gateway, "sk-checked"), upstreams[0]
+def test_an_answer_that_failed_an_output_check_is_not_kept(gateway: Gateway, fake_upstreams: Upstreams) -> None:
+    client, micro = _client(gateway, "sk-checked"), fake_upstreams[0]
     json_mode = {"response_format": {"type": "json_object"}}
     micro.content = "not json at all"
     flagged = [_ask(client, "Give me JSON", **json_mode) for _ in range(3)]
@@ -236,9 +235,9 @@ def test_an_answer_that_failed_an_output_check_is_not_kept(gateway: str, upstrea
     assert again.parse().choices[0].message.content == '{"answer": 42}'
 
 
-def test_a_streamed_answer_that_fails_an_output_check_is_not_kept(gateway: str, prefix: str,
-                                                                 upstreams: Upstreams) -> None:
-    client, micro = _client(gateway, "sk-checked"), upstreams[0]
+def test_a_streamed_answer_that_fails_an_output_check_is_not_kept(gateway: Gateway, prefix: str,
+                                                                 fake_upstreams: Upstreams) -> None:
+    client, micro = _client(gateway, "sk-checked"), fake_upstreams[0]
 
     def stream(text: str) -> str:
         with client.chat.completions.with_streaming_response.create(

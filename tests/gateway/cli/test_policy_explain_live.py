@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,12 +12,10 @@ import orjson
 import pytest
 import redis
 
-from gateway.api.app import create_app
 from gateway.cli.main import main
 from gateway.control.live_threshold import window_key
-from gateway.settings import Settings
-from tests.conftest import SHARED_URL, policy_yaml
-from tests.servers import serve, until
+from tests.conftest import SHARED_URL, GatewayFactory, policy_yaml
+from tests.servers import until
 
 pytestmark = pytest.mark.redis
 LADDER = """degradation:
@@ -46,16 +43,16 @@ def policy(tmp_path: Path, upstreams: tuple[object, str, object, str]) -> Path:
 
 
 @pytest.fixture
-def gateway(policy: Path, tmp_path: Path, prefix: str) -> Iterator[str]:
-    """A gateway whose shared window holds 200 scores spread evenly over [0, 1) (as its traffic would leave it)."""
+def gateway(make_gateway: GatewayFactory, policy: Path, prefix: str) -> str:
+    """A gateway whose shared window holds 200 scores spread evenly over [0, 1) (as its traffic would leave it).
+    Served (uvicorn): `policy explain --gateway` asks it over HTTP."""
     client = redis.Redis.from_url(SHARED_URL)
     client.lpush(window_key(prefix), *[f"{i / 200:.6f}|0" for i in range(200)])
     client.close()
-    with serve(create_app(Settings(policy_path=policy, scorer="length", start_engines=False, ledger="redis",
-                                   redis_prefix=prefix, home=tmp_path / "gw", admin_key="admin",
-                                   policy_watch_interval_s=0, access_log=None))) as url:
-        until(lambda: httpx.get(url + "/readyz").json()["routing"]["source"] == "share-held")
-        yield url
+    url = make_gateway(policy, served=True, ledger="redis", redis_prefix=prefix, admin_key="admin",
+                       policy_watch_interval_s=0, access_log=None).url
+    until(lambda: httpx.get(url + "/readyz").json()["routing"]["source"] == "share-held")
+    return url
 
 
 def _explain(capsys: pytest.CaptureFixture[str], policy: Path, *args: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,19 +15,13 @@ from backends.clients.pool import Pool
 from gateway.control.degradation import DegradationMonitor
 from gateway.control.ladder_sync import LadderSync
 from policies.ladder import LadderState
-from tests.servers import PrivateRedis
+from tests.servers import PrivateRedis, until_async
 
 pytestmark = pytest.mark.redis
 
 
 def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "cascade.degradation" and text in r.getMessage()]
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 async def test_shared_ladder_outage_is_logged_once_per_interval(private_redis: PrivateRedis,
@@ -50,19 +43,19 @@ async def test_shared_ladder_outage_is_logged_once_per_interval(private_redis: P
     monitor.tick = counted_tick  # type: ignore[method-assign]  # the local ticks taken while Redis is down
     monitor.start()
     try:
-        await _until(lambda: monitor.leader)  # shared ticks work
+        await until_async(lambda: monitor.leader)  # shared ticks work
         private_redis.kill()
-        await _until(lambda: ticks >= 20)
+        await until_async(lambda: ticks >= 20)
         unavailable = _lines(caplog, "shared ladder unavailable")
         assert len(unavailable) == 1, [r.getMessage() for r in unavailable]
         assert "1 tick(s) since the last line" in unavailable[0].getMessage()
         clock[0] = 31.0  # past the interval: the next failing tick logs, with the ticks held back
-        await _until(lambda: len(_lines(caplog, "shared ladder unavailable")) == 2)
+        await until_async(lambda: len(_lines(caplog, "shared ladder unavailable")) == 2)
         held = re.search(r"(\d+) tick\(s\) since", _lines(caplog, "shared ladder unavailable")[1].getMessage())
         assert held is not None and int(held.group(1)) >= 20
         assert _lines(caplog, "available again") == []
         private_redis.start()
-        await _until(lambda: len(_lines(caplog, "available again")) == 1)
+        await until_async(lambda: len(_lines(caplog, "available again")) == 1)
         await asyncio.sleep(0.2)  # more shared ticks: no second line
         assert len(_lines(caplog, "available again")) == 1
         assert len(_lines(caplog, "shared ladder unavailable")) == 2

@@ -5,7 +5,6 @@ tests drive the two scraped signals (KV cache use, queue depth) only."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +12,8 @@ import httpx
 
 from gateway.api.app import create_app
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
-from tests.servers import free_port, serve
-
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
-
-
-def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
+from tests.conftest import Upstreams, policy_yaml
+from tests.servers import free_port, serve, until
 
 
 def _post(url: str, model: str, **body: Any) -> httpx.Response:
@@ -53,7 +42,7 @@ def test_slow_first_tokens_engage_a_ttft_step(tmp_path: Path, upstreams: Upstrea
         assert "x-cascade-degraded" not in _post(url, "flagship").headers  # fast first tokens: calm
         slow = _post(url, "flagship", stream=True, metadata={"fake_tokens": "2", "fake_delay_ms": "400"})
         assert slow.status_code == 200 and slow.headers["x-cascade-pool"] == "flagship"
-        _until(lambda: _post(url, "flagship").headers["x-cascade-pool"] == "micro")
+        until(lambda: _post(url, "flagship").headers["x-cascade-pool"] == "micro")
         r = _post(url, "flagship")
         assert (r.headers["x-cascade-rule"], r.headers["x-cascade-degraded"]) == ("ladder:slow-flagship",
                                                                                  "slow-flagship")
@@ -75,6 +64,6 @@ def test_failing_requests_engage_an_error_rate_step(tmp_path: Path, upstreams: U
     text = policy_yaml(micro_url, flagship_url).replace("pools:\n", "pools:\n" + dead, 1) + step
     with serve(create_app(_settings(tmp_path, text))) as url:
         assert _post(url, "ghost").status_code == 503  # nothing listens there
-        _until(lambda: _post(url, "ghost").status_code == 200)
+        until(lambda: _post(url, "ghost").status_code == 200)
         r = _post(url, "ghost")
         assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "ladder:ghost-failing")

@@ -6,26 +6,22 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.api.app import create_app
 from gateway.cli.main import main
-from gateway.settings import Settings
-from tests.servers import serve, until
+from tests.conftest import GatewayFactory
+from tests.servers import until
 
 
 @pytest.fixture
-def gateways(policy_file: Path, tmp_path: Path) -> Iterator[list[str]]:
-    """Two gateway processes' worth (as two workers would be) watching one policy file, each reloading by itself."""
-    with ExitStack() as stack:
-        yield [stack.enter_context(serve(create_app(Settings(
-            policy_path=policy_file, scorer="none", start_engines=False, ledger="memory", home=tmp_path / f"gw{i}",
-            admin_key="admin", access_log=None, policy_watch_interval_s=0.05)))) for i in range(2)]
+def gateways(make_gateway: GatewayFactory, policy_file: Path) -> list[str]:
+    """Two gateway processes' worth (as two workers would be) watching one policy file, each reloading by itself.
+    Served (uvicorn): `policy status --gateway` asks them over HTTP."""
+    return [make_gateway(policy_file, served=True, scorer="none", admin_key="admin", access_log=None,
+                         policy_watch_interval_s=0.05).url for _ in range(2)]
 
 
 def _ready(url: str) -> httpx.Response:
@@ -84,10 +80,10 @@ def test_policy_status_says_when_it_cannot_ask(capsys: pytest.CaptureFixture[str
     assert "cannot read http://127.0.0.1:9/readyz" in capsys.readouterr().err
 
 
-def test_a_reload_on_a_gateway_started_without_the_admin_key_says_what_to_do(policy_file: Path, tmp_path: Path) -> None:
-    with serve(create_app(Settings(policy_path=policy_file, scorer="none", start_engines=False, ledger="memory",
-                                   home=tmp_path / "gw", admin_key=None, access_log=None))) as url:
-        reply = httpx.post(url + "/admin/policy/reload", headers={"authorization": "Bearer anything"})
+def test_a_reload_on_a_gateway_started_without_the_admin_key_says_what_to_do(make_gateway: GatewayFactory,
+                                                                              fake_policy_file: Path) -> None:
+    gateway = make_gateway(fake_policy_file, scorer="none", admin_key=None, access_log=None)
+    reply = gateway.client.post("/admin/policy/reload", headers={"authorization": "Bearer anything"})
     error = reply.json()["error"]
     assert reply.status_code == 401 and "started without an admin key" in error["message"]
     assert "CASCADE_ADMIN_KEY" in error["message"] and "restart" in error["message"]

@@ -9,11 +9,9 @@ import httpx
 
 from gateway.api.app import create_app
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import serve, until
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 _COUNTED = re.compile(r'^cascade_probe_errors_total\{error="ValueError",pool="micro"\} ([0-9.]+)$', re.MULTILINE)
 
 

@@ -1,5 +1,5 @@
-"""A flagship_share policy through two real gateways (uvicorn, fake engines, one Redis): the realised share
-stays near the target after warm-up and after the traffic drifts, and /metrics shows the gauges.
+"""A flagship_share policy through two gateways (in-process, `tests.harness`, fake engines, one Redis): the realised
+share stays near the target after warm-up and after the traffic drifts, and /metrics shows the gauges.
 
 Each worker pushes its decisions to the shared window once a second, so a phase's last decisions can reach the
 window after the next phase has begun; where a step needs a phase's decisions and only them in the window, it
@@ -10,36 +10,28 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
-from gateway.api.app import create_app
 from gateway.control.live_threshold import window_key
-from gateway.settings import Settings
-from tests.conftest import SHARED_URL, policy_yaml
-from tests.servers import serve, until
+from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, policy_yaml
+from tests.harness import Gateway
+from tests.servers import until
 
 SHARE = "{flagship_share: 0.3, window: 200, min_samples: 50, initial: 0.95}"
 
 
 @pytest.fixture
-def gateways(tmp_path: Path, upstreams: tuple[object, str, object, str], prefix: str) -> Iterator[list[str]]:
-    _, micro_url, _, flagship_url = upstreams
+def gateways(make_gateway: GatewayFactory, tmp_path: Path, fake_upstreams: Upstreams, prefix: str) -> list[Gateway]:
+    """Two workers' worth of gateways (in-process) on one prefix: one shared window."""
+    _, micro_url, _, flagship_url = fake_upstreams
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(micro_url, flagship_url).replace("  threshold: 0.5\n", f"  threshold: {SHARE}\n"))
-    with ExitStack() as stack:
-        urls = []
-        for i in range(2):  # two workers: one shared window
-            settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="redis",
-                                redis_prefix=prefix, home=tmp_path / f"w{i}", policy_watch_interval_s=0)
-            urls.append(stack.enter_context(serve(create_app(settings))))
-        yield urls
+    return [make_gateway(path, ledger="redis", redis_prefix=prefix, policy_watch_interval_s=0) for _ in range(2)]
 
 
 @dataclass(frozen=True)
@@ -48,15 +40,14 @@ class _Sent:
     decisions: Counter[tuple[str, bool]]  # (score to 4 decimals, went to the flagship)
 
 
-def _send(urls: list[str], words: list[int]) -> _Sent:
+def _send(gateways: list[Gateway], words: list[int]) -> _Sent:
     """Send one auto request per word count (the length scorer scores words / 200), alternating workers."""
     decisions: Counter[tuple[str, bool]] = Counter()
-    with httpx.Client(timeout=30) as client:
-        for i, n in enumerate(words):
-            body = {"model": "auto", "messages": [{"role": "user", "content": "w " * n}], "max_tokens": 4}
-            r = client.post(f"{urls[i % 2]}/v1/chat/completions", json=body)
-            assert r.status_code == 200, r.text
-            decisions[(r.headers["x-cascade-score"], r.headers["x-cascade-pool"] == "flagship")] += 1
+    for i, n in enumerate(words):
+        body = {"model": "auto", "messages": [{"role": "user", "content": "w " * n}], "max_tokens": 4}
+        r = gateways[i % 2].client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        decisions[(r.headers["x-cascade-score"], r.headers["x-cascade-pool"] == "flagship")] += 1
     return _Sent(sum(n for (_, flagship), n in decisions.items() if flagship) / len(words), decisions)
 
 
@@ -75,20 +66,20 @@ def _window_holds(prefix: str, sent: _Sent) -> None:
         client.close()
 
 
-def _gauges(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
+def _gauges(gateway: Gateway) -> dict[str, float]:
+    text = gateway.client.get("/metrics").text
     return {m[1]: float(m[2]) for m in re.finditer(r"^(cascade_routing_\w+) ([0-9.e+-]+)$", text, re.M)}
 
 
-def _until(urls: list[str], ok: Callable[[dict[str, float]], bool], what: str) -> None:
+def _until(gateways: list[Gateway], ok: Callable[[dict[str, float]], bool], what: str) -> None:
     """Wait until `ok` holds for every worker's gauges: each refreshes from the shared window once a second,
     later on a loaded machine (a fixed 1.5 s wait once read a worker that had not refreshed yet)."""
-    until(lambda: all(ok(_gauges(url)) for url in urls), timeout=30,
-          describe=lambda: f"timed out waiting for {what}: {[_gauges(url) for url in urls]}")
+    until(lambda: all(ok(_gauges(gateway)) for gateway in gateways), timeout=30,
+          describe=lambda: f"timed out waiting for {what}: {[_gauges(gateway) for gateway in gateways]}")
 
 
 @pytest.mark.slow
-def test_realised_share_tracks_the_target_through_drift(gateways: list[str], prefix: str) -> None:
+def test_realised_share_tracks_the_target_through_drift(gateways: list[Gateway], prefix: str) -> None:
     rng = random.Random(7)
     assert _send(gateways, [rng.randint(1, 199) for _ in range(60)]).share < 0.1  # initial 0.95 while warming up
     _until(gateways, lambda g: g.get("cascade_routing_threshold", 0.95) < 0.95, "a refresh after the warm-up")
@@ -108,8 +99,8 @@ def test_realised_share_tracks_the_target_through_drift(gateways: list[str], pre
     # refresh reads its share exactly (a late push from the phase before had put one at 0.505)
     _window_holds(prefix, drifted)
     _until(gateways, lambda g: g["cascade_routing_flagship_share"] == drifted.share, "the window's share")
-    for url in gateways:  # both workers read the one window
-        gauges = _gauges(url)
+    for gateway in gateways:  # both workers read the one window
+        gauges = _gauges(gateway)
         assert gauges["cascade_routing_flagship_share_target"] == 0.3
         assert gauges["cascade_routing_flagship_share"] == drifted.share
         assert 0.75 < gauges["cascade_routing_threshold"] < 0.9  # moved up from ~0.7 with the traffic

@@ -8,7 +8,6 @@ import json
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,8 +23,9 @@ from gateway.settings import Settings
 from policies.loader import parse_policy
 from router_models.serving.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT
 from router_models.training.quality_curve import QualityCurve, artifact_quality_curve
-from tests.conftest import delete_prefix, policy_yaml
+from tests.conftest import GatewayFactory, delete_prefix, policy_yaml
 from tests.gateway.costs.test_costs_report import recorded, run_cli, sample_report
+from tests.harness import Gateway
 from tests.servers import serve
 
 __all__ = ["recorded"]  # the fixture, used below
@@ -144,24 +144,19 @@ def test_cli_report_shows_quality_from_the_ledger(recorded: list[CostRecord], pr
 
 
 @pytest.fixture
-def gateway(policy_file: Path, tmp_path: Path) -> Iterator[str]:
-    prefix = f"test:{uuid.uuid4().hex[:8]}:"
-    settings = Settings(policy_path=policy_file, scorer="length", start_engines=False, ledger="redis",
-                        redis_prefix=prefix, admin_key="k", home=tmp_path)
-    with serve(create_app(settings)) as url:
-        yield url
-    delete_prefix(prefix)
+def gateway(make_gateway: GatewayFactory, fake_policy_file: Path, prefix: str) -> Gateway:
+    return make_gateway(fake_policy_file, ledger="redis", redis_prefix=prefix, admin_key="k")
 
 
 @pytest.mark.redis
-def test_admin_cost_page_has_the_quality_section(gateway: str) -> None:
-    r = httpx.post(gateway + "/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user",
+def test_admin_cost_page_has_the_quality_section(gateway: Gateway) -> None:
+    r = gateway.client.post("/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user",
                                                                                          "content": "hi"}]})
     assert r.status_code == 200
     deadline = time.monotonic() + 5
     page = ""
     while time.monotonic() < deadline and "realised flagship share 0%" not in page and "unavailable" not in page:
-        page = httpx.get(gateway + "/admin/costs", headers={"authorization": "Bearer k"}).text
+        page = gateway.client.get("/admin/costs", headers={"authorization": "Bearer k"}).text
         time.sleep(0.1)
     assert "Quality kept by routing" in page
     assert "realised flagship share 0%" in page or "quality estimate unavailable (" in page

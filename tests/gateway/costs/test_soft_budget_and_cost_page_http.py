@@ -1,4 +1,4 @@
-"""Issue 5 audit, through a real gateway on the real Redis ledger: the soft budget limit shows in the logs
+"""Through the gateway in-process (`tests.harness`) on the real Redis ledger: the soft budget limit shows in the logs
 and the metrics, and the cost page served at GET /admin/costs renders in real headless Chromium (charts
 checked by their pixels, not only by the markup)."""
 
@@ -8,8 +8,6 @@ import logging
 import shutil
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,15 +15,11 @@ import httpx
 import pytest
 from PIL import Image
 
-from gateway.api.app import create_app
 from gateway.api.auth import hash_key
-from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import delete_prefix, policy_yaml
-from tests.servers import serve
+from tests.conftest import GatewayFactory, Upstreams, policy_yaml
+from tests.harness import Gateway
 
 pytestmark = pytest.mark.redis
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 ADMIN = "audit-admin-key"
 # soft at 1% of 0.01 USD (100 micro-USD): one flagship call (~132 micro-USD) crosses it, the limit is far
 TENANTS = f"""tenants:
@@ -60,22 +54,18 @@ def pixels_of(shot: Path, rgb: tuple[int, int, int]) -> int:
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, upstreams: Upstreams) -> Iterator[str]:
-    _, micro_url, _, flagship_url = upstreams
+def gateway(make_gateway: GatewayFactory, tmp_path: Path, fake_upstreams: Upstreams, prefix: str) -> Gateway:
+    _, micro_url, _, flagship_url = fake_upstreams
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
-    prefix = f"test:{uuid.uuid4().hex[:8]}:"
-    settings = Settings(policy_path=path, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
-                        admin_key=ADMIN, home=tmp_path, policy_watch_interval_s=0)
-    with serve(create_app(settings)) as url:
-        yield url
-    delete_prefix(prefix)
+    return make_gateway(path, scorer="none", ledger="redis", redis_prefix=prefix, admin_key=ADMIN,
+                        policy_watch_interval_s=0)
 
 
-def _post(url: str, key: str, model: str, tokens: int) -> httpx.Response:
+def _post(gateway: Gateway, key: str, model: str, tokens: int) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens,
             "metadata": {"fake_tokens": str(tokens)}}
-    r = httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+    r = gateway.client.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
     assert r.status_code == 200, r.text
     return r
 
@@ -90,12 +80,12 @@ def _soft_events(metrics: str, tenant: str) -> float:
     return 0.0
 
 
-def test_soft_limit_warns_in_logs_and_metrics(gateway: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_soft_limit_warns_in_logs_and_metrics(gateway: Gateway, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="gateway.tenancy.budgets"):
         _post(gateway, "sk-careful", "flagship", 8)  # spent 0 before it: ok; ~132 micro-USD after
-        assert _soft_events(httpx.get(gateway + "/metrics").text, "careful") == 0
+        assert _soft_events(gateway.client.get("/metrics").text, "careful") == 0
         deadline = time.monotonic() + 10  # the guard caches spend for 1 s
-        while _soft_events(httpx.get(gateway + "/metrics").text, "careful") == 0:
+        while _soft_events(gateway.client.get("/metrics").text, "careful") == 0:
             assert time.monotonic() < deadline, "no soft-limit metric"
             time.sleep(0.2)
             _post(gateway, "sk-careful", "flagship", 8)  # still served: soft is a warning, not a limit
@@ -104,7 +94,7 @@ def test_soft_limit_warns_in_logs_and_metrics(gateway: str, caplog: pytest.LogCa
     assert "'careful' passed the soft limit of its day budget" in warnings[0] and "of 0.010000 USD" in warnings[0]
 
 
-def test_cost_page_served_at_admin_costs_renders_in_chromium(gateway: str, tmp_path: Path) -> None:
+def test_cost_page_served_at_admin_costs_renders_in_chromium(gateway: Gateway, tmp_path: Path) -> None:
     chromium()
     for key in ("sk-acme", "sk-globex"):
         for _ in range(3):
@@ -115,7 +105,7 @@ def test_cost_page_served_at_admin_costs_renders_in_chromium(gateway: str, tmp_p
     auth = {"authorization": f"Bearer {ADMIN}"}
     deadline = time.monotonic() + 10
     while True:  # records are written after the answers
-        r = httpx.get(gateway + "/admin/costs", params=query, headers=auth)
+        r = gateway.client.get("/admin/costs", params=query, headers=auth)
         if (r.status_code == 200 and "<b>12</b>" in r.text) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -133,13 +123,13 @@ def test_cost_page_served_at_admin_costs_renders_in_chromium(gateway: str, tmp_p
     assert pixels_of(shot, FLAGSHIP_RGB) > 2_000
 
 
-def test_cost_page_states_the_running_policys_prices(gateway: str, tmp_path: Path) -> None:
+def test_cost_page_states_the_running_policys_prices(gateway: Gateway, tmp_path: Path) -> None:
     _post(gateway, "sk-acme", "micro", 4)
     today = datetime.now(UTC).date()
     query = {"from": str(today - timedelta(days=1)), "to": str(today + timedelta(days=1)), "by": "pool"}
     deadline = time.monotonic() + 10
     while True:  # the record is written after the answer
-        r = httpx.get(gateway + "/admin/costs", params=query, headers={"authorization": f"Bearer {ADMIN}"})
+        r = gateway.client.get("/admin/costs", params=query, headers={"authorization": f"Bearer {ADMIN}"})
         if "<b>1</b>" in r.text or time.monotonic() > deadline:
             break
         time.sleep(0.1)

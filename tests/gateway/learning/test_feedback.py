@@ -1,30 +1,24 @@
-"""`POST /v1/feedback` against a real gateway (uvicorn), the real Redis and fake engines: stored for the
+"""`POST /v1/feedback` against a gateway in-process (`tests.harness`), the real Redis and fake engines: stored for the
 caller's own requests only, read back by the training reader, refused with the OpenAI envelope otherwise."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import redis
 
-from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.errors import BadRequest
 from gateway.learning.feedback import parse_feedback
-from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
 from router_models.serving.scorer import conversation_shape, conversation_text
 from router_models.training.ledger_labels import LabelKeys, read_ledger_labels
-from tests.conftest import SHARED_URL, policy_yaml
-from tests.servers import serve
+from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, policy_yaml
+from tests.harness import Gateway
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 TENANTS = f"""tenants:
   acme: {{api_key_sha256: ["{hash_key("key-acme")}"]}}
   globex: {{api_key_sha256: ["{hash_key("key-globex")}"]}}
@@ -35,26 +29,23 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 
 
 @pytest.fixture
-def gateway(upstreams: Upstreams, tmp_path: Path, prefix: str) -> Iterator[str]:
-    _, micro_url, _, flagship_url = upstreams
+def gateway(make_gateway: GatewayFactory, fake_upstreams: Upstreams, tmp_path: Path, prefix: str) -> Gateway:
+    _, micro_url, _, flagship_url = fake_upstreams
     path = tmp_path / "policy.yaml"
     path.write_text(policy_yaml(micro_url, flagship_url, TENANTS))
-    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="redis",
-                        redis_prefix=prefix, home=tmp_path, policy_watch_interval_s=0)
-    with serve(create_app(settings)) as url:
-        yield url
+    return make_gateway(path, ledger="redis", redis_prefix=prefix, policy_watch_interval_s=0)
 
 
-def _chat(url: str, key: str, model: str = "auto") -> dict[str, str]:
-    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+def _chat(gateway: Gateway, key: str, model: str = "auto") -> dict[str, str]:
+    client = gateway.openai(key, max_retries=0)
     raw = client.chat.completions.with_raw_response.create(model=model, messages=MESSAGES,  # type: ignore[arg-type]
                                                            max_tokens=4)
     assert raw.parse().choices[0].message.content
     return dict(raw.headers)
 
 
-def _feedback(url: str, key: str, body: object) -> httpx.Response:
-    return httpx.post(url + "/v1/feedback", json=body, headers={"authorization": f"Bearer {key}"}, timeout=10)
+def _feedback(gateway: Gateway, key: str, body: object) -> httpx.Response:
+    return gateway.client.post("/v1/feedback", json=body, headers={"authorization": f"Bearer {key}"}, timeout=10)
 
 
 def _hash(key: str) -> dict[str, str]:
@@ -68,7 +59,7 @@ def _hash(key: str) -> dict[str, str]:
 pytestmark = pytest.mark.redis
 
 
-def test_feedback_is_stored_and_read_back_for_training(gateway: str, prefix: str) -> None:
+def test_feedback_is_stored_and_read_back_for_training(gateway: Gateway, prefix: str) -> None:
     headers = _chat(gateway, "key-acme")
     request_id, score = headers["x-request-id"], float(headers["x-cascade-score"])
     assert headers["x-cascade-pool"] == "micro"
@@ -90,13 +81,13 @@ def test_feedback_is_stored_and_read_back_for_training(gateway: str, prefix: str
     assert row["needs_flagship"] == pytest.approx(0.25)
     ttl = redis.Redis.from_url(SHARED_URL).ttl(keys.prompt(request_id))
     assert 0 < ttl <= 2 * 86_400
-    metrics = httpx.get(gateway + "/metrics").text
+    metrics = gateway.client.get("/metrics").text
     assert 'cascade_feedback_total{outcome="thumbs"} 1.0' in metrics
     assert 'cascade_feedback_total{outcome="score"} 1.0' in metrics
     assert 'cascade_learning_events_total{event="prompt_kept"} 1.0' in metrics
 
 
-def test_unknown_or_another_tenants_request_is_404_and_nothing_is_stored(gateway: str, prefix: str) -> None:
+def test_unknown_or_another_tenants_request_is_404_and_nothing_is_stored(gateway: Gateway, prefix: str) -> None:
     request_id = _chat(gateway, "key-acme")["x-request-id"]
     keys = LabelKeys(prefix)
     for key, rid in (("key-globex", request_id), ("key-acme", "req_" + "0" * 24)):
@@ -107,10 +98,10 @@ def test_unknown_or_another_tenants_request_is_404_and_nothing_is_stored(gateway
                                                                   "request_id")
         assert _hash(keys.feedback(rid)) == {}
     assert read_ledger_labels(SHARED_URL, key_prefix=prefix) == []  # kept, but no label
-    assert 'cascade_feedback_total{outcome="not_found"} 2.0' in httpx.get(gateway + "/metrics").text
+    assert 'cascade_feedback_total{outcome="not_found"} 2.0' in gateway.client.get("/metrics").text
 
 
-def test_a_request_not_kept_is_found_through_its_ledger_record(gateway: str, prefix: str) -> None:
+def test_a_request_not_kept_is_found_through_its_ledger_record(gateway: Gateway, prefix: str) -> None:
     headers = _chat(gateway, "key-globex", model="flagship")  # pinned: not scored, so not kept
     request_id = headers["x-request-id"]
     assert _hash(LabelKeys(prefix).prompt(request_id)) == {}
@@ -134,16 +125,16 @@ def test_a_request_not_kept_is_found_through_its_ledger_record(gateway: str, pre
     ({"request_id": "r", "score": 1, "comment": "x" * 2001}, "comment"),
     ({"request_id": "r", "score": 1, "rating": 5}, "rating"),
 ])
-def test_bad_bodies_are_400_naming_the_field(gateway: str, body: object, param: str) -> None:
+def test_bad_bodies_are_400_naming_the_field(gateway: Gateway, body: object, param: str) -> None:
     r = _feedback(gateway, "key-acme", body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_not_json_no_key_and_too_large(gateway: str) -> None:
-    r = httpx.post(gateway + "/v1/feedback", content=b"{nope", headers={"authorization": "Bearer key-acme"})
+def test_not_json_no_key_and_too_large(gateway: Gateway) -> None:
+    r = gateway.client.post("/v1/feedback", content=b"{nope", headers={"authorization": "Bearer key-acme"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
-    r = httpx.post(gateway + "/v1/feedback", json={"request_id": "r", "score": 1})
+    r = gateway.client.post("/v1/feedback", json={"request_id": "r", "score": 1})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     r = _feedback(gateway, "key-acme", {"request_id": "r", "score": 1, "comment": "x" * 20_000})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,23 +12,17 @@ import orjson
 import pytest
 import redis
 
-from gateway.api.app import create_app
-from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
-from tests.conftest import SHARED_URL, verify_recent
-from tests.servers import serve
+from tests.conftest import SHARED_URL, GatewayFactory, verify_recent
 
 pytestmark = pytest.mark.redis
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 
 @pytest.fixture
-def gateway(policy_file: Path, tmp_path: Path, prefix: str) -> Iterator[str]:
-    settings = Settings(policy_path=policy_file, scorer="none", start_engines=False, ledger="redis",
-                        redis_prefix=prefix, home=tmp_path)
-    with serve(create_app(settings)) as url:
-        yield url
+def gateway(make_gateway: GatewayFactory, policy_file: Path, prefix: str) -> str:
+    """Served (uvicorn, engines on ports): concurrent clients, and one that leaves while tokens arrive."""
+    return make_gateway(policy_file, served=True, scorer="none", ledger="redis", redis_prefix=prefix).url
 
 
 def _records(prefix: str, n: int, timeout: float = 10.0) -> list[dict[str, str]]:

@@ -28,12 +28,10 @@ from gateway.serving.access_log import AccessLog
 from gateway.serving.accounting import Accountant
 from gateway.serving.tracing import Tracing
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.gateway.ledger.test_ledger import make_record
 from tests.servers import serve, until
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 SECRET = "the quarterly numbers of zebra-plum"  # prompt text that must never reach the log
 TENANTS = f"""tenants:
   acme: {{api_key_sha256: ['{hash_key("sk-acme")}']}}

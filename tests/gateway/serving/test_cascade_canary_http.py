@@ -19,9 +19,9 @@ from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
 from gateway.control.canaries import takes_canary
 from gateway.settings import Settings
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.gateway.control.test_canary import _canary, _engine
-from tests.gateway.serving.test_cascade import CASCADE, Upstreams, _body
+from tests.gateway.serving.test_cascade import CASCADE, _body
 from tests.servers import free_port, serve, until
 
 BIG = """  big:

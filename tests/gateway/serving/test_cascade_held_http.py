@@ -1,7 +1,7 @@
 """The cascade keeps an unsure micro answer when the pool it would escalate to cannot take the request: no ready
-replica, or an on-demand pool that is asleep (its cold start begins, but the answer does not wait for it). Real
-Starlette app over HTTP, fake engines whose logprobs we control; the on-demand pool is a real local pool of the
-app's own supervisor."""
+replica, or an on-demand pool that is asleep (its cold start begins, but the answer does not wait for it). The
+gateway in-process (`tests.harness`) over fake engines on ports whose logprobs we control; the on-demand pool is a
+real local pool of the gateway's own supervisor."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from gateway.api.app import create_app
-from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
-from tests.conftest import policy_yaml
-from tests.gateway.serving.test_cascade import CASCADE, Upstreams, _assert_held, _records, _unsure
-from tests.servers import free_port, serve
+from tests.conftest import Upstreams, policy_yaml
+from tests.gateway.serving.test_cascade import CASCADE, _assert_held, _unsure
+from tests.harness import Gateway, InProcessGateway
+from tests.servers import free_port
 
 ON_DEMAND_FLAGSHIP = """  big:
     type: local
@@ -30,25 +28,24 @@ ON_DEMAND_FLAGSHIP = """  big:
 
 @contextmanager
 def _gateway(tmp_path: Path, micro_url: str, flagship_url: str, pools: str = "", flagship: str = "flagship",
-             **settings: Any) -> Iterator[tuple[str, MemoryLedger]]:
+             **settings: Any) -> Iterator[Gateway]:
     policy = policy_yaml(micro_url, flagship_url, CASCADE).replace("pools:\n", "pools:\n" + pools, 1)
     path = tmp_path / "policy.yaml"
     path.write_text(policy.replace("flagship_pool: flagship", f"flagship_pool: {flagship}"))
-    app = create_app(Settings(policy_path=path, scorer="length", home=tmp_path, ledger="memory", probe_interval_s=0.1,
-                              **{"start_engines": False, **settings}))
-    with serve(app) as url:
-        yield url, app.state.runtime.ledger
+    with InProcessGateway(Settings(policy_path=path, scorer="length", home=tmp_path, ledger="memory",
+                                   probe_interval_s=0.1, **{"start_engines": False, **settings})) as gateway:
+        yield gateway
 
 
-def _held_once(url: str, ledger: MemoryLedger, stream: bool, why: str) -> None:
-    resp = _unsure(url, stream)
+def _held_once(gateway: Gateway, stream: bool, why: str) -> None:
+    resp = _unsure(gateway, stream)
     _assert_held(resp, why)
     if stream:
         assert resp.text.count("\"content\":\" w") == 8  # the held-back probe tokens and the rest, in full
-    (rec,) = _records(ledger, 1).values()  # one call, charged once at micro prices, not as a probe
+    (rec,) = gateway.records(1).values()  # one call, charged once at micro prices, not as a probe
     assert (rec.pool, rec.status, rec.rule, rec.completion_tokens) == ("micro", "ok", "cascade-held", 8)
     assert rec.request_id == resp.headers["x-request-id"]
-    metrics = httpx.get(url + "/metrics").text
+    metrics = gateway.client.get("/metrics").text
     assert f'cascade_escalations_total{{held_by="{why}",outcome="held",pool="micro"}} 1.0' in metrics
     assert 'outcome="escalated"' not in metrics
 
@@ -57,8 +54,8 @@ def _held_once(url: str, ledger: MemoryLedger, stream: bool, why: str) -> None:
 def test_flagship_without_a_ready_replica_keeps_the_micro_answer(tmp_path: Path, upstreams: Upstreams,
                                                                  stream: bool) -> None:
     micro, micro_url, flagship, _ = upstreams
-    with _gateway(tmp_path, micro_url, f"http://127.0.0.1:{free_port()}") as (url, ledger):  # nothing listens
-        _held_once(url, ledger, stream, "no-replica")
+    with _gateway(tmp_path, micro_url, f"http://127.0.0.1:{free_port()}") as gateway:  # nothing listens
+        _held_once(gateway, stream, "no-replica")
     assert flagship.requests == 0 and micro.requests == 1
 
 
@@ -69,8 +66,8 @@ def test_an_asleep_on_demand_flagship_keeps_the_micro_answer(tmp_path: Path, ups
     `on_cold: fallback:micro` the answer is micro's at once. Either way: held by "on-demand", charged once."""
     micro, micro_url, flagship, flagship_url = upstreams
     pools = ON_DEMAND_FLAGSHIP.format(port=free_port(), timeout=0.5, fallback=fallback)
-    with _gateway(tmp_path, micro_url, flagship_url, pools, flagship="big", start_engines=True) as (url, ledger):
-        _held_once(url, ledger, stream, "on-demand")
+    with _gateway(tmp_path, micro_url, flagship_url, pools, flagship="big", start_engines=True) as gateway:
+        _held_once(gateway, stream, "on-demand")
     assert flagship.requests == 0 and micro.requests == 1
 
 
@@ -80,6 +77,6 @@ def test_a_flagship_whose_every_replica_answers_5xx_keeps_the_micro_answer(tmp_p
     """The escalation's failover: the other tier is the micro pool, whose answer is in hand."""
     micro, micro_url, flagship, flagship_url = upstreams
     flagship.fail_status = 500
-    with _gateway(tmp_path, micro_url, flagship_url) as (url, ledger):
-        _held_once(url, ledger, stream, "engine-error")
+    with _gateway(tmp_path, micro_url, flagship_url) as gateway:
+        _held_once(gateway, stream, "engine-error")
     assert flagship.requests == 1 and micro.requests == 1

@@ -14,16 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.api.app import create_app
-from gateway.api.runtime import Runtime
 from gateway.ledger.store import CostRecord, MemoryLedger
 from gateway.serving.completions_schema import CompletionsRequest
 from gateway.serving.responses_schema import ResponsesRequest
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml
+from tests.harness import FakeEngines, InProcessGateway
 from tests.openai_requests import requests
-from tests.servers import serve
 
 FAKE_TOKENS = 16  # the fake engine's answer length when the request sets no limit
 Gateway = tuple[httpx.Client, MemoryLedger]
@@ -38,17 +36,16 @@ AFFORDABLE = {
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """A client of the gateway (one for the module: httpx builds an SSL context per client, which costs more
-    than a request here) and the gateway's ledger."""
+    """A client of the gateway, in-process (`tests.harness`; one for the module), and the gateway's ledger."""
     tmp = tmp_path_factory.mktemp("openai-requests")
-    with serve(FakeUpstream("micro-model")) as micro, serve(FakeUpstream("flagship-model")) as flagship:
-        path = tmp / "policy.yaml"
-        path.write_text(policy_yaml(micro, flagship))
-        app = create_app(Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp))
-        with serve(app) as url, httpx.Client(base_url=url, timeout=20) as client:
-            runtime: Runtime = app.state.runtime
-            assert isinstance(runtime.ledger, MemoryLedger)
-            yield client, runtime.ledger
+    engines = FakeEngines()
+    micro, flagship = engines.add("micro", FakeUpstream("micro-model")), engines.add("flagship",
+                                                                                    FakeUpstream("flagship-model"))
+    path = tmp / "policy.yaml"
+    path.write_text(policy_yaml(micro, flagship))
+    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
+    with InProcessGateway(settings, engines) as served:
+        yield served.client, served.ledger
 
 
 def _record(ledger: MemoryLedger, request_id: str) -> CostRecord:

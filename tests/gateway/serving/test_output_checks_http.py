@@ -15,8 +15,8 @@ import pytest
 from gateway.api.app import create_app
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
-from tests.conftest import policy_yaml
-from tests.gateway.serving.test_cascade import Upstreams, _records
+from tests.conftest import Upstreams, policy_yaml
+from tests.harness import wait_records
 from tests.servers import free_port, serve
 
 JSON_OBJECT = {"response_format": {"type": "json_object"}}
@@ -68,7 +68,7 @@ def test_a_micro_answer_that_is_not_json_is_escalated_and_both_calls_are_recorde
     assert h["x-cascade-output-check-action"] == "escalated:json"
     assert h["x-cascade-route"] == "score:micro, output-check:flagship"
     rid = h["x-request-id"]
-    records = _records(ledger, 2)
+    records = wait_records(ledger, 2)
     dropped, served = records[rid + "-check"], records[rid]
     assert (dropped.pool, dropped.status, dropped.output_check) == ("micro", "discarded", "fail:json")
     assert dropped.cost_micro_usd > 0 and dropped.flagship_cost_micro_usd == 0  # paid for, not a saving
@@ -86,7 +86,7 @@ def test_a_passing_answer_is_served_as_it_is(escalating: tuple[str, MemoryLedger
     assert (resp.headers["x-cascade-pool"], resp.headers["x-cascade-output-check"]) == ("micro",
                                                                                        "json=pass, empty=pass")
     assert "x-cascade-output-check-action" not in resp.headers
-    (rec,) = _records(ledger, 1).values()
+    (rec,) = wait_records(ledger, 1).values()
     assert (rec.status, rec.output_check) == ("ok", "pass")
 
 
@@ -110,7 +110,7 @@ def test_an_empty_answer_is_retried_once_on_the_same_pool(escalating: tuple[str,
     assert resp.headers["x-cascade-output-check"] == "empty=fail"  # still empty: served, flagged, not retried again
     assert resp.headers["x-cascade-output-check-action"] == "retried:empty"
     assert resp.headers["x-cascade-route"].endswith(":micro, output-check:micro")  # the same pool, asked again
-    records = _records(ledger, 2)
+    records = wait_records(ledger, 2)
     assert {r.status for r in records.values()} == {"discarded", "ok"}
 
 
@@ -123,7 +123,7 @@ def test_a_stream_is_judged_and_flagged_never_replaced(escalating: tuple[str, Me
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert resp.status_code == 200 and text == "Blue, definitely blue."
     assert resp.headers["x-cascade-pool"] == "micro" and upstreams[2].requests == 0
-    (rec,) = _records(ledger, 1).values()
+    (rec,) = wait_records(ledger, 1).values()
     assert (rec.status, rec.output_check) == ("ok", "fail:json")
     assert _metric(url, 'cascade_output_check_actions_total{action="flagged",check="json",pool="micro"} 1.0')
 
@@ -146,7 +146,7 @@ def test_flag_only_keeps_the_answer(tmp_path: Path, upstreams: Upstreams) -> Non
         resp = _ask(url, response_format=schema)
         assert resp.headers["x-cascade-output-check"] == "json=fail"
         assert resp.json()["choices"][0]["message"]["content"] == '{"colour": 7}'
-        (rec,) = _records(ledger, 1).values()
+        (rec,) = wait_records(ledger, 1).values()
         assert rec.output_check == "fail:json"
 
 
@@ -158,7 +158,7 @@ def test_escalation_without_a_flagship_serves_the_first_answer_flagged(tmp_path:
         resp = _ask(url)
         assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "Blue."
         assert resp.headers["x-cascade-output-check-action"] == "held:json"
-        (rec,) = _records(ledger, 1).values()  # the micro answer, recorded once (as the discarded try)
+        (rec,) = wait_records(ledger, 1).values()  # the micro answer, recorded once (as the discarded try)
         assert (rec.pool, rec.status) == ("micro", "discarded")
 
 

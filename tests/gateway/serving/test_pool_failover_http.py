@@ -16,8 +16,8 @@ from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
-from tests.conftest import policy_yaml
-from tests.gateway.serving.test_cascade import Upstreams, _records
+from tests.conftest import Upstreams, policy_yaml
+from tests.harness import wait_records
 from tests.servers import serve
 
 EASY = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
@@ -58,7 +58,7 @@ def test_a_pool_whose_every_replica_answers_5xx_fails_over_to_the_other_tier(tmp
             assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("flagship", "failover")
             assert r.headers["x-cascade-route"] == "score:micro, failover:flagship"
             assert "flagship-model" in r.text
-        records = _records(ledger, 10)
+        records = wait_records(ledger, 10)
     assert {(rec.pool, rec.status, rec.route) for rec in records.values()} == {
         ("flagship", "ok", "score:micro, failover:flagship")}
     assert micro.requests >= 1 and flagship.requests == 10

@@ -1,73 +1,50 @@
-"""`/v1/responses` on a pool that speaks chat completions only (`responses: chat`), over real HTTP in front of fake
-engines with the official openai SDK: translated both ways, streamed as Responses events, recorded as a Responses
-request, and what cannot be translated refused with 400."""
+"""`/v1/responses` on a pool that speaks chat completions only (`responses: chat`), in-process (`tests.harness`) in
+front of fake engines with the official openai SDK: translated both ways, streamed as Responses events, recorded as
+a Responses request, and what cannot be translated refused with 400."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
-from gateway.api.app import create_app
-from gateway.api.runtime import Runtime
-from gateway.ledger.store import CostRecord, MemoryLedger
 from gateway.serving.responses_chat import chat_request
-from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.conftest import GatewayFactory, Upstreams, policy_yaml
+from tests.harness import Gateway
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 TOOL: Any = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
 
 
 @pytest.fixture
-def gateway(upstreams: Upstreams, tmp_path: Path) -> Iterator[tuple[openai.OpenAI, Any]]:
-    _, micro_url, _, flagship_url = upstreams
+def gateway(make_gateway: GatewayFactory, fake_upstreams: Upstreams, tmp_path: Path) -> Gateway:
+    _, micro_url, _, flagship_url = fake_upstreams
     policy = tmp_path / "policy.yaml"
     text = policy_yaml(micro_url, flagship_url)
     marker = "    model: flagship-model\n"
     assert text.count(marker) == 1
     policy.write_text(text.replace(marker, marker + "    responses: chat\n"))
-    app = create_app(Settings(policy_path=policy, scorer="length", start_engines=False, ledger="memory",
-                              home=tmp_path, probe_interval_s=0.2))
-    with serve(app) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="unused"), app
+    return make_gateway(policy, probe_interval_s=0.2)
 
 
-def _record(app: Any, request_id: str) -> CostRecord:
-    runtime: Runtime = app.state.runtime
-    ledger = runtime.ledger
-    assert isinstance(ledger, MemoryLedger)
-    deadline = time.monotonic() + 5
-    while request_id not in ledger.records:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    return ledger.records[request_id]
-
-
-def test_a_translated_answer_and_its_record(gateway: tuple[openai.OpenAI, Any]) -> None:
-    client, app = gateway
+def test_a_translated_answer_and_its_record(gateway: Gateway) -> None:
+    client = gateway.openai()
     raw = client.responses.with_raw_response.create(model="flagship", instructions="be brief", input="hi",
                                                     max_output_tokens=5)
     resp = raw.parse()
     assert resp.id == "resp_chatcmpl-fake"  # built by the gateway from the engine's chat answer
     assert resp.output_text == "w0 w1 w2 w3 w4" and resp.status == "incomplete"
     assert resp.usage is not None and resp.usage.output_tokens == 5
-    rec = _record(app, raw.headers["x-request-id"])
+    rec = gateway.record(raw.headers["x-request-id"])
     assert (rec.endpoint, rec.pool, rec.prompt_tokens, rec.completion_tokens) == (
         "responses", "flagship", resp.usage.input_tokens, 5)
     micro = client.responses.create(model="micro", input="hi", max_output_tokens=2)
     assert micro.id == "resp_fake"  # a native pool gets the Responses request itself
 
 
-def test_a_translated_stream_is_a_responses_stream(gateway: tuple[openai.OpenAI, Any]) -> None:
-    client, app = gateway
+def test_a_translated_stream_is_a_responses_stream(gateway: Gateway) -> None:
+    client = gateway.openai()
     with client.responses.with_streaming_response.create(model="flagship", input="hi", max_output_tokens=4,
                                                          stream=True) as raw:
         events: list[Any] = list(raw.parse())
@@ -77,14 +54,14 @@ def test_a_translated_stream_is_a_responses_stream(gateway: tuple[openai.OpenAI,
     assert events[-1].response.output[0].content[0].text == " w0 w1 w2 w3"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     usage = events[-1].response.usage
-    rec = _record(app, raw.headers["x-request-id"])
+    rec = gateway.record(raw.headers["x-request-id"])
     assert (rec.endpoint, rec.status, rec.completion_tokens, rec.usage_source) == ("responses", "ok", 4, "engine")
     assert usage.output_tokens == 4 and rec.ttft_ms is not None
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_function_calls_are_translated(gateway: tuple[openai.OpenAI, Any], stream: bool) -> None:
-    client, _ = gateway
+def test_function_calls_are_translated(gateway: Gateway, stream: bool) -> None:
+    client = gateway.openai()
     args: Any = {"model": "flagship", "input": "find it", "tools": [TOOL], "max_output_tokens": 3,
                  "tool_choice": {"type": "function", "name": "lookup"}, "metadata": {"fake_tool_call": "lookup"}}
     if not stream:
@@ -118,13 +95,13 @@ def test_a_function_call_and_its_output_become_chat_turns() -> None:
 
 @pytest.mark.parametrize(("extra", "param"), [({"store": True}, "store"),
                                                ({"tools": [{"type": "web_search"}]}, "tools[0].type")])
-def test_what_a_chat_only_pool_cannot_do_is_refused(gateway: tuple[openai.OpenAI, Any], upstreams: Upstreams,
+def test_what_a_chat_only_pool_cannot_do_is_refused(gateway: Gateway, fake_upstreams: Upstreams,
                                                     extra: dict[str, Any], param: str) -> None:
-    client, _ = gateway
+    client = gateway.openai()
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model="flagship", input="hi", **extra)
     body: Any = caught.value.body
     assert body["param"] == param and "chat completions only" in body["message"]
-    assert upstreams[2].requests == 0
-    assert httpx.post(str(client.base_url) + "responses", json={"model": "micro", "input": "x", **extra},
+    assert fake_upstreams[2].requests == 0
+    assert gateway.client.post("/v1/responses", json={"model": "micro", "input": "x", **extra},
                       timeout=10).status_code == 200  # a native pool takes both

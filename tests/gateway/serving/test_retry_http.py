@@ -20,10 +20,9 @@ from gateway.api.app import create_app
 from gateway.api.runtime import Runtime
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import serve
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 _ERROR = orjson.dumps({"error": {"message": "engine core died (test)", "type": "InternalServerError"}})
 
 

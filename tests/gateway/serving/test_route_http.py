@@ -15,11 +15,8 @@ import pytest
 from gateway.api.app import create_app
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import free_port, serve
-
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 PROMPT = "word " * 60  # 60 words: length score 0.30 < 0.5; ~75 estimated tokens, over micro's 64
 
@@ -68,9 +65,9 @@ def test_an_asleep_on_demand_pool_sends_to_its_cold_fallback_as_a_step(tmp_path:
 
     _, micro_url, _, flagship_url = upstreams
     pools = ON_DEMAND_FLAGSHIP.format(port=free_port(), timeout=0.5, fallback=', on_cold: "fallback:micro"')
-    with _gateway(tmp_path, micro_url, flagship_url, pools, start_engines=True) as (url, _):
-        r = httpx.post(url + "/v1/chat/completions", timeout=30,
-                       json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
+    with _gateway(tmp_path, micro_url, flagship_url, pools, start_engines=True) as gateway:
+        r = gateway.client.post("/v1/chat/completions", timeout=30,
+                                json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200, r.text
     assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == ("micro", "on-demand-fallback")
     assert r.headers["x-cascade-route"] == "pinned:big, on-demand-fallback:micro"

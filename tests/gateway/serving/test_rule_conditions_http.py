@@ -1,4 +1,4 @@
-"""Rule conditions that `test_rules_http` leaves out, through a real gateway: prompt size bounds in chars and
+"""Rule conditions that `test_rules_http` leaves out, through the gateway (in-process): prompt size bounds in chars and
 tokens (upper bounds included), negated tools / JSON conditions, AND of several conditions, and a model
 name only rules know whose rules do not match the request."""
 
@@ -28,13 +28,13 @@ tenants:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     yield from serve_with_rules(tmp_path_factory.mktemp("audit-rules"), RULES)
 
 
-def _post(url: str, key: str, **body: Any) -> httpx.Response:
+def _post(gateway: httpx.Client, key: str, **body: Any) -> httpx.Response:
     payload = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], **body}
-    return httpx.post(url + "/v1/chat/completions", json=payload, headers={"authorization": f"Bearer {key}"})
+    return gateway.post("/v1/chat/completions", json=payload, headers={"authorization": f"Bearer {key}"})
 
 
 def _msg(text: str) -> list[dict[str, str]]:
@@ -59,13 +59,13 @@ CASES: list[tuple[str, str, dict[str, Any], str, str]] = [
 
 
 @pytest.mark.parametrize(("key", "body", "pool", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_rule_condition(gateway: str, key: str, body: dict[str, Any], pool: str, rule: str) -> None:
+def test_rule_condition(gateway: httpx.Client, key: str, body: dict[str, Any], pool: str, rule: str) -> None:
     r = _post(gateway, key, **body)
     assert r.status_code == 200, r.text
     assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == (pool, rule)
 
 
-def test_a_rule_only_model_none_of_whose_rules_match_is_a_404(gateway: str) -> None:
+def test_a_rule_only_model_none_of_whose_rules_match_is_a_404(gateway: httpx.Client) -> None:
     r = _post(gateway, "sk-std", model="gpt-4o")
     assert r.status_code == 404, r.text
     assert r.json()["error"]["param"] == "model" and "vip-gpt4o" in r.json()["error"]["message"]

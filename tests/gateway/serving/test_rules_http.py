@@ -1,4 +1,5 @@
-"""Every rule kind through a real gateway (uvicorn, fake engines): the rule that fires is in the headers."""
+"""Every rule kind through the gateway (in-process, `tests.harness`, over fake engines): the rule that fires is in the
+headers."""
 
 from __future__ import annotations
 
@@ -9,14 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml
-from tests.servers import serve
+from tests.harness import FakeEngines, InProcessGateway
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 RULES = f"""  rules:
     - {{name: by-tenant, match: {{tenants: [vip]}}, pool: flagship}}
     - {{name: by-alias, match: {{models: [smart]}}, pool: flagship}}
@@ -37,18 +36,20 @@ tenants:
 """
 
 
-def serve_with_rules(tmp: Path, rules: str) -> Iterator[str]:
-    """A gateway (length scorer, memory ledger) over two fake engines, with `rules` after the threshold."""
-    with serve(FakeUpstream("micro-model")) as micro, serve(FakeUpstream("flagship-model")) as flagship:
-        path = tmp / "policy.yaml"
-        path.write_text(policy_yaml(micro, flagship).replace("  threshold: 0.5\n", "  threshold: 0.5\n" + rules))
-        settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
-        with serve(create_app(settings)) as url:
-            yield url
+def serve_with_rules(tmp: Path, rules: str) -> Iterator[httpx.Client]:
+    """A client of a gateway in-process (length scorer, memory ledger) over two fake engines, with `rules` after the
+    threshold."""
+    engines = FakeEngines()
+    micro, flagship = (engines.add(name, FakeUpstream(f"{name}-model")) for name in ("micro", "flagship"))
+    path = tmp / "policy.yaml"
+    path.write_text(policy_yaml(micro, flagship).replace("  threshold: 0.5\n", "  threshold: 0.5\n" + rules))
+    settings = Settings(policy_path=path, scorer="length", start_engines=False, ledger="memory", home=tmp)
+    with InProcessGateway(settings, engines) as gateway:
+        yield gateway.client
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     yield from serve_with_rules(tmp_path_factory.mktemp("rules"), RULES)
 
 
@@ -74,10 +75,10 @@ CASES: list[tuple[str, dict[str, Any], dict[str, str], str, str]] = [
 
 
 @pytest.mark.parametrize(("kind", "body", "headers", "pool", "rule"), CASES, ids=[c[0] for c in CASES])
-def test_rule_kind(gateway: str, kind: str, body: dict[str, Any], headers: dict[str, str], pool: str,
+def test_rule_kind(gateway: httpx.Client, kind: str, body: dict[str, Any], headers: dict[str, str], pool: str,
                    rule: str) -> None:
     payload = {"model": "auto", "messages": _msg("hello"), **body}
     auth = headers if "authorization" in headers else {**headers, "authorization": "Bearer sk-std"}
-    r = httpx.post(gateway + "/v1/chat/completions", json=payload, headers=auth)
+    r = gateway.post("/v1/chat/completions", json=payload, headers=auth)
     assert r.status_code == 200, r.text
     assert (r.headers["x-cascade-pool"], r.headers["x-cascade-rule"]) == (pool, rule)

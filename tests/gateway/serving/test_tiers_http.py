@@ -1,4 +1,4 @@
-"""A three-pool policy served end to end through a real gateway (uvicorn) over three fake upstreams, called with
+"""A three-pool policy served through a gateway in-process (`tests.harness`) over three fake upstreams, called with
 the official openai SDK: each request goes to the tier with the best trade of predicted quality against expected
 cost, `x-cascade-route` names the trade, `x-cascade-tiers` and the cost record carry every tier's estimate, a
 request too long for its tier moves up the tiers, and a placement that cannot be loaded at reload leaves the
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -22,7 +22,9 @@ from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from policies.loader import load_policy
 from policies.replay import parse_log, replay
+from tests.conftest import GatewayFactory
 from tests.gateway.serving.tier_fakes import fake_the_map
+from tests.harness import FakeEngines, Gateway
 from tests.servers import serve, until
 
 ADMIN = "test-admin-key"
@@ -59,21 +61,15 @@ routing:
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path, MemoryLedger]]:
+def gateway(make_gateway: GatewayFactory, fake_engines: FakeEngines, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> tuple[Gateway, Path, MemoryLedger]:
     fake_the_map(monkeypatch)
     (tmp_path / "code.json").write_text(json.dumps({"base": 0.70, "code": 0.15, "hard": -0.50}))
-    upstreams = {name: FakeUpstream(f"{name}-model") for name in ("general", "code", "flagship")}
-    with serve(upstreams["general"]) as g, serve(upstreams["code"]) as c, serve(upstreams["flagship"]) as f:
-        policy = tmp_path / "three.yaml"
-        policy.write_text(_policy({"general": g, "code": c, "flagship": f}))
-        settings = Settings(policy_path=policy, scorer="length", start_engines=False, ledger="memory",
-                            home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0,
-                            request_log=tmp_path / "requests.jsonl")
-        app = create_app(settings)
-        with serve(app) as url:
-            ledger = app.state.runtime.ledger
-            assert isinstance(ledger, MemoryLedger)
-            yield url, policy, ledger
+    urls = {name: fake_engines.add(name, FakeUpstream(f"{name}-model")) for name in ("general", "code", "flagship")}
+    policy = tmp_path / "three.yaml"
+    policy.write_text(_policy(urls))
+    served = make_gateway(policy, admin_key=ADMIN, policy_watch_interval_s=0, request_log=tmp_path / "requests.jsonl")
+    return served, policy, served.ledger
 
 
 def _ask(client: openai.OpenAI, text: str) -> tuple[dict[str, str], str]:
@@ -91,9 +87,9 @@ def _record(ledger: MemoryLedger, request_id: str) -> CostRecord:
     return ledger.records[request_id]
 
 
-def test_each_request_goes_to_the_best_trade_and_says_so(gateway: tuple[str, Path, MemoryLedger]) -> None:
-    url, policy, ledger = gateway
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+def test_each_request_goes_to_the_best_trade_and_says_so(gateway: tuple[Gateway, Path, MemoryLedger]) -> None:
+    served, policy, ledger = gateway
+    client = served.openai("unused", max_retries=0)
     seen = {}
     for text in ("hi, how are you today?", "write a python function that sorts a list",
                  "prove that the square root of two is irrational"):
@@ -114,35 +110,35 @@ def test_each_request_goes_to_the_best_trade_and_says_so(gateway: tuple[str, Pat
     assert (result.total, result.moved, result.traded) == (3, 0, 3)
 
 
-def test_a_request_too_long_for_its_tier_moves_up_the_tiers(gateway: tuple[str, Path, MemoryLedger]) -> None:
-    url, _, _ = gateway
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+def test_a_request_too_long_for_its_tier_moves_up_the_tiers(gateway: tuple[Gateway, Path, MemoryLedger]) -> None:
+    served, _, _ = gateway
+    client = served.openai("unused", max_retries=0)
     headers, model = _ask(client, "word " * 60)  # ~75 estimated tokens: over general's 64
     assert (headers["x-cascade-pool"], model) == ("code", "code-model")
     assert headers["x-cascade-route"] == "trade:general, context-fit:code"
 
 
 def test_a_placement_that_cannot_load_at_reload_keeps_the_previous_policy(
-        gateway: tuple[str, Path, MemoryLedger]) -> None:
-    url, policy, _ = gateway
-    before = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+        gateway: tuple[Gateway, Path, MemoryLedger]) -> None:
+    served, policy, _ = gateway
+    before = served.client.post("/v1/chat/completions", timeout=30, json={
         "model": "auto", "messages": [{"role": "user", "content": "a python question"}]})
     text = policy.read_text()
     policy.write_text(text.replace("placement: code.json", "placement: missing.json").replace("tradeoff: 50",
                                                                                            "tradeoff: 0"))
-    r = httpx.post(url + "/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"}, timeout=30)
+    r = served.client.post("/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"}, timeout=30)
     assert r.status_code == 422, r.text
     (problem,) = r.json()["error"]["problems"]
     assert problem.startswith(f"{policy}:") and "pools.code.placement: cannot load placement 'missing.json'" in problem
     assert "cascade router place" in problem
-    after = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+    after = served.client.post("/v1/chat/completions", timeout=30, json={
         "model": "auto", "messages": [{"role": "user", "content": "a python question"}]})
     assert after.headers["x-cascade-policy-version"] == before.headers["x-cascade-policy-version"]
     assert after.headers["x-cascade-tiers"] == before.headers["x-cascade-tiers"]
     assert after.headers["x-cascade-pool"] == "code"  # tradeoff 50 still: tradeoff 0 would pick the flagship
     policy.write_text(text.replace("tradeoff: 50", "tradeoff: 0"))
-    assert httpx.post(url + "/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"}).status_code == 200
-    fixed = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+    assert served.client.post("/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"}).status_code == 200
+    fixed = served.client.post("/v1/chat/completions", timeout=30, json={
         "model": "auto", "messages": [{"role": "user", "content": "a python question"}]})
     assert fixed.headers["x-cascade-pool"] == "flagship"
 

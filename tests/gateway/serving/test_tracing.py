@@ -5,7 +5,7 @@ whose traceparent the engine receives; off without an endpoint; a malformed trac
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +17,21 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.app import create_app
 from gateway.serving.tracing import tracing_from_env
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import policy_yaml
+from tests.conftest import Upstreams, policy_yaml
 from tests.servers import serve
 
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 SECRET = "the zebra-plum merger terms"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 class Receiver:
-    """An OTLP/HTTP trace receiver: POST /v1/traces (protobuf), spans kept as dicts."""
+    """An OTLP/HTTP trace receiver: POST /v1/traces (protobuf), spans kept as dicts (only those of `trace_ids` when
+    given: a receiver of a whole session's engines keeps what its tests look for)."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace_ids: Collection[str] | None = None) -> None:
         self.spans: list[dict[str, Any]] = []
+        self.trace_ids = trace_ids
+        self.url = ""  # its base URL, where a fixture that serves it says
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,6 +44,8 @@ class Receiver:
         for resource in request.resource_spans:
             for scoped in resource.scope_spans:
                 for span in scoped.spans:
+                    if self.trace_ids is not None and span.trace_id.hex() not in self.trace_ids:
+                        continue
                     attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
                     self.spans.append({"name": span.name, "trace_id": span.trace_id.hex(), "kind": span.kind,
                                        "span_id": span.span_id.hex(), "parent": span.parent_span_id.hex(),

@@ -6,9 +6,7 @@ working and issued keys to their tenant's `on_redis_outage`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -16,20 +14,16 @@ import orjson
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.api.app import create_app
 from gateway.api.auth import KeyAuth, hash_key
 from gateway.cli.main import main
 from gateway.errors import AdmissionUnavailable, AuthenticationError
-from gateway.settings import Settings
 from gateway.tenancy.api_keys import ApiKey
-from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import load_policy
-from tests.conftest import SHARED_URL, policy_yaml
-from tests.servers import serve
+from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, policy_yaml
+from tests.harness import Gateway
 
 pytestmark = pytest.mark.redis
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 ADMIN = "test-admin-key"
 TENANTS = f"""tenants:
   acme: {{api_key_sha256: ['{hash_key("sk-policy")}'], rate_limits: {{requests_per_minute: 50}}}}
@@ -38,26 +32,23 @@ TENANTS = f"""tenants:
 
 
 @pytest.fixture
-def gateways(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[list[str]]:
-    """Two gateways on one Redis prefix (as two processes of a deployment would be)."""
-    _, micro_url, _, flagship_url = upstreams
+def gateways(make_gateway: GatewayFactory, tmp_path: Path, fake_upstreams: Upstreams, prefix: str) -> list[Gateway]:
+    """Two gateways on one Redis prefix (as two processes of a deployment would be), in-process."""
+    _, micro_url, _, flagship_url = fake_upstreams
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml(micro_url, flagship_url) + TENANTS)
-    with ExitStack() as stack:
-        urls = [stack.enter_context(serve(create_app(Settings(
-            policy_path=policy, scorer="none", start_engines=False, ledger="redis", redis_prefix=prefix,
-            home=tmp_path / f"gw{i}", admin_key=ADMIN, access_log=None)))) for i in range(2)]
-        yield urls
+    return [make_gateway(policy, scorer="none", ledger="redis", redis_prefix=prefix, admin_key=ADMIN,
+                         access_log=None) for _ in range(2)]
 
 
-def _post(url: str, key: str) -> httpx.Response:
+def _post(gateway: Gateway, key: str) -> httpx.Response:
     body = {"model": "micro", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"},
-                      timeout=60)
+    return gateway.client.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"},
+                               timeout=60)
 
 
 def test_created_key_is_served_at_once_and_refused_within_a_second_of_revoke(
-        gateways: list[str], prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        gateways: list[Gateway], prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy = str(tmp_path / "policy.yaml")
     assert main(["keys", "create", "--tenant", "acme", "--name", "ci", "--rpm", "2", "--prefix", prefix,
                  "--policy", policy]) == 0
@@ -65,7 +56,7 @@ def test_created_key_is_served_at_once_and_refused_within_a_second_of_revoke(
     key = out[-1]
     key_id = hash_key(key)[:12]
     assert key.startswith("sk-cascade-") and key_id in out[0] and "rpm=2" in out[0]
-    assert [_post(url, key).status_code for url in gateways] == [200, 200]  # served at once, by both
+    assert [_post(gateway, key).status_code for gateway in gateways] == [200, 200]  # served at once, by both
     limited = _post(gateways[0], key)  # its own 2 a minute, inside the tenant's 50
     assert limited.status_code == 429 and f"API key '{key_id}' of tenant 'acme'" in limited.json()["error"]["message"]
     assert _post(gateways[1], "sk-policy").status_code == 200  # the tenant's own limit is not spent
@@ -74,9 +65,9 @@ def test_created_key_is_served_at_once_and_refused_within_a_second_of_revoke(
     assert key_id in listed and "state=active" in listed and key not in listed
     assert main(["keys", "revoke", key_id, "--prefix", prefix]) == 0
     revoked_at = time.monotonic()
-    codes = {url: 0 for url in gateways}
+    codes = {i: 0 for i in range(len(gateways))}
     while time.monotonic() - revoked_at < 1.0 and set(codes.values()) != {401}:
-        codes = {url: _post(url, key).status_code for url in gateways}
+        codes = {i: _post(gateway, key).status_code for i, gateway in enumerate(gateways)}
     assert set(codes.values()) == {401} and time.monotonic() - revoked_at < 1.0, codes
     assert "is revoked" in _post(gateways[0], key).json()["error"]["message"]
     assert main(["keys", "revoke", "nosuchkeyid0", "--prefix", prefix]) == 1
@@ -89,20 +80,20 @@ def test_created_key_is_served_at_once_and_refused_within_a_second_of_revoke(
     assert sorted(r["key_id"] for r in records) == sorted([key_id] * 2 + [hash_key("sk-policy")[:12]])
 
 
-def test_admin_keys_create_list_and_revoke(gateways: list[str]) -> None:
+def test_admin_keys_create_list_and_revoke(gateways: list[Gateway]) -> None:
     admin = {"authorization": f"Bearer {ADMIN}"}
-    url = gateways[0] + "/admin/keys"
-    assert httpx.post(url, json={"tenant": "acme"}).status_code == 401
-    assert httpx.post(url, json={"tenant": "nobody"}, headers=admin).status_code == 400
-    made = httpx.post(url, json={"tenant": "acme", "name": "etl", "expires_at": time.time() + 3600}, headers=admin)
+    client, url = gateways[0].client, "/admin/keys"
+    assert client.post(url, json={"tenant": "acme"}).status_code == 401
+    assert client.post(url, json={"tenant": "nobody"}, headers=admin).status_code == 400
+    made = client.post(url, json={"tenant": "acme", "name": "etl", "expires_at": time.time() + 3600}, headers=admin)
     assert made.status_code == 201
     key, key_id = made.json()["key"], made.json()["id"]
     assert _post(gateways[1], key).status_code == 200
-    listed = httpx.get(url + "?tenant=acme", headers=admin).json()["data"]
+    listed = client.get(url + "?tenant=acme", headers=admin).json()["data"]
     assert [k["id"] for k in listed] == [key_id] and "key" not in listed[0]
-    assert httpx.delete(f"{url}/{key_id}", headers=admin).json()["revoked_at"] is not None
-    assert httpx.delete(f"{url}/nosuchkeyid0", headers=admin).status_code == 404
-    expired = httpx.post(url, json={"tenant": "acme", "expires_at": time.time() - 1}, headers=admin).json()["key"]
+    assert client.delete(f"{url}/{key_id}", headers=admin).json()["revoked_at"] is not None
+    assert client.delete(f"{url}/nosuchkeyid0", headers=admin).status_code == 404
+    expired = client.post(url, json={"tenant": "acme", "expires_at": time.time() - 1}, headers=admin).json()["key"]
     assert _post(gateways[0], expired).status_code == 401 and _post(gateways[0], "sk-unknown").status_code == 401
 
 
@@ -141,10 +132,10 @@ async def test_redis_outage_policy_keys_work_issued_keys_follow_the_tenant(tmp_p
         await auth.identify(policy, "Bearer sk-never-seen")
 
 
-def test_a_keys_daily_budget_and_its_spend_in_the_report(gateways: list[str], prefix: str,
+def test_a_keys_daily_budget_and_its_spend_in_the_report(gateways: list[Gateway], prefix: str,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     admin = {"authorization": f"Bearer {ADMIN}"}
-    made = httpx.post(gateways[0] + "/admin/keys", json={"tenant": "acme", "daily_usd": "0.000001"},
+    made = gateways[0].client.post("/admin/keys", json={"tenant": "acme", "daily_usd": "0.000001"},
                       headers=admin).json()
     key, key_id = made["key"], made["id"]
     deadline = time.monotonic() + 10

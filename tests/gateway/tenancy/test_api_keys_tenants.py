@@ -18,12 +18,10 @@ from gateway.api.auth import hash_key
 from gateway.cli.main import main
 from gateway.ledger.keys import LedgerKeys
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
-from tests.conftest import SHARED_URL, policy_yaml
+from tests.conftest import SHARED_URL, Upstreams, policy_yaml
 from tests.servers import serve, until
 
 pytestmark = pytest.mark.redis
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 ADMIN = "test-admin-key"
 TENANTS = f"""tenants:
   acme: {{api_key_sha256: ['{hash_key("sk-policy")}']}}

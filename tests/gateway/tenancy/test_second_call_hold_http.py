@@ -17,8 +17,8 @@ from gateway.api.auth import hash_key
 from gateway.ledger.keys import LedgerKeys
 from gateway.settings import Settings
 from loadtest.scenarios.chaos_figures import ledger_records
-from tests.conftest import SHARED_URL, delete_prefix, policy_yaml
-from tests.gateway.serving.test_cascade import CASCADE, Upstreams, _body
+from tests.conftest import SHARED_URL, Upstreams, delete_prefix, policy_yaml
+from tests.gateway.serving.test_cascade import CASCADE, _body
 from tests.servers import serve, until
 
 pytestmark = pytest.mark.redis

@@ -28,7 +28,6 @@ import pytest
 from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.settings import Settings
-from loadtest.fake_upstream import FakeUpstream
 from router_models.embedders.onnx_minilm import default_cache_dir
 from router_models.serving.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact
 from router_models.serving.artifact_store import ArtifactStore
@@ -36,7 +35,7 @@ from router_models.training.exit_codes import NOT_BETTER
 from router_models.training.labels import examples_from_rows, split_held_back
 from router_models.training.ledger_labels import read_ledger_labels
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR
-from tests.conftest import delete_prefix, policy_yaml
+from tests.conftest import Upstreams, delete_prefix, policy_yaml
 from tests.servers import ROOT, free_port, serve
 
 # A Redis database no other test uses, and a key prefix of this run's own (`ledger`, passed to `cascade router train
@@ -52,7 +51,6 @@ learning:
   keep_prompts: {{sample: 1.0, ttl_days: 1}}
 """
 VERDICT = re.compile(r"candidate APGR (\d\.\d{4}) vs current (\d\.\d{4}) \(([+-]\d\.\d{4})\) on (.+)")
-Upstreams = tuple[FakeUpstream, str, FakeUpstream, str]
 
 pytestmark = [
     pytest.mark.redis,
