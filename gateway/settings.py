@@ -68,12 +68,13 @@ class Settings:
     policy_watch_interval_s: float = 2.0  # 0 disables reloading on file change
     request_log: Path | None = None  # JSONL replay log (holds prompts: off unless set)
     request_log_sample: float = 1.0  # the share of requests the replay log keeps, in (0, 1]
-    access_log: str | None = "-"  # one JSON line per request, no text (`gateway.serving.access_log`): "-" stdout
+    access_log: str | None = "-"  # one JSON line per request, no text (`gateway.serving.records.access_log`): "-"
+                                  # stdout
     access_log_sample: float = 1.0  # share of requests that get an access line
     access_log_buffer: int = 10_000  # access lines queued for a slow reader; more are dropped and counted
     router_artifact: Path | None = None  # None: $CASCADE_ROUTER_ARTIFACT, else the last promoted, else shipped
     router_overflow: str = field(default_factory=lambda: os.environ.get(OVERFLOW_ENV) or OVERFLOW_DEFAULT)
-    # freeze the long-lived heap out of the cyclic collector (gateway.control.gc_pauses): `cascade serve` turns it
+    # freeze the long-lived heap out of the cyclic collector (gateway.telemetry.gc_pauses): `cascade serve` turns it
     # on, its process being the gateway's own; an app built inside another process (tests, a host app) leaves
     # that process's heap alone
     gc_freeze: bool = False

@@ -1,7 +1,7 @@
 """Replicas that follow load: a local pool's `autoscale:` block, as ops write it.
 
 The gateway that runs the pool's engines adds a replica while the pool is under pressure, and drains and stops
-one after it has been idle (`gateway.control.autoscale`). Pressure is read from the same signals as the
+one after it has been idle (`gateway.control.fleet.autoscale`). Pressure is read from the same signals as the
 degradation ladder's (`policies.ladder_schema`), with the same meaning and units, so that a policy can say that
 growing comes before shedding: each bound must be below the `enter_above` of every ladder step that watches the
 same signal on the same pool (`policies.checks`).

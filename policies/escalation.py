@@ -12,7 +12,7 @@ confidence. In order, the micro answer is kept (`Escalation.pool` None, `held` s
 
 Otherwise the target is the flagship pool, or where the ladder moves its traffic when the tenant may use
 that pool (as in `policies.decide`: a move to a pool the tenant may not use is not taken). Waking an
-on-demand target, and a target with no replica, are the gateway's (`gateway.serving.cascade_flow`).
+on-demand target, and a target with no replica, are the gateway's (`gateway.serving.sending.cascade_flow`).
 """
 
 from __future__ import annotations

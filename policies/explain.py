@@ -3,8 +3,8 @@
 `explain(loaded, ctx, score)` returns an `Explanation`; `render_explanation` turns it into the text
 `cascade policy explain` prints. Its route is the decision's (`policies.decide.RouteStep`: what `x-cascade-route`
 shows) and the gateway's context step on the prompt's token count as `ctx` gives it (estimated from its characters
-unless counted): a request too long for its pool moves to the other tier, as `gateway.serving.context_fit` moves it.
-Steps that depend on the pools' state while serving (on-demand fallback, failover, canary, cascade, cache, output
+unless counted): a request too long for its pool moves to the other tier, as `gateway.serving.routing.context_fit` moves
+it. Steps that depend on the pools' state while serving (on-demand fallback, failover, canary, cascade, cache, output
 checks) are not shown. Computing the score (the classifier) and the engine command are the
 caller's (see `gateway.cli.policy`), so this module stays free of models and processes.
 """

@@ -39,7 +39,7 @@ class PolicyError(Exception):
 class LoadedPolicy:
     """A checked policy with its identity: `version` is the content hash every decision carries. `placements`: each
     tier's placement on the pool map, by pool (opaque here: the gateway loads them beside the policy and swaps them
-    with it, `gateway.serving.placements`); empty until loaded."""
+    with it, `gateway.serving.routing.placements`); empty until loaded."""
 
     policy: Policy
     version: str

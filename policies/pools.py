@@ -109,7 +109,7 @@ class ReplicaChoice(Frozen):
 
 class CanaryGuard(Frozen):
     """Roll a canary back by itself when, over its last `window_s` seconds and at least `min_requests` requests,
-    its error rate or its p95 time to first token passes a bound (`gateway.control.canaries.CanaryGuard`)."""
+    its error rate or its p95 time to first token passes a bound (`gateway.control.fleet.canaries.CanaryGuard`)."""
 
     max_error_rate: float | None = Field(default=None, gt=0, le=1, description="share of the canary's requests "
                                          "that failed (no replica, an engine error, a broken stream)")
@@ -229,7 +229,7 @@ class RemotePool(Frozen):
                                                "(policies.output_checks)")
     responses: Literal["native", "chat"] = Field(default="native", description=(
         "how /v1/responses reaches the servers: native (they serve /v1/responses, as vLLM does) or chat (they "
-        "speak chat completions only: the gateway translates, statelessly; gateway.serving.responses_chat)"))
+        "speak chat completions only: the gateway translates, statelessly; gateway.serving.sending.responses_chat)"))
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     replica_choice: ReplicaChoice = Field(default_factory=ReplicaChoice, description="how a new request picks "
                                           "its replica: weights of in-flight, running, queued and KV cache load")
@@ -245,7 +245,7 @@ class RemotePool(Frozen):
         "servers again to be counted"))
     context_tokens: int | None = Field(default=None, ge=64, description=(
         "the servers' context window (prompt and completion together, in tokens): a request that does not fit "
-        "goes to the other tier or gets a 400 (gateway.serving.context_fit); unset: not checked here"))
+        "goes to the other tier or gets a 400 (gateway.serving.routing.context_fit); unset: not checked here"))
     required_for_ready: bool = Field(default=False, description=(
         "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: no (a cloud "
         "outage must not take every gateway out of service). An optional pool that is down is reported as "

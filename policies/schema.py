@@ -161,4 +161,4 @@ class Policy(Frozen):
     default_max_tokens: int | None = Field(default=None, ge=1, description=(
         "the completion limit (tokens per choice) the gateway sends for a request that sets none, and that the "
         "tenant's budget holds; at most the context left after the prompt, which applies alone when this is unset "
-        "(gateway.serving.completion_limit). It must be below every pool's context"))
+        "(gateway.serving.routing.completion_limit). It must be below every pool's context"))

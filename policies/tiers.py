@@ -3,7 +3,7 @@ with the best trade of predicted quality against expected cost. Pure: no I/O, no
 
 Contract:
 - A tier's `TierEstimate` is its predicted quality (P(good answer) in [0, 1], from the pool map and the pool's
-  placement: the gateway's, `gateway.serving.tier_trade`) and its expected cost in USD: the pool's prices times
+  placement: the gateway's, `gateway.serving.routing.tier_trade`) and its expected cost in USD: the pool's prices times
   the request's prompt tokens and the pool's expected completion tokens (`expected_completion`). Expected cost is a
   prediction compared with quality, not money spent, so it is a float; what a request costs is still integer
   micro-USD in its record.
@@ -12,7 +12,7 @@ Contract:
   the cheaper tier (the earlier one).
 - `solve_tradeoff` sets the tradeoff on a window of requests so that their mean expected cost per 1,000 requests
   is at most a target (`routing.cost_per_1k`): the gateway holds it live across workers
-  (`gateway.control.live_tradeoff`), `cascade router route --cost-per-1k` on its input.
+  (`gateway.control.adaptation.live_tradeoff`), `cascade router route --cost-per-1k` on its input.
 - A label memory moves a tiers trade by its labels per pool (`moved`): each tier's predicted quality by that tier's
   own labels near the request (`router_models.serving.pool_labels`; a label of the micro and flagship quality
   labels the first and the last tier). A memory written before labels per pool records only gaps; it moves the

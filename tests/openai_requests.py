@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.schema import ChatRequest
 
 __all__ = ["from_schema", "requests"]
 

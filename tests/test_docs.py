@@ -17,8 +17,8 @@ def test_the_readme_is_at_most_220_lines_and_its_local_links_resolve() -> None:
     assert missing == []
 
 
-def test_no_module_of_gateway_control_is_over_400_lines() -> None:
-    modules = sorted((ROOT / "gateway" / "control").glob("*.py"))
-    assert len(modules) > 15
+def test_no_module_of_gateway_is_over_400_lines() -> None:
+    modules = sorted((ROOT / "gateway").rglob("*.py"))
+    assert len(modules) > 100
     long = {m.name: n for m in modules if (n := len(m.read_text().splitlines())) > 400}
     assert long == {}

@@ -2,7 +2,8 @@
 
 Accepted lines (one JSON object each; blank lines skipped):
 
-- a request-log line (``gateway.serving.request_log``): ``{"request": {"messages": [...]}, "pool": "flagship", ...}``;
+- a request-log line (``gateway.serving.records.request_log``):
+  ``{"request": {"messages": [...]}, "pool": "flagship", ...}``;
 - a chat: ``{"messages": [{"role": "user", "content": "..."}]}``;
 - plain text: ``{"text": "..."}`` or ``{"prompt": "..."}``.
 

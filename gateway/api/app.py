@@ -29,20 +29,20 @@ from gateway.api.chat import endpoint_apps
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
-from gateway.control.file_watch import FileWatcher
-from gateway.control.gc_pauses import GcPauses, freeze_heap
-from gateway.control.live_threshold import routing_state
-from gateway.control.loop_lag import LoopLag
-from gateway.control.metrics import CONTENT_TYPE
-from gateway.control.router_swap import watched_paths
-from gateway.control.worker_gauges import worker_label
+from gateway.control.adaptation.live_threshold import routing_state
+from gateway.control.policy.file_watch import FileWatcher
 from gateway.errors import (
     AuthenticationError,
     BadRequest,
     GatewayError,
     error_body,
 )
+from gateway.serving.routing.router_swap import watched_paths
 from gateway.settings import Settings
+from gateway.telemetry.gc_pauses import GcPauses, freeze_heap
+from gateway.telemetry.loop_lag import LoopLag
+from gateway.telemetry.metrics import CONTENT_TYPE
+from gateway.telemetry.worker_gauges import worker_label
 from policies.decide import AUTO_MODEL, rule_models
 from policies.loader import PolicyError
 
@@ -97,7 +97,7 @@ async def readyz(request: Request) -> Response:
     """503 while Redis is down, a pool required for readiness has no ready replica, or no pool at all can
     take requests. `status` is "degraded" (200) when an optional pool (remote and on-demand ones by default) is
     down, or when the policy file no longer holds the version this process serves (`policy`: an edit rejected or
-    not applied yet; `gateway.control.policy_file`). Each worker answers for itself (`worker`)."""
+    not applied yet; `gateway.control.policy.policy_file`). Each worker answers for itself (`worker`)."""
     runtime = _runtime(request)
     pools = runtime.pool_set.readiness()  # a sleeping on-demand pool counts as ready
     required = runtime.pool_set.required_for_ready()

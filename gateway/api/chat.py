@@ -3,7 +3,7 @@
 It skips Starlette's request objects and middleware stack (measured: a tenth of the gateway's CPU per
 request), and does exactly what a Starlette handler would: parse, call the service, render, with every
 error as the OpenAI envelope and never a stack trace. The three endpoints differ only in their parser
-(`gateway.serving.endpoints`): the same service routes, admits, prices and records them.
+(`gateway.serving.openai.endpoints`): the same service routes, admits, prices and records them.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.auth import key_id
 from gateway.api.runtime import Runtime
 from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, error_body
-from gateway.serving.completions_schema import parse_completions_request
-from gateway.serving.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint, NativeBody
-from gateway.serving.forwarding import JSONReply, StreamReply
-from gateway.serving.responses_schema import parse_responses_request
-from gateway.serving.schema import ChatRequest, parse_chat_request
-from gateway.serving.streaming import SSEResponse
+from gateway.serving.openai.completions_schema import parse_completions_request
+from gateway.serving.openai.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint, NativeBody
+from gateway.serving.openai.responses_schema import parse_responses_request
+from gateway.serving.openai.schema import ChatRequest, parse_chat_request
+from gateway.serving.sending.forwarding import JSONReply, StreamReply
+from gateway.serving.sending.streaming import SSEResponse
 from gateway.tenancy.api_keys import ApiKey
 from policies.decide import RouteDecision, route_text
 from policies.tiers import estimates_text

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.learning.feedback import Feedback
-from gateway.serving.completions_schema import CompletionsRequest
-from gateway.serving.responses_schema import ResponsesRequest
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.completions_schema import CompletionsRequest
+from gateway.serving.openai.responses_schema import ResponsesRequest
+from gateway.serving.openai.schema import ChatRequest
 
 __all__ = ["ERROR_SCHEMA", "build_openapi"]
 
@@ -94,7 +94,7 @@ _READY: dict[str, Any] = {
                    "policy served"},
         "worker": {"type": "string", "description": "the answering process: its index under --workers, else its pid"},
         "policy": {"type": ["object", "null"], "description": "the policy file beside the policy served "
-                   "(gateway/control/policy_file.py)", "properties": {
+                   "(gateway/control/policy/policy_file.py)", "properties": {
                        "source": {"type": "string"}, "served_version": {"type": "string"},
                        "served_since": {"type": "number"}, "file_version": {"type": ["string", "null"]},
                        "matches_file": {"type": "boolean"}, "last_reload_at": {"type": ["number", "null"]},

@@ -21,22 +21,17 @@ from gateway.caching.answer_cache import AnswerCache
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
 from gateway.checking.judge import OutputChecker
-from gateway.control.autoscale import Autoscaler
-from gateway.control.degradation import DegradationMonitor
-from gateway.control.drift_sync import DriftSync
-from gateway.control.gc_pauses import freeze_heap
-from gateway.control.ladder_sync import LadderSync
-from gateway.control.live_threshold import LiveThreshold, start_live_threshold
-from gateway.control.live_tradeoff import LiveTradeoff, start_live_tradeoff
-from gateway.control.metrics import GatewayMetrics
-from gateway.control.on_demand import OnDemandGate
-from gateway.control.on_demand_shared import WorkerEngines
-from gateway.control.policy_file import PolicyFile
-from gateway.control.policy_holder import PolicyHolder
-from gateway.control.pool_build import engine_load_read
-from gateway.control.pool_set import PoolSet
-from gateway.control.router_swap import RouterSwap, make_scorer
-from gateway.control.scoring_metrics import truncation_counter
+from gateway.control.adaptation.degradation import DegradationMonitor
+from gateway.control.adaptation.ladder_sync import LadderSync
+from gateway.control.adaptation.live_threshold import LiveThreshold, start_live_threshold
+from gateway.control.adaptation.live_tradeoff import LiveTradeoff, start_live_tradeoff
+from gateway.control.fleet.autoscale import Autoscaler
+from gateway.control.fleet.on_demand import OnDemandGate
+from gateway.control.fleet.on_demand_shared import WorkerEngines
+from gateway.control.fleet.pool_build import engine_load_read
+from gateway.control.fleet.pool_set import PoolSet
+from gateway.control.policy.policy_file import PolicyFile
+from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.learning.feedback import FeedbackService
 from gateway.learning.loop import LearningTap
 from gateway.learning.retrain import LedgerLabelIds, RetrainSchedule, check_retrain
@@ -45,18 +40,23 @@ from gateway.learning.store import LearningStore
 from gateway.learning.train_process import TrainerProcess, TrainResult
 from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
 from gateway.redis_client import close_quietly, redis_from_url
-from gateway.serving.access_log import AccessLog
-from gateway.serving.accounting import Accountant
-from gateway.serving.forwarding import Forwarder, Recording
-from gateway.serving.label_memories import LabelMemories
-from gateway.serving.placements import with_placements
-from gateway.serving.proxy import Proxy
-from gateway.serving.request_log import RequestLog
-from gateway.serving.router import RequestRouter
+from gateway.serving.records.access_log import AccessLog
+from gateway.serving.records.accounting import Accountant
+from gateway.serving.records.request_log import RequestLog
+from gateway.serving.records.tracing import Tracing, tracing_from_env
+from gateway.serving.routing.drift_sync import DriftSync
+from gateway.serving.routing.label_memories import LabelMemories
+from gateway.serving.routing.placements import with_placements
+from gateway.serving.routing.router import RequestRouter
+from gateway.serving.routing.router_swap import RouterSwap, make_scorer
+from gateway.serving.routing.versions import PoolVersions
+from gateway.serving.sending.forwarding import Forwarder, Recording
+from gateway.serving.sending.proxy import Proxy
 from gateway.serving.service import ChatService, ServingParts
-from gateway.serving.tracing import Tracing, tracing_from_env
-from gateway.serving.versions import PoolVersions
 from gateway.settings import Settings
+from gateway.telemetry.gc_pauses import freeze_heap
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.scoring_metrics import truncation_counter
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.api_keys import KeyStore
 from gateway.tenancy.budgets import BudgetGuard
@@ -197,7 +197,7 @@ async def _make_ledger(settings: Settings) -> Ledger:
 
 def _on_demand(pool_set: PoolSet, metrics: GatewayMetrics) -> OnDemandGate:
     """The scale-to-zero gate: this process's own, or under `--workers N` (a pool set following the parent's
-    registry) one that asks the parent, which decides for every worker (`gateway.control.on_demand_shared`)."""
+    registry) one that asks the parent, which decides for every worker (`gateway.control.fleet.on_demand_shared`)."""
     if pool_set.registry is None:
         gate = OnDemandGate(pool_set)
         gate.start()

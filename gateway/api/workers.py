@@ -10,12 +10,12 @@ Design:
   (`backends.engines.registry`, in `<home>/engines`) and every worker follows it. Each
   binds its own listening socket with SO_REUSEPORT, so the kernel spreads connections over the workers.
 - Everything that must be one across workers lives in Redis: the ledger, budgets, rate limits and the
-  degradation ladder (one leader decides for all, `gateway.control.ladder_sync`). Each worker has its own state
-  folder `<home>/workers/<i>` (its ledger outbox, which takes a file lock) and, with `--request-log F`,
+  degradation ladder (one leader decides for all, `gateway.control.adaptation.ladder_sync`). Each worker has its own
+  state folder `<home>/workers/<i>` (its ledger outbox, which takes a file lock) and, with `--request-log F`,
   its own log `F.<i>`.
 - `/metrics` of any worker is the sum over all workers: the parent empties `<home>/metrics` and starts each
   worker with `PROMETHEUS_MULTIPROC_DIR` set to it (prometheus_client's multiprocess mode,
-  `gateway.control.metrics`), never the engines (vLLM would write its own metrics there); a dead worker's
+  `gateway.telemetry.metrics`), never the engines (vLLM would write its own metrics there); a dead worker's
   counters stay in the sum, its live gauges (`cascade_replica_in_flight` among them) are dropped. Each worker
   gets its index in `CASCADE_WORKER`: the `worker` label of the gauges that hold its own view. The parent,
   which alone supervises the engines, counts their restarts into that folder itself
@@ -27,7 +27,7 @@ Design:
   file itself, and drains a replica on the workers' own in-flight counts (read from the metrics folder).
 
 - Scale to zero: the parent wakes an on-demand pool when any worker asks and stops it once no worker has used it
-  for its idle period (`gateway.control.on_demand_shared`); each worker waits for it or takes its cold fallback.
+  for its idle period (`gateway.control.fleet.on_demand_shared`); each worker waits for it or takes its cold fallback.
 
 Limits: `POST /admin/policy/reload` reaches the worker that answers it and, through the file, the
 parent's watcher: an engine change applies on the parent's next look at the file (`policy_watch_interval_s`),
@@ -55,9 +55,9 @@ from backends.engines.args import engine_command
 from backends.engines.registry import REGISTRY_ENV
 from backends.engines.supervisor import CommandFactory, choose_ports
 from gateway.control.engine_host import EngineHost
-from gateway.control.metrics_dir import MULTIPROC_ENV, prepare_multiprocess_dir, worker_exited
-from gateway.control.worker_gauges import WORKER_ENV
 from gateway.settings import Settings
+from gateway.telemetry.metrics_dir import MULTIPROC_ENV, prepare_multiprocess_dir, worker_exited
+from gateway.telemetry.worker_gauges import WORKER_ENV
 from policies.loader import load_policy
 from policies.schema import LocalPool
 
@@ -87,8 +87,8 @@ def _worker_main(settings: Settings, host: str, port: int, log_level: str, json_
     import uvicorn
 
     from gateway.api.app import create_app
-    from gateway.control.blas_threads import one_blas_thread
     from gateway.logs import configure_logging
+    from router_models.serving.blas_threads import one_blas_thread
 
     configure_logging(log_level, json=json_logs)
     sock = reuse_port_socket(host, port)

@@ -35,14 +35,14 @@ from gateway.caching.replies import answer_body, stream_relay
 from gateway.caching.store import CacheUnavailable, RedisCacheStore
 from gateway.caching.vectors import encode_row, nearest, quantise
 from gateway.checking.judge import CHECK_HEADER
-from gateway.control.metrics import GatewayMetrics
-from gateway.serving.accounting import Accountant, RequestFacts
-from gateway.serving.assemble import assemble_events
-from gateway.serving.forwarding import JSONReply, StreamReply
-from gateway.serving.router import RequestRouter
-from gateway.serving.schema import ChatRequest
-from gateway.serving.streaming import StreamRelay
-from gateway.serving.usage import Usage, usage_from_json
+from gateway.serving.openai.schema import ChatRequest
+from gateway.serving.openai.usage import Usage, usage_from_json
+from gateway.serving.records.accounting import Accountant, RequestFacts
+from gateway.serving.routing.router import RequestRouter
+from gateway.serving.sending.assemble import assemble_events
+from gateway.serving.sending.forwarding import JSONReply, StreamReply
+from gateway.serving.sending.streaming import StreamRelay
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.cache import ResponseCache
 from policies.schema import Policy
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.serving.usage import Usage
+from gateway.serving.openai.usage import Usage
 
 __all__ = ["CacheEntry", "CorruptEntry", "decode", "encode", "entry_of"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from gateway.caching.entry import CacheEntry
-from gateway.serving.streaming import StreamRelay
+from gateway.serving.sending.streaming import StreamRelay
 
 __all__ = ["answer_body", "sse_events", "stream_relay"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.checking.checks import applies, empty_ok, json_ok, repetition_ok, tool_calls_ok
-from gateway.control.metrics import GatewayMetrics
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.decide import RouteDecision
 from policies.output_checks import CheckAction, Repetition, resolve
 from policies.schema import Policy
@@ -64,8 +64,8 @@ def _strength(action: str) -> int:
 @dataclass(frozen=True, slots=True)
 class Rejection:
     """An answer failed a check whose action (`action`: "escalate" or "retry") replaces it. It has been recorded
-    in the ledger as discarded; the reply that carries it (`gateway.serving.forwarding.JSONReply.rejected`) holds
-    the answer and its decision, served flagged if the replacement cannot be had."""
+    in the ledger as discarded; the reply that carries it (`gateway.serving.sending.forwarding.JSONReply.rejected`)
+    holds the answer and its decision, served flagged if the replacement cannot be had."""
 
     action: CheckAction
     verdict: Verdict

@@ -42,7 +42,7 @@ def _load(path: str) -> LoadedPolicy | None:
     """The policy at `path` checked as `cascade serve` would check it here: the file, then what this machine
     has (quantized checkpoints within their ceilings). Prints every problem and returns None if any."""
     from backends.machine_checks import checked_here
-    from gateway.serving.placements import with_placements
+    from gateway.serving.routing.placements import with_placements
 
     try:
         return checked_here(with_placements(load_policy(path)))

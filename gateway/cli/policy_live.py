@@ -1,10 +1,10 @@
 """What a running gateway serves, for `cascade policy status` and `cascade policy explain --gateway|--redis-url`.
 
-- `status --gateway URL`: the answering process's `/readyz` (`gateway.control.policy_file`): the version it serves and
-  since when, the version the file holds now, the last reload's error with every problem, and the routing threshold
-  it uses and where it came from. Exit 0 when the file holds the version served, 1 when it does not (an edit rejected
-  or not applied yet: what runs is the policy before), 2 when the gateway cannot be asked. Under `--workers N` each
-  answer is one worker's (it names itself); every worker reloads by itself.
+- `status --gateway URL`: the answering process's `/readyz` (`gateway.control.policy.policy_file`): the version it
+  serves and since when, the version the file holds now, the last reload's error with every problem, and the routing
+  threshold it uses and where it came from. Exit 0 when the file holds the version served, 1 when it does not (an edit
+  rejected or not applied yet: what runs is the policy before), 2 when the gateway cannot be asked. Under `--workers N`
+  each answer is one worker's (it names itself); every worker reloads by itself.
 - The threshold a gateway uses (`gateway_threshold`), asked from its `/readyz` or worked out from its Redis (the
   shared score window and the ladder's active steps, as every gateway process computes it).
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from gateway.control.ladder_sync import LadderSync
-from gateway.control.live_threshold import WindowState, window_key, window_state
+from gateway.control.adaptation.ladder_sync import LadderSync
+from gateway.control.adaptation.live_threshold import WindowState, window_key, window_state
 from gateway.redis_client import run_with_redis
 from policies.ladder_schema import RaiseThreshold
 from policies.loader import LoadedPolicy

@@ -1,9 +1,9 @@
 """What `cascade policy explain` predicts for each tier of a `routing.tiers` policy: the gateway's own estimates
-(`gateway.serving.tier_trade`) from the shipped classifier's feature row and pool map, or qualities given with
+(`gateway.serving.routing.tier_trade`) from the shipped classifier's feature row and pool map, or qualities given with
 `--quality POOL=Q,...`; the tradeoff is `--tradeoff`, else the policy's (a `cost_per_1k` policy: solved on this
 request alone, as the gateway does before its window fills).
 
-The predicted estimates are moved by the label memory the gateway would apply (`gateway.serving.label_memories`:
+The predicted estimates are moved by the label memory the gateway would apply (`gateway.serving.routing.label_memories`:
 the policy's `learning.label_memory.scope` for `--tenant`, or `--memory NAME`), read from `--store` (default: the
 served store), exactly as the gateway's router moves them (`LabelMemories.adjust`, then `move_tiers`); each tier's
 move shows beside its quality. A `--memory` that names no memory is refused with the memories there are; a memory
@@ -16,8 +16,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from gateway.serving.placements import with_placements
-from gateway.serving.tier_trade import map_of, tier_estimates
+from gateway.serving.routing.placements import with_placements
+from gateway.serving.routing.tier_trade import map_of, tier_estimates
 from policies.context import RouteContext
 from policies.loader import LoadedPolicy
 from policies.tiers import TierEstimate, Trade, expected_completion, expected_cost_usd, solve_tradeoff
@@ -86,7 +86,7 @@ def _memory_folder(store: Path | None, name: str, given: bool) -> Path | None:
 def _predicted(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: argparse.Namespace) -> _Predicted | None:
     """The gateway's estimates from the shipped classifier, moved by the label memory it would apply (module
     docstring); None: it carries no pool map or keeps no row."""
-    from gateway.serving.label_memories import LabelMemories
+    from gateway.serving.routing.label_memories import LabelMemories
     from router_models.serving.classifier_scorer import load_scorer
     from router_models.serving.scorer import ScorerViews, read_conversation
 

@@ -2,7 +2,7 @@
 
 - `compare POOL`: the pool's engine versions side by side from the ledger (`gateway.costs.versions`).
 - `promote POOL`: the policy file's pool engine becomes its canary's engine and the canary goes; the gateway then
-  makes the running canary the pool without starting anything (`gateway.control.pool_set`).
+  makes the running canary the pool without starting anything (`gateway.control.fleet.pool_set`).
 - `rollback POOL`: the canary goes from the policy file; the gateway drains and stops it.
 
 Both edits touch only that pool's lines (`policies.canary_edit`), are validated before they are kept, and are

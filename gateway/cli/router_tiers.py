@@ -62,7 +62,7 @@ def _load(args: argparse.Namespace) -> tuple[LoadedPolicy, Any]:
     """The policy with its tiers' placements, and the pool map they sit on."""
     import os
 
-    from gateway.serving.placements import with_placements
+    from gateway.serving.routing.placements import with_placements
     from router_models.serving.pool_map import served_pool_map
 
     if args.map is not None:

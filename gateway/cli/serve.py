@@ -18,8 +18,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.api.app import create_app
     from gateway.api.workers import UVICORN_OPTIONS
-    from gateway.control.blas_threads import one_blas_thread
     from gateway.logs import configure_logging
+    from router_models.serving.blas_threads import one_blas_thread
 
     configure_logging(args.log_level, json=args.log_format == "json")
     problem = _startup_problem(Path(args.policy), args.scorer, args.router_artifact, args.router_overflow)
@@ -30,7 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         return _serve_workers(settings, args)
     app = create_app(settings)
-    one_blas_thread()  # this process is the gateway's own (gateway.control.blas_threads)
+    one_blas_thread()  # this process is the gateway's own (router_models.serving.blas_threads)
     uvicorn.run(app, host=args.host, port=args.port, **UVICORN_OPTIONS)
     return 0
 
@@ -88,6 +88,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
                    help="leave the long-lived heap (models, tokenizers, policy) in the cyclic garbage collector; "
                    "by default it is frozen out once start-up is done and after each policy or router swap, so "
-                   "a collection walks only what requests create (gateway.control.gc_pauses; for A/B runs)")
+                   "a collection walks only what requests create (gateway.telemetry.gc_pauses; for A/B runs)")
     add_arguments(p)
     p.set_defaults(func=_serve)

@@ -11,7 +11,7 @@ blue-green and rolling changes, canaries, autoscaling, replicas followed to a ne
   replica left routing and does not hold it. A worker the machine stalls past its probe interval is waited for
   (up to the drain's grace), not assumed to have followed; and not before `DRAIN_FLOOR_S`;
 - on-demand pools (scale to zero) are woken and stopped here on every worker's requests
-  (`gateway.control.on_demand_shared.SharedOnDemand`); their replicas are published once ready, none while asleep;
+  (`gateway.control.fleet.on_demand_shared.SharedOnDemand`); their replicas are published once ready, none while asleep;
 - the autoscaler's signals are the engines' own (KV cache, queue, scraped by the parent's probes) and the
   workers' in-flight count; the gateway's TTFT is not seen here.
 """
@@ -34,15 +34,15 @@ from backends.clients.shared import make_engine_client
 from backends.engines.args import otlp_traces_endpoint
 from backends.engines.registry import publish
 from backends.engines.supervisor import CommandFactory, EngineSupervisor
-from gateway.control.autoscale import Autoscaler
-from gateway.control.degradation import engine_signals
-from gateway.control.file_watch import FileWatcher
-from gateway.control.on_demand_shared import SharedOnDemand, last_requests
-from gateway.control.parent_counters import ParentCounters
-from gateway.control.pool_build import engine_load_read
-from gateway.control.pool_set import PoolSet
-from gateway.control.worker_gauges import WorkerView, still_routing, worker_views
+from gateway.control.adaptation.degradation import engine_signals
+from gateway.control.fleet.autoscale import Autoscaler
+from gateway.control.fleet.on_demand_shared import SharedOnDemand, last_requests
+from gateway.control.fleet.pool_build import engine_load_read
+from gateway.control.fleet.pool_set import PoolSet
+from gateway.control.policy.file_watch import FileWatcher
 from gateway.settings import Settings
+from gateway.telemetry.parent_counters import ParentCounters
+from gateway.telemetry.worker_gauges import WorkerView, still_routing, worker_views
 from policies.loader import LoadedPolicy, load_policy
 
 __all__ = ["DRAIN_FLOOR_S", "EngineHost", "workers_in_flight"]
@@ -87,7 +87,7 @@ class _Recent(Generic[T]):
 
 class EngineHost:
     """Owns the parent's pool set, its watcher, publisher and autoscaler (`start` / `aclose`). Engine restarts
-    and the autoscaler's changes are counted in `metrics_dir` (`gateway.control.parent_counters`), where the
+    and the autoscaler's changes are counted in `metrics_dir` (`gateway.telemetry.parent_counters`), where the
     workers' `/metrics` reads them."""
 
     def __init__(self, settings: Settings, registry: Path, metrics_dir: Path, command: CommandFactory) -> None:

@@ -14,7 +14,7 @@ is (1 - u) * kept + u * that pair: a point when nothing is unlike the training d
 of it is. An approximation (each source's curve as the mean's lift scaled), stated in the output.
 
 A tenant drifts when more than `drift_share` of its scored requests in the report (at least `min_requests`) are
-below the bound: the report names it (the gateway's log does as it happens: `gateway.serving.drift`).
+below the bound: the report names it (the gateway's log does as it happens: `gateway.serving.routing.drift`).
 """
 
 from __future__ import annotations

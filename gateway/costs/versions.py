@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from gateway.control.percentile import nearest_rank
 from gateway.costs.report import stream_records
 from gateway.ledger.keys import LedgerKeys
 from gateway.ledger.record import CostRecord
+from gateway.telemetry.percentile import nearest_rank
 from router_models.training.ledger_labels import LabelKeys
 
 __all__ = ["VersionFigures", "compare_versions", "figures", "render_comparison"]

@@ -39,7 +39,7 @@ class Autoscaling(Frozen):
     gateway's `cascade_replica_in_flight` gauge, served to the HPA by the Prometheus adapter: see
     deploy/k8s/README.md). That gauge means the requests the pod has open to its engines now, whatever the
     number of gateway processes in it: with `cascade serve --workers N` every scrape answers the sum over the
-    pod's live workers (`gateway.control.metrics`), so one target per pod holds for any N.
+    pod's live workers (`gateway.telemetry.metrics`), so one target per pod holds for any N.
     `cpu_utilization` (percent of the CPU request) is a second target; 0 leaves it out.
     """
 

@@ -22,7 +22,7 @@ from gateway.guards.language import detect_language
 from gateway.guards.messages import message_texts, rewrite_texts, user_text
 from gateway.guards.pii import find_pii, redact
 from gateway.guards.size import oversize
-from gateway.serving.schema import ChatMessage, ChatRequest
+from gateway.serving.openai.schema import ChatMessage, ChatRequest
 from policies.guards import PII_KINDS, Guards, PiiGuard
 from policies.schema import Policy
 

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway.control.metrics import GatewayMetrics
 from gateway.errors import BadRequest, GatewayError
 from gateway.learning.store import LearningStore
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.loader import dotted_path
 
 __all__ = ["MAX_BODY_BYTES", "MAX_COMMENT_CHARS", "Feedback", "FeedbackService", "RequestNotFound",

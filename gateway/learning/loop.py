@@ -30,12 +30,12 @@ from typing import Any
 
 import orjson
 
-from gateway.control.metrics import GatewayMetrics
 from gateway.learning.shadow import ShadowComparison, answer_text
 from gateway.learning.store import LearningStore
-from gateway.serving.accounting import Accountant
-from gateway.serving.forwarding import JSONReply, StreamReply
-from gateway.serving.streaming import StreamRelay
+from gateway.serving.records.accounting import Accountant
+from gateway.serving.sending.forwarding import JSONReply, StreamReply
+from gateway.serving.sending.streaming import StreamRelay
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.loader import LoadedPolicy
 from router_models.serving.scorer import read_conversation
 from router_models.training.ledger_labels import shape_fields
@@ -117,7 +117,7 @@ class LearningTap:
 
 
 def _cascade_label(headers: Mapping[str, str]) -> dict[str, str] | None:
-    """The true cascade's weak label from its reply headers (`gateway.serving.cascade.cascade_headers`)."""
+    """The true cascade's weak label from its reply headers (`gateway.serving.sending.cascade.cascade_headers`)."""
     escalated = headers.get("x-cascade-escalated")
     if escalated not in ("true", "false"):
         return None

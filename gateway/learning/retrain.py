@@ -9,7 +9,7 @@ process that gets the store's lock, which checks the time again under it:
    completed training did not see; fewer than `min_new_labels` new: ``skipped``, logged with the counts;
 2. else train in a child process (`gateway.learning.train_process`: ``promoted``, ``not_better`` or
    ``failed``). The training promotes into the artifact store only a candidate better on the held-back labels;
-   the store watcher of every gateway process on it (`gateway.control.router_swap`, `FileWatcher`) then swaps
+   the store watcher of every gateway process on it (`gateway.serving.routing.router_swap`, `FileWatcher`) then swaps
    the new artifact in: checked before it serves, the old one drained. The process that trained also reloads
    at once (`swap`), which covers a gateway that watches no files (`policy_watch_interval_s` 0).
 

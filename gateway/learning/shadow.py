@@ -33,7 +33,6 @@ import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineClient
-from gateway.control.metrics import GatewayMetrics
 from gateway.errors import GatewayError
 from gateway.learning.judge import (
     JUDGE_MAX_TOKENS,
@@ -48,9 +47,10 @@ from gateway.learning.judge import (
 )
 from gateway.learning.store import LearningStore
 from gateway.ledger.keys import LedgerKeys, utc_periods
-from gateway.serving.accounting import Accountant, RequestFacts
-from gateway.serving.forwarding import Forwarder
-from gateway.serving.usage import count_usage, usage_from_json
+from gateway.serving.openai.usage import count_usage, usage_from_json
+from gateway.serving.records.accounting import Accountant, RequestFacts
+from gateway.serving.sending.forwarding import Forwarder
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.decide import RouteDecision, served_model
 from policies.loader import LoadedPolicy
 

@@ -127,7 +127,7 @@ class CostRecord:
     # (`router_models.serving.domain`); None when not scored, scored by the overflow model, by an artifact without
     # a domain reference, or in a record written before the field existed
     completion_limit_tokens: int = 0  # the completion limit (tokens per choice) the gateway sent for a request
-    # that set none (`gateway.serving.completion_limit`); 0 when the client's own limit applied or none was set
+    # that set none (`gateway.serving.routing.completion_limit`); 0 when the client's own limit applied or none was set
     completion_limit_by: str = ""  # why that limit: "default" (the policy's `default_max_tokens`), "context" (the
     # pool's context left after the prompt), "engine" (nothing sent: a local engine stops at the context left by
     # itself), "" (none set)

@@ -1,4 +1,4 @@
-"""The chat-completions service: screen → plan (`gateway.serving.steps`) → send (`gateway.serving.layers`).
+"""The chat-completions service: screen → plan (`gateway.serving.steps`) → send (`gateway.serving.sending.layers`).
 
 HTTP-free: it takes a validated `ChatRequest` and returns a reply for `gateway.api.app` to render. The request's
 path, top to bottom: the tenant's input guards; admission, the first route, each route step and the first call's
@@ -13,17 +13,17 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from gateway.control.policy_holder import PolicyHolder
+from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.errors import BadRequest
 from gateway.guards.screen import InputGuard
 from gateway.learning.loop import LearningTap
-from gateway.serving.calls import Calls
-from gateway.serving.completion_limit import CompletionLimits
-from gateway.serving.endpoints import NativeBody
-from gateway.serving.forwarding import JSONReply, StreamReply
-from gateway.serving.layers import sending_stack
-from gateway.serving.request_context import RequestContext
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.endpoints import NativeBody
+from gateway.serving.openai.schema import ChatRequest
+from gateway.serving.routing.completion_limit import CompletionLimits
+from gateway.serving.routing.request_context import RequestContext
+from gateway.serving.sending.calls import Calls
+from gateway.serving.sending.forwarding import JSONReply, StreamReply
+from gateway.serving.sending.layers import sending_stack
 from gateway.serving.serving_parts import ServingParts
 from gateway.serving.steps import Planner
 from gateway.tenancy.api_keys import ApiKey
@@ -50,7 +50,7 @@ class ChatService:
                      headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
                      key: ApiKey | None = None) -> JSONReply | StreamReply:
         """`native`: the body of a Responses or completions request, whose routing view `request` and `raw` are
-        (`gateway.serving.endpoints`); None for a chat request. `key`: the caller's API key (its limits apply
+        (`gateway.serving.openai.endpoints`); None for a chat request. `key`: the caller's API key (its limits apply
         inside the tenant's; its id goes on the cost records)."""
         # the tenant's input guards, before admission and routing: all that follows sees the redacted body
         screened = self._guard.screen(self._policies.current.policy, tenant, request, raw)

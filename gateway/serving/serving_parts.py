@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.caching.answer_cache import AnswerCache
-from gateway.control.degradation import DegradationMonitor
-from gateway.control.metrics import GatewayMetrics
-from gateway.control.on_demand import Wake
-from gateway.serving.context_fit import ContextFit
-from gateway.serving.forwarding import Forwarder
-from gateway.serving.router import RequestRouter
-from gateway.serving.versions import PoolVersions
+from gateway.control.adaptation.degradation import DegradationMonitor
+from gateway.control.fleet.on_demand import Wake
+from gateway.serving.routing.context_fit import ContextFit
+from gateway.serving.routing.router import RequestRouter
+from gateway.serving.routing.versions import PoolVersions
+from gateway.serving.sending.forwarding import Forwarder
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenancy.admission import Admission
 
 __all__ = ["ServingParts"]
@@ -21,10 +21,10 @@ __all__ = ["ServingParts"]
 @dataclass(frozen=True, slots=True)
 class ServingParts:
     """Shared, not owned, by the request path. `versions` gives each routed request its pool's replicas (the pool's
-    own, or its canary's). `wake(pool)` (scale to zero, `gateway.control.on_demand`) returns the pool that serves
+    own, or its canary's). `wake(pool)` (scale to zero, `gateway.control.fleet.on_demand`) returns the pool that serves
     now. `cache` answers from, and keeps answers in, a tenant's response cache (`gateway.caching`). `fit` places a
-    request by its length (`gateway.serving.context_fit`; None: `versions`' pools, counted by the forwarder's engine
-    client). `keep_requests`: keep each request's routing view on its facts (the replay log is on)."""
+    request by its length (`gateway.serving.routing.context_fit`; None: `versions`' pools, counted by the forwarder's
+    engine client). `keep_requests`: keep each request's routing view on its facts (the replay log is on)."""
 
     versions: PoolVersions
     router: RequestRouter

@@ -5,8 +5,8 @@ Admission completes the request's context (`RequestContext.downgrade`); the rout
 `policies.decide`); then each step of `Planner.steps`, an `async (context, decision) -> decision`, may change it and
 appends to its route what it did (`RouteDecision.then`, `moved`). One loop runs them: an error a step raises names
 the step in its message, and the log has the route up to it. Adding a step is adding one item to `steps`. The plan
-ends with the request's first engine call (`gateway.serving.calls.Call`): its facts, what its records carry, and the
-engine's body for its decision.
+ends with the request's first engine call (`gateway.serving.sending.calls.Call`): its facts, what its records carry, and
+the engine's body for its decision.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 
 from gateway.checking.fallback import json_fallback_refused
 from gateway.errors import GatewayError
-from gateway.serving.accounting import RequestFacts
-from gateway.serving.answer_check import redo
-from gateway.serving.calls import Call, Calls
-from gateway.serving.request_context import RequestContext
+from gateway.serving.records.accounting import RequestFacts
+from gateway.serving.records.tracing import step
+from gateway.serving.routing.request_context import RequestContext
+from gateway.serving.sending.answer_check import redo
+from gateway.serving.sending.calls import Call, Calls
 from gateway.serving.serving_parts import ServingParts
-from gateway.serving.tracing import step
 from policies.decide import RouteDecision, moved, route_text
 from policies.tenant_moves import move_refused
 
@@ -96,7 +96,7 @@ class Planner:
         return json_fallback_refused(ctx.loaded.policy, decision, ctx.raw, ctx.ladder, checker.json_rates)
 
     async def _fit(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
-        """The request on a tier whose context holds it (`gateway.serving.context_fit`)."""
+        """The request on a tier whose context holds it (`gateway.serving.routing.context_fit`)."""
         assert self._parts.fit is not None
         return await self._parts.fit.place(ctx.loaded, decision, ctx.request, ctx.raw, ctx.native, ctx.tenant,
                                            ctx.ladder, ctx.downgrade)

@@ -11,7 +11,7 @@ work again. Tenants without limits or budget cost no Redis round trip and are ne
 What admission takes it gives back when the request is refused later (`Admission.refunds`): the rate limiter's
 entry (`Limiter.give_back`) and the budget hold (`BudgetChecker.release`). A request refused by its budget gives
 back its rate-limit entry at once. The budget hold is the request's worst case (`worst_case_micro_usd`): its
-completion at the limit the gateway will send where it set none (`gateway.serving.completion_limit`). A second
+completion at the limit the gateway will send where it set none (`gateway.serving.routing.completion_limit`). A second
 engine call for the same request (a cascade escalation, an output-check retry) is held before it is made
 (`hold_again`): where the budget cannot carry it, it is not made.
 
@@ -34,11 +34,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.control.metrics import GatewayMetrics
 from gateway.errors import AdmissionUnavailable, GatewayError, RateLimited, TooManyRequests
 from gateway.logs import LogThrottle
-from gateway.serving.completion_limit import held_completion
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.schema import ChatRequest
+from gateway.serving.routing.completion_limit import held_completion
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenancy.api_keys import ApiKey
 from gateway.tenancy.budgets import BudgetChecker, BudgetVerdict, KeyBudget, key_budget_error
 from gateway.tenancy.limits import Grant, Limiter

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from gateway.ledger.keys import LedgerKeys
 from gateway.ledger.store import CostRecord
-from gateway.serving.access_log import AccessLog
+from gateway.serving.records.access_log import AccessLog
 from gateway.tenancy.budgets import BudgetGuard
 from policies.schema import Budget
 

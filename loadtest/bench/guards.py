@@ -25,7 +25,7 @@ from typing import Any
 
 from gateway.guards.pii import find_pii
 from gateway.guards.screen import InputGuard
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.schema import ChatRequest
 from loadtest.bench.scorer_prompts import DEFAULT_DATA_DIR, MAX_CHARS
 from policies.guards import Guards, LanguageGuard, PiiGuard
 from policies.schema import Policy

@@ -10,7 +10,7 @@ artifact shipped in the package when nothing was promoted (or everything was rol
 a verified artifact in and appends it; `rollback` drops the last entry (the files stay, for the record).
 `history.json` is replaced atomically (write, fsync, rename), so a crash leaves the old or the new history.
 A running gateway serves a new current artifact within seconds: it watches `history.json` and swaps its
-scorer (`gateway.control.router_swap`), or at once on `POST /admin/router/reload`.
+scorer (`gateway.serving.routing.router_swap`), or at once on `POST /admin/router/reload`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""One named label memory applied as the gateway applies it: shared by the gateway (`gateway.serving.label_memories`)
-and the offline tools (`cascade router score --memory`, `cascade router route --memory`), so what a user measures
-offline on labelled traffic they held back is what their labels would do to served requests.
+"""One named label memory applied as the gateway applies it: shared by the gateway
+(`gateway.serving.routing.label_memories`) and the offline tools (`cascade router score --memory`,
+`cascade router route --memory`), so what a user measures offline on labelled traffic they held back is what their
+labels would do to served requests.
 
 Contract:
 - Memories live at `<store>/memory/<name>.json` (+ `.npz`): `<name>` is a tenant's name or "shared"

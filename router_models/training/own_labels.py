@@ -3,7 +3,7 @@
 Own rows are those whose source is not a public source (`outcomes.SOURCES`): a label file's
 `labels:<name>` rows and the gateway ledger's `labels:ledger` rows. Their target is the observed event
 (`Example.target`, no outcome matrix to fit). Three ways to use them (`OWN_LABEL_MODES`), compared on the
-learning curve (`learning_curve.py`, MODEL_CARD.md "Learning curve"):
+learning curve (`loadtest/studies/learning_curve_fits.py`, MODEL_CARD.md "Learning curve"):
 
 - `equal`: the own rows are one more source, with the same total weight as each public source (so 400 own
   labels weigh like 14,000 MMLU rows: one source of eight).

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.serving.completions_schema import CompletionsRequest
-from gateway.serving.responses_schema import ResponsesRequest
+from gateway.serving.openai.completions_schema import CompletionsRequest
+from gateway.serving.openai.responses_schema import ResponsesRequest
 from policies.loader import load_policy
 from policies.pools import LocalPool
 from tests.conftest import delete_prefix, ledger_record

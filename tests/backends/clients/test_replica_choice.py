@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from backends.clients.pool import ChoiceWeights, EngineLoad, Pool
-from gateway.control.pool_build import choice_weights
+from gateway.control.fleet.pool_build import choice_weights
 from policies.loader import parse_policy
 from tests.conftest import policy_yaml
 

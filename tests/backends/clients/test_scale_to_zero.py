@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from backends.clients.pool import Pool
-from gateway.control.on_demand import ColdStartTimeout, OnDemandGate
+from gateway.control.fleet.on_demand import ColdStartTimeout, OnDemandGate
 from gateway.errors import NoReplicaAvailable
 from policies.parallelism import OnDemand
 

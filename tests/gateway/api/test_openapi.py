@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api.app import create_app
 from gateway.api.openapi import build_openapi
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.schema import ChatRequest
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream, read_body
 from tests.conftest import policy_yaml

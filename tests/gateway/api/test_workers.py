@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
 from gateway.api.workers import exported
-from gateway.control.metrics_dir import MULTIPROC_ENV
+from gateway.telemetry.metrics_dir import MULTIPROC_ENV
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, delete_prefix, policy_yaml

@@ -10,7 +10,7 @@ import pytest
 from gateway.caching.entry import CorruptEntry, decode, encode, entry_of
 from gateway.caching.keys import bypass_reason, context_digest, exact_digest, latest_user_text, reads_whole
 from gateway.caching.vectors import encode_row, nearest, quantise, similarity
-from gateway.serving.usage import Usage
+from gateway.serving.openai.usage import Usage
 
 BASE: dict[str, Any] = {"model": "auto", "temperature": 0, "max_tokens": 16,
                         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}

@@ -19,12 +19,12 @@ from gateway.api.auth import hash_key
 from gateway.caching.answer_cache import AnswerCache, CacheLookup
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
-from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.store import MemoryLedger
-from gateway.serving.accounting import Accountant, RequestFacts
-from gateway.serving.forwarding import JSONReply
-from gateway.serving.router import RequestRouter
-from gateway.serving.schema import parse_chat_request
+from gateway.serving.openai.schema import parse_chat_request
+from gateway.serving.records.accounting import Accountant, RequestFacts
+from gateway.serving.routing.router import RequestRouter
+from gateway.serving.sending.forwarding import JSONReply
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.decide import RouteDecision
 from policies.loader import PolicyError, parse_policy
 from router_models.serving.scorer import ConversationShape, conversation_text

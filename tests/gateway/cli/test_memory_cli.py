@@ -21,11 +21,11 @@ import pytest
 import pytest_asyncio
 
 from gateway.cli.main import main
-from gateway.control.metrics import GatewayMetrics
-from gateway.serving.label_memories import LabelMemories
-from gateway.serving.placements import with_placements
-from gateway.serving.router import RequestRouter
-from gateway.serving.schema import parse_chat_request
+from gateway.serving.openai.schema import parse_chat_request
+from gateway.serving.routing.label_memories import LabelMemories
+from gateway.serving.routing.placements import with_placements
+from gateway.serving.routing.router import RequestRouter
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.ladder import LadderState
 from policies.loader import load_policy
 from policies.tiers import estimates_text

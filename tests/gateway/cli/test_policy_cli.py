@@ -204,7 +204,7 @@ def test_machine_checks_are_made_where_the_policy_runs(tmp_path: Path, capsys: p
     """A remote pool naming a CA bundle that is not on this machine: the policy parses (parsing is pure, the
     file is not read), but `validate`, like the pool set before it starts pools, refuses it with file:line."""
     from backends.machine_checks import checked_here
-    from gateway.control.pool_set import PoolSet
+    from gateway.control.fleet.pool_set import PoolSet
     from policies.loader import PolicyError, load_policy
 
     policy = tmp_path / "remote.yaml"

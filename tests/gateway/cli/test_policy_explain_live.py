@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from gateway.cli.main import main
-from gateway.control.live_threshold import window_key
+from gateway.control.adaptation.live_threshold import window_key
 from tests.conftest import SHARED_URL, GatewayFactory, policy_yaml
 from tests.servers import until
 

@@ -15,7 +15,7 @@ import pytest
 from backends.engines.room import Room
 from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
-from gateway.control.autoscale import ScaleState, decide, pressure
+from gateway.control.fleet.autoscale import ScaleState, decide, pressure
 from gateway.settings import Settings
 from policies.autoscale import Autoscale, ScaleUp
 from policies.loader import PolicyError, load_policy
@@ -114,7 +114,7 @@ routing: {{micro_pool: spare, flagship_pool: flagship}}
 @pytest.fixture
 def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     supervisor = functools.partial(EngineSupervisor, command=fake_engine, check_interval_s=0.2, stop_grace_s=5)
-    monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
+    monkeypatch.setattr("gateway.control.fleet.pool_set.EngineSupervisor", supervisor)
     path = tmp_path / "policy.yaml"
     path.write_text(_policy("autoscale: {max_replicas: 2, scale_up: {in_flight: 2, sustained_s: 0.5}, "
                             "scale_down_after_idle_s: 1.5, cooldown_s: 0.5}"))
@@ -171,7 +171,8 @@ async def test_a_pool_grows_under_load_and_shrinks_when_idle_losing_no_request(g
 
 async def test_a_pool_with_no_room_does_not_grow_and_says_why(gateway: Settings,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gateway.control.replica_scaling.judge_room", lambda spec, model_dir: Room(0, "memory: full"))
+    monkeypatch.setattr("gateway.control.fleet.replica_scaling.judge_room",
+                        lambda spec, model_dir: Room(0, "memory: full"))
     app = create_app(gateway)
     with serve(app) as url:
         await asyncio.to_thread(until, lambda: httpx.get(url + "/readyz").json()["pools"].get("spare") is True)

@@ -11,13 +11,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.engines.room import NoRoom
-from gateway.control.autoscale import Autoscaler
 from gateway.control.engine_host import EngineHost
-from gateway.control.metrics import GatewayMetrics
-from gateway.control.metrics_dir import MULTIPROC_ENV, worker_exited
-from gateway.control.pool_set import PoolSet
-from gateway.control.worker_gauges import WorkerGauges, WorkerGaugesCollector
+from gateway.control.fleet.autoscale import Autoscaler
+from gateway.control.fleet.pool_set import PoolSet
 from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.metrics_dir import MULTIPROC_ENV, worker_exited
+from gateway.telemetry.worker_gauges import WorkerGauges, WorkerGaugesCollector
 from tests.conftest import policy_yaml
 
 

@@ -1,4 +1,4 @@
-"""A gateway process runs BLAS on one thread unless the operator chose a count (gateway.control.blas_threads).
+"""A gateway process runs BLAS on one thread unless the operator chose a count (router_models.serving.blas_threads).
 In a child process: the limit is process-wide and lasts, so it must not touch the test process."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from gateway.control.blas_threads import THREAD_VARIABLES
+from router_models.serving.blas_threads import THREAD_VARIABLES
 from tests.servers import ROOT
 
 CHILD = """
 import json
 from threadpoolctl import threadpool_info
-from gateway.control.blas_threads import one_blas_thread
+from router_models.serving.blas_threads import one_blas_thread
 changed = one_blas_thread()
 print(json.dumps({"changed": changed, "threads": [p["num_threads"] for p in threadpool_info()
                                                   if p["user_api"] == "blas"]}))

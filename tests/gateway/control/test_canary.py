@@ -20,9 +20,9 @@ import pytest
 
 from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
-from gateway.control.canaries import CanaryGuard, CanaryRoute, _Window, sticky_key, takes_canary
-from gateway.control.percentile import nearest_rank, nearest_rank_sorted
+from gateway.control.fleet.canaries import CanaryGuard, CanaryRoute, _Window, sticky_key, takes_canary
 from gateway.settings import Settings
+from gateway.telemetry.percentile import nearest_rank, nearest_rank_sorted
 from policies.canary_edit import CanaryEditError, promote_canary, remove_canary
 from policies.loader import PolicyError, load_policy
 from policies.pools import CanaryGuard as GuardSpec
@@ -65,7 +65,7 @@ def _canary(served_name: str, weight: float, port: int, guard: str = "", model: 
 @pytest.fixture
 def gateway(policy_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Settings]:
     supervisor = functools.partial(EngineSupervisor, command=_engine, check_interval_s=0.2, stop_grace_s=5)
-    monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
+    monkeypatch.setattr("gateway.control.fleet.pool_set.EngineSupervisor", supervisor)
     pool = f"""
   spare:
     type: local

@@ -19,7 +19,7 @@ from backends.clients.shared import Headers
 from backends.engines.supervisor import Backoff, EngineSupervisor, live_group_members
 from gateway.api.runtime import build_runtime
 from gateway.control.engine_host import EngineHost
-from gateway.control.pool_set import PoolSet
+from gateway.control.fleet.pool_set import PoolSet
 from gateway.settings import Settings
 from policies.schema import EngineSpec
 from tests.backends.engines.test_supervisor import FAKE_ENGINE

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 from backends.clients.pool import Pool
-from gateway.control.live_threshold import start_live_threshold
-from gateway.control.metrics import GatewayMetrics
+from gateway.control.adaptation.live_threshold import start_live_threshold
 from gateway.ledger.store import CostRecord
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.context import AUTO_MODEL, RouteContext
 from policies.decide import RouteDecision
 from policies.loader import load_policy

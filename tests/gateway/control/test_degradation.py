@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from backends.clients.pool import Pool
-from gateway.control.degradation import TTFT_SAMPLES, DegradationMonitor
-from gateway.control.ladder_sync import MAX_SAMPLES
+from gateway.control.adaptation.degradation import TTFT_SAMPLES, DegradationMonitor
+from gateway.control.adaptation.ladder_sync import MAX_SAMPLES
 from tests.gateway.control.test_ladder_sync import _loaded
 
 
@@ -54,7 +54,7 @@ def test_in_flight_is_the_open_requests_of_the_pool_now() -> None:
 def test_the_error_rate_follows_requests_into_and_out_of_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
     monitor, _ = _monitor()  # a 10 s window
     clock = [100.0]
-    monkeypatch.setattr("gateway.control.degradation.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("gateway.control.adaptation.degradation.time.monotonic", lambda: clock[0])
     for second, failed in enumerate([True, True, False, False, True, False, False, False]):
         clock[0] = 100.0 + second
         monitor.observe("flagship", error=failed)
@@ -71,7 +71,7 @@ def test_the_error_rate_follows_requests_into_and_out_of_the_window(monkeypatch:
 
 def test_the_ttft_p95_reads_the_newest_samples_of_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
     monitor, _ = _monitor()
-    monkeypatch.setattr("gateway.control.degradation.time.monotonic", lambda: 50.0)
+    monkeypatch.setattr("gateway.control.adaptation.degradation.time.monotonic", lambda: 50.0)
     for ms in range(1, 101):  # 1..100 ms: p95 by nearest rank is 95 ms
         monitor.observe("flagship", ttft_s=ms / 1000)
     assert monitor.signals(50.0)[("ttft_p95_s", "flagship")] == 0.095

@@ -12,9 +12,9 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily
 
 from backends.clients.pool import Replica
-from gateway.control.draining import Drainer
-from gateway.control.metrics_dir import worker_exited
-from gateway.control.worker_gauges import HEALTHY, WorkerGauges, still_routing, worker_views
+from gateway.control.fleet.draining import Drainer
+from gateway.telemetry.metrics_dir import worker_exited
+from gateway.telemetry.worker_gauges import HEALTHY, WorkerGauges, still_routing, worker_views
 
 OLD, NEW = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
 

@@ -1,4 +1,4 @@
-"""Drift is judged on every process's windows together (`gateway.control.drift_sync`): two processes (two
+"""Drift is judged on every process's windows together (`gateway.serving.routing.drift_sync`): two processes (two
 `DomainDrift`s, each with its `DriftSync`) on the real Redis under a test prefix, each seeing half of a tenant's
 traffic, hold the same verdict; one that stops drops out; a Redis outage leaves each its own window."""
 
@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.control.drift_sync import DriftSync, merge_counts
-from gateway.serving.drift import DomainDrift
+from gateway.serving.routing.drift import DomainDrift
+from gateway.serving.routing.drift_sync import DriftSync, merge_counts
 from policies.learning import InDomain
 from tests.conftest import SHARED_URL
 

@@ -1,11 +1,11 @@
-"""Which pools' engine load the policy reads (`gateway.control.pool_build.engine_load_read`): the probe scrapes an
+"""Which pools' engine load the policy reads (`gateway.control.fleet.pool_build.engine_load_read`): the probe scrapes an
 engine's `/metrics` every second only for those."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.control.pool_build import engine_load_read
+from gateway.control.fleet.pool_build import engine_load_read
 from policies.schema import Policy
 
 PRICE = {"input_per_mtok": "1", "output_per_mtok": "1"}

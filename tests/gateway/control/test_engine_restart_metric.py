@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.control.metrics import GatewayMetrics
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 def test_engine_restarts_are_counted_by_pool_and_reason() -> None:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.control.gc_pauses import GcPauses, freeze_heap
-from gateway.control.metrics import GatewayMetrics
+from gateway.telemetry.gc_pauses import GcPauses, freeze_heap
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 @pytest.fixture

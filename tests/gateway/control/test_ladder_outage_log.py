@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from backends.clients.pool import Pool
-from gateway.control.degradation import DegradationMonitor
-from gateway.control.ladder_sync import LadderSync
+from gateway.control.adaptation.degradation import DegradationMonitor
+from gateway.control.adaptation.ladder_sync import LadderSync
 from policies.ladder import LadderState
 from tests.servers import PrivateRedis, until_async
 

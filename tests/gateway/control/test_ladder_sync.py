@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.control.degradation import DegradationMonitor
-from gateway.control.ladder_sync import LadderSync, Report, merge_reports
+from gateway.control.adaptation.degradation import DegradationMonitor
+from gateway.control.adaptation.ladder_sync import LadderSync, Report, merge_reports
 from policies.ladder_schema import LadderStep
 from policies.loader import LoadedPolicy
 from tests.conftest import SHARED_URL

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.control.live_threshold import LiveThreshold, MemoryWindow, RedisWindow, ThresholdCollector
+from gateway.control.adaptation.live_threshold import LiveThreshold, MemoryWindow, RedisWindow, ThresholdCollector
 from policies.context import RouteContext
 from policies.decide import RouteDecision
 from policies.loader import parse_policy

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
-from gateway.control.live_tradeoff import MIN_SAMPLES, LiveTradeoff, TradeoffCollector, entry_of, parse_entry
-from gateway.control.shared_window import MemoryWindow, RedisWindow
+from gateway.control.adaptation.live_tradeoff import MIN_SAMPLES, LiveTradeoff, TradeoffCollector, entry_of, parse_entry
+from gateway.control.adaptation.shared_window import MemoryWindow, RedisWindow
 from policies.tiers import TierEstimate, choose
 from tests.conftest import SHARED_URL
 from tests.gateway.control.test_live_threshold import FlakyWindow

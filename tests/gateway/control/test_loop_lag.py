@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gateway.control.loop_lag import LoopLag
+from gateway.telemetry.loop_lag import LoopLag
 
 
 async def test_a_held_loop_shows_as_lag() -> None:

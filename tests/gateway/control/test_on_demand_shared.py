@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from backends.engines.registry import publish
-from gateway.control.on_demand import OnDemandGate
-from gateway.control.on_demand_shared import SharedOnDemand, WorkerEngines, last_requests
-from gateway.control.worker_gauges import WorkerGauges
+from gateway.control.fleet.on_demand import OnDemandGate
+from gateway.control.fleet.on_demand_shared import SharedOnDemand, WorkerEngines, last_requests
+from gateway.telemetry.worker_gauges import WorkerGauges
 from tests.backends.clients.test_scale_to_zero import FakePools, _od
 
 URL = "http://127.0.0.1:9"

@@ -36,7 +36,7 @@ def test_a_reload_starts_an_added_local_pool_and_stops_a_removed_one(
     policy_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     supervisor = functools.partial(EngineSupervisor, command=fake_engine, check_interval_s=0.2, stop_grace_s=5)
-    monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
+    monkeypatch.setattr("gateway.control.fleet.pool_set.EngineSupervisor", supervisor)
     good = policy_file.read_text()
     settings = Settings(policy_path=policy_file, scorer="length", start_engines=True, ledger="memory",
                         home=tmp_path, admin_key=ADMIN, policy_watch_interval_s=0)

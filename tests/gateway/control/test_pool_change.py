@@ -25,7 +25,7 @@ import pytest
 from backends.engines.room import GIB, Gpu, Room, Usage, judge_room
 from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
-from gateway.control.pool_change import plan_change
+from gateway.control.fleet.pool_change import plan_change
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from policies.schema import EngineSpec
@@ -55,7 +55,7 @@ def _pool(port: int, max_model_len: int = 1024, model: str = "fake-weights", rep
 @pytest.fixture
 def gateway(policy_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str, Settings]:
     supervisor = functools.partial(EngineSupervisor, command=_engine, check_interval_s=0.2, stop_grace_s=5)
-    monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
+    monkeypatch.setattr("gateway.control.fleet.pool_set.EngineSupervisor", supervisor)
     base = policy_file.read_text()
     port = free_port()
     policy_file.write_text(base.replace("pools:\n", "pools:" + _pool(port), 1))
@@ -168,7 +168,8 @@ def test_no_room_is_refused_unless_the_interruption_is_accepted(
     gateway: tuple[Path, str, Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     policy_file, _, settings = gateway
-    monkeypatch.setattr("gateway.control.version_change.judge_room", lambda spec, model_dir: Room(0, "memory: full"))
+    monkeypatch.setattr("gateway.control.fleet.version_change.judge_room",
+                        lambda spec, model_dir: Room(0, "memory: full"))
     app = create_app(settings)
     with serve(app) as url:
         until(lambda: _spare_ready(url))
@@ -195,7 +196,7 @@ async def test_where_only_one_new_replica_fits_the_pool_is_replaced_one_at_a_tim
     policy_file, _, settings = gateway
     policy_file.write_text(policy_file.read_text().replace("startup_timeout_s: 30, replicas: 1",
                                                            "startup_timeout_s: 30, replicas: 3"))
-    monkeypatch.setattr("gateway.control.version_change.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
+    monkeypatch.setattr("gateway.control.fleet.version_change.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
     app = create_app(settings)
     with serve(app) as url:
         pool_set = app.state.runtime.pool_set
@@ -247,7 +248,7 @@ async def test_a_rolling_change_that_fails_half_way_puts_the_old_version_back(
     policy_file, _, settings = gateway
     policy_file.write_text(policy_file.read_text().replace("startup_timeout_s: 30, replicas: 1",
                                                            "startup_timeout_s: 30, replicas: 2"))
-    monkeypatch.setattr("gateway.control.version_change.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
+    monkeypatch.setattr("gateway.control.fleet.version_change.judge_room", lambda spec, model_dir: Room(1, "memory: x"))
     new_starts = []
 
     def second_new_one_fails(spec: EngineSpec, port: int, models_dir: Path) -> list[str]:
@@ -259,7 +260,7 @@ async def test_a_rolling_change_that_fails_half_way_puts_the_old_version_back(
 
     supervisor = functools.partial(EngineSupervisor, command=second_new_one_fails, check_interval_s=0.2,
                                    stop_grace_s=5)
-    monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
+    monkeypatch.setattr("gateway.control.fleet.pool_set.EngineSupervisor", supervisor)
     app = create_app(settings)
     with serve(app) as url:
         pool_set = app.state.runtime.pool_set
@@ -359,7 +360,7 @@ def _remote_only(policy_file: Path, tmp_path: Path, watch_s: float) -> Settings:
 def test_a_remote_pool_is_not_swapped_for_replicas_that_do_not_answer(
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("gateway.control.version_change.REPLACE_WAIT_S", 1.0)
+    monkeypatch.setattr("gateway.control.fleet.version_change.REPLACE_WAIT_S", 1.0)
     _, micro_url, _, flagship_url = upstreams
     with serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0))) as url:
         before = httpx.get(url + "/readyz").json()["policy_version"]
@@ -381,7 +382,7 @@ def test_a_remote_pool_whose_new_servers_start_late_is_switched_by_the_watcher_o
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("gateway.control.version_change.REPLACE_WAIT_S", 0.5)
+    monkeypatch.setattr("gateway.control.fleet.version_change.REPLACE_WAIT_S", 0.5)
     _, _, _, flagship_url = upstreams
     port = free_port()
     with (serve(create_app(_remote_only(policy_file, tmp_path, watch_s=0.2))) as url,

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from gateway.control.metrics import GatewayMetrics
-from gateway.control.record_series import RecordSeries
 from gateway.ledger.store import CostRecord
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.record_series import RecordSeries
 
 BASE = CostRecord("r1", "acme", "micro", "m", 10, 3, 7, 40, "threshold", "v1", 1.8e9, None, 120.0)
 

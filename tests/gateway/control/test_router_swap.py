@@ -151,7 +151,7 @@ def test_a_scorer_whose_probe_scores_are_not_probabilities_is_refused(
     broken = _NotProbabilities()
     with serve(app) as url:
         before = _ask(url, "hello").headers["x-cascade-router-version"]
-        monkeypatch.setattr("gateway.control.router_swap.make_scorer", lambda settings: broken)
+        monkeypatch.setattr("gateway.serving.routing.router_swap.make_scorer", lambda settings: broken)
         refused = httpx.post(url + "/admin/router/reload", headers=AUTH, timeout=60)
         assert refused.status_code == 422 and "not a probability per text" in refused.json()["error"]["message"]
         assert broken.closed and _ask(url, "again").headers["x-cascade-router-version"] == before

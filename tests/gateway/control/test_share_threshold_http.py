@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.control.live_threshold import window_key
+from gateway.control.adaptation.live_threshold import window_key
 from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, policy_yaml
 from tests.harness import Gateway
 from tests.servers import until

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from backends.clients.pool import EngineLoad, Pool
 from backends.clients.shared import Headers
-from gateway.control.metrics import GatewayMetrics
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 class _NoEngine:

@@ -17,8 +17,8 @@ from gateway.costs.prices import PoolRate, price_basis
 from gateway.costs.report import Cell, CostReport, Counters
 from gateway.costs.view import render_text
 from gateway.ledger.store import MemoryLedger
-from gateway.serving.accounting import Accountant, RequestFacts
-from gateway.serving.usage import Usage
+from gateway.serving.openai.usage import Usage
+from gateway.serving.records.accounting import Accountant, RequestFacts
 from policies.decide import RouteDecision
 from policies.loader import load_policy
 from policies.money import Price

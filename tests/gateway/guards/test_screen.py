@@ -9,7 +9,7 @@ import pytest
 from gateway.errors import InputRefused
 from gateway.guards import screen as screen_module
 from gateway.guards.screen import InputGuard
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.schema import ChatRequest
 from policies.guards import Guards, LanguageGuard, PiiGuard
 from policies.schema import Policy
 

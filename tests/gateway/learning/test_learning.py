@@ -8,11 +8,11 @@ from typing import Any
 import orjson
 
 from backends.clients.pool import Pool
-from gateway.control.metrics import GatewayMetrics
 from gateway.learning.loop import LearningTap
 from gateway.ledger.store import MemoryLedger
-from gateway.serving.accounting import Accountant
-from gateway.serving.forwarding import JSONReply
+from gateway.serving.records.accounting import Accountant
+from gateway.serving.sending.forwarding import JSONReply
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.decide import RouteDecision
 from policies.loader import LoadedPolicy, parse_policy
 from router_models.serving.scorer import conversation_shape, conversation_text

@@ -20,7 +20,7 @@ import pytest
 import redis
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.control.ladder_sync import LadderSync
+from gateway.control.adaptation.ladder_sync import LadderSync
 from gateway.costs.report import Counters, load_report, verify
 from gateway.errors import RateLimited
 from gateway.learning.store import LearningStore

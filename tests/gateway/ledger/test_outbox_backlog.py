@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.store import RedisLedger
+from gateway.telemetry.metrics import GatewayMetrics
 from tests.gateway.ledger.test_ledger import make_record
 from tests.servers import PrivateRedis
 

@@ -15,8 +15,8 @@ from gateway.costs.html import _tick_labels
 from gateway.costs.report import Cell, CostReport, Counters, display, verify
 from gateway.costs.view import render_text
 from gateway.ledger.store import LedgerKeys, MemoryLedger, RedisLedger
-from gateway.serving.accounting import Accountant, RequestFacts
-from gateway.serving.usage import Usage
+from gateway.serving.openai.usage import Usage
+from gateway.serving.records.accounting import Accountant, RequestFacts
 from policies.decide import RouteDecision
 from policies.loader import load_policy
 from tests.conftest import SHARED_URL, policy_yaml

@@ -24,9 +24,9 @@ from gateway.api.app import create_app
 from gateway.api.auth import hash_key
 from gateway.api.runtime import Runtime
 from gateway.ledger.store import CostRecord, MemoryLedger
-from gateway.serving.access_log import AccessLog
-from gateway.serving.accounting import Accountant
-from gateway.serving.tracing import Tracing
+from gateway.serving.records.access_log import AccessLog
+from gateway.serving.records.accounting import Accountant
+from gateway.serving.records.tracing import Tracing
 from gateway.settings import Settings
 from tests.conftest import Upstreams, policy_yaml
 from tests.gateway.ledger.test_ledger import make_record

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gateway.api.auth import hash_key
-from gateway.serving.cascade import confidence
+from gateway.serving.sending.cascade import confidence
 from tests.conftest import GatewayFactory, Upstreams, policy_yaml
 from tests.harness import Gateway
 from tests.servers import until

@@ -17,7 +17,7 @@ import pytest
 
 from backends.engines.supervisor import EngineSupervisor
 from gateway.api.app import create_app
-from gateway.control.canaries import takes_canary
+from gateway.control.fleet.canaries import takes_canary
 from gateway.settings import Settings
 from tests.conftest import Upstreams, policy_yaml
 from tests.gateway.control.test_canary import _canary, _engine
@@ -41,7 +41,7 @@ async def test_an_escalation_whose_flagship_canary_fails_is_served_by_the_flagsh
     tmp_path: Path, upstreams: Upstreams, monkeypatch: pytest.MonkeyPatch, stream: bool,
 ) -> None:
     supervisor = functools.partial(EngineSupervisor, command=_engine, check_interval_s=0.2, stop_grace_s=5)
-    monkeypatch.setattr("gateway.control.pool_set.EngineSupervisor", supervisor)
+    monkeypatch.setattr("gateway.control.fleet.pool_set.EngineSupervisor", supervisor)
     _, micro_url, _, flagship_url = upstreams
     big = BIG.format(port=free_port(), canary=_canary("broken-canary", 0.5, free_port()))
     policy = policy_yaml(micro_url, flagship_url, CASCADE).replace("pools:\n", "pools:\n" + big, 1)

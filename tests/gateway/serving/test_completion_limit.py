@@ -1,4 +1,4 @@
-"""The completion limit the gateway sets on engine calls (`gateway.serving.completion_limit`): counted with the
+"""The completion limit the gateway sets on engine calls (`gateway.serving.routing.completion_limit`): counted with the
 engine's `/tokenize` only where the prompt's JSON-size bound does not show it fits; a local engine that stops at the
 context left by itself is sent nothing and not asked to count."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.serving.completion_limit import ENGINE_LIMIT, CompletionLimits, SetLimit
-from gateway.serving.endpoints import CHAT, COMPLETIONS, RESPONSES
+from gateway.serving.openai.endpoints import CHAT, COMPLETIONS, RESPONSES
+from gateway.serving.routing.completion_limit import ENGINE_LIMIT, CompletionLimits, SetLimit
 from policies.schema import Policy
 from tests.gateway.serving.test_context_fit import PRICE, _fit
 

@@ -1,4 +1,4 @@
-"""Conversation length as a routing input (`gateway.serving.context_fit`): a request goes where its prompt and
+"""Conversation length as a routing input (`gateway.serving.routing.context_fit`): a request goes where its prompt and
 completion limit fit, or gets a 400 naming the sizes. Prompts are counted by a fake engine `/tokenize` (its count is
 set by the test); the fast path must not call it."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from backends.clients.pool import Pool
 from gateway.errors import BadRequest
-from gateway.serving.context_fit import ContextFit
-from gateway.serving.endpoints import COMPLETIONS, RESPONSES, NativeBody
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.endpoints import COMPLETIONS, RESPONSES, NativeBody
+from gateway.serving.openai.schema import ChatRequest
+from gateway.serving.routing.context_fit import ContextFit
 from policies.decide import RouteDecision, RouteStep
 from policies.ladder import ActiveStep, LadderState
 from policies.ladder_schema import TruncateContext

@@ -13,11 +13,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.control.metrics import GatewayMetrics
-from gateway.serving.drift import DomainDrift
-from gateway.serving.label_memories import LabelMemories
-from gateway.serving.router import RequestRouter
-from gateway.serving.schema import parse_chat_request
+from gateway.serving.openai.schema import parse_chat_request
+from gateway.serving.routing.drift import DomainDrift
+from gateway.serving.routing.label_memories import LabelMemories
+from gateway.serving.routing.router import RequestRouter
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.decide import RouteDecision
 from policies.ladder import LadderState
 from policies.learning import InDomain

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
-from gateway.serving.streaming import StreamRelay
+from gateway.serving.sending.streaming import StreamRelay
 
 
 def _token(text: str) -> bytes:

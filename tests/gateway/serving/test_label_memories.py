@@ -30,13 +30,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.api.app import create_app
 from gateway.api.auth import OPEN_TENANT
 from gateway.cli.main import main
-from gateway.control.metrics import GatewayMetrics
 from gateway.ledger.record import CostRecord, validate_record
-from gateway.serving import memory_batches
-from gateway.serving.label_memories import LabelMemories
-from gateway.serving.router import RequestRouter
-from gateway.serving.schema import parse_chat_request
+from gateway.serving.openai.schema import parse_chat_request
+from gateway.serving.routing import memory_batches
+from gateway.serving.routing.label_memories import LabelMemories
+from gateway.serving.routing.router import RequestRouter
 from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
 from loadtest.scenarios.change import add_memory_then_wait, figures, measure_change
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy, parse_policy

@@ -1,4 +1,4 @@
-"""The line writer's hand-over (`gateway.serving.line_writer`): lines that arrive a millisecond apart, as a busy
+"""The line writer's hand-over (`gateway.serving.records.line_writer`): lines that arrive a millisecond apart, as a busy
 event loop's access lines do, reach the file whole and in order in few writes, not one write (and one thread
 wake-up) per line."""
 
@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from gateway.serving.line_writer import LINGER_S, LineWriter
+from gateway.serving.records.line_writer import LINGER_S, LineWriter
 
 
 class _Counted(LineWriter):

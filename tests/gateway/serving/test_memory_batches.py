@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from gateway.serving.memory_batches import MoveBatcher
+from gateway.serving.routing.memory_batches import MoveBatcher
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.ledger.store import CostRecord, MemoryLedger
-from gateway.serving.completions_schema import CompletionsRequest
-from gateway.serving.responses_schema import ResponsesRequest
+from gateway.serving.openai.completions_schema import CompletionsRequest
+from gateway.serving.openai.responses_schema import ResponsesRequest
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import policy_yaml

@@ -12,7 +12,7 @@ from backends.clients.breaker import BreakerState
 from backends.clients.pool import Pool
 from backends.clients.shared import EngineTimeout, EngineUnavailable
 from gateway.errors import NoReplicaAvailable
-from gateway.serving.proxy import Proxy
+from gateway.serving.sending.proxy import Proxy
 
 URL = "http://127.0.0.1:9"
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from gateway.api.app import create_app
-from gateway.serving.schema import ChatRequest
+from gateway.serving.openai.schema import ChatRequest
 from gateway.settings import Settings
 from tests.conftest import policy_yaml
 from tests.servers import serve

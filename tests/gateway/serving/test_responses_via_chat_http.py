@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.serving.responses_chat import chat_request
+from gateway.serving.sending.responses_chat import chat_request
 from tests.conftest import GatewayFactory, Upstreams, policy_yaml
 from tests.harness import Gateway
 

@@ -12,14 +12,14 @@ from dataclasses import replace
 from typing import Any
 
 from backends.clients.pool import Pool
-from gateway.control.canaries import CanaryRoute
-from gateway.control.metrics import GatewayMetrics
+from gateway.control.fleet.canaries import CanaryRoute
 from gateway.ledger.store import MAX_ROUTE, MemoryLedger
-from gateway.serving.accounting import Accountant, RequestFacts
-from gateway.serving.router import RequestRouter
-from gateway.serving.schema import ChatRequest
-from gateway.serving.usage import Usage
-from gateway.serving.versions import PoolVersions
+from gateway.serving.openai.schema import ChatRequest
+from gateway.serving.openai.usage import Usage
+from gateway.serving.records.accounting import Accountant, RequestFacts
+from gateway.serving.routing.router import RequestRouter
+from gateway.serving.routing.versions import PoolVersions
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.decide import RouteDecision, RouteStep, route_text
 from policies.ladder import LadderState
 from policies.loader import parse_policy

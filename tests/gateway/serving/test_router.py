@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest_asyncio
 
-from gateway.control.metrics import GatewayMetrics
-from gateway.serving.router import RequestRouter
-from gateway.serving.schema import parse_chat_request
+from gateway.serving.openai.schema import parse_chat_request
+from gateway.serving.routing.router import RequestRouter
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.ladder import LadderState
 from policies.loader import parse_policy
 from router_models.serving.artifact import DEFAULT_ARTIFACT

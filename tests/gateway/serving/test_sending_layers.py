@@ -13,17 +13,17 @@ import orjson
 import pytest
 
 from gateway.checking.judge import ACTION_HEADER, CHECK_HEADER, Rejection, Verdict
-from gateway.control.canaries import CanaryRoute
+from gateway.control.fleet.canaries import CanaryRoute
 from gateway.errors import BadRequest, NoReplicaAvailable, UpstreamError
-from gateway.serving.accounting import RequestFacts
-from gateway.serving.answer_check import OutputCheckLayer
-from gateway.serving.calls import Call
-from gateway.serving.forwarding import JSONReply, StreamReply
-from gateway.serving.layers import CanaryLayer
-from gateway.serving.request_context import RequestContext
-from gateway.serving.schema import parse_chat_request
+from gateway.serving.openai.schema import parse_chat_request
+from gateway.serving.records.accounting import RequestFacts
+from gateway.serving.routing.request_context import RequestContext
+from gateway.serving.routing.versions import PoolVersions
+from gateway.serving.sending.answer_check import OutputCheckLayer
+from gateway.serving.sending.calls import Call
+from gateway.serving.sending.forwarding import JSONReply, StreamReply
+from gateway.serving.sending.layers import CanaryLayer
 from gateway.serving.steps import Planner, Step
-from gateway.serving.versions import PoolVersions
 from policies.decide import RouteDecision, RouteStep, moved
 from policies.ladder import LadderState
 from policies.loader import parse_policy
@@ -45,7 +45,8 @@ def _call(decision: RouteDecision = SCORED) -> Call:
 
 
 class _Calls:
-    """`gateway.serving.calls.Calls` without limits or a budget: every hold is granted unless `holds` is False."""
+    """`gateway.serving.sending.calls.Calls` without limits or a budget: every hold is granted unless `holds` is
+    False."""
 
     def __init__(self, holds: bool = True) -> None:
         self.holds, self.given_back = holds, 0

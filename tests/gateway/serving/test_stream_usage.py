@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
-from gateway.serving.endpoints import COMPLETIONS, NativeBody, native_upstream
-from gateway.serving.schema import ChatRequest
-from gateway.serving.streaming import StreamRelay
-from gateway.serving.upstream import prepare_upstream
+from gateway.serving.openai.endpoints import COMPLETIONS, NativeBody, native_upstream
+from gateway.serving.openai.schema import ChatRequest
+from gateway.serving.openai.upstream import prepare_upstream
+from gateway.serving.sending.streaming import StreamRelay
 from policies.decide import RouteDecision
 from policies.ladder import LadderState
 

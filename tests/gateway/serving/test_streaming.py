@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any
 
-from gateway.serving.streaming import SSEResponse, StreamRelay
+from gateway.serving.sending.streaming import SSEResponse, StreamRelay
 
 _CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 _USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'

@@ -151,7 +151,7 @@ def test_the_three_pool_example_passes_the_schema_and_is_served(tmp_path: Path, 
     import jsonschema
     import yaml
 
-    from gateway.serving import placements
+    from gateway.serving.routing import placements
     from policies.loader import load_policy
     from tests.gateway.serving.tier_fakes import NAMED
     from tests.policies.test_examples import _exported_schema

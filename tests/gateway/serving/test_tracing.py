@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.app import create_app
-from gateway.serving.tracing import tracing_from_env
+from gateway.serving.records.tracing import tracing_from_env
 from gateway.settings import Settings
 from tests.conftest import Upstreams, policy_yaml
 from tests.servers import serve

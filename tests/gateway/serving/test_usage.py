@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from backends.clients.shared import EngineUnavailable, Headers
-from gateway.serving.prompt_count import count_request_usage
-from gateway.serving.usage import Usage, count_usage
+from gateway.serving.openai.prompt_count import count_request_usage
+from gateway.serving.openai.usage import Usage, count_usage
 from policies.money import Price
 from policies.pools import EngineSpec, LocalPool, RemotePool
 

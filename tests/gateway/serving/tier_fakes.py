@@ -25,7 +25,7 @@ NAMED = {"general-7b": {"base": 0.80, "code": -0.50, "hard": -0.60},
 
 
 class FakePlacements:
-    """`gateway.serving.placements.PlacementSource`: a file holds one placement as JSON; names are `NAMED`'s."""
+    """`gateway.serving.routing.placements.PlacementSource`: a file holds one placement as JSON; names are `NAMED`'s."""
 
     def load(self, path: Path) -> Any:
         with open(path, encoding="utf-8") as fh:
@@ -38,7 +38,7 @@ class FakePlacements:
 
 
 class FakeMap:
-    """`gateway.serving.tier_trade.QualityModel` over rows (is_code, is_hard)."""
+    """`gateway.serving.routing.tier_trade.QualityModel` over rows (is_code, is_hard)."""
 
     def __init__(self) -> None:
         self.rows = 0
@@ -73,7 +73,7 @@ def fake_the_map(monkeypatch: pytest.MonkeyPatch) -> FakeMap:
     """A gateway built after this places pools with `FakePlacements` and predicts with the returned `FakeMap`
     (scoring with `FeatureScorer`)."""
     from gateway.api import runtime
-    from gateway.serving import placements, router
+    from gateway.serving.routing import placements, router
 
     fake = FakeMap()
     monkeypatch.setattr(placements, "MapPlacements", FakePlacements)

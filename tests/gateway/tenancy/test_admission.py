@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.control.metrics import GatewayMetrics
 from gateway.errors import BudgetExceeded, NoReplicaAvailable, RateLimited
-from gateway.serving.schema import ChatRequest, parse_chat_request
+from gateway.serving.openai.schema import ChatRequest, parse_chat_request
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.budgets import StaticBudgets
 from gateway.tenancy.limits import MemoryRateLimiter

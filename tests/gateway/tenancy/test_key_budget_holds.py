@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.control.metrics import GatewayMetrics
 from gateway.errors import BudgetExceeded, NoReplicaAvailable
 from gateway.ledger.store import LedgerKeys, RedisLedger
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.api_keys import ApiKey
 from gateway.tenancy.budgets import BudgetGuard

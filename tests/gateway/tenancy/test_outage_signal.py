@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from gateway.control.metrics import GatewayMetrics
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenancy.admission import OutageSignal
 
 

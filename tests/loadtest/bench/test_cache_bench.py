@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from gateway.caching.vectors import quantise
-from loadtest.bench.cache_similarity import THRESHOLDS, false_hits
 from loadtest.bench.overhead_cache import cache_lua
+from loadtest.studies.cache_similarity import THRESHOLDS, false_hits
 
 
 def test_false_hit_rates_count_prompts_whose_nearest_other_prompt_reaches_the_threshold() -> None:

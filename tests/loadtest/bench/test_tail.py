@@ -6,8 +6,8 @@ from __future__ import annotations
 import gc
 import re
 
-from gateway.control.gc_pauses import GcPauses
-from gateway.control.metrics import GatewayMetrics
+from gateway.telemetry.gc_pauses import GcPauses
+from gateway.telemetry.metrics import GatewayMetrics
 from loadtest.bench.tail import build_parser, gc_counts, summarise
 
 
