@@ -21,25 +21,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from loadtest.bench.pool_map_costs import MODELS, cost_matrix
-from loadtest.bench.pool_map_eval import _fits, _half, _table, route_sweep
-from router_models.embedders.factory import make_embedder
-from router_models.serving.artifact import load_artifact
+from loadtest.bench.pool_map_costs import MODELS
+from loadtest.bench.pool_map_eval import _table, each_source, held_out, route_sweep, source_options
 from router_models.serving.label_memory import LabelMemory, MemoryParams
 from router_models.serving.placement import fit_ability, placement_prior
 from router_models.serving.pool_labels import PoolLabels
 from router_models.serving.pool_map import quality_logits
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, load_outcomes
+from router_models.training.outcomes import Example
 from router_models.training.pool_map_fit import FitConfig
-from router_models.training.trainer import features
 
 __all__ = ["main"]
 
@@ -66,28 +61,22 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
                     embedding_dim: int, cfg: FitConfig, cache: Path, place_rows: int | None = None,
                     params: MemoryParams | None = None) -> dict[str, Any]:
     params = params or MemoryParams()
-    test = [i for i, ex in enumerate(examples) if ex.source == source]
-    pool_map, _ = _fits(source, x, examples, embedder, cfg, cache)
-    held = [examples[i] for i in test]
-    cols = [held[0].models.index(m) for m in MODELS[source]]
-    outcome = np.asarray([[ex.outcomes[c] for c in cols] for ex in held])
-    cost, how = cost_matrix(source, held, root)
-    usable = ~np.isnan(outcome).any(axis=1) & ~np.isnan(cost).any(axis=1)
-    half = np.asarray([_half(ex) for ex in held])
-    quarter = np.asarray([_quarter(ex) for ex in held])
+    h = held_out(source, x, examples, root, embedder, cfg, cache)
+    pool_map, outcome, cost, how, usable, half = h.pool_map, h.outcome, h.cost, h.cost_basis, h.usable, h.half
+    quarter = np.asarray([_quarter(ex) for ex in h.held])
     place = np.flatnonzero(usable & (half == 0))
     if place_rows is not None:
         place = np.random.default_rng(0).choice(place, size=min(place_rows, len(place)), replace=False)
     labelled = np.flatnonzero(usable & (half == 1) & (quarter == 0))
     routed = np.flatnonzero(usable & (half == 1) & (quarter == 1))
-    positions = pool_map.positions(x[test])
+    positions = h.positions
     prior = placement_prior(pool_map, len(place))  # as `cascade router place` places a pool from these rows
     ability = np.stack([fit_ability(positions[place], outcome[place, j], *prior)[0] for j in range(3)])
     predicted = 1.0 / (1.0 + np.exp(-quality_logits(positions, ability)))
     one = np.full((len(labelled), 3), np.nan)
     drawn = np.random.default_rng(0).integers(0, 3, size=len(labelled))
     one[np.arange(len(labelled)), drawn] = outcome[labelled, drawn]
-    rows = x[test]
+    rows = h.features
     variants = {"no labels": predicted[routed],
                 "one pool per label": _moved(predicted, rows, labelled, routed, one, embedding_dim, params),
                 "every pool": _moved(predicted, rows, labelled, routed, outcome[labelled], embedding_dim, params)}
@@ -112,27 +101,13 @@ def print_result(r: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="what labels per pool buy a tiers trade (leave one source out)")
-    parser.add_argument("--sources", default=",".join(MODELS))
-    parser.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR)
+    source_options(parser, "pool-labels-eval")
     parser.add_argument("--place-rows", type=int, default=None, help="place from this many rows (default: the half)")
     parser.add_argument("--prior", type=float, default=MemoryParams().prior, help="the memory's pseudo-count")
-    parser.add_argument("--out", type=Path, default=Path(".cascade/pool-labels-eval.json"))
-    parser.add_argument("--cache", type=Path, default=Path(".cascade/pool-map-loso"), help="fitted maps kept here")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    embedder = make_embedder(load_artifact(None).embedder)
-    examples = load_outcomes(args.routing_dir)
-    x = features(embedder, examples, "embedding+structure")
-    results = []
-    for source in args.sources.split(","):
-        results.append(evaluate_source(source, x, examples, args.routing_dir, embedder.name, embedder.dim,
-                                       FitConfig(), args.cache, args.place_rows, MemoryParams(prior=args.prior)))
-        print_result(results[-1])
-        print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+    return each_source(args, lambda source, x, examples, embedder: evaluate_source(
+        source, x, examples, args.routing_dir, embedder.name, embedder.dim, FitConfig(), args.cache,
+        args.place_rows, MemoryParams(prior=args.prior)), print_result)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import argparse
 import hashlib
 import json
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from loadtest.bench.pool_map_costs import MODELS, cost_matrix
 from router_models.embedders.factory import make_embedder
+from router_models.embedders.protocol import Embedder
 from router_models.serving.artifact import load_artifact
 from router_models.serving.placement import fit_ability, placement_prior
 from router_models.serving.pool_map import PoolMap, load_pool_map, quality_logits, save_pool_map
@@ -39,7 +40,8 @@ from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, data_h
 from router_models.training.pool_map_fit import FitConfig, fit_pool_map
 from router_models.training.trainer import TrainConfig, features, fit_router
 
-__all__ = ["BUDGETS", "hull_at", "main", "route_sweep", "upper_hull"]
+__all__ = ["BUDGETS", "HeldOut", "each_source", "held_out", "hull_at", "main", "route_sweep", "source_options",
+           "upper_hull"]
 
 Floats = npt.NDArray[np.float64]
 FEW_ROWS = 100  # the fewest rows a pool is placed from in the table's second map row
@@ -117,9 +119,27 @@ def _fits(source: str, x: npt.NDArray[np.float32], examples: list[Example], embe
     return load_pool_map(path), scores
 
 
-def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path,
-                    embedder: str, cfg: FitConfig, cache: Path) -> dict[str, Any]:
-    """One held-out source's curves and table row (module docstring)."""
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out source as every bench of the map reads it: the map fitted without it and the two-pool router's
+    scores of its prompts (`_fits`), their features and positions on that map, the real graded outcomes and USD per
+    call of its three `MODELS` (n x 3) and how those costs were had, and each prompt's half (0: placement,
+    1: routing; only rows with every outcome and cost known are `usable`)."""
+
+    pool_map: PoolMap
+    scores: Floats
+    positions: Floats
+    outcome: Floats
+    cost: Floats
+    cost_basis: str
+    usable: npt.NDArray[np.bool_]
+    half: npt.NDArray[np.int64]
+    held: list[Example]
+    features: npt.NDArray[np.float32]  # the held prompts' rows of the router's features
+
+
+def held_out(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path, embedder: str,
+             cfg: FitConfig, cache: Path) -> HeldOut:
     test = [i for i, ex in enumerate(examples) if ex.source == source]
     pool_map, scores = _fits(source, x, examples, embedder, cfg, cache)
     held = [examples[i] for i in test]
@@ -127,9 +147,16 @@ def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Exam
     outcome = np.asarray([[ex.outcomes[c] for c in cols] for ex in held])
     cost, how = cost_matrix(source, held, root)
     usable = ~np.isnan(outcome).any(axis=1) & ~np.isnan(cost).any(axis=1)
-    half = np.asarray([_half(ex) for ex in held])
-    place, route = np.flatnonzero(usable & (half == 0)), np.flatnonzero(usable & (half == 1))
-    positions = pool_map.positions(x[test])
+    half = np.asarray([_half(ex) for ex in held], np.int64)
+    return HeldOut(pool_map, scores, pool_map.positions(x[test]), outcome, cost, how, usable, half, held, x[test])
+
+
+def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path,
+                    embedder: str, cfg: FitConfig, cache: Path) -> dict[str, Any]:
+    """One held-out source's curves and table row (module docstring)."""
+    h = held_out(source, x, examples, root, embedder, cfg, cache)
+    pool_map, scores, positions, outcome, cost, how = h.pool_map, h.scores, h.positions, h.outcome, h.cost, h.cost_basis
+    place, route = np.flatnonzero(h.usable & (h.half == 0)), np.flatnonzero(h.usable & (h.half == 1))
     few = np.random.default_rng(0).choice(place, size=min(FEW_ROWS, len(place)), replace=False)
     predicted = {}
     for name, rows in (("map N=3", place), (f"map N=3, {FEW_ROWS} rows", few)):
@@ -178,28 +205,42 @@ def print_result(r: dict[str, Any]) -> None:
               f"{row['min_margin_over_hull']:+.4f}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="leave-one-source-out pool-map harness (issue 51)")
+def source_options(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options every leave-one-source-out bench of the map takes: held-out sources, data, output, fit cache."""
     parser.add_argument("--sources", default=",".join(MODELS))
     parser.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR)
-    parser.add_argument("--k", type=int, default=FitConfig().k)
-    parser.add_argument("--out", type=Path, default=Path(".cascade/pool-map-eval.json"))
+    parser.add_argument("--out", type=Path, default=Path(f".cascade/{out}.json"))
     parser.add_argument("--cache", type=Path, default=Path(".cascade/pool-map-loso"), help="fitted maps kept here")
-    args = parser.parse_args(argv)
+
+
+Evaluate = Callable[[str, npt.NDArray[np.float32], list[Example], Embedder], dict[str, Any]]
+
+
+def each_source(args: argparse.Namespace, evaluate: Evaluate, show: Callable[[dict[str, Any]], None]) -> int:
+    """The benches' loop (`source_options`' arguments): embed the shared outcomes once with the shipped router's
+    embedder, evaluate each held-out source and print it as it lands, then write every result to `args.out`."""
     start = time.perf_counter()
     embedder = make_embedder(load_artifact(None).embedder)
     examples = load_outcomes(args.routing_dir)
     x = features(embedder, examples, "embedding+structure")
     results = []
     for source in args.sources.split(","):
-        results.append(evaluate_source(source, x, examples, args.routing_dir, embedder.name, FitConfig(k=args.k),
-                                       args.cache))
-        print_result(results[-1])
+        results.append(evaluate(source, x, examples, embedder))
+        show(results[-1])
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="leave-one-source-out pool-map harness (issue 51)")
+    source_options(parser, "pool-map-eval")
+    parser.add_argument("--k", type=int, default=FitConfig().k)
+    args = parser.parse_args(argv)
+    return each_source(args, lambda source, x, examples, embedder: evaluate_source(
+        source, x, examples, args.routing_dir, embedder.name, FitConfig(k=args.k), args.cache), print_result)
 
 
 if __name__ == "__main__":

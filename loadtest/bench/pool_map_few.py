@@ -23,23 +23,17 @@ Same maps, halves and costs as the harness (its cached fits).
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from loadtest.bench.pool_map_costs import MODELS, cost_matrix
-from loadtest.bench.pool_map_eval import FEW_ROWS, _fits, _half, _table, route_sweep
-from router_models.embedders.factory import make_embedder
-from router_models.serving.artifact import load_artifact
+from loadtest.bench.pool_map_eval import FEW_ROWS, _table, each_source, held_out, route_sweep, source_options
 from router_models.serving.placement import FULL_PRIOR_ROWS, fit_ability
 from router_models.serving.pool_map import quality_logits
-from router_models.training.outcomes import DEFAULT_ROUTING_DIR, Example, load_outcomes
+from router_models.training.outcomes import Example
 from router_models.training.pool_map_fit import FitConfig
-from router_models.training.trainer import features
 
 __all__ = ["PRIORS", "main"]
 
@@ -68,16 +62,9 @@ PRIORS: dict[str, Any] = {
 
 def evaluate_source(source: str, x: npt.NDArray[np.float32], examples: list[Example], root: Path, embedder: str,
                     cache: Path, draws: int, rows: int) -> dict[str, Any]:
-    test = [i for i, ex in enumerate(examples) if ex.source == source]
-    pool_map, _ = _fits(source, x, examples, embedder, FitConfig(), cache)
-    held = [examples[i] for i in test]
-    cols = [held[0].models.index(m) for m in MODELS[source]]
-    outcome = np.asarray([[ex.outcomes[c] for c in cols] for ex in held])
-    cost, _ = cost_matrix(source, held, root)
-    usable = ~np.isnan(outcome).any(axis=1) & ~np.isnan(cost).any(axis=1)
-    half = np.asarray([_half(ex) for ex in held])
-    place, route = np.flatnonzero(usable & (half == 0)), np.flatnonzero(usable & (half == 1))
-    positions = pool_map.positions(x[test])
+    h = held_out(source, x, examples, root, embedder, FitConfig(), cache)
+    pool_map, positions, outcome, cost = h.pool_map, h.positions, h.outcome, h.cost
+    place, route = np.flatnonzero(h.usable & (h.half == 0)), np.flatnonzero(h.usable & (h.half == 1))
     mean, sd = np.asarray(pool_map.prior_mean), np.asarray(pool_map.prior_sd)
     c, y = cost[route], outcome[route]
     singles = [(float(c[:, j].mean()), float(y[:, j].mean())) for j in range(3)]
@@ -115,27 +102,12 @@ def print_result(r: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="few-row placements under several priors (leave one source out)")
-    parser.add_argument("--sources", default=",".join(MODELS))
+    source_options(parser, "pool-map-few")
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--rows", type=int, default=FEW_ROWS)
-    parser.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR)
-    parser.add_argument("--out", type=Path, default=Path(".cascade/pool-map-few.json"))
-    parser.add_argument("--cache", type=Path, default=Path(".cascade/pool-map-loso"), help="fitted maps kept here")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    embedder = make_embedder(load_artifact(None).embedder)
-    examples = load_outcomes(args.routing_dir)
-    x = features(embedder, examples, "embedding+structure")
-    results = []
-    for source in args.sources.split(","):
-        results.append(evaluate_source(source, x, examples, args.routing_dir, embedder.name, args.cache,
-                                       args.draws, args.rows))
-        print_result(results[-1])
-        print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+    return each_source(args, lambda source, x, examples, embedder: evaluate_source(
+        source, x, examples, args.routing_dir, embedder.name, args.cache, args.draws, args.rows), print_result)
 
 
 if __name__ == "__main__":
