@@ -13,7 +13,10 @@ from backends.background import stop
 from gateway.control.fleet.pool_change import PolicyNotApplied
 from policies.loader import PolicyError
 
-__all__ = ["FileWatcher"]
+__all__ = ["SETTLE_S", "FileWatcher"]
+
+SETTLE_S = 0.2  # a changed file is read once its stamps (mtime, size) have held still this long
+_MAX_SETTLES = 10  # then it is read as it is: a file rewritten without pause is still reloaded
 
 
 def _stamp(path: Path) -> tuple[float, int] | None:
@@ -56,6 +59,7 @@ class FileWatcher:
             due = retry_at is not None and loop.time() >= retry_at
             if not due and (now == seen or all(s is None for s in now)):
                 continue
+            now = await self._settled(now)
             seen, retry_at = now, None
             try:
                 await self._reload()
@@ -68,6 +72,18 @@ class FileWatcher:
                                 extra={"problems": exc.problems})
             except Exception as exc:
                 self._log.error("%s reload failed; the running %s stays: %s", self._what, self._what, exc)
+
+    async def _settled(self, now: tuple[tuple[float, int] | None, ...]) -> tuple[tuple[float, int] | None, ...]:
+        """The files' stamps once they hold still for `SETTLE_S` (at most `_MAX_SETTLES` times): a file written in
+        place (`cat > policy.yaml`, an editor that truncates then writes) was once read half written between its
+        two writes, and its reload rejected and counted as a rejected edit, then applied at the next look."""
+        for _ in range(_MAX_SETTLES):
+            await asyncio.sleep(SETTLE_S)
+            again = self._stamps()
+            if again == now:
+                break
+            now = again
+        return now
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"{self._what}-watch")
