@@ -28,7 +28,7 @@ from router_models.serving.pool_labels import FLAGSHIP, MICRO
 from router_models.training.labels import LabelRow
 from router_models.training.outcomes import Example
 
-__all__ = ["SHARED", "MemoryUpdate", "add_label_rows", "add_labels", "memory_path"]
+__all__ = ["SHARED", "MemoryUpdate", "add_label_rows", "add_labels", "ledger_label_rows", "memory_path"]
 
 @dataclass(frozen=True)
 class MemoryUpdate:
@@ -66,6 +66,18 @@ def add_labels(rows: list[Example], path: Path, artifact: Path | None = None,
 def add_label_rows(rows: Sequence[LabelRow], path: Path, artifact: Path | None = None) -> MemoryUpdate:
     """`add_labels` of label rows as read (`labels.read_label_rows`): each with its qualities per named pool."""
     return add_labels([r.example for r in rows], path, artifact, pools=[dict(r.pools) for r in rows])
+
+
+def ledger_label_rows(redis_url: str, key_prefix: str, tenant: str | None = None) -> list[LabelRow]:
+    """The gateway ledger's label rows (`ledger_labels.read_ledger_labels`: gap labels, and the client's feedback as
+    the quality of the pool that served each answer, `pools`), `tenant`'s only when given (the ledger holds every
+    tenant's). Raises `redis.RedisError` when the ledger cannot be read, `LabelError` on a malformed row."""
+    from router_models.training.labels import label_rows
+    from router_models.training.ledger_labels import read_ledger_labels
+
+    rows = read_ledger_labels(redis_url, key_prefix=key_prefix)
+    mine = [row for row in rows if tenant is None or row.get("tenant") == tenant]
+    return label_rows(mine, default_source="ledger", origin="ledger row", tenant=tenant)
 
 
 def _qualities(example: Example, named: Mapping[str, float]) -> dict[str, float]:
