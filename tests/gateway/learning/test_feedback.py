@@ -88,6 +88,22 @@ def test_feedback_is_stored_and_read_back_for_training(gateway: Gateway, prefix:
     assert 'cascade_learning_events_total{event="prompt_kept"} 1.0' in metrics
 
 
+def test_feedback_on_a_flagship_answer_is_the_flagship_pools_label(make_gateway: GatewayFactory,
+                                                                    fake_upstreams: Upstreams, tmp_path: Path,
+                                                                    prefix: str) -> None:
+    _, micro_url, _, flagship_url = fake_upstreams
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(micro_url, flagship_url, TENANTS).replace("threshold: 0.5", "threshold: 0.0"))
+    gateway = make_gateway(path, ledger="redis", redis_prefix=prefix, policy_watch_interval_s=0)
+    headers = _chat(gateway, "key-acme")  # scored and kept, and routed to the flagship
+    assert headers["x-cascade-pool"] == "flagship"
+    r = _feedback(gateway, "key-acme", {"request_id": headers["x-request-id"], "thumbs": "down"})
+    assert r.status_code == 200, r.text
+    (row,) = read_ledger_labels(SHARED_URL, key_prefix=prefix)
+    assert row["pools"] == {"flagship": 0.0} and row["pool"] == "flagship" and row["source"] == "feedback"
+    assert "needs_flagship" not in row  # says nothing of the micro pool: no gap label, no router training
+
+
 def test_unknown_or_another_tenants_request_is_404_and_nothing_is_stored(gateway: Gateway, prefix: str) -> None:
     request_id = _chat(gateway, "key-acme")["x-request-id"]
     keys = LabelKeys(prefix)
