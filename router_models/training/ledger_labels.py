@@ -126,7 +126,8 @@ def _fraction(value: str | None) -> float | None:
 def _label(feedback: Mapping[str, str], shadow: Mapping[str, str], cascade: Mapping[str, str],
            micro: bool) -> tuple[float, str] | None:
     """(needs_flagship, source) by precedence: shadow beats feedback beats escalation. Feedback on an answer
-    that the micro pool did not give says nothing about the micro pool and yields no label."""
+    that the micro pool did not give says nothing about the micro pool and yields no gap label (it labels the pool
+    that gave it: `_pool_label`)."""
     if shadow.get("short") in ("0", "1"):
         return float(shadow["short"]), "shadow"
     score = _fraction(feedback.get("score"))
