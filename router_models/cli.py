@@ -104,14 +104,29 @@ def _memory_add(args: argparse.Namespace) -> int:
     from router_models.serving.artifact import default_store_dir
     from router_models.training.label_checks import check_ids_in_ledger, find_contradictions
     from router_models.training.labels import LabelError, read_label_rows
-    from router_models.training.memory_build import SHARED, add_label_rows, memory_path
+    from router_models.training.memory_build import (
+        SHARED,
+        add_label_rows,
+        ledger_label_rows,
+        memory_path,
+        taken_from_ledger,
+    )
 
+    if not args.labels and not args.from_ledger:
+        return _fail("give --labels FILE, --from-ledger, or both")
     try:
         path = memory_path(args.store or default_store_dir(), args.tenant or SHARED)
         rows = [row for label_file in args.labels for row in read_label_rows(label_file, tenant=args.tenant)]
         if args.check_ids:
             check_ids_in_ledger(rows, args.redis_url, args.redis_prefix, args.tenant)
-        update = add_label_rows(rows, path, args.artifact)
+        ledger = ledger_label_rows(args.redis_url, args.redis_prefix, args.tenant) if args.from_ledger else []
+        if args.from_ledger:
+            fresh = len({r.request_id for r in ledger} - taken_from_ledger(path))
+            print(f"{len(ledger)} labelled requests in the ledger at {args.redis_url}, {fresh} not yet in this memory")
+        if not rows and not ledger:
+            return _fail("no label rows to add (the ledger holds no labelled request"
+                         f"{' of tenant ' + repr(args.tenant) if args.tenant else ''})")
+        update = add_label_rows(rows, path, args.artifact, ledger)
     except (ArtifactError, LabelError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     except RedisError as exc:
@@ -165,7 +180,11 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                         "the ledger did not keep) is refused with its file, line and field, and nothing is "
                         "written. Labels of one prompt that contradict each other are counted and one pair is "
                         "shown. Label file format: router_models/training/labels.py.")
-    p.add_argument("--labels", type=Path, action="append", required=True, help="JSONL label file (repeatable)")
+    p.add_argument("--labels", type=Path, action="append", default=[], help="JSONL label file (repeatable)")
+    p.add_argument("--from-ledger", action="store_true",
+                   help="also add the gateway ledger's labels (--redis-url, --redis-prefix): the client's feedback on "
+                   "an answer as the quality of the pool that served it (any pool), and the gap labels; with "
+                   "--tenant, that tenant's requests only. A request the memory already took is not taken again")
     p.add_argument("--tenant", default=None, help="the tenant whose requests the labels move (default: shared, "
                    "every tenant's)")
     p.add_argument("--artifact", type=Path, default=None, help="artifact whose embedder to use (default: current)")

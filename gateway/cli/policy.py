@@ -5,7 +5,8 @@
 - `schema`: the JSON Schema of the policy file (for editors);
 - `explain FILE (--prompt TEXT | --request BODY.json) [--tenant T] [--model M] [--score S] [--header K:V]
   [--threshold T | --gateway URL | --redis-url URL [--prefix P]] [--quality POOL=Q,...] [--tradeoff X]`:
-  the score (the shipped classifier unless --score), every rule tried and why it did or did not match,
+  the score (the shipped classifier unless --score, moved by the label memory the gateway would apply or
+  `--memory NAME`: `gateway.cli.policy_memory`), every rule tried and why it did or did not match,
   the decision, its route (each step that chose or changed the pool, as `x-cascade-route` names them; the context
   step on the prompt's estimated tokens and the body's completion limit), and for a local pool the engine command
   of its first replica; with `routing.tiers`, every tier's predicted quality and expected cost and the trade;
@@ -25,7 +26,6 @@ Exit codes: 0 ok, 1 invalid input (policy, log, request), a refused request, a g
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shlex
@@ -92,21 +92,6 @@ def _headers(given: list[str]) -> dict[str, str]:
     return headers
 
 
-def _classifier_score(messages: Any) -> float:
-    """The score the gateway would compute: the shipped classifier on the gateway's scoring text and shape."""
-    from router_models.serving.classifier_scorer import load_scorer
-    from router_models.serving.scorer import read_conversation
-
-    async def run() -> float:
-        scorer = load_scorer()
-        try:
-            return (await scorer.score_one(*read_conversation(messages)))[0]
-        finally:
-            await scorer.aclose()
-
-    return asyncio.run(run())
-
-
 def _engine_lines(loaded: LoadedPolicy, pool: str) -> list[str]:
     spec = loaded.policy.pools[pool]
     if spec.type != "local":
@@ -136,6 +121,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from backends.machine_checks import quant_lines
+    from gateway.cli.policy_memory import scored
     from gateway.cli.policy_tiers import explain_trade
     from policies.context import RouteContext
     from policies.decide import needs_score
@@ -156,8 +142,12 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
     ctx = RouteContext.from_request(body, args.tenant, headers)
     score, source = args.score, "given"
-    if score is None and needs_score(loaded.policy, ctx):
-        score, source = _classifier_score(body.get("messages") or []), "classifier"
+    try:
+        if score is None and needs_score(loaded.policy, ctx):
+            score, source = scored(loaded, ctx, body.get("messages") or [], args)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     completion = limit if isinstance(limit, int) and limit > 0 else 1
     used = _live_threshold(args, loaded)
@@ -274,7 +264,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "predicted quality instead of the classifier's pool map")
     e.add_argument("--tradeoff", type=float, help="with routing.tiers: the tradeoff to decide with (default: the "
                    "policy's; a cost_per_1k policy: solved on this request)")
-    e.add_argument("--memory", metavar="NAME", default=None, help="with routing.tiers: move the predictions by this "
+    e.add_argument("--memory", metavar="NAME", default=None, help="move the classifier's score (and, with "
+                   "routing.tiers, each tier's predicted quality) by this label memory, as the gateway does: the "
                    "label memory (\"shared\" or a tenant's; default: the one the policy's learning.label_memory.scope "
                    "gives --tenant)")
     e.add_argument("--store", type=Path, default=None, help="the store label memories live in (<store>/memory; "

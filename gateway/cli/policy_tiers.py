@@ -6,16 +6,15 @@ request alone, as the gateway does before its window fills).
 The predicted estimates are moved by the label memory the gateway would apply (`gateway.serving.routing.label_memories`:
 the policy's `learning.label_memory.scope` for `--tenant`, or `--memory NAME`), read from `--store` (default: the
 served store), exactly as the gateway's router moves them (`LabelMemories.adjust`, then `move_tiers`); each tier's
-move shows beside its quality. A `--memory` that names no memory is refused with the memories there are; a memory
-the scope names and the store lacks moves nothing, as in the gateway."""
+move shows beside its quality. Which memory, and the score's move: `gateway.cli.policy_memory`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from pathlib import Path
 from typing import Any
 
+from gateway.cli.policy_memory import memory_folder, memory_name
 from gateway.serving.routing.placements import with_placements
 from gateway.serving.routing.tier_trade import map_of, tier_estimates
 from policies.context import RouteContext
@@ -24,7 +23,7 @@ from policies.tiers import TierEstimate, Trade, expected_completion, expected_co
 
 _Predicted = tuple[tuple[TierEstimate, ...], str]  # the estimates, and the label memory that moved them ("": none)
 
-__all__ = ["explain_trade", "given_qualities", "memory_name"]
+__all__ = ["explain_trade", "given_qualities"]
 
 
 def given_qualities(text: str) -> dict[str, float]:
@@ -51,38 +50,6 @@ def _given(loaded: LoadedPolicy, ctx: RouteContext, qualities: dict[str, float])
                                                                  expected_completion(policy, p))) for p in tiers)
 
 
-def memory_name(loaded: LoadedPolicy, tenant: str, given: str | None) -> str | None:
-    """The label memory the gateway applies to `tenant`'s requests under `loaded` (`learning.label_memory.scope`),
-    or the one `given`; None for none."""
-    from router_models.serving.memory_file import SHARED
-
-    if given is not None:
-        return given
-    scope = loaded.policy.learning.label_memory.scope
-    return None if scope == "none" else tenant if scope == "tenant" else SHARED
-
-
-def _memory_folder(store: Path | None, name: str, given: bool) -> Path | None:
-    """`<store>/memory`; ValueError for a `given` name that is malformed or names no memory there (a tenant whose
-    name is no memory name gets none, as in the gateway: None)."""
-    from router_models.serving.artifact import default_store_dir
-    from router_models.serving.memory_apply import memory_names
-    from router_models.serving.memory_file import memory_path
-
-    root = store or default_store_dir()
-    try:
-        path = memory_path(root, name)
-    except ValueError as exc:
-        if given:
-            raise ValueError(f"--memory: {exc}") from exc
-        return None
-    if given and not path.is_file():
-        there = memory_names(root)
-        raise ValueError(f"--memory {name!r}: no label memory {path} (memories in {path.parent}: "
-                         f"{', '.join(there) if there else 'none'})")
-    return path.parent
-
-
 def _predicted(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: argparse.Namespace) -> _Predicted | None:
     """The gateway's estimates from the shipped classifier, moved by the label memory it would apply (module
     docstring); None: it carries no pool map or keeps no row."""
@@ -93,7 +60,7 @@ def _predicted(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: arg
     placed = with_placements(loaded)
     given = getattr(args, "memory", None)
     name = memory_name(loaded, ctx.tenant, given)
-    folder = None if name is None else _memory_folder(getattr(args, "store", None), name, given is not None)
+    folder = None if name is None else memory_folder(getattr(args, "store", None), name, given is not None)
 
     async def run() -> _Predicted | None:
         scorer = load_scorer()

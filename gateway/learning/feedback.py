@@ -4,8 +4,9 @@ Contract: the body is ``{"request_id": str, "score": number in [0, 1] | "thumbs"
 "comment"?: str}`` (exactly one of `score` and `thumbs`; `comment` at most `MAX_COMMENT_CHARS`). Only the
 tenant that made the request may rate it: an unknown id, or another tenant's, is a 404 and nothing is
 stored. Feedback is stored under `router_models.training.ledger_labels.LabelKeys.feedback` for the ledger's
-retention; a second feedback for the same id replaces the first. Training reads it with
-`router_models.training.ledger_labels.read_ledger_labels`.
+retention; a second feedback for the same id replaces the first. `router_models.training.ledger_labels.
+read_ledger_labels` reads it as the quality of the pool that served the answer (a label per pool, any pool; `cascade
+router memory add --from-ledger`) and, on a micro answer, as a training label (`needs_flagship = 1 - score`).
 """
 
 from __future__ import annotations

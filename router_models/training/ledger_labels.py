@@ -27,9 +27,15 @@ Keys (prefix = the ledger's `redis_prefix`, default ``cascade:``), one hash per 
 Row format (`read_ledger_labels`, and the documented user label-file format)::
 
     {"id": str, "prompt": str, "needs_flagship": float in [0, 1],
+     "pools": {str: float in [0, 1]},
      "source": "feedback" | "shadow" | "escalation", "tenant": str, "pool": str, "score": float,
      "shape": {"user_turns": int, "assistant_turns": int, "tool_messages": int, "system_prompt": bool,
                "total_chars": int, "latest_chars": int}}      # "shape" only when the record kept one
+
+A row has ``needs_flagship`` (a label of the micro/flagship gap: shadow, feedback on a micro answer, escalation), or
+``pools`` (the client's feedback score as the quality of the pool that served the answer, `{pool: score}`, whichever
+pool of the policy that was: a label per pool, `router_models.serving.pool_labels`), or both. A row with ``pools``
+only trains no router; `cascade router memory add --from-ledger` keeps it as a label per pool.
 """
 
 from __future__ import annotations
@@ -120,7 +126,8 @@ def _fraction(value: str | None) -> float | None:
 def _label(feedback: Mapping[str, str], shadow: Mapping[str, str], cascade: Mapping[str, str],
            micro: bool) -> tuple[float, str] | None:
     """(needs_flagship, source) by precedence: shadow beats feedback beats escalation. Feedback on an answer
-    that the micro pool did not give says nothing about the micro pool and yields no label."""
+    that the micro pool did not give says nothing about the micro pool and yields no gap label (it labels the pool
+    that gave it: `_pool_label`)."""
     if shadow.get("short") in ("0", "1"):
         return float(shadow["short"]), "shadow"
     score = _fraction(feedback.get("score"))
@@ -141,16 +148,32 @@ def _usable_label(has_text: bool, prompt: Mapping[str, str], feedback: Mapping[s
     return _label(feedback, shadow, cascade, prompt.get("micro") == "1")
 
 
+def _pool_label(prompt: Mapping[str, str], feedback: Mapping[str, str]) -> dict[str, float]:
+    """{served pool: feedback score}: the client's feedback as the quality of the answer of the pool that gave it
+    (any pool: micro, flagship or a middle tier); {} without feedback, or without a text, router score or pool."""
+    score, pool = _fraction(feedback.get("score")), prompt.get("pool", "").strip()
+    if score is None or not pool or pool.startswith("@") or not prompt.get("text") \
+            or _fraction(prompt.get("score")) is None:
+        return {}
+    return {pool: score}
+
+
 def label_row(request_id: str, prompt: Mapping[str, str], feedback: Mapping[str, str],
               shadow: Mapping[str, str], cascade: Mapping[str, str]) -> dict[str, Any] | None:
-    """The training row of one kept request, or None when it has no usable label (or no prompt)."""
+    """The label row of one kept request (module docstring), or None when it has no usable label (or no prompt):
+    its gap label (`needs_flagship`) when it has one, and its served pool's quality (`pools`) when the client
+    gave feedback."""
     label = _usable_label(bool(prompt.get("text")), prompt, feedback, shadow, cascade)
-    if label is None:
+    pools = _pool_label(prompt, feedback)
+    if label is None and not pools:
         return None
-    needs_flagship, source = label
-    row: dict[str, Any] = {"id": request_id, "prompt": prompt["text"], "needs_flagship": needs_flagship,
-                           "source": source, "tenant": prompt.get("tenant", ""), "pool": prompt.get("pool", ""),
-                           "score": float(prompt["score"])}
+    row: dict[str, Any] = {"id": request_id, "prompt": prompt["text"]}
+    if label is not None:
+        row["needs_flagship"] = label[0]
+    if pools:
+        row["pools"] = pools
+    row |= {"source": "feedback" if label is None else label[1], "tenant": prompt.get("tenant", ""),
+            "pool": prompt.get("pool", ""), "score": float(prompt["score"])}
     shape = _shape(prompt)
     if shape is not None:
         row["shape"] = shape
@@ -184,7 +207,8 @@ def read_ledger_labels(redis_url: str, *, key_prefix: str = DEFAULT_PREFIX) -> l
 
 
 def read_ledger_label_ids(redis_url: str, *, key_prefix: str = DEFAULT_PREFIX) -> set[str]:
-    """The request ids `read_ledger_labels` would return rows for, without reading prompt texts or any field
+    """The request ids `read_ledger_labels` would return rows with a gap label (``needs_flagship``) for, the ones
+    a retrain learns from, without reading prompt texts or any field
     the decision does not need: per kept request the text's length (HSTRLEN), the record's ``score`` and
     ``micro``, and the one field of each label record that `_label` reads. Same SCAN, same batches, same test
     (`_usable_label`); raises `redis.RedisError` when Redis cannot be read."""

@@ -3,13 +3,15 @@ does: the CLI's moved scores equal the gateway's `LabelMemories` moves of the sa
 predictions equal the trade the gateway's router builds for a `routing.tiers` policy with that memory (the shipped
 router artifact and pool map, the three-pool example's shared-model placements): a memory of gap labels only shifts
 every tier by the gap move, one with labels per pool moves each labelled tier alone, and `cascade policy explain`
-shows the same moves. An unknown memory is refused with the memories there are.
+shows the same moves, and moves a two-pool policy's score as the gateway does. An unknown memory is refused with the
+memories there are.
 
 The prompts and labels are written here: they show that labels reach the score and the trade, never which prompt is
 harder."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,7 +38,8 @@ from router_models.serving.classifier_scorer import ClassifierScorer, load_score
 from router_models.serving.label_memory import LabelMemory
 from router_models.serving.memory_file import save_memory
 from router_models.serving.score_file import parse_line
-from router_models.serving.scorer import ScorerViews
+from router_models.serving.scorer import ScorerViews, read_conversation
+from tests.conftest import policy_yaml
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "policies" / "examples" / "three-pools.yaml"
 LABELLED = ["Summarise the attached contract and list every clause that conflicts with the others.",
@@ -206,6 +209,49 @@ def test_explain_shows_each_tiers_memory_move(pool_store: Path, prompts: Path, t
     assert main(["policy", "explain", str(EXAMPLE), "--prompt", "hi", "--memory", "acme",
                  "--store", str(pool_store)]) == 1
     assert "no label memory" in capsys.readouterr().err
+
+
+async def _served(store: Path, prompt: str) -> tuple[float, float]:
+    """(the classifier's score of `prompt`, the gateway's `LabelMemories` move of it by the shared memory)."""
+    scorer = load_scorer(str(DEFAULT_ARTIFACT), torch_threads=1)
+    try:
+        memories = LabelMemories(store / "memory", lambda: scorer)
+        await memories.refresh()
+        text, shape = read_conversation([{"role": "user", "content": prompt}])
+        base, _ = await scorer.score_one(text, shape)
+        served = memories.adjust("shared", ScorerViews.of(scorer), text, base, shape)
+        assert served is not None
+        return base, served.score
+    finally:
+        await scorer.aclose()
+
+
+def test_explain_moves_a_two_pool_policys_score_as_the_gateways_memory_does(
+        store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", str(DEFAULT_ARTIFACT))
+    base, moved = asyncio.run(_served(store, LABELLED[0]))
+    assert abs(moved - base) > 0.01  # the labels reach this prompt's score
+    threshold = (base + moved) / 2  # the memory's move crosses it
+    policy = tmp_path / "two-pools.yaml"
+    policy.write_text(policy_yaml("http://127.0.0.1:9", "http://127.0.0.1:9", """
+learning:
+  label_memory:
+    scope: shared
+""").replace("threshold: 0.5", f"threshold: {threshold:.6f}"))
+    common = ["policy", "explain", str(policy), "--prompt", LABELLED[0], "--store", str(store)]
+    capsys.readouterr()
+    for argv in (common, [*common, "--memory", "shared"]):  # the policy's scope, or named
+        assert main(argv) == 0
+        shown = capsys.readouterr().out
+        score = next(line for line in shown.splitlines() if line.startswith("score:"))
+        assert score.startswith(f"score:    {moved:.4f} (classifier {base:.4f}, moved by label memory "
+                                f"shared@3 {moved - base:+.4f})"), score
+        assert f"decision: pool {'flagship' if moved > base else 'micro'!r}" in shown
+    policy.write_text(policy.read_text().replace("scope: shared", "scope: none"))
+    assert main(common) == 0  # no memory: the classifier's score, the other pool
+    shown = capsys.readouterr().out
+    assert f"score:    {base:.4f} (classifier)" in shown
+    assert f"decision: pool {'micro' if moved > base else 'flagship'!r}" in shown
 
 
 @pytest.mark.parametrize("command", ["score", "route"])

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import policy as cli
+from gateway.cli import policy_memory
 from policies.replay import LogError, parse_log
 from tests.conftest import policy_yaml, with_fixed_threshold
 
@@ -79,11 +80,11 @@ def test_explain_runs_the_classifier_only_when_needed(
 ) -> None:
     calls: list[Any] = []
 
-    def fake_score(messages: Any) -> float:
+    def fake_score(loaded: Any, ctx: Any, messages: Any, args: Any) -> tuple[float, str]:
         calls.append(messages)
-        return 0.9
+        return 0.9, "classifier"
 
-    monkeypatch.setattr(cli, "_classifier_score", fake_score)
+    monkeypatch.setattr(policy_memory, "scored", fake_score)
     body = tmp_path / "body.json"
     body.write_text(json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}],
                                 "metadata": {"source": "ci"}}))

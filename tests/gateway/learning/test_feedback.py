@@ -72,19 +72,36 @@ def test_feedback_is_stored_and_read_back_for_training(gateway: Gateway, prefix:
                                                                                          "wrong colour", "acme")
     (row,) = read_ledger_labels(SHARED_URL, key_prefix=prefix)
     assert row == {"id": request_id, "prompt": conversation_text(MESSAGES), "needs_flagship": 1.0,
-                   "source": "feedback", "tenant": "acme", "pool": "micro", "score": pytest.approx(score, abs=1e-4),
+                   "pools": {"micro": 0.0}, "source": "feedback", "tenant": "acme", "pool": "micro",
+                   "score": pytest.approx(score, abs=1e-4),
                    "shape": asdict(conversation_shape(MESSAGES))}  # the shape the gateway scored, for a retrain
     # the last feedback wins, whole: the earlier comment does not linger
     assert _feedback(gateway, "key-acme", {"request_id": request_id, "score": 0.75}).status_code == 200
     assert _hash(keys.feedback(request_id))["comment"] == ""
     (row,) = read_ledger_labels(SHARED_URL, key_prefix=prefix)
-    assert row["needs_flagship"] == pytest.approx(0.25)
+    assert (row["needs_flagship"], row["pools"]) == (pytest.approx(0.25), {"micro": 0.75})
     ttl = redis.Redis.from_url(SHARED_URL).ttl(keys.prompt(request_id))
     assert 0 < ttl <= 2 * 86_400
     metrics = gateway.client.get("/metrics").text
     assert 'cascade_feedback_total{outcome="thumbs"} 1.0' in metrics
     assert 'cascade_feedback_total{outcome="score"} 1.0' in metrics
     assert 'cascade_learning_events_total{event="prompt_kept"} 1.0' in metrics
+
+
+def test_feedback_on_a_flagship_answer_is_the_flagship_pools_label(make_gateway: GatewayFactory,
+                                                                    fake_upstreams: Upstreams, tmp_path: Path,
+                                                                    prefix: str) -> None:
+    _, micro_url, _, flagship_url = fake_upstreams
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(micro_url, flagship_url, TENANTS).replace("threshold: 0.5", "threshold: 0.0"))
+    gateway = make_gateway(path, ledger="redis", redis_prefix=prefix, policy_watch_interval_s=0)
+    headers = _chat(gateway, "key-acme")  # scored and kept, and routed to the flagship
+    assert headers["x-cascade-pool"] == "flagship"
+    r = _feedback(gateway, "key-acme", {"request_id": headers["x-request-id"], "thumbs": "down"})
+    assert r.status_code == 200, r.text
+    (row,) = read_ledger_labels(SHARED_URL, key_prefix=prefix)
+    assert row["pools"] == {"flagship": 0.0} and row["pool"] == "flagship" and row["source"] == "feedback"
+    assert "needs_flagship" not in row  # says nothing of the micro pool: no gap label, no router training
 
 
 def test_unknown_or_another_tenants_request_is_404_and_nothing_is_stored(gateway: Gateway, prefix: str) -> None:
@@ -112,7 +129,7 @@ def test_a_request_not_kept_is_found_through_its_ledger_record(gateway: Gateway,
     assert r.status_code == 200, r.text
     assert _hash(LabelKeys(prefix).feedback(request_id))["score"] == "1.0"
     assert _feedback(gateway, "key-acme", {"request_id": request_id, "thumbs": "up"}).status_code == 404
-    assert read_ledger_labels(SHARED_URL, key_prefix=prefix) == []  # stored, but says nothing of the micro pool
+    assert read_ledger_labels(SHARED_URL, key_prefix=prefix) == []  # stored, but its prompt was not kept: no row
 
 
 @pytest.mark.parametrize("body, param", [

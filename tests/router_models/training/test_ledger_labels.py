@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from router_models.serving.scorer import ConversationShape, prompt_shape
-from router_models.training.labels import examples_from_rows
+from router_models.training.labels import examples_from_rows, label_rows
 from router_models.training.ledger_labels import LabelKeys, label_row, read_ledger_label_ids, read_ledger_labels
 from tests.conftest import SHARED_URL
 
@@ -19,16 +19,29 @@ PROMPT = {"text": "sys\n\nwhat is 2+2", "score": "0.25", "pool": "micro", "micro
 def test_feedback_on_a_micro_answer_is_one_minus_its_score() -> None:
     row = label_row("r1", PROMPT, {"score": "0.8", "thumbs": ""}, {}, {})
     assert row == {"id": "r1", "prompt": "sys\n\nwhat is 2+2", "needs_flagship": pytest.approx(0.2),
+                   "pools": {"micro": pytest.approx(0.8)},  # and the label of the pool that answered
                    "source": "feedback", "tenant": "acme", "pool": "micro", "score": 0.25}
     assert label_row("r1", PROMPT, {"score": "0.0", "thumbs": "down"}, {}, {})["needs_flagship"] == 1.0  # type: ignore[index]
 
 
-def test_feedback_on_a_flagship_answer_yields_no_row() -> None:
-    flagship = {**PROMPT, "pool": "flagship", "micro": "0"}
-    assert label_row("r1", flagship, {"score": "0.0"}, {}, {}) is None
-    # ... but its escalation label still does
-    row = label_row("r1", flagship, {"score": "0.0"}, {}, {"escalated": "1", "confidence": "0.1"})
-    assert row is not None and (row["source"], row["needs_flagship"], row["pool"]) == ("escalation", 1.0, "flagship")
+def test_feedback_on_another_pools_answer_is_that_pools_label_and_no_gap() -> None:
+    for pool in ("flagship", "code"):
+        served = {**PROMPT, "pool": pool, "micro": "0"}
+        row = label_row("r1", served, {"score": "0.0"}, {}, {})
+        assert row == {"id": "r1", "prompt": "sys\n\nwhat is 2+2", "pools": {pool: 0.0}, "source": "feedback",
+                       "tenant": "acme", "pool": pool, "score": 0.25}
+        # ... beside its escalation label, which gives the gap
+        row = label_row("r1", served, {"score": "0.0"}, {}, {"escalated": "1", "confidence": "0.1"})
+        assert row is not None and (row["source"], row["needs_flagship"], row["pools"]) == ("escalation", 1.0,
+                                                                                           {pool: 0.0})
+    assert label_row("r1", {**PROMPT, "pool": "", "micro": "0"}, {"score": "0.0"}, {}, {}) is None  # no pool named
+
+
+def test_a_pool_only_row_is_a_label_row_that_trains_no_router() -> None:
+    row = label_row("r1", {**PROMPT, "pool": "code", "micro": "0"}, {"score": "1.0"}, {}, {})
+    (read,) = label_rows([row], origin="ledger row")
+    assert not read.has_gap and read.pools == (("code", 1.0),)
+    assert examples_from_rows([row]) == []
 
 
 def test_precedence_shadow_then_feedback_then_escalation() -> None:
@@ -73,7 +86,8 @@ def test_reader_scans_every_kept_prompt_and_joins_its_labels(prefix: str) -> Non
     assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
     by_id = {r["id"]: r for r in rows}
     assert by_id["req_00000"] == {"id": "req_00000", "prompt": "prompt 0", "needs_flagship": 1.0,
-                                  "source": "feedback", "tenant": "t0", "pool": "micro", "score": 0.25}
+                                  "pools": {"micro": 0.0}, "source": "feedback", "tenant": "t0", "pool": "micro",
+                                  "score": 0.25}
     assert (by_id["req_00001"]["source"], by_id["req_00001"]["needs_flagship"]) == ("shadow", 0.0)
     assert "req_00002" not in by_id and "req_gone" not in by_id
     assert read_ledger_labels(SHARED_URL, key_prefix=prefix + "other:") == []
@@ -95,7 +109,7 @@ def test_a_record_without_shape_fields_trains_as_one_user_turn() -> None:
 
 
 @pytest.mark.redis
-def test_the_id_reader_lists_exactly_the_rows_of_the_row_reader_without_reading_prompt_texts(
+def test_the_id_reader_lists_exactly_the_gap_rows_of_the_row_reader_without_reading_prompt_texts(
         prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     keys = LabelKeys(prefix)
     flagship = {**PROMPT, "pool": "flagship", "micro": "0"}
@@ -130,7 +144,10 @@ def test_the_id_reader_lists_exactly_the_rows_of_the_row_reader_without_reading_
         client.close()
     rows = read_ledger_labels(SHARED_URL, key_prefix=prefix)
     kinds = {str(r["id"]).rsplit("-", 1)[0] for r in rows}
-    assert kinds == {"feedback", "shadow", "shadow-inconsistent-then-feedback", "escalation"}  # rows kept and dropped
+    assert kinds == {"feedback", "shadow", "shadow-inconsistent-then-feedback", "escalation",  # rows kept, dropped
+                     "flagship-feedback-only", "no-micro-field"}  # the last two: labels per pool only, no gap
+    gaps = [r for r in rows if "needs_flagship" in r]
+    assert {str(r["id"]).rsplit("-", 1)[0] for r in gaps} == kinds - {"flagship-feedback-only", "no-micro-field"}
 
     replies: list[Any] = []
     execute = redis.client.Pipeline.execute
@@ -141,6 +158,6 @@ def test_the_id_reader_lists_exactly_the_rows_of_the_row_reader_without_reading_
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", spy)
     ids = read_ledger_label_ids(SHARED_URL, key_prefix=prefix)
-    assert ids == {str(r["id"]) for r in rows} and len(ids) == len(rows)
+    assert ids == {str(r["id"]) for r in gaps} and len(ids) == len(gaps)  # what a retrain learns from
     assert replies and "secret prompt" not in repr(replies)  # no prompt text crossed the wire
     assert read_ledger_label_ids(SHARED_URL, key_prefix=prefix + "other:") == set()

@@ -141,3 +141,48 @@ def test_check_ids_refuses_a_request_the_ledger_did_not_keep_or_kept_for_another
     assert _cli(monkeypatch, home, "--labels", str(_labels(tmp_path / "ok.jsonl", rows)), "--tenant", "acme",
                 *ledger) == 0
     assert set(_files(home / "router" / "memory")) == {"acme.json", "acme.npz", "shared.json", "shared.npz"}
+
+
+@pytest.mark.redis
+def test_from_ledger_adds_feedback_on_any_pool_as_that_pools_label(
+        tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = LabelKeys(prefix)
+    kept = {"score": "0.3", "at": "1.0"}
+    client = redis.Redis.from_url(SHARED_URL)
+    try:  # feedback on a middle tier's answer, on a micro answer, and on another tenant's flagship answer
+        client.hset(keys.prompt("req-1"), mapping={**kept, "text": "Write a Python function that reverses a list.",
+                                                   "pool": "code", "micro": "0", "tenant": "acme"})
+        client.hset(keys.feedback("req-1"), mapping={"score": "0.0", "tenant": "acme"})
+        client.hset(keys.prompt("req-2"), mapping={**kept, "text": "Say hello.", "pool": "general", "micro": "1",
+                                                   "tenant": "acme"})
+        client.hset(keys.feedback("req-2"), mapping={"score": "1.0", "tenant": "acme"})
+        client.hset(keys.prompt("req-3"), mapping={**kept, "text": "Prove it.", "pool": "frontier", "micro": "0",
+                                                   "tenant": "globex"})
+        client.hset(keys.feedback("req-3"), mapping={"score": "0.5", "tenant": "globex"})
+    finally:
+        client.close()
+    home, ledger = tmp_path / "home", ("--from-ledger", "--redis-url", SHARED_URL, "--redis-prefix", prefix)
+    assert _cli(monkeypatch, home, *ledger, "--tenant", "acme") == 0
+    assert "2 labelled requests in the ledger at" in capsys.readouterr().out
+    memory, _ = load_memory(home / "router" / "memory" / "acme.json")
+    assert memory.qualities is not None and set(memory.pools) == {"code", "general", "@micro", "@flagship"}
+    table = {pool: np.nan_to_num(memory.qualities[:, i], nan=-1).tolist() for i, pool in enumerate(memory.pools)}
+    # req-1 (code, thumbs down): the code pool's label only, no gap; req-2 (micro pool "general", up): both
+    assert table == {"code": [0.0, -1], "general": [-1, 1.0], "@micro": [-1, 1.0], "@flagship": [-1, 1.0]}
+    assert np.isnan(memory.targets[0]) and memory.targets[1] == 0.5  # gap_target(1, 1): no gap
+    # again, and after a label file: the requests already taken are not taken twice
+    assert _cli(monkeypatch, home, *ledger, "--tenant", "acme") == 0
+    assert "2 labelled requests in the ledger at" in (out := capsys.readouterr().out) and ", 0 not yet" in out
+    assert len(load_memory(home / "router" / "memory" / "acme.json")[0]) == 2
+    more = _labels(tmp_path / "more.jsonl", [{"prompt": "Say goodbye.", "needs_flagship": 0}])
+    assert _cli(monkeypatch, home, "--labels", str(more), *ledger, "--tenant", "acme") == 0
+    assert ", 0 not yet in this memory" in capsys.readouterr().out
+    acme, meta = load_memory(home / "router" / "memory" / "acme.json")
+    assert len(acme) == 3 and meta["ledger_requests"] == ["req-1", "req-2"]
+    assert _cli(monkeypatch, home, *ledger) == 0  # the shared memory takes every tenant's
+    shared, _ = load_memory(home / "router" / "memory" / "shared.json")
+    assert len(shared) == 3 and "frontier" in shared.pools
+    capsys.readouterr()
+    assert _cli(monkeypatch, home, *ledger, "--tenant", "initech") == 2
+    assert "no label rows to add" in capsys.readouterr().err
+    assert _cli(monkeypatch, home) == 2  # neither --labels nor --from-ledger
