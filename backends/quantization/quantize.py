@@ -96,8 +96,11 @@ class Progress:
 
 def _worker_env(threads: int) -> dict[str, str]:
     """The caller's environment without this venv's traces, offline (nothing can be downloaded), with the
-    worker's thread count fixed (its float sums then add up in the same order on every run)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    worker's thread count fixed (its float sums then add up in the same order on every run), and bytecode written:
+    the quantization venv is installed without it (`backends.quantization.venv`), so the first run compiles what
+    it imports and later runs read it, even where the caller sets PYTHONDONTWRITEBYTECODE."""
+    dropped = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     return env | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                   "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from backends.quantization import venv as venv_module
+from backends.quantization.quantize import _worker_env
 from backends.quantization.venv import QUANT_REQUIREMENTS, QuantVenvError, ensure_quant_venv, uv_install_args
 
 
@@ -22,7 +23,7 @@ def test_uv_gets_pips_indexes_links_constraints_and_ca_bundle(monkeypatch: pytes
     args, env = uv_install_args()
     assert args == ["--index-url", "https://index.example/simple", "--extra-index-url", "file:///a/simple",
                     "--extra-index-url", "file:///b/simple", "--find-links", "/wheels", "--constraint", "/etc/c.txt",
-                    "--index-strategy", "unsafe-best-match", "--compile-bytecode"]
+                    "--index-strategy", "unsafe-best-match"]
     assert env == {"SSL_CERT_FILE": "/etc/ca.pem"}
 
 
@@ -70,3 +71,11 @@ def test_a_failed_uv_install_starts_again_with_pip_and_says_so(tmp_path: Path,
 def test_cascade_installer_pip_skips_uv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_INSTALLER", "pip")
     assert venv_module._uv() is None
+
+
+def test_the_worker_writes_the_bytecode_the_install_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv installs no bytecode (`uv_install_args`), so the worker must write it even where the caller turns that
+    off: otherwise every quantization compiles torch's imports again."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = _worker_env(1)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["OMP_NUM_THREADS"] == "1"

@@ -36,6 +36,14 @@ def _serves_another(url: str, version: str) -> bool:
     return bool(_ready(url).json()["policy_version"] != version)
 
 
+def _save(path: Path, text: str) -> None:
+    """An edit saved whole: written beside the file and renamed over it. `write_text` truncates first, and a watcher
+    that looks in between reads an empty file, a rejected edit of its own (seen: two rejections counted for one)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def _metric(url: str, name: str, labels: str = "") -> float | None:
     text = httpx.get(url + "/metrics", timeout=10).text
     found = re.search(rf"^{re.escape(name)}{{?{re.escape(labels)}[^ ]* ([0-9.e+-]+)$", text, re.M)
@@ -48,7 +56,7 @@ def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
     served = first["policy_version"]
     assert first["status"] == "ready" and first["policy"]["matches_file"] and first["policy"]["file_version"] == served
     good = policy_file.read_text()
-    policy_file.write_text(good.replace("flagship_pool: flagship", "flagship_pool: nosuchpool"))
+    _save(policy_file, good.replace("flagship_pool: flagship", "flagship_pool: nosuchpool"))
     for url in gateways:  # each process looked at the file itself
         until(functools.partial(_rejected, url))
         reply = _ready(url)
@@ -64,7 +72,7 @@ def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
     assert main(["policy", "status", "--gateway", gateways[0]]) == 1
     out = capsys.readouterr().out
     assert "degraded" in out and "does NOT match" in out and "nosuchpool" in out and "to do:" in out
-    policy_file.write_text(good.replace("threshold: 0.5", "threshold: 0.6"))
+    _save(policy_file, good.replace("threshold: 0.5", "threshold: 0.6"))
     for url in gateways:
         until(functools.partial(_serves_another, url, served))
         body = _ready(url).json()
