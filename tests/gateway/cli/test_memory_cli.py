@@ -28,6 +28,7 @@ from gateway.serving.routing.label_memories import LabelMemories
 from gateway.serving.routing.placements import with_placements
 from gateway.serving.routing.router import RequestRouter
 from gateway.telemetry.metrics import GatewayMetrics
+from policies.decide import RouteDecision
 from policies.ladder import LadderState
 from policies.loader import load_policy
 from policies.tiers import estimates_text
@@ -125,17 +126,8 @@ async def test_route_shifts_every_tier_as_the_gateways_trade_does(scorer: Classi
     plain = tmp_path / "plain.jsonl"
     assert main(["router", "route", "--policy", str(EXAMPLE), "--in", str(prompts), "--out", str(plain),
                  "--tradeoff", "0", "--artifact", str(DEFAULT_ARTIFACT)]) == 0
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(EXAMPLE.read_text().replace('cost_per_1k: "2.00"', "tradeoff: 0")
-                      + "learning:\n  label_memory:\n    scope: shared\n")
-    loaded = with_placements(load_policy(policy))
-    memories = LabelMemories(store / "memory", lambda: scorer)
-    await memories.refresh()
-    router = RequestRouter(scorer, GatewayMetrics(dict), memories=memories)
-    for prompt, got, before in zip(PROMPTS, _lines(out), _lines(plain), strict=True):
-        messages = prompt.get("messages") or [{"role": "user", "content": prompt["prompt"]}]
-        request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": messages}))
-        decision = await router.route(request, raw, "acme", {}, loaded, LadderState())
+    decisions = await _served_decisions(scorer, store, tmp_path)
+    for decision, got, before in zip(decisions, _lines(out), _lines(plain), strict=True):
         assert decision.trade is not None and decision.router_version.endswith("+memory/shared@3")
         served = {e.pool: e.quality for e in decision.trade.estimates}
         assert got["predicted"] == pytest.approx(served, abs=1e-5)
@@ -146,9 +138,9 @@ async def test_route_shifts_every_tier_as_the_gateways_trade_does(scorer: Classi
     assert max(abs(r["gap_move"]) for r in _lines(out)) > 0.01
 
 
-async def _served_trades(scorer: ClassifierScorer, store: Path, tmp_path: Path) -> list[Any]:
-    """The trade the gateway's router builds for each prompt under the three-pool example with `store`'s shared
-    memory (tradeoff 0)."""
+async def _served_decisions(scorer: ClassifierScorer, store: Path, tmp_path: Path) -> list[RouteDecision]:
+    """The decision the gateway's router makes for each prompt under the three-pool example with `store`'s shared
+    memory (tradeoff 0), each with its trade."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(EXAMPLE.read_text().replace('cost_per_1k: "2.00"', "tradeoff: 0")
                       + "learning:\n  label_memory:\n    scope: shared\n")
@@ -156,14 +148,13 @@ async def _served_trades(scorer: ClassifierScorer, store: Path, tmp_path: Path) 
     memories = LabelMemories(store / "memory", lambda: scorer)
     await memories.refresh()
     router = RequestRouter(scorer, GatewayMetrics(dict), memories=memories)
-    trades = []
+    decisions = []
     for prompt in PROMPTS:
         messages = prompt.get("messages") or [{"role": "user", "content": prompt["prompt"]}]
         request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": messages}))
-        decision = await router.route(request, raw, "acme", {}, loaded, LadderState())
-        assert decision.trade is not None
-        trades.append(decision.trade)
-    return trades
+        decisions.append(await router.route(request, raw, "acme", {}, loaded, LadderState()))
+        assert decisions[-1].trade is not None
+    return decisions
 
 
 async def test_labels_per_pool_move_each_labelled_tier_alone_as_the_gateways_trade_does(
@@ -173,7 +164,7 @@ async def test_labels_per_pool_move_each_labelled_tier_alone_as_the_gateways_tra
               "--artifact", str(DEFAULT_ARTIFACT)]
     assert main([*common, "--out", str(out), "--memory", "shared", "--store", str(pool_store)]) == 0
     assert main([*common, "--out", str(plain)]) == 0
-    trades = await _served_trades(scorer, pool_store, tmp_path)
+    trades = [d.trade for d in await _served_decisions(scorer, pool_store, tmp_path) if d.trade is not None]
     lines, before = _lines(out), _lines(plain)
     for got, was, trade in zip(lines, before, trades, strict=True):
         assert trade.memory == "shared@2"
