@@ -222,8 +222,12 @@ class WorkerGroup:
 def run_workers(settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool) -> int:
     """Run `count` workers (and the local engines) until SIGTERM / SIGINT; returns the exit code."""
     try:
-        reuse_port_socket(host, port).close()  # fail now, in one line, when the port is taken
+        # Fail now, in one line, when the port is taken; then hold it (bound, never listening, so it takes no
+        # connection) while the group runs: nothing else binds it between this check and the workers' binds after
+        # the engines start, or while a worker restarts. A fresh clone's test once lost the port in that window.
+        held = reuse_port_socket(host, port)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", host, port, exc)
         return 1
-    return asyncio.run(WorkerGroup(settings, host, port, count, log_level, json_logs).run())
+    with held:
+        return asyncio.run(WorkerGroup(settings, host, port, count, log_level, json_logs).run())

@@ -80,6 +80,8 @@ def serve_group(tmp_path: Path, policy_for: Callable[[int], str]) -> Iterator[Gr
     engine_port = free_port()
     policy.write_text(policy_for(engine_port))
     port = free_port()
+    while port == engine_port:  # neither is bound yet: two draws can meet
+        port = free_port()
     log = (tmp_path / "gateway.log").open("wb")
     cmd = [sys.executable, "-c", DRIVER, str(policy), str(tmp_path), prefix, str(port)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
