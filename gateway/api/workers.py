@@ -188,6 +188,20 @@ class WorkerGroup:
                 self.procs[i] = self._spawn(i)
 
     async def run(self) -> int:
+        """Serve until SIGTERM / SIGINT; returns the exit code (1 when the port is taken). The port is bound here
+        first (failing in one log line when it is taken) and held, bound and never listening so it takes no
+        connection, while the group runs: nothing else binds it before the workers do, or while one restarts (a
+        fresh clone's test once lost the port in that window)."""
+        host, port = self._args[0], self._args[1]
+        try:
+            held = reuse_port_socket(host, port)
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", host, port, exc)
+            return 1
+        with held:
+            return await self._serve()
+
+    async def _serve(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -221,13 +235,4 @@ class WorkerGroup:
 
 def run_workers(settings: Settings, host: str, port: int, count: int, log_level: str, json_logs: bool) -> int:
     """Run `count` workers (and the local engines) until SIGTERM / SIGINT; returns the exit code."""
-    try:
-        # Fail now, in one line, when the port is taken; then hold it (bound, never listening, so it takes no
-        # connection) while the group runs: nothing else binds it between this check and the workers' binds after
-        # the engines start, or while a worker restarts. A fresh clone's test once lost the port in that window.
-        held = reuse_port_socket(host, port)
-    except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host, port, exc)
-        return 1
-    with held:
-        return asyncio.run(WorkerGroup(settings, host, port, count, log_level, json_logs).run())
+    return asyncio.run(WorkerGroup(settings, host, port, count, log_level, json_logs).run())

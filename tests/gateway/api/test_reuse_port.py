@@ -4,10 +4,12 @@ other program off the port while the workers, binding the same way, still share 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
-from gateway.api.workers import reuse_port_socket
+from gateway.api.workers import WorkerGroup, reuse_port_socket
+from gateway.settings import Settings
 from tests.servers import free_port
 
 
@@ -29,3 +31,16 @@ def test_the_parent_refuses_a_port_already_taken() -> None:
         taken.listen()
         with pytest.raises(OSError):
             reuse_port_socket("127.0.0.1", taken.getsockname()[1])
+
+
+async def test_a_group_on_a_taken_port_exits_1_in_one_line_and_starts_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = Settings(policy_path=tmp_path / "policy.yaml", home=tmp_path, scorer="none")
+        group = WorkerGroup(settings, "127.0.0.1", port, 2, "WARNING", False)
+        assert await group.run() == 1
+    assert group.procs == [] and group.engines is None
+    assert f"cannot listen on 127.0.0.1:{port}" in caplog.text
