@@ -14,7 +14,7 @@ import pytest
 
 from gateway.api.workers import workers_problem
 from gateway.settings import Settings
-from tests.gateway.api.test_workers_restarts import Group, serve_group
+from tests.gateway.api.test_workers_restarts import Group, serve_group, workers_policy
 from tests.servers import free_port, until
 
 pytestmark = pytest.mark.redis
@@ -23,16 +23,7 @@ STALL_S = 30  # a 2-vCPU machine shared with engine tests stalls processes for s
 
 
 def _policy(engine_port: int) -> str:
-    return f"""
-version: 1
-pools:
-  micro:
-    type: local
-    price: {{gpu_hour_usd: "1.00", tokens_per_second: 100}}
-    engine: {{model: fake, served_name: micro-model, base_port: {engine_port}, startup_timeout_s: 60}}
-    on_demand: {{idle_stop_after_s: 2, cold_start_timeout_s: 60}}
-routing: {{micro_pool: micro, flagship_pool: micro, threshold: 0.5}}
-"""
+    return workers_policy(engine_port, "    on_demand: {idle_stop_after_s: 2, cold_start_timeout_s: 60}\n")
 
 
 @pytest.fixture

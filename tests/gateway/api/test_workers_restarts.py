@@ -42,7 +42,8 @@ sys.exit(asyncio.run(group.run()))
 """
 
 
-def _policy(engine_port: int) -> str:
+def workers_policy(engine_port: int, pool_extra: str = "") -> str:
+    """One fake-engine micro pool on `engine_port`; `pool_extra`: more lines of the pool (indented 4)."""
     return f"""
 version: 1
 pools:
@@ -50,8 +51,9 @@ pools:
     type: local
     price: {{gpu_hour_usd: "1.00", tokens_per_second: 100}}
     engine: {{model: fake, served_name: micro-model, base_port: {engine_port}, startup_timeout_s: 60}}
-routing: {{micro_pool: micro, flagship_pool: micro, threshold: 0.5}}
+{pool_extra}routing: {{micro_pool: micro, flagship_pool: micro, threshold: 0.5}}
 """
+
 
 
 class Group:
@@ -98,7 +100,7 @@ def serve_group(tmp_path: Path, policy_for: Callable[[int], str]) -> Iterator[Gr
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[Group]:
-    yield from serve_group(tmp_path, _policy)
+    yield from serve_group(tmp_path, workers_policy)
 
 
 def _restarts(text: str) -> float:
