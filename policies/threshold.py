@@ -61,14 +61,18 @@ def share_target(threshold: float | ShareThreshold) -> ShareThreshold | None:
     return threshold if isinstance(threshold, ShareThreshold) else None
 
 
-def offline_note(name: str, threshold: float | ShareThreshold, override: float | None) -> str | None:
-    """What an offline tool (explain, replay) routes `name`'s policy by, when that is not simply its float."""
+def offline_note(name: str, threshold: float | ShareThreshold, override: float | None,
+                 live: bool = False) -> str | None:
+    """What an offline tool (explain, replay) routes `name`'s policy by, when that is not simply its float. `live`:
+    the tool can also ask a running gateway for its threshold (explain's `--gateway` / `--redis-url`), and says so."""
     if override is not None:
         return f"{name}: routed with routing threshold {override} (--threshold)"
     if isinstance(threshold, ShareThreshold):
+        ask = ("; --gateway URL (or --redis-url URL --prefix P): the threshold a running gateway uses"
+               if live else "")
         return (f"{name}: routing.threshold targets a flagship share of {threshold.flagship_share:g}, which the "
                 f"gateway turns into a live threshold; used here: its `initial` {threshold.initial:g} "
-                "(pass --threshold to try another)")
+                f"(pass --threshold to try another{ask})")
     return None
 
 

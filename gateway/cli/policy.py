@@ -162,7 +162,7 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
     exp = explain(loaded, ctx, score, ladder=ladder, threshold=threshold, completion=completion, trade=trade)
     if not notes:
-        note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold)
+        note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold, live=True)
         notes = [note] if note else []
     lines = render_explanation(exp, source) + notes + quant_lines(loaded.policy)
     if exp.decision is not None:

@@ -155,9 +155,11 @@ def test_explain_and_replay_say_which_threshold_they_use(tmp_path: Path, capsys:
 
     out = run("policy", "explain", str(policy), "--prompt", "hi", "--score", "0.55")
     assert "pool 'micro'" in out and "used here: its `initial` 0.6" in out
+    assert "--gateway URL (or --redis-url URL --prefix P): the threshold a running gateway uses" in out
     out = run("policy", "explain", str(policy), "--prompt", "hi", "--score", "0.55", "--threshold", "0.5")
     assert "pool 'flagship'" in out and "routing threshold 0.5 (--threshold)" in out
     out = run("policy", "replay", str(policy), "--log", str(log))
     assert "1 move pools" in out and "its `initial` 0.6" in out  # only 0.7 moves at 0.6
+    assert "--gateway" not in out  # replay asks no gateway
     out = run("policy", "replay", str(policy), "--log", str(log), "--threshold", "0.5")
     assert "2 move pools" in out
