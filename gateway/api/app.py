@@ -162,7 +162,8 @@ async def reload_router(request: Request) -> Response:
 
 async def admin_costs(request: Request) -> Response:
     """The finance report as one self-contained HTML page. Query: from, to (YYYY-MM-DD), by, wide (1: every
-    column). The same summary, table and notes as `cascade costs report --format table`."""
+    column). The same summary, table and notes as `cascade costs report --format table`, but what they tell the
+    reader to change is said in the page's query (`summary.PAGE`: wide=1, from=, to=), not in the command's flags."""
     from dataclasses import replace
     from datetime import UTC, date, datetime, timedelta
 
@@ -170,6 +171,7 @@ async def admin_costs(request: Request) -> Response:
     from gateway.costs.html import render_html
     from gateway.costs.quality import served_with_quality
     from gateway.costs.report import GROUPINGS, load_report
+    from gateway.costs.summary import PAGE
     from gateway.ledger.store import LedgerKeys
     from gateway.redis_client import safe_url
 
@@ -197,7 +199,7 @@ async def admin_costs(request: Request) -> Response:
                                        runtime.settings.redis_url, runtime.settings.redis_prefix,
                                        runtime.settings.router_artifact)
     wide = request.query_params.get("wide", "") in ("1", "true")
-    return Response(render_html(report, by, wide, key_rows), media_type="text/html; charset=utf-8")
+    return Response(render_html(report, by, wide, key_rows, PAGE), media_type="text/html; charset=utf-8")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -13,6 +13,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from gateway.costs.report import CostReport, Counters, pct, usd
+from gateway.costs.summary import COMMAND, Controls
 from gateway.costs.view import ReportView, report_view
 
 if TYPE_CHECKING:
@@ -42,10 +43,11 @@ tr.total td{font-weight:600;border-top:2px solid #9aa5b1}
 """
 
 
-def render_html(report: CostReport, by: str, wide: bool = False, key_rows: Sequence[KeyRow] | None = None) -> str:
+def render_html(report: CostReport, by: str, wide: bool = False, key_rows: Sequence[KeyRow] | None = None,
+                controls: Controls = COMMAND) -> str:
     """The whole page for `report`, with the table grouped by `by`: the same summary, cells and notes as the text
-    report (`gateway.costs.view`), then the charts."""
-    view = report_view(report, by, wide, key_rows)
+    report (`gateway.costs.view`), then the charts. `controls`: `summary.PAGE` for the page a gateway serves."""
+    view = report_view(report, by, wide, key_rows, controls)
     total = report.total().counters
     title = f"Cascade costs {report.start.isoformat()} to {report.end.isoformat()}"
     parts = [

@@ -1,34 +1,55 @@
 """The report's plain-language summary: what was spent, what the flagship would have cost, the saving, the quality
 kept and, when traffic is unlike the router's training data, what that means and what to do; one sentence each.
 
-The text report and the HTML page print the same sentences (`summary_lines`), above their tables.
+The text report and the HTML page print the same sentences (`summary_lines`), above their tables. Where a sentence
+tells the reader how to see more, it names the controls of where the report is read (`Controls`): the command's
+flags, or the served page's query (`GET /admin/costs`), whose reader has no command line.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from gateway.costs.estimate import DomainShare, QualityEstimate
 from gateway.costs.layout import money, money_decimals
 from gateway.costs.report import CostReport, pct
 
-__all__ = ["empty_lines", "summary_lines"]
+__all__ = ["COMMAND", "PAGE", "Controls", "empty_lines", "summary_lines"]
 
 _TRAIN = "cascade router train --from-ledger"
 
 
-def empty_lines(report: CostReport) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Controls:
+    """How the reader of a report changes what it shows, in the words of where it is read."""
+
+    wide: str  # every column
+    prefix: str  # another ledger prefix
+    range: str  # other days
+
+
+COMMAND = Controls(wide="--wide", prefix="pass it with --prefix", range="widen --from / --to")
+"""`cascade costs report`: its flags (also on the HTML file it writes with `--format html`)."""
+PAGE = Controls(wide="wide=1 in the page's address",
+                prefix="this page reads its gateway's own (`cascade costs report --prefix P` reads another)",
+                range="widen from= / to= (YYYY-MM-DD) in the page's address")
+"""The page a gateway serves at `GET /admin/costs`: its query."""
+
+
+def empty_lines(report: CostReport, controls: Controls = COMMAND) -> list[str]:
     """What a report with no records says, and what to do."""
     where = f"under the prefix {report.prefix!r}" if report.prefix is not None else "in this ledger"
     return [f"No cost records {where} from {report.start} to {report.end} (UTC).",
             "Check the prefix: a gateway writes under its CASCADE_REDIS_PREFIX (default cascade:), the quick start "
-            "under cascade-demo:, the tests under cascade-test:; pass it with --prefix, or widen --from / --to."]
+            f"under cascade-demo:, the tests under cascade-test:; {controls.prefix}, or {controls.range}."]
 
 
-def summary_lines(report: CostReport) -> list[str]:
+def summary_lines(report: CostReport, controls: Controls = COMMAND) -> list[str]:
     """One sentence each: spend, the flagship counterfactual, the saving, the quality kept and, where traffic is
     unlike the router's data, what to do. `empty_lines` when the report has no record."""
     total = report.total().counters
     if not total.requests:
-        return empty_lines(report)
+        return empty_lines(report, controls)
     decimals = money_decimals(max(total.cost_micro_usd, total.flagship_cost_micro_usd))
     flagship = f" ({report.flagship_pool})" if report.flagship_pool else ""
     saved = total.savings_micro_usd

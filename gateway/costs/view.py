@@ -15,7 +15,7 @@ from typing import Any
 from gateway.costs.by_key import NO_KEY, KeyRow, key_notes
 from gateway.costs.layout import WIDTH, Column, columns, fit_width, lay_out, money_decimals, text_table, wrap
 from gateway.costs.report import CostReport, row_fields
-from gateway.costs.summary import summary_lines
+from gateway.costs.summary import COMMAND, Controls, summary_lines
 
 __all__ = ["ReportView", "render_text", "report_view"]
 
@@ -35,9 +35,10 @@ class ReportView:
     details: list[str]
 
 
-def report_view(report: CostReport, by: str, wide: bool = False,
-                key_rows: Sequence[KeyRow] | None = None) -> ReportView:
-    """The view of `report` grouped by `by` (`key`: laid out from `key_rows`)."""
+def report_view(report: CostReport, by: str, wide: bool = False, key_rows: Sequence[KeyRow] | None = None,
+                controls: Controls = COMMAND) -> ReportView:
+    """The view of `report` grouped by `by` (`key`: laid out from `key_rows`); what it tells the reader to change is
+    said with `controls` (the command's flags, or the served page's query)."""
     pools, total = report.pools, report.total()
     rows = _key_rows(report, key_rows or []) if by == "key" else [row_fields(r, pools) for r in report.rows(by)]
     totals = row_fields(total, pools)
@@ -46,12 +47,12 @@ def report_view(report: CostReport, by: str, wide: bool = False,
                                                   total.counters.flagship_cost_micro_usd))
     cells = lay_out(cols, rows, totals, decimals)
     notes = [f"Amounts in USD{'' if decimals == 6 else f', rounded to {decimals} decimals'}; csv and json carry "
-             f"exact micro-USD.{'' if wide else ' --wide shows tokens, cache, checks and every pool.'}"]
+             f"exact micro-USD.{'' if wide else f' {controls.wide} shows tokens, cache, checks and every pool.'}"]
     if by == "key":
         notes += key_notes(key_rows or [])
     details = [*([] if report.prices is None else report.prices.lines()),
                *([] if report.quality is None else report.quality.lines())]
-    return ReportView(report, by, wide, _header(report, by), summary_lines(report), cols,
+    return ReportView(report, by, wide, _header(report, by), summary_lines(report, controls), cols,
                       cells if wide else fit_width(cols, cells), notes, details)
 
 

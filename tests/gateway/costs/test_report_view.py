@@ -4,6 +4,7 @@ word when a prefix has no records, and the HTML page saying the same as the text
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -177,3 +178,23 @@ def test_the_admin_page_and_the_text_say_the_same(recorded: list[CostRecord], pr
     text_cells = [re.split(r"\s{2,}", line.strip()) for line in table_of(text) if set(line) != {"-"}]
     assert cells == text_cells
     assert f"{sum(r.cost_micro_usd for r in recorded) / 1e6:.6f}" in cells[-1]
+
+
+@pytest.mark.redis
+def test_the_served_page_says_what_to_change_in_its_own_address_not_in_the_commands_flags(
+        recorded: list[CostRecord], page_gateway: tuple[str, Path]) -> None:
+    url, _ = page_gateway
+
+    def page(**params: str) -> str:
+        answer = httpx.get(f"{url}/admin/costs", params=params, headers={"authorization": "Bearer k"})
+        assert answer.status_code == 200, answer.text
+        return " ".join(html.unescape(answer.text).split())
+
+    full = page(**{"from": DAY, "to": DAY, "by": "pool"})
+    assert "TOTAL" in full and "wide=1 in the page's address shows tokens, cache, checks and every pool." in full
+    assert "--wide" not in full  # a flag its reader cannot pass
+    empty = page(**{"from": "2026-01-01", "to": "2026-01-01"})
+    assert "No cost records under the prefix" in empty and "from= / to= (YYYY-MM-DD) in the page's address" in empty
+    assert "pass it with --prefix" not in empty and "--from" not in empty
+    text = render_text(big_report(), "pool")
+    assert "--wide shows tokens" in " ".join(text.split())  # the command keeps its flags
