@@ -198,3 +198,21 @@ def test_the_served_page_says_what_to_change_in_its_own_address_not_in_the_comma
     assert "pass it with --prefix" not in empty and "--from" not in empty
     text = render_text(big_report(), "pool")
     assert "--wide shows tokens" in " ".join(text.split())  # the command keeps its flags
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/costs.md"])
+def test_the_report_shown_in_the_docs_is_the_default_view(doc: str) -> None:
+    """The quick start's report in the README (and costs.md) is what `render_text` lays out for its own figures: the
+    same header lines, the same columns and widths, within 100 columns."""
+    text = (Path(__file__).resolve().parents[3] / doc).read_text()
+    shown = text[text.index("\nCosts "):].split("```")[0].strip("\n").splitlines()
+    assert shown[0].endswith("(UTC) by pool") and "Read from the ledger prefix 'cascade-demo:'" in shown[1]
+    assert max(map(len, shown)) <= WIDTH
+    table = table_of("\n".join(shown))
+    rows = [re.split(r"\s{2,}", line.strip()) for line in table[2:-2]]
+    assert [row[0] for row in rows] == ["flagship", "micro"]  # the check cannot pass on an empty table
+    cells = tuple(Cell(DAY, "demo", name, name, Counters(int(n), 0, 0, round(float(spend) * 1e6),
+                                                         round(float(flagship) * 1e6)))
+                  for name, n, spend, flagship, *_ in rows)
+    report = CostReport(START, END, cells, prefix="cascade-demo:", flagship_pool="flagship")
+    assert table_of(render_text(report, "pool")) == table
