@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from gateway.costs.report import CostReport, usd
+from gateway.costs.summary import summary_lines
 from gateway.ledger.keys import LedgerKeys
 
 __all__ = ["NO_KEY", "KeyRow", "key_notes", "load_key_rows", "render_keys"]
@@ -72,19 +73,26 @@ async def load_key_rows(client: Any, keys: LedgerKeys, start: date, end: date) -
 
 def render_keys(rows: Sequence[KeyRow], report: CostReport, fmt: str) -> str:
     """`rows` as CSV or JSON (`fmt`), with a "(no key id)" row for the records without a key and the TOTAL of
-    `report` (the same rows as the table, `gateway.costs.view`); money as micro-USD and USD strings."""
+    `report` (the same rows as the table, `gateway.costs.view`); money as micro-USD and USD strings. The TOTAL also
+    carries the flagship counterfactual and the saving, as the table's does (no key row can: blank in CSV); JSON
+    also the summary's sentences, the quality and the prices, as every other grouping's."""
     data = [row.fields() for row in rows]
     total = report.total().counters
     rest = KeyRow("-", NO_KEY, *(getattr(total, name) - sum(getattr(r, name) for r in rows) for name in _FIELDS))
     if rest.requests > 0:
         data.append(rest.fields())
-    whole = KeyRow("", "TOTAL", *(getattr(total, name) for name in _FIELDS)).fields()
+    whole = {**KeyRow("", "TOTAL", *(getattr(total, name) for name in _FIELDS)).fields(),
+             "flagship_cost_micro_usd": total.flagship_cost_micro_usd, "flagship_cost_usd": usd(
+                 total.flagship_cost_micro_usd), "savings_micro_usd": total.savings_micro_usd,
+             "savings_usd": usd(total.savings_micro_usd)}
     if fmt == "json":
         return orjson.dumps({"from": str(report.start), "to": str(report.end), "by": "key", "prefix": report.prefix,
-                             "rows": data, "total": whole, "notes": key_notes(rows)},
+                             "rows": data, "total": whole, "notes": key_notes(rows), "summary": summary_lines(report),
+                             "quality": None if report.quality is None else report.quality.fields(),
+                             "prices": None if report.prices is None else report.prices.fields()},
                             option=orjson.OPT_INDENT_2).decode() + "\n"
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(KeyRow("", "").fields()), lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(whole), lineterminator="\n")
     writer.writeheader()
     writer.writerows([*data, whole])
     return buf.getvalue()

@@ -114,6 +114,19 @@ def test_a_key_under_two_tenants_says_why_and_unkeyed_records_make_up_the_total(
     assert csv_text.splitlines()[-1].split(",")[:3] == ["", "TOTAL", "1920000"]
 
 
+def test_csv_and_json_by_key_carry_the_totals_and_summary_of_every_other_grouping() -> None:
+    by_pool = json.loads(render(big_report(), "pool", "json"))
+    by_key = json.loads(render(big_report(), "key", "json", key_rows=key_rows()))
+    assert by_key["summary"] == by_pool["summary"] and by_key["summary"][0].startswith("Spend: $")
+    for field in ("cost_micro_usd", "flagship_cost_micro_usd", "savings_micro_usd", "savings_usd"):
+        assert by_key["total"][field] == by_pool["total"][field], field
+    assert by_pool["total"]["savings_micro_usd"] > 0  # the check cannot pass on zeros
+    lines = render(big_report(), "key", "csv", key_rows=key_rows()).splitlines()
+    header, first, last = (line.split(",") for line in (lines[0], lines[1], lines[-1]))
+    flagship = header.index("flagship_cost_micro_usd")
+    assert first[flagship] == "" and int(last[flagship]) == by_pool["total"]["flagship_cost_micro_usd"]
+
+
 def test_the_report_names_its_prefix_and_an_empty_prefix_says_what_to_do(
         prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report.txt"
