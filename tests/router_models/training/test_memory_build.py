@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from redis.typing import EncodableT
 
 from gateway.cli.main import main
 from router_models.cli import register
@@ -147,7 +148,7 @@ def test_check_ids_refuses_a_request_the_ledger_did_not_keep_or_kept_for_another
 def test_from_ledger_adds_feedback_on_any_pool_as_that_pools_label(
         tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     keys = LabelKeys(prefix)
-    kept = {"score": "0.3", "at": "1.0"}
+    kept: dict[EncodableT, EncodableT] = {"score": "0.3", "at": "1.0"}  # as redis-py's hset mapping types it
     client = redis.Redis.from_url(SHARED_URL)
     try:  # feedback on a middle tier's answer, on a micro answer, and on another tenant's flagship answer
         client.hset(keys.prompt("req-1"), mapping={**kept, "text": "Write a Python function that reverses a list.",
