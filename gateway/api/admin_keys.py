@@ -77,7 +77,7 @@ def _create_body(body: bytes, runtime: Runtime) -> dict[str, Any]:
     if problem is not None and not allow:
         raise BadRequest(f"{problem}; or send \"allow_unknown\": true to create the key anyway", param="tenant")
     return {"tenant": tenant, "name": name, "limits": limits, "daily_usd": daily, "expires_at": expires,
-            "warning": problem}
+            "warning": None if problem is None else f"created anyway: {problem.why}"}
 
 
 async def _revoke(request: Request) -> Response:

@@ -107,7 +107,7 @@ def _tenant_refused(args: argparse.Namespace) -> bool:
     if problem is None:
         return False
     if args.allow_unknown:
-        print(f"cascade keys: warning: {problem}", file=sys.stderr)
+        print(f"cascade keys: warning: created anyway: {problem.why}", file=sys.stderr)
         return False
     print(f"cascade keys: {problem}; or pass --allow-unknown to create the key anyway", file=sys.stderr)
     return True

@@ -18,27 +18,41 @@ import secrets
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from policies.schema import RateLimits
 
-__all__ = ["KEY_PREFIX", "OPEN_TENANT", "ApiKey", "KeyStore", "digest_of", "id_of", "unknown_tenant"]
+__all__ = ["KEY_PREFIX", "OPEN_TENANT", "ApiKey", "KeyStore", "TenantProblem", "digest_of", "id_of", "unknown_tenant"]
 
 KEY_PREFIX = "sk-cascade-"
 OPEN_TENANT = "default"  # every caller's tenant under a policy that names none
 
 
-def unknown_tenant(tenant: str, tenants: Collection[str], source: str) -> str | None:
+class TenantProblem(NamedTuple):
+    """Why a key for a tenant would not be served as that tenant (`why`), and what to do before creating it (`fix`).
+    A refusal says both; the warning of a key created anyway says only `why`: the fix is for the key not made."""
+
+    why: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.why}. {self.fix}"
+
+
+def unknown_tenant(tenant: str, tenants: Collection[str], source: str) -> TenantProblem | None:
     """Why a key for `tenant` would not be served as that tenant by a gateway on the policy `source` naming
-    `tenants` (None: it would). Says what to do; the caller adds how to create the key anyway."""
+    `tenants` (None: it would). The caller adds how to create the key anyway."""
     if tenant in tenants or (not tenants and tenant == OPEN_TENANT):
         return None
     if not tenants:
-        return (f"the policy {source} names no tenants: every caller is served as tenant {OPEN_TENANT!r}, so a key "
-                f"for {tenant!r} would be served as {OPEN_TENANT!r} (its own limits and budget still apply). Create "
-                f"it with tenant {OPEN_TENANT!r}, or name {tenant!r} under `tenants:` in the policy and reload first")
-    return (f"tenant {tenant!r} is not in the policy {source} (its tenants: {', '.join(sorted(tenants))}): a key for "
-            f"it would be refused (401) until the policy names it. Add {tenant!r} under `tenants:` and reload first")
+        return TenantProblem(
+            f"the policy {source} names no tenants: every caller is served as tenant {OPEN_TENANT!r}, so a key for "
+            f"{tenant!r} is served as {OPEN_TENANT!r} (its own limits and budget still apply)",
+            f"Create it with tenant {OPEN_TENANT!r}, or name {tenant!r} under `tenants:` in the policy and reload "
+            f"first")
+    return TenantProblem(
+        f"tenant {tenant!r} is not in the policy {source} (its tenants: {', '.join(sorted(tenants))}): a key for it "
+        f"is refused (401) until the policy names it", f"Add {tenant!r} under `tenants:` and reload first")
 
 
 def digest_of(key: str) -> str:
