@@ -40,6 +40,7 @@ import httpx
 __all__ = ["EVAL_PROMPTS", "JSON_PROMPTS", "JSON_SCHEMA", "EngineRun", "Evaluation", "compare", "measure_engine"]
 
 Dist = dict[int, float]  # token id -> logprob (top-k of one position)
+KEEPALIVE_S = 4.0  # idle connections kept under the engine's keep-alive (uvicorn's 5 s)
 
 # Held-out prompts: not in the demo calibration set (which is drawn from the tokenizer's corpus).
 EVAL_PROMPTS: tuple[str, ...] = (
@@ -169,7 +170,10 @@ async def measure_engine(base: str, model: str, prompts: Sequence[list[int]], *,
                          continuations: Sequence[list[int]] | None = None) -> tuple[EngineRun, list[list[int]]]:
     """Measure the engine at ``base`` (no ``/v1``). Without ``continuations`` it makes its own greedy ones
     (the original's role); returns the run and the continuations used."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), trust_env=False) as http:
+    # idle connections kept under the engine's own keep-alive (uvicorn's 5 s, httpx's default too): at 5 s both, a
+    # request could go out on a connection the engine was closing (httpx.ReadError in a fresh clone at load 20)
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits, trust_env=False) as http:
         own = [await _continuation(http, base, model, ids, new_tokens) for ids in prompts]
         conts = list(continuations) if continuations is not None else own
         pairs = zip(prompts, conts, strict=True)
