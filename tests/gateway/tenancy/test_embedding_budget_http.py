@@ -1,0 +1,66 @@
+"""An embedding tenant's budget through the gateway in-process and the real Redis ledger: each request holds the
+worst case of its input (`Admission.admit_input`), so a tenant sending until refused ends within its budget, and
+its spend shows as the `embeddings` row of the cost report by endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from gateway.api.auth import hash_key
+from loadtest.fake_upstream import FakeUpstream
+from tests.conftest import Upstreams, report_recent
+from tests.gateway.serving.test_embeddings_http import embedding_policy
+from tests.gateway.tenancy.test_admission_http import redis_gateway
+from tests.harness import FakeEngines
+from tests.servers import until
+
+pytestmark = pytest.mark.redis
+PRICE = 100  # micro-USD per input token ("100.00" USD per million)
+BUDGET = 5_000  # micro-USD a day
+TEXT = "seven words of text to embed here"  # the fake counts 7 tokens; 33 bytes: at most 35 tokens held
+WORST = 2 * 35 * PRICE  # what a request of two such inputs holds
+
+
+def test_an_embedding_tenant_ends_within_its_budget_and_its_spend_is_an_endpoint_row(
+        tmp_path: Path, fake_engines: FakeEngines, fake_upstreams: Upstreams) -> None:
+    engine = FakeUpstream("embed-model")
+    url = fake_engines.add("embed", engine)
+    tenants = f"""tenants:
+  vectors: {{api_key_sha256: ['{hash_key("sk-v")}'], budget: {{daily_usd: "{BUDGET / 1e6:.6f}"}},
+             on_redis_outage: fail_closed}}
+"""
+    policy = embedding_policy(fake_upstreams, url, extra=tenants).replace('input_per_mtok: "0.02"',
+                                                                            'input_per_mtok: "100.00"')
+    with redis_gateway(tmp_path, policy, fake_engines) as (gateway, prefix):
+
+        def post(_: object) -> int:
+            response = gateway.client.post("/v1/embeddings", json={"model": "embed", "input": [TEXT, TEXT]},
+                                           headers={"authorization": "Bearer sk-v"}, timeout=60)
+            if response.status_code == 429:
+                assert response.json()["error"]["code"] == "insufficient_quota", response.text
+            return response.status_code
+
+        # a burst: each admitted request holds its worst case, so the budget stops the rest before they are billed
+        with ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(post, range(12)))
+        codes += [post(None) for _ in range(6)]  # then one at a time, each after the last was recorded
+        served = codes.count(200)
+        assert set(codes) <= {200, 429, 503} and served >= 2 and codes[-1] == 429, codes
+        spent = served * 2 * 7 * PRICE
+        assert spent <= BUDGET + WORST, (spent, codes)  # the budget's bound: one request's worst case past it
+
+        def report_has_them() -> bool:
+            report = asyncio.run(report_recent(prefix))
+            rows = {row.key: row.counters for row in report.rows("endpoint")}
+            return "embeddings" in rows and rows["embeddings"].requests == served
+
+        until(report_has_them, 10)
+        rows = {row.key: row.counters for row in asyncio.run(report_recent(prefix)).rows("endpoint")}
+        assert set(rows) == {"embeddings"}
+        row = rows["embeddings"]
+        assert (row.prompt_tokens, row.completion_tokens, row.cost_micro_usd) == (served * 14, 0, spent)
+        assert row.flagship_cost_micro_usd == spent  # no savings claimed
