@@ -1,5 +1,5 @@
-"""The cost report split by endpoint (chat, Responses, completions, embeddings): records written through RedisLedger to the
-shared Redis (unique key prefix, cleaned up), the rollups' endpoint counters read back, reconciled with the
+"""The cost report split by endpoint (chat, Responses, completions, embeddings): records written through RedisLedger
+to the shared Redis (unique key prefix, cleaned up), the rollups' endpoint counters read back, reconciled with the
 stream, and rendered."""
 
 from __future__ import annotations
