@@ -5,6 +5,7 @@ session), against the same call to the engine directly, with the ledger record o
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,9 @@ def served(shared_engines: SharedEngines, upstreams: Upstreams, tmp_path: Path) 
     policy.write_text(policy_yaml(upstreams[1], upstreams[3]).replace("routing:\n", EMBED_POOL + "routing:\n", 1))
     spec = load_policy(policy).policy.pools["embed"]
     assert isinstance(spec, LocalPool) and "pooling" in spec.engine.extra_args
+    started = time.monotonic()
+    shared_engines.urls([spec.engine])  # started here unless running: its start-up time is in the test's output
+    print(f"embedding engine (demo:micro on the pooling runner) ready after {time.monotonic() - started:.1f} s")
     prefix = f"test:e2e-embed:{uuid.uuid4().hex[:8]}:"
     try:
         with gateway_on_shared_engines(shared_engines, policy, prefix,
