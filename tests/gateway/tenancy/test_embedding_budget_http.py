@@ -67,3 +67,27 @@ def test_an_embedding_tenant_ends_within_its_budget_and_its_spend_is_an_endpoint
         row = rows["embeddings"]
         assert (row.prompt_tokens, row.completion_tokens, row.cost_micro_usd) == (served * 14, 0, spent)
         assert row.flagship_cost_micro_usd == spent  # no savings claimed
+
+
+def test_a_budget_that_downgrades_refuses_embeddings_once_spent(
+        tmp_path: Path, fake_engines: FakeEngines, fake_upstreams: Upstreams) -> None:
+    url = fake_engines.add("embed", FakeUpstream("embed-model"))
+    tenants = f"""tenants:
+  vectors: {{api_key_sha256: ['{hash_key("sk-v")}'], budget: {{daily_usd: "0.0001", on_exceed: downgrade}}}}
+"""
+    policy = embedding_policy(fake_upstreams, url, extra=tenants).replace('input_per_mtok: "0.02"',
+                                                                            'input_per_mtok: "100.00"')
+    with redis_gateway(tmp_path, policy, fake_engines) as (gateway, prefix):
+
+        def post() -> int:
+            return gateway.client.post("/v1/embeddings", json={"model": "embed", "input": TEXT},
+                                       headers={"authorization": "Bearer sk-v"}).status_code
+
+        assert post() == 200  # 700 micro-USD of a 100 budget: spent past it
+        until(lambda: asyncio.run(report_recent(prefix)).total().counters.requests == 1, 10)
+        refused = gateway.client.post("/v1/embeddings", json={"model": "embed", "input": TEXT},
+                                      headers={"authorization": "Bearer sk-v"})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota", refused.text
+        chat = gateway.client.post("/v1/chat/completions", headers={"authorization": "Bearer sk-v"}, json={
+            "model": "flagship", "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 200 and chat.headers["x-cascade-pool"] == "micro"  # chat is downgraded instead
