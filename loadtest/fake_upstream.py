@@ -3,7 +3,7 @@
 Raw ASGI (no framework) so that it costs as little as possible. It serves `/health`, `/metrics` (vLLM
 gauge names), `/tokenize` (1 token per whitespace-separated word, plus 3 per message), and
 `/v1/chat/completions` streaming and not, with `usage` (and `stream_options.include_usage`), and
-`/v1/responses` and `/v1/completions` (`loadtest.fake_endpoints`).
+`/v1/responses` and `/v1/completions` (`loadtest.fake_endpoints`), and `/v1/embeddings` (`loadtest.fake_embeddings`).
 Knobs (per request, in the body's `metadata`): `fake_tokens` (completion length, default 16),
 `fake_delay_ms` (sleep between streamed tokens), `fake_tool_call` (a function name: with `tools` in the
 request, each choice is a call of it, `{"q": "w0 w1 ..."}`, streamed as argument deltas); per server:
@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from loadtest.fake_embeddings import embeddings_json
 from loadtest.fake_endpoints import serve_other
 
 __all__ = ["FakeUpstream", "main", "read_body"]
@@ -68,6 +69,7 @@ class FakeUpstream:
         self.last_traceparent: str | None = None  # its W3C traceparent header (a traced gateway sends one)
         self.last_body: dict[str, Any] | None = None  # the last chat request's body, as the engine received it
         self.tokenize_requests = 0  # calls of /tokenize (vLLM's token counter)
+        self.embedding_requests = 0  # calls of /v1/embeddings (last_body: the last one's body)
         self.content: str | None = None  # a test's choice of every text answer (4 characters a token, stops)
         self.fail_status: int | None = None  # a test's choice: every chat request answered with this error status
 
@@ -94,6 +96,10 @@ class FakeUpstream:
             return await self._chat(send, receive, body)
         if path in ("/v1/responses", "/v1/completions"):
             return await self._other(path, send, receive, body)
+        if path == "/v1/embeddings":
+            self.embedding_requests += 1
+            self.last_body = orjson.loads(body)
+            return await self._reply(send, *embeddings_json(self.last_body, self.model))
         await self._reply(send, 404, b'{"error":{"message":"not found","type":"not_found"}}')
 
     def _metrics(self) -> bytes:

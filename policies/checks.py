@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from policies.ladder_schema import FRACTION_SIGNALS, FallbackPool, LadderStep, Overflow, RaiseThreshold
 from policies.output_checks import resolve
-from policies.pools import context_of
+from policies.pools import context_of, is_embedding
 from policies.rules import RuleMatch
 from policies.schema import Policy, RemotePool
 from policies.threshold import base_threshold
@@ -188,8 +188,40 @@ def _limit_problems(policy: Policy) -> Iterator[Problem]:
                    "tokens (prompt and completion together); set it below the smallest context")
 
 
+def _generative_places(policy: Policy) -> Iterator[tuple[Loc, str | None]]:
+    """Every place that names a pool generative requests are sent to, with the pool it names."""
+    routing = policy.routing
+    if routing.tiers:
+        yield from ((("routing", "tiers", i), pool) for i, pool in enumerate(routing.tiers))
+    else:
+        yield from ((("routing", key), getattr(routing, key)) for key in ("micro_pool", "flagship_pool"))
+    yield from ((("routing", "rules", i, "pool"), rule.pool) for i, rule in enumerate(routing.rules))
+    for i, step in enumerate(policy.degradation.steps):
+        yield ("degradation", "steps", i, "pool"), step.pool
+        if step.remap is not None:
+            yield ("degradation", "steps", i, "action", "to_pool"), step.remap[1]
+    shadow = policy.learning.shadow
+    yield ("learning", "shadow", "flagship_pool"), shadow.flagship_pool
+    yield ("learning", "shadow", "judge_pool"), shadow.judge_pool
+
+
+def _kind_problems(policy: Policy) -> Iterator[Problem]:
+    """An embedding pool (`kind: embedding`) serves /v1/embeddings only: it is never a routing target, a ladder
+    step's pool, nor a shadow pool; an on-demand pool falls back to a pool of its own kind."""
+    for loc, name in _generative_places(policy):
+        if name is not None and name in policy.pools and is_embedding(policy.pools[name]):
+            yield loc, (f"pool {name!r} is an embedding pool (kind: embedding), which serves /v1/embeddings only; "
+                        "name a generative pool here")
+    for name, spec in policy.pools.items():
+        fallback = getattr(getattr(spec, "on_demand", None), "fallback_pool", None)
+        if fallback in policy.pools and policy.pools[fallback].kind != spec.kind:
+            yield (("pools", name, "on_demand", "on_cold"),
+                   f"pool {fallback!r} is {policy.pools[fallback].kind} and {name!r} {spec.kind}: a cold pool falls "
+                   "back to a pool of its own kind")
+
+
 def reference_problems(policy: Policy) -> list[Problem]:
     """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
     return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy),
             *_on_demand_problems(policy), *_learning_problems(policy), *_autoscale_problems(policy),
-            *tier_problems(policy), *_limit_problems(policy)]
+            *tier_problems(policy), *_limit_problems(policy), *_kind_problems(policy)]

@@ -9,7 +9,8 @@ Order of a decision (each step says what it did in `reason`; `rule` names the la
    float or the share form's `initial` (`policies.threshold.base_threshold`);
 2. an active `raise_threshold` ladder step raises that threshold (never lowers it); when that changes the
    pool, `rule` is ``ladder:<step>``;
-3. a pool the tenant may not use (`allowed_pools`) becomes the first of its allowed pools;
+3. a pool the tenant may not use (`allowed_pools`) becomes the first generative pool of its allowed pools
+   (`PoolNotAllowed` if it has none); a pinned embedding pool is `EmbeddingModel`;
 4. active `fallback_pool` / `overflow` steps move the pool's traffic (rule ``ladder:<step>``), unless the
    tenant may not use the target, in which case the request stays.
 
@@ -34,6 +35,7 @@ from policies.tiers import Trade, choose, estimates_text
 
 __all__ = [
     "AUTO_MODEL",
+    "EmbeddingModel",
     "ModelNotRouted",
     "PoolNotAllowed",
     "RouteContext",
@@ -67,6 +69,15 @@ class ModelNotRouted(Exception):
         self.model, self.rules = model, rules
         super().__init__(f"model {model!r} is routed only by rules {list(rules)}, and none of them matches this "
                          "request")
+
+
+class EmbeddingModel(Exception):
+    """A generative request (chat, Responses, completions) pinned an embedding pool (`kind: embedding`), which
+    serves /v1/embeddings only (the gateway answers 404, as the OpenAI API answers a model the endpoint lacks)."""
+
+    def __init__(self, model: str, pool: str) -> None:
+        self.model, self.pool = model, pool
+        super().__init__(f"model {model!r} is an embedding model (pool {pool!r}): it serves /v1/embeddings only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +272,8 @@ def _base(policy: Policy, ctx: RouteContext, score: float | None, ladder: Ladder
         allowed = _allowed(policy, ctx.tenant)
         if allowed is not None and pool not in allowed:
             raise PoolNotAllowed(ctx.tenant, pool, allowed)
+        if policy.pools[pool].kind == "embedding":
+            raise EmbeddingModel(ctx.requested_model, pool)
         return pool, "pinned", f"model {ctx.requested_model!r} pins pool {pool!r}", (
             RouteStep("pinned", pool, "the requested model names it"),)
     trace = rule_trace(policy, ctx, score)
@@ -288,9 +301,12 @@ def decide(
     pool, rule, reason, route = _base(policy, ctx, score, ladder, threshold, trade)
     allowed = _allowed(policy, ctx.tenant)
     if allowed is not None and pool not in allowed:
-        reason += f"; tenant {ctx.tenant!r} may not use {pool!r}: sent to {allowed[0]!r} (first allowed pool)"
-        route += (RouteStep("tenant", allowed[0], f"may not use {pool!r}: its first allowed pool"),)
-        pool = allowed[0]
+        first = next((p for p in allowed if policy.pools[p].kind == "generative"), None)
+        if first is None:  # the tenant may use embedding pools only
+            raise PoolNotAllowed(ctx.tenant, pool, allowed)
+        reason += f"; tenant {ctx.tenant!r} may not use {pool!r}: sent to {first!r} (first allowed pool)"
+        route += (RouteStep("tenant", first, f"may not use {pool!r}: its first allowed pool"),)
+        pool = first
     target, steps = ladder.route(pool)
     if steps and allowed is not None and target not in allowed:
         reason += f"; ladder step {steps[-1]!r} would move it to {target!r}, which tenant {ctx.tenant!r} may not use"

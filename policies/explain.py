@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from policies.context import RouteContext
 from policies.decide import (
+    EmbeddingModel,
     ModelNotRouted,
     PoolNotAllowed,
     RouteDecision,
@@ -78,7 +79,7 @@ def explain(loaded: LoadedPolicy, ctx: RouteContext, score: float | None,
             decision, refusal = _fit(policy, decision, ctx, completion, ladder or LadderState())
         except PoolNotAllowed as exc:
             refusal = f"403: {exc}"
-        except ModelNotRouted as exc:
+        except (ModelNotRouted, EmbeddingModel) as exc:
             refusal = f"404: {exc}"
     return Explanation(loaded.source, loaded.version, ctx, score, needs_score(policy, ctx), rules, decision, refusal)
 

@@ -18,8 +18,68 @@ from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 from policies.speculative import Speculation
 from policies.tool_calling import ToolCalling
 
-__all__ = ["Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "QuantCeiling", "RemotePool", "ReplicaChoice",
-           "as_remote_pool", "context_of", "engine_version", "pool_version"]
+__all__ = ["POOLING_RUNNER", "POOL_KINDS", "Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "PoolKind",
+           "QuantCeiling", "RemotePool", "ReplicaChoice", "as_remote_pool", "context_of", "engine_version",
+           "is_embedding", "pool_version"]
+
+PoolKind = Literal["generative", "embedding"]
+POOL_KINDS: tuple[PoolKind, ...] = ("generative", "embedding")
+_KIND_DOC = ("what the pool's engines serve: generative (chat, Responses, completions: the routing targets) or "
+             "embedding (/v1/embeddings only: never a routing target; billed per input token)")
+POOLING_RUNNER = ("--runner", "pooling")
+"""vLLM's pooling runner: an embedding pool's engines are started with it (a *ForCausalLM checkpoint is converted to
+an embedding model, `--convert auto` resolving to `embed`; a native embedding model is served as it is)."""
+
+
+def _embedding_defaults(data: Any) -> Any:
+    """An embedding pool as written, with what `kind: embedding` implies filled in: its price's output_per_mtok 0
+    (only input tokens are billed) and, on a local pool's engines, vLLM's pooling runner (`POOLING_RUNNER`) unless
+    its extra_args choose a runner."""
+    if not isinstance(data, Mapping) or data.get("kind") != "embedding":
+        return data
+    data = dict(data)
+    price = data.get("price")
+    if isinstance(price, Mapping) and "input_per_mtok" in price and "output_per_mtok" not in price:
+        data["price"] = {**price, "output_per_mtok": 0}
+    if isinstance(data.get("engine"), Mapping):
+        data["engine"] = _with_pooling_runner(data["engine"])
+    canary = data.get("canary")
+    if isinstance(canary, Mapping) and isinstance(canary.get("engine"), Mapping):
+        data["canary"] = {**canary, "engine": _with_pooling_runner(canary["engine"])}
+    return data
+
+
+def _with_pooling_runner(engine: Mapping[str, Any]) -> dict[str, Any]:
+    extra = engine.get("extra_args") or ()
+    if not isinstance(extra, list | tuple) or any(str(a).split("=", 1)[0] == "--runner" for a in extra):
+        return dict(engine)
+    return {**engine, "extra_args": [*POOLING_RUNNER, *extra]}
+
+
+def _kind_problems(kind: PoolKind, engines: Sequence[EngineSpec], output_checks: object) -> list[str]:
+    """What a pool of `kind` may not have: an embedding pool's engines run vLLM's pooling runner and have no
+    speculative decoding nor tool calling, and its answers (vectors) no output checks; a generative pool's engines
+    do not run the pooling runner."""
+    problems = []
+    for engine in engines:
+        runner = _runner_of(engine.extra_args)
+        if kind == "embedding" and runner not in (None, "pooling"):
+            problems.append(f"an embedding pool's engine runs vLLM's pooling runner; remove --runner {runner}")
+        if kind == "generative" and runner == "pooling":
+            problems.append("the engine runs vLLM's pooling runner (embeddings): set kind: embedding on the pool")
+        if kind == "embedding" and (engine.speculative is not None or engine.tool_calling is not None):
+            problems.append("an embedding pool generates no tokens: remove speculative and tool_calling")
+    if kind == "embedding" and output_checks is not None:
+        problems.append("an embedding pool's answers are vectors, which no output check reads: remove output_checks")
+    return problems
+
+
+def _runner_of(extra_args: Sequence[str]) -> str | None:
+    for i, arg in enumerate(extra_args):
+        flag, _, value = arg.partition("=")
+        if flag == "--runner":
+            return value or (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+    return None
 
 
 class EngineSpec(Frozen):
@@ -137,6 +197,7 @@ class Canary(Frozen):
 
 class LocalPool(Frozen):
     type: Literal["local"]
+    kind: PoolKind = Field(default="generative", description=_KIND_DOC)
     price: Price
     engine: EngineSpec
     canary: Canary | None = Field(default=None, description="a new engine version taking a share of the traffic")
@@ -166,6 +227,19 @@ class LocalPool(Frozen):
     def needed_for_ready(self) -> bool:
         """Whether /readyz fails while this pool is down (`required_for_ready`, else: unless on demand)."""
         return self.required_for_ready if self.required_for_ready is not None else self.on_demand is None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embedding_defaults(cls, data: Any) -> Any:
+        return _embedding_defaults(data)
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> LocalPool:
+        engines = [self.engine, *([self.canary.engine] if self.canary is not None else [])]
+        problems = _kind_problems(self.kind, engines, self.output_checks)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _autoscale_fits(self) -> LocalPool:
@@ -217,6 +291,7 @@ class Connection(Frozen):
 
 class RemotePool(Frozen):
     type: Literal["remote"]
+    kind: PoolKind = Field(default="generative", description=_KIND_DOC)
     price: Price
     urls: tuple[str, ...] = Field(min_length=1, description="base URLs of OpenAI-compatible servers")
     model: str = Field(description="model name sent to the remote servers")
@@ -262,8 +337,25 @@ class RemotePool(Frozen):
         """Whether /readyz fails while this pool is down."""
         return self.required_for_ready
 
+    @model_validator(mode="before")
+    @classmethod
+    def _embedding_defaults(cls, data: Any) -> Any:
+        return _embedding_defaults(data)
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> RemotePool:
+        problems = _kind_problems(self.kind, (), self.output_checks)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
 
 Pool = Annotated[LocalPool | RemotePool, Field(discriminator="type")]
+
+
+def is_embedding(spec: LocalPool | RemotePool) -> bool:
+    """Whether the pool serves /v1/embeddings (`kind: embedding`) rather than the generative endpoints."""
+    return spec.kind == "embedding"
 
 
 def context_of(spec: LocalPool | RemotePool) -> int | None:
@@ -303,4 +395,4 @@ def as_remote_pool(raw: Mapping[str, Any], urls: Sequence[str]) -> dict[str, Any
 
 
 # the keys of a local pool that mean the same on a remote one (the gateway's side of the pool, not its engine's)
-_KEPT_AS_REMOTE = ("breaker", "replica_choice", "output_checks", "placement", "expected_completion_tokens")
+_KEPT_AS_REMOTE = ("kind", "breaker", "replica_choice", "output_checks", "placement", "expected_completion_tokens")

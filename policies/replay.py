@@ -34,7 +34,7 @@ from decimal import Decimal
 from typing import Any
 
 from policies.context import RouteContext
-from policies.decide import ModelNotRouted, PoolNotAllowed, decide, known_model, needs_score
+from policies.decide import EmbeddingModel, ModelNotRouted, PoolNotAllowed, decide, known_model, needs_score
 from policies.loader import LoadedPolicy
 from policies.tiers import TierEstimate, Trade, expected_completion, expected_cost_usd, parse_estimates, solve_tradeoff
 
@@ -157,7 +157,7 @@ def _route(loaded: LoadedPolicy, entry: LogEntry, threshold: float | None = None
         return REFUSED, False
     try:
         decision = decide(policy, loaded.version, ctx, entry.score, threshold=threshold, trade=trade)
-    except (PoolNotAllowed, ModelNotRouted):
+    except (PoolNotAllowed, ModelNotRouted, EmbeddingModel):
         return REFUSED, False
     return decision.pool, entry.score is None and needs_score(policy, ctx)
 

@@ -47,7 +47,8 @@ class Tenant(Frozen):
     api_key_sha256: tuple[str, ...] = Field(default=(), description="hex SHA-256 of each API key")
     threshold: float | None = Field(default=None, ge=0, le=1)
     allowed_pools: tuple[str, ...] | None = Field(
-        default=None, description="pools this tenant may use (default: all); the first is its fallback"
+        default=None, description="pools this tenant may use (default: all); the first generative one is its "
+        "fallback"
     )
     priority: int = Field(default=0, description="higher is more important; the ladder sheds low priority first")
     rate_limits: RateLimits = RateLimits()

@@ -25,7 +25,8 @@ from starlette.types import Receive, Scope, Send
 from backends.background import stop
 from gateway.api.admin_keys import admin_key_routes
 from gateway.api.auth import bearer_matches, require_admin
-from gateway.api.chat import endpoint_apps
+from gateway.api.chat import OpenAIEndpoint, endpoint_apps
+from gateway.api.embeddings import EmbeddingsEndpoint
 from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
@@ -37,6 +38,7 @@ from gateway.errors import (
     GatewayError,
     error_body,
 )
+from gateway.serving.openai.endpoints import EMBEDDINGS
 from gateway.serving.routing.router_swap import watched_paths
 from gateway.settings import Settings
 from gateway.telemetry.gc_pauses import GcPauses, freeze_heap
@@ -221,7 +223,13 @@ class GatewayApp:
 
     def __init__(self, starlette: Starlette) -> None:
         self._starlette = starlette
-        self._openai = endpoint_apps(lambda: starlette.state.runtime)
+
+        def runtime() -> Runtime:  # read at each request: the lifespan builds it
+            current: Runtime = starlette.state.runtime
+            return current
+
+        self._openai: dict[str, OpenAIEndpoint] = {**endpoint_apps(runtime),
+                                                   EMBEDDINGS.path: EmbeddingsEndpoint(runtime)}
 
     @property
     def state(self) -> Any:

@@ -31,7 +31,7 @@ from gateway.tenancy.api_keys import ApiKey
 from policies.decide import RouteDecision, route_text
 from policies.tiers import estimates_text
 
-__all__ = ["ChatEndpoint", "endpoint_apps"]
+__all__ = ["ChatEndpoint", "OpenAIEndpoint", "endpoint_apps", "read_body"]
 
 log = logging.getLogger("cascade.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -71,7 +71,7 @@ def route_headers(request_id: str, decision: RouteDecision, endpoint: str = CHAT
     }
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body is {declared} bytes; the limit is {limit}")
@@ -100,14 +100,14 @@ async def _send_error(send: Send, exc: GatewayError, request_id: str) -> None:
     await _send(send, exc.status, exc.body(), {"x-request-id": request_id, **exc.headers()})
 
 
-class ChatEndpoint:
-    """The ASGI app of one OpenAI route (`endpoint`: chat unless said). `runtime()` gives the running `Runtime`
-    (built by the lifespan)."""
+class OpenAIEndpoint:
+    """The ASGI app of one OpenAI route: authentication, request id, access log, trace, the routing headers and
+    every error as the OpenAI envelope; `_handle` (a subclass's) reads the body and calls its service. `runtime()`
+    gives the running `Runtime` (built by the lifespan)."""
 
-    def __init__(self, runtime: Callable[[], Runtime], endpoint: Endpoint = CHAT) -> None:
+    def __init__(self, runtime: Callable[[], Runtime], endpoint: Endpoint) -> None:
         self._runtime = runtime
         self._endpoint = endpoint
-        self._parse = _PARSERS[endpoint.name]
         self._id_prefix = f"req_{endpoint.id_tag}_" if endpoint.id_tag else "req_"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -150,8 +150,20 @@ class ChatEndpoint:
 
     async def _handle(self, runtime: Runtime, receive: Receive, headers: dict[str, str], key: ApiKey,
                       request_id: str) -> JSONReply | StreamReply:
+        raise NotImplementedError
+
+
+class ChatEndpoint(OpenAIEndpoint):
+    """The ASGI app of one of the generative routes (`endpoint`: chat unless said), served by the chat service."""
+
+    def __init__(self, runtime: Callable[[], Runtime], endpoint: Endpoint = CHAT) -> None:
+        super().__init__(runtime, endpoint)
+        self._parse = _PARSERS[endpoint.name]
+
+    async def _handle(self, runtime: Runtime, receive: Receive, headers: dict[str, str], key: ApiKey,
+                      request_id: str) -> JSONReply | StreamReply:
         settings = runtime.settings
-        body = await _read_body(receive, headers, settings.max_body_bytes)
+        body = await read_body(receive, headers, settings.max_body_bytes)
         chat, raw, native = self._parse(body, settings.max_messages, settings.max_tokens_cap)
         runtime.tracing.requested_model(request_id, chat.model)
         try:
@@ -163,5 +175,5 @@ class ChatEndpoint:
 
 
 def endpoint_apps(runtime: Callable[[], Runtime]) -> dict[str, ChatEndpoint]:
-    """The ASGI app of each OpenAI route, by path."""
+    """The ASGI app of each generative OpenAI route, by path."""
     return {e.path: ChatEndpoint(runtime, e) for e in (CHAT, RESPONSES, COMPLETIONS)}

@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 description of the gateway's public API, served at `GET /openapi.json`.
 
-The request schemas of the three OpenAI endpoints (chat completions, Responses, completions) are generated from
-the request models the gateway validates with (`ChatRequest`, `ResponsesRequest`, `CompletionsRequest`), so the
+The request schemas of the OpenAI endpoints (chat completions, Responses, completions, embeddings) are generated from
+the request models the gateway validates with (`ChatRequest`, `ResponsesRequest`, `CompletionsRequest`,
+`EmbeddingsRequest`), so the
 document and the parser cannot drift apart. Responses are
 described loosely where they pass through from the engine (the completion object) and exactly where
 the gateway owns them (the OpenAI error envelope, `/healthz`, `/readyz`, `/v1/models`).
@@ -14,6 +15,7 @@ from typing import Any
 
 from gateway.learning.feedback import Feedback
 from gateway.serving.openai.completions_schema import CompletionsRequest
+from gateway.serving.openai.embeddings_schema import EmbeddingsRequest
 from gateway.serving.openai.responses_schema import ResponsesRequest
 from gateway.serving.openai.schema import ChatRequest
 
@@ -148,7 +150,8 @@ _TEXT_COMPLETION: dict[str, Any] = {
 }
 
 # (path, operation id, request model, request schema name, answer schema name, answer schema, summary)
-_OPERATIONS: tuple[tuple[str, str, type[Any], str, str, dict[str, Any], str], ...] = (
+_Operation = tuple[str, str, type[Any], str, str, dict[str, Any], str]
+_OPERATIONS: tuple[_Operation, ...] = (
     ("/v1/chat/completions", "createChatCompletion", ChatRequest, "ChatCompletionRequest", "ChatCompletion",
      _COMPLETION, "Route a chat completion to a pool (model `auto`, a pool name, an alias or a rule model)"),
     ("/v1/responses", "createResponse", ResponsesRequest, "ResponseRequest", "Response", _RESPONSE,
@@ -160,10 +163,25 @@ _OPERATIONS: tuple[tuple[str, str, type[Any], str, str, dict[str, Any], str], ..
 )
 
 
+_EMBEDDING_LIST: dict[str, Any] = {
+    "type": "object",
+    "description": "The engine's list of embeddings (passed through): one per input, floats or base64 float32.",
+    "required": ["object", "data"],
+    "properties": {"object": {"const": "list"}, "model": {"type": "string"},
+                   "data": {"type": "array", "items": {"type": "object", "properties": {
+                       "index": {"type": "integer"}, "object": {"const": "embedding"},
+                       "embedding": {"type": ["array", "string"]}}}},
+                   "usage": {"type": ["object", "null"]}},
+}
+_EMBEDDINGS: _Operation = ("/v1/embeddings", "createEmbedding", EmbeddingsRequest, "EmbeddingRequest", "EmbeddingList",
+               _EMBEDDING_LIST, "Embed inputs on an embedding pool (model: an embedding pool, alias or served "
+               "name, or `auto`: the tenant's one embedding pool); billed per input token")
+
+
 def _request_schemas() -> dict[str, Any]:
     """The request models and the models they refer to, as OpenAPI component schemas."""
     components: dict[str, Any] = {}
-    for path, _, model, name, _, _, _ in _OPERATIONS:
+    for path, _, model, name, _, _, _ in (*_OPERATIONS, _EMBEDDINGS):
         schema = model.model_json_schema(ref_template=_REF)
         components.update(schema.pop("$defs", {}))
         schema["description"] = f"An OpenAI {path} request. Fields not listed pass through to the engine."
@@ -171,14 +189,12 @@ def _request_schemas() -> dict[str, Any]:
     return components
 
 
-def _operation(operation_id: str, request: str, answer: str, summary: str) -> dict[str, Any]:
-    ok = {
-        "description": "the answer (JSON), or server-sent events when `stream` is true",
-        "content": {
-            "application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}},
-            "text/event-stream": {"schema": _SSE_EVENT},
-        },
-    }
+def _operation(operation_id: str, request: str, answer: str, summary: str, stream: bool = True) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": _SSE_EVENT}
+    ok = {"description": "the answer (JSON), or server-sent events when `stream` is true" if stream else "the answer",
+          "content": content}
     return {
         "operationId": operation_id,
         "summary": summary,
@@ -233,6 +249,8 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
         "paths": {
             **{path: {"post": _operation(op, request, answer, summary)}
                for path, op, _, request, answer, _, summary in _OPERATIONS},
+            _EMBEDDINGS[0]: {"post": _operation(_EMBEDDINGS[1], _EMBEDDINGS[3], _EMBEDDINGS[4], _EMBEDDINGS[6],
+                                                stream=False)},
             "/v1/feedback": {"post": _feedback_operation()},
             "/v1/models": _get("listModels", "Models a client may ask for",
                                {"200": _json({"$ref": "#/components/schemas/ModelList"}, "the models")}),
@@ -245,7 +263,8 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
             }),
         },
         "components": {
-            "schemas": {**_request_schemas(), **{answer: schema for *_, answer, schema, _ in _OPERATIONS},
+            "schemas": {**_request_schemas(),
+                        **{answer: schema for *_, answer, schema, _ in (*_OPERATIONS, _EMBEDDINGS)},
                         "ModelList": _MODELS,
                         "Readiness": _READY, "Error": ERROR_SCHEMA,
                         "FeedbackRequest": Feedback.model_json_schema(ref_template=_REF),

@@ -40,6 +40,7 @@ from gateway.learning.store import LearningStore
 from gateway.learning.train_process import TrainerProcess, TrainResult
 from gateway.ledger.store import Ledger, LedgerCounts, LedgerKeys, MemoryLedger
 from gateway.redis_client import close_quietly, redis_from_url
+from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.records.access_log import AccessLog
 from gateway.serving.records.accounting import Accountant
 from gateway.serving.records.request_log import RequestLog
@@ -90,6 +91,7 @@ class Runtime:
     request_log: RequestLog | None
     on_demand: OnDemandGate
     router_swap: RouterSwap
+    embeddings: EmbeddingService
     feedback: FeedbackService | None = None  # None without Redis (memory ledger)
     live_threshold: LiveThreshold | None = None  # a flagship_share policy's live threshold (owned)
     live_tradeoff: LiveTradeoff | None = None  # a cost_per_1k policy's live tradeoff (owned)
@@ -310,8 +312,9 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     parts = ServingParts(versions, router, forwarder, admission, degradation, metrics, wake=on_demand.ensure,
                          cache=cache, keep_requests=request_log is not None)
     service = ChatService(policies, parts, learning=learning)
+    embeddings = EmbeddingService(policies, versions, forwarder, admission, accountant, wake=on_demand.ensure)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
-                      degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,
+                      degradation, request_log, on_demand, router_swap, embeddings, feedback, live_threshold=live,
                       live_tradeoff=tradeoff,
                       access_log=access_log, tracing=tracing,
                       keys=_key_auth(redis, settings, metrics))

@@ -56,7 +56,8 @@ def _validate(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     policy = loaded.policy
-    pools = ", ".join(f"{n} ({p.type})" for n, p in policy.pools.items())
+    pools = ", ".join(f"{n} ({p.type}{', embedding' if p.kind == 'embedding' else ''})"
+                      for n, p in policy.pools.items())
     print(f"{args.file}: valid (version {loaded.version}); pools: {pools}; rules: {len(policy.routing.rules)}; "
           f"tenants: {len(policy.tenants)}; ladder steps: {len(policy.degradation.steps)}")
     return 0

@@ -57,7 +57,8 @@ class Counters:
     cache_hits: int = 0  # answered from the response cache (`gateway.caching`): cost 0
     cache_misses: int = 0  # asked of the cache, not found there, answered by an engine
     cache_avoided_micro_usd: int = 0  # what the hits would have cost on their pools
-    # the Responses and completions endpoints' share of the five counters above the extra ones (chat: the rest)
+    # the Responses, completions and embeddings endpoints' share of the five counters above the extra ones (chat:
+    # the rest)
     responses_requests: int = 0
     responses_prompt_tokens: int = 0
     responses_completion_tokens: int = 0
@@ -68,6 +69,11 @@ class Counters:
     completions_completion_tokens: int = 0
     completions_cost_micro_usd: int = 0
     completions_flagship_cost_micro_usd: int = 0
+    embeddings_requests: int = 0
+    embeddings_prompt_tokens: int = 0
+    embeddings_completion_tokens: int = 0
+    embeddings_cost_micro_usd: int = 0
+    embeddings_flagship_cost_micro_usd: int = 0
     # requests with an in-domain figure, and how many of them fell in each tenth of [0, 1] (`IN_DOMAIN_COUNTERS`)
     in_domain_scored: int = 0
     in_domain_t0: int = 0
@@ -92,8 +98,8 @@ class Counters:
         return sum(getattr(self, f"in_domain_t{k}") for k in range(min(10, max(0, tenths))))
 
     def of_endpoint(self, endpoint: str) -> Counters:
-        """The requests, tokens and costs of one endpoint ("chat", "responses", "completions"); the other counters
-        are not split by endpoint and are 0 here."""
+        """The requests, tokens and costs of one endpoint ("chat", "responses", "completions", "embeddings");
+        the other counters are not split by endpoint and are 0 here."""
         if endpoint in SPLIT_ENDPOINTS:
             return Counters(*(getattr(self, f"{endpoint}_{name}") for name in ENDPOINT_FIELDS))
         return Counters(*(getattr(self, name) - sum(getattr(self, f"{e}_{name}") for e in SPLIT_ENDPOINTS)

@@ -47,7 +47,7 @@ _ROUTE = re.compile(rf"[^\x00-\x1f\x7f]{{0,{MAX_ROUTE}}}")
 _STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated", "shadow", "discarded",
                        "cache_hit"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
-_ENDPOINTS = frozenset({"chat", "responses", "completions"})
+_ENDPOINTS = frozenset({"chat", "responses", "completions", "embeddings"})
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 # the counters each record adds to its rollups beside `requests` and the `_INT_FIELDS` (`extra_counters`):
 # `overflow_scored`: requests the router's overflow model scored; `output_checked` / `output_check_failed`:
@@ -56,7 +56,7 @@ _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship
 # did not have, and what the hits would have cost on their pool (`gateway.caching`)
 # `<endpoint>_<field>`: the requests, tokens and cost of the non-chat endpoints (chat's are the rest of the
 # rollup), so that the cost report can split by endpoint (`endpoint_counters`)
-SPLIT_ENDPOINTS = ("responses", "completions")
+SPLIT_ENDPOINTS = ("responses", "completions", "embeddings")
 ENDPOINT_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 ENDPOINT_COUNTERS = tuple(f"{endpoint}_{name}" for endpoint in SPLIT_ENDPOINTS for name in ENDPOINT_FIELDS)
 # `in_domain_scored`: requests with an in-domain figure (`router_models.serving.domain`); `in_domain_t<k>`: those
@@ -116,8 +116,8 @@ class CostRecord:
     output_check: str = ""  # "" (no output check ran), "pass", or "fail:<check>,..." (`gateway.checking`)
     cache: str = ""  # the response cache's answer: "" (no cache for the tenant), "hit", "miss" or "bypass"
     cache_avoided_micro_usd: int = 0  # a hit's cost on its pool had the engine answered (0 for any other record)
-    endpoint: str = "chat"  # the OpenAI endpoint asked: "chat", "responses" or "completions" (a record written
-    # before the field existed reads as "chat", the only endpoint then)
+    endpoint: str = "chat"  # the OpenAI endpoint asked: "chat", "responses", "completions" or "embeddings" (a
+    # record written before the field existed reads as "chat", the only endpoint then)
     route: str = ""  # the steps that chose its pool, as `x-cascade-route` shows them (`policies.decide.route_text`):
     # "score:micro, context-fit:flagship"; "" in a record written before the field existed
     key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`: 12 hex digits); "" when none

@@ -147,8 +147,8 @@ class GatewayMetrics:
                                 ["pool", "rule", "status", "tenant", "version"], registry=r)
         self.tokens = Counter("cascade_tokens", "tokens recorded", ["pool", "kind"], registry=r)
         self.endpoint_requests = Counter("cascade_endpoint_requests", "recorded requests by OpenAI endpoint (chat, "
-                                         "responses, completions), pool and outcome", ["endpoint", "pool", "status"],
-                                         registry=r)
+                                         "responses, completions, embeddings), pool and outcome",
+                                         ["endpoint", "pool", "status"], registry=r)
         self.endpoint_cost = Counter("cascade_endpoint_cost_micro_usd", "cost recorded by OpenAI endpoint, micro-USD",
                                      ["endpoint", "pool"], registry=r)
         self.cost = Counter("cascade_cost_micro_usd", "cost recorded, micro-USD", ["pool", "tenant"], registry=r)

@@ -82,11 +82,22 @@ class OutageSignal:
             log.info("%s checked again: Redis reachable", check.replace("_", " "))
 
 
+def _checked(policy: Policy, tenant: str, key: ApiKey | None) -> Tenant | None:
+    """The tenant whose limits apply to a request (the policy's one for a policy without tenants, when the caller's
+    key was issued: its own limits apply), or None when nothing is checked."""
+    named = policy.tenants.get(tenant)
+    if named is None and (key is None or key.source != "issued"):
+        return None
+    return named or _OPEN
+
+
 def worst_case_micro_usd(policy: Policy, spec: Tenant, prompt_tokens: int, limit: int | None, n: int = 1) -> int:
     """What a request can cost at most, in micro-USD: its prompt and `n` choices of the completion each pool may be
-    sent (`held_completion`: the client's `limit`, else the gateway's), at the prices of the dearest pool the tenant
-    may be served by (its allowed pools, else all: routing, failover and the cascade may each move it up)."""
-    names = [name for name in spec.allowed_pools or policy.pools if name in policy.pools]
+    sent (`held_completion`: the client's `limit`, else the gateway's), at the prices of the dearest generative pool
+    the tenant may be served by (its allowed pools, else all: routing, failover and the cascade may each move it
+    up)."""
+    names = [name for name in spec.allowed_pools or policy.pools
+             if name in policy.pools and policy.pools[name].kind == "generative"]
     return max((policy.pools[name].price.cost_micro_usd(prompt_tokens, held_completion(policy, name, limit) * n)
                 for name in names), default=0)
 
@@ -123,18 +134,37 @@ class Admission:
         tenant has no budget): the caller downgrades to the micro pool when it says so. The budget hold is kept
         under `request_id` (the id the ledger records); call it inside `refunds(request_id)`. `key`: the caller's
         API key, whose own limits apply first."""
-        named = policy.tenants.get(tenant)
-        issued = key is not None and key.source == "issued"
-        if named is None and not issued:
+        spec = _checked(policy, tenant, key)
+        if spec is None:
             return None
-        spec = named or _OPEN
         prompt = estimate_tokens(prompt_text_of(raw_messages))
         tokens = prompt + (request.completion_limit or DEFAULT_COMPLETION_ESTIMATE) * request.n  # per choice
         worst = worst_case_micro_usd(policy, spec, prompt, request.completion_limit, request.n) if request_id else 0
+        return await self._take(spec, tenant, key, tokens, worst, request_id)
+
+    async def admit_input(self, policy: Policy, tenant: str, pool: str, tokens: int, held_tokens: int,
+                          request_id: str, key: ApiKey | None = None) -> None:
+        """Admit a request that is billed for its input only (an embedding pool's, `gateway.serving.embeddings`):
+        `tokens` (the input's estimate) count against the tokens per minute, and its worst case, `held_tokens` at
+        `pool`'s input price, is held against the budgets. Raises as `admit`; a budget that says downgrade refuses
+        here as reject does (an embedding pool has no cheaper tier to move to). Call it inside `refunds`."""
+        spec = _checked(policy, tenant, key)
+        if spec is None:
+            return
+        worst = policy.pools[pool].price.cost_micro_usd(held_tokens, 0)
+        verdict = await self._take(spec, tenant, key, tokens, worst, request_id)
+        if verdict is not None and verdict.downgrade:
+            await self._give_back(request_id, self._taken.pop(request_id, _Taken(tenant, (), False)))
+            raise verdict.error(tenant)
+
+    async def _take(self, spec: Tenant, tenant: str, key: ApiKey | None, tokens: int, worst: int,
+                    request_id: str) -> BudgetVerdict | None:
+        """The key's limits, the tenant's rate limits and its budget for one request of `tokens` tokens whose
+        worst case is `worst` micro-USD; what it took is kept under `request_id` (see `admit`)."""
         grants: list[tuple[str, Grant]] = []
         key_held = ""
         try:
-            if key is not None and issued:
+            if key is not None and key.source == "issued":
                 key_held = await self._key_limits(tenant, spec, key, tokens, grants, request_id, worst)
             grant = await self._rate_limit(tenant, spec, tokens)
             grants += [(tenant, grant)] if grant is not None and grant.member is not None else []

@@ -1,6 +1,6 @@
-"""The three OpenAI endpoints the gateway serves, and what differs between them on the request path.
+"""The OpenAI endpoints the gateway serves, and what differs between the three generative ones on the request path.
 
-Every endpoint is routed, admitted, priced and recorded by the one chat path (`gateway.serving.service`): its
+Every generative endpoint is routed, admitted, priced and recorded by the one chat path (`gateway.serving.service`): its
 request is parsed into a `ChatRequest` *view* (the text the router scores as messages, the completion limit, the
 stream flag) and, for the Responses and completions endpoints, a `NativeBody`: the client's own body, which is what
 the engine is sent (on the engine's own path, `Endpoint.path`) with only `model` (and the completions stream's
@@ -22,7 +22,7 @@ from gateway.serving.openai.upstream import BILLED_STREAM_OPTIONS
 from policies.decide import RouteDecision
 from policies.ladder import LadderState
 
-__all__ = ["CHAT", "COMPLETIONS", "ENDPOINTS", "RESPONSES", "Endpoint", "NativeBody", "endpoint_of",
+__all__ = ["CHAT", "COMPLETIONS", "EMBEDDINGS", "ENDPOINTS", "RESPONSES", "Endpoint", "NativeBody", "endpoint_of",
            "native_upstream"]
 
 
@@ -52,6 +52,9 @@ CHAT = Endpoint("chat", "/v1/chat/completions", "", cascade=True, truncation=Tru
 RESPONSES = Endpoint("responses", "/v1/responses", "resp")
 COMPLETIONS = Endpoint("completions", "/v1/completions", "cmpl")
 ENDPOINTS: Mapping[str, Endpoint] = {e.name: e for e in (CHAT, RESPONSES, COMPLETIONS)}
+EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", "embd")
+"""Not one of the chat path's `ENDPOINTS`: embedding pools serve it, through a service of its own
+(`gateway.serving.embeddings`)."""
 
 
 @dataclass(frozen=True, slots=True)

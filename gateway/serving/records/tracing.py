@@ -42,7 +42,7 @@ __all__ = ["Tracing", "first_token", "step", "tracing_from_env"]
 
 log = logging.getLogger(__name__)
 _MAX_OPEN = 100_000  # request spans begun and not ended; beyond it (a leak) the oldest are ended as they are
-_OPERATION = {"chat": "chat", "responses": "chat", "completions": "text_completion"}
+_OPERATION = {"chat": "chat", "responses": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 # (tracer, request span) of the request this task serves; tasks a request starts inherit it
 _REQUEST: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar("cascade_request_span", default=None)
 

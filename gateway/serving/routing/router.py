@@ -21,6 +21,7 @@ from gateway.serving.routing.tier_trade import QualityModel, map_of, tier_estima
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.decide import (
     AUTO_MODEL,
+    EmbeddingModel,
     ModelNotRouted,
     PoolNotAllowed,
     RouteContext,
@@ -214,6 +215,8 @@ class RequestRouter:
             raise PermissionDenied(str(exc), param="model") from exc
         except ModelNotRouted as exc:
             raise ModelNotFound(str(exc), param="model") from exc
+        except EmbeddingModel as exc:
+            raise ModelNotFound(f"{exc}; send it to /v1/embeddings", param="model", code="model_not_supported") from exc
         if self._live is not None:
             self._live.observe(policy, ctx, decision)
         micro = policy.routing.micro_pool

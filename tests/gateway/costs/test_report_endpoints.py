@@ -1,5 +1,5 @@
-"""The cost report split by endpoint (chat, Responses, completions): records written through RedisLedger to the
-shared Redis (unique key prefix, cleaned up), the rollups' endpoint counters read back, reconciled with the
+"""The cost report split by endpoint (chat, Responses, completions, embeddings): records written through RedisLedger
+to the shared Redis (unique key prefix, cleaned up), the rollups' endpoint counters read back, reconciled with the
 stream, and rendered."""
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from tests.conftest import SHARED_URL
 from tests.gateway.costs.test_costs_report import DAY0, END, START, record_all
 from tests.gateway.ledger.test_ledger import make_record
 
-ENDPOINTS = ("chat", "responses", "completions")
+ENDPOINTS = ("chat", "responses", "completions", "embeddings")
 
 
 def _records() -> list[CostRecord]:
     """90 requests over 2 days, every endpoint on both pools (endpoint and pool vary independently)."""
-    return [make_record(i, started_at=DAY0 + 1800.0 * i + 1.0, endpoint=ENDPOINTS[(i // 4) % 3]) for i in range(90)]
+    return [make_record(i, started_at=DAY0 + 1800.0 * i + 1.0, endpoint=ENDPOINTS[(i // 4) % len(ENDPOINTS)])
+            for i in range(90)]
 
 
 def _base(recs: list[CostRecord]) -> Counters:
