@@ -71,8 +71,8 @@ Gauges = dict[tuple[str, str], float]  # (name, worker) -> value
 
 
 def _scrape(url: str) -> Gauges:
-    """The per-worker gauges of the flagship pool (the broken engine) and the routing threshold, and the outbox backlog, on one scrape
-    (a new connection: either worker answers)."""
+    """The per-worker gauges of the flagship pool (the failing engine) and the routing threshold, and the outbox
+    backlog, on one scrape (a new connection: either worker answers)."""
     text = httpx.get(url + "/metrics", timeout=10).text
     wanted = {"cascade_replica_breaker_open", "cascade_replica_healthy", "cascade_routing_threshold",
               "cascade_ledger_outbox_records"}
