@@ -25,6 +25,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "RateLimited",
+    "RetryLater",
     "TooManyRequests",
     "UpstreamError",
     "error_body",
@@ -113,20 +114,28 @@ class NoReplicaAvailable(GatewayError):
     code = "engine_unavailable"
 
 
-class AdmissionUnavailable(GatewayError):
+class RetryLater(GatewayError):
+    """An error the client may retry after `retry_after_s` whole seconds (>= 1), which the boundary sends as
+    the `Retry-After` header."""
+
+    def __init__(self, message: str, retry_after_s: int, *, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = max(1, retry_after_s)
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
+
+
+class AdmissionUnavailable(RetryLater):
     """The tenant's rate limits or budget could not be checked (Redis unreachable) and its policy says
-    `on_redis_outage: fail_closed`. Retry-After: `retry_after_s` (>= 1) whole seconds."""
+    `on_redis_outage: fail_closed`."""
 
     status = 503
     type = "service_unavailable"
     code = "limits_unavailable"
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_s = max(1, retry_after_s)
-
-    def headers(self) -> dict[str, str]:
-        return {"retry-after": str(self.retry_after_s)}
+        super().__init__(message, retry_after_s)
 
 
 class DeadlineExceeded(GatewayError):
@@ -147,21 +156,16 @@ class UpstreamError(GatewayError):
         self.status = status
 
 
-class TooManyRequests(GatewayError):
-    """429: the client should retry after `retry_after_s` whole seconds (>= 1), which the boundary sends
-    as the `Retry-After` header."""
+class TooManyRequests(RetryLater):
+    """429: too many requests from this client now; `type_` replaces the class's `type`."""
 
     status = 429
     type = "rate_limit_exceeded"
 
     def __init__(self, message: str, retry_after_s: int, *, type_: str | None = None, code: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.retry_after_s = max(1, retry_after_s)
+        super().__init__(message, retry_after_s, code=code)
         if type_ is not None:
             self.type = type_
-
-    def headers(self) -> dict[str, str]:
-        return {"retry-after": str(self.retry_after_s)}
 
 
 class RateLimited(TooManyRequests):

@@ -18,8 +18,8 @@ from policies.parallelism import OnDemand, RaySettings, parallelism_problems
 from policies.speculative import Speculation
 from policies.tool_calling import ToolCalling
 
-__all__ = ["POOLING_RUNNER", "POOL_KINDS", "Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "PoolKind",
-           "QuantCeiling", "RemotePool", "ReplicaChoice", "as_remote_pool", "context_of", "engine_version",
+__all__ = ["POOLING_RUNNER", "POOL_KINDS", "Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "PoolBase",
+           "PoolKind", "QuantCeiling", "RemotePool", "ReplicaChoice", "as_remote_pool", "context_of", "engine_version",
            "is_embedding", "pool_version"]
 
 PoolKind = Literal["generative", "embedding"]
@@ -195,20 +195,32 @@ class Canary(Frozen):
     guard: CanaryGuard | None = Field(default=None, description="roll back by itself past these bounds")
 
 
-class LocalPool(Frozen):
-    type: Literal["local"]
+class PoolBase(Frozen):
+    """What a pool of either type has: its price, what the gateway does with its answers and replicas, and
+    where it sits on the pool map."""
+
     kind: PoolKind = Field(default="generative", description=_KIND_DOC)
     price: Price
-    engine: EngineSpec
-    canary: Canary | None = Field(default=None, description="a new engine version taking a share of the traffic")
     output_checks: OutputChecks | None = Field(default=None, description="checks of this pool's answers "
                                                "(policies.output_checks)")
-    autoscale: Autoscale | None = Field(default=None, description="replicas that follow load (policies.autoscale); "
-                                        "engine.replicas is the count it starts with")
-    on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
     breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
     replica_choice: ReplicaChoice = Field(default_factory=ReplicaChoice, description="how a new request picks "
                                           "its replica: weights of in-flight, running, queued and KV cache load")
+    placement: str | None = Field(default=None, description=(
+        "where this pool sits on the pool map (`cascade router place` writes it): a placement file, relative to "
+        "the policy file, or the name of a shared source's model; needed for a pool in routing.tiers"))
+    expected_completion_tokens: int | None = Field(default=None, ge=1, description=(
+        "completion tokens a request is expected to produce here, for its expected cost (default: routing's)"))
+    description: str = ""
+
+
+class LocalPool(PoolBase):
+    type: Literal["local"]
+    engine: EngineSpec
+    canary: Canary | None = Field(default=None, description="a new engine version taking a share of the traffic")
+    autoscale: Autoscale | None = Field(default=None, description="replicas that follow load (policies.autoscale); "
+                                        "engine.replicas is the count it starts with")
+    on_demand: OnDemand | None = Field(default=None, description="scale to zero: start on demand, stop when idle")
     max_quant_loss: QuantCeiling | None = Field(
         default=None, description="a quantized pool is refused unless its measured loss is within this ceiling "
         "(checked where pools start and by `cascade policy validate`, against that machine's checkpoint)")
@@ -216,12 +228,6 @@ class LocalPool(Frozen):
         "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: yes, except "
         "for an on_demand pool (asleep is normal for it). An optional pool that is down is reported as "
         "degraded in /readyz"))
-    placement: str | None = Field(default=None, description=(
-        "where this pool sits on the pool map (`cascade router place` writes it): a placement file, relative to "
-        "the policy file, or the name of a shared source's model; needed for a pool in routing.tiers"))
-    expected_completion_tokens: int | None = Field(default=None, ge=1, description=(
-        "completion tokens a request is expected to produce here, for its expected cost (default: routing's)"))
-    description: str = ""
 
     @property
     def needed_for_ready(self) -> bool:
@@ -289,10 +295,8 @@ class Connection(Frozen):
         return self
 
 
-class RemotePool(Frozen):
+class RemotePool(PoolBase):
     type: Literal["remote"]
-    kind: PoolKind = Field(default="generative", description=_KIND_DOC)
-    price: Price
     urls: tuple[str, ...] = Field(min_length=1, description="base URLs of OpenAI-compatible servers")
     model: str = Field(description="model name sent to the remote servers")
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
@@ -300,14 +304,9 @@ class RemotePool(Frozen):
         "the provider named on this pool's trace spans (gen_ai.provider.name, OpenTelemetry GenAI conventions: "
         "openai, azure.ai.openai, anthropic, aws.bedrock, vllm, ...); unset: the well-known API its first URL's "
         "host names, else openai (policies.providers)"))
-    output_checks: OutputChecks | None = Field(default=None, description="checks of this pool's answers "
-                                               "(policies.output_checks)")
     responses: Literal["native", "chat"] = Field(default="native", description=(
         "how /v1/responses reaches the servers: native (they serve /v1/responses, as vLLM does) or chat (they "
         "speak chat completions only: the gateway translates, statelessly; gateway.serving.sending.responses_chat)"))
-    breaker: Breaker = Field(default_factory=Breaker, description="each replica's circuit breaker")
-    replica_choice: ReplicaChoice = Field(default_factory=ReplicaChoice, description="how a new request picks "
-                                          "its replica: weights of in-flight, running, queued and KV cache load")
     health_path: str = Field(default="/health", pattern=r"^/", description=(
         "path probed (with the API key) to decide a replica is up: vLLM serves /health; for other "
         "OpenAI-compatible APIs use /v1/models"))
@@ -325,12 +324,6 @@ class RemotePool(Frozen):
         "the gateway is not ready (/readyz 503) while this pool has no ready replica; default: no (a cloud "
         "outage must not take every gateway out of service). An optional pool that is down is reported as "
         "degraded in /readyz"))
-    placement: str | None = Field(default=None, description=(
-        "where this pool sits on the pool map (`cascade router place` writes it): a placement file, relative to "
-        "the policy file, or the name of a shared source's model; needed for a pool in routing.tiers"))
-    expected_completion_tokens: int | None = Field(default=None, ge=1, description=(
-        "completion tokens a request is expected to produce here, for its expected cost (default: routing's)"))
-    description: str = ""
 
     @property
     def needed_for_ready(self) -> bool:

@@ -39,7 +39,7 @@ from policies.schema import EngineSpec, LocalPool
 from tests.servers import ROOT, free_port, wait_ready
 
 __all__ = ["FLAGSHIP_CONTEXT", "FLAGSHIP_KV_ARGS", "MAX_LIVE", "READY_TIMEOUT_S", "Gateway", "SharedEngines",
-           "assert_engine_cores_placed", "demo_policy_text", "gateway_on_shared_engines"]
+           "assert_engine_cores_placed", "demo_policy_text", "gateway_on_shared_engines", "own_micro_engine_policy"]
 
 READY_TIMEOUT_S = float(os.environ.get("CASCADE_E2E_READY_TIMEOUT", "900"))
 T = TypeVar("T")
@@ -68,6 +68,27 @@ def demo_policy_text() -> str:
     block = block.replace(context, context.replace("1024", str(FLAGSHIP_CONTEXT))).replace(
         args, args.replace('"--enforce-eager"', f'"--enforce-eager", {kv}'))
     return shipped[:start] + block + shipped[end:]
+
+
+def own_micro_engine_policy(engine_port: int, flagship_url: str, *, engine: str = "", pool: str = "") -> str:
+    """A policy of two pools: micro, a demo micro engine of the gateway's own on `engine_port` (not a shared one:
+    eager, 1 GiB of KV cache; `engine` adds keys to its engine mapping, written `, key: value`; `pool` adds lines to
+    the pool), and flagship, the remote server at `flagship_url` (a fake upstream)."""
+    return f"""
+version: 1
+pools:
+  micro:
+    type: local
+    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
+    engine: {{model: "demo:micro", served_name: micro, max_model_len: 1024, dtype: bfloat16, kv_cache_space_gib: 1,
+              base_port: {engine_port}, extra_args: ["--enforce-eager"]{engine}}}
+{pool}  flagship:
+    type: remote
+    urls: ["{flagship_url}"]
+    model: flagship-model
+    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
+routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
+"""
 
 
 class SharedEngines:

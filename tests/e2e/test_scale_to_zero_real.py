@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli.demo import stop_process_group
 from loadtest.fake_upstream import FakeUpstream
+from tests.engines import own_micro_engine_policy
 from tests.servers import free_port, serve
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
@@ -43,23 +44,10 @@ PROMPTS = (
 
 
 def _policy(engine_port: int, flagship_url: str) -> str:
-    return f"""
-version: 1
-pools:
-  micro:
-    type: local
-    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
-    engine: {{model: "demo:micro", served_name: micro, max_model_len: 1024, dtype: bfloat16, kv_cache_space_gib: 1,
-              base_port: {engine_port}, extra_args: ["--enforce-eager"],
-              speculative: {{method: ngram, num_speculative_tokens: 4}}}}
-    on_demand: {{idle_stop_after_s: {IDLE_S}, cold_start_timeout_s: 600, on_cold: wait}}
-  flagship:
-    type: remote
-    urls: ["{flagship_url}"]
-    model: flagship-model
-    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
-routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
-"""
+    """The micro pool's engine speculates (n-gram) and sleeps after `IDLE_S` idle seconds."""
+    return own_micro_engine_policy(
+        engine_port, flagship_url, engine=", speculative: {method: ngram, num_speculative_tokens: 4}",
+        pool=f"    on_demand: {{idle_stop_after_s: {IDLE_S}, cold_start_timeout_s: 600, on_cold: wait}}\n")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import redis
 
 from loadtest.fake_upstream import FakeUpstream
 from tests.conftest import SHARED_URL
+from tests.engines import own_micro_engine_policy
 from tests.servers import free_port, serve, until
 
 pytestmark = [pytest.mark.engines, pytest.mark.redis]
@@ -32,21 +33,7 @@ def test_two_workers_share_one_supervised_engine(tmp_path: Path, prefix: str) ->
     engine_port, port = free_port(), free_port()
     with serve(FakeUpstream("flagship-model")) as flagship_url:
         policy = tmp_path / "policy.yaml"
-        policy.write_text(f"""
-version: 1
-pools:
-  micro:
-    type: local
-    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
-    engine: {{model: "demo:micro", served_name: micro, max_model_len: 1024, dtype: bfloat16, kv_cache_space_gib: 1,
-              base_port: {engine_port}, extra_args: ["--enforce-eager"]}}
-  flagship:
-    type: remote
-    urls: ["{flagship_url}"]
-    model: flagship-model
-    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
-routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.5}}
-""")
+        policy.write_text(own_micro_engine_policy(engine_port, flagship_url))
         cmd = [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--policy", str(policy), "--port", str(port),
                "--scorer", "none", "--redis-prefix", prefix, "--log-format", "plain"]
         log_path = tmp_path / "gateway.log"

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from backends.clients.pool import Pool
-from gateway.errors import NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable, RetryLater
 from policies.parallelism import OnDemand
 
 __all__ = ["ColdStartTimeout", "OnDemandGate", "OnDemandPools", "Wake"]
@@ -31,17 +31,10 @@ Wake = Callable[[str, Callable[[str], bool] | None], Awaitable[str]]
 log = logging.getLogger("cascade.on_demand")
 
 
-class ColdStartTimeout(NoReplicaAvailable):
+class ColdStartTimeout(NoReplicaAvailable, RetryLater):
     """503: the pool's engines are starting and did not get ready within `cold_start_timeout_s`."""
 
     code = "cold_start_timeout"
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = max(1, retry_after_s)
-
-    def headers(self) -> dict[str, str]:
-        return {"retry-after": str(self.retry_after_s)}
 
 
 class OnDemandPools(Protocol):

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import Receive, Scope, Send
 
 from loadtest.fake_upstream import FakeUpstream, read_body
-from tests.conftest import delete_prefix
+from tests.conftest import delete_prefix, policy_yaml
 from tests.servers import free_port, serve, wait_ready
 
 pytestmark = pytest.mark.redis
@@ -39,22 +39,9 @@ async def _failing_engine(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _policy(micro_url: str, broken_url: str) -> str:
-    return f"""
-version: 1
-pools:
-  micro:
-    type: remote
-    urls: ["{micro_url}"]
-    model: micro-model
-    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
-  broken:
-    type: remote
-    urls: ["{broken_url}"]
-    model: broken-model
-    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
-    breaker: {{failure_threshold: 2, cooldown_s: 600}}
-routing: {{micro_pool: micro, flagship_pool: broken, threshold: 0.5}}
-"""
+    """The conftest policy whose flagship pool is the failing engine, its breaker opening after two failures."""
+    breaker = "\n    breaker: {failure_threshold: 2, cooldown_s: 600}"
+    return policy_yaml(micro_url, broken_url).replace("model: flagship-model", "model: flagship-model" + breaker)
 
 
 @pytest.fixture
@@ -84,17 +71,17 @@ Gauges = dict[tuple[str, str], float]  # (name, worker) -> value
 
 
 def _scrape(url: str) -> Gauges:
-    """The per-worker gauges of the broken pool and the routing threshold, and the outbox backlog, on one scrape
-    (a new connection: either worker answers)."""
+    """The per-worker gauges of the flagship pool (the failing engine) and the routing threshold, and the outbox
+    backlog, on one scrape (a new connection: either worker answers)."""
     text = httpx.get(url + "/metrics", timeout=10).text
     wanted = {"cascade_replica_breaker_open", "cascade_replica_healthy", "cascade_routing_threshold",
               "cascade_ledger_outbox_records"}
     return {(s.name, s.labels.get("worker", "")): s.value for f in text_string_to_metric_families(text)
-            for s in f.samples if s.name in wanted and s.labels.get("pool", "broken") == "broken"}
+            for s in f.samples if s.name in wanted and s.labels.get("pool", "flagship") == "flagship"}
 
 
 def test_each_workers_own_gauges_are_shown_for_every_worker_on_every_scrape(gateway: str) -> None:
-    body = {"model": "broken", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    body = {"model": "flagship", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     with httpx.Client(timeout=10) as one_connection:  # keep-alive: every request reaches the same worker
         codes = [one_connection.post(gateway + "/v1/chat/completions", json=body).status_code for _ in range(3)]
     assert codes[:2] == [502, 502]  # two engine failures open that worker's breaker; the other worker saw none

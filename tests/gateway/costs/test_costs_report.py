@@ -29,7 +29,7 @@ from tests.gateway.costs.test_soft_budget_and_cost_page_http import (
     pixels_of,
     render_in_chromium,
 )
-from tests.gateway.ledger.test_ledger import make_record
+from tests.gateway.ledger.test_ledger import make_record, sums
 
 DAY0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 START, END = date(2026, 1, 1), date(2026, 1, 4)
@@ -38,13 +38,6 @@ START, END = date(2026, 1, 1), date(2026, 1, 4)
 def sample_records() -> list[CostRecord]:
     """120 requests over 3 days (2026-01-01..03), 3 tenants, 2 pools (every 4th on the flagship)."""
     return [make_record(i, started_at=DAY0 + 1800.0 * i + 1.0) for i in range(120)]
-
-
-def sums(recs: list[CostRecord]) -> Counters:
-    total = Counters()
-    for r in recs:
-        total += Counters.of(r)
-    return total
 
 
 def sample_report() -> CostReport:

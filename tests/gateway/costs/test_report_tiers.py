@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.costs.report import Counters, row_fields
+from gateway.costs.report import row_fields
 from gateway.costs.view import render_text
 from gateway.ledger.record import record_from_fields, record_to_fields, tier_counters
 from gateway.ledger.store import CostRecord
 from tests.gateway.costs.test_costs_report import DAY0
 from tests.gateway.costs.test_report_endpoints import _written
-from tests.gateway.ledger.test_ledger import make_record
+from tests.gateway.ledger.test_ledger import make_record, sums
 
 TIERS = ("general=0.700/$0.000050, code=0.800/$0.000300, flagship=0.950/$0.007000",
          "general=0.300/$0.000050, code=0.850/$0.000300, flagship=0.950/$0.007000")
@@ -47,7 +47,7 @@ def test_the_report_gives_per_pool_spend_savings_and_quality_kept(prefix: str, t
     rows = {row.key: row_fields(row, report.pools) for row in report.rows("pool")}
     for pool in ("general", "code", "flagship"):
         mine = [r for r in recs if r.pool == pool]
-        expected = sum((Counters.of(r) for r in mine), Counters())
+        expected = sums(mine)
         row = rows[pool]
         assert (row["cost_micro_usd"], row["savings_micro_usd"]) == (expected.cost_micro_usd,
                                                                      expected.savings_micro_usd)

@@ -21,16 +21,15 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.control.adaptation.ladder_sync import LadderSync
-from gateway.costs.report import Counters, load_report, verify
+from gateway.costs.report import load_report, verify
 from gateway.errors import RateLimited
 from gateway.learning.store import LearningStore
-from gateway.ledger.outbox import Outbox
-from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger, record_to_fields
+from gateway.ledger.store import LedgerKeys, RedisLedger
 from gateway.redis_client import is_cluster_url, redis_from_url
 from gateway.tenancy.budgets import BudgetGuard
 from gateway.tenancy.limits import RateLimiter
 from policies.tenants import Budget, RateLimits
-from tests.gateway.ledger.test_ledger import DAY0, make_record
+from tests.gateway.ledger.test_ledger import DAY0, make_record, spill, sums
 from tests.servers import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -95,13 +94,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
-def _sums(recs: list[CostRecord]) -> Counters:
-    total = Counters()
-    for rec in recs:
-        total += Counters.of(rec)
-    return total
-
-
 @pytest.mark.redis
 async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str, tmp_path: Path) -> None:
     recs = [make_record(i, tenant=f"tenant-{i % 5}") for i in range(60)]  # 5 tenants over 2 UTC days
@@ -115,11 +107,7 @@ async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str
     await led.aclose()
     assert (led.counts.recorded, led.counts.spilled, led.counts.lost) == (50, 0, 0)
 
-    box = Outbox(tmp_path / "outbox")  # a replay: 5 already counted (as after a timeout), 10 new
-    await box.open()
-    for rec in recs[45:]:
-        await box.append(record_to_fields(rec))
-    await box.aclose()
+    await spill(tmp_path / "outbox", recs[45:])  # a replay: 5 already counted (as after a timeout), 10 new
     client = redis_from_url(cluster)
     await client.script_flush()  # on every master: the replay has to load the record script again
     await client.aclose()
@@ -139,7 +127,7 @@ async def test_the_ledger_records_and_reads_back_on_a_redis_cluster(cluster: str
                    for t in range(5)}
         assert len(masters) >= 2, "the tenants' keys must spread over the masters, or the test proves little"
         report = await load_report(client, keys, date(2026, 1, 1), date(2026, 1, 2))
-        assert report.total().counters == _sums(recs)
+        assert report.total().counters == sums(recs)
         assert len({(c.day, c.tenant, c.pool, c.model) for c in report.cells}) == len(report.cells)
         checked = await verify(client, keys, date(2026, 1, 1), date(2026, 1, 2))
         assert checked.ok and checked.records == 60, checked
@@ -185,10 +173,7 @@ async def test_an_unreachable_cluster_is_an_outage_not_an_error(tmp_path: Path) 
     """No node answers: redis-py's cluster client raises `RedisClusterException` (not a `RedisError`); the
     ledger still spills to its outbox and starts, the budget guard and the rate limiter fail open."""
     url = f"redis+cluster://127.0.0.1:{free_port()}"
-    box = Outbox(tmp_path / "outbox")
-    await box.open()
-    await box.append(record_to_fields(make_record(1)))
-    await box.aclose()
+    await spill(tmp_path / "outbox", [make_record(1)])
     led = RedisLedger(url, tmp_path / "outbox", PREFIX, op_timeout_s=0.2)
     await led.start()  # the replay fails: an outage, logged, retried in the background
     await led.record(make_record(2))

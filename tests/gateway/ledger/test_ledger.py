@@ -9,7 +9,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,37 @@ def make_record(i: int, **changes: object) -> CostRecord:
         in_domain=None if i % 6 == 0 else (i % 11) / 10,  # and the in-domain tenths (1.0 counts in the last)
     )
     return dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+
+
+def sums(recs: Iterable[CostRecord]) -> Counters:
+    """What `recs` add to the rollups, summed: the cost report's total over them."""
+    return sum((Counters.of(rec) for rec in recs), Counters())
+
+
+async def spill(outbox: Path, recs: Iterable[CostRecord]) -> None:
+    """Put `recs` in the outbox folder `outbox`, as a ledger whose Redis calls timed out on them would."""
+    box = Outbox(outbox)
+    await box.open()
+    for rec in recs:
+        await box.append(record_to_fields(rec))
+    await box.aclose()
+
+
+async def replay_half_recorded(outbox: Path, prefix: str, recs: list[CostRecord]) -> None:
+    """One ledger records the first half of `recs`, then all of them land in its outbox (as if every call had timed
+    out, the first half's after Redis applied them); a second ledger replays the outbox as it starts, the first half
+    as duplicates."""
+    half = len(recs) // 2
+    first = RedisLedger(SHARED_URL, outbox, prefix)
+    await first.start()
+    for rec in recs[:half]:
+        await first.record(rec)
+    await first.aclose()
+    await spill(outbox, recs)
+    second = RedisLedger(SHARED_URL, outbox, prefix)
+    await second.start()  # drains before returning
+    assert (second.counts.replayed, second.counts.duplicates) == (len(recs) - half, half)
+    await second.aclose()
 
 
 def expected_rollups(keys: LedgerKeys, recs: list[CostRecord]) -> dict[str, Counters]:
@@ -319,20 +350,7 @@ async def test_records_after_redis_forgot_the_script(tmp_path: Path, private_red
 @pytest.mark.redis
 async def test_outbox_replay_does_not_double_count(tmp_path: Path, prefix: str) -> None:
     recs = [make_record(i) for i in range(10)]
-    first = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-    await first.start()
-    for rec in recs[:5]:
-        await first.record(rec)
-    await first.aclose()
-    box = Outbox(tmp_path / "outbox")  # as if those 5 had timed out after Redis applied them
-    await box.open()
-    for rec in recs:
-        await box.append(record_to_fields(rec))
-    await box.aclose()
-    second = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-    await second.start()  # drains before returning
-    assert (second.counts.replayed, second.counts.duplicates) == (5, 5)
-    await second.aclose()
+    await replay_half_recorded(tmp_path / "outbox", prefix, recs)
     assert not list((tmp_path / "outbox").glob("*.jsonl"))
     await assert_exact(SHARED_URL, LedgerKeys(prefix), recs)
 

@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.costs.report import Counters, load_report, stream_records, verify
+from gateway.costs.report import load_report, stream_records, verify
 from gateway.learning.store import LearningStore
 from gateway.ledger.keys import RECORD_LUA
 from gateway.ledger.layouts import LegacyLedgerKeys
-from gateway.ledger.outbox import Outbox
-from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger, record_to_fields, rollup_slot
+from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger, rollup_slot
 from gateway.tenancy.budgets import BudgetGuard
 from policies.tenants import Budget
 from tests.conftest import SHARED_URL
-from tests.gateway.ledger.test_ledger import DAY0, make_record
+from tests.gateway.ledger.test_ledger import DAY0, make_record, spill, sums
 
 STREAM_TTL = "redis.call('EXPIRE', KEYS[2], ARGV[1])\n"
 # The record script as the version before ran it: the same script without the stream's TTL.
@@ -41,13 +40,6 @@ async def write_legacy(client: aioredis.Redis, prefix: str, recs: list[CostRecor
         assert await client.eval(LEGACY_RECORD_LUA, len(keys), *keys, *args_of(rec)[1]) == 1
 
 
-def _sums(recs: list[CostRecord]) -> Counters:
-    total = Counters()
-    for rec in recs:
-        total += Counters.of(rec)
-    return total
-
-
 @pytest.mark.redis
 async def test_records_of_the_layout_before_still_count_after_the_upgrade(tmp_path: Path, prefix: str) -> None:
     before = [make_record(i) for i in range(30)]  # 3 tenants, 2 UTC days
@@ -61,11 +53,8 @@ async def test_records_of_the_layout_before_still_count_after_the_upgrade(tmp_pa
         for rec in after[:25]:
             await led.record(rec)
         await led.aclose()
-        box = Outbox(tmp_path / "outbox")  # left by the old version: 3 it had counted, and 5 it had not
-        await box.open()
-        for rec in [*before[:3], *after[25:]]:
-            await box.append(record_to_fields(rec))
-        await box.aclose()
+        # left in the outbox by the old version: 3 it had counted, and 5 it had not
+        await spill(tmp_path / "outbox", [*before[:3], *after[25:]])
         upgraded = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
         await upgraded.start()  # replays the outbox before returning
         await upgraded.aclose()
@@ -74,7 +63,7 @@ async def test_records_of_the_layout_before_still_count_after_the_upgrade(tmp_pa
         everything = [*before, *after]
         keys = LedgerKeys(prefix)
         report = await load_report(client, keys, date(2026, 1, 1), date(2026, 1, 2))
-        assert report.total().counters == _sums(everything)
+        assert report.total().counters == sums(everything)
         cells = [(c.day, c.tenant, c.pool, c.model) for c in report.cells]
         assert len(set(cells)) == len(cells), "a rollup in both layouts is one cell"
         checked = await verify(client, keys, date(2026, 1, 1), date(2026, 1, 2))

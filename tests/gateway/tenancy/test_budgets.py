@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.ledger.outbox import Outbox
-from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger, record_to_fields
+from gateway.ledger.store import CostRecord, LedgerKeys, RedisLedger
 from gateway.tenancy.budgets import BudgetGuard, StaticBudgets, evaluate
 from policies.schema import Budget
 from tests.conftest import SHARED_URL
+from tests.gateway.ledger.test_ledger import replay_half_recorded
 from tests.servers import free_port
 
 JAN15 = 1_768_435_200.0  # 2026-01-15T00:00:00Z
@@ -113,20 +113,7 @@ async def test_records_increment_day_and_month_spend_exactly(
 @pytest.mark.redis
 async def test_outbox_replay_never_double_counts_spend(tmp_path: Path, client: aioredis.Redis, prefix: str) -> None:
     recs = [rec(i, 100_000 + i) for i in range(10)]
-    first = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-    await first.start()
-    for r in recs[:5]:
-        await first.record(r)
-    await first.aclose()
-    box = Outbox(tmp_path / "outbox")  # as if all 10 had timed out, 5 of them after Redis applied them
-    await box.open()
-    for r in recs:
-        await box.append(record_to_fields(r))
-    await box.aclose()
-    second = RedisLedger(SHARED_URL, tmp_path / "outbox", prefix)
-    await second.start()  # replays before returning
-    assert (second.counts.replayed, second.counts.duplicates) == (5, 5)
-    await second.aclose()
+    await replay_half_recorded(tmp_path / "outbox", prefix, recs)
     total = sum(r.cost_micro_usd for r in recs)
     assert await spend(client, prefix, "acme", "2026-01") == {"month": total, "2026-01-15": total}
 
