@@ -38,13 +38,13 @@ for arg in "$@"; do
   if [ "$previous" = "-m" ] && [ "$arg" = "not engines" ]; then WORKERS=6; fi
   previous=$arg
 done
-if [ "$WORKERS" = 6 ]; then
-  # The fast tier's six workers share two cores: a worker's torch and BLAS thread pools only wait for each other
-  # there (2 min 53-56 s and 332-339 core-seconds with one thread each, 3 min 7 s and 364 with the default pools,
-  # quiet, 2026-12-05). Not with engines: vLLM sizes its CPU workers' threads itself.
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} \
-    OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-fi
+# The workers share two cores: a worker's torch and BLAS thread pools only wait for each other there (the fast tier
+# on six workers: 2 min 53-56 s and 332-339 core-seconds with one thread each, 3 min 7 s and 364 with the default
+# pools, quiet, 2026-12-05; its CPU-heavy tests on three workers beside the engines: 103 against 116 core-seconds,
+# 2026-12-06, BENCHMARKS.md "Test suite"). The engines are as before: vLLM sets a CPU worker's threads to the cores
+# it binds it to, and the engine core's torch threads to 1, whatever this says.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} \
+  OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 WORKERS=${CASCADE_TEST_WORKERS:-$WORKERS}
 PARALLEL=(-n "$WORKERS" --dist loadgroup)
 if [ "$WORKERS" = 0 ] || [ "$OWN_WORKERS" = yes ]; then PARALLEL=(); fi

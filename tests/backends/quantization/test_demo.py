@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +32,6 @@ from tests.backends.quantization.policy_text import with_checkpoint_pool
 pytestmark = pytest.mark.engines
 
 ROOT = Path(__file__).resolve().parents[3]
-CASCADE = Path(sys.executable).with_name("cascade")
 LADDER = ROOT / "policies" / "demo-ladder.yaml"
 SAMPLES = "8"
 """Calibration samples: the fewest a calibration file may hold (`load_samples`' minimum), with which the shipped
@@ -43,20 +39,22 @@ ladder's ceilings still hold (measured: KL 0.000326 against 0.0006, agreement 93
 valid 83% against 65%); the default, 128, took longer for the same claim."""
 
 
-def _cascade(home: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CASCADE_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([str(CASCADE), *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+def _cascade(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+             *args: str) -> tuple[int, str, str]:
+    """`cascade ARGS` in this process (its lines are measured for coverage; a CLI process of its own cost 2-3 s of
+    CPU to import), with `home` as its cascade home: its exit code, stdout and stderr."""
+    with monkeypatch.context() as patched:
+        patched.setenv("CASCADE_HOME", str(home))
+        code = main(list(args))
+    printed = capsys.readouterr()
+    return code, printed.out, printed.err
 
 
 def _quantize_demo(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
-    """`cascade quantize --demo` in this process (its lines are measured for coverage), into `home`; its output."""
-    with monkeypatch.context() as patched:
-        patched.setenv("CASCADE_HOME", str(home))
-        code = main(["quantize", "--demo", "--samples", SAMPLES])
-    printed = capsys.readouterr()
-    assert code == 0, printed.out[-2000:] + printed.err[-3000:]
-    return printed.out
+    """`cascade quantize --demo` into `home`; its output."""
+    code, out, err = _cascade(home, monkeypatch, capsys, "quantize", "--demo", "--samples", SAMPLES)
+    assert code == 0, out[-2000:] + err[-3000:]
+    return out
 
 
 def test_demo_int8_fallback_from_nothing_is_measured_and_validates_the_shipped_ladder(
@@ -86,15 +84,15 @@ def test_demo_int8_fallback_from_nothing_is_measured_and_validates_the_shipped_l
         assert ev[share] * len(JSON_PROMPTS) == pytest.approx(round(ev[share] * len(JSON_PROMPTS)))
     assert ev["tokens_per_s"] > 0 and ev["tokens_per_s_original"] > 0
 
-    valid = _cascade(home, "policy", "validate", str(LADDER), timeout=300)
-    assert valid.returncode == 0, f"measured {figures.summary()}\n{valid.stdout}{valid.stderr}"
+    code, out, err = _cascade(home, monkeypatch, capsys, "policy", "validate", str(LADDER))
+    assert code == 0, f"measured {figures.summary()}\n{out}{err}"
 
     text = LADDER.read_text()
     tight = re.sub(r"max_kl: [0-9.e+-]+", f"max_kl: {figures.kl_mean / 2:.3g}", text, count=1)
     assert tight != text
     (tmp_path / "tight.yaml").write_text(tight)
-    refused = _cascade(home, "policy", "validate", str(tmp_path / "tight.yaml"), timeout=300)
-    assert refused.returncode != 0 and "is tighter than the measured KL" in refused.stdout + refused.stderr
+    code, out, err = _cascade(home, monkeypatch, capsys, "policy", "validate", str(tmp_path / "tight.yaml"))
+    assert code != 0 and "is tighter than the measured KL" in out + err
 
     # the same judgement in process, on the checkpoint's path: refused as a fallback, and listed when it holds
     tighter = ev["kl_mean"] / 2

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any
 
-from gateway.serving.sending.streaming import SSEResponse, StreamRelay
+from gateway.serving.sending.streaming import COMPLETIONS_STREAM, SSEResponse, StreamRelay
 
 _CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 _USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
@@ -56,9 +56,8 @@ def test_a_client_leaving_right_after_done_is_a_completed_request() -> None:
     assert _DONE in b"".join(sent)
 
 
-def test_a_client_leaving_mid_stream_is_a_disconnect() -> None:
-    finished: list[StreamRelay] = []
-    relay = _relay([_CHUNK], then_hang=True, finished=finished)
+def _leave_mid_stream(relay: StreamRelay) -> None:
+    """Run the response with a client that disconnects 0.05 s in, while the engine hangs."""
 
     async def run() -> None:
         async def send(message: MutableMapping[str, Any]) -> None:
@@ -71,9 +70,28 @@ def test_a_client_leaving_mid_stream_is_a_disconnect() -> None:
         await asyncio.wait_for(SSEResponse(relay.body(), {})({}, receive, send), timeout=5)
 
     asyncio.run(run())
+
+
+def test_a_client_leaving_mid_stream_is_a_disconnect() -> None:
+    finished: list[StreamRelay] = []
+    relay = _relay([_CHUNK], then_hang=True, finished=finished)
+    _leave_mid_stream(relay)
     assert finished == [relay]
     assert (relay.completed, relay.disconnected) == (False, True)
     assert relay.generated_text() == "hi"
+
+
+def test_the_text_generated_before_a_client_left_a_completions_stream_is_its_choices_text() -> None:
+    """What the gateway counts itself when no usage came (the client left): a completions stream's `text` of
+    every choice (two interleaved, as for `n: 2`), not a chat delta's `content`."""
+    finished: list[StreamRelay] = []
+    chunks = [b'data: {"choices":[{"index":0,"text":"ab"}]}\n\n', b'data: {"choices":[{"index":1,"text":"cd"}]}\n\n',
+              b'data: {"choices":[{"index":0,"text":null,"finish_reason":"length"}]}\n\n']
+    relay = _relay(chunks, then_hang=True, finished=finished)
+    relay.fmt = COMPLETIONS_STREAM
+    _leave_mid_stream(relay)
+    assert finished == [relay] and relay.disconnected and relay.usage is None
+    assert relay.generated_text() == "abcd"
 
 
 def test_a_client_leaving_while_the_rest_is_already_buffered_is_a_disconnect() -> None:

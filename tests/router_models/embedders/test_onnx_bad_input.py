@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router_models.embedders.onnx_minilm import OnnxMiniLMEmbedder
+from router_models.embedders.onnx_minilm import OnnxMiniLMEmbedder, default_cache_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("onnxruntime")
@@ -42,9 +42,12 @@ def _real_long(limit: int = 150) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def embedder(tmp_path_factory: pytest.TempPathFactory) -> OnnxMiniLMEmbedder:
+def embedder() -> OnnxMiniLMEmbedder:
+    """The graph in the session's router cache (the cascade home's, exported by the quick start or by the first test
+    that needed it): the export and its reuse are `test_onnx_minilm.py`'s claims; an export of its own here cost
+    about 8 s of CPU."""
     return OnnxMiniLMEmbedder("all-MiniLM-L6-v2:onnx-int8:t64:l3", 64, 3, True, threads=1,
-                              cache_dir=tmp_path_factory.mktemp("router-cache"))
+                              cache_dir=default_cache_dir())
 
 
 def test_a_long_text_gets_the_whole_texts_word_pieces(embedder: OnnxMiniLMEmbedder) -> None:

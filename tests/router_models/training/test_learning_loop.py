@@ -27,6 +27,7 @@ import pytest
 
 from gateway.api.app import create_app
 from gateway.api.auth import hash_key
+from gateway.cli.main import main
 from gateway.settings import Settings
 from router_models.embedders.onnx_minilm import default_cache_dir
 from router_models.serving.artifact import DEFAULT_ARTIFACT, ArtifactError, load_artifact
@@ -78,6 +79,15 @@ def _cascade(home: Path, *argv: str, timeout_s: float = 300) -> subprocess.Compl
     env.pop("CASCADE_ROUTER_ARTIFACT", None)
     return subprocess.run([sys.executable, "-m", "gateway", *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout_s, check=False)
+
+
+def _in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """`cascade ARGV` in this process (the `home` fixture's $CASCADE_HOME): exit code, stdout, stderr. For the
+    commands that only read or move the artifact store: a CLI process of its own cost about 0.8 s of CPU to import."""
+    capsys.readouterr()
+    code = main(list(argv))
+    printed = capsys.readouterr()
+    return code, printed.out, printed.err
 
 
 def _train(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -168,7 +178,7 @@ def _traffic_with_feedback(url: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolled_back(
-        gateway: str, home: Path, ledger: str) -> None:
+        gateway: str, home: Path, ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
     labels = _traffic_with_feedback(gateway)
     assert len(labels) == REQUESTS
     rows = read_ledger_labels(LEDGER_URL, key_prefix=ledger)
@@ -190,8 +200,8 @@ def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolle
     kept = load_artifact(_kept_path(out))
     assert kept.metadata["sources"]["labels:feedback"] == len(train_rows)
     assert ArtifactStore(home / "router").history() == []
-    versions = _cascade(home, "router", "versions").stdout
-    assert f"serving: {DEFAULT_ARTIFACT}  (shipped with the package)" in versions
+    code, versions, _ = _in_process(capsys, "router", "versions")
+    assert code == 0 and f"serving: {DEFAULT_ARTIFACT}  (shipped with the package)" in versions
 
     # 2. against a current artifact whose recorded figure any candidate beats: promoted, and served from the store
     seed = _seed_current(home, recorded_apgr=0.0)
@@ -201,21 +211,21 @@ def test_feedback_trains_a_candidate_that_is_promoted_only_when_better_and_rolle
     assert (cur, basis) == (0.0, "mean leave-one-source-out APGR on the 7 public sources both were evaluated on")
     assert cand > 0.3
     version = _find(r"promoted as version (\S+)", run.stdout)
-    versions = _cascade(home, "router", "versions").stdout
-    assert f"  {seed}\n" in versions and f"  {version}  (current)" in versions
+    code, versions, _ = _in_process(capsys, "router", "versions")
+    assert code == 0 and f"  {seed}\n" in versions and f"  {version}  (current)" in versions
     served = load_artifact(None)
     assert served.metadata["sources"]["labels:feedback"] == len(rows)
     assert served.metadata["payload_sha256"] != kept.metadata["payload_sha256"]  # held-back rows now trained on
 
     # 3. rollback: back to the seed, then to the shipped artifact; one more has nothing to roll back
-    assert _cascade(home, "router", "rollback").returncode == 0
+    assert _in_process(capsys, "router", "rollback")[0] == 0
     assert load_artifact(None).metadata["evaluation"]["mean"]["apgr"] == 0.0
-    back = _cascade(home, "router", "rollback")
-    assert back.returncode == 0 and f"current artifact: {DEFAULT_ARTIFACT}" in back.stdout
-    assert "(shipped with the package)" in _cascade(home, "router", "versions").stdout
-    again = _cascade(home, "router", "rollback")
-    assert again.returncode == 2
-    assert "nothing to roll back" in again.stderr and str(DEFAULT_ARTIFACT) in again.stderr
+    code, out, _ = _in_process(capsys, "router", "rollback")
+    assert code == 0 and f"current artifact: {DEFAULT_ARTIFACT}" in out
+    assert "(shipped with the package)" in _in_process(capsys, "router", "versions")[1]
+    code, _, err = _in_process(capsys, "router", "rollback")
+    assert code == 2
+    assert "nothing to roll back" in err and str(DEFAULT_ARTIFACT) in err
 
 
 def test_a_candidate_not_better_than_current_is_not_promoted_and_the_report_says_by_how_much(home: Path) -> None:
