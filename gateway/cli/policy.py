@@ -142,20 +142,20 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"--score must be within [0, 1], got {args.score}", file=sys.stderr)
         return 1
     ctx = RouteContext.from_request(body, args.tenant, headers)
-    score, source = args.score, "given"
-    try:
-        if score is None and needs_score(loaded.policy, ctx):
-            score, source = scored(loaded, ctx, body.get("messages") or [], args)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    completion = limit if isinstance(limit, int) and limit > 0 else 1
     used = _live_threshold(args, loaded)
     if isinstance(used, str):
         print(f"cascade policy explain: {used}", file=sys.stderr)
         return 1
     threshold, ladder, notes = used
+    score, source = args.score, "given"
+    try:
+        if score is None and needs_score(loaded.policy, ctx):
+            score, source = scored(loaded, ctx, body.get("messages") or [], args, threshold)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    completion = limit if isinstance(limit, int) and limit > 0 else 1
     try:
         trade = explain_trade(loaded, ctx, body.get("messages") or [], args)
     except (ValueError, PolicyError) as exc:

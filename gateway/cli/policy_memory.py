@@ -13,6 +13,7 @@ from typing import Any
 
 from policies.context import RouteContext
 from policies.loader import LoadedPolicy
+from policies.threshold import base_threshold
 
 __all__ = ["memory_folder", "memory_name", "scored"]
 
@@ -49,10 +50,12 @@ def memory_folder(store: Path | None, name: str, given: bool) -> Path | None:
     return path.parent
 
 
-def scored(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: argparse.Namespace) -> tuple[float, str]:
+def scored(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: argparse.Namespace,
+           threshold: float | None = None) -> tuple[float, str]:
     """(score, where it came from): the shipped classifier's score of `messages` (the gateway's scoring text and
-    shape), moved by the label memory the gateway would apply (module docstring), as its router moves it before the
-    threshold and the rules read it. Raises ValueError for a `--memory` that names no memory."""
+    shape), refined near `threshold` (None: the policy's own) as the gateway's router refines it, moved by the label
+    memory the gateway would apply (module docstring), as its router moves it before the threshold and the rules read
+    it. Raises ValueError for a `--memory` that names no memory."""
     from gateway.serving.routing.label_memories import LabelMemories
     from router_models.serving.classifier_scorer import load_scorer
     from router_models.serving.scorer import ScorerViews, read_conversation
@@ -63,6 +66,7 @@ def scored(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: argpars
 
     async def run() -> tuple[float, str]:
         scorer = load_scorer()
+        scorer.refine_near(threshold if threshold is not None else base_threshold(loaded.policy.routing.threshold))
         try:
             text, shape = read_conversation(messages)
             score, _ = await scorer.score_one(text, shape)

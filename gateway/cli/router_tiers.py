@@ -4,14 +4,15 @@
     cascade router route --policy P --in prompts.jsonl --out routes.jsonl [--tradeoff X | --cost-per-1k Y]
 
 `route` needs no engine: it embeds each prompt as the gateway's scorer does (the router artifact's embedder and
-feature row), predicts every tier's quality from the pool map and the tiers' placements, prices each tier as the
-gateway does (`policies.tiers`: prices x estimated prompt tokens and the tier's expected completion tokens) and picks
-the best trade (`policies.tiers.choose`). The tradeoff: `--tradeoff` (the quality one USD of expected cost per
-request is worth; 0 = the best predicted quality whatever it costs), else `--cost-per-1k` (solved on the input
-itself, `policies.tiers.solve_tradeoff`, so its mean expected cost per 1,000 requests is at most that), else the
-policy's. Input lines: {"id", "prompt" | "messages"}; output per line: {"id", "pool", "predicted": {pool: quality},
-"expected_cost_usd": {pool: usd}}. With `--memory NAME` ("shared" or a tenant's label memory) every tier's
-prediction is moved by that memory exactly as the gateway's trade is: by the memory's labels per pool
+feature row; for the shipped default, the rows of the fast artifact in front of it, `refined_model`), predicts every
+tier's quality from the pool map and the tiers' placements, prices each tier as the gateway does (`policies.tiers`:
+prices x estimated prompt tokens and the tier's expected completion tokens) and picks the best trade
+(`policies.tiers.choose`). The tradeoff: `--tradeoff` (the quality one USD of expected cost per request is worth; 0
+= the best predicted quality whatever it costs), else `--cost-per-1k` (solved on the input itself,
+`policies.tiers.solve_tradeoff`, so its mean expected cost per 1,000 requests is at most that), else the policy's.
+Input lines: {"id", "prompt" | "messages"}; output per line: {"id", "pool", "predicted": {pool: quality},
+"expected_cost_usd": {pool: usd}}. With `--memory NAME` ("shared" or a tenant's label memory) every tier's prediction
+is moved by that memory exactly as the gateway's trade is: by the memory's labels per pool
 (`router_models.serving.pool_labels`, `policies.tiers.moved`), or, for a memory without them, by the move of the
 router's score (`router_models.serving.memory_apply`, `policies.tiers.remembered`); each line then also carries
 "memory_move" ({pool: the move of its predicted quality}) and "gap_move" (the score's move on the memory's gap
@@ -129,12 +130,15 @@ def _route(args: argparse.Namespace) -> int:
     from router_models.serving.artifact import ArtifactError, load_artifact
     from router_models.serving.classifier import feature_matrix
     from router_models.serving.placement import PlacementError
-    from router_models.serving.pool_map import quality
+    from router_models.serving.pool_map import pool_map_for, quality
+    from router_models.serving.refined_model import refine_choice, refine_front
 
     try:
         loaded, pool_map = _load(args)
         rows = _read(args.input)
-        router = load_artifact(args.artifact)
+        router = load_artifact(refine_front(args.artifact, refine_choice()) or args.artifact)  # the gateway's rows
+        if router.embedder != pool_map.embedder and args.map is None:
+            pool_map = pool_map_for(router.embedder) or pool_map
         if router.embedder != pool_map.embedder:
             raise RouteError(f"the router artifact embeds with {router.embedder!r}, the pool map reads "
                              f"{pool_map.embedder!r} rows; give --artifact and --map of one embedder")

@@ -22,7 +22,9 @@ omission). The speed targets (`TARGET_*`) are printed with PASS/FAIL for every s
 Every score is moved by a label memory of `--labels` real labels (default 1,000; `scorer_memory`), as a tenant's
 memory moves it in the gateway, and the shipped artifact brings its in-domain figure: the targets are for that.
 The guard (`--old-tree`, issue 55): run it against main's tree before calling scorer work done; it prints each
-cell's scored/s, p99 and process CPU per request as ratios to the old tree's.
+cell's scored/s, p99 and process CPU per request as ratios to the old tree's. `CASCADE_ROUTER_REFINE=auto` serves
+the shipped default in two stages (`router_models.serving.refined_model`; each cell prints the share refined), and
+`CASCADE_ROUTER_OVERFLOW=none` keeps the overflow model off in tree workers (their default is the gateway's, auto).
 """
 
 from __future__ import annotations

@@ -112,8 +112,13 @@ def take_stats(scorer: ClassifierScorer) -> str:
     line = f"batches={len(sizes)} mean_batch={sum(sizes) / len(sizes):.1f} max_batch={max(sizes)}"
     scorer.batch_sizes.clear()
     by_model = getattr(scorer, "scored_by", None)
+    refined = getattr(scorer, "refined", None)  # a two-stage primary's texts its refiner re-scored
+    if by_model and refined is not None:
+        line += f" refined={refined / (by_model['primary'] or 1):.1%}"
+        scorer.refined = 0
     if by_model and getattr(scorer, "overflow", None) is not None:
         line += f" overflow={by_model['overflow'] / (sum(by_model.values()) or 1):.1%}"
+    if by_model:
         by_model.update(primary=0, overflow=0)
     return line
 

@@ -58,6 +58,10 @@ class EmbeddingClassifier:
         return self._embedder.name
 
     @property
+    def embedder(self) -> Embedder:
+        return self._embedder
+
+    @property
     def router(self) -> LinearRouter:
         """The trained head (label memories take their residuals against it)."""
         return self._router
@@ -78,6 +82,12 @@ class EmbeddingClassifier:
         feats = feature_matrix(vectors, texts, shapes)
         structure = np.ascontiguousarray(feats[:, vectors.shape[1]:])
         return [float(p) for p in self._router.predict_proba(feats)], vectors, structure
+
+    def score_structured(self, texts: Sequence[str], structure: FloatArray) -> list[float]:
+        """The scores of texts whose structural columns are already computed (row i for texts[i], as
+        `score_and_features` gives them, on the same shapes): this embedder's vectors beside them, one call."""
+        rows = np.hstack([self._embedder.embed(texts), np.asarray(structure, np.float32)])
+        return [float(p) for p in self._router.predict_proba(rows)]
 
     def take_truncated(self) -> int:
         """Texts whose word pieces the embedder cut (at its token limit, as in training) since the last call;

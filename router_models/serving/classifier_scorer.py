@@ -60,6 +60,7 @@ from router_models.serving.blas_threads import one_blas_thread
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.domain import DomainReference
 from router_models.serving.pool_map import PoolMap, pool_map_for
+from router_models.serving.refined_model import SHIPPED_BAND, RefinedClassifier, refine_choice, refine_front
 from router_models.serving.scorer import SCORING_CHARS, ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
@@ -163,10 +164,18 @@ class ClassifierScorer:
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=10_000)
         self.on_batch: Callable[[int], None] | None = None
+        self.refined = 0  # texts a two-stage primary (`RefinedClassifier`) re-scored with its refiner
         self.truncated = {"chars": 0, "tokens": 0}
         self.on_truncated: Callable[[str, int], None] | None = None
         """Told of texts cut: "chars" (at `SCORING_CHARS`), "tokens" (by the embedder, at its word-piece limit;
         counted per text embedded, so not again for a cached score). The gateway's metrics count them."""
+
+    def refine_near(self, *thresholds: float) -> None:
+        """Centre a two-stage model's refine band on the thresholds in use (`RefinedClassifier.refine_near`); the
+        cached scores go when the band moves (a text near the new thresholds was maybe not refined). No-op for any
+        other model."""
+        if isinstance(self._model, RefinedClassifier) and self._model.refine_near(*thresholds):
+            self.cache.clear()
 
     def _count(self, what: str, texts: int) -> None:
         if texts:
@@ -314,6 +323,8 @@ class ClassifierScorer:
                 self._keep(unique, scored)
                 if isinstance(model, EmbeddingClassifier):
                     self._count("tokens", model.take_truncated())
+                if isinstance(model, RefinedClassifier):
+                    self.refined += model.take_refined()
             for key, fut, _ in live:
                 if not fut.done():
                     fut.set_result((by_key[key], which))
@@ -394,14 +405,29 @@ def set_torch_threads(threads: int) -> None:
 
 
 def load_model(
-    artifact_path: str | None = None, torch_threads: int | None = 2, embedder_name: str | None = None
+    artifact_path: str | None = None, torch_threads: int | None = 2, embedder_name: str | None = None,
+    refine: str | None = None,
 ) -> EmbeddingClassifier:
     """Load and verify the artifact (default: the shipped one) and its embedder, warmed up. Takes seconds.
 
     `torch_threads`: intra-op threads of the embedder (torch's process-wide pool, or the ONNX Runtime
     session's). `embedder_name` overrides the artifact's embedder (benchmarks only: the caller vouches that
-    its vectors are equivalent). Raises `ArtifactError` for a missing, corrupt or incompatible artifact.
+    its vectors are equivalent). `refine` ("auto", "none" or a path: `refined_model.refine_front`; None:
+    `$CASCADE_ROUTER_REFINE`, else "none"): with "auto" the shipped default is served behind the fast artifact,
+    which scores every text, and re-scores only the texts near the thresholds in use (`RefinedClassifier`).
+    Raises `ArtifactError` for a missing, corrupt or incompatible artifact.
     """
+    front = refine_front(artifact_path, refine or refine_choice()) if embedder_name is None else None
+    model = _load_one(artifact_path, torch_threads, embedder_name)
+    if front is None:
+        return model
+    refined = RefinedClassifier(_load_one(str(front), torch_threads, None), model, SHIPPED_BAND, model.version)
+    refined(["warm-up"])
+    return refined
+
+
+def _load_one(artifact_path: str | None, torch_threads: int | None, embedder_name: str | None) -> EmbeddingClassifier:
+    """One artifact and its embedder (`load_model`, without a front), warmed up."""
     path = Path(artifact_path) if artifact_path else current_artifact_path()
     art = load_artifact(path)
     name = embedder_name or art.embedder
@@ -450,8 +476,8 @@ def load_scorer(
     overflow_path = overflow_artifact(artifact_path, overflow)
     one_blas_thread()
     model = load_model(artifact_path, torch_threads)
-    scorer = ClassifierScorer(model, config, version=model.version,
-                              domain=_domain(artifact_path or current_artifact_path(), model.embedder_name))
+    rows_from = str(refine_front(artifact_path, refine_choice()) or artifact_path or current_artifact_path())
+    scorer = ClassifierScorer(model, config, version=model.version, domain=_domain(rows_from, model.embedder_name))
     scorer.pool_map = pool_map_for(model.embedder_name)  # None without one on this embedder (logged)
     if overflow_path is not None:
         scorer.load_overflow_in_background(lambda: load_model(str(overflow_path), 1), str(overflow_path))

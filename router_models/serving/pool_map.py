@@ -33,12 +33,13 @@ import numpy.typing as npt
 from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
 from router_models.serving.artifact import ArtifactError, read_metadata, read_payload, replace_atomically
 
-__all__ = ["DEFAULT_POOL_MAP", "MAP_FORMAT", "Placed", "PoolMap", "SharedAbility", "abilities",
+__all__ = ["DEFAULT_POOL_MAP", "MAP_FORMAT", "STATIC_POOL_MAP", "Placed", "PoolMap", "SharedAbility", "abilities",
            "load_pool_map", "pool_map_for", "quality", "quality_logits", "save_pool_map", "served_pool_map"]
 
 Floats = npt.NDArray[np.float64]
 MAP_FORMAT = 1
 DEFAULT_POOL_MAP = Path(__file__).resolve().parents[1] / "artifacts" / "pool-map.json"
+STATIC_POOL_MAP = DEFAULT_POOL_MAP.with_name("pool-map-static.json")  # the same fit on the fast artifact's rows
 _log = logging.getLogger(__name__)
 _FIX = "rebuild it with `python -m router_models.training.pool_map_build` (MODEL_CARD.md, \"Pool map\")"
 
@@ -199,10 +200,15 @@ def served_pool_map() -> PoolMap:
 
 
 def pool_map_for(embedder: str) -> PoolMap | None:
-    """The served map when it reads `embedder`'s feature rows (the router artifact's), else None (logged: a tiers
-    policy then splits by score between its first and last tier)."""
+    """The served map when it reads `embedder`'s feature rows (the router artifact's; with no `$CASCADE_POOL_MAP`, the
+    shipped map on those rows: `pool-map.json` on the transformer's, `pool-map-static.json` on the fast artifact's,
+    which the shipped default's two-stage scorer hands out), else None (logged: a tiers policy then splits by score
+    between its first and last tier)."""
     try:
         pool_map = served_pool_map()
+        if pool_map.embedder != embedder and not os.environ.get("CASCADE_POOL_MAP") and STATIC_POOL_MAP.exists():
+            static = load_pool_map(STATIC_POOL_MAP)
+            pool_map = static if static.embedder == embedder else pool_map
     except ArtifactError as exc:
         _log.warning("no pool map (%s): tiers split by score", exc)
         return None

@@ -23,7 +23,8 @@ from router_models.embedders.conversation import (
 )
 
 __all__ = ["SCORING_CHARS", "ConversationShape", "DomainSource", "EmbeddingSource", "FeatureSource", "LengthScorer",
-           "Scorer", "ScorerViews", "conversation_shape", "conversation_text", "prompt_shape", "read_conversation"]
+           "Refinable", "Scorer", "ScorerViews", "conversation_shape", "conversation_text", "prompt_shape",
+           "read_conversation"]
 
 
 class Scorer(Protocol):
@@ -82,6 +83,14 @@ class DomainSource(Protocol):
     def in_domain(self, text: str) -> float | None: ...
 
 
+@runtime_checkable
+class Refinable(Protocol):
+    """A scorer whose score is refined near the thresholds in use (the shipped default: `refined_model`): the router
+    tells it, before scoring, the thresholds the request's decision will read (`refine_near`). Cheap, idempotent."""
+
+    def refine_near(self, *thresholds: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class ScorerViews:
     """`scorer` as each protocol above it satisfies (None where it does not), checked once per scorer and kept
@@ -92,12 +101,14 @@ class ScorerViews:
     embedding: EmbeddingSource | None
     features: FeatureSource | None
     domain: DomainSource | None
+    refine: Refinable | None = None
 
     @classmethod
     def of(cls, scorer: Scorer | None) -> ScorerViews:
         return cls(scorer, scorer if isinstance(scorer, EmbeddingSource) else None,
                    scorer if isinstance(scorer, FeatureSource) else None,
-                   scorer if isinstance(scorer, DomainSource) else None)
+                   scorer if isinstance(scorer, DomainSource) else None,
+                   scorer if isinstance(scorer, Refinable) else None)
 
 
 class LengthScorer:

@@ -49,6 +49,10 @@ class TTLCache(Generic[K, V]):
             return None
         return item[1]
 
+    def clear(self) -> None:
+        """Drop every entry (the counters stay)."""
+        self._data.clear()
+
     def put(self, key: K, value: V) -> None:
         """Insert or refresh `key`; evicts the least recently used entries beyond `max_entries`."""
         if self._max <= 0:

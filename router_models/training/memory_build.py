@@ -28,6 +28,7 @@ from router_models.serving.classifier import feature_matrix
 from router_models.serving.label_memory import LabelMemory, MemoryParams, gap_target
 from router_models.serving.memory_file import SHARED, load_memory, memory_path, memory_paths, save_memory
 from router_models.serving.pool_labels import FLAGSHIP, MICRO
+from router_models.serving.refined_model import refine_choice, refine_front
 from router_models.training.labels import LabelRow
 from router_models.training.outcomes import Example
 
@@ -54,7 +55,7 @@ def add_labels(rows: list[Example], path: Path, artifact: Path | None = None,
     empty: none); `ledger_ids`: the ledger's request ids among them, added to the ones the memory records it took
     (`LEDGER_REQUESTS`, kept across every add). Raises `ArtifactError` when the existing memory is unreadable or holds
     another embedder's vectors (nothing is written then)."""
-    art = load_artifact(artifact)
+    art = load_artifact(refine_front(artifact, refine_choice()) or artifact)  # the rows a two-stage scorer hands out
     embedder = make_embedder(art.embedder)
     texts = [ex.text for ex in rows]
     x = feature_matrix(embedder.embed(texts), texts, [ex.shape for ex in rows])  # as the scorer computes them

@@ -196,6 +196,10 @@ class RequestRouter:
         priority = _priority(loaded, tenant)
         _shed(ladder.applying_to(None), priority)  # `scope: all` steps, before the score is spent
         ctx = RouteContext.from_request(raw, tenant, headers)
+        threshold = self._live.threshold(policy) if self._live is not None else None
+        if self._views.refine is not None:  # a two-stage scorer refines the scores near the threshold in use
+            self._views.refine.refine_near(threshold if threshold is not None
+                                           else base_threshold(policy.routing.threshold))
         score, scored_by, version, conversation = (await self._score(raw) if self._scorer is not None
                                                    and needs_score(policy, ctx) else (None, "", "", None))
         in_domain, trade = None, None
@@ -207,7 +211,6 @@ class RequestRouter:
                 score, version = memory.score, memory.version(version)
             trade = await self._trade(loaded, ctx, conversation, memory)
         try:
-            threshold = self._live.threshold(policy) if self._live is not None else None
             decision = replace(decide(policy, loaded.version, ctx, score, ladder, threshold, trade),
                                scored_by=scored_by, router_version=version, in_domain=in_domain)
             decision = self._held(loaded, ctx, ladder, threshold, decision)

@@ -80,8 +80,9 @@ def test_explain_runs_the_classifier_only_when_needed(
 ) -> None:
     calls: list[Any] = []
 
-    def fake_score(loaded: Any, ctx: Any, messages: Any, args: Any) -> tuple[float, str]:
-        calls.append(messages)
+    def fake_score(loaded: Any, ctx: Any, messages: Any, args: Any, threshold: float | None = None
+                   ) -> tuple[float, str]:
+        calls.append((messages, threshold))  # the threshold the scorer refines near: None, the policy's own
         return 0.9, "classifier"
 
     monkeypatch.setattr(policy_memory, "scored", fake_score)

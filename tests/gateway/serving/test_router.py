@@ -52,3 +52,37 @@ async def test_the_same_latest_turn_after_a_long_history_scores_differently(scor
     direct = await scorer.score_one(conversation_text(long_chat), conversation_shape(long_chat))
     assert score_long == direct[0]  # the router hands the scorer the conversation's shape
     assert score_alone == (await scorer.score([conversation_text(alone)]))[0]  # one user turn: a plain prompt
+
+
+class Refining:
+    """A `Scorer` that is `Refinable`: records the thresholds it is told before each score, scores 0.6."""
+
+    version = "refining"
+
+    def __init__(self) -> None:
+        self.told: list[tuple[float, ...]] = []
+
+    def refine_near(self, *thresholds: float) -> None:
+        self.told.append(thresholds)
+
+    async def score(self, texts: list[str]) -> list[float]:
+        return [0.6] * len(texts)
+
+    async def score_one(self, text: str, shape: object = None) -> tuple[float, str]:
+        assert self.told, "the scorer was not told the threshold before it scored"
+        return 0.6, "primary"
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_two_stage_scorer_is_told_the_threshold_in_use_before_it_scores() -> None:
+    refining = Refining()
+    router = RequestRouter(refining, GatewayMetrics(dict))  # type: ignore[arg-type]
+    assert await _score(router, [LATEST]) == 0.6
+    assert refining.told == [(0.5,)]  # the policy's threshold (no live threshold here)
+    fixed = parse_policy(policy_yaml("http://127.0.0.1:9", "http://127.0.0.1:9").replace("threshold: 0.5",
+                                                                                         "threshold: 0.3"))
+    request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": [LATEST]}))
+    await router.route(request, raw, "anyone", {}, fixed, LadderState())
+    assert refining.told[-1] == (0.3,)
