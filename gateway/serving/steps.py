@@ -49,6 +49,7 @@ class Planner:
             Step("on-demand-fallback", self._on_cold),
             Step("json-guard", self._json_guard),
             Step("context-fit", self._fit),
+            Step("batch-lane", self._lane),
         )
 
     async def plan(self, ctx: RequestContext) -> tuple[RequestContext, Call]:
@@ -70,7 +71,9 @@ class Planner:
         facts = RequestFacts(ctx.request_id, ctx.tenant, decision, ctx.started_wall, ctx.started, None, "ok",
                              ctx.raw if self._parts.keep_requests else None,  # the routing view: what a replay routes
                              redo=redo(self._parts.forwarder.checker, ctx, decision), endpoint=ctx.endpoint.name,
-                             key_id=ctx.key.id if ctx.key is not None else "")
+                             key_id=ctx.key.id if ctx.key is not None else "",
+                             batch_id=ctx.batch.batch_id if ctx.batch else "",
+                             custom_id=ctx.batch.custom_id if ctx.batch else "")
         return await self._calls.prepare(ctx, facts, decision)
 
     async def _on_cold(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
@@ -100,6 +103,12 @@ class Planner:
         assert self._parts.fit is not None
         return await self._parts.fit.place(ctx.loaded, decision, ctx.request, ctx.raw, ctx.native, ctx.tenant,
                                            ctx.ladder, ctx.downgrade)
+
+    async def _lane(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
+        """A batch line waits for headroom on the pool it was routed to (`ServingParts.lane`); its pool stays."""
+        if ctx.batch is not None and self._parts.lane is not None:
+            await self._parts.lane.enter(ctx.loaded, decision.pool, ctx.request_id)
+        return decision
 
 
 async def _run(each: Step, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:

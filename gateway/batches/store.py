@@ -1,0 +1,104 @@
+"""Batches and files in Redis: their objects, each tenant's index of them, the lines' answers and the batches open.
+
+Keys (`{prefix}{batches}:...`: one hash tag, so that every script and multi-key call also runs on Redis Cluster):
+`file:<id>` and `batch:<id>` (hashes: the objects' fields), `batches:<tenant>` (sorted set of the tenant's batch ids by
+creation time), `answers:<batch id>` (hash: line index -> its output line), `open` (set of the batch ids workers
+serve: in progress or cancelling) and `final:<batch id>` (the finalizer's lock).
+
+A line's answer is kept once (`answer`: HSETNX, and the batch's count moved only by the write that kept it, in one
+script), so a line answered twice (a worker that died after answering, its line reclaimed) counts once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from gateway.batches.objects import Batch, BatchFile
+
+__all__ = ["BatchStore"]
+
+# KEYS: answers hash, batch hash. ARGV: line index, output line, "completed" | "failed".
+# Returns {kept (0|1), answered so far, total}.
+_ANSWER_LUA = """
+local kept = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if kept == 1 then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
+local counts = redis.call('HMGET', KEYS[2], 'completed', 'failed', 'total')
+return {kept, tonumber(counts[1] or '0') + tonumber(counts[2] or '0'), tonumber(counts[3] or '0')}
+"""
+
+
+class BatchStore:
+    """Shares, does not own, the Redis client."""
+
+    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+        self._redis: Any = redis  # redis-py's stubs type replies as bytes | str: these are bytes
+        self._base = f"{prefix}{{batches}}:"
+        self._answer = redis.register_script(_ANSWER_LUA)
+
+    def key(self, *parts: str) -> str:
+        return self._base + ":".join(parts)
+
+    async def put_file(self, file: BatchFile) -> None:
+        await self._redis.hset(self.key("file", file.id), mapping=file.to_fields())
+
+    async def file(self, file_id: str) -> BatchFile | None:
+        raw = await self._redis.hgetall(self.key("file", file_id))
+        return BatchFile.from_fields(raw) if raw else None
+
+    async def delete_file(self, file_id: str) -> None:
+        await self._redis.delete(self.key("file", file_id))
+
+    async def put_batch(self, batch: Batch, *, index: bool = False) -> None:
+        """Write the whole object (`index`: also add it to its tenant's list, as a new batch)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key("batch", batch.id), mapping=batch.to_fields())
+            if index:
+                pipe.zadd(self.key("batches", batch.tenant), {batch.id: batch.created_at})
+            await pipe.execute()
+
+    async def set_status(self, batch: Batch) -> None:
+        """Write the batch's status, times and file ids, never its counts (the answer script moves those)."""
+        fields = {k: v for k, v in batch.to_fields().items() if k not in ("completed", "failed")}
+        await self._redis.hset(self.key("batch", batch.id), mapping=fields)
+
+    async def batch(self, batch_id: str) -> Batch | None:
+        raw = await self._redis.hgetall(self.key("batch", batch_id))
+        return Batch.from_fields(raw) if raw else None
+
+    async def batch_ids(self, tenant: str) -> list[str]:
+        """The tenant's batch ids, newest first."""
+        ids = await self._redis.zrevrange(self.key("batches", tenant), 0, -1)
+        return [i.decode() for i in ids]
+
+    async def answer(self, batch_id: str, index: int, line: bytes, ok: bool) -> tuple[bool, bool]:
+        """Keep `line` as line `index`'s answer unless it has one: (kept, every line of the batch answered now).
+        `answers` gives it back behind one byte: b"1" for a line answered 2xx (`ok`), else b"0"."""
+        result: list[Any] = await self._answer(keys=[self.key("answers", batch_id), self.key("batch", batch_id)],
+                                               args=[index, (b"1" if ok else b"0") + line,
+                                                     "completed" if ok else "failed"])
+        kept, answered, total = (int(v) for v in result)
+        return bool(kept), answered >= total
+
+    async def answers(self, batch_id: str) -> dict[int, bytes]:
+        raw = await self._redis.hgetall(self.key("answers", batch_id))
+        return {int(k): v for k, v in raw.items()}
+
+    async def open_ids(self) -> list[str]:
+        return sorted(i.decode() for i in await self._redis.smembers(self.key("open")))
+
+    async def opened(self, batch_id: str) -> None:
+        await self._redis.sadd(self.key("open"), batch_id)
+
+    async def closed(self, batch_id: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.srem(self.key("open"), batch_id)
+            pipe.delete(self.key("answers", batch_id))
+            await pipe.execute()
+
+    async def lock_final(self, batch_id: str, holder: str, ttl_s: int = 60) -> bool:
+        return bool(await self._redis.set(self.key("final", batch_id), holder, nx=True, ex=ttl_s))
+
+    async def unlock_final(self, batch_id: str) -> None:
+        await self._redis.delete(self.key("final", batch_id))
