@@ -317,7 +317,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     cache = AnswerCache(RedisCacheStore(redis) if redis is not None else None, CacheKeys(settings.redis_prefix), router,
                         accountant, metrics)
     parts = ServingParts(versions, router, forwarder, admission, degradation, metrics, wake=on_demand.ensure,
-                         cache=cache, keep_requests=request_log is not None, lane=lane)
+                         cache=cache, keep_requests=request_log is not None, lane=lane, sleeping=on_demand.sleeping)
     service = ChatService(policies, parts, learning=learning)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, feedback, live_threshold=live,

@@ -29,10 +29,13 @@ __all__ = ["BatchParts", "batch_folder", "start_batches"]
 
 @dataclass
 class BatchParts:
-    """Owns the worker; shares the rest."""
+    """Owns the worker; shares the rest (`store`, `queue`, `runner`: what the worker uses, for tests and tools)."""
 
     service: BatchService
     worker: BatchWorker
+    store: BatchStore
+    queue: LineQueue
+    runner: LineRunner
 
     async def aclose(self) -> None:
         await self.worker.aclose()
@@ -54,4 +57,4 @@ def start_batches(redis: aioredis.Redis, settings: Settings, policies: PolicyHol
     runner = LineRunner(chat, policies, settings, lane)
     worker = BatchWorker(store, queue, runner, Finalizer(store, queue, files, consumer), policies, metrics, consumer)
     worker.start()
-    return BatchParts(BatchService(store, queue, files, policies), worker)
+    return BatchParts(BatchService(store, queue, files, policies), worker, store, queue, runner)

@@ -20,8 +20,10 @@ from gateway.batches.objects import Batch, BatchFile
 __all__ = ["BatchStore"]
 
 # KEYS: answers hash, batch hash. ARGV: line index, output line, "completed" | "failed".
-# Returns {kept (0|1), answered so far, total}.
+# Returns {kept (0|1), answered so far, total}. A batch no longer running keeps no answer (its finalizer has read them).
 _ANSWER_LUA = """
+local status = redis.call('HGET', KEYS[2], 'status')
+if status ~= 'in_progress' and status ~= 'cancelling' then return {0, 0, 1} end
 local kept = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if kept == 1 then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
 local counts = redis.call('HMGET', KEYS[2], 'completed', 'failed', 'total')
@@ -73,7 +75,8 @@ class BatchStore:
         return [i.decode() for i in ids]
 
     async def answer(self, batch_id: str, index: int, line: bytes, ok: bool) -> tuple[bool, bool]:
-        """Keep `line` as line `index`'s answer unless it has one: (kept, every line of the batch answered now).
+        """Keep `line` as line `index`'s answer unless it has one or the batch is no longer running (in progress or
+        cancelling): (kept, every line of the batch answered now).
         `answers` gives it back behind one byte: b"1" for a line answered 2xx (`ok`), else b"0"."""
         result: list[Any] = await self._answer(keys=[self.key("answers", batch_id), self.key("batch", batch_id)],
                                                args=[index, (b"1" if ok else b"0") + line,

@@ -3,6 +3,7 @@ service, which builds its route steps and sending layers from them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,7 +36,9 @@ class ServingParts:
     now. `cache` answers from, and keeps answers in, a tenant's response cache (`gateway.caching`). `fit` places a
     request by its length (`gateway.serving.routing.context_fit`; None: `versions`' pools, counted by the forwarder's
     engine client). `keep_requests`: keep each request's routing view on its facts (the replay log is on). `lane`: where
-    batch lines wait for their pool's headroom once routed (None: they are sent like any request)."""
+    batch lines wait for their pool's headroom once routed (None: they are sent like any request). `sleeping(pool)`:
+    whether `pool` is scaled to zero now (a batch line does not wake it unless the policy's `batches.wake_on_demand`
+    says so)."""
 
     versions: PoolVersions
     router: RequestRouter
@@ -48,6 +51,7 @@ class ServingParts:
     fit: ContextFit | None = None
     keep_requests: bool = False
     lane: Lane | None = None
+    sleeping: Callable[[str], bool] | None = None
 
     def context_fit(self) -> ContextFit:
         """`fit`, or the context-fit step over `versions`' pools."""

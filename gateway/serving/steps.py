@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from gateway.checking.fallback import json_fallback_refused
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NoReplicaAvailable
 from gateway.serving.records.accounting import RequestFacts
 from gateway.serving.records.tracing import step
 from gateway.serving.routing.request_context import RequestContext
@@ -78,8 +78,13 @@ class Planner:
 
     async def _on_cold(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
         """Wake an on-demand pool (or take its cold fallback pool, where the tenant may be moved there:
-        `policies.tenant_moves`; else the request waits for the cold start)."""
-        wake, policy = self._parts.wake, ctx.loaded.policy
+        `policies.tenant_moves`; else the request waits for the cold start). A batch line wakes none unless the
+        policy's `batches.wake_on_demand` allows it: it is refused (503) and its worker tries it again later."""
+        wake, policy, sleeping = self._parts.wake, ctx.loaded.policy, self._parts.sleeping
+        if (ctx.batch is not None and not policy.batches.wake_on_demand and sleeping is not None
+                and sleeping(decision.pool)):
+            raise NoReplicaAvailable(f"pool {decision.pool!r} is scaled to zero and batch lines do not wake it "
+                                     "(policy batches.wake_on_demand)", code="pool_asleep")
 
         def may_use(pool: str) -> bool:
             return move_refused(policy, ctx.tenant, pool, ctx.ladder, ctx.downgrade) is None

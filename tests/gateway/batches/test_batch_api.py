@@ -3,8 +3,9 @@ input answered as OpenAI answers it, and tenancy (another tenant's id is a 404).
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from gateway.api.auth import hash_key
 from gateway.batches.worker import BatchWorker
 from tests.conftest import GatewayFactory, Upstreams, policy_yaml
-from tests.harness import Gateway
+from tests.harness import Gateway, InProcessGateway
 from tests.servers import until
 
 pytestmark = pytest.mark.redis
@@ -58,6 +59,19 @@ def finished(gateway: Gateway, batch_id: str, headers: dict[str, str] = A, timeo
     until(lambda: gateway.client.get(f"/v1/batches/{batch_id}", headers=headers).json()["status"]
           in ("completed", "failed", "expired", "cancelled"), timeout_s, lambda: f"batch {batch_id} not finished")
     return gateway.client.get(f"/v1/batches/{batch_id}", headers=headers).json()
+
+
+T = TypeVar("T")
+
+
+def on_loop(gateway: Gateway, work: Coroutine[Any, Any, T]) -> T:
+    """Run `work` on an in-process gateway's event loop (where its worker runs)."""
+    assert isinstance(gateway, InProcessGateway)
+    return gateway.run(work)
+
+
+async def started(worker: BatchWorker) -> None:
+    worker.start()
 
 
 def test_a_batch_runs_to_completed_with_openai_shapes(gateway: Gateway) -> None:
@@ -158,18 +172,14 @@ def test_cancel_keeps_what_is_done_and_a_finished_batch_cannot_be_cancelled(gate
     assert r.status_code == 400 and "completed" in r.json()["error"]["message"]
     runtime = gateway.runtime
     assert runtime.batches is not None
-    gateway.run(runtime.batches.worker.aclose())  # nothing takes lines: the batch stays in progress
+    on_loop(gateway, runtime.batches.worker.aclose())  # nothing takes lines: the batch stays in progress
     batch = create(gateway, upload(gateway, jsonl([chat_line("y")])).json()["id"]).json()
     cancelling = gateway.client.post(f"/v1/batches/{batch['id']}/cancel", headers=A).json()
     assert cancelling["status"] == "cancelling" and cancelling["cancelling_at"]
-    gateway.run(_started(runtime.batches.worker))
+    on_loop(gateway, started(runtime.batches.worker))
     cancelled = finished(gateway, batch["id"])
     assert cancelled["status"] == "cancelled" and cancelled["cancelled_at"]
     assert cancelled["request_counts"] == {"total": 1, "completed": 0, "failed": 0}
-
-
-async def _started(worker: BatchWorker) -> None:
-    worker.start()
 
 
 def test_deleting_a_file_removes_it(gateway: Gateway) -> None:
