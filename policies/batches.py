@@ -37,6 +37,7 @@ class Batches(Frozen):
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="largest batch input file")
     max_lines: int = Field(default=50_000, ge=1, description="most lines in one batch")
     max_open_batches: int = Field(default=100, ge=1, description="most unfinished batches per tenant")
+    max_open_lines: int = Field(default=1_000_000, ge=1, description="most lines in a tenant's unfinished batches")
     wake_on_demand: bool = Field(default=False, description="whether a batch line may wake a pool scaled to zero")
 
     def discount_for(self, pool: str) -> float:

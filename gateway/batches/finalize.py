@@ -83,7 +83,7 @@ class Finalizer:
 
     async def _expired_lines(self, batch: Batch, answered: set[int]) -> dict[int, bytes]:
         content = await asyncio.to_thread(self._files.read, batch.input_file_id)
-        lines = check_input(content, batch.endpoint, max(batch.total, 1)).lines
+        lines = (await asyncio.to_thread(check_input, content, batch.endpoint, max(batch.total, 1))).lines
         error = {"code": "batch_expired", "message": "This request could not be executed before the completion "
                  "window expired."}
         return {line.index: orjson.dumps({"id": f"batch_req_{batch.id.removeprefix('batch_')}_{line.index}",

@@ -20,7 +20,6 @@ from gateway.batches.input import check_input
 from gateway.batches.objects import (
     BATCH_URLS,
     COMPLETION_WINDOW_S,
-    FINISHED,
     OPEN,
     Batch,
     BatchFile,
@@ -95,15 +94,20 @@ class BatchService:
         if file.purpose != "batch":
             raise BadRequest(f"{input_file_id} was not uploaded with purpose \"batch\"", param="input_file_id")
         bounds = self._policies.current.policy.batches
-        if await self._open_count(tenant) >= bounds.max_open_batches:
+        batches, lines = await self._open(tenant)
+        if batches >= bounds.max_open_batches:
             raise TooManyRequests(f"this tenant has {bounds.max_open_batches} batches open, the most it may; retry "
                                   "when one has finished", 60, code="batch_limit_exceeded")
+        content = await asyncio.to_thread(self._files.read, file.id)
+        check = await asyncio.to_thread(check_input, content, endpoint, bounds.max_lines)
+        if not check.errors and lines + len(check.lines) > bounds.max_open_lines:
+            raise TooManyRequests(f"this tenant's open batches hold {lines} lines; {len(check.lines)} more would "
+                                  f"pass the {bounds.max_open_lines} it may have; retry when one has finished", 60,
+                                  code="batch_limit_exceeded")
         now = int(self._clock())
         batch = Batch(new_batch_id(), tenant, endpoint, file.id, completion_window, now,
                       now + COMPLETION_WINDOW_S[completion_window], metadata=metadata)
         await self._store.put_batch(batch, index=True)
-        content = await asyncio.to_thread(self._files.read, file.id)
-        check = check_input(content, endpoint, bounds.max_lines)
         if check.errors:
             failed = replace(batch, errors=check.errors).moved("failed", int(self._clock()))
             await self._store.put_batch(failed)
@@ -134,17 +138,15 @@ class BatchService:
     async def cancel(self, tenant: str, batch_id: str) -> Batch:
         """A batch in progress moves to "cancelling" (its workers stop taking its lines; the next sweep ends it as
         "cancelled" once none is in flight); a finished one is refused (400), as OpenAI refuses it."""
-        batch = await self.get(tenant, batch_id)
-        if batch.status in FINISHED or batch.status == "finalizing":
-            raise BadRequest(f"Cannot cancel a batch with status '{batch.status}'.", param="batch_id",
+        await self.get(tenant, batch_id)
+        before = await self._store.cancel(batch_id, int(self._clock()))
+        if before not in ("validating", "in_progress", "cancelling"):
+            raise BadRequest(f"Cannot cancel a batch with status '{before}'.", param="batch_id",
                              code="batch_not_cancellable")
-        if batch.status == "cancelling":
-            return batch
-        cancelling = batch.moved("cancelling", int(self._clock()))
-        await self._store.set_status(cancelling)
         return await self.get(tenant, batch_id)
 
-    async def _open_count(self, tenant: str, scan: int = 1000) -> int:
+    async def _open(self, tenant: str, scan: int = 1000) -> tuple[int, int]:
+        """The tenant's unfinished batches among its newest `scan`, and the lines they hold."""
         ids = (await self._store.batch_ids(tenant))[:scan]
-        batches = [await self._store.batch(i) for i in ids]
-        return sum(1 for b in batches if b is not None and b.status in OPEN)
+        found = [b for b in [await self._store.batch(i) for i in ids] if b is not None and b.status in OPEN]
+        return len(found), sum(b.total for b in found)

@@ -30,6 +30,15 @@ local counts = redis.call('HMGET', KEYS[2], 'completed', 'failed', 'total')
 return {kept, tonumber(counts[1] or '0') + tonumber(counts[2] or '0'), tonumber(counts[3] or '0')}
 """
 
+# KEYS: batch hash. ARGV: the time. Moves a batch validating or in progress to "cancelling"; returns its status before.
+_CANCEL_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'validating' or status == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelling', 'cancelling_at', ARGV[1])
+end
+return status
+"""
+
 
 class BatchStore:
     """Shares, does not own, the Redis client."""
@@ -38,6 +47,7 @@ class BatchStore:
         self._redis: Any = redis  # redis-py's stubs type replies as bytes | str: these are bytes
         self._base = f"{prefix}{{batches}}:"
         self._answer = redis.register_script(_ANSWER_LUA)
+        self._cancel = redis.register_script(_CANCEL_LUA)
 
     def key(self, *parts: str) -> str:
         return self._base + ":".join(parts)
@@ -64,6 +74,12 @@ class BatchStore:
         """Write the batch's status, times and file ids, never its counts (the answer script moves those)."""
         fields = {k: v for k, v in batch.to_fields().items() if k not in ("completed", "failed")}
         await self._redis.hset(self.key("batch", batch.id), mapping=fields)
+
+    async def cancel(self, batch_id: str, at: int) -> str:
+        """Move the batch to "cancelling" if it is validating or in progress, in one step (a finalizer that ends it
+        meanwhile is never overwritten); its status before."""
+        before = await self._cancel(keys=[self.key("batch", batch_id)], args=[at])
+        return before.decode() if isinstance(before, bytes) else str(before or "")
 
     async def batch(self, batch_id: str) -> Batch | None:
         raw = await self._redis.hgetall(self.key("batch", batch_id))

@@ -187,3 +187,20 @@ def test_deleting_a_file_removes_it(gateway: Gateway) -> None:
     r = gateway.client.delete(f"/v1/files/{file_id}", headers=A)
     assert r.json() == {"id": file_id, "object": "file", "deleted": True}
     assert gateway.client.get(f"/v1/files/{file_id}", headers=A).status_code == 404
+
+
+def test_a_tenant_has_at_most_its_open_batches_and_lines(make_gateway: GatewayFactory, tmp_path: Path,
+                                                         fake_upstreams: Upstreams, prefix: str) -> None:
+    policy = batch_policy(tmp_path, fake_upstreams, "batches: {max_open_batches: 2, max_open_lines: 3}\n")
+    gateway = make_gateway(policy, ledger="redis", redis_prefix=prefix)
+    assert gateway.runtime.batches is not None
+    on_loop(gateway, gateway.runtime.batches.worker.aclose())  # nothing answers: the batches stay open
+    two = upload(gateway, jsonl([chat_line("a"), chat_line("b")])).json()["id"]
+    assert create(gateway, two).json()["status"] == "in_progress"
+    r = create(gateway, two)  # 2 + 2 lines open: over 3
+    assert r.status_code == 429 and r.json()["error"]["code"] == "batch_limit_exceeded" and "lines" in r.text
+    assert create(gateway, upload(gateway, jsonl([chat_line("c")])).json()["id"]).status_code == 200
+    r = create(gateway, upload(gateway, jsonl([chat_line("d")])).json()["id"])  # a third open batch
+    assert r.status_code == 429 and "batches open" in r.json()["error"]["message"]
+    assert create(gateway, two, headers=B).status_code == 404  # the limits are per tenant, the file A's
+    assert len(gateway.client.get("/v1/batches", headers=A).json()["data"]) == 2
