@@ -74,6 +74,8 @@ class Batch:
     total: int = 0
     completed: int = 0
     failed: int = 0
+    input_tokens: int = 0  # of the lines answered 2xx, as their answers' usage says
+    output_tokens: int = 0
     output_file_id: str = ""
     error_file_id: str = ""
     in_progress_at: int = 0
@@ -102,6 +104,9 @@ class Batch:
                 "error_file_id": self.error_file_id or None, "created_at": self.created_at,
                 "expires_at": self.expires_at, **times,
                 "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
+                "usage": {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                          "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                          "total_tokens": self.input_tokens + self.output_tokens},
                 "metadata": self.metadata}
 
     def moved(self, status: str, at: int) -> Batch:

@@ -46,11 +46,13 @@ def request_id(batch_id: str, index: int) -> str:
 @dataclass(frozen=True, slots=True)
 class LineOutcome:
     """`line`: the output (or error) file's line; `ok`: answered 2xx; `retry`: not answered (no headroom, a rate
-    limit, no replica): the line goes back on the queue and `line` is empty."""
+    limit, no replica): the line goes back on the queue and `line` is empty; `tokens`: (input, output) tokens of a
+    2xx answer, as its usage says."""
 
     line: bytes
     ok: bool
     retry: bool = False
+    tokens: tuple[int, int] = (0, 0)
 
 
 def output_line(batch_id: str, line: BatchLine, status: int, body: Any, request: str) -> bytes:
@@ -86,7 +88,8 @@ class LineRunner:
         finally:
             if self._lane is not None:
                 self._lane.leave(rid)
-        return LineOutcome(output_line(batch.id, line, 200, orjson.loads(body), rid), True)
+        answer = orjson.loads(body)
+        return LineOutcome(output_line(batch.id, line, 200, answer, rid), True, tokens=_tokens(answer))
 
     async def _answer(self, batch: Batch, line: BatchLine, rid: str) -> bytes:
         endpoint = _BY_PATH.get(line.url)
@@ -116,6 +119,17 @@ class _NoEndpoint(GatewayError):
 class _Refused(GatewayError):
     status = 400
     type = "invalid_request_error"
+
+
+def _tokens(answer: Any) -> tuple[int, int]:
+    """(input, output) tokens of an answer's usage: chat and completions (`prompt_tokens`, `completion_tokens`) or
+    Responses (`input_tokens`, `output_tokens`); 0 where it has none."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+    given = (usage.get("prompt_tokens", usage.get("input_tokens")),
+             usage.get("completion_tokens", usage.get("output_tokens")))
+    return (given[0] if isinstance(given[0], int) else 0), (given[1] if isinstance(given[1], int) else 0)
 
 
 def _transient(exc: GatewayError) -> bool:

@@ -19,13 +19,17 @@ from gateway.batches.objects import Batch, BatchFile
 
 __all__ = ["BatchStore"]
 
-# KEYS: answers hash, batch hash. ARGV: line index, output line, "completed" | "failed".
+# KEYS: answers hash, batch hash. ARGV: line index, output line, "completed" | "failed", input and output tokens.
 # Returns {kept (0|1), answered so far, total}. A batch no longer running keeps no answer (its finalizer has read them).
 _ANSWER_LUA = """
 local status = redis.call('HGET', KEYS[2], 'status')
 if status ~= 'in_progress' and status ~= 'cancelling' then return {0, 0, 1} end
 local kept = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-if kept == 1 then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
+if kept == 1 then
+  redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+  redis.call('HINCRBY', KEYS[2], 'input_tokens', ARGV[4])
+  redis.call('HINCRBY', KEYS[2], 'output_tokens', ARGV[5])
+end
 local counts = redis.call('HMGET', KEYS[2], 'completed', 'failed', 'total')
 return {kept, tonumber(counts[1] or '0') + tonumber(counts[2] or '0'), tonumber(counts[3] or '0')}
 """
@@ -38,6 +42,8 @@ if status == 'validating' or status == 'in_progress' then
 end
 return status
 """
+
+_COUNTED = ("completed", "failed", "input_tokens", "output_tokens")  # moved by the answer script only
 
 
 class BatchStore:
@@ -72,7 +78,7 @@ class BatchStore:
 
     async def set_status(self, batch: Batch) -> None:
         """Write the batch's status, times and file ids, never its counts (the answer script moves those)."""
-        fields = {k: v for k, v in batch.to_fields().items() if k not in ("completed", "failed")}
+        fields = {k: v for k, v in batch.to_fields().items() if k not in _COUNTED}
         await self._redis.hset(self.key("batch", batch.id), mapping=fields)
 
     async def cancel(self, batch_id: str, at: int) -> str:
@@ -90,13 +96,15 @@ class BatchStore:
         ids = await self._redis.zrevrange(self.key("batches", tenant), 0, -1)
         return [i.decode() for i in ids]
 
-    async def answer(self, batch_id: str, index: int, line: bytes, ok: bool) -> tuple[bool, bool]:
+    async def answer(self, batch_id: str, index: int, line: bytes, ok: bool,
+                     tokens: tuple[int, int] = (0, 0)) -> tuple[bool, bool]:
         """Keep `line` as line `index`'s answer unless it has one or the batch is no longer running (in progress or
-        cancelling): (kept, every line of the batch answered now).
+        cancelling): (kept, every line of the batch answered now). `tokens` (input, output) add to the batch's usage
+        with the answer kept.
         `answers` gives it back behind one byte: b"1" for a line answered 2xx (`ok`), else b"0"."""
         result: list[Any] = await self._answer(keys=[self.key("answers", batch_id), self.key("batch", batch_id)],
                                                args=[index, (b"1" if ok else b"0") + line,
-                                                     "completed" if ok else "failed"])
+                                                     "completed" if ok else "failed", *tokens])
         kept, answered, total = (int(v) for v in result)
         return bool(kept), answered >= total
 

@@ -128,7 +128,8 @@ class BatchWorker:
             self._paused_until = time.monotonic() + self._pause_s
             self._count("requeued")
             return
-        kept, all_answered = await self._store.answer(batch.id, taken.line.index, outcome.line, outcome.ok)
+        kept, all_answered = await self._store.answer(batch.id, taken.line.index, outcome.line, outcome.ok,
+                                                      outcome.tokens)
         await self._queue.done(taken)
         self._count(("completed" if outcome.ok else "failed") if kept else "duplicate")
         if all_answered:

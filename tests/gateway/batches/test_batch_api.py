@@ -96,6 +96,9 @@ def test_a_batch_runs_to_completed_with_openai_shapes(gateway: Gateway) -> None:
     assert [o["custom_id"] for o in out] == ["one", "two"]
     assert {o["response"]["body"]["model"] for o in out} == {"micro-model", "flagship-model"}
     assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in out)
+    usage = done["usage"]
+    assert usage["input_tokens"] == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in out) > 0
+    assert usage["output_tokens"] == sum(o["response"]["body"]["usage"]["completion_tokens"] for o in out) > 0
     errors = [orjson.loads(x) for x in gateway.client.get(f"/v1/files/{done['error_file_id']}/content",
                                                             headers=A).content.splitlines()]
     assert [e["custom_id"] for e in errors] == ["three"]

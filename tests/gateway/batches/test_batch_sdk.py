@@ -74,6 +74,7 @@ def test_the_openai_sdk_runs_a_batch_through_the_served_gateway(served: str) -> 
     assert batch.status == "completed", batch
     assert batch.request_counts is not None and batch.request_counts.completed == 3
     assert batch.output_file_id is not None and batch.error_file_id is None
+    assert batch.usage is not None and batch.usage.total_tokens > 0
     output = [orjson.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
     assert sorted(o["custom_id"] for o in output) == ["big", "routed", "small"]
     models = {o["custom_id"]: o["response"]["body"]["model"] for o in output}
