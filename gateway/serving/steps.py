@@ -80,9 +80,8 @@ class Planner:
         """Wake an on-demand pool (or take its cold fallback pool, where the tenant may be moved there:
         `policies.tenant_moves`; else the request waits for the cold start). A batch line wakes none unless the
         policy's `batches.wake_on_demand` allows it: it is refused (503) and its worker tries it again later."""
-        wake, policy, sleeping = self._parts.wake, ctx.loaded.policy, self._parts.sleeping
-        if (ctx.batch is not None and not policy.batches.wake_on_demand and sleeping is not None
-                and sleeping(decision.pool)):
+        wake, policy = self._parts.wake, ctx.loaded.policy
+        if ctx.batch is not None and not policy.batches.wake_on_demand and self._asleep(decision.pool):
             raise NoReplicaAvailable(f"pool {decision.pool!r} is scaled to zero and batch lines do not wake it "
                                      "(policy batches.wake_on_demand)", code="pool_asleep")
 
@@ -94,6 +93,10 @@ class Planner:
             return decision
         why = f"{decision.pool!r} is starting on demand"
         return moved(policy, decision, "on-demand-fallback", target, why, f"{why}: served by {target!r} meanwhile")
+
+    def _asleep(self, pool: str) -> bool:
+        sleeping = self._parts.sleeping
+        return sleeping is not None and sleeping(pool)
 
     async def _json_guard(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
         """A ladder step's move refused for JSON requests while its target fails too many of them
