@@ -1,6 +1,6 @@
 """Batch lines priced at the pool's batch discount and recorded with their batch id and custom_id, in their own row
-of the cost report by endpoint; their counts and the lane in `/metrics`; a batch past its completion window expired
-as OpenAI expires one."""
+of the cost report by endpoint and in `cascade costs batch <id>`; their counts and the lane in `/metrics`; a batch
+past its completion window expired as OpenAI expires one."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.gateway.batches.test_batch_api import (
     started,
     upload,
 )
+from tests.gateway.costs.test_costs_report import run_cli
 from tests.harness import Gateway
 from tests.servers import until
 
@@ -43,8 +44,8 @@ def _records(prefix: str, n: int) -> list[dict[str, str]]:
     return ledger_records(SHARED_URL, prefix)
 
 
-def test_a_batch_line_costs_its_pools_price_less_the_discount_in_a_row_of_its_own(gateway: Gateway,
-                                                                                 prefix: str) -> None:
+def test_a_batch_line_costs_its_pools_price_less_the_discount_in_a_row_of_its_own(
+        gateway: Gateway, prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     for pool in ("micro", "flagship"):
         body = chat_line("x", model=pool, content="the same question")["body"]
         assert gateway.client.post("/v1/chat/completions", headers=A, json=body).status_code == 200
@@ -62,6 +63,16 @@ def test_a_batch_line_costs_its_pools_price_less_the_discount_in_a_row_of_its_ow
     assert set(rows) == {"chat", "batch"} and rows["chat"].requests == 2 and rows["batch"].requests == 2
     assert rows["batch"].cost_micro_usd == sum(int(r["cost_micro_usd"]) for r in batch.values())
     assert rows["batch"].flagship_cost_micro_usd == 2 * discounted(interactive["flagship"], 0.25)
+    assert run_cli("costs", "batch", done["id"], "--prefix", prefix, "--format", "json") == 0
+    spend = orjson.loads(capsys.readouterr().out)
+    assert (spend["tenant"], spend["status"], spend["lines"]) == ("a", "completed", 2)
+    by_pool = {row["pool"]: row for row in spend["rows"]}
+    assert by_pool["micro"]["cost_micro_usd"] == int(batch["cheap"]["cost_micro_usd"])
+    assert by_pool["TOTAL"]["cost_micro_usd"] == rows["batch"].cost_micro_usd and by_pool["TOTAL"]["requests"] == 2
+    assert run_cli("costs", "batch", done["id"], "--prefix", prefix) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("TOTAL")
+    assert run_cli("costs", "batch", "batch_nope", "--prefix", prefix) == 2
+    assert "no batch batch_nope" in capsys.readouterr().err
     metrics = gateway.client.get("/metrics").text
     assert 'cascade_batch_lines_total{status="completed"} 2.0' in metrics
     assert 'cascade_batch_lane_in_flight{pool="micro"} 0.0' in metrics and "cascade_batch_lane_waiting 0.0" in metrics
