@@ -99,7 +99,9 @@ class BatchWorker:
             due = ending_of(batch, self._clock())
             if due is not None and (due != "cancelled" or await self._queue.pending(batch_id) == 0):
                 await self._finalizer.finish(batch_id)
-            elif batch.status == "in_progress" and (free := self._free()) > 0:
+            elif batch.status in ("in_progress", "cancelling") and (free := self._free()) > 0:
+                # a cancelling batch's lines a dead worker holds are taken over too (and acknowledged unanswered):
+                # until none is pending, the batch cannot end
                 for each in await self._queue.reclaim(batch_id, self.consumer, claim_after, free):
                     self._spawn(each)
 

@@ -24,6 +24,7 @@ from tests.gateway.batches.test_batch_api import (
     finished,
     jsonl,
     on_loop,
+    started,
     upload,
 )
 from tests.harness import FakeEngines, Gateway, InProcessGateway
@@ -133,3 +134,21 @@ def test_a_gateway_restarted_mid_batch_leaves_the_next_one_to_finish_it(
     done = finished(second, batch["id"], timeout_s=30)
     assert 0 < _handled(second) < 20
     _answered_once_and_billed_once(second, prefix, done, 20)
+
+
+async def _take_one_and_die(parts: BatchParts) -> None:
+    await parts.queue.take(await parts.store.open_ids(), "dead", 1, 100)
+
+
+def test_a_cancelled_batch_ends_once_a_dead_workers_line_is_taken_over(
+        make_gateway: GatewayFactory, tmp_path: Path, slow_upstreams: Upstreams, prefix: str) -> None:
+    gateway = make_gateway(_policy(tmp_path, slow_upstreams), ledger="redis", redis_prefix=prefix)
+    parts = _parts(gateway)
+    on_loop(gateway, parts.worker.aclose())
+    batch = create(gateway, upload(gateway, _lines(3)).json()["id"]).json()
+    on_loop(gateway, _take_one_and_die(parts))  # pending with "dead" until reclaimed
+    assert gateway.client.post(f"/v1/batches/{batch['id']}/cancel", headers=A).json()["status"] == "cancelling"
+    on_loop(gateway, started(parts.worker))
+    done = finished(gateway, batch["id"], timeout_s=20)
+    assert done["status"] == "cancelled" and done["request_counts"]["completed"] == 0
+    assert slow_upstreams[0].requests == 0  # nothing of a cancelled batch was sent
