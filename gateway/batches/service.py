@@ -108,14 +108,17 @@ class BatchService:
         batch = Batch(new_batch_id(), tenant, endpoint, file.id, completion_window, now,
                       now + COMPLETION_WINDOW_S[completion_window], metadata=metadata)
         await self._store.put_batch(batch, index=True)
+        await self._store.validating(batch.id, now)
         if check.errors:
             failed = replace(batch, errors=check.errors).moved("failed", int(self._clock()))
             await self._store.put_batch(failed)
+            await self._store.validated(batch.id)
             return failed
         await self._queue.put(batch.id, check.lines)
         started = replace(batch, total=len(check.lines)).moved("in_progress", int(self._clock()))
         await self._store.put_batch(started)
         await self._store.opened(batch.id)
+        await self._store.validated(batch.id)
         return started
 
     async def get(self, tenant: str, batch_id: str) -> Batch:

@@ -3,7 +3,8 @@
 Keys (`{prefix}{batches}:...`: one hash tag, so that every script and multi-key call also runs on Redis Cluster):
 `file:<id>` and `batch:<id>` (hashes: the objects' fields), `batches:<tenant>` (sorted set of the tenant's batch ids by
 creation time), `answers:<batch id>` (hash: line index -> its output line), `open` (set of the batch ids workers
-serve: in progress or cancelling) and `final:<batch id>` (the finalizer's lock).
+serve: in progress or cancelling), `validating` (sorted set of the batches being validated, by start time: one whose
+creator died is failed by a sweep) and `final:<batch id>` (the finalizer's lock).
 
 A line's answer is kept once (`answer`: HSETNX, and the batch's count moved only by the write that kept it, in one
 script), so a line answered twice (a worker that died after answering, its line reclaimed) counts once.
@@ -111,6 +112,16 @@ class BatchStore:
     async def answers(self, batch_id: str) -> dict[int, bytes]:
         raw = await self._redis.hgetall(self.key("answers", batch_id))
         return {int(k): v for k, v in raw.items()}
+
+    async def validating(self, batch_id: str, since: int) -> None:
+        await self._redis.zadd(self.key("validating"), {batch_id: since})
+
+    async def validated(self, batch_id: str) -> None:
+        await self._redis.zrem(self.key("validating"), batch_id)
+
+    async def validating_since(self, before: float) -> list[str]:
+        """Batches whose validation began before `before` (UTC epoch s) and never ended: their creator died."""
+        return [i.decode() for i in await self._redis.zrangebyscore(self.key("validating"), "-inf", before)]
 
     async def open_ids(self) -> list[str]:
         return sorted(i.decode() for i in await self._redis.smembers(self.key("open")))

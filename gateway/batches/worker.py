@@ -3,8 +3,9 @@ lane (`runner`), keeps its answer once, and ends batches that are due (`finalize
 
 Each process is one consumer of every batch's stream (`queue`), with at most the policy's `batches.lines_in_flight`
 lines of its own at once. Every `sweep_s` it also: ends batches due (every line answered, cancelled and idle, or past
-their window), and takes over lines another consumer took more than `batches.claim_after_s` ago without acknowledging
-them (XAUTOCLAIM: that worker died or hangs). A line is acknowledged only after its answer is kept, so a worker that
+their window), takes over lines another consumer took more than `batches.claim_after_s` ago without acknowledging
+them (XAUTOCLAIM: that worker died or hangs), and fails batches whose validation began that long ago and never ended
+(the gateway creating them stopped). A line is acknowledged only after its answer is kept, so a worker that
 dies mid-line loses nothing; a line answered twice keeps its first answer (`BatchStore.answer`) and is billed once
 (`runner.request_id`).
 """
@@ -15,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from backends.background import stop
 from gateway.batches.finalize import Finalizer, ending_of
@@ -91,6 +93,7 @@ class BatchWorker:
     async def sweep(self) -> None:
         """End the batches due, and take over lines other consumers left unacknowledged too long."""
         claim_after = self._policies.current.policy.batches.claim_after_s
+        await self._fail_interrupted(self._clock() - claim_after)
         for batch_id in await self._store.open_ids():
             batch = await self._store.batch(batch_id)
             if batch is None:
@@ -104,6 +107,18 @@ class BatchWorker:
                 # until none is pending, the batch cannot end
                 for each in await self._queue.reclaim(batch_id, self.consumer, claim_after, free):
                     self._spawn(each)
+
+    async def _fail_interrupted(self, before: float) -> None:
+        """Fail the batches whose validation began before `before` and never ended (the gateway creating them
+        stopped): none of their lines was taken (they were never open), so the client creates them again."""
+        for batch_id in await self._store.validating_since(before):
+            batch = await self._store.batch(batch_id)
+            if batch is not None and batch.status == "validating":
+                error = {"code": "validation_interrupted", "message": "The gateway stopped while validating this "
+                         "batch; create it again.", "param": None, "line": None}
+                await self._store.put_batch(replace(batch, errors=(error,)).moved("failed", int(self._clock())))
+                await self._queue.drop(batch_id)
+            await self._store.validated(batch_id)
 
     def _spawn(self, taken: Taken) -> None:
         task = asyncio.create_task(self._handle_logged(taken))

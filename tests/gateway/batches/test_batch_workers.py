@@ -4,6 +4,7 @@ took (reclaimed, answered again, its first answer kept and its request billed on
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.batches.objects import Batch, new_batch_id
 from gateway.batches.running import BatchParts
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
@@ -152,3 +154,20 @@ def test_a_cancelled_batch_ends_once_a_dead_workers_line_is_taken_over(
     done = finished(gateway, batch["id"], timeout_s=20)
     assert done["status"] == "cancelled" and done["request_counts"]["completed"] == 0
     assert slow_upstreams[0].requests == 0  # nothing of a cancelled batch was sent
+
+
+async def _interrupted_validation(parts: BatchParts) -> str:
+    """What a gateway that stopped while validating a batch leaves: the batch "validating", never opened."""
+    now = int(time.time())
+    batch = Batch(new_batch_id(), "a", "/v1/chat/completions", "file-x", "24h", now - 60, now + 86_400)
+    await parts.store.put_batch(batch, index=True)
+    await parts.store.validating(batch.id, now - 60)
+    return batch.id
+
+
+def test_a_batch_whose_validation_was_interrupted_is_failed_by_a_sweep(
+        make_gateway: GatewayFactory, tmp_path: Path, slow_upstreams: Upstreams, prefix: str) -> None:
+    gateway = make_gateway(_policy(tmp_path, slow_upstreams), ledger="redis", redis_prefix=prefix)
+    batch_id = on_loop(gateway, _interrupted_validation(_parts(gateway)))
+    done = finished(gateway, batch_id)
+    assert done["status"] == "failed" and done["errors"]["data"][0]["code"] == "validation_interrupted"
