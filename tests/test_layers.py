@@ -51,7 +51,7 @@ SIBLINGS = {
     "gateway.serving.sending": {"gateway.serving.openai", "gateway.serving.routing", "gateway.serving.records"},
     # batch lines go through the serving path (the chat service, the endpoints' parsers) under the running policy;
     # nothing on the request path imports the batches back (the lane is a protocol the serving parts hold)
-    "gateway.batches": {"gateway.serving", "gateway.control"},
+    "gateway.batches": {"gateway.serving", "gateway.control", "gateway.tenancy"},
 }
 
 

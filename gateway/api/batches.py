@@ -22,6 +22,7 @@ from starlette.routing import Route
 from gateway.api.runtime import Runtime
 from gateway.batches.service import BatchService
 from gateway.errors import BadRequest, BodyTooLarge, GatewayError
+from gateway.tenancy.api_keys import ApiKey
 
 __all__ = ["batch_routes"]
 
@@ -47,13 +48,19 @@ def _error(exc: GatewayError) -> Response:
 
 async def _caller(request: Request) -> tuple[BatchService, str]:
     """The batch service and the caller's tenant (`AuthenticationError` and the like otherwise)."""
+    service, key = await _keyed(request)
+    return service, key.tenant
+
+
+async def _keyed(request: Request) -> tuple[BatchService, ApiKey]:
+    """The batch service and the caller's API key."""
     runtime: Runtime = request.app.state.runtime
     client = request.client
     key = await runtime.keys.identify(runtime.policies.current.policy, request.headers.get("authorization"),
                                       client.host if client else None)
     if runtime.batches is None:
         raise BadRequest("this gateway runs without Redis (the memory ledger): it keeps no files or batches")
-    return runtime.batches.service, key.tenant
+    return runtime.batches.service, key
 
 
 async def _upload(request: Request) -> Response:
@@ -109,10 +116,11 @@ def _create_body(body: bytes) -> tuple[str, str, str, dict[str, str] | None]:
 
 async def _batches(request: Request) -> Response:
     try:
-        service, tenant = await _caller(request)
+        service, key = await _keyed(request)
+        tenant = key.tenant
         if request.method == "POST":
             input_file_id, endpoint, window, metadata = _create_body(await request.body())
-            return _json((await service.create(tenant, input_file_id, endpoint, window, metadata)).public())
+            return _json((await service.create(tenant, input_file_id, endpoint, window, metadata, key)).public())
         limit = request.query_params.get("limit", "20")
         if not limit.isdigit():
             raise BadRequest("limit must be a whole number", param="limit")

@@ -87,6 +87,8 @@ class Batch:
     cancelled_at: int = 0
     errors: tuple[dict[str, Any], ...] = ()
     metadata: dict[str, str] | None = field(default=None, hash=False)
+    key_id: str = ""  # the API key that created it (never shown): its limits and budget apply to the lines too
+    key_source: str = ""  # that key's `ApiKey.source`: "policy" or "issued" ("" without a key)
 
     @property
     def answered(self) -> int:

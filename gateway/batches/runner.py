@@ -9,8 +9,9 @@ id once, so a line answered twice (reclaimed from a worker that died after answe
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ from gateway.batches.objects import Batch
 from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.errors import (
     AdmissionUnavailable,
+    AuthenticationError,
     BudgetExceeded,
     DeadlineExceeded,
     GatewayError,
@@ -33,6 +35,7 @@ from gateway.serving.routing.request_context import BatchTag
 from gateway.serving.sending.forwarding import JSONReply
 from gateway.serving.service import ChatService
 from gateway.settings import Settings
+from gateway.tenancy.api_keys import ApiKey, KeyStore
 
 __all__ = ["LineOutcome", "LineRunner", "request_id"]
 
@@ -66,11 +69,14 @@ def _error_body(exc: GatewayError) -> Any:
 
 
 class LineRunner:
-    """Shares, does not own, the chat service, the policy holder and the lane. `transient(exc)`: whether a refusal
-    is one to try the line again for (the default: no headroom, a rate limit, limits unavailable, no replica)."""
+    """Shares, does not own, the chat service, the policy holder, the lane and the key store. `transient(exc)`:
+    whether a refusal is one to try the line again for (the default: no headroom, a rate limit, limits unavailable, no
+    replica). `keys`: where the issued key that created a batch is looked up for each line (its limits, budget and
+    id on the records apply; revoked or expired since, the line is refused with 401); None: no issued keys."""
 
     def __init__(self, service: ChatService, policies: PolicyHolder, settings: Settings, lane: BatchLane | None,
-                 transient: Callable[[GatewayError], bool] | None = None) -> None:
+                 transient: Callable[[GatewayError], bool] | None = None, keys: KeyStore | None = None) -> None:
+        self._keys = keys
         self._service = service
         self._policies = policies
         self._settings = settings
@@ -101,14 +107,28 @@ class LineRunner:
         chat, raw, native = PARSERS[endpoint.name](orjson.dumps(line.body), settings.max_messages,
                                                    settings.max_tokens_cap)
         wait_s = self._policies.current.policy.batches.max_wait_s
+        key = await self._key(batch)
         try:
             async with asyncio.timeout(settings.deadline_s + wait_s):
-                reply = await self._service.handle(chat, raw, batch.tenant, rid, {}, native,
+                reply = await self._service.handle(chat, raw, batch.tenant, rid, {}, native, key=key,
                                                    batch=BatchTag(batch.id, line.custom_id))
         except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within the gateway's deadline of {settings.deadline_s:g} s") from exc
         assert isinstance(reply, JSONReply)  # no line streams (refused above)
         return reply.body
+
+
+    async def _key(self, batch: Batch) -> ApiKey | None:
+        """The key that created `batch`, as its lines are sent under it."""
+        if batch.key_source == "policy":
+            return ApiKey(batch.key_id, batch.tenant, source="policy")
+        if batch.key_source != "issued" or self._keys is None:
+            return None
+        key = await self._keys.by_id(batch.key_id)
+        why = "gone" if key is None else key.refusal(time.time())
+        if key is None or why is not None:
+            raise AuthenticationError(f"API key {batch.key_id}, which created this batch, is {why}")
+        return key if key.tenant == batch.tenant else replace(key, tenant=batch.tenant)  # an open policy's caller
 
 
 class _NoEndpoint(GatewayError):

@@ -23,6 +23,7 @@ from gateway.batches.worker import BatchWorker
 from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.serving.service import ChatService
 from gateway.settings import Settings
+from gateway.tenancy.api_keys import KeyStore
 
 __all__ = ["BatchParts", "batch_folder", "start_batches"]
 
@@ -54,7 +55,7 @@ def start_batches(redis: aioredis.Redis, settings: Settings, policies: PolicyHol
     queue = LineQueue(redis, store)
     files = FileStore(batch_folder(settings, policies))
     consumer = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
-    runner = LineRunner(chat, policies, settings, lane)
+    runner = LineRunner(chat, policies, settings, lane, keys=KeyStore(redis, settings.redis_prefix))
     worker = BatchWorker(store, queue, runner, Finalizer(store, queue, files, consumer), policies, metrics, consumer)
     worker.start()
     return BatchParts(BatchService(store, queue, files, policies), worker, store, queue, runner)

@@ -30,6 +30,7 @@ from gateway.batches.queue import LineQueue
 from gateway.batches.store import BatchStore
 from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.errors import BadRequest, BodyTooLarge, NotFound, TooManyRequests
+from gateway.tenancy.api_keys import ApiKey
 
 __all__ = ["BatchService"]
 
@@ -85,7 +86,8 @@ class BatchService:
         return {"id": file.id, "object": "file", "deleted": True}
 
     async def create(self, tenant: str, input_file_id: str, endpoint: str, completion_window: str,
-                     metadata: dict[str, str] | None = None) -> Batch:
+                     metadata: dict[str, str] | None = None, key: ApiKey | None = None) -> Batch:
+        """`key`: the caller's API key; its own limits and budget apply to the batch's lines as to its requests."""
         if endpoint not in BATCH_URLS:
             raise BadRequest(f"endpoint must be one of {', '.join(BATCH_URLS)}", param="endpoint")
         if completion_window not in COMPLETION_WINDOW_S:
@@ -106,7 +108,8 @@ class BatchService:
                                   code="batch_limit_exceeded")
         now = int(self._clock())
         batch = Batch(new_batch_id(), tenant, endpoint, file.id, completion_window, now,
-                      now + COMPLETION_WINDOW_S[completion_window], metadata=metadata)
+                      now + COMPLETION_WINDOW_S[completion_window], metadata=metadata,
+                      key_id=key.id if key is not None else "", key_source=key.source if key is not None else "")
         await self._store.put_batch(batch, index=True)
         await self._store.validating(batch.id, now)
         if check.errors:

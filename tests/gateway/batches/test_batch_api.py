@@ -12,7 +12,8 @@ import pytest
 
 from gateway.api.auth import hash_key
 from gateway.batches.worker import BatchWorker
-from tests.conftest import GatewayFactory, Upstreams, policy_yaml
+from loadtest.scenarios.chaos_figures import ledger_records
+from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, policy_yaml
 from tests.harness import Gateway, InProcessGateway
 from tests.servers import until
 
@@ -207,3 +208,28 @@ def test_a_tenant_has_at_most_its_open_batches_and_lines(make_gateway: GatewayFa
     assert r.status_code == 429 and "batches open" in r.json()["error"]["message"]
     assert create(gateway, two, headers=B).status_code == 404  # the limits are per tenant, the file A's
     assert len(gateway.client.get("/v1/batches", headers=A).json()["data"]) == 2
+
+
+def test_a_batch_runs_under_the_key_that_created_it(make_gateway: GatewayFactory, tmp_path: Path,
+                                                    fake_upstreams: Upstreams, prefix: str) -> None:
+    admin = {"authorization": "Bearer test-admin"}
+    gateway = make_gateway(batch_policy(tmp_path, fake_upstreams), ledger="redis", redis_prefix=prefix,
+                           admin_key="test-admin")
+    issued = gateway.client.post("/admin/keys", headers=admin, json={"tenant": "a", "name": "nightly"}).json()
+    key = {"authorization": f"Bearer {issued['key']}"}
+    done = finished(gateway, create(gateway, upload(gateway, jsonl([chat_line("x")]), key).json()["id"], key)
+                    .json()["id"], key)
+    assert done["request_counts"]["completed"] == 1
+    until(lambda: any(r.get("batch_id") == done["id"] for r in ledger_records(SHARED_URL, prefix)), 10)
+    [record] = [r for r in ledger_records(SHARED_URL, prefix) if r.get("batch_id") == done["id"]]
+    assert record["key_id"] == issued["id"]  # its limits and budget applied: the record says whose it was
+    runtime = gateway.runtime
+    assert runtime.batches is not None
+    on_loop(gateway, runtime.batches.worker.aclose())
+    waiting = create(gateway, upload(gateway, jsonl([chat_line("y")]), key).json()["id"], key).json()
+    assert gateway.client.delete(f"/admin/keys/{issued['id']}", headers=admin).status_code == 200
+    on_loop(gateway, started(runtime.batches.worker))
+    refused = finished(gateway, waiting["id"])  # the tenant's other keys still see it
+    assert refused["request_counts"] == {"total": 1, "completed": 0, "failed": 1}
+    error = orjson.loads(gateway.client.get(f"/v1/files/{refused['error_file_id']}/content", headers=A).content)
+    assert error["response"]["status_code"] == 401 and "revoked" in error["response"]["body"]["error"]["message"]
