@@ -59,18 +59,24 @@ class LineQueue:
                     pipe.xadd(stream, {"line": line.to_bytes()})
                 await pipe.execute()
 
-    async def take(self, batch_ids: list[str], consumer: str, count: int, block_ms: int) -> list[Taken]:
-        if not batch_ids or count < 1:
-            return []
-        streams = {self._stream(b): ">" for b in batch_ids}
-        try:
-            replies = await self._redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
-        except ResponseError as exc:  # a batch finished (its stream deleted) while this read began or waited
-            if "NOGROUP" in str(exc) or "UNBLOCKED" in str(exc):
-                return []
-            raise
-        return [_taken(self._store, stream, entry, fields) for stream, entries in replies or []
-                for entry, fields in entries]
+    async def take(self, batch_ids: list[str], consumer: str, count: int) -> list[Taken]:
+        """At most `count` new lines for `consumer`, from the batches in the order given (the caller rotates it, so
+        that batches share the workers): one read per batch until `count` are taken (XREADGROUP's COUNT bounds
+        each stream's share, not the sum). Never blocks."""
+        taken: list[Taken] = []
+        for batch_id in batch_ids:
+            if len(taken) >= count:
+                break
+            try:
+                replies = await self._redis.xreadgroup(GROUP, consumer, {self._stream(batch_id): ">"},
+                                                       count=count - len(taken))
+            except ResponseError as exc:  # the batch finished (its stream deleted) meanwhile
+                if "NOGROUP" in str(exc):
+                    continue
+                raise
+            taken += [_taken(self._store, stream, entry, fields) for stream, entries in replies or []
+                      for entry, fields in entries]
+        return taken
 
     async def reclaim(self, batch_id: str, consumer: str, claim_after_s: float, count: int) -> list[Taken]:
         stream = self._stream(batch_id)

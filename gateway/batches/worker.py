@@ -50,6 +50,7 @@ class BatchWorker:
         self._running: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._paused_until = 0.0
+        self._turn = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"batch-worker-{self.consumer}")
@@ -79,15 +80,18 @@ class BatchWorker:
         return self._policies.current.policy.batches.lines_in_flight - len(self._running)
 
     async def take_once(self, block_ms: int = 200) -> int:
-        """Take and start as many new lines as this worker has room for; how many it started."""
+        """Take and start as many new lines as this worker has room for; how many it started (none: it waits
+        `block_ms` first)."""
         ids = await self._store.open_ids()
         free = self._free()
-        if not ids or free < 1 or time.monotonic() < self._paused_until:
-            await asyncio.sleep(block_ms / 1000)
-            return 0
-        taken = await self._queue.take(ids, self.consumer, free, block_ms)
+        taken = []
+        if ids and free > 0 and time.monotonic() >= self._paused_until:
+            self._turn = (self._turn + 1) % len(ids)  # each pass starts at the next batch: batches share the worker
+            taken = await self._queue.take(ids[self._turn:] + ids[:self._turn], self.consumer, free)
         for each in taken:
             self._spawn(each)
+        if not taken:
+            await asyncio.sleep(block_ms / 1000)
         return len(taken)
 
     async def sweep(self) -> None:

@@ -97,7 +97,7 @@ async def _take_two_then_die(parts: BatchParts) -> None:
     """What a worker that died mid-work leaves behind: two lines taken by consumer "dead", never acknowledged, the
     first answered (billed, its answer kept), the second not (the batch cannot finish until it is reclaimed)."""
     ids = await parts.store.open_ids()
-    answered, _ = await parts.queue.take(ids, "dead", 2, 100)
+    answered, _ = await parts.queue.take(ids, "dead", 2)
     batch = await parts.store.batch(answered.batch_id)
     assert batch is not None
     outcome = await parts.runner.run(batch, answered.line)
@@ -139,7 +139,7 @@ def test_a_gateway_restarted_mid_batch_leaves_the_next_one_to_finish_it(
 
 
 async def _take_one_and_die(parts: BatchParts) -> None:
-    await parts.queue.take(await parts.store.open_ids(), "dead", 1, 100)
+    await parts.queue.take(await parts.store.open_ids(), "dead", 1)
 
 
 def test_a_cancelled_batch_ends_once_a_dead_workers_line_is_taken_over(
@@ -171,3 +171,18 @@ def test_a_batch_whose_validation_was_interrupted_is_failed_by_a_sweep(
     batch_id = on_loop(gateway, _interrupted_validation(_parts(gateway)))
     done = finished(gateway, batch_id)
     assert done["status"] == "failed" and done["errors"]["data"][0]["code"] == "validation_interrupted"
+
+
+async def _take(parts: BatchParts, count: int, order: list[str]) -> list[str]:
+    return [t.batch_id for t in await parts.queue.take(order, "probe", count)]
+
+
+def test_a_take_gets_at_most_count_lines_over_every_batch_in_the_order_given(
+        make_gateway: GatewayFactory, tmp_path: Path, slow_upstreams: Upstreams, prefix: str) -> None:
+    gateway = make_gateway(_policy(tmp_path, slow_upstreams), ledger="redis", redis_prefix=prefix)
+    parts = _parts(gateway)
+    on_loop(gateway, parts.worker.aclose())
+    first, second = (create(gateway, upload(gateway, _lines(3)).json()["id"]).json()["id"] for _ in range(2))
+    assert on_loop(gateway, _take(parts, 2, [second, first])) == [second, second]
+    assert on_loop(gateway, _take(parts, 3, [second, first])) == [second, first, first]
+    assert on_loop(gateway, _take(parts, 5, [first, second])) == [first]  # the rest: taken above
