@@ -2,7 +2,8 @@
 policy's `batches.lines_in_flight` lines of this process are on one pool at once (`policies.batches`).
 
 Headroom is read from what the pool already knows: its engines' scraped queue (`waiting`, summed over replicas) and
-KV cache use (the fullest replica), and this gateway's own requests in flight on it less the lane's. A line that finds
+KV cache use (the fullest replica), scraped in the last `fresh_s` seconds, and this gateway's own requests in flight
+on it less the lane's. A line that finds
 none polls every `poll_s` and, after `batches.max_wait_s`, raises `LaneBusy`: its worker puts it back on the queue, so
 interactive traffic that rises takes the pool back within one poll. Used from one event loop.
 """
@@ -31,11 +32,16 @@ class LaneBusy(GatewayError):
 
 
 class BatchLane:
-    """`pools()` gives the pools by name. `on_change(pool, lines in flight)` is told each change of a pool's lane."""
+    """`pools()` gives the pools by name. `on_change(pool, lines in flight)` is told each change of a pool's lane.
+    `fresh_s`: a pool whose engines' load was last scraped longer ago has no headroom until it is scraped again (the
+    pools scrape while the lane is `active`); a pool never scraped (a remote one without `/metrics`) is judged on
+    this gateway's own figures alone."""
 
     def __init__(self, pools: Callable[[], Mapping[str, Pool]], on_change: Callable[[str, int], None] | None = None,
-                 poll_s: float = 0.05, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 poll_s: float = 0.05, fresh_s: float = 5.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._pools = pools
+        self._fresh_s = fresh_s
         self._on_change = on_change
         self._poll_s = poll_s
         self._monotonic = monotonic
@@ -57,6 +63,9 @@ class BatchLane:
         pool = self._pools().get(name)
         if pool is None:
             return True
+        scraped = max((r.load.at for r in pool.replicas), default=0.0)
+        if 0.0 < scraped < self._monotonic() - self._fresh_s:
+            return False  # an idle pool's load is scraped seldom: wait for a fresh scrape (the lane reads it now)
         queue = sum(max(r.load.waiting, 0.0) for r in pool.replicas)
         kv = max((r.load.kv_cache_usage for r in pool.replicas), default=0.0)
         interactive = max(0, pool.in_flight - self._per_pool[name])

@@ -97,3 +97,23 @@ def test_a_batch_past_its_window_expires_with_its_unanswered_lines_in_the_error_
                                                             headers=A).content.splitlines()]
     assert [(e["custom_id"], e["error"]["code"], e["response"]) for e in errors] == [
         ("a", "batch_expired", None), ("b", "batch_expired", None)]
+
+
+def test_batch_lines_wait_while_the_engines_queue_and_run_once_it_drains(
+        make_gateway: GatewayFactory, tmp_path: Path, fake_upstreams: Upstreams, prefix: str) -> None:
+    micro = fake_upstreams[0]
+    micro.waiting = 3.0  # interactive requests queue on the engine (as its /metrics says)
+    policy = batch_policy(tmp_path, fake_upstreams, "batches: {max_queue: 0, max_wait_s: 0.2}\n")
+    gateway = make_gateway(policy, ledger="redis", redis_prefix=prefix, probe_interval_s=0.1)
+    batch = create(gateway, upload(gateway, jsonl([chat_line("a"), chat_line("b")])).json()["id"]).json()
+
+    def requeued() -> float:
+        value = gateway.runtime.metrics.registry.get_sample_value("cascade_batch_lines_total", {"status": "requeued"})
+        return value or 0.0
+
+    until(lambda: requeued() >= 2, 10, lambda: "no line went back to the queue")
+    assert micro.requests == 0  # nothing sent while the engine queues
+    assert gateway.client.get(f"/v1/batches/{batch['id']}", headers=A).json()["request_counts"]["completed"] == 0
+    micro.waiting = 0.0
+    done = finished(gateway, batch["id"])
+    assert done["status"] == "completed" and micro.requests == 2

@@ -64,3 +64,14 @@ async def test_a_pool_the_lane_does_not_know_has_headroom() -> None:
     lane = BatchLane(dict, poll_s=0.01)
     await lane.enter(_policy("{}"), "elsewhere", "x")
     assert lane.in_flight("elsewhere") == 1
+
+
+async def test_a_pool_whose_load_is_stale_has_no_headroom_until_scraped_again() -> None:
+    pool, now = _pool(), [100.0]
+    lane = BatchLane(lambda: {"micro": pool}, poll_s=0.01, fresh_s=5.0, monotonic=lambda: now[0])
+    bounds = _policy("{}").policy.batches
+    assert lane.headroom(bounds, "micro")  # never scraped (a remote pool without /metrics): its own figures only
+    pool.replicas[0].load.at = 90.0  # scraped 10 s ago: an idle pool's load, scraped seldom
+    assert not lane.headroom(bounds, "micro")
+    pool.replicas[0].load.at = 99.0
+    assert lane.headroom(bounds, "micro")
