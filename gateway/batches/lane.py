@@ -32,15 +32,16 @@ class LaneBusy(GatewayError):
 
 
 class BatchLane:
-    """`pools()` gives the pools by name. `on_change(pool, lines in flight)` is told each change of a pool's lane.
-    `fresh_s`: a pool whose engines' load was last scraped longer ago has no headroom until it is scraped again (the
-    pools scrape while the lane is `active`); a pool never scraped (a remote one without `/metrics`) is judged on
-    this gateway's own figures alone."""
+    """`pools()` gives the pools by name. `on_change(pool, lines in flight)` is told each change of a pool's lane,
+    `on_waiting(lines)` each change of the lines waiting for headroom. `fresh_s`: a pool whose engines' load was last
+    scraped longer ago has no headroom until it is scraped again (the pools scrape while the lane is `active`); a
+    pool never scraped (a remote one without `/metrics`) is judged on this gateway's own figures alone."""
 
     def __init__(self, pools: Callable[[], Mapping[str, Pool]], on_change: Callable[[str, int], None] | None = None,
-                 poll_s: float = 0.05, fresh_s: float = 5.0,
+                 on_waiting: Callable[[int], None] | None = None, poll_s: float = 0.05, fresh_s: float = 5.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self._pools = pools
+        self._on_waiting = on_waiting
         self._fresh_s = fresh_s
         self._on_change = on_change
         self._poll_s = poll_s
@@ -75,14 +76,14 @@ class BatchLane:
     async def enter(self, loaded: LoadedPolicy, pool: str, request_id: str) -> None:
         bounds = loaded.policy.batches
         deadline = self._monotonic() + bounds.max_wait_s
-        self.waiting += 1
+        self._wait(1)
         try:
             while not self.headroom(bounds, pool):
                 if self._monotonic() >= deadline:
                     raise LaneBusy(f"pool {pool!r} has had no headroom for batch lines for {bounds.max_wait_s:g} s")
                 await asyncio.sleep(self._poll_s)
         finally:
-            self.waiting -= 1
+            self._wait(-1)
         self._held[request_id] = pool
         self._moved(pool, 1)
 
@@ -91,6 +92,11 @@ class BatchLane:
         pool = self._held.pop(request_id, None)
         if pool is not None:
             self._moved(pool, -1)
+
+    def _wait(self, by: int) -> None:
+        self.waiting += by
+        if self._on_waiting is not None:
+            self._on_waiting(self.waiting)
 
     def _moved(self, pool: str, by: int) -> None:
         self._per_pool[pool] += by
