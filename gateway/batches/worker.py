@@ -13,6 +13,7 @@ dies mid-line loses nothing; a line answered twice keeps its first answer (`Batc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ class BatchWorker:
         self._sweep_s = sweep_s
         self._pause_s = requeue_pause_s
         self._clock = clock
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], Taken] = {}  # the lines being answered
         self._task: asyncio.Task[None] | None = None
         self._paused_until = 0.0
         self._turn = 0
@@ -56,11 +57,23 @@ class BatchWorker:
         self._task = asyncio.create_task(self._loop(), name=f"batch-worker-{self.consumer}")
 
     async def aclose(self) -> None:
-        """Stop taking lines and cancel those running: unacknowledged, they are reclaimed by a worker later."""
+        """Stop taking lines, cancel those running and put them back on the queue, where any worker takes them at
+        once (a line whose engine call had finished is answered again, and billed once: `runner.request_id`).
+        One that cannot be put back (Redis unreachable) stays unacknowledged: reclaimed after `claim_after_s`."""
         await stop(self._task)
-        for task in list(self._running):
+        running = dict(self._running)
+        for task in running:
             task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
+        for task, taken in running.items():
+            if task.cancelled():
+                with contextlib.suppress(Exception):
+                    await self._give_back(taken)
+
+    async def _give_back(self, taken: Taken) -> None:
+        batch = await self._store.batch(taken.batch_id)
+        if batch is not None and batch.status in ("in_progress", "cancelling"):  # a finished batch's stream is gone
+            await self._queue.requeue(taken)
 
     async def _loop(self) -> None:
         swept = 0.0
@@ -80,12 +93,15 @@ class BatchWorker:
         return self._policies.current.policy.batches.lines_in_flight - len(self._running)
 
     async def take_once(self, block_ms: int = 200) -> int:
-        """Take and start as many new lines as this worker has room for; how many it started (none: it waits
-        `block_ms` first)."""
-        ids = await self._store.open_ids()
+        """Take and start as many new lines as this worker has room for; how many it started. Full, it waits (at
+        most `block_ms`) for a line to end; with nothing to take, it waits `block_ms`."""
         free = self._free()
+        if free < 1:  # full: the next line starts as soon as one ends
+            await asyncio.wait(list(self._running), timeout=block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+            return 0
+        ids = await self._store.open_ids()
         taken = []
-        if ids and free > 0 and time.monotonic() >= self._paused_until:
+        if ids and time.monotonic() >= self._paused_until:
             self._turn = (self._turn + 1) % len(ids)  # each pass starts at the next batch: batches share the worker
             taken = await self._queue.take(ids[self._turn:] + ids[:self._turn], self.consumer, free)
         for each in taken:
@@ -126,8 +142,11 @@ class BatchWorker:
 
     def _spawn(self, taken: Taken) -> None:
         task = asyncio.create_task(self._handle_logged(taken))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        self._running[task] = taken
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
 
     async def _handle_logged(self, taken: Taken) -> None:
         try:

@@ -33,7 +33,7 @@ from tests.harness import FakeEngines, Gateway, InProcessGateway
 from tests.servers import until
 
 pytestmark = pytest.mark.redis
-LANE = "batches: {{claim_after_s: 1, lines_in_flight: 3, folder: '{folder}'}}\n"
+LANE = "batches: {{claim_after_s: {claim}, lines_in_flight: 3, folder: '{folder}'}}\n"
 
 
 @pytest.fixture
@@ -43,9 +43,9 @@ def slow_upstreams(fake_engines: FakeEngines) -> Upstreams:
     return micro, fake_engines.add("micro", micro), flagship, fake_engines.add("flagship", flagship)
 
 
-def _policy(tmp_path: Path, upstreams: Upstreams) -> Path:
+def _policy(tmp_path: Path, upstreams: Upstreams, claim_after_s: int = 1) -> Path:
     """Gateways sharing a prefix share one batch folder (an absolute `batches.folder`), each its own home."""
-    return batch_policy(tmp_path, upstreams, LANE.format(folder=tmp_path / "batch-files"))
+    return batch_policy(tmp_path, upstreams, LANE.format(claim=claim_after_s, folder=tmp_path / "batch-files"))
 
 
 def _parts(gateway: Gateway) -> BatchParts:
@@ -75,6 +75,11 @@ def _answered_once_and_billed_once(gateway: Gateway, prefix: str, batch: dict[st
 
 def _lines(n: int) -> bytes:
     return jsonl([chat_line(f"line-{i}", content=f"question {i}") for i in range(n)])
+
+
+def _in_lane(gateway: Gateway) -> float:
+    value = gateway.runtime.metrics.registry.get_sample_value("cascade_batch_lane_in_flight", {"pool": "micro"})
+    return value or 0.0
 
 
 def _handled(gateway: Gateway) -> float:
@@ -125,13 +130,13 @@ def test_a_line_a_dead_worker_took_is_reclaimed_answered_once_and_billed_once(
 def test_a_gateway_restarted_mid_batch_leaves_the_next_one_to_finish_it(
         make_gateway: GatewayFactory, tmp_path: Path, slow_upstreams: Upstreams, fake_engines: FakeEngines,
         prefix: str) -> None:
-    policy = _policy(tmp_path, slow_upstreams)
+    policy = _policy(tmp_path, slow_upstreams, claim_after_s=300)  # nothing waits on a reclaim here
     settings = Settings(**{"policy_path": policy, "home": tmp_path / "first", **GATEWAY_DEFAULTS, "ledger": "redis",
                            "redis_prefix": prefix})
     with InProcessGateway(settings, fake_engines) as first:
         batch = create(first, upload(first, _lines(20)).json()["id"]).json()
-        until(lambda: _handled(first) >= 3, 10, lambda: "the first gateway answered no line")
-    # stopped mid-batch: its lines in flight were cancelled, never acknowledged
+        until(lambda: _handled(first) >= 3 and _in_lane(first) > 0, 10, lambda: "no line answered, or none in flight")
+    # stopped mid-batch: its lines in flight were cancelled and put back on the queue
     second = make_gateway(policy, ledger="redis", redis_prefix=prefix)  # the same Redis prefix and batch folder
     done = finished(second, batch["id"], timeout_s=30)
     assert 0 < _handled(second) < 20
