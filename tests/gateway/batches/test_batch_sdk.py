@@ -22,9 +22,11 @@ from tests.servers import ROOT, free_port, start_gateway, until
 pytestmark = pytest.mark.redis
 
 
-def _fake_engine(model: str) -> tuple[subprocess.Popen[bytes], str]:
+def fake_engine_process(model: str, delay_ms: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m loadtest.fake_upstream` serving `model` on a free port, once it answers; (process, base URL)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", model],
+    proc = subprocess.Popen([sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", model,
+                             "--delay-ms", str(delay_ms)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
 
@@ -42,9 +44,9 @@ def _fake_engine(model: str) -> tuple[subprocess.Popen[bytes], str]:
 def served(tmp_path: Path, prefix: str) -> Iterator[str]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        micro, micro_url = _fake_engine("micro-model")
+        micro, micro_url = fake_engine_process("micro-model")
         procs.append(micro)
-        flagship, flagship_url = _fake_engine("flagship-model")
+        flagship, flagship_url = fake_engine_process("flagship-model")
         procs.append(flagship)
         policy = tmp_path / "policy.yaml"
         policy.write_text(policy_yaml(micro_url, flagship_url, TENANTS))
