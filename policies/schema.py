@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from policies.batches import Batches
 from policies.frozen import Frozen
 from policies.ladder_schema import (
     Action,
@@ -34,6 +35,7 @@ from policies.threshold import ShareThreshold, Threshold
 
 __all__ = [
     "Action",
+    "Batches",
     "Budget",
     "Canary",
     "CanaryGuard",
@@ -156,6 +158,7 @@ class Policy(Frozen):
     aliases: dict[str, str] = Field(default_factory=dict, description="extra model names that pin a pool")
     degradation: Degradation = Degradation()
     learning: Learning = Learning()
+    batches: Batches = Batches()
     output_checks: OutputChecks | None = Field(default=None, description="checks of every pool's answers "
                                                "(policies.output_checks); a pool's or tenant's block wins")
     default_max_tokens: int | None = Field(default=None, ge=1, description=(

@@ -49,6 +49,9 @@ SIBLINGS = {
     "gateway.serving.routing": {"gateway.serving.openai"},
     "gateway.serving.records": {"gateway.serving.openai", "gateway.serving.routing"},
     "gateway.serving.sending": {"gateway.serving.openai", "gateway.serving.routing", "gateway.serving.records"},
+    # batch lines go through the serving path (the chat service, the endpoints' parsers) under the running policy;
+    # nothing on the request path imports the batches back (the lane is a protocol the serving parts hold)
+    "gateway.batches": {"gateway.serving", "gateway.control", "gateway.tenancy"},
 }
 
 

@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from backends.background import stop
 from gateway.api.admin_keys import admin_key_routes
 from gateway.api.auth import bearer_matches, require_admin
+from gateway.api.batches import batch_routes
 from gateway.api.chat import OpenAIEndpoint, endpoint_apps
 from gateway.api.embeddings import EmbeddingsEndpoint
 from gateway.api.feedback import post_feedback
@@ -297,6 +298,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
         Route("/admin/costs", admin_costs, methods=["GET"]),
         *admin_key_routes(),
         Route("/v1/feedback", post_feedback, methods=["POST"]),
+        *batch_routes(),
     ]
     handlers = {HTTPException: _http_error, Exception: _unexpected}
     starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

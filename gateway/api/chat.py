@@ -14,17 +14,14 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.auth import key_id
 from gateway.api.runtime import Runtime
 from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, error_body
-from gateway.serving.openai.completions_schema import parse_completions_request
-from gateway.serving.openai.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint, NativeBody
-from gateway.serving.openai.responses_schema import parse_responses_request
-from gateway.serving.openai.schema import ChatRequest, parse_chat_request
+from gateway.serving.openai.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
+from gateway.serving.openai.parsing import PARSERS
 from gateway.serving.sending.forwarding import JSONReply, StreamReply
 from gateway.serving.sending.streaming import SSEResponse
 from gateway.tenancy.api_keys import ApiKey
@@ -36,16 +33,6 @@ __all__ = ["ChatEndpoint", "OpenAIEndpoint", "endpoint_apps", "read_body"]
 log = logging.getLogger("cascade.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JSON_TYPE = (b"content-type", b"application/json")
-Parsed = tuple[ChatRequest, dict[str, Any], NativeBody | None]
-Parser = Callable[[bytes, int, "int | None"], Parsed]
-
-
-def _parse_chat(body: bytes, max_messages: int, max_tokens_cap: int | None) -> Parsed:
-    return (*parse_chat_request(body, max_messages, max_tokens_cap), None)
-
-
-_PARSERS: dict[str, Parser] = {CHAT.name: _parse_chat, RESPONSES.name: parse_responses_request,
-                               COMPLETIONS.name: parse_completions_request}
 
 
 class _Disconnected(Exception):
@@ -158,7 +145,7 @@ class ChatEndpoint(OpenAIEndpoint):
 
     def __init__(self, runtime: Callable[[], Runtime], endpoint: Endpoint = CHAT) -> None:
         super().__init__(runtime, endpoint)
-        self._parse = _PARSERS[endpoint.name]
+        self._parse = PARSERS[endpoint.name]
 
     async def _handle(self, runtime: Runtime, receive: Receive, headers: dict[str, str], key: ApiKey,
                       request_id: str) -> JSONReply | StreamReply:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.api.openapi_batches import batch_paths, batch_schemas
 from gateway.learning.feedback import Feedback
 from gateway.serving.openai.completions_schema import CompletionsRequest
 from gateway.serving.openai.embeddings_schema import EmbeddingsRequest
@@ -252,6 +253,7 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
             _EMBEDDINGS[0]: {"post": _operation(_EMBEDDINGS[1], _EMBEDDINGS[3], _EMBEDDINGS[4], _EMBEDDINGS[6],
                                                 stream=False)},
             "/v1/feedback": {"post": _feedback_operation()},
+            **batch_paths(),
             "/v1/models": _get("listModels", "Models a client may ask for",
                                {"200": _json({"$ref": "#/components/schemas/ModelList"}, "the models")}),
             "/healthz": _get("healthz", "Liveness", {"200": _json(
@@ -268,7 +270,7 @@ def build_openapi(version: str = "0") -> dict[str, Any]:
                         "ModelList": _MODELS,
                         "Readiness": _READY, "Error": ERROR_SCHEMA,
                         "FeedbackRequest": Feedback.model_json_schema(ref_template=_REF),
-                        "FeedbackResult": _FEEDBACK_RESULT},
+                        "FeedbackResult": _FEEDBACK_RESULT, **batch_schemas()},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "tenant API key (optional when no tenants have keys)"}},
         },

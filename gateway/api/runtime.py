@@ -17,6 +17,9 @@ from backends.clients.shared import EngineClient, make_engine_client
 from backends.engines.args import otlp_traces_endpoint
 from gateway.api.auth import OPEN_TENANT, KeyAuth
 from gateway.api.auth_limits import AuthSeries, FailedAuths, UnknownKeys
+from gateway.batches.lane import BatchLane
+from gateway.batches.metrics import BatchMetrics
+from gateway.batches.running import BatchParts, start_batches
 from gateway.caching.answer_cache import AnswerCache
 from gateway.caching.keys import CacheKeys
 from gateway.caching.store import RedisCacheStore
@@ -103,6 +106,7 @@ class Runtime:
     tracing: Tracing = field(default_factory=Tracing)  # owned: OpenTelemetry, off without an OTLP endpoint
     keys: KeyAuth = field(default_factory=lambda: KeyAuth(None))  # the policy's keys and, with Redis, issued ones
     policy_file: PolicyFile | None = None  # the policy file beside the policy served (readiness, reload metrics)
+    batches: BatchParts | None = None  # the Batch API and this process's batch worker (owned; with Redis)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -166,6 +170,7 @@ class Runtime:
     def _parts(self) -> list[Close]:
         """What `aclose` closes, in order, leaving out what was not built."""
         parts: list[tuple[str, Callable[[], Awaitable[object]] | None]] = [
+            ("the batch worker", self.batches.aclose if self.batches else None),  # its lines go back to the queue
             ("the retraining schedule", self.retrain.aclose if self.retrain else None),  # first: a training child
             ("the label memories", self.memories.aclose if self.memories else None),
             ("the autoscaler", self.autoscaler.aclose if self.autoscaler else None),
@@ -271,7 +276,10 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         raise
     metrics = GatewayMetrics(lambda: pool_set.pools)
     pool_set.on_probe_error(metrics.faults.probe_failed)
-    pool_set.builder.load_read = lambda name: engine_load_read(policies.current.policy, name)
+    batch_metrics = BatchMetrics(metrics.registry)
+    lane = BatchLane(lambda: pool_set.pools, batch_metrics.lane_changed, batch_metrics.waiting_changed)
+    # the batch lane reads the engines' queue and KV use while lines are in it
+    pool_set.builder.load_read = lambda name: engine_load_read(policies.current.policy, name) or lane.active()
     counts = getattr(ledger, "counts", None)  # a RedisLedger's (the memory ledger keeps none)
     if isinstance(counts, LedgerCounts):
         counts.on_event = metrics.ledger_event
@@ -310,7 +318,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     cache = AnswerCache(RedisCacheStore(redis) if redis is not None else None, CacheKeys(settings.redis_prefix), router,
                         accountant, metrics)
     parts = ServingParts(versions, router, forwarder, admission, degradation, metrics, wake=on_demand.ensure,
-                         cache=cache, keep_requests=request_log is not None)
+                         cache=cache, keep_requests=request_log is not None, lane=lane, sleeping=on_demand.sleeping)
     service = ChatService(policies, parts, learning=learning)
     embeddings = EmbeddingService(policies, versions, forwarder, admission, accountant, wake=on_demand.ensure)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
@@ -328,6 +336,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     if redis is not None:  # one drift judgement for every process on this Redis and prefix
         runtime.drift_sync = DriftSync(redis, settings.redis_prefix, router.drift)
         runtime.drift_sync.start()
+    if redis is not None:
+        runtime.batches = start_batches(redis, settings, policies, service, lane, batch_metrics)
     if settings.start_engines:
         runtime.autoscaler = Autoscaler(pool_set, degradation.signals, metrics.scale_event, settings.probe_interval_s)
         runtime.autoscaler.start()

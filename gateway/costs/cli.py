@@ -1,4 +1,5 @@
-"""`cascade costs report` and `cascade costs verify`: finance reports and reconciliation from the CLI.
+"""`cascade costs report`, `cascade costs batch` and `cascade costs verify`: finance reports (one batch's spend:
+`gateway.costs.by_batch`) and reconciliation from the CLI.
 
 `register(subparsers)` adds the `costs` command to the `cascade` parser; each leaf sets
 `func(args) -> int` (the exit code). Exit codes: 0 fine, 1 `verify` found differences, 2 usage error or
@@ -80,6 +81,11 @@ def register(subparsers: Any) -> None:
     report.add_argument("--artifact", type=Path, help="router artifact .json whose evaluation curve estimates the "
                         "quality kept (default: the shipped one)")
     report.set_defaults(func=_run_report)
+    batch = leaves.add_parser("batch", help="one batch's spend: its lines' records by pool")
+    batch.add_argument("batch_id")
+    batch.add_argument("--format", choices=("table", "json"), default="table")
+    _redis_options(batch)
+    batch.set_defaults(func=_run_batch)
     check = leaves.add_parser("verify", help="recompute rollups from the per-request records and compare")
     _common(check)
     check.set_defaults(func=_run_verify)
@@ -95,6 +101,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="first UTC day, YYYY-MM-DD (default: 6 days ago)",
     )
     parser.add_argument("--to", dest="end", type=_day, default=today, help="last UTC day (default: today)")
+    _redis_options(parser)
+
+
+def _redis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -170,6 +180,24 @@ def _with_policy_figures(report: CostReport, redis_url: str, prefix: str, policy
         return with_quality(report, None, policy_problem=problem)
     labels = read_label_estimate(redis_url, prefix, loaded.policy.routing.micro_pool)
     return with_quality(report.with_prices(loaded.policy, loaded.source), loaded.policy, artifact, labels)
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    """`cascade costs batch`: 0 and the table, or 2 after one line on stderr (no such batch, Redis unreachable)."""
+    from gateway.costs.by_batch import BatchSpend, load_batch_spend, render_batch_spend
+
+    async def load(client: Any) -> tuple[BatchSpend | None]:  # a tuple: "no such batch" is not "Redis failed"
+        return (await load_batch_spend(client, args.prefix, args.batch_id),)
+
+    loaded = run_with_redis(args.redis_url, "cascade costs", load)
+    if loaded is None:
+        return 2
+    spend = loaded[0]
+    if spend is None:
+        print(f"cascade costs: no batch {args.batch_id} under the prefix {args.prefix!r}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_batch_spend(spend, args.format))
+    return 0
 
 
 def _run_verify(args: argparse.Namespace) -> int:

@@ -74,6 +74,12 @@ class Counters:
     embeddings_completion_tokens: int = 0
     embeddings_cost_micro_usd: int = 0
     embeddings_flagship_cost_micro_usd: int = 0
+    # batch lines' share (`gateway.batches`), whatever endpoint they asked: not in their endpoint's split above
+    batch_requests: int = 0
+    batch_prompt_tokens: int = 0
+    batch_completion_tokens: int = 0
+    batch_cost_micro_usd: int = 0
+    batch_flagship_cost_micro_usd: int = 0
     # requests with an in-domain figure, and how many of them fell in each tenth of [0, 1] (`IN_DOMAIN_COUNTERS`)
     in_domain_scored: int = 0
     in_domain_t0: int = 0
@@ -98,8 +104,9 @@ class Counters:
         return sum(getattr(self, f"in_domain_t{k}") for k in range(min(10, max(0, tenths))))
 
     def of_endpoint(self, endpoint: str) -> Counters:
-        """The requests, tokens and costs of one endpoint ("chat", "responses", "completions", "embeddings");
-        the other counters are not split by endpoint and are 0 here."""
+        """The requests, tokens and costs of one endpoint ("chat", "responses", "completions", "embeddings", or
+        "batch": batch lines whatever their endpoint, which the others leave out); the other counters are not split by
+        endpoint and are 0 here."""
         if endpoint in SPLIT_ENDPOINTS:
             return Counters(*(getattr(self, f"{endpoint}_{name}") for name in ENDPOINT_FIELDS))
         return Counters(*(getattr(self, name) - sum(getattr(self, f"{e}_{name}") for e in SPLIT_ENDPOINTS)

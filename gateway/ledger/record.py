@@ -48,6 +48,7 @@ _STATUSES = frozenset({"ok", "client_disconnect", "upstream_error", "escalated",
                        "cache_hit"})
 _USAGE_SOURCES = frozenset({"engine", "tokenizer", "estimate"})
 _ENDPOINTS = frozenset({"chat", "responses", "completions", "embeddings"})
+_BATCH_ID = re.compile(r"|batch_[A-Za-z0-9]{1,64}")
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 # the counters each record adds to its rollups beside `requests` and the `_INT_FIELDS` (`extra_counters`):
 # `overflow_scored`: requests the router's overflow model scored; `output_checked` / `output_check_failed`:
@@ -56,7 +57,8 @@ _INT_FIELDS = ("prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship
 # did not have, and what the hits would have cost on their pool (`gateway.caching`)
 # `<endpoint>_<field>`: the requests, tokens and cost of the non-chat endpoints (chat's are the rest of the
 # rollup), so that the cost report can split by endpoint (`endpoint_counters`)
-SPLIT_ENDPOINTS = ("responses", "completions", "embeddings")
+# "batch": the lines of batches (`gateway.batches`), whatever endpoint each asked: their own rows, not their endpoint's
+SPLIT_ENDPOINTS = ("responses", "completions", "embeddings", "batch")
 ENDPOINT_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cost_micro_usd", "flagship_cost_micro_usd")
 ENDPOINT_COUNTERS = tuple(f"{endpoint}_{name}" for endpoint in SPLIT_ENDPOINTS for name in ENDPOINT_FIELDS)
 # `in_domain_scored`: requests with an in-domain figure (`router_models.serving.domain`); `in_domain_t<k>`: those
@@ -72,7 +74,7 @@ ROLLUP_FIELDS = ("requests", *_INT_FIELDS, *EXTRA_COUNTERS)
 _STR_FIELDS = ("request_id", "tenant", "pool", "model", "rule", "policy_version", "status", "usage_source")
 # added after the first release: "" when an older record lacks them
 _LATER_STR_FIELDS = ("scored_by", "router_version", "pool_version", "output_check", "cache", "endpoint", "route",
-                     "key_id", "tiers", "completion_limit_by")
+                     "key_id", "tiers", "completion_limit_by", "batch_id", "custom_id")
 _KEY_ID = re.compile(r"[0-9a-f]{1,64}")
 _LATER_INT_FIELDS = ("cache_avoided_micro_usd", "completion_limit_tokens")  # "0" when an older record lacks them
 _CACHE_RESULTS = frozenset({"", "hit", "miss", "bypass"})
@@ -131,6 +133,8 @@ class CostRecord:
     completion_limit_by: str = ""  # why that limit: "default" (the policy's `default_max_tokens`), "context" (the
     # pool's context left after the prompt), "engine" (nothing sent: a local engine stops at the context left by
     # itself), "" (none set)
+    batch_id: str = ""  # the batch the request was a line of (`gateway.batches`); "" for an interactive request
+    custom_id: str = ""  # that line's `custom_id` (the client's own name for it); "" for an interactive request
 
 
 def overflow_scored(rec: CostRecord) -> int:
@@ -174,9 +178,10 @@ def in_domain_counters(rec: CostRecord) -> tuple[int, ...]:
 
 def endpoint_counters(rec: CostRecord) -> tuple[int, ...]:
     """What `rec` adds to the `ENDPOINT_COUNTERS`: its request, tokens and costs under its own endpoint's names
-    (nothing for a chat record)."""
+    (nothing for a chat record), or under "batch" for a batch line's, whatever its endpoint."""
     values = (1, rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_usd, rec.flagship_cost_micro_usd)
-    return tuple(v if rec.endpoint == endpoint else 0 for endpoint in SPLIT_ENDPOINTS for v in values)
+    split = "batch" if rec.batch_id else rec.endpoint
+    return tuple(v if split == endpoint else 0 for endpoint in SPLIT_ENDPOINTS for v in values)
 
 
 def cache_counters(rec: CostRecord) -> tuple[int, int, int]:
@@ -206,6 +211,8 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     if rec.pool_version:
         _check("pool_version", rec.pool_version, _NAME)
     _check("output_check", rec.output_check, _OUTPUT_CHECK)
+    _check("batch_id", rec.batch_id, _BATCH_ID)
+    _check("custom_id", rec.custom_id, _TEXT)
     if rec.key_id:
         _check("key_id", rec.key_id, _KEY_ID)
     if rec.endpoint not in _ENDPOINTS:

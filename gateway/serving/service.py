@@ -20,7 +20,7 @@ from gateway.learning.loop import LearningTap
 from gateway.serving.openai.endpoints import NativeBody
 from gateway.serving.openai.schema import ChatRequest
 from gateway.serving.routing.completion_limit import CompletionLimits
-from gateway.serving.routing.request_context import RequestContext
+from gateway.serving.routing.request_context import BatchTag, RequestContext
 from gateway.serving.sending.calls import Calls
 from gateway.serving.sending.forwarding import JSONReply, StreamReply
 from gateway.serving.sending.layers import sending_stack
@@ -48,10 +48,11 @@ class ChatService:
 
     async def handle(self, request: ChatRequest, raw: dict[str, Any], tenant: str, request_id: str,
                      headers: Mapping[str, str] | None = None, native: NativeBody | None = None,
-                     key: ApiKey | None = None) -> JSONReply | StreamReply:
+                     key: ApiKey | None = None, batch: BatchTag | None = None) -> JSONReply | StreamReply:
         """`native`: the body of a Responses or completions request, whose routing view `request` and `raw` are
         (`gateway.serving.openai.endpoints`); None for a chat request. `key`: the caller's API key (its limits apply
-        inside the tenant's; its id goes on the cost records)."""
+        inside the tenant's; its id goes on the cost records). `batch`: the batch line the request is (sent in the
+        batch lane, priced at the batch discount, recorded with its batch id and custom_id)."""
         # the tenant's input guards, before admission and routing: all that follows sees the redacted body
         screened = self._guard.screen(self._policies.current.policy, tenant, request, raw)
         if native is not None and not native.endpoint.redaction and screened.raw is not raw:
@@ -61,7 +62,7 @@ class ChatService:
         loaded = self._policies.current
         self._parts.degradation.use_policy(loaded)
         ctx = RequestContext(screened.request, screened.raw, tenant, request_id, loaded, self._parts.degradation.state,
-                             native, headers or {}, key, started=started, started_wall=started_wall)
+                             native, headers or {}, key, started=started, started_wall=started_wall, batch=batch)
         async with self._parts.admission.refunds(request_id):  # refused after admission: its limits and hold go back
             ctx, call = await self._planner.plan(ctx)
             reply = await self._layers.send(ctx, call)

@@ -3,7 +3,9 @@ service, which builds its route steps and sending layers from them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.caching.answer_cache import AnswerCache
 from gateway.control.adaptation.degradation import DegradationMonitor
@@ -14,8 +16,17 @@ from gateway.serving.routing.versions import PoolVersions
 from gateway.serving.sending.forwarding import Forwarder
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenancy.admission import Admission
+from policies.loader import LoadedPolicy
 
-__all__ = ["ServingParts"]
+__all__ = ["Lane", "ServingParts"]
+
+
+class Lane(Protocol):
+    """The low-priority lane batch lines are sent in (`gateway.batches.lane`)."""
+
+    async def enter(self, loaded: LoadedPolicy, pool: str, request_id: str) -> None:
+        """Return once `pool` has room for one more batch line, holding it for `request_id` until the lane is told
+        the line ended; raise a `GatewayError` (503) when none came in the policy's `batches.max_wait_s`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +35,10 @@ class ServingParts:
     own, or its canary's). `wake(pool)` (scale to zero, `gateway.control.fleet.on_demand`) returns the pool that serves
     now. `cache` answers from, and keeps answers in, a tenant's response cache (`gateway.caching`). `fit` places a
     request by its length (`gateway.serving.routing.context_fit`; None: `versions`' pools, counted by the forwarder's
-    engine client). `keep_requests`: keep each request's routing view on its facts (the replay log is on)."""
+    engine client). `keep_requests`: keep each request's routing view on its facts (the replay log is on). `lane`: where
+    batch lines wait for their pool's headroom once routed (None: they are sent like any request). `sleeping(pool)`:
+    whether `pool` is scaled to zero now (a batch line does not wake it unless the policy's `batches.wake_on_demand`
+    says so)."""
 
     versions: PoolVersions
     router: RequestRouter
@@ -36,6 +50,8 @@ class ServingParts:
     cache: AnswerCache | None = None
     fit: ContextFit | None = None
     keep_requests: bool = False
+    lane: Lane | None = None
+    sleeping: Callable[[str], bool] | None = None
 
     def context_fit(self) -> ContextFit:
         """`fit`, or the context-fit step over `versions`' pools."""

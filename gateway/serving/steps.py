@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from gateway.checking.fallback import json_fallback_refused
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NoReplicaAvailable
 from gateway.serving.records.accounting import RequestFacts
 from gateway.serving.records.tracing import step
 from gateway.serving.routing.request_context import RequestContext
@@ -49,6 +49,7 @@ class Planner:
             Step("on-demand-fallback", self._on_cold),
             Step("json-guard", self._json_guard),
             Step("context-fit", self._fit),
+            Step("batch-lane", self._lane),
         )
 
     async def plan(self, ctx: RequestContext) -> tuple[RequestContext, Call]:
@@ -70,13 +71,19 @@ class Planner:
         facts = RequestFacts(ctx.request_id, ctx.tenant, decision, ctx.started_wall, ctx.started, None, "ok",
                              ctx.raw if self._parts.keep_requests else None,  # the routing view: what a replay routes
                              redo=redo(self._parts.forwarder.checker, ctx, decision), endpoint=ctx.endpoint.name,
-                             key_id=ctx.key.id if ctx.key is not None else "")
+                             key_id=ctx.key.id if ctx.key is not None else "",
+                             batch_id=ctx.batch.batch_id if ctx.batch else "",
+                             custom_id=ctx.batch.custom_id if ctx.batch else "")
         return await self._calls.prepare(ctx, facts, decision)
 
     async def _on_cold(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
         """Wake an on-demand pool (or take its cold fallback pool, where the tenant may be moved there:
-        `policies.tenant_moves`; else the request waits for the cold start)."""
+        `policies.tenant_moves`; else the request waits for the cold start). A batch line wakes none unless the
+        policy's `batches.wake_on_demand` allows it: it is refused (503) and its worker tries it again later."""
         wake, policy = self._parts.wake, ctx.loaded.policy
+        if ctx.batch is not None and not policy.batches.wake_on_demand and self._asleep(decision.pool):
+            raise NoReplicaAvailable(f"pool {decision.pool!r} is scaled to zero and batch lines do not wake it "
+                                     "(policy batches.wake_on_demand)", code="pool_asleep")
 
         def may_use(pool: str) -> bool:
             return move_refused(policy, ctx.tenant, pool, ctx.ladder, ctx.downgrade) is None
@@ -86,6 +93,10 @@ class Planner:
             return decision
         why = f"{decision.pool!r} is starting on demand"
         return moved(policy, decision, "on-demand-fallback", target, why, f"{why}: served by {target!r} meanwhile")
+
+    def _asleep(self, pool: str) -> bool:
+        sleeping = self._parts.sleeping
+        return sleeping is not None and sleeping(pool)
 
     async def _json_guard(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
         """A ladder step's move refused for JSON requests while its target fails too many of them
@@ -100,6 +111,12 @@ class Planner:
         assert self._parts.fit is not None
         return await self._parts.fit.place(ctx.loaded, decision, ctx.request, ctx.raw, ctx.native, ctx.tenant,
                                            ctx.ladder, ctx.downgrade)
+
+    async def _lane(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
+        """A batch line waits for headroom on the pool it was routed to (`ServingParts.lane`); its pool stays."""
+        if ctx.batch is not None and self._parts.lane is not None:
+            await self._parts.lane.enter(ctx.loaded, decision.pool, ctx.request_id)
+        return decision
 
 
 async def _run(each: Step, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:

@@ -155,6 +155,13 @@ class KeyStore:
         raw = await self._client.hgetall(self._key(digest))
         return _from_hash(raw) if raw else None
 
+    async def by_id(self, key_id: str) -> ApiKey | None:
+        """The issued key with this id (revoked and expired ones included), or None. Two round trips."""
+        digest = await self._client.hget(self._ids, key_id)
+        if digest is None:
+            return None
+        return await self.get(digest.decode() if isinstance(digest, bytes) else digest)
+
     async def list(self, tenant: str | None = None) -> list[ApiKey]:
         """Every issued key (of `tenant`), oldest first. Two round trips."""
         digests = await self._client.hvals(self._ids)

@@ -76,6 +76,10 @@ class OnDemandGate:
         """Are the engines of `name` stopped or still starting?"""
         return name not in self._pools.supervisors or name in self._waking
 
+    def sleeping(self, name: str) -> bool:
+        """Is `name` an on-demand pool whose engines are stopped or still starting (a request would wake it)?"""
+        return self._pools.on_demand(name) is not None and self.asleep(name)
+
     def waking(self, name: str) -> bool:
         return name in self._waking
 

@@ -19,6 +19,7 @@ from gateway.serving.records.access_log import AccessLog
 from gateway.serving.records.tracing import Tracing, step
 from gateway.serving.routing.completion_limit import NO_LIMIT_SET, SetLimit
 from gateway.telemetry.metrics import GatewayMetrics
+from policies.batches import discounted
 from policies.decide import RouteDecision, route_text
 from policies.schema import Policy
 from policies.tiers import estimates_text
@@ -47,6 +48,8 @@ class RequestFacts:
     key_id: str = ""  # the caller's API key id (`gateway.tenancy.api_keys`)
     limit_set: SetLimit = NO_LIMIT_SET  # the completion limit the gateway set on this call
                                         # (`serving.routing.completion_limit`)
+    batch_id: str = ""  # the batch this request is a line of (`gateway.batches`); "" for an interactive request
+    custom_id: str = ""  # that line's custom_id
 
 
 class Accountant:
@@ -67,11 +70,17 @@ class Accountant:
         on the flagship it would not exist, and the flagship call that replaced it carries the counterfactual.
         A shadow call (status "shadow") gets 0 too: it is the price of measuring quality, not of an answer; so does
         an answer an output check discarded (status "discarded": retried or escalated, `gateway.checking`).
+        A batch line (`facts.batch_id`) costs its pool's price less the pool's batch discount, and its flagship
+        counterfactual the flagship's less the flagship's (the same line sent there would be a batch line too).
         """
         decision = facts.decision
         price = policy.pools[decision.pool].price
-        flagship_price = policy.pools[policy.routing.flagship_pool].price
-        flagship_cost = flagship_price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens)
+        flagship = policy.routing.flagship_pool
+        flagship_cost = policy.pools[flagship].price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens)
+        cost = price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens)
+        if facts.batch_id:
+            cost = discounted(cost, policy.batches.discount_for(decision.pool))
+            flagship_cost = discounted(flagship_cost, policy.batches.discount_for(flagship))
         return CostRecord(
             request_id=facts.request_id,
             tenant=facts.tenant,
@@ -79,7 +88,7 @@ class Accountant:
             model=decision.model,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
-            cost_micro_usd=price.cost_micro_usd(usage.prompt_tokens, usage.completion_tokens),
+            cost_micro_usd=cost,
             flagship_cost_micro_usd=0 if facts.status in ("escalated", "shadow", "discarded") else flagship_cost,
             rule=decision.rule,
             policy_version=decision.policy_version,
@@ -100,6 +109,8 @@ class Accountant:
             tiers=estimates_text(decision.trade.estimates)[:MAX_ROUTE] if decision.trade is not None else "",
             completion_limit_tokens=facts.limit_set.tokens,
             completion_limit_by=facts.limit_set.by,
+            batch_id=facts.batch_id,
+            custom_id=facts.custom_id,
         )
 
     async def record(self, policy: Policy, facts: RequestFacts, usage: Usage) -> CostRecord:

@@ -17,7 +17,16 @@ from gateway.tenancy.api_keys import ApiKey
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
 
-__all__ = ["RequestContext"]
+__all__ = ["BatchTag", "RequestContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTag:
+    """A request that is one line of a batch (`gateway.batches`): its batch's id and the line's `custom_id`. It is
+    sent in the batch lane (`ServingParts.lane`), priced at the batch discount and recorded with both."""
+
+    batch_id: str
+    custom_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +35,8 @@ class RequestContext:
     `native`, its own body: `gateway.serving.openai.endpoints`); `loaded`: the policy it is served under (read once);
     `ladder`: the degradation ladder's state when it arrived; `downgrade`: whether the tenant's budget downgrades it
     (set by admission); `headers`: the client's request headers; `key`: the caller's API key (None: no keys);
-    `started` (monotonic) and `started_wall` (UTC epoch): its arrival, in seconds."""
+    `started` (monotonic) and `started_wall` (UTC epoch): its arrival, in seconds; `batch`: the batch line it is
+    (None: an interactive request)."""
 
     request: ChatRequest
     raw: dict[str, Any]
@@ -40,6 +50,7 @@ class RequestContext:
     downgrade: bool = False
     started: float = 0.0
     started_wall: float = 0.0
+    batch: BatchTag | None = None
 
     @property
     def endpoint(self) -> Endpoint:

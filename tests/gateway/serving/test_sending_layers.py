@@ -17,7 +17,7 @@ from gateway.control.fleet.canaries import CanaryRoute
 from gateway.errors import BadRequest, NoReplicaAvailable, UpstreamError
 from gateway.serving.openai.schema import parse_chat_request
 from gateway.serving.records.accounting import RequestFacts
-from gateway.serving.routing.request_context import RequestContext
+from gateway.serving.routing.request_context import BatchTag, RequestContext
 from gateway.serving.routing.versions import PoolVersions
 from gateway.serving.sending.answer_check import OutputCheckLayer
 from gateway.serving.sending.calls import Call
@@ -76,7 +76,7 @@ class _Engine:
         return JSONReply(answer, call.decision, dict(call.headers), rejected)
 
 
-def _planner(*steps: Step) -> Planner:
+def _planner(*steps: Step, **more: Any) -> Planner:
     async def admit(*_: Any) -> None:
         return None
 
@@ -88,7 +88,7 @@ def _planner(*steps: Step) -> Planner:
 
     parts = SimpleNamespace(admission=SimpleNamespace(admit=admit), router=SimpleNamespace(route=route), wake=None,
                             forwarder=SimpleNamespace(checker=None), fit=SimpleNamespace(place=place),
-                            keep_requests=False)
+                            keep_requests=False, **more)
     planner = Planner(parts, _Calls())  # type: ignore[arg-type]
     planner.steps = (*planner.steps, *steps)
     return planner
@@ -102,7 +102,8 @@ def test_a_step_is_one_more_item_and_a_refusing_step_is_named() -> None:
         raise BadRequest("too big")
 
     planner = _planner(Step("to-flagship", to_flagship))
-    assert [s.name for s in planner.steps] == ["on-demand-fallback", "json-guard", "context-fit", "to-flagship"]
+    assert [s.name for s in planner.steps] == ["on-demand-fallback", "json-guard", "context-fit", "batch-lane",
+                                             "to-flagship"]
     _, call = asyncio.run(planner.plan(_ctx()))
     assert [str(s) for s in call.decision.route] == ["score:micro", "to-flagship:flagship"]
     assert (call.decision.pool, call.facts.request_id) == ("flagship", "req_1")
@@ -110,6 +111,29 @@ def test_a_step_is_one_more_item_and_a_refusing_step_is_named() -> None:
     with pytest.raises(BadRequest) as refused:
         asyncio.run(_planner(Step("refuse", refuse)).plan(_ctx()))
     assert refused.value.message == "refuse: too big"  # the message the client's error body says
+
+
+def test_a_batch_line_waits_in_the_lane_and_wakes_no_sleeping_pool_unless_the_policy_lets_it() -> None:
+    entered: list[tuple[str, str]] = []
+
+    class Lane:
+        async def enter(self, loaded: Any, pool: str, request_id: str) -> None:
+            entered.append((pool, request_id))
+
+    line = replace(_ctx(), batch=BatchTag("batch_1", "line-1"))
+    planner = _planner(lane=Lane(), sleeping=lambda pool: pool == "flagship")
+    _, call = asyncio.run(planner.plan(line))
+    assert entered == [("micro", "req_1")]  # routed, then the lane: the pool stays
+    assert (call.facts.batch_id, call.facts.custom_id) == ("batch_1", "line-1")
+    asyncio.run(planner.plan(_ctx()))
+    assert len(entered) == 1  # an interactive request never waits in the lane
+    asleep = _planner(lane=Lane(), sleeping=lambda pool: True)
+    with pytest.raises(NoReplicaAvailable) as refused:
+        asyncio.run(asleep.plan(line))
+    assert refused.value.code == "pool_asleep" and refused.value.message.startswith("on-demand-fallback: ")
+    woken = parse_policy(policy_yaml("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1",
+                                     "batches: {wake_on_demand: true}\n"))
+    asyncio.run(asleep.plan(replace(line, loaded=woken)))  # allowed: the wake (none here) serves it
 
 
 def _versions() -> tuple[PoolVersions, Any, Any]:
