@@ -320,7 +320,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     parts = ServingParts(versions, router, forwarder, admission, degradation, metrics, wake=on_demand.ensure,
                          cache=cache, keep_requests=request_log is not None, lane=lane, sleeping=on_demand.sleeping)
     service = ChatService(policies, parts, learning=learning)
-    embeddings = EmbeddingService(policies, versions, forwarder, admission, accountant, wake=on_demand.ensure)
+    embeddings = EmbeddingService(policies, versions, forwarder, admission, accountant, wake=on_demand.ensure,
+                                  lane=lane, sleeping=on_demand.sleeping)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, embeddings, feedback, live_threshold=live,
                       live_tradeoff=tradeoff,
@@ -337,7 +338,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
         runtime.drift_sync = DriftSync(redis, settings.redis_prefix, router.drift)
         runtime.drift_sync.start()
     if redis is not None:
-        runtime.batches = start_batches(redis, settings, policies, service, lane, batch_metrics)
+        runtime.batches = start_batches(redis, settings, policies, service, embeddings, lane, batch_metrics)
     if settings.start_engines:
         runtime.autoscaler = Autoscaler(pool_set, degradation.signals, metrics.scale_event, settings.probe_interval_s)
         runtime.autoscaler.start()

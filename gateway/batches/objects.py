@@ -17,8 +17,8 @@ __all__ = ["BATCH_URLS", "COMPLETION_WINDOW_S", "FINISHED", "OPEN", "Batch", "Ba
            "new_file_id"]
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
-"""The urls OpenAI's batches take (`/v1/embeddings` lines are answered per line while the gateway has no such
-endpoint)."""
+"""The urls OpenAI's batches take, each served here as an interactive request to it is (`/v1/embeddings` by the
+tenant's embedding pool: `gateway.batches.runner`)."""
 COMPLETION_WINDOW_S = {"24h": 86_400}
 FINISHED = frozenset({"completed", "failed", "expired", "cancelled"})
 OPEN = frozenset({"validating", "in_progress", "finalizing", "cancelling"})

@@ -1,6 +1,7 @@
-"""One batch line through the chat service, as an interactive request to its url goes (routing, the tenant's pools,
-rules, limits, budgets and cache), tagged as a batch line (`BatchTag`: the lane, the discount, the records' batch id
-and custom_id), and its answer as a line of OpenAI's output or error file.
+"""One batch line through the service an interactive request to its url goes through (the chat service: routing, the
+tenant's pools, rules, limits, budgets and cache; the embeddings service for `/v1/embeddings`: the tenant's embedding
+pool, limits and budgets), tagged as a batch line (`BatchTag`: the lane, the discount, the records' batch id and
+custom_id), and its answer as a line of OpenAI's output or error file.
 
 The line's request id is its batch's and index's (`request_id`), the same on every try: the ledger counts a request
 id once, so a line answered twice (reclaimed from a worker that died after answering) is billed once.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,10 +30,12 @@ from gateway.errors import (
     NoReplicaAvailable,
     TooManyRequests,
 )
-from gateway.serving.openai.endpoints import ENDPOINTS
+from gateway.serving.embeddings import EmbeddingService
+from gateway.serving.openai.embeddings_schema import parse_embeddings_request
+from gateway.serving.openai.endpoints import EMBEDDINGS, ENDPOINTS
 from gateway.serving.openai.parsing import PARSERS
 from gateway.serving.routing.request_context import BatchTag
-from gateway.serving.sending.forwarding import JSONReply
+from gateway.serving.sending.forwarding import JSONReply, StreamReply
 from gateway.serving.service import ChatService
 from gateway.settings import Settings
 from gateway.tenancy.api_keys import ApiKey, KeyStore
@@ -40,6 +43,7 @@ from gateway.tenancy.api_keys import ApiKey, KeyStore
 __all__ = ["LineOutcome", "LineRunner", "request_id"]
 
 _BY_PATH = {e.path: e for e in ENDPOINTS.values()}
+_Send = Callable[[ApiKey | None], Awaitable[JSONReply | StreamReply]]
 
 
 def request_id(batch_id: str, index: int) -> str:
@@ -69,15 +73,18 @@ def _error_body(exc: GatewayError) -> Any:
 
 
 class LineRunner:
-    """Shares, does not own, the chat service, the policy holder, the lane and the key store. `transient(exc)`:
-    whether a refusal is one to try the line again for (the default: no headroom, a rate limit, limits unavailable, no
-    replica). `keys`: where the issued key that created a batch is looked up for each line (its limits, budget and
-    id on the records apply; revoked or expired since, the line is refused with 401); None: no issued keys."""
+    """Shares, does not own, the chat and embeddings services, the policy holder, the lane and the key store.
+    `transient(exc)`: whether a refusal is one to try the line again for (the default: no headroom, a rate limit,
+    limits unavailable, no replica). `keys`: where the issued key that created a batch is looked up for each line (its
+    limits, budget and id on the records apply; revoked or expired since, the line is refused with 401); None: no
+    issued keys."""
 
-    def __init__(self, service: ChatService, policies: PolicyHolder, settings: Settings, lane: BatchLane | None,
-                 transient: Callable[[GatewayError], bool] | None = None, keys: KeyStore | None = None) -> None:
+    def __init__(self, service: ChatService, embeddings: EmbeddingService, policies: PolicyHolder, settings: Settings,
+                 lane: BatchLane | None, transient: Callable[[GatewayError], bool] | None = None,
+                 keys: KeyStore | None = None) -> None:
         self._keys = keys
         self._service = service
+        self._embeddings = embeddings
         self._policies = policies
         self._settings = settings
         self._lane = lane
@@ -98,25 +105,33 @@ class LineRunner:
         return LineOutcome(output_line(batch.id, line, 200, answer, rid), True, tokens=_tokens(answer))
 
     async def _answer(self, batch: Batch, line: BatchLine, rid: str) -> bytes:
-        endpoint = _BY_PATH.get(line.url)
-        if endpoint is None:  # a url the Batch API takes and this gateway does not serve (/v1/embeddings)
-            raise _NoEndpoint(f"Invalid URL (POST {line.url}): this gateway does not serve it", code="invalid_url")
-        if line.body.get("stream"):
-            raise _Refused("a batch line cannot stream: remove `stream` from its body", param="stream")
+        send = self._send(batch, line, rid)
         settings = self._settings
-        chat, raw, native = PARSERS[endpoint.name](orjson.dumps(line.body), settings.max_messages,
-                                                   settings.max_tokens_cap)
         wait_s = self._policies.current.policy.batches.max_wait_s
         key = await self._key(batch)
         try:
             async with asyncio.timeout(settings.deadline_s + wait_s):
-                reply = await self._service.handle(chat, raw, batch.tenant, rid, {}, native, key=key,
-                                                   batch=BatchTag(batch.id, line.custom_id))
+                reply = await send(key)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within the gateway's deadline of {settings.deadline_s:g} s") from exc
-        assert isinstance(reply, JSONReply)  # no line streams (refused above)
+        assert isinstance(reply, JSONReply)  # no line streams (refused in `_send`)
         return reply.body
 
+    def _send(self, batch: Batch, line: BatchLine, rid: str) -> _Send:
+        """The line's body parsed as its url's endpoint parses it (a body it refuses raises its 400), and the call
+        of that endpoint's service that answers it under a key."""
+        tag, body = BatchTag(batch.id, line.custom_id), orjson.dumps(line.body)
+        if line.url == EMBEDDINGS.path:
+            request, raw = parse_embeddings_request(body)
+            return lambda key: self._embeddings.handle(request, raw, batch.tenant, rid, key, batch=tag)
+        endpoint = _BY_PATH.get(line.url)
+        if endpoint is None:  # the input's check takes only the Batch API's urls, all served here
+            raise _NoEndpoint(f"Invalid URL (POST {line.url}): this gateway does not serve it", code="invalid_url")
+        if line.body.get("stream"):
+            raise _Refused("a batch line cannot stream: remove `stream` from its body", param="stream")
+        chat, raw_chat, native = PARSERS[endpoint.name](body, self._settings.max_messages,
+                                                        self._settings.max_tokens_cap)
+        return lambda key: self._service.handle(chat, raw_chat, batch.tenant, rid, {}, native, key=key, batch=tag)
 
     async def _key(self, batch: Batch) -> ApiKey | None:
         """The key that created `batch`, as its lines are sent under it."""

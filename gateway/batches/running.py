@@ -21,6 +21,7 @@ from gateway.batches.service import BatchService
 from gateway.batches.store import BatchStore
 from gateway.batches.worker import BatchWorker
 from gateway.control.policy.policy_holder import PolicyHolder
+from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.service import ChatService
 from gateway.settings import Settings
 from gateway.tenancy.api_keys import KeyStore
@@ -49,13 +50,13 @@ def batch_folder(settings: Settings, policies: PolicyHolder) -> Path:
 
 
 def start_batches(redis: aioredis.Redis, settings: Settings, policies: PolicyHolder, chat: ChatService,
-                  lane: BatchLane, metrics: BatchMetrics) -> BatchParts:
+                  embeddings: EmbeddingService, lane: BatchLane, metrics: BatchMetrics) -> BatchParts:
     """The service and a started worker, named after this host and process in the workers' consumer group."""
     store = BatchStore(redis, settings.redis_prefix)
     queue = LineQueue(redis, store)
     files = FileStore(batch_folder(settings, policies))
     consumer = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
-    runner = LineRunner(chat, policies, settings, lane, keys=KeyStore(redis, settings.redis_prefix))
+    runner = LineRunner(chat, embeddings, policies, settings, lane, keys=KeyStore(redis, settings.redis_prefix))
     worker = BatchWorker(store, queue, runner, Finalizer(store, queue, files, consumer), policies, metrics, consumer)
     worker.start()
     return BatchParts(BatchService(store, queue, files, policies), worker, store, queue, runner)

@@ -9,12 +9,17 @@ tenant's rate limits on the input's estimated tokens, and the worst case of its 
 as it is; and one ledger record, endpoint `embeddings`, priced per input token at the pool's `input_per_mtok`
 (usage from the engine, else the input's estimate with `usage_source: estimate`). An embedding request has no
 flagship counterfactual: its record's `flagship_cost_micro_usd` is its own cost (no savings claimed).
+
+A batch line (`BatchTag`, `gateway.batches`) takes the same path, with what the chat path does for one: an on-demand
+pool asleep is not woken unless the policy's `batches.wake_on_demand` allows it (503 `pool_asleep`: its worker tries
+the line again later), the line waits in the batch lane for its pool's headroom once admitted, and its record carries
+its batch id and custom_id and is priced at the pool's batch discount (its counterfactual, its own cost, alike).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,13 +27,15 @@ import orjson
 
 from gateway.control.fleet.on_demand import Wake
 from gateway.control.policy.policy_holder import PolicyHolder
-from gateway.errors import BadRequest, ModelNotFound, PermissionDenied
+from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable, PermissionDenied
 from gateway.serving.openai.embeddings_schema import EmbeddingsInput, EmbeddingsRequest, input_of
 from gateway.serving.openai.endpoints import EMBEDDINGS
 from gateway.serving.openai.usage import Usage
 from gateway.serving.records.accounting import Accountant, RequestFacts
+from gateway.serving.routing.request_context import BatchTag
 from gateway.serving.routing.versions import PoolVersions
 from gateway.serving.sending.forwarding import Forwarder, JSONReply
+from gateway.serving.serving_parts import Lane
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.api_keys import ApiKey
 from policies.decide import AUTO_MODEL, RouteDecision, RouteStep, moved, pinned_pool, served_model
@@ -80,22 +87,26 @@ def embedding_decision(loaded: LoadedPolicy, model: str, tenant: str) -> RouteDe
 
 class EmbeddingService:
     """Handles one embeddings request end to end. Shares, does not own, its collaborators (those of the chat
-    service: `gateway.serving.serving_parts`)."""
+    service: `gateway.serving.serving_parts`; `lane` and `sleeping` as there, for batch lines)."""
 
     def __init__(self, policies: PolicyHolder, versions: PoolVersions, forwarder: Forwarder, admission: Admission,
-                 accountant: Accountant, wake: Wake | None = None) -> None:
+                 accountant: Accountant, wake: Wake | None = None, lane: Lane | None = None,
+                 sleeping: Callable[[str], bool] | None = None) -> None:
         self._policies = policies
         self._versions = versions
         self._forwarder = forwarder
         self._admission = admission
         self._accountant = accountant
         self._wake = wake
+        self._lane = lane
+        self._sleeping = sleeping
 
     async def handle(self, request: EmbeddingsRequest, raw: Mapping[str, Any], tenant: str, request_id: str,
-                     key: ApiKey | None = None) -> JSONReply:
+                     key: ApiKey | None = None, batch: BatchTag | None = None) -> JSONReply:
         """The engine's answer to `raw` (the client's body, `model` rewritten to the pool's), its cost recorded.
         Raises the errors of `embedding_decision`, admission's 429 and 503, and the engine's (4xx as its own, else
-        502; 503 when no replica is up)."""
+        502; 503 when no replica is up). `batch`: the batch line the request is (see the module docstring; the lane
+        holds its place until its caller tells the lane the line ended)."""
         started, started_wall = time.monotonic(), time.time()
         loaded = self._policies.current
         decision = embedding_decision(loaded, request.model, tenant)
@@ -104,18 +115,27 @@ class EmbeddingService:
         async with self._admission.refunds(request_id):  # refused after admission: its limits and hold go back
             await self._admission.admit_input(loaded.policy, tenant, decision.pool, size.tokens, held, request_id,
                                               key)
-            decision = await self._woken(loaded.policy, tenant, decision)
+            decision = await self._woken(loaded.policy, tenant, decision, batch)
+            if batch is not None and self._lane is not None:
+                await self._lane.enter(loaded, decision.pool, request_id)
             decision, pool = self._versions.target(decision, raw)
             upstream = orjson.dumps({**raw, "model": decision.model})
             _, body = await self._forwarder.complete(pool, upstream, EMBEDDINGS.path, started)
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok",
-                             endpoint=EMBEDDINGS.name, key_id=key.id if key is not None else "")
+                             endpoint=EMBEDDINGS.name, key_id=key.id if key is not None else "",
+                             batch_id=batch.batch_id if batch else "", custom_id=batch.custom_id if batch else "")
         rec = self._accountant.cost_record(loaded.policy, facts, _usage(body, size))
         self._accountant.spawn(self._accountant.record_priced(replace(rec, flagship_cost_micro_usd=rec.cost_micro_usd)))
         return JSONReply(body, decision)
 
-    async def _woken(self, policy: Policy, tenant: str, decision: RouteDecision) -> RouteDecision:
-        """An on-demand pool woken (or its cold fallback, an embedding pool the tenant may use, meanwhile)."""
+    async def _woken(self, policy: Policy, tenant: str, decision: RouteDecision,
+                     batch: BatchTag | None) -> RouteDecision:
+        """An on-demand pool woken (or its cold fallback, an embedding pool the tenant may use, meanwhile); for a
+        batch line, only where the policy's `batches.wake_on_demand` allows it."""
+        if batch is not None and not policy.batches.wake_on_demand and self._sleeping is not None \
+                and self._sleeping(decision.pool):
+            raise NoReplicaAvailable(f"pool {decision.pool!r} is scaled to zero and batch lines do not wake it "
+                                     "(policy batches.wake_on_demand)", code="pool_asleep")
         if self._wake is None:
             return decision
         usable = embedding_pools(policy, tenant)

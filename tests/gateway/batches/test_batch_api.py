@@ -123,7 +123,7 @@ def test_body_errors_are_answered_per_line_and_the_batch_goes_on(gateway: Gatewa
             "completion_window": "24h"}
     done = finished(gateway, gateway.client.post("/v1/batches", headers=A, json=body).json()["id"])
     error = orjson.loads(gateway.client.get(f"/v1/files/{done['error_file_id']}/content", headers=A).content)
-    assert error["response"]["status_code"] == 404 and error["response"]["body"]["error"]["code"] == "invalid_url"
+    assert error["response"]["status_code"] == 404 and error["response"]["body"]["error"]["code"] == "model_not_found"
 
 
 @pytest.mark.parametrize(("content", "code", "line"), [
