@@ -20,7 +20,7 @@ from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
 from policies.batches import discounted
 from tests.conftest import SHARED_URL, GatewayFactory, Upstreams, report_recent
-from tests.gateway.batches.test_batch_api import A, TENANTS, batch_policy, finished, jsonl, on_loop, upload
+from tests.gateway.batches.test_batch_api import TENANTS, A, batch_policy, finished, jsonl, on_loop, upload
 from tests.gateway.serving.test_embeddings_http import embedding_policy
 from tests.harness import FakeEngines, Gateway
 from tests.servers import until
