@@ -434,13 +434,15 @@ class MemoryRouter:
         sims = query @ self.unit.T
         near = nearest(sims, p.neighbours)
         bandwidth, shrink = p.moving(len(self.memory))
-        close = sims if near is None else np.take_along_axis(sims, near, axis=1)
-        weights = np.exp((close.astype(np.float64) - 1.0) / bandwidth)
-        residuals = self.residuals if near is None else self.residuals[near]
-        if len(scores) == 1:
-            shift_one = neighbour_move_one(weights[0], residuals if near is None else residuals[0], p.prior, shrink)
+        if len(scores) == 1:  # the gateway's inline move: one row, without the (m, k) bookkeeping
+            close, residuals = (sims[0], self.residuals) if near is None else (sims[0, near[0]],
+                                                                               self.residuals[near[0]])
+            weights = np.exp(np.subtract(close, 1.0, dtype=np.float64) / bandwidth)
+            shift_one = neighbour_move_one(weights, residuals, p.prior, shrink)
             return np.asarray([self._move_one(features[0], float(scores[0]), shift_one)])
-        shift = neighbour_move(weights, residuals, p.prior, shrink)
+        close = sims if near is None else np.take_along_axis(sims, near, axis=1)
+        weights = np.exp(np.subtract(close, 1.0, dtype=np.float64) / bandwidth)
+        shift = neighbour_move(weights, self.residuals if near is None else self.residuals[near], p.prior, shrink)
         read = self.combination.slope * _logit(scores) + self._offset
         if self._direction is not None:
             read = read + np.asarray(features[:, :self.dim], np.float64) @ self._direction
