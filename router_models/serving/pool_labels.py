@@ -23,7 +23,8 @@ Contract:
   prediction; a tier with no label at all moves by 0. Predicted quality + move, kept in [0, 1], is what the trade
   reads (`policies.tiers.moved`).
 
-Cost per request: one (labels x columns) matrix-vector product for the similarities, then a partial sort per tier.
+Cost per request: one (labels x columns) matrix-vector product for the similarities, then a partition of them per
+tier (`neighbours.nearest`; none for a tier of no more labels than `neighbours`).
 Numpy, deterministic, immutable.
 """
 
