@@ -64,7 +64,6 @@ def _measure(tree: str, rows: Path, sizes: list[int], moves: int) -> dict[str, A
     from router_models.serving.artifact import load_artifact
     from router_models.serving.label_memory import LabelMemory, MemoryParams, MemoryRouter
 
-    threadpool_limits(1, "blas")
     data = np.load(rows)
     dims, requests, scores = int(data["dims"]), data["requests"], data["scores"]
     router = load_artifact(Path(tree) / _ARTIFACT).router
@@ -81,21 +80,22 @@ def _measure(tree: str, rows: Path, sizes: list[int], moves: int) -> dict[str, A
 
     sweep = np.ones(6_000_000, np.float32)
     out: dict[str, Any] = {}
-    for n in sizes:
-        memory = LabelMemory.empty(data["labels"].shape[1], dims, MemoryParams()).extended(
-            data["labels"][:n], data["targets"][:n])
-        attached = MemoryRouter.attach(router, memory)
-        figures = []
-        for cold in (False, True):
-            took = []
-            for k in range(moves if not cold else moves // 4):
-                if cold:
-                    float(sweep.sum())
-                start = time.thread_time_ns()
-                one(attached, k % len(requests))
-                took.append((time.thread_time_ns() - start) / 1000)
-            figures.append(float(np.median(took)))
-        out[str(n)] = figures
+    with threadpool_limits(1, "blas"):  # as `cascade serve` runs BLAS
+        for n in sizes:
+            memory = LabelMemory.empty(data["labels"].shape[1], dims, MemoryParams()).extended(
+                data["labels"][:n], data["targets"][:n])
+            attached = MemoryRouter.attach(router, memory)
+            figures = []
+            for cold in (False, True):
+                took = []
+                for k in range(moves if not cold else moves // 4):
+                    if cold:
+                        float(sweep.sum())
+                    start = time.thread_time_ns()
+                    one(attached, k % len(requests))
+                    took.append((time.thread_time_ns() - start) / 1000)
+                figures.append(float(np.median(took)))
+            out[str(n)] = figures
     return {"tree": tree, "moves": out, "load": os.getloadavg()[0]}
 
 
