@@ -48,15 +48,18 @@ residuals are too small and the fitted slope too steep (on the learning curve th
 Conflicting labels of one prompt are all kept (their residuals average in the neighbourhood);
 `LabelMemory.conflicts` counts them.
 
-Cost per request: one (n_labels x dim) matrix-vector product and a partial sort, plus (k x dim) for the per-source
-routers; with `structure` > 0 or the per-source routers it reads the request's whole feature row, which the
-gateway's scorer keeps beside the embedding from the worker thread that scored it
-(`classifier_scorer.ClassifierScorer.features`; computing them again would cost ~6 ms on the event loop).
+Cost per request: one (n_labels x dim) float32 matrix-vector product and a partition of its values
+(`neighbours.nearest`), plus one dot product for the per-source routers (folded into the combination once per
+memory); the rest is on the k neighbours, or on Python floats for a lone request. With `structure` > 0 or the
+per-source routers it reads the request's whole feature row, which the gateway's scorer keeps beside the embedding
+from the worker thread that scored it (`classifier_scorer.ClassifierScorer.features`; computing them again would
+cost ~6 ms on the event loop).
 Everything is numpy and deterministic; objects are immutable, so a holder swaps them atomically.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,8 +68,8 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.serving.classifier import LinearRouter
-from router_models.serving.domain import row_norms
 from router_models.serving.logistic import penalised_logistic
+from router_models.serving.neighbours import nearest, neighbour_move, neighbour_move_one, similarity_rows
 
 __all__ = ["Combination", "LabelMemory", "MemoryParams", "MemoryRouter", "fit_combination", "fit_scale",
            "gap_target", "level_shift", "neighbour_move", "reading_scale", "similarity_rows"]
@@ -196,6 +199,15 @@ def _sigmoid(z: Floats) -> Floats:
 def _logit(p: Floats) -> Floats:
     q = _clip(p, _EPS, 1.0 - _EPS)
     return np.asarray(np.log(q) - np.log1p(-q), np.float64)
+
+
+def _sigmoid_of(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-min(max(z, -40.0), 40.0)))
+
+
+def _logit_of(p: float) -> float:
+    q = min(max(p, _EPS), 1.0 - _EPS)
+    return math.log(q) - math.log1p(-q)
 
 
 @dataclass(frozen=True)
@@ -350,6 +362,15 @@ class MemoryRouter:
     unit: FloatArray = field(repr=False)
     centre: Floats = field(repr=False)
     spread: Floats = field(repr=False)
+    # the per-source routers folded into the combination once (`_fold`): a request's read logit is
+    # combination.slope * logit(score) + _offset + row . _direction, one dot product instead of k
+    _direction: Floats | None = field(init=False, repr=False, compare=False)
+    _offset: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        direction, offset = _fold(self.base, self.combination)
+        object.__setattr__(self, "_direction", direction)
+        object.__setattr__(self, "_offset", offset)
 
     @classmethod
     def attach(cls, base: LinearRouter, memory: LabelMemory) -> MemoryRouter:
@@ -399,7 +420,8 @@ class MemoryRouter:
 
     def adjust(self, features: npt.NDArray[np.floating], scores: Floats) -> Floats:
         """`scores` (the base router's, one per row of `features`: (m, dim) feature rows as the scorer computes
-        them; (m, embedding_dim) embeddings when `reads_features` is False) moved by the labels."""
+        them; (m, embedding_dim) embeddings when `reads_features` is False) moved by the labels. Row by row
+        independent; a lone row's last steps run on Python floats (`_move_one`), the same formulas."""
         scores = np.asarray(scores, np.float64)
         if not len(self.memory):
             return scores
@@ -408,37 +430,46 @@ class MemoryRouter:
         if features.shape[1] < width:
             raise ValueError(f"the memory reads {width} columns of a request, got {features.shape[1]}")
         query = similarity_rows(features[:, :width], self.memory.embedding_dim, p.structure, self.centre,
-                                 self.spread)
+                                self.spread)
         sims = query @ self.unit.T
-        k = min(p.neighbours, sims.shape[1])
-        nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        near = nearest(sims, p.neighbours)
         bandwidth, shrink = p.moving(len(self.memory))
-        weights = np.exp((np.take_along_axis(sims, nearest, axis=1).astype(np.float64) - 1.0) / bandwidth)
-        shift = neighbour_move(weights, self.residuals[nearest], p.prior, shrink)
-        sources = (self.base.sources.logits(features[:, :self.dim])
-                   if self.base.sources is not None and self.combination.used else np.zeros((len(scores), 0)))
-        read = self.combination.logits(_logit(scores), sources)
+        if len(scores) == 1:  # the gateway's inline move: one row, without the (m, k) bookkeeping
+            close, residuals = (sims[0], self.residuals) if near is None else (sims[0, near[0]],
+                                                                               self.residuals[near[0]])
+            weights = np.exp(np.subtract(close, 1.0, dtype=np.float64) / bandwidth)
+            shift_one = neighbour_move_one(weights, residuals, p.prior, shrink)
+            return np.asarray([self._move_one(features[0], float(scores[0]), shift_one)])
+        close = sims if near is None else np.take_along_axis(sims, near, axis=1)
+        weights = np.exp(np.subtract(close, 1.0, dtype=np.float64) / bandwidth)
+        shift = neighbour_move(weights, self.residuals if near is None else self.residuals[near], p.prior, shrink)
+        read = self.combination.slope * _logit(scores) + self._offset
+        if self._direction is not None:
+            read = read + np.asarray(features[:, :self.dim], np.float64) @ self._direction
         moved = _clip(_sigmoid(self.slope * read + self.level) + shift, _EPS, 1.0 - _EPS)
         back_slope, back_level = self.back
         return _sigmoid((_logit(moved) - back_level) / back_slope)
 
+    def _move_one(self, row: npt.NDArray[np.floating], score: float, shift: float) -> float:
+        """`adjust`'s last steps for one row on Python floats: numpy's per-call cost on one-element arrays is
+        ten times the arithmetic (the same formulas; float64 either way, so equal to its last bits)."""
+        read = self.combination.slope * _logit_of(score) + self._offset
+        if self._direction is not None:
+            read += float(np.dot(np.asarray(row[:self.dim], np.float64), self._direction))
+        moved = min(max(_sigmoid_of(self.slope * read + self.level) + shift, _EPS), 1.0 - _EPS)
+        back_slope, back_level = self.back
+        return _sigmoid_of((_logit_of(moved) - back_level) / back_slope)
 
-def neighbour_move(weights: Floats, residuals: Floats, prior: float, shrink: float) -> Floats:
-    """Each row's move (module docstring): its neighbours' weighted mean residual against the pseudo-count
-    `prior`, times m^2 / (m^2 + shrink se2), where se2 is the squared standard error of that mean."""
-    total = weights.sum(axis=1)
-    weighted = weights * residuals
-    summed = weighted.sum(axis=1)
-    shift = np.asarray(summed / (total + prior), np.float64)
-    if shrink == 0:
-        return shift
-    total = np.maximum(total, np.finfo(np.float64).tiny)  # weights that underflowed: no move, and no 0 / 0
-    mean = summed / total
-    spread = np.maximum((weighted * residuals).sum(axis=1) / total - mean * mean, 0.0)  # residuals in [-1, 1]
-    se2 = spread * (weights * weights).sum(axis=1) / (total * total)
-    square = shift * shift
-    keep = np.divide(square, square + shrink * se2, out=np.ones_like(square), where=square > 0)
-    return np.asarray(shift * keep, np.float64)
+
+def _fold(base: LinearRouter, combination: Combination) -> tuple[Floats | None, float]:
+    """(direction, offset) with combination.logits(z, base.sources.logits(x)) = slope z + offset + x . direction:
+    the per-source routers' weights and biases read through the combination's weights once per memory (None: no
+    per-source router is read)."""
+    sources = base.sources
+    if sources is None or not combination.used:
+        return None, combination.level
+    direction = sources.weights.astype(np.float64).T @ combination.weights
+    return np.asarray(direction, np.float64), combination.level + float(sources.biases @ combination.weights)
 
 
 def _source_logits(router: LinearRouter, memory: LabelMemory, x: npt.NDArray[np.floating]) -> Floats:
@@ -451,22 +482,3 @@ def _source_logits(router: LinearRouter, memory: LabelMemory, x: npt.NDArray[np.
 
 def _router_logits(router: LinearRouter, x: npt.NDArray[np.floating]) -> Floats:
     return np.asarray(np.asarray(x, np.float64) @ router.weights.astype(np.float64) + router.bias, np.float64)
-
-
-def similarity_rows(x: npt.NDArray[np.floating], embedding_dim: int, structure: float, centre: Floats,
-                     spread: Floats) -> FloatArray:
-    """Rows of unit length to compare by dot product: the embedding, then (with `structure` > 0) the structural
-    columns standardised by `centre`, `spread` and weighted so that together they count `structure` against
-    the embedding's 1 (zero rows stay zero)."""
-    emb = _unit_rows(x[:, :embedding_dim])
-    if structure == 0 or x.shape[1] == embedding_dim:
-        return emb
-    extra = (np.asarray(x[:, embedding_dim:], np.float64) - centre) / spread
-    both = np.hstack([emb, (structure / np.sqrt(extra.shape[1])) * extra]).astype(np.float32)
-    return _unit_rows(both)
-
-
-def _unit_rows(x: npt.NDArray[np.floating]) -> FloatArray:
-    """Rows scaled to unit length (the embedder's already are, up to int8 rounding; zero rows stay zero)."""
-    norms = row_norms(x)
-    return np.asarray(x / np.where(norms > 0, norms, 1.0), np.float32)

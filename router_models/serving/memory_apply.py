@@ -14,15 +14,16 @@ Contract:
   the whole feature row (the embedding, then the structural columns the scorer computed beside it). The move itself
   is `MemoryRouter.adjust` (row by row independent: a batch moves each row as alone).
 - `gap_moves` is what a move did on the memory's own scale (the quality gap bottom -> top tier mapped to [0, 1],
-  `label_memory.gap_target`): a `routing.tiers` trade of a memory with no labels per pool (written before them)
-  shifts its tiers' predicted quality by it (`policies.tiers.remembered`); one with labels per pool moves each tier
-  by its own labels instead (`pool_labels.TierLabels.moves`, `policies.tiers.moved`).
+  `label_memory.gap_target`; `gap_move` for one request): a `routing.tiers` trade of a memory with no labels per
+  pool (written before them) shifts its tiers' predicted quality by it (`policies.tiers.remembered`); one with labels
+  per pool moves each tier by its own labels instead (`pool_labels.TierLabels.moves`, `policies.tiers.moved`).
 - `attach_named` is the offline tools' entry: an unknown or malformed name is an `ArtifactError` that lists the
   memories there are and how to write one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,8 @@ from router_models.serving.label_memory import LabelMemory, MemoryRouter
 from router_models.serving.memory_file import load_memory, memory_path
 from router_models.serving.pool_labels import PoolLabels
 
-__all__ = ["AttachedMemory", "attach_file", "attach_named", "gap_moves", "memory_names", "request_rows"]
+__all__ = ["AttachedMemory", "attach_file", "attach_named", "gap_move", "gap_moves", "memory_names",
+           "request_rows"]
 
 _EPS = 1e-6
 
@@ -125,6 +127,19 @@ def gap_moves(attached: MemoryRouter, before: npt.NDArray[np.floating],
         return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))), np.float64)
 
     return np.asarray(read(after) - read(before), np.float64)
+
+
+def gap_move(attached: MemoryRouter, before: float, after: float) -> float:
+    """`gap_moves` of one request on Python floats (the gateway's per-request path: numpy's per-call cost on
+    one-element arrays is most of the work there); equal to its last bits."""
+    slope, level = attached.back
+
+    def read(score: float) -> float:
+        p = min(max(score, _EPS), 1.0 - _EPS)
+        z = slope * (math.log(p) - math.log1p(-p)) + level
+        return 1.0 / (1.0 + math.exp(-min(max(z, -40.0), 40.0)))
+
+    return read(after) - read(before)
 
 
 def _what_it_reads(attached: MemoryRouter) -> str:

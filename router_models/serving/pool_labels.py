@@ -9,7 +9,7 @@ flagship pools). A pool's own column comes first where both say something.
 
 Contract:
 - `PoolLabels.of(memory)`: the labels that give some pool's quality, with their similarity rows (as the score's
-  memory builds them: `label_memory.similarity_rows`, the structural columns standardised over these labels); None
+  memory builds them: `neighbours.similarity_rows`, the structural columns standardised over these labels); None
   when no label names a pool (a memory written before labels per pool: a tiers trade then shifts by the score's gap
   move, `policies.tiers.remembered`).
 - `PoolLabels.on(tiers, predicted)`: the residuals of each tier's labels against the map's prediction of that tier on
@@ -17,13 +17,14 @@ Contract:
   the labels correct the placement where it is wrong and say nothing where it is right; recomputed when a placement
   or the map changes (a label counts against the pool as placed now).
 - `TierLabels.moves(features)`: each tier's move for each request (feature rows as the scorer keeps them), its
-  labels' neighbour move as the score's memory moves a score (`label_memory.neighbour_move`: the weighted mean
+  labels' neighbour move as the score's memory moves a score (`neighbours.neighbour_move`: the weighted mean
   residual of the `neighbours` most similar labels of that tier against the pseudo-count `prior`, shrunk where they
   disagree; `MemoryParams.moving` by that tier's label count). A tier with no label near a request keeps its
   prediction; a tier with no label at all moves by 0. Predicted quality + move, kept in [0, 1], is what the trade
   reads (`policies.tiers.moved`).
 
-Cost per request: one (labels x columns) matrix-vector product for the similarities, then a partial sort per tier.
+Cost per request: one (labels x columns) matrix-vector product for the similarities, then a partition of them per
+tier (`neighbours.nearest`; none for a tier of no more labels than `neighbours`).
 Numpy, deterministic, immutable.
 """
 
@@ -35,7 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from router_models.serving.label_memory import LabelMemory, MemoryParams, neighbour_move, similarity_rows
+from router_models.serving.label_memory import LabelMemory, MemoryParams
+from router_models.serving.neighbours import nearest, neighbour_move, similarity_rows
 
 __all__ = ["FLAGSHIP", "MICRO", "PoolLabels", "TierLabels"]
 
@@ -130,10 +132,11 @@ class TierLabels:
             have = np.flatnonzero(np.isfinite(self.residuals[:, t]))
             if not len(have):
                 continue
-            near = sims[:, have]
-            k = min(p.neighbours, len(have))
-            nearest = np.argpartition(-near, k - 1, axis=1)[:, :k]
+            near = sims if len(have) == len(labels) else sims[:, have]
+            chosen = nearest(near, p.neighbours)
             bandwidth, shrink = p.moving(len(have))
-            weights = np.exp((np.take_along_axis(near, nearest, axis=1).astype(np.float64) - 1.0) / bandwidth)
-            out[:, t] = neighbour_move(weights, self.residuals[have, t][nearest], p.prior, shrink)
+            close = near if chosen is None else np.take_along_axis(near, chosen, axis=1)
+            weights = np.exp((close.astype(np.float64) - 1.0) / bandwidth)
+            residuals = self.residuals[have, t]
+            out[:, t] = neighbour_move(weights, residuals if chosen is None else residuals[chosen], p.prior, shrink)
         return out

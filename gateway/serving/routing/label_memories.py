@@ -45,7 +45,7 @@ from gateway.serving.routing.tier_trade import QualityModel
 from policies.tiers import TierEstimate, moved, remembered
 from router_models.serving.artifact import ArtifactError
 from router_models.serving.classifier import LinearRouter
-from router_models.serving.memory_apply import AttachedMemory, attach_file, gap_moves, request_rows
+from router_models.serving.memory_apply import AttachedMemory, attach_file, gap_move, request_rows
 from router_models.serving.pool_labels import TierLabels
 from router_models.serving.scorer import ConversationShape, Scorer, ScorerViews
 
@@ -63,7 +63,7 @@ INLINE_LABELS = 5000
 @dataclass(frozen=True)
 class MemoryScore:
     """A score moved by memory `name`, which held `labels` labels: `version` names both for the records. `gap`:
-    how far the move took the predicted quality gap target on the memory's scale (`memory_apply.gap_moves`; a
+    how far the move took the predicted quality gap target on the memory's scale (`memory_apply.gap_move`; a
     `routing.tiers` trade shifts its tiers by it)."""
 
     score: float
@@ -253,8 +253,7 @@ class LabelMemories:
 
 
 def _moved(attached: AttachedMemory, name: str, score: float, moved: float) -> MemoryScore:
-    gap = float(gap_moves(attached.score, np.asarray([score]), np.asarray([moved]))[0])
-    return MemoryScore(moved, name, attached.labels, gap)
+    return MemoryScore(moved, name, attached.labels, gap_move(attached.score, score, moved))
 
 
 def _router_of(scorer: Scorer | None) -> LinearRouter | None:
