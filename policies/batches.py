@@ -6,6 +6,12 @@ replica's share) at or below the bounds, this gateway's interactive requests on 
 (None: not bounded), and at most `lines_in_flight` batch lines of this process on it. A line that waits `max_wait_s`
 without headroom is put back on the queue (`gateway.batches`). Batch lines are priced at the pool's price less its
 discount (`discount`, or the pool's own in `pool_discounts`), a fraction in [0, 1] as providers give 0.5.
+
+The lane does not stop a line already running on an engine. Where the engine schedules by priority (vLLM's
+`--scheduling-policy priority`, which the gateway knows only of a local pool's engines it starts:
+`priority_scheduled`), a batch line's body carries `engine_priority` and an interactive request's none (the
+engine's 0): the engine then takes a waiting interactive request before any waiting line, and preempts lines first
+when its KV cache runs short (`gateway.serving.openai.upstream.engine_body`).
 """
 
 from __future__ import annotations
@@ -15,8 +21,12 @@ from decimal import ROUND_HALF_UP, Decimal
 from pydantic import Field
 
 from policies.frozen import Frozen
+from policies.pools import EngineSpec, LocalPool, RemotePool, engine_version, flag_value
 
-__all__ = ["Batches", "discounted"]
+__all__ = ["PRIORITY_SCHEDULING", "Batches", "discounted", "priority_engines", "priority_scheduled"]
+
+PRIORITY_SCHEDULING = ("--scheduling-policy", "priority")
+"""The engine arguments (a local pool's `engine.extra_args`) that make vLLM schedule by each request's `priority`."""
 
 
 class Batches(Frozen):
@@ -39,6 +49,10 @@ class Batches(Frozen):
     max_open_batches: int = Field(default=100, ge=1, description="most unfinished batches per tenant")
     max_open_lines: int = Field(default=1_000_000, ge=1, description="most lines in a tenant's unfinished batches")
     wake_on_demand: bool = Field(default=False, description="whether a batch line may wake a pool scaled to zero")
+    engine_priority: int | None = Field(default=None, ge=1, description="the vLLM `priority` a batch line carries "
+                                        "to an engine that schedules by priority (a local pool's engine with "
+                                        "--scheduling-policy priority); interactive requests carry 0, which it "
+                                        "serves first (None: none sent)")
 
     def discount_for(self, pool: str) -> float:
         return self.pool_discounts.get(pool, self.discount)
@@ -48,3 +62,19 @@ def discounted(micro_usd: int, discount: float) -> int:
     """`micro_usd` less `discount` of it, rounded half up to whole micro-USD (money stays integer)."""
     kept = Decimal(micro_usd) * (Decimal(1) - Decimal(str(discount)))
     return int(kept.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+def priority_scheduled(spec: LocalPool | RemotePool | None, version: str) -> bool:
+    """Whether engine version `version` (`policies.pools.engine_version`) of the pool `spec` schedules by priority:
+    it is the pool's own or canary engine, local, and started with `PRIORITY_SCHEDULING`. A remote pool's engines
+    never are, as far as the gateway knows: a nonzero `priority` is an error on an engine that does not (400)."""
+    return any(engine_version(e) == version for e in priority_engines(spec))  # hashed only where one is
+
+
+def priority_engines(spec: LocalPool | RemotePool | None) -> tuple[EngineSpec, ...]:
+    """The engines of the pool `spec` (its own and its canary's) started with `PRIORITY_SCHEDULING`: a local
+    pool's only."""
+    if not isinstance(spec, LocalPool):
+        return ()
+    engines = (spec.engine,) if spec.canary is None else (spec.engine, spec.canary.engine)
+    return tuple(e for e in engines if flag_value(e.extra_args, PRIORITY_SCHEDULING[0]) == PRIORITY_SCHEDULING[1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from policies.batches import PRIORITY_SCHEDULING, priority_engines
 from policies.ladder_schema import FRACTION_SIGNALS, FallbackPool, LadderStep, Overflow, RaiseThreshold
 from policies.output_checks import resolve
 from policies.pools import context_of, is_embedding
@@ -220,8 +221,18 @@ def _kind_problems(policy: Policy) -> Iterator[Problem]:
                    "back to a pool of its own kind")
 
 
+def _batch_problems(policy: Policy) -> Iterator[Problem]:
+    """`batches.engine_priority` with no engine that schedules by priority would change nothing: say so."""
+    if policy.batches.engine_priority is None:
+        return
+    if not any(priority_engines(spec) for spec in policy.pools.values()):
+        yield ("batches", "engine_priority"), (
+            "no pool's engine schedules by priority, so no batch line would carry it: add "
+            f"{' '.join(PRIORITY_SCHEDULING)} to a local pool's engine.extra_args, or remove engine_priority")
+
+
 def reference_problems(policy: Policy) -> list[Problem]:
     """Every cross-reference problem of a schema-valid policy (empty when it is usable)."""
     return [*_rule_problems(policy), *_tenant_problems(policy), *_ladder_problems(policy),
             *_on_demand_problems(policy), *_learning_problems(policy), *_autoscale_problems(policy),
-            *tier_problems(policy), *_limit_problems(policy), *_kind_problems(policy)]
+            *tier_problems(policy), *_limit_problems(policy), *_kind_problems(policy), *_batch_problems(policy)]

@@ -20,7 +20,7 @@ from policies.tool_calling import ToolCalling
 
 __all__ = ["POOLING_RUNNER", "POOL_KINDS", "Canary", "CanaryGuard", "EngineSpec", "LocalPool", "Pool", "PoolBase",
            "PoolKind", "QuantCeiling", "RemotePool", "ReplicaChoice", "as_remote_pool", "context_of", "engine_version",
-           "is_embedding", "pool_version"]
+           "flag_value", "is_embedding", "pool_version"]
 
 PoolKind = Literal["generative", "embedding"]
 POOL_KINDS: tuple[PoolKind, ...] = ("generative", "embedding")
@@ -62,7 +62,7 @@ def _kind_problems(kind: PoolKind, engines: Sequence[EngineSpec], output_checks:
     do not run the pooling runner."""
     problems = []
     for engine in engines:
-        runner = _runner_of(engine.extra_args)
+        runner = flag_value(engine.extra_args, "--runner")
         if kind == "embedding" and runner not in (None, "pooling"):
             problems.append(f"an embedding pool's engine runs vLLM's pooling runner; remove --runner {runner}")
         if kind == "generative" and runner == "pooling":
@@ -74,10 +74,11 @@ def _kind_problems(kind: PoolKind, engines: Sequence[EngineSpec], output_checks:
     return problems
 
 
-def _runner_of(extra_args: Sequence[str]) -> str | None:
+def flag_value(extra_args: Sequence[str], flag: str) -> str | None:
+    """The value `extra_args` give vLLM's `flag` (`--flag value` or `--flag=value`); None where they do not."""
     for i, arg in enumerate(extra_args):
-        flag, _, value = arg.partition("=")
-        if flag == "--runner":
+        name, _, value = arg.partition("=")
+        if name == flag:
             return value or (extra_args[i + 1] if i + 1 < len(extra_args) else "")
     return None
 

@@ -12,8 +12,10 @@ flagship counterfactual: its record's `flagship_cost_micro_usd` is its own cost 
 
 A batch line (`BatchTag`, `gateway.batches`) takes the same path, with what the chat path does for one: an on-demand
 pool asleep is not woken unless the policy's `batches.wake_on_demand` allows it (503 `pool_asleep`: its worker tries
-the line again later), the line waits in the batch lane for its pool's headroom once admitted, and its record carries
-its batch id and custom_id and is priced at the pool's batch discount (its counterfactual, its own cost, alike).
+the line again later), the line waits in the batch lane for its pool's headroom once admitted, carries the policy's
+`batches.engine_priority` to an engine that schedules by priority (`gateway.serving.openai.upstream.engine_body`), and
+its record carries its batch id and custom_id and is priced at the pool's batch discount (its counterfactual, its own
+cost, alike).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable, PermissionDenied
 from gateway.serving.openai.embeddings_schema import EmbeddingsInput, EmbeddingsRequest, input_of
 from gateway.serving.openai.endpoints import EMBEDDINGS
+from gateway.serving.openai.upstream import engine_body
 from gateway.serving.openai.usage import Usage
 from gateway.serving.records.accounting import Accountant, RequestFacts
 from gateway.serving.routing.request_context import BatchTag
@@ -119,7 +122,8 @@ class EmbeddingService:
             if batch is not None and self._lane is not None:
                 await self._lane.enter(loaded, decision.pool, request_id)
             decision, pool = self._versions.target(decision, raw)
-            upstream = orjson.dumps({**raw, "model": decision.model})
+            upstream = orjson.dumps(engine_body({**raw, "model": decision.model}, loaded.policy, decision,
+                                                batch is not None))
             _, body = await self._forwarder.complete(pool, upstream, EMBEDDINGS.path, started)
         facts = RequestFacts(request_id, tenant, decision, started_wall, started, None, "ok",
                              endpoint=EMBEDDINGS.name, key_id=key.id if key is not None else "",

@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Any
 
 from gateway.caching.answer_cache import lookup_answer
 from gateway.errors import NoReplicaAvailable, UpstreamError
+from gateway.serving.openai.upstream import engine_body
 from gateway.serving.routing.context_fit import Need
 from gateway.serving.routing.request_context import RequestContext
 from gateway.serving.sending.answer_check import OutputCheckLayer
@@ -125,7 +127,7 @@ class CanaryLayer:
         decision, pool = self._versions.target(call.decision, ctx.raw)
         try:
             return await self._inner.send(ctx, replace(call, facts=replace(call.facts, decision=decision), pool=pool,
-                                                       upstream=dict(call.upstream, model=decision.model)))
+                                                       upstream=_body(ctx, decision, call.upstream)))
         except (NoReplicaAvailable, UpstreamError) as exc:
             if not self._versions.on_canary(decision, pool) or exc.status < 500:
                 raise
@@ -134,7 +136,14 @@ class CanaryLayer:
             routed = replace(call.decision, route=decision.route)  # as routed, with the canary's step
             decision, pool = self._versions.own(routed.then(
                 "canary-fallback", f"its canary {decision.pool_version} failed before any byte"))
-            return await self._inner.send(ctx, replace(call, facts=replace(call.facts, decision=decision), pool=pool))
+            return await self._inner.send(ctx, replace(call, facts=replace(call.facts, decision=decision), pool=pool,
+                                                       upstream=_body(ctx, decision, call.upstream)))
+
+
+def _body(ctx: RequestContext, decision: RouteDecision, upstream: dict[str, Any]) -> dict[str, Any]:
+    """The engine's body on the version `decision` names: its model, and a batch line's priority where that
+    version schedules by priority (`gateway.serving.openai.upstream.engine_body`)."""
+    return engine_body(dict(upstream, model=decision.model), ctx.loaded.policy, decision, ctx.batch is not None)
 
 
 class Dispatch:
