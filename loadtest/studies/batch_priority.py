@@ -1,0 +1,194 @@
+"""Interactive TTFT beside a batch, with and without the engine's priority scheduling (`batches.engine_priority`).
+
+One real demo micro engine (the shipped spec, started with `--scheduling-policy priority`) and two gateways in front
+of it (`--no-engines`, following it through an engine registry): one whose policy sets `batches.engine_priority`
+(batch lines carry it, interactive requests 0), one without (every request 0: first come, first served). Both keep
+the lane's default bounds. Each round runs, in order: the interactive load alone; a batch alone (its lines a second
+with the engine to itself); then the load beside a batch through each gateway. The interactive load is open loop
+(`--rate` streamed chat requests a second); TTFT is the time to the first content event. Per phase it prints the
+interactive p50/p99 TTFT, the batch lines answered a second and that rate's share of the batch alone's, and the
+share of 0.25 s samples of the lane gauge with a line in flight.
+
+    flock /tmp/cascade-engines.lock python -m loadtest.studies.batch_priority --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from backends.engines.registry import REGISTRY_ENV, publish
+from backends.engines.supervisor import EngineSupervisor
+from backends.models.demo import models_root
+from loadtest.processes import Procs, free_port, gateway_command, wait_ready
+from policies.batches import PRIORITY_SCHEDULING
+from policies.loader import load_policy
+from policies.pools import LocalPool
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "Say hello."
+
+
+def _policy(engine: str, priority: int | None) -> str:
+    batches = "" if priority is None else f"batches: {{engine_priority: {priority}}}\n"
+    return f"""version: 1
+pools:
+  micro:
+    type: local
+    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
+    engine: {engine}
+  flagship:
+    type: remote
+    urls: ["http://127.0.0.1:9/v1"]
+    model: none
+    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
+routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.99}}
+{batches}"""
+
+
+def _one(client: httpx.Client, url: str, ttfts: list[float]) -> None:
+    body = {"model": "micro", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": PROMPT}]}
+    started = time.monotonic()
+    with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        first = True
+        for line in r.iter_lines():
+            if first and line.startswith("data: ") and '"content"' in line:
+                ttfts.append(time.monotonic() - started)
+                first = False
+
+
+def _interactive(url: str, rate: float, seconds: float) -> list[float]:
+    """Open loop: one request every 1/rate s for `seconds`, whether or not the last was answered."""
+    ttfts: list[float] = []
+    sent: list[threading.Thread] = []
+    with httpx.Client(timeout=120) as client:
+        start = time.monotonic()
+        for i in range(int(seconds * rate)):
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
+            one = threading.Thread(target=_one, args=(client, url, ttfts), daemon=True)
+            one.start()
+            sent.append(one)
+        for one in sent:
+            one.join(120)
+    return ttfts
+
+
+def _batch(client: httpx.Client, url: str, lines: int) -> str:
+    content = b"".join(orjson.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
+                                     "body": {"model": "micro", "max_tokens": 16, "messages": [
+                                         {"role": "user", "content": f"Name a colour, number {i}."}]}}) + b"\n"
+                       for i in range(lines))
+    file = client.post(url + "/v1/files", data={"purpose": "batch"},
+                       files={"file": ("lines.jsonl", content, "application/jsonl")}).json()
+    return str(client.post(url + "/v1/batches", json={"input_file_id": file["id"], "completion_window": "24h",
+                                                      "endpoint": "/v1/chat/completions"}).json()["id"])
+
+
+def _done(client: httpx.Client, url: str, batch: str) -> tuple[str, int, int]:
+    """The batch's status, and its lines answered and failed so far."""
+    got = client.get(f"{url}/v1/batches/{batch}").json()
+    return str(got["status"]), int(got["request_counts"]["completed"]), int(got["request_counts"]["failed"])
+
+
+def _lane_share(url: str, stop: threading.Event, samples: list[bool]) -> None:
+    with httpx.Client(timeout=5) as client:
+        while not stop.wait(0.25):
+            text = client.get(url + "/metrics").text
+            busy = [line for line in text.splitlines() if line.startswith('cascade_batch_lane_in_flight{pool="micro"}')]
+            samples.append(bool(busy) and float(busy[0].split()[-1]) > 0)
+
+
+def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
+    """The interactive load (rate > 0) for `seconds`, beside a batch of `lines` (0: none) cancelled at the end."""
+    client = httpx.Client(timeout=60)
+    batch = _batch(client, url, lines) if lines else None
+    stop, samples = threading.Event(), list[bool]()
+    sampler = threading.Thread(target=_lane_share, args=(url, stop, samples), daemon=True)
+    sampler.start()
+    started, before = time.monotonic(), (_done(client, url, batch)[1] if batch else 0)
+    ttfts = _interactive(url, rate, seconds) if rate > 0 else []
+    time.sleep(max(0.0, started + seconds - time.monotonic()))
+    took = time.monotonic() - started
+    status, answered, failed = _done(client, url, batch) if batch else ("", 0, 0)
+    stop.set()
+    if batch:
+        client.post(f"{url}/v1/batches/{batch}/cancel")
+        deadline = time.monotonic() + 120
+        while _done(client, url, batch)[0] not in ("cancelled", "completed") and time.monotonic() < deadline:
+            time.sleep(0.5)
+    client.close()
+    ordered = sorted(ttfts)
+    return {"requests": len(ordered), "p50_ms": statistics.median(ordered) * 1000 if ordered else None,
+            "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000 if ordered else None,
+            "lines_per_s": (answered - before) / took, "lines_failed": failed, "batch_left": status != "completed",
+            "lane_busy": sum(samples) / len(samples) if samples else 0.0}
+
+
+async def _engine(home: Path) -> EngineSupervisor:
+    shipped = load_policy(ROOT / "policies" / "default.yaml").policy.pools["micro"]
+    assert isinstance(shipped, LocalPool)
+    spec = shipped.engine.model_copy(update={"base_port": free_port(),
+                                             "extra_args": (*shipped.engine.extra_args, *PRIORITY_SCHEDULING)})
+    sup = EngineSupervisor("study-micro", spec, home=home)
+    await sup.start()
+    return sup
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rate", type=float, default=4.0, help="interactive requests a second (open loop)")
+    p.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
+    p.add_argument("--lines", type=int, default=3000, help="lines of each batch (cancelled at the phase's end; "
+                   "enough that it is not done by then, else its rate is capped)")
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="batch-priority-"))
+    models_root(tmp).symlink_to(models_root(), target_is_directory=True)
+    loop = asyncio.new_event_loop()
+    sup = loop.run_until_complete(_engine(tmp))
+    procs = Procs(tmp)
+    try:
+        registry = tmp / "engines"
+        publish(registry, "micro", sup.urls)
+        engine = sup.spec.model_dump_json(exclude_defaults=True)
+        gateways = {}
+        for name, priority in (("priority", 10), ("fcfs", None)):
+            policy = tmp / f"{name}.yaml"
+            policy.write_text(_policy(engine, priority))
+            port = free_port()
+            cmd, _ = gateway_command(policy, port, "h1", f"study:batch-priority:{uuid.uuid4().hex[:6]}:", "warning",
+                                     scorer="length", extra=["--home", str(tmp / name)])
+            proc = procs.start(name, cmd, {REGISTRY_ENV: str(registry)})
+            gateways[name] = f"http://127.0.0.1:{port}"
+            wait_ready(gateways[name] + "/readyz", proc, 300, name, functools.partial(procs.log_tail, name))
+        phase(gateways["fcfs"], args.rate, 5, 0)  # warm-up
+        for r in range(args.rounds):
+            plan = [("alone", gateways["fcfs"], args.rate, 0), ("batch alone", gateways["fcfs"], 0.0, args.lines),
+                    ("beside, fcfs", gateways["fcfs"], args.rate, args.lines),
+                    ("beside, priority", gateways["priority"], args.rate, args.lines)]
+            if r % 2:  # interleaved: the two engine policies swap places each round
+                plan[2], plan[3] = plan[3], plan[2]
+            for label, url, rate, lines in plan:
+                with open("/proc/loadavg") as f:
+                    load = f.read().split()[0]
+                print(orjson.dumps({"round": r + 1, "phase": label, "load1": float(load),
+                                    "at": time.strftime("%H:%M:%S", time.gmtime()),
+                                    **phase(url, rate, args.seconds, lines)}).decode(), flush=True)
+    finally:
+        procs.stop_all()
+        loop.run_until_complete(sup.aclose())
+
+
+if __name__ == "__main__":
+    main()
