@@ -40,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Say hello."
 
 
-def _policy(engine: str, priority: int | None) -> str:
-    batches = "" if priority is None else f"batches: {{engine_priority: {priority}}}\n"
+def _policy(engine: str, priority: int | None, lane: str) -> str:
+    bounds = ([lane] if lane else []) + ([] if priority is None else [f"engine_priority: {priority}"])
+    batches = f"batches: {{{', '.join(bounds)}}}\n" if bounds else ""
     return f"""version: 1
 pools:
   micro:
@@ -135,11 +136,11 @@ def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
             "lane_busy": sum(samples) / len(samples) if samples else 0.0}
 
 
-async def _engine(home: Path) -> EngineSupervisor:
+async def _engine(home: Path, extra: tuple[str, ...]) -> EngineSupervisor:
     shipped = load_policy(ROOT / "policies" / "default.yaml").policy.pools["micro"]
     assert isinstance(shipped, LocalPool)
     spec = shipped.engine.model_copy(update={"base_port": free_port(),
-                                             "extra_args": (*shipped.engine.extra_args, *PRIORITY_SCHEDULING)})
+                                             "extra_args": (*shipped.engine.extra_args, *PRIORITY_SCHEDULING, *extra)})
     sup = EngineSupervisor("study-micro", spec, home=home)
     await sup.start()
     return sup
@@ -152,11 +153,15 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
     p.add_argument("--lines", type=int, default=3000, help="lines of each batch (cancelled at the phase's end; "
                    "enough that it is not done by then, else its rate is capped)")
+    p.add_argument("--engine-args", default="", help="more vLLM arguments, e.g. '--max-num-seqs 4' (an engine that "
+                   "queues)")
+    p.add_argument("--lane", default="", help="the lane's bounds, as YAML inside `batches: {...}`, e.g. "
+                   "'max_queue: 16, lines_in_flight: 16' (default: the policy's defaults)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="batch-priority-"))
     models_root(tmp).symlink_to(models_root(), target_is_directory=True)
     loop = asyncio.new_event_loop()
-    sup = loop.run_until_complete(_engine(tmp))
+    sup = loop.run_until_complete(_engine(tmp, tuple(args.engine_args.split())))
     procs = Procs(tmp)
     try:
         registry = tmp / "engines"
@@ -165,7 +170,7 @@ def main() -> None:
         gateways = {}
         for name, priority in (("priority", 10), ("fcfs", None)):
             policy = tmp / f"{name}.yaml"
-            policy.write_text(_policy(engine, priority))
+            policy.write_text(_policy(engine, priority, args.lane))
             port = free_port()
             cmd, _ = gateway_command(policy, port, "h1", f"study:batch-priority:{uuid.uuid4().hex[:6]}:", "warning",
                                      scorer="length", extra=["--home", str(tmp / name)])
