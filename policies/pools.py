@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -214,6 +214,22 @@ class PoolBase(Frozen):
         "completion tokens a request is expected to produce here, for its expected cost (default: routing's)"))
     description: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _embedding_defaults(cls, data: Any) -> Any:
+        return _embedding_defaults(data)
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> Self:
+        problems = _kind_problems(self.kind, self._engines(), self.output_checks)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _engines(self) -> Sequence[EngineSpec]:
+        """The engines the gateway starts for this pool (a local pool's own and its canary's; none for a remote)."""
+        return ()
+
 
 class LocalPool(PoolBase):
     type: Literal["local"]
@@ -235,18 +251,8 @@ class LocalPool(PoolBase):
         """Whether /readyz fails while this pool is down (`required_for_ready`, else: unless on demand)."""
         return self.required_for_ready if self.required_for_ready is not None else self.on_demand is None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _embedding_defaults(cls, data: Any) -> Any:
-        return _embedding_defaults(data)
-
-    @model_validator(mode="after")
-    def _kind_fits(self) -> LocalPool:
-        engines = [self.engine, *([self.canary.engine] if self.canary is not None else [])]
-        problems = _kind_problems(self.kind, engines, self.output_checks)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    def _engines(self) -> Sequence[EngineSpec]:
+        return [self.engine, *([self.canary.engine] if self.canary is not None else [])]
 
     @model_validator(mode="after")
     def _autoscale_fits(self) -> LocalPool:
@@ -331,17 +337,6 @@ class RemotePool(PoolBase):
         """Whether /readyz fails while this pool is down."""
         return self.required_for_ready
 
-    @model_validator(mode="before")
-    @classmethod
-    def _embedding_defaults(cls, data: Any) -> Any:
-        return _embedding_defaults(data)
-
-    @model_validator(mode="after")
-    def _kind_fits(self) -> RemotePool:
-        problems = _kind_problems(self.kind, (), self.output_checks)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
 
 
 Pool = Annotated[LocalPool | RemotePool, Field(discriminator="type")]
