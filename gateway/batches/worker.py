@@ -26,6 +26,8 @@ from gateway.batches.queue import LineQueue, Taken
 from gateway.batches.runner import LineRunner
 from gateway.batches.store import BatchStore
 from gateway.control.policy.policy_holder import PolicyHolder
+from gateway.logs import LogThrottle
+from gateway.redis_client import REDIS_FAILURES
 
 __all__ = ["BatchWorker"]
 
@@ -52,6 +54,7 @@ class BatchWorker:
         self._task: asyncio.Task[None] | None = None
         self._paused_until = 0.0
         self._turn = 0
+        self._unreachable = LogThrottle()  # Redis down: one line every 30 s, not a traceback every pass
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"batch-worker-{self.consumer}")
@@ -85,9 +88,19 @@ class BatchWorker:
                 await self.take_once()
             except asyncio.CancelledError:
                 raise
+            except REDIS_FAILURES as exc:
+                passes = self._unreachable.due("redis")
+                if passes is not None:
+                    log.warning("batch worker %s: Redis unreachable (%s); no line is taken until it answers, %d "
+                                "pass(es) since the last line", self.consumer, exc, passes)
+                await asyncio.sleep(self._sweep_s)
+                continue
             except Exception:
                 log.exception("batch worker %s: a pass failed; trying again", self.consumer)
                 await asyncio.sleep(self._sweep_s)
+                continue
+            if self._unreachable.forget(lambda key: True):
+                log.info("batch worker %s: Redis answers again; taking lines", self.consumer)
 
     def _free(self) -> int:
         return self._policies.current.policy.batches.lines_in_flight - len(self._running)
