@@ -7,6 +7,9 @@ error bodies), so the client costs little CPU beside a gateway and engines on a 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,8 +112,11 @@ def _error_text(status: int, body: bytes) -> str:
     return f"HTTP {status}: {str(message)[:160]}"
 
 
-async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, sent_s: float) -> Sample:
-    """Send one request and measure it; never raises for HTTP or connection errors (they go in the sample)."""
+async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, sent_s: float,
+                   answering: Counter[str] | None = None) -> Sample:
+    """Send one request and measure it; never raises for HTTP or connection errors (they go in the sample).
+    `answering`: streams being answered now per pool (from the 200's headers, which come with the engine's first
+    chunk, to the stream's end), for a fault that must land while a client's request is being generated."""
     sample = Sample(spec.phase, spec.kind, spec.tenant, sent_s)
     started = time.monotonic()
     try:
@@ -123,7 +129,8 @@ async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, sent_s: fl
             if resp.status != 200:
                 sample.error = _error_text(resp.status, await resp.read())
             elif spec.stream:
-                await _read_stream(resp, sample, started)
+                with _counted(answering, sample.pool or "-"):
+                    await _read_stream(resp, sample, started)
             else:
                 body = await resp.read()
                 sample.ttft_s = None
@@ -132,3 +139,15 @@ async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, sent_s: fl
         sample.error = f"{type(exc).__name__}: {exc}"[:200]
     sample.e2e_s = time.monotonic() - started
     return sample
+
+
+@contextmanager
+def _counted(counts: Counter[str] | None, key: str) -> Iterator[None]:
+    if counts is None:
+        yield
+        return
+    counts[key] += 1
+    try:
+        yield
+    finally:
+        counts[key] -= 1

@@ -16,6 +16,7 @@ import asyncio
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +65,7 @@ class LoadConfig:
     max_in_flight: int = 2000
     progress: bool = True
     label: str = "load"
+    answering: Counter[str] | None = None  # streams being answered now, per pool (`client.send_one`), kept live
 
     @property
     def chat_url(self) -> str:
@@ -141,7 +143,8 @@ class _Runner:
         spec = self.spec(phase)
         self.in_flight += 1
         try:
-            self.samples.append(await send_one(self.session, spec, time.monotonic() - self.t0))
+            self.samples.append(await send_one(self.session, spec, time.monotonic() - self.t0,
+                                               self.config.answering))
         finally:
             self.in_flight -= 1
 

@@ -32,9 +32,10 @@ import os
 import signal
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,7 @@ class _Env:
     events: list[tuple[float, str]]
     hung: list[int]
     killed: list[int]
+    answering: Counter[str] = field(default_factory=Counter)  # the load's streams being answered now, per pool
 
 
 async def _poll_readyz(url: str, t0: float, stop: asyncio.Event, out: list[dict[str, Any]]) -> None:
@@ -233,7 +235,7 @@ def _chunk(env: _Env, args: argparse.Namespace, k: int, kill: bool = False) -> L
     return LoadConfig(base_url=env.url, model="auto", phases=[Phase("chaos", CHUNK_S, args.rate, args.rate)],
                       mix=parse_mix(args.mix), tenants=[TenantKey("strict", STRICT_KEY), TenantKey("lenient",
                       LENIENT_KEY)], max_tokens=max_tokens, seed=args.seed + k, timeout_s=90, progress=False,
-                      label="chaos")
+                      label="chaos", answering=env.answering)
 
 
 def _micro_back_at(ready: list[dict[str, Any]], after: float = 0.0) -> float | None:
@@ -250,14 +252,19 @@ def _micro_back_at(ready: list[dict[str, Any]], after: float = 0.0) -> float | N
 
 
 def _kill(env: _Env, t0: float) -> float:
-    """SIGKILL the micro engine's whole process group (API server, engine core, worker) once the gateway has a
-    request in flight on it (waiting up to `KILL_WAIT_S`), so that the kill cuts requests; when, from `t0`."""
+    """SIGKILL the micro engine's whole process group (API server, engine core, worker) once a stream of the load
+    is being answered by it (waiting up to `KILL_WAIT_S`), so that the kill cuts requests; when, from `t0`. The
+    client's own count, not the gateway's in-flight gauge: that one also counts the gateway's own calls (a cascade's
+    probe, a shadow comparison) and a stream whose client has had its [DONE] (it falls when the relay closes)."""
     pid = engine_pid(env.gateway_pid)
     deadline = time.monotonic() + KILL_WAIT_S
-    while not (found := micro_in_flight(env.url) >= 1) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while not (found := env.answering["micro"] >= 1) and time.monotonic() < deadline:
+        time.sleep(0.02)
     if not found:
-        _event(env.events, t0, f"no request in flight on micro for {KILL_WAIT_S:g} s")
+        _event(env.events, t0, f"no stream of the load answered by micro for {KILL_WAIT_S:g} s")
+    else:
+        _event(env.events, t0, f"{env.answering['micro']} stream(s) answered by micro; the gateway's gauge says "
+                               f"{micro_in_flight(env.url):g} in flight there")
     env.killed.append(pid)
     os.killpg(pid, signal.SIGKILL)
     return _event(env.events, t0, KILLED)
