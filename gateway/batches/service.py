@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.batches.files import FileStore
 from gateway.batches.input import check_input
@@ -33,6 +33,15 @@ from gateway.errors import BadRequest, BodyTooLarge, NotFound, TooManyRequests
 from gateway.tenancy.api_keys import ApiKey
 
 __all__ = ["BatchService"]
+
+_Owned = TypeVar("_Owned", Batch, BatchFile)
+
+
+def _owned(found: _Owned | None, tenant: str, missing: str, param: str) -> _Owned:
+    """`found` when `tenant` owns it; otherwise the 404 `missing`, the same as for an id that does not exist."""
+    if found is None or found.tenant != tenant:
+        raise NotFound(missing, param=param)
+    return found
 
 
 class BatchService:
@@ -68,9 +77,7 @@ class BatchService:
 
     async def file(self, tenant: str, file_id: str) -> BatchFile:
         found = await self._store.file(file_id) if file_id.startswith("file-") else None
-        if found is None or found.tenant != tenant:
-            raise NotFound(f"No such File object: {file_id}", param="file_id")
-        return found
+        return _owned(found, tenant, f"No such File object: {file_id}", "file_id")
 
     async def content(self, tenant: str, file_id: str) -> bytes:
         file = await self.file(tenant, file_id)
@@ -126,9 +133,7 @@ class BatchService:
 
     async def get(self, tenant: str, batch_id: str) -> Batch:
         found = await self._store.batch(batch_id) if batch_id.startswith("batch_") else None
-        if found is None or found.tenant != tenant:
-            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
-        return found
+        return _owned(found, tenant, f"No such Batch object: {batch_id}", "batch_id")
 
     async def list(self, tenant: str, after: str | None, limit: int) -> tuple[list[Batch], bool]:
         """The tenant's batches, newest first, those after the batch `after` (a cursor: the last id of a page);
