@@ -195,33 +195,25 @@ class InvalidCostRecord(ValueError):
     """A record (from the gateway, the outbox or the stream) that the ledger refuses to count."""
 
 
+# the string fields and the pattern each must match, in the order they are checked
+_PATTERNS = (
+    ("tenant", _NAME), ("pool", _NAME), ("model", _NAME), ("request_id", _REQUEST_ID), ("rule", _TEXT),
+    ("route", _ROUTE), ("tiers", _ROUTE), ("policy_version", _TEXT), ("scored_by", _NAME), ("router_version", _NAME),
+    ("pool_version", _NAME), ("output_check", _OUTPUT_CHECK), ("batch_id", _BATCH_ID), ("custom_id", _TEXT),
+    ("key_id", _KEY_ID),
+)
+_MAY_BE_EMPTY = frozenset({"scored_by", "router_version", "pool_version", "key_id"})  # "": not scored, no key
+_CHOICES = (("endpoint", _ENDPOINTS), ("cache", _CACHE_RESULTS), ("completion_limit_by", _LIMITS_BY))
+
+
 def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
     """Raise `InvalidCostRecord` naming the first bad field. `now` (UTC epoch s) bounds `started_at`."""
-    for name in ("tenant", "pool", "model"):
-        _check(name, getattr(rec, name), _NAME)
-    _check("request_id", rec.request_id, _REQUEST_ID)
-    _check("rule", rec.rule, _TEXT)
-    _check("route", rec.route, _ROUTE)
-    _check("tiers", rec.tiers, _ROUTE)
-    _check("policy_version", rec.policy_version, _TEXT)
-    if rec.scored_by:
-        _check("scored_by", rec.scored_by, _NAME)
-    if rec.router_version:
-        _check("router_version", rec.router_version, _NAME)
-    if rec.pool_version:
-        _check("pool_version", rec.pool_version, _NAME)
-    _check("output_check", rec.output_check, _OUTPUT_CHECK)
-    _check("batch_id", rec.batch_id, _BATCH_ID)
-    _check("custom_id", rec.custom_id, _TEXT)
-    if rec.key_id:
-        _check("key_id", rec.key_id, _KEY_ID)
-    if rec.endpoint not in _ENDPOINTS:
-        raise InvalidCostRecord(f"endpoint: must be one of {sorted(_ENDPOINTS)}, got {rec.endpoint!r}")
-    if rec.cache not in _CACHE_RESULTS:
-        raise InvalidCostRecord(f"cache: must be one of {sorted(_CACHE_RESULTS)}, got {rec.cache!r}")
-    if rec.completion_limit_by not in _LIMITS_BY:
-        raise InvalidCostRecord(f"completion_limit_by: must be one of {sorted(_LIMITS_BY)}, got "
-                                f"{rec.completion_limit_by!r}")
+    for name, pattern in _PATTERNS:
+        value = getattr(rec, name)
+        if value or name not in _MAY_BE_EMPTY:
+            _check(name, value, pattern)
+    for name, allowed in _CHOICES:
+        _check_choice(name, getattr(rec, name), allowed)
     for name in _INT_FIELDS + _LATER_INT_FIELDS:
         value = getattr(rec, name)
         limit = MAX_TOKENS if name.endswith("tokens") else MAX_MICRO_USD
@@ -234,8 +226,7 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
         _check_float("ttft_ms", rec.ttft_ms, 0.0, math.inf)
     if rec.in_domain is not None:
         _check_float("in_domain", rec.in_domain, 0.0, 1.0)
-    if rec.status not in _STATUSES:
-        raise InvalidCostRecord(f"status: must be one of {sorted(_STATUSES)}, got {rec.status!r}")
+    _check_choice("status", rec.status, _STATUSES)
     if rec.usage_source not in _USAGE_SOURCES:
         raise InvalidCostRecord(f"usage_source: must be one of {sorted(_USAGE_SOURCES)}")
 
@@ -243,6 +234,11 @@ def validate_record(rec: CostRecord, *, now: float | None = None) -> None:
 def _check(name: str, value: object, pattern: re.Pattern[str]) -> None:
     if not isinstance(value, str) or pattern.fullmatch(value) is None:
         raise InvalidCostRecord(f"{name}: {value!r} does not match {pattern.pattern}")
+
+
+def _check_choice(name: str, value: object, allowed: frozenset[str]) -> None:
+    if value not in allowed:
+        raise InvalidCostRecord(f"{name}: must be one of {sorted(allowed)}, got {value!r}")
 
 
 def _check_float(name: str, value: object, low: float, high: float) -> None:
