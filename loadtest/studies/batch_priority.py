@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Say hello."
 
 
-def _policy(engine: str, priority: int | None, lane: str) -> str:
+def study_policy(engine: str, priority: int | None, lane: str) -> str:
     bounds = ([lane] if lane else []) + ([] if priority is None else [f"engine_priority: {priority}"])
     batches = f"batches: {{{', '.join(bounds)}}}\n" if bounds else ""
     return f"""version: 1
@@ -85,7 +85,7 @@ def _interactive(url: str, rate: float, seconds: float) -> list[float]:
     return ttfts
 
 
-def _batch(client: httpx.Client, url: str, lines: int) -> str:
+def create_batch(client: httpx.Client, url: str, lines: int) -> str:
     content = b"".join(orjson.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
                                      "body": {"model": "micro", "max_tokens": 16, "messages": [
                                          {"role": "user", "content": f"Name a colour, number {i}."}]}}) + b"\n"
@@ -96,7 +96,7 @@ def _batch(client: httpx.Client, url: str, lines: int) -> str:
                                                       "endpoint": "/v1/chat/completions"}).json()["id"])
 
 
-def _done(client: httpx.Client, url: str, batch: str) -> tuple[str, int, int]:
+def batch_state(client: httpx.Client, url: str, batch: str) -> tuple[str, int, int]:
     """The batch's status, and its lines answered and failed so far."""
     got = client.get(f"{url}/v1/batches/{batch}").json()
     return str(got["status"]), int(got["request_counts"]["completed"]), int(got["request_counts"]["failed"])
@@ -113,20 +113,20 @@ def _lane_share(url: str, stop: threading.Event, samples: list[bool]) -> None:
 def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
     """The interactive load (rate > 0) for `seconds`, beside a batch of `lines` (0: none) cancelled at the end."""
     client = httpx.Client(timeout=60)
-    batch = _batch(client, url, lines) if lines else None
+    batch = create_batch(client, url, lines) if lines else None
     stop, samples = threading.Event(), list[bool]()
     sampler = threading.Thread(target=_lane_share, args=(url, stop, samples), daemon=True)
     sampler.start()
-    started, before = time.monotonic(), (_done(client, url, batch)[1] if batch else 0)
+    started, before = time.monotonic(), (batch_state(client, url, batch)[1] if batch else 0)
     ttfts = _interactive(url, rate, seconds) if rate > 0 else []
     time.sleep(max(0.0, started + seconds - time.monotonic()))
     took = time.monotonic() - started
-    status, answered, failed = _done(client, url, batch) if batch else ("", 0, 0)
+    status, answered, failed = batch_state(client, url, batch) if batch else ("", 0, 0)
     stop.set()
     if batch:
         client.post(f"{url}/v1/batches/{batch}/cancel")
         deadline = time.monotonic() + 120
-        while _done(client, url, batch)[0] not in ("cancelled", "completed") and time.monotonic() < deadline:
+        while batch_state(client, url, batch)[0] not in ("cancelled", "completed") and time.monotonic() < deadline:
             time.sleep(0.5)
     client.close()
     ordered = sorted(ttfts)
@@ -136,7 +136,7 @@ def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
             "lane_busy": sum(samples) / len(samples) if samples else 0.0}
 
 
-async def _engine(home: Path, extra: tuple[str, ...]) -> EngineSupervisor:
+async def start_engine(home: Path, extra: tuple[str, ...]) -> EngineSupervisor:
     shipped = load_policy(ROOT / "policies" / "default.yaml").policy.pools["micro"]
     assert isinstance(shipped, LocalPool)
     spec = shipped.engine.model_copy(update={"base_port": free_port(),
@@ -161,7 +161,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="batch-priority-"))
     models_root(tmp).symlink_to(models_root(), target_is_directory=True)
     loop = asyncio.new_event_loop()
-    sup = loop.run_until_complete(_engine(tmp, tuple(args.engine_args.split())))
+    sup = loop.run_until_complete(start_engine(tmp, tuple(args.engine_args.split())))
     procs = Procs(tmp)
     try:
         registry = tmp / "engines"
@@ -170,7 +170,7 @@ def main() -> None:
         gateways = {}
         for name, priority in (("priority", 10), ("fcfs", None)):
             policy = tmp / f"{name}.yaml"
-            policy.write_text(_policy(engine, priority, args.lane))
+            policy.write_text(study_policy(engine, priority, args.lane))
             port = free_port()
             cmd, _ = gateway_command(policy, port, "h1", f"study:batch-priority:{uuid.uuid4().hex[:6]}:", "warning",
                                      scorer="length", extra=["--home", str(tmp / name)])
