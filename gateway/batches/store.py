@@ -112,10 +112,9 @@ class BatchStore:
             await pipe.execute()
 
     async def hold(self, file_id: str, batch_id: str, until: float) -> bool:
-        """Keep the file from expiring while `batch_id` reads it, until `until` (UTC epoch s; `math.inf`: until
-        `release`); False, and no hold, when the file is gone."""
-        held = await self._hold(keys=[self.key("file", file_id), self.key("holds", file_id)],
-                                args=[batch_id, "+inf" if until == float("inf") else until])
+        """Keep the file from expiring while `batch_id` reads it, until `until` (UTC epoch s; `opened` keeps it
+        until `closed`); False, and no hold, when the file is gone."""
+        held = await self._hold(keys=[self.key("file", file_id), self.key("holds", file_id)], args=[batch_id, until])
         return bool(held)
 
     async def release(self, file_id: str, batch_id: str) -> None:
