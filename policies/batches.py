@@ -45,6 +45,8 @@ class Batches(Frozen):
     discount: float = Field(default=0.5, ge=0, le=1, description="share of the pool's price a batch line is spared")
     pool_discounts: dict[str, float] = Field(default_factory=dict, description="a pool's own discount")
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="largest batch input file")
+    file_ttl_days: int = Field(default=30, ge=1, description="days a file (an upload, a batch's output or error "
+                               "file) is kept after it was created; an upload's `expires_after` may shorten it")
     max_lines: int = Field(default=50_000, ge=1, description="most lines in one batch")
     max_open_batches: int = Field(default=100, ge=1, description="most unfinished batches per tenant")
     max_open_lines: int = Field(default=1_000_000, ge=1, description="most lines in a tenant's unfinished batches")

@@ -1,7 +1,9 @@
 """The Files and Batch APIs (`gateway.batches`), as OpenAI serves them; every call is the caller's tenant's:
 
-- `POST /v1/files` (multipart: `file`, `purpose`="batch") -> the file object; 413 over the policy's
-  `batches.max_file_bytes`, 400 for another purpose or a file that is not UTF-8 text;
+- `POST /v1/files` (multipart: `file`, `purpose`="batch", optional `expires_after[anchor]`="created_at" and
+  `expires_after[seconds]`) -> the file object; 413 over the policy's `batches.max_file_bytes` (the body is counted as
+  it is read, with or without a Content-Length: nothing more is read or spooled past it), 400 for another purpose, a
+  file that is not UTF-8 text or a bad `expires_after`;
 - `GET /v1/files/{id}`, `GET /v1/files/{id}/content` (the bytes, JSONL), `DELETE /v1/files/{id}`;
 - `POST /v1/batches` `{"input_file_id", "endpoint", "completion_window": "24h", "metadata"?}` -> the batch object;
 - `GET /v1/batches[?after=&limit=]` (newest first), `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`.
@@ -11,10 +13,13 @@ Another tenant's id answers 404, as an unknown one does.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import orjson
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -66,19 +71,56 @@ async def _keyed(request: Request) -> tuple[BatchService, ApiKey]:
 async def _upload(request: Request) -> Response:
     try:
         service, tenant = await _caller(request)
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > service.max_file_bytes + _FORM_SLACK:
-            raise BodyTooLarge(f"the upload is {declared} bytes; a batch file may have {service.max_file_bytes}",
-                               param="file")
-        async with request.form(max_files=1, max_fields=8) as form:
+        form = await _form(request, service.max_file_bytes)
+        try:
             upload, purpose = form.get("file"), form.get("purpose")
             if not isinstance(upload, UploadFile) or not isinstance(purpose, str):
                 raise BadRequest("a multipart form with a `file` and a `purpose` is needed", param="file")
             content = await upload.read(service.max_file_bytes + 1)
-            file = await service.upload(tenant, upload.filename or "", purpose, content)
+            file = await service.upload(tenant, upload.filename or "", purpose, content, _expires_after(form))
+        finally:
+            await form.close()
     except GatewayError as exc:
         return _error(exc)
     return _json(file.public())
+
+
+async def _form(request: Request, max_file_bytes: int) -> FormData:
+    """The upload's multipart form, its body counted as it is read: past `max_file_bytes` and the form's slack,
+    BodyTooLarge at once (the parser then closes, so deletes, what it spooled)."""
+    limit = max_file_bytes + _FORM_SLACK
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"the upload is {declared} bytes; a batch file may have {max_file_bytes}", param="file")
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
+        raise BadRequest("a multipart form with a `file` and a `purpose` is needed", param="file")
+    async with aclosing(request.stream()) as chunks, aclosing(_bounded(chunks, limit, max_file_bytes)) as body:
+        try:
+            return await MultiPartParser(request.headers, body, max_files=1, max_fields=8).parse()
+        except MultiPartException as exc:
+            raise BadRequest(f"the multipart form could not be read: {exc.message}", param="file") from exc
+
+
+async def _bounded(chunks: AsyncIterator[bytes], limit: int, max_file_bytes: int) -> AsyncGenerator[bytes]:
+    read = 0
+    async for chunk in chunks:
+        read += len(chunk)
+        if read > limit:
+            raise BodyTooLarge(f"the upload passed {limit} bytes; a batch file may have {max_file_bytes}",
+                               param="file")
+        yield chunk
+
+
+def _expires_after(form: FormData) -> int | None:
+    """The upload's `expires_after[seconds]` (None: not given); its anchor must be `created_at`, as OpenAI's."""
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise BadRequest("expires_after[anchor] must be \"created_at\"", param="expires_after[anchor]")
+    if not isinstance(seconds, str) or not seconds.strip().isdigit():
+        raise BadRequest("expires_after[seconds] must be a whole number of seconds", param="expires_after[seconds]")
+    return int(seconds)
 
 
 async def _file(request: Request) -> Response:

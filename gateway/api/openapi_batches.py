@@ -13,7 +13,9 @@ _FILE: dict[str, Any] = {
     "type": "object", "required": ["id", "object", "bytes", "created_at", "filename", "purpose"],
     "properties": {"id": {"type": "string"}, "object": {"const": "file"}, "bytes": {"type": "integer"},
                    "created_at": {"type": "integer"}, "filename": {"type": "string"},
-                   "purpose": {"enum": ["batch", "batch_output"]}, "status": {"const": "processed"}},
+                   "purpose": {"enum": ["batch", "batch_output"]}, "status": {"const": "processed"},
+                   "expires_at": {"type": ["integer", "null"], "description": "UTC epoch s; the file is a 404 from "
+                                  "then on (null: stored before files expired)"}},
 }
 _BATCH: dict[str, Any] = {
     "type": "object", "required": ["id", "object", "endpoint", "input_file_id", "status", "request_counts"],
@@ -43,7 +45,11 @@ _CREATE: dict[str, Any] = {
 _UPLOAD: dict[str, Any] = {
     "type": "object", "required": ["file", "purpose"],
     "properties": {"file": {"type": "string", "format": "binary", "description": "JSONL: one {custom_id, method, "
-                            "url, body} a line"}, "purpose": {"const": "batch"}},
+                            "url, body} a line"}, "purpose": {"const": "batch"},
+                   "expires_after[anchor]": {"const": "created_at"},
+                   "expires_after[seconds]": {"type": "integer", "minimum": 3600, "maximum": 2_592_000,
+                                              "description": "the file expires this long after its creation, or "
+                                              "after the policy's batches.file_ttl_days if sooner"}},
 }
 
 

@@ -21,6 +21,7 @@ from gateway.batches.input import check_input
 from gateway.batches.objects import FINISHED, Batch, BatchFile
 from gateway.batches.queue import LineQueue
 from gateway.batches.store import BatchStore
+from gateway.control.policy.policy_holder import PolicyHolder
 
 __all__ = ["Finalizer", "ending_of"]
 
@@ -37,13 +38,15 @@ def ending_of(batch: Batch, now: float) -> str | None:
 
 
 class Finalizer:
-    """Shares, does not own, the store, queue and file store. `holder` names this process on the lock."""
+    """Shares, does not own, the store, queue and file store. `holder` names this process on the lock; the output
+    and error files expire `batches.file_ttl_days` after they are written."""
 
-    def __init__(self, store: BatchStore, queue: LineQueue, files: FileStore, holder: str,
+    def __init__(self, store: BatchStore, queue: LineQueue, files: FileStore, policies: PolicyHolder, holder: str,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._queue = queue
         self._files = files
+        self._policies = policies
         self._holder = holder
         self._clock = clock
 
@@ -54,7 +57,7 @@ class Finalizer:
         try:
             batch = await self._store.batch(batch_id)
             if batch is None or batch.status in FINISHED:
-                await self._store.closed(batch_id)
+                await self._store.closed(batch_id, batch.input_file_id if batch is not None else "")
                 return batch
             now = self._clock()
             ending = "cancelled" if batch.status == "cancelling" else ending_of(batch, now)
@@ -65,7 +68,7 @@ class Finalizer:
                 await self._store.set_status(batch)
             batch = await self._write(batch, ending)
             await self._store.set_status(batch.moved(ending, int(self._clock())))
-            await self._store.closed(batch_id)
+            await self._store.closed(batch_id, batch.input_file_id)
             await self._queue.drop(batch_id)
             return await self._store.batch(batch_id)
         finally:
@@ -94,6 +97,8 @@ class Finalizer:
         file_id = f"file-{batch.id.removeprefix('batch_')}-{kind}"
         content = b"".join(line + b"\n" for line in lines)
         await asyncio.to_thread(self._files.write, file_id, content)
-        await self._store.put_file(BatchFile(file_id, batch.tenant, len(content), int(self._clock()),
-                                             f"{batch.id}_{kind}.jsonl", "batch_output"))
+        now = int(self._clock())
+        ttl_s = self._policies.current.policy.batches.file_ttl_days * 86_400
+        await self._store.put_file(BatchFile(file_id, batch.tenant, len(content), now, f"{batch.id}_{kind}.jsonl",
+                                             "batch_output", now + ttl_s))
         return file_id

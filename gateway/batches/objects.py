@@ -34,7 +34,8 @@ def new_batch_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class BatchFile:
-    """A file of the Files API. `tenant` owns it (never shown); its bytes live at `FileStore.path(id)`."""
+    """A file of the Files API. `tenant` owns it (never shown); its bytes live at `FileStore.path(id)`. It is gone
+    once `expires_at` passes (UTC epoch s; 0: a file written before files expired, which never does)."""
 
     id: str
     tenant: str
@@ -42,11 +43,15 @@ class BatchFile:
     created_at: int
     filename: str
     purpose: str  # "batch" (an upload) or "batch_output" (a batch's output or error file)
+    expires_at: int = 0
+
+    def expired(self, now: float) -> bool:
+        return 0 < self.expires_at <= now
 
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.size, "created_at": self.created_at,
                 "filename": self.filename, "purpose": self.purpose, "status": "processed", "status_details": None,
-                "expires_at": None}
+                "expires_at": self.expires_at or None}
 
     def to_fields(self) -> dict[str, str]:
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}
@@ -55,7 +60,7 @@ class BatchFile:
     def from_fields(cls, raw: Mapping[bytes, bytes]) -> BatchFile:
         text = {k.decode(): v.decode() for k, v in raw.items()}
         return cls(text["id"], text["tenant"], int(text["size"]), int(text["created_at"]), text["filename"],
-                   text["purpose"])
+                   text["purpose"], int(text.get("expires_at", "0")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
+from gateway.batches.expiry import FileExpiry
 from gateway.batches.files import FileStore
 from gateway.batches.finalize import Finalizer
 from gateway.batches.lane import BatchLane
@@ -57,6 +58,7 @@ def start_batches(redis: aioredis.Redis, settings: Settings, policies: PolicyHol
     files = FileStore(batch_folder(settings, policies))
     consumer = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
     runner = LineRunner(chat, embeddings, policies, settings, lane, keys=KeyStore(redis, settings.redis_prefix))
-    worker = BatchWorker(store, queue, runner, Finalizer(store, queue, files, consumer), policies, metrics, consumer)
+    worker = BatchWorker(store, queue, runner, Finalizer(store, queue, files, policies, consumer), policies, metrics,
+                         consumer, expiry=FileExpiry(store, files))
     worker.start()
     return BatchParts(BatchService(store, queue, files, policies), worker, store, queue, runner)

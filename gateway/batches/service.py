@@ -5,6 +5,10 @@ Every file and batch belongs to the tenant whose key created it; another tenant'
 (nothing says it exists). A batch is validated when it is created (`input.check_input`): a file that does not validate
 makes a batch "failed" with its errors, as OpenAI's does; one that does has its lines put on the shared queue and is
 "in_progress" (the workers answer them).
+
+A file expires `batches.file_ttl_days` after it was created, or sooner where its upload's `expires_after` says (OpenAI's
+bounds: an hour to 30 days); an expired file is a 404, as a deleted one is, and the workers' sweep deletes it
+(`expiry`), never while a batch still open reads it: a batch holds its input file from before it reads it to its end.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from gateway.batches.files import FileStore
-from gateway.batches.input import check_input
+from gateway.batches.input import InputCheck, check_input
 from gateway.batches.objects import (
     BATCH_URLS,
     COMPLETION_WINDOW_S,
@@ -32,7 +36,10 @@ from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.errors import BadRequest, BodyTooLarge, NotFound, TooManyRequests
 from gateway.tenancy.api_keys import ApiKey
 
-__all__ = ["BatchService"]
+__all__ = ["EXPIRES_AFTER_S", "BatchService"]
+
+EXPIRES_AFTER_S = (3600, 2_592_000)
+"""The bounds OpenAI sets on an upload's `expires_after[seconds]` (an hour, 30 days), inclusive."""
 
 _Owned = TypeVar("_Owned", Batch, BatchFile)
 
@@ -59,7 +66,13 @@ class BatchService:
     def max_file_bytes(self) -> int:
         return self._policies.current.policy.batches.max_file_bytes
 
-    async def upload(self, tenant: str, filename: str, purpose: str, content: bytes) -> BatchFile:
+    async def upload(self, tenant: str, filename: str, purpose: str, content: bytes,
+                     expires_after_s: int | None = None) -> BatchFile:
+        """`expires_after_s`: the client's `expires_after[seconds]` (anchored at its creation); the file expires
+        then, or after the policy's `file_ttl_days` if that is sooner."""
+        if expires_after_s is not None and not EXPIRES_AFTER_S[0] <= expires_after_s <= EXPIRES_AFTER_S[1]:
+            raise BadRequest(f"expires_after[seconds] must be between {EXPIRES_AFTER_S[0]} and {EXPIRES_AFTER_S[1]}",
+                             param="expires_after[seconds]")
         if purpose != "batch":
             raise BadRequest(f"purpose {purpose!r} is not served here: this gateway keeps files for batches only "
                              "(purpose \"batch\")", param="purpose")
@@ -70,13 +83,18 @@ class BatchService:
         except UnicodeDecodeError as exc:
             raise BadRequest("Invalid file format for Batch API. Must be .jsonl (UTF-8 text, one JSON request a "
                              "line)", param="file") from exc
-        file = BatchFile(new_file_id(), tenant, len(content), int(self._clock()), filename or "input.jsonl", purpose)
+        now = int(self._clock())
+        ttl_s = self._policies.current.policy.batches.file_ttl_days * 86_400
+        file = BatchFile(new_file_id(), tenant, len(content), now, filename or "input.jsonl", purpose,
+                         now + min(ttl_s, expires_after_s or ttl_s))
         await asyncio.to_thread(self._files.write, file.id, content)
         await self._store.put_file(file)
         return file
 
     async def file(self, tenant: str, file_id: str) -> BatchFile:
         found = await self._store.file(file_id) if file_id.startswith("file-") else None
+        if found is not None and found.expired(self._clock()):
+            found = None  # an expired file is gone, whether or not the sweep has deleted it yet
         return _owned(found, tenant, f"No such File object: {file_id}", "file_id")
 
     async def content(self, tenant: str, file_id: str) -> bytes:
@@ -107,14 +125,14 @@ class BatchService:
         if batches >= bounds.max_open_batches:
             raise TooManyRequests(f"this tenant has {bounds.max_open_batches} batches open, the most it may; retry "
                                   "when one has finished", 60, code="batch_limit_exceeded")
-        content = await asyncio.to_thread(self._files.read, file.id)
-        check = await asyncio.to_thread(check_input, content, endpoint, bounds.max_lines)
+        batch_id, now = new_batch_id(), int(self._clock())
+        check = await self._read_held(file, batch_id, endpoint, now + bounds.claim_after_s)
         if not check.errors and lines + len(check.lines) > bounds.max_open_lines:
+            await self._store.release(file.id, batch_id)
             raise TooManyRequests(f"this tenant's open batches hold {lines} lines; {len(check.lines)} more would "
                                   f"pass the {bounds.max_open_lines} it may have; retry when one has finished", 60,
                                   code="batch_limit_exceeded")
-        now = int(self._clock())
-        batch = Batch(new_batch_id(), tenant, endpoint, file.id, completion_window, now,
+        batch = Batch(batch_id, tenant, endpoint, file.id, completion_window, now,
                       now + COMPLETION_WINDOW_S[completion_window], metadata=metadata,
                       key_id=key.id if key is not None else "", key_source=key.source if key is not None else "")
         await self._store.put_batch(batch, index=True)
@@ -123,13 +141,30 @@ class BatchService:
             failed = replace(batch, errors=check.errors).moved("failed", int(self._clock()))
             await self._store.put_batch(failed)
             await self._store.validated(batch.id)
+            await self._store.release(file.id, batch.id)
             return failed
         await self._queue.put(batch.id, check.lines)
         started = replace(batch, total=len(check.lines)).moved("in_progress", int(self._clock()))
         await self._store.put_batch(started)
-        await self._store.opened(batch.id)
+        await self._store.opened(batch.id, file.id)
         await self._store.validated(batch.id)
         return started
+
+    async def _read_held(self, file: BatchFile, batch_id: str, endpoint: str, until: float) -> InputCheck:
+        """The input file's lines, checked, read under a hold of `batch_id` until `until` (so no sweep deletes the
+        file meanwhile; the caller keeps or releases it). A file deleted or expired meanwhile is a 404."""
+        gone = NotFound(f"No such File object: {file.id}", param="input_file_id")
+        if not await self._store.hold(file.id, batch_id, until):
+            raise gone
+        try:
+            content = await asyncio.to_thread(self._files.read, file.id)
+            return await asyncio.to_thread(check_input, content, endpoint,
+                                           self._policies.current.policy.batches.max_lines)
+        except BaseException as exc:
+            await self._store.release(file.id, batch_id)
+            if isinstance(exc, FileNotFoundError):
+                raise gone from exc
+            raise
 
     async def get(self, tenant: str, batch_id: str) -> Batch:
         found = await self._store.batch(batch_id) if batch_id.startswith("batch_") else None

@@ -4,7 +4,13 @@ Keys (`{prefix}{batches}:...`: one hash tag, so that every script and multi-key 
 `file:<id>` and `batch:<id>` (hashes: the objects' fields), `batches:<tenant>` (sorted set of the tenant's batch ids by
 creation time), `answers:<batch id>` (hash: line index -> its output line), `open` (set of the batch ids workers
 serve: in progress or cancelling), `validating` (sorted set of the batches being validated, by start time: one whose
-creator died is failed by a sweep) and `final:<batch id>` (the finalizer's lock).
+creator died is failed by a sweep), `final:<batch id>` (the finalizer's lock), `files:expiring` (sorted set of the
+file ids by the time the sweep next looks at them: their expiry, or later while a batch holds them), `holds:<file id>`
+(sorted set of the batches reading the file, each until a time: +inf while the batch is open) and `files:unlink` (set
+of the files whose object is deleted and whose bytes may still be on disk).
+
+A file expires in one script (`expire`) that deletes its object only if no batch holds it: a batch takes its hold
+(`hold`, refused once the object is gone) before it reads the file, so no sweep deletes a file a batch still reads.
 
 A line's answer is kept once (`answer`: HSETNX, and the batch's count moved only by the write that kept it, in one
 script), so a line answered twice (a worker that died after answering, its line reclaimed) counts once.
@@ -44,6 +50,33 @@ end
 return status
 """
 
+# KEYS: file hash, its holds. ARGV: batch id, held until (UTC epoch s, or "+inf"). 1 if held, 0 if the file is gone.
+_HOLD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: file hash, its holds, the expiring index, the unlink set. ARGV: file id, now, when to look again if held.
+# Deletes the file's object and marks its bytes for unlinking, unless it has not expired or a batch holds it; 1 if
+# deleted. A hold whose time has passed (its batch's creator died while validating) no longer holds.
+_EXPIRE_LUA = """
+local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_at') or '0')
+if expires > tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[3], expires, ARGV[1])
+  return 0
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[2])
+if redis.call('ZCARD', KEYS[2]) > 0 then
+  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[1])
+return 1
+"""
+
 _COUNTED = ("completed", "failed", "input_tokens", "output_tokens")  # moved by the answer script only
 
 
@@ -55,19 +88,57 @@ class BatchStore:
         self._base = f"{prefix}{{batches}}:"
         self._answer = redis.register_script(_ANSWER_LUA)
         self._cancel = redis.register_script(_CANCEL_LUA)
+        self._hold = redis.register_script(_HOLD_LUA)
+        self._expire = redis.register_script(_EXPIRE_LUA)
 
     def key(self, *parts: str) -> str:
         return self._base + ":".join(parts)
 
     async def put_file(self, file: BatchFile) -> None:
-        await self._redis.hset(self.key("file", file.id), mapping=file.to_fields())
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key("file", file.id), mapping=file.to_fields())
+            if file.expires_at:
+                pipe.zadd(self.key("files", "expiring"), {file.id: file.expires_at})
+            await pipe.execute()
 
     async def file(self, file_id: str) -> BatchFile | None:
         raw = await self._redis.hgetall(self.key("file", file_id))
         return BatchFile.from_fields(raw) if raw else None
 
     async def delete_file(self, file_id: str) -> None:
-        await self._redis.delete(self.key("file", file_id))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.key("file", file_id))
+            pipe.zrem(self.key("files", "expiring"), file_id)
+            await pipe.execute()
+
+    async def hold(self, file_id: str, batch_id: str, until: float) -> bool:
+        """Keep the file from expiring while `batch_id` reads it, until `until` (UTC epoch s; `opened` keeps it
+        until `closed`); False, and no hold, when the file is gone."""
+        held = await self._hold(keys=[self.key("file", file_id), self.key("holds", file_id)], args=[batch_id, until])
+        return bool(held)
+
+    async def release(self, file_id: str, batch_id: str) -> None:
+        await self._redis.zrem(self.key("holds", file_id), batch_id)
+
+    async def expiring(self, now: float, count: int) -> list[str]:
+        """At most `count` files due a look from the expiry sweep at `now`, soonest first."""
+        due = await self._redis.zrangebyscore(self.key("files", "expiring"), "-inf", now, start=0, num=count)
+        return [i.decode() for i in due]
+
+    async def expire(self, file_id: str, now: float, recheck_at: float) -> bool:
+        """Delete the file's object if it expired by `now` and no batch holds it (its id then waits in `unlinked`
+        for its bytes to be deleted); a held file is looked at again at `recheck_at`. Whether it was deleted."""
+        deleted = await self._expire(keys=[self.key("file", file_id), self.key("holds", file_id),
+                                           self.key("files", "expiring"), self.key("files", "unlink")],
+                                     args=[file_id, now, recheck_at])
+        return bool(deleted)
+
+    async def unlinked(self, count: int) -> list[str]:
+        """At most `count` files whose object is deleted and whose bytes may still be on disk."""
+        return [i.decode() for i in await self._redis.srandmember(self.key("files", "unlink"), count)]
+
+    async def unlink_done(self, file_id: str) -> None:
+        await self._redis.srem(self.key("files", "unlink"), file_id)
 
     async def put_batch(self, batch: Batch, *, index: bool = False) -> None:
         """Write the whole object (`index`: also add it to its tenant's list, as a new batch)."""
@@ -126,13 +197,20 @@ class BatchStore:
     async def open_ids(self) -> list[str]:
         return sorted(i.decode() for i in await self._redis.smembers(self.key("open")))
 
-    async def opened(self, batch_id: str) -> None:
-        await self._redis.sadd(self.key("open"), batch_id)
+    async def opened(self, batch_id: str, input_file_id: str) -> None:
+        """The batch served by the workers, its hold on its input file kept until it is `closed`."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(self.key("open"), batch_id)
+            pipe.zadd(self.key("holds", input_file_id), {batch_id: "+inf"})
+            await pipe.execute()
 
-    async def closed(self, batch_id: str) -> None:
+    async def closed(self, batch_id: str, input_file_id: str = "") -> None:
+        """The batch no longer served, its answers deleted and its hold on `input_file_id` released."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.srem(self.key("open"), batch_id)
             pipe.delete(self.key("answers", batch_id))
+            if input_file_id:
+                pipe.zrem(self.key("holds", input_file_id), batch_id)
             await pipe.execute()
 
     async def lock_final(self, batch_id: str, holder: str, ttl_s: int = 60) -> bool:

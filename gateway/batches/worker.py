@@ -4,10 +4,10 @@ lane (`runner`), keeps its answer once, and ends batches that are due (`finalize
 Each process is one consumer of every batch's stream (`queue`), with at most the policy's `batches.lines_in_flight`
 lines of its own at once. Every `sweep_s` it also: ends batches due (every line answered, cancelled and idle, or past
 their window), takes over lines another consumer took more than `batches.claim_after_s` ago without acknowledging
-them (XAUTOCLAIM: that worker died or hangs), and fails batches whose validation began that long ago and never ended
-(the gateway creating them stopped). A line is acknowledged only after its answer is kept, so a worker that
-dies mid-line loses nothing; a line answered twice keeps its first answer (`BatchStore.answer`) and is billed once
-(`runner.request_id`).
+them (XAUTOCLAIM: that worker died or hangs), fails batches whose validation began that long ago and never ended
+(the gateway creating them stopped), and deletes the files expired (`expiry`). A line is acknowledged only after
+its answer is kept, so a worker that dies mid-line loses nothing; a line answered twice keeps its first answer
+(`BatchStore.answer`) and is billed once (`runner.request_id`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from backends.background import stop
+from gateway.batches.expiry import FileExpiry
 from gateway.batches.finalize import Finalizer, ending_of
 from gateway.batches.metrics import BatchMetrics
 from gateway.batches.queue import LineQueue, Taken
@@ -35,11 +36,13 @@ log = logging.getLogger("cascade.batches")
 
 
 class BatchWorker:
-    """Owns its task (`start` / `aclose`) and the lines it runs; shares the rest. `consumer` names it in the group."""
+    """Owns its task (`start` / `aclose`) and the lines it runs; shares the rest. `consumer` names it in the group;
+    `expiry`: the files' sweep (None: files are not deleted here)."""
 
     def __init__(self, store: BatchStore, queue: LineQueue, runner: LineRunner, finalizer: Finalizer,
                  policies: PolicyHolder, metrics: BatchMetrics | None, consumer: str, *, sweep_s: float = 1.0,
-                 requeue_pause_s: float = 0.5, clock: Callable[[], float] = time.time) -> None:
+                 requeue_pause_s: float = 0.5, clock: Callable[[], float] = time.time,
+                 expiry: FileExpiry | None = None) -> None:
         self._store = store
         self._queue = queue
         self._runner = runner
@@ -50,6 +53,7 @@ class BatchWorker:
         self._sweep_s = sweep_s
         self._pause_s = requeue_pause_s
         self._clock = clock
+        self._expiry = expiry
         self._running: dict[asyncio.Task[None], Taken] = {}  # the lines being answered
         self._task: asyncio.Task[None] | None = None
         self._paused_until = 0.0
@@ -124,9 +128,12 @@ class BatchWorker:
         return len(taken)
 
     async def sweep(self) -> None:
-        """End the batches due, and take over lines other consumers left unacknowledged too long."""
+        """End the batches due, take over lines other consumers left unacknowledged too long, and delete the files
+        expired."""
         claim_after = self._policies.current.policy.batches.claim_after_s
         await self._fail_interrupted(self._clock() - claim_after)
+        if self._expiry is not None:
+            await self._expiry.sweep()
         for batch_id in await self._store.open_ids():
             batch = await self._store.batch(batch_id)
             if batch is None:
@@ -151,6 +158,8 @@ class BatchWorker:
                          "batch; create it again.", "param": None, "line": None}
                 await self._store.put_batch(replace(batch, errors=(error,)).moved("failed", int(self._clock())))
                 await self._queue.drop(batch_id)
+            if batch is not None:
+                await self._store.release(batch.input_file_id, batch_id)
             await self._store.validated(batch_id)
 
     def _spawn(self, taken: Taken) -> None:

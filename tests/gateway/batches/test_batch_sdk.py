@@ -1,6 +1,7 @@
 """End to end with the official `openai` SDK: `cascade serve` in its own process, over fake engines in theirs
 (`python -m loadtest.fake_upstream`), the real Redis. The SDK's file and batch calls work unchanged: upload, create,
-retrieve until completed, the output file's content, list, cancel refused for a finished batch, delete."""
+retrieve until completed, the output file's content, list, cancel refused for a finished batch, delete; an upload's
+`expires_after`."""
 
 from __future__ import annotations
 
@@ -66,6 +67,13 @@ def test_the_openai_sdk_runs_a_batch_through_the_served_gateway(served: str) -> 
              chat_line("routed", model="auto", content="summarise the plot of a long novel in detail")]
     file = client.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch")
     assert file.purpose == "batch" and file.bytes == len(jsonl(lines))
+    assert file.expires_at == file.created_at + 30 * 86_400  # the policy's default `batches.file_ttl_days`
+    hour = client.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch",
+                               expires_after={"anchor": "created_at", "seconds": 3600})
+    assert hour.expires_at == hour.created_at + 3600
+    with pytest.raises(openai.BadRequestError, match=r"expires_after\[seconds\]"):
+        client.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 60})
     batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h",
                                   metadata={"job": "sdk"})
     assert batch.status == "in_progress" and batch.metadata == {"job": "sdk"}
