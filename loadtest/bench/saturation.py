@@ -174,14 +174,20 @@ async def measure_knee(session: aiohttp.ClientSession, base: str, model: str, ar
 
 
 async def _idle_ttft(session: aiohttp.ClientSession, base: str, model: str, cap: Capacity, mixed: TokenClass,
-                     slo: Slo, step_s: float, rho: float = 0.3) -> Capacity:
-    """T0 of the model: p95 TTFT of one open-loop step at utilization `rho`, times (1 - rho)."""
+                     slo: Slo, step_s: float, rho: float = 0.3, tries: int = 2) -> Capacity:
+    """T0 of the model: p95 TTFT of an open-loop step at utilization `rho`, times (1 - rho); the lowest of `tries`
+    steps, since a stall of the host (not the engine) only ever raises a p95 (one put a fake engine's 10 ms at
+    1.3 s in a loaded suite)."""
     rps = rho / mean_service_s(cap, [mixed])
     body = stream_body(model, MIXED.max_tokens, MIXED.prompt())
-    step = await _open_loop_step(session, base + "/v1/chat/completions", body, rps, step_s, slo, random.Random(3))
-    if step.ttft_p95_s is None:
-        raise RuntimeError(f"no request succeeded at {rps:.1f} requests/s: {step}")
-    return cap.model_copy(update={"ttft_p95_idle_s": step.ttft_p95_s * (1 - rho)})
+    p95s = []
+    for seed in range(3, 3 + tries):
+        step = await _open_loop_step(session, base + "/v1/chat/completions", body, rps, step_s, slo,
+                                     random.Random(seed))
+        if step.ttft_p95_s is None:
+            raise RuntimeError(f"no request succeeded at {rps:.1f} requests/s: {step}")
+        p95s.append(step.ttft_p95_s)
+    return cap.model_copy(update={"ttft_p95_idle_s": min(p95s) * (1 - rho)})
 
 
 FACTORS = (0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5, 1.7)

@@ -27,11 +27,10 @@ CAPACITY = SLOTS / (TOKENS * DELAY_MS / 1000)
 
 @contextmanager
 def _heap_frozen() -> Iterator[None]:
-    """The test process's heap out of the cyclic collector while it times, as the gateway does for its own. In the
-    suite this process holds a whole session's objects; a full collection of the imports' 372,000 alone took 0.28 s
-    on a loaded host, and one stall stopped the fake and the client together: an idle p95 TTFT of 1.3 s against the
-    fake's 10 ms, in three of five fresh clones, never alone (the likeliest cause; a pause of the test process is
-    no figure of the server's either way)."""
+    """The test process's heap out of the cyclic collector while it times, as the gateway does for its own: a pause
+    of the test process is no figure of the server's. (In three of five fresh clones one stall of the loaded host put
+    the fake's idle p95 TTFT of 10 ms at 1.3 s; a suite worker's full collection takes ~0.1 s, so the collector is
+    not shown to be that stall: the calibration also takes the lowest of two idle steps, `saturation._idle_ttft`.)"""
     gc.collect()
     gc.freeze()
     try:
