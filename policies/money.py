@@ -92,6 +92,15 @@ def _gpu_hour_rates(data: dict[str, Any]) -> tuple[Decimal, Decimal]:
     return prefill, decode
 
 
+def _prompts_only(data: dict[str, Any]) -> bool:
+    """A GPU-hour price of a pool that generates nothing (an embedding pool): the prefill rate, output_per_mtok 0
+    (`policies.pools` fills it in for `kind: embedding`), no decode rate and no input_per_mtok."""
+    if _PREFILL not in data or _DECODE in data or _FLAT in data or "input_per_mtok" in data:
+        return False
+    output = data.get("output_per_mtok")
+    return output is not None and str(output).strip() in ("0", "0.0", "0.00")
+
+
 def _document_forms(schema: dict[str, Any]) -> None:
     """JSON Schema as ops write it: USD as strings or numbers, and one of the forms."""
     for name in ("input_per_mtok", "output_per_mtok", "gpu_hour_usd"):
@@ -101,6 +110,8 @@ def _document_forms(schema: dict[str, Any]) -> None:
     # the single rate with the split ones is the split form (the loader checks it lies between them)
     schema["oneOf"] = [{"required": ["input_per_mtok", "output_per_mtok"]},
                        {"required": ["gpu_hour_usd", _PREFILL, _DECODE]},
+                       {"required": ["gpu_hour_usd", _PREFILL, "output_per_mtok"],  # an embedding pool's
+                        "not": {"anyOf": [{"required": [_DECODE]}, {"required": [_FLAT]}]}},
                        {"required": ["gpu_hour_usd", _FLAT], "not": {"anyOf": [{"required": [_PREFILL]},
                                                                               {"required": [_DECODE]}]}}]
 
@@ -128,10 +139,14 @@ class Price(Frozen):
     def _derive_from_gpu_hour(cls, data: Any) -> Any:
         if not isinstance(data, dict) or data.get("gpu_hour_usd") is None:
             return data
+        hour = usd_to_micro(data["gpu_hour_usd"])
+        if _prompts_only(data):  # an embedding pool: prompt tokens only, priced at the prefill rate
+            prefill = _throughput(data, _PREFILL)
+            assert prefill is not None
+            return {**data, "input_per_mtok": str(Decimal(mtok_price_from_gpu_hour(hour, prefill)) / 1_000_000)}
         if "input_per_mtok" in data or "output_per_mtok" in data:
             raise ValueError("give either input_per_mtok/output_per_mtok or gpu_hour_usd with throughputs, not both")
         prefill, decode = _gpu_hour_rates(data)
-        hour = usd_to_micro(data["gpu_hour_usd"])
         # the field validators parse USD
         usd = {name: str(Decimal(mtok_price_from_gpu_hour(hour, rate)) / 1_000_000)
                for name, rate in (("input_per_mtok", prefill), ("output_per_mtok", decode))}

@@ -39,14 +39,21 @@ def _embedding_defaults(data: Any) -> Any:
         return data
     data = dict(data)
     price = data.get("price")
-    if isinstance(price, Mapping) and "input_per_mtok" in price and "output_per_mtok" not in price:
-        data["price"] = {**price, "output_per_mtok": 0}
+    if isinstance(price, Mapping) and "output_per_mtok" not in price and _prices_prompts(price):
+        data["price"] = {**price, "output_per_mtok": 0}  # with a GPU-hour: the prefill rate alone sets the price
     if isinstance(data.get("engine"), Mapping):
         data["engine"] = _with_pooling_runner(data["engine"])
     canary = data.get("canary")
     if isinstance(canary, Mapping) and isinstance(canary.get("engine"), Mapping):
         data["canary"] = {**canary, "engine": _with_pooling_runner(canary["engine"])}
     return data
+
+
+def _prices_prompts(price: Mapping[str, Any]) -> bool:
+    """A price as written that prices prompt tokens alone: per token, or a GPU-hour with no completion rate."""
+    rates = {"prefill_tokens_per_second", "decode_tokens_per_second", "tokens_per_second"} & set(price)
+    prefill_alone = rates == {"prefill_tokens_per_second"}
+    return "input_per_mtok" in price or ("gpu_hour_usd" in price and prefill_alone)
 
 
 def _with_pooling_runner(engine: Mapping[str, Any]) -> dict[str, Any]:
@@ -222,6 +229,9 @@ class PoolBase(Frozen):
     @model_validator(mode="after")
     def _kind_fits(self) -> Self:
         problems = _kind_problems(self.kind, self._engines(), self.output_checks)
+        if self.kind == "generative" and self.price.form == "gpu_hour" and self.price.decode_rate is None:
+            problems.append("a GPU-hour price needs decode_tokens_per_second to price completion tokens (only an "
+                            "embedding pool's price may leave it out)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

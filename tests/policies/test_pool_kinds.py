@@ -55,6 +55,22 @@ def test_a_local_embedding_pool_runs_the_pooling_runner_and_bills_input_only() -
     assert (remote.kind, remote.model, remote.price.output_per_mtok) == ("embedding", "micro-embed", 0)
 
 
+def test_an_embedding_pool_priced_per_gpu_hour_needs_the_prefill_rate_alone() -> None:
+    """1 USD an hour at 50,000 prompt tokens a second: 1e6 micro-USD x 1e6 / (50,000 x 3,600) = 5,556 micro-USD
+    per million prompt tokens (rounded half up); completions cost nothing. A generative pool must give its decode
+    rate, and a GPU-hour price without any rate is still refused."""
+    hourly = {"gpu_hour_usd": "1.00", "prefill_tokens_per_second": 50000}
+    pool = LocalPool.model_validate({**_EMBED, "price": hourly})
+    assert (pool.price.form, pool.price.input_per_mtok, pool.price.output_per_mtok) == ("gpu_hour", 5_556, 0)
+    assert pool.price.cost_micro_usd(1_000_000, 0) == 5_556
+    with pytest.raises(ValidationError, match="needs decode_tokens_per_second"):
+        LocalPool.model_validate({**_EMBED, "kind": "generative", "price": {**hourly, "output_per_mtok": 0}})
+    with pytest.raises(ValidationError, match="give both"):
+        LocalPool.model_validate({**_EMBED, "kind": "generative", "price": hourly})
+    with pytest.raises(ValidationError, match="measured throughput"):
+        LocalPool.model_validate({**_EMBED, "price": {"gpu_hour_usd": "1.00"}})
+
+
 @pytest.mark.parametrize(("fields", "message"), [
     ({"engine": {**_ENGINE, "extra_args": ["--runner", "generate"]}}, "remove --runner generate"),
     ({"engine": {**_ENGINE, "speculative": {"method": "ngram", "num_speculative_tokens": 2}}}, "speculative"),
