@@ -119,3 +119,25 @@ async def test_a_counted_completion_is_capped_by_the_requests_own_limit(limits: 
     usage = await count_request_usage("chat", _remote(), RecordingEngines(), "https://api.example.com", "m",
                                       upstream, "abcd" * 1000)  # estimated: 1,000 tokens
     assert usage.completion_tokens == billed and usage.source == "estimate"
+
+
+@pytest.mark.parametrize(("prompt", "prompt_tokens"), [
+    ([[5, 6, 7], [8]], 4),  # token ids only: their count, no text to count
+    ([5, 6, 7], 3),
+    ("one two three four", 4),  # a text: counted as it is (here estimated, 18 characters)
+    (["one two", "three four five six"], 6),  # texts: one prompt, joined by a newline (27 characters)
+])
+async def test_a_completions_prompt_is_counted_from_its_texts_and_its_token_ids(prompt: Any,
+                                                                                 prompt_tokens: int) -> None:
+    engines = RecordingEngines()
+    usage = await count_request_usage("completions", _remote(), engines, "https://api.example.com", "m",
+                                      {"model": "m", "prompt": prompt}, "four four")
+    assert usage == Usage(prompt_tokens, 2, "estimate") and engines.calls == []
+
+
+async def test_a_responses_body_that_no_longer_parses_is_counted_from_its_completion_alone() -> None:
+    """The body was validated when parsed; one changed since (an input item that is not an object) counts no
+    prompt messages instead of failing the record."""
+    usage = await count_request_usage("responses", _remote(), RecordingEngines(), "https://api.example.com", "m",
+                                      {"model": "m", "input": [5]}, "four four four four")
+    assert usage == Usage(1, 4, "estimate")

@@ -12,7 +12,7 @@ from router_models.embedders.features import FEATURE_NAMES
 from router_models.serving.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT
 from router_models.serving.batch_model import EmbeddingClassifier, score_texts
 from router_models.serving.classifier import LinearRouter, feature_matrix
-from router_models.serving.classifier_scorer import load_model
+from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer, load_model
 from router_models.serving.refined_model import RefineBand, RefinedClassifier, refine_front
 from router_models.serving.scorer import prompt_shape
 
@@ -105,6 +105,25 @@ def test_the_band_follows_the_thresholds_in_use() -> None:
     assert model.refine_near(0.08, 0.95) is True
     model(texts)
     assert slow_embedder.seen == [texts[2], texts[0], texts[2]]
+
+
+async def test_the_scorer_drops_its_cached_scores_when_the_band_moves() -> None:
+    """A score cached while the band sat on it is the refiner's; once the band moves away the text is scored
+    again (the fast router's score), and a drift within a quarter of the half width keeps the cache."""
+    text = "c" * 30  # fast score ~0.5: refined only while the band is centred there
+    model, _, slow_embedder, _ = _models(RefineBand((0.5,), 0.1))
+    fast_only = EmbeddingClassifier(model.embedder, model.router)([text])[0]
+    scorer = ClassifierScorer(model, BatchingConfig(max_wait_ms=0))
+    try:
+        refined = (await scorer.score([text]))[0]
+        assert refined != pytest.approx(fast_only) and slow_embedder.seen == [text]
+        scorer.refine_near(0.52)
+        assert await scorer.score([text]) == [refined] and scorer.cache.hits == 1  # kept: nothing re-scored
+        scorer.refine_near(0.95)
+        assert await scorer.score([text]) == pytest.approx([fast_only])
+        assert slow_embedder.seen == [text] and scorer.cache.hits == 1  # scored again, by the fast router alone
+    finally:
+        await scorer.aclose()
 
 
 @pytest.mark.parametrize(("centres", "half_width"), [((-0.1,), 0.1), ((0.5,), 1.5), ((0.2, 1.2), 0.1)])
