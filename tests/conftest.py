@@ -21,7 +21,6 @@ from gateway.costs.report import CostReport, Reconciliation, load_report, verify
 from gateway.ledger.keys import LedgerKeys
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
-from policies.schema import EngineSpec
 from tests.engines import SharedEngines
 from tests.harness import FakeEngines, Gateway, InProcessGateway, ServedGateway
 from tests.servers import PrivateRedis, serve
@@ -234,33 +233,15 @@ def engine_spans() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="session")
-def shared_engines(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+def shared_engines(tmp_path_factory: pytest.TempPathFactory,
                    engine_spans: Receiver) -> Iterator[SharedEngines]:
     """Real vLLM engines shared by the session's tests, one per engine configuration (`tests/engines.py`), each
-    exporting its request spans to `engine_spans` (as a traced gateway's engines do). The engines that the
-    session's test modules declare (`_declared_engines`) start at once in the background, beside the engines the
-    first test asks for, instead of one after the other when their tests come."""
+    exporting its request spans to `engine_spans` (as a traced gateway's engines do)."""
     engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"), traces_to=engine_spans.url + "/v1/traces")
-    engines.prestart(_declared_engines(request.session.items))
     try:
         yield engines
     finally:
         engines.close()
-
-
-def _declared_engines(items: list[pytest.Item]) -> list[EngineSpec]:
-    """The shared engine configurations that the modules of `items` declare in a `shared_engine_specs` function (each
-    module once, in the items' order; the tests still ask `shared_engines` for them)."""
-    specs: list[EngineSpec] = []
-    seen: set[object] = set()
-    for item in items:
-        module = getattr(item, "module", None)
-        declared = getattr(module, "shared_engine_specs", None)
-        if module in seen or not callable(declared) or "shared_engines" not in getattr(item, "fixturenames", ()):
-            continue
-        seen.add(module)
-        specs += declared()
-    return specs
 
 
 def _engines_of(item: pytest.Item) -> str | None:

@@ -1,9 +1,8 @@
 """Real vLLM engines shared by every test of a session that can share them, and gateways that route to them.
 
 Starting a demo engine costs 30-50 s of the two CPU cores; most end-to-end tests only send requests to one, so
-each distinct engine configuration (an `EngineSpec`, its port aside) is started once per session, on first use
-(or, where a test module declares it, in the background beside the first ones: `SharedEngines.prestart`), by the
-project's own `EngineSupervisor`, and kept until the session ends (at most `MAX_LIVE` at once: the least
+each distinct engine configuration (an `EngineSpec`, its port aside) is started once per session, on first use,
+by the project's own `EngineSupervisor`, and kept until the session ends (at most `MAX_LIVE` at once: the least
 recently used one is stopped to start another). A test's gateway runs with `--no-engines` and follows the shared
 engines through an engine registry (`backends.engines.registry`), as the workers of `cascade serve --workers N`
 follow the engines their parent runs. Tests isolate through their own Redis prefix, tenants and pool names.
@@ -113,7 +112,6 @@ class SharedEngines:
         self._thread = threading.Thread(target=self._loop.run_forever, name="shared-engines", daemon=True)
         self._thread.start()
         self._engines: OrderedDict[str, EngineSupervisor] = OrderedDict()
-        self._starting: dict[str, asyncio.Task[None]] = {}  # by key: starts not finished (`prestart`'s among them)
         self._lock = threading.Lock()
         self._started = 0
         SharedEngines.instances.append(self)
@@ -137,62 +135,21 @@ class SharedEngines:
         with self._lock:
             return self._run(self._supervisors(list(specs), timeout_s), timeout_s + 60)
 
-    def prestart(self, specs: Sequence[EngineSpec]) -> None:
-        """Start the engines of `specs` that neither run nor are starting, in the background, as far as `MAX_LIVE`
-        allows, and return at once: a test that asks for one of them later waits for that start (and gets its
-        error) instead of starting it then. For the configurations a session's later tests will ask for, so that
-        their starts overlap the tests on the engines already up (the conftest's `shared_engines`)."""
-        with self._lock:
-            self._run(self._prestart(list(specs)), 60)
-
-    def settle(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Wait until no start is under way (a failed one is dropped): what runs on the host then stays, as a test
-        of the engines' placement on the host's cores needs."""
-        with self._lock:
-            self._run(self._settled(), timeout_s)
-
-    async def _settled(self) -> None:
-        await asyncio.gather(*self._starting.values(), return_exceptions=True)
-
-    async def _prestart(self, specs: list[EngineSpec]) -> None:
-        for spec in specs:
-            key = self.key(spec)
-            if key not in self._engines and key not in self._starting and \
-                    len(self._engines) + len(self._starting) < MAX_LIVE:
-                self._begin(key, spec)
-
     async def _supervisors(self, specs: list[EngineSpec], timeout_s: float) -> list[EngineSupervisor]:
         keys = [self.key(spec) for spec in specs]
         wanted = dict(zip(keys, specs, strict=True))
         for key in wanted:
             if key in self._engines:
                 self._engines.move_to_end(key)
-        missing = [key for key in wanted if key not in self._engines and key not in self._starting]
+        missing = [key for key in wanted if key not in self._engines]
         idle = [key for key in self._engines if key not in wanted]
-        while idle and len(self._engines) + len(self._starting) + len(missing) > MAX_LIVE:
+        while idle and len(self._engines) + len(missing) > MAX_LIVE:
             await _stopped([self._engines.pop(idle.pop(0))])
-        started = [self._begin(key, wanted[key]) for key in missing]
-        started += [self._starting[key] for key in wanted if key in self._starting and key not in missing]
-        await asyncio.gather(*(asyncio.shield(task) for task in started))
+        await asyncio.gather(*(self._start(key, wanted[key]) for key in missing))
         for key in wanted:
             if key not in missing:
                 await self._await_ready(key, timeout_s)
         return [self._engines[key] for key in keys]
-
-    def _begin(self, key: str, spec: EngineSpec) -> asyncio.Task[None]:
-        """Start the engine of `spec` in a task of the loop, listed in `_starting` until it ends; a failed start
-        that nobody waits for is dropped (the next test that asks for it starts it again, and gets the error)."""
-        task = self._loop.create_task(self._start(key, spec))
-        self._starting[key] = task
-
-        def ended(done: asyncio.Task[None]) -> None:
-            if self._starting.get(key) is done:
-                del self._starting[key]
-            if not done.cancelled():
-                done.exception()  # retrieved: a waiting test raises it; a prestart nobody waited for is dropped
-
-        task.add_done_callback(ended)
-        return task
 
     async def _start(self, key: str, spec: EngineSpec) -> None:
         self._started += 1
@@ -222,12 +179,11 @@ class SharedEngines:
     def stop_all(self) -> None:
         """Stop every running engine (a test that starts its own engines wants the cores and the memory); the
         next test that asks for one starts it again."""
-        if self._engines or self._starting:
+        if self._engines:
             with self._lock:
-                self._run(self._stop_all(), READY_TIMEOUT_S + 120)  # a start under way ends first
+                self._run(self._stop_all(), 120)
 
     async def _stop_all(self) -> None:
-        await self._settled()  # a start under way ends before the stop
         engines, self._engines = list(self._engines.values()), OrderedDict()
         await _stopped(engines)
 

@@ -296,7 +296,6 @@ async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) ->
     local = {name: pool.engine for name, pool in pools.items() if isinstance(pool, LocalPool)}
     engines = dict(zip(local, await asyncio.to_thread(shared_engines.supervisors, list(local.values())),
                        strict=True))
-    await asyncio.to_thread(shared_engines.settle)  # the engines started beside them placed too (the conftest's)
     async with httpx.AsyncClient(timeout=60) as client:
         for pool in engines.values():
             await _chat(client, pool.ready_urls[0], pool.spec.served_name)
