@@ -9,6 +9,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,20 +40,35 @@ def _heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _misses(result: dict[str, Any]) -> list[str]:
+    """What of the run does not match the fake's capacity (empty: all does)."""
+    decode, predicted, steps = result["capacity"]["decode_tokens_per_s"], result["predicted_rps"], result["steps"]
+    checks = [
+        ("answers of the fake's 16 tokens", result["mixed"]["output_tokens"] == TOKENS),
+        # overheads (and a busy machine: client and fake share one process) only lower the rates
+        (f"decode rate {decode:.0f} tokens/s", 0.6 * CAPACITY * TOKENS <= decode <= 1.05 * CAPACITY * TOKENS),
+        (f"prediction {predicted:.1f} requests/s", 0.6 * CAPACITY <= predicted <= 1.05 * CAPACITY),
+        (f"knee {result['measured_rps']} requests/s",
+         result["measured_rps"] is not None and 0.6 * CAPACITY <= result["measured_rps"] <= 1.3 * CAPACITY),
+        ("the ramp went past the knee", not steps[-1]["passed"])]
+    return [f"{what} (steps {steps})" for what, held in checks if not held]
+
+
 @pytest.mark.slow
 async def test_calibration_and_knee_match_a_known_capacity() -> None:
-    with _heap_frozen(), serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
-        # four steps: below, at and past the knee, and well past it
-        result = await run(url, "fake", SLOTS, Slo(ttft_s=0.5, itl_s=1.0), calib_s=1.0, step_s=3.0,
-                           factors=(0.7, 1.0, 1.25, 1.8))
-    assert result["mixed"]["output_tokens"] == TOKENS
-    decode = result["capacity"]["decode_tokens_per_s"]
-    # overheads (and a busy machine: client and fake share one process) only lower it
-    assert 0.6 * CAPACITY * TOKENS <= decode <= 1.05 * CAPACITY * TOKENS, result["capacity"]
-    assert 0.6 * CAPACITY <= result["predicted_rps"] <= 1.05 * CAPACITY, result
-    assert result["measured_rps"] is not None
-    assert 0.6 * CAPACITY <= result["measured_rps"] <= 1.3 * CAPACITY, result["steps"]
-    assert not result["steps"][-1]["passed"]  # the ramp went past the knee
+    """Two runs at most: a machine starved by the suite's engines (chaos, int8) once served the in-process fake at 5
+    requests/s for seconds after a calibration of 46 (fc3 of 2026-12-06: its knee steps' p95 TTFT 0.57 and 7.2 s),
+    which no calibration can foresee; broken machinery misses in both runs."""
+    misses: list[str] = []
+    for _ in range(2):
+        with _heap_frozen(), serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
+            # four steps: below, at and past the knee, and well past it
+            result = await run(url, "fake", SLOTS, Slo(ttft_s=0.5, itl_s=1.0), calib_s=1.0, step_s=3.0,
+                               factors=(0.7, 1.0, 1.25, 1.8))
+        if not (misses := _misses(result)):
+            return
+        print(f"missed: {misses}")
+    pytest.fail(f"two runs missed the fake's capacity: {misses}")
 
 
 async def test_the_calibrated_rates_print_a_price_block_the_policy_loads() -> None:
