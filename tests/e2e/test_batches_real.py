@@ -18,6 +18,7 @@ import openai
 import orjson
 import pytest
 
+from loadtest.studies.batch_priority import study_policy
 from policies.batches import discounted
 from policies.loader import load_policy
 from policies.pools import LocalPool
@@ -81,20 +82,8 @@ def test_a_batch_runs_on_a_real_engine_beside_interactive_requests(shared_engine
     shipped = load_policy(ROOT / "policies" / "default.yaml").policy.pools["micro"]
     assert isinstance(shipped, LocalPool)
     policy = tmp_path / "policy.yaml"
-    policy.write_text(f"""version: 1
-pools:
-  micro:
-    type: local
-    price: {{input_per_mtok: "0.20", output_per_mtok: "0.20"}}
-    engine: {shipped.engine.model_dump_json(exclude_defaults=True)}
-  flagship:
-    type: remote
-    urls: ["http://127.0.0.1:9/v1"]
-    model: none
-    price: {{input_per_mtok: "3.00", output_per_mtok: "15.00"}}
-routing: {{micro_pool: micro, flagship_pool: flagship, threshold: 0.99}}
-batches: {{lines_in_flight: 1, max_queue: 0, max_kv: 0.9, max_interactive: 0}}
-""")
+    policy.write_text(study_policy(shipped.engine.model_dump_json(exclude_defaults=True), None,
+                                   "lines_in_flight: 1, max_queue: 0, max_kv: 0.9, max_interactive: 0"))
     args = ["--scorer", "length", "--home", str(tmp_path)]
     with gateway_on_shared_engines(shared_engines, policy, prefix, args) as gateway:
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
