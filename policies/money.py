@@ -95,10 +95,9 @@ def _gpu_hour_rates(data: dict[str, Any]) -> tuple[Decimal, Decimal]:
 def _prompts_only(data: dict[str, Any]) -> bool:
     """A GPU-hour price of a pool that generates nothing (an embedding pool): the prefill rate, output_per_mtok 0
     (`policies.pools` fills it in for `kind: embedding`), no decode rate and no input_per_mtok."""
-    if _PREFILL not in data or _DECODE in data or _FLAT in data or "input_per_mtok" in data:
+    if data.get(_PREFILL) is None or _DECODE in data or _FLAT in data or "input_per_mtok" in data:
         return False
-    output = data.get("output_per_mtok")
-    return output is not None and str(output).strip() in ("0", "0.0", "0.00")
+    return data.get("output_per_mtok") is not None and usd_to_micro(data["output_per_mtok"]) == 0
 
 
 def _document_forms(schema: dict[str, Any]) -> None:

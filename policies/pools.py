@@ -63,11 +63,14 @@ def _with_pooling_runner(engine: Mapping[str, Any]) -> dict[str, Any]:
     return {**engine, "extra_args": [*POOLING_RUNNER, *extra]}
 
 
-def _kind_problems(kind: PoolKind, engines: Sequence[EngineSpec], output_checks: object) -> list[str]:
+def _kind_problems(kind: PoolKind, engines: Sequence[EngineSpec], output_checks: object, price: Price) -> list[str]:
     """What a pool of `kind` may not have: an embedding pool's engines run vLLM's pooling runner and have no
     speculative decoding nor tool calling, and its answers (vectors) no output checks; a generative pool's engines
-    do not run the pooling runner."""
+    do not run the pooling runner, and its GPU-hour price has a decode rate (it prices completion tokens)."""
     problems = []
+    if kind == "generative" and price.form == "gpu_hour" and price.decode_rate is None:
+        problems.append("a GPU-hour price needs decode_tokens_per_second to price completion tokens (only an "
+                        "embedding pool's price may leave it out)")
     for engine in engines:
         runner = flag_value(engine.extra_args, "--runner")
         if kind == "embedding" and runner not in (None, "pooling"):
@@ -228,10 +231,7 @@ class PoolBase(Frozen):
 
     @model_validator(mode="after")
     def _kind_fits(self) -> Self:
-        problems = _kind_problems(self.kind, self._engines(), self.output_checks)
-        if self.kind == "generative" and self.price.form == "gpu_hour" and self.price.decode_rate is None:
-            problems.append("a GPU-hour price needs decode_tokens_per_second to price completion tokens (only an "
-                            "embedding pool's price may leave it out)")
+        problems = _kind_problems(self.kind, self._engines(), self.output_checks, self.price)
         if problems:
             raise ValueError("; ".join(problems))
         return self
