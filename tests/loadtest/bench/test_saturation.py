@@ -5,9 +5,6 @@ check, predicted vs measured within 25%, is `python -m loadtest.bench.saturation
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +21,6 @@ ROOT = Path(__file__).resolve().parents[3]
 
 SLOTS, DELAY_MS, TOKENS = 8, 10.0, 16  # the fake caps answers at 16 tokens: 8 / (16 x 10 ms) = 50 requests/s
 CAPACITY = SLOTS / (TOKENS * DELAY_MS / 1000)
-
-
-@contextmanager
-def _heap_frozen() -> Iterator[None]:
-    """The test process's heap out of the cyclic collector while it times, as the gateway does for its own: a pause
-    of the test process is no figure of the server's. (In three of five fresh clones one stall of the loaded host put
-    the fake's idle p95 TTFT of 10 ms at 1.3 s; a suite worker's full collection takes ~0.1 s, so the collector is
-    not shown to be that stall: the calibration also takes the lowest of two idle steps, `saturation._idle_ttft`.)"""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _misses(result: dict[str, Any]) -> list[str]:
@@ -61,7 +44,7 @@ async def test_calibration_and_knee_match_a_known_capacity() -> None:
     which no calibration can foresee; broken machinery misses in both runs."""
     misses: list[str] = []
     for _ in range(2):
-        with _heap_frozen(), serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
+        with serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
             # four steps: below, at and past the knee, and well past it
             result = await run(url, "fake", SLOTS, Slo(ttft_s=0.5, itl_s=1.0), calib_s=1.0, step_s=3.0,
                                factors=(0.7, 1.0, 1.25, 1.8))
@@ -72,7 +55,7 @@ async def test_calibration_and_knee_match_a_known_capacity() -> None:
 
 
 async def test_the_calibrated_rates_print_a_price_block_the_policy_loads() -> None:
-    with _heap_frozen(), serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
+    with serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
         result = await run(url, "fake", SLOTS, Slo(ttft_s=0.5, itl_s=1.0), calib_s=1.0, step_s=3.0,
                            gpu_hour_usd="2.50", price_only=True)
     assert "steps" not in result, "price_only stops after the calibration"
