@@ -260,14 +260,16 @@ def _kill(env: _Env, t0: float) -> float:
     deadline = time.monotonic() + KILL_WAIT_S
     while not (found := env.answering["micro"] >= 1) and time.monotonic() < deadline:
         time.sleep(0.02)
+    streams = env.answering["micro"]
+    env.killed.append(pid)
+    os.killpg(pid, signal.SIGKILL)  # at once: reading the gateway's gauge first would give the streams time to end
+    killed = _event(env.events, t0, KILLED)
     if not found:
         _event(env.events, t0, f"no stream of the load answered by micro for {KILL_WAIT_S:g} s")
     else:
-        _event(env.events, t0, f"{env.answering['micro']} stream(s) answered by micro; the gateway's gauge says "
-                               f"{micro_in_flight(env.url):g} in flight there")
-    env.killed.append(pid)
-    os.killpg(pid, signal.SIGKILL)
-    return _event(env.events, t0, KILLED)
+        _event(env.events, t0, f"{streams} stream(s) answered by micro at the kill; the gateway's gauge, read just "
+                               f"after, says {micro_in_flight(env.url):g} in flight there")
+    return killed
 
 
 def placement(api_pid: int) -> dict[str, Any]:
