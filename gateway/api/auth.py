@@ -135,7 +135,8 @@ class KeyAuth:
             raise self._failed(address, f"API key {issued.id} is {why}")
         if issued.tenant not in policy.tenants:
             raise self._failed(address, f"API key {issued.id} belongs to tenant {issued.tenant!r}, which the "
-                               "policy does not name")
+                               f"policy this gateway serves does not name: its operator must add {issued.tenant!r} "
+                               "under `tenants:` and reload the policy, or issue a key for a tenant it names")
         return issued
 
     def _refuse_if_limited(self, address: str, digest: str) -> None:

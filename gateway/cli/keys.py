@@ -3,7 +3,8 @@ the gateways (`--redis-url`, `--prefix`: the gateway's own, from the same enviro
 
 `create` prints the key's description, then the key itself on its last line: it is shown once and never stored. It
 refuses a tenant the policy (`--policy`, the file the gateways serve) does not serve, saying what to do;
-`--allow-unknown` creates the key anyway, with a warning on stderr.
+`--allow-unknown` creates the key anyway, with a warning on stderr. Without `--policy` it checks against the demo
+policy (as `cascade serve` serves by default) and says so on stderr, whatever the outcome.
 Exit codes: 0 fine, 1 `revoke` found no such key, 2 usage error, unknown tenant, unreadable policy or Redis
 unreachable (one line on stderr).
 """
@@ -60,9 +61,8 @@ def register(subparsers: Any) -> None:
     create.add_argument("--tpm", type=argparse_type(_positive, "tpm"), help="the key's own tokens per minute")
     create.add_argument("--daily-usd", type=argparse_type(usd_to_micro, "daily_usd"),
                         help="the key's own daily budget in USD (inside the tenant's)")
-    create.add_argument("--policy", default=str(default_policy_path()),
-                        help="the policy file the gateways serve, whose tenants a key may name (default: the demo "
-                        "policy, as for `cascade serve`)")
+    create.add_argument("--policy", help="the policy file the gateways serve, whose tenants a key may name "
+                        "(default: the demo policy, as for `cascade serve`, with a note saying so)")
     create.add_argument("--allow-unknown", action="store_true",
                         help="create the key even for a tenant the policy does not name (warns)")
     create.add_argument("--expires", type=argparse_type(parse_expiry, "expires"),
@@ -95,22 +95,31 @@ def _describe(key: ApiKey) -> str:
             f"tpm={limits.tokens_per_minute or '-'}  daily_usd={budget}")
 
 
+def _defaulted_note(path: str) -> str:
+    """What a check against the demo policy is worth: `--policy` was not given, and the gateways may serve another."""
+    return (f"cascade keys: note: no --policy given, so the tenant was checked against the demo policy {path}; a "
+            "gateway serving another policy may refuse the key (401): pass --policy with the file your gateways "
+            "serve (their `cascade serve --policy`)")
+
+
 def _tenant_refused(args: argparse.Namespace) -> bool:
     """Whether `create` must stop: the policy is unreadable, or does not serve the tenant and `--allow-unknown` is
-    not given (one message on stderr either way; a warning when it is given)."""
+    not given (one message on stderr either way; a warning when it is given). Without `--policy` the demo policy is
+    read and every outcome says so: a key checked against a policy no gateway serves would only fail when used."""
+    path = args.policy or str(default_policy_path())
     try:
-        loaded = load_policy(args.policy)
+        loaded = load_policy(path)
     except PolicyError as exc:
         print(f"cascade keys: {exc}\npass --policy with the file the gateways serve", file=sys.stderr)
         return True
     problem = unknown_tenant(args.tenant, loaded.policy.tenants, loaded.source)
-    if problem is None:
-        return False
-    if args.allow_unknown:
-        print(f"cascade keys: warning: created anyway: {problem.why}", file=sys.stderr)
-        return False
-    print(f"cascade keys: {problem}; or pass --allow-unknown to create the key anyway", file=sys.stderr)
-    return True
+    refused = problem is not None and not args.allow_unknown
+    if problem is not None:
+        print(f"cascade keys: {problem}; or pass --allow-unknown to create the key anyway" if refused
+              else f"cascade keys: warning: created anyway: {problem.why}", file=sys.stderr)
+    if not args.policy:
+        print(_defaulted_note(path), file=sys.stderr)
+    return refused
 
 
 def _run_create(args: argparse.Namespace) -> int:

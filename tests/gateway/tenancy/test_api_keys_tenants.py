@@ -18,6 +18,7 @@ from gateway.api.auth import hash_key
 from gateway.cli.main import main
 from gateway.ledger.keys import LedgerKeys
 from gateway.settings import Settings
+from policies.loader import default_policy_path
 from tests.conftest import SHARED_URL, Upstreams, policy_yaml
 from tests.servers import serve, until
 
@@ -37,14 +38,23 @@ def _policies(tmp_path: Path, upstreams: Upstreams) -> tuple[Path, Path]:
     return named, open_
 
 
-@pytest.fixture
-def open_gateway(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[str]:
-    """A gateway on a policy that names no tenants (every caller is `default`)."""
-    _, open_ = _policies(tmp_path, upstreams)
-    with serve(create_app(Settings(policy_path=open_, scorer="none", start_engines=False, ledger="redis",
+def _served(policy: Path, tmp_path: Path, prefix: str) -> Iterator[str]:
+    with serve(create_app(Settings(policy_path=policy, scorer="none", start_engines=False, ledger="redis",
                                    redis_prefix=prefix, home=tmp_path / "gw", admin_key=ADMIN,
                                    access_log=None))) as url:
         yield url
+
+
+@pytest.fixture
+def open_gateway(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[str]:
+    """A gateway on a policy that names no tenants (every caller is `default`)."""
+    yield from _served(_policies(tmp_path, upstreams)[1], tmp_path, prefix)
+
+
+@pytest.fixture
+def named_gateway(tmp_path: Path, upstreams: Upstreams, prefix: str) -> Iterator[str]:
+    """A gateway on a policy that names tenant `acme` only."""
+    yield from _served(_policies(tmp_path, upstreams)[0], tmp_path, prefix)
 
 
 def _create(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -77,6 +87,32 @@ def test_keys_create_refuses_a_tenant_the_policy_does_not_serve(
     assert code == 0 and err == ""
     code, _, err = _create(capsys, "--tenant", "acme", "--policy", str(tmp_path / "missing.yaml"), "--prefix", prefix)
     assert code == 2 and "cannot read the file" in err and "--policy" in err
+
+
+def test_keys_create_without_policy_says_it_checked_the_demo_policy(
+        prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = str(default_policy_path())
+    code, out, err = _create(capsys, "--tenant", "acme", "--daily-usd", "0.000001", "--prefix", prefix)
+    assert code == 2 and out == "" and "--allow-unknown" in err
+    assert f"no --policy given, so the tenant was checked against the demo policy {demo}" in err
+    assert "pass --policy with the file your gateways serve" in err
+    code, out, err = _create(capsys, "--tenant", "default", "--prefix", prefix)
+    assert code == 0 and out.splitlines()[-1].startswith("sk-cascade-")
+    assert err.startswith("cascade keys: note: no --policy given") and len(err.splitlines()) == 1
+
+
+def test_a_key_created_anyway_for_a_tenant_the_policy_does_not_name_is_refused_saying_what_to_do(
+        named_gateway: str, tmp_path: Path, prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _create(capsys, "--tenant", "ghost", "--allow-unknown", "--daily-usd", "5",
+                           "--policy", str(tmp_path / "tenants.yaml"), "--prefix", prefix)
+    ghost = out.splitlines()[-1]
+    assert code == 0 and ghost.startswith("sk-cascade-")
+    refused = _post(named_gateway, ghost)
+    error = refused.json()["error"]
+    assert refused.status_code == 401 and error["type"] == "authentication_error"
+    assert f"API key {hash_key(ghost)[:12]} belongs to tenant 'ghost'" in error["message"]
+    assert "add 'ghost' under `tenants:` and reload the policy" in error["message"]
+    assert _post(named_gateway, "sk-policy").status_code == 200  # the tenants it names are served as before
 
 
 def test_admin_keys_refuse_a_tenant_the_running_policy_does_not_serve(open_gateway: str) -> None:
