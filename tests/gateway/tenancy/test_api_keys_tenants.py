@@ -117,15 +117,22 @@ def test_a_key_created_anyway_for_a_tenant_the_policy_does_not_name_is_refused_s
 
 def test_admin_keys_refuse_a_tenant_the_running_policy_does_not_serve(open_gateway: str) -> None:
     admin = {"authorization": f"Bearer {ADMIN}"}
-    refused = httpx.post(open_gateway + "/admin/keys", json={"tenant": "acme"}, headers=admin)
+    acme = {"tenant": "acme", "daily_usd": "0.000001"}
+    refused = httpx.post(open_gateway + "/admin/keys", json=acme, headers=admin)
     error = refused.json()["error"]
     assert refused.status_code == 400 and error["param"] == "tenant"
     assert "names no tenants" in error["message"] and "allow_unknown" in error["message"]
-    made = httpx.post(open_gateway + "/admin/keys", json={"tenant": "acme", "allow_unknown": True}, headers=admin)
+    assert httpx.get(open_gateway + "/admin/keys", headers=admin).json() == {"data": []}  # nothing was created
+    made = httpx.post(open_gateway + "/admin/keys", json={**acme, "allow_unknown": True}, headers=admin)
     assert made.status_code == 201 and "names no tenants" in made.json()["warning"]
     assert made.json()["warning"].startswith("created anyway") and "Create it with" not in made.json()["warning"]
     plain = httpx.post(open_gateway + "/admin/keys", json={"tenant": "default"}, headers=admin)
     assert plain.status_code == 201 and "warning" not in plain.json()
+    # the key made anyway is served as `default`, and its own budget holds: the first request's worst case is over it
+    answers = [_post(open_gateway, made.json()["key"]) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 429]
+    message = answers[1].json()["error"]["message"]
+    assert f"API key '{made.json()['id']}' of tenant 'default'" in message and "daily budget" in message
 
 
 def test_a_keys_budget_and_rate_limit_apply_under_a_policy_without_tenants(
