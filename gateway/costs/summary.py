@@ -71,13 +71,12 @@ def summary_lines(report: CostReport, controls: Controls = COMMAND) -> list[str]
 
 def _quality(quality: QualityEstimate, requests: int) -> list[str]:
     """The quality kept, on a scale a reader can place (0%: the micro pool's answers, 100%: the flagship's), its
-    range when there is one, and what a low figure means and what to do."""
+    range when there is one, and what a low figure means and what to do (`_LOW_KEPT`)."""
     if quality.curve_kept is None:
         return [f"Quality kept: not estimated ({quality.unavailable})."]
     span = _span(quality.domain)
-    lines = [f"Quality kept: about {quality.curve_kept:.0%} of the flagship's edge over the micro pool{span}"
-             f"{_flagship_share(quality, requests)}; 0% would mean answers as good as the micro pool's alone, 100% "
-             "as good as the flagship's."]
+    lines = [f"Quality kept: about {quality.curve_kept:.0%} of the way from the micro pool's answers to the "
+             f"flagship's{span}{_flagship_share(quality, requests)}."]
     if round(quality.curve_kept, 2) < _LOW_KEPT:
         lines.append("So the answers were about as good as the micro pool's alone, and the saving was bought with "
                      "the flagship's quality; if that is not acceptable, send more to the flagship (the policy's "

@@ -90,9 +90,8 @@ def test_the_summary_comes_first_in_plain_words_with_what_to_do_about_unlike_tra
     assert "Spend: $0.007400 for 200 requests (2,200 tokens)." in summary
     assert "Sending every request to the flagship pool (flagship) would have cost $0.020000." in summary
     assert "Routing saved $0.012600, 63.0% of that." in summary
-    assert re.search(r"Quality kept: about \d+% of the flagship's edge over the micro pool \(likely \d+% to "
-                     r"\d+%\), with 30.0% of requests on the flagship; 0% would mean answers as good as the micro "
-                     r"pool's alone, 100% as good as the flagship's\.", summary)
+    assert re.search(r"Quality kept: about \d+% of the way from the micro pool's answers to the flagship's "
+                     r"\(likely \d+% to \d+%\), with 30.0% of requests on the flagship\.", summary)
     assert "65% of the scored requests (most of all tenant newco) are unlike the router's training data" in summary
     assert "label this traffic (client feedback, learning.shadow), then `cascade router train --from-ledger`" in summary
     assert "~0." not in summary and "drift_share" not in summary  # the figures' own notation stays in the details
@@ -110,8 +109,8 @@ def test_a_quality_kept_near_zero_says_what_it_means_and_what_to_do(artifact: Pa
                           artifact)
     text = render_text(report, "tenant")
     summary = " ".join(text[:text.index("tenant  ")].split())
-    assert "Quality kept: about 0% of the flagship's edge over the micro pool, with 0.1% of requests on the " \
-        "flagship; 0% would mean answers as good as the micro pool's alone" in summary
+    assert "Quality kept: about 0% of the way from the micro pool's answers to the flagship's, with 0.1% of " \
+        "requests on the flagship." in summary
     assert "0.1%" in table_of(text)[-1]  # the summary's share is the table's
     assert "likely 0% to 0%" not in summary and "hence the range" not in summary
     assert "the saving was bought with the flagship's quality" in summary
