@@ -216,6 +216,33 @@ def _page_text(page: str) -> tuple[list[str], list[list[str]]]:
     return sentences, cells
 
 
+def _cards(page: str) -> dict[str, str]:
+    root = ET.fromstring(page.split("\n", 1)[1])
+    divs = root.iter("{http://www.w3.org/1999/xhtml}div")
+    return {name: value for name, value in (list(d.itertext()) for d in divs if d.get("class") == "card")}
+
+
+@pytest.mark.parametrize("by", [*GROUPINGS, "key"])
+def test_the_html_file_and_the_text_say_the_same_for_every_grouping(by: str, artifact: Path) -> None:
+    """Amounts between $1 and $100 (4 decimals in the text): the page's cards showed them to the cent."""
+    cells = tuple(Cell(DAY, tenant, pool, pool, Counters(n, 300 * n, 120 * n, n * cost, n * 1_700,
+                                                         in_domain_scored=n, in_domain_t8=n))
+                  for tenant, pool, n, cost in (("acme", "micro", 9_000, 123), ("acme", "flagship", 2_000, 1_700),
+                                                ("initech", "micro", 4_321, 99)))
+    report = with_quality(CostReport(START, END, cells, prefix="p:").with_prices(_policy(), "p.yaml"), _policy(),
+                          artifact)
+    rows = [KeyRow("acme", "k1", 11_000, 0, 0, 9_000 * 123 + 2_000 * 1_700)]
+    text = render(report, by, "table", key_rows=rows)
+    sentences, page_cells = _page_text(render(report, by, "html", key_rows=rows))
+    assert " ".join(sentences) == " ".join(text[:text.index("\n" + table_of(text)[0])].split("\n", 2)[2].split())
+    assert page_cells == [re.split(r"\s{2,}", line.strip()) for line in table_of(text) if set(line) != {"-"}]
+    total = page_cells[-1]
+    assert total[-5:-2] == ["4.9348", "26.0457", "21.1109"]  # the check cannot pass on a table to the cent
+    cards = _cards(render(report, by, "html", key_rows=rows))
+    assert (cards["Spend"], cards["All on flagship"]) == ("$4.9348", "$26.0457")
+    assert cards["Savings"] == "$21.1109 (81.1%)" and "Routing saved $21.1109, 81.1% of that." in sentences
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize("by", ["pool", "key"])
 def test_the_admin_page_and_the_text_say_the_same(recorded: list[CostRecord], prefix: str, tmp_path: Path,
