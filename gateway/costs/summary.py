@@ -80,8 +80,8 @@ def _quality(quality: QualityEstimate, requests: int) -> list[str]:
     if round(quality.curve_kept, 2) < _LOW_KEPT:
         lines.append("So the answers were about as good as the micro pool's alone, and the saving was bought with "
                      "the flagship's quality; if that is not acceptable, send more to the flagship (the policy's "
-                     "`routing.threshold.flagship_share`), and check that clients do not name the micro pool's "
-                     "model, which pins their requests to it.")
+                     "`routing.threshold`: a lower cut, or a higher `flagship_share`), and check that clients do not "
+                     "name the micro pool's model, which pins their requests to it.")
     return lines + ([] if quality.domain is None else _unlike(quality.domain, bool(span)))
 
 

@@ -114,7 +114,8 @@ def test_a_quality_kept_near_zero_says_what_it_means_and_what_to_do(artifact: Pa
     assert "0.1%" in table_of(text)[-1]  # the summary's share is the table's
     assert "likely 0% to 0%" not in summary and "hence the range" not in summary
     assert "the saving was bought with the flagship's quality" in summary
-    assert "send more to the flagship (the policy's `routing.threshold.flagship_share`)" in summary
+    assert "send more to the flagship (the policy's `routing.threshold`: a lower cut, or a higher `flagship_share`)" \
+        in summary
     assert "100% of the scored requests (most of all tenant default) are unlike the router's training data" in summary
 
 
