@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.cli.output import write_output
 from gateway.costs.formats import render_csv, render_json
 from gateway.costs.html import render_html
+from gateway.costs.prefixes import ledger_prefixes
 from gateway.costs.report import (
     GROUPINGS,
     CostReport,
@@ -149,11 +150,14 @@ def write_report(redis_url: str, prefix: str, start: date, end: date, *, by: str
 
 
 async def _load(client: Any, prefix: str, start: date, end: date, by: str) -> tuple[CostReport, list[KeyRow]]:
-    """The report's rollups and, for `by="key"`, the per-key counters."""
+    """The report's rollups and, for `by="key"`, the per-key counters; with no rollup, the prefixes that have
+    some on this Redis (`gateway.costs.prefixes`)."""
     from gateway.costs.by_key import load_key_rows
 
     keys = LedgerKeys(prefix)
     report = await load_report(client, keys, start, end)
+    if not report.cells:  # say where the records are, not only that there are none here
+        return replace(report, elsewhere=await ledger_prefixes(client)), []
     return report, (await load_key_rows(client, keys, start, end) if by == "key" else [])
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
+from gateway.costs.layout import money
 from gateway.costs.report import CostReport, Counters, pct, usd
 from gateway.costs.summary import COMMAND, Controls
 from gateway.costs.view import ReportView, report_view
@@ -59,7 +60,7 @@ def render_html(report: CostReport, by: str, wide: bool = False, key_rows: Seque
         f"{escape(by)}</p>",
         _paragraphs("Summary", view.summary, "summary"),
         _section(f"By {by}", _table(view)),
-        _cards(total),
+        _cards(total, view.decimals),
         *([] if report.quality is None else [_quality(report.quality.lines())]),
         *([] if report.prices is None else [_prices(report.prices.lines())]),
         _section("Spend per day, stacked by pool", _spend_chart(report)),
@@ -94,20 +95,25 @@ def _section(title: str, body: str) -> str:
     return f"<section><h2>{escape(title)}</h2>{body}</section>"
 
 
-def _cards(total: Counters) -> str:
+def _cards(total: Counters, decimals: int) -> str:
+    """The TOTAL's figures as cards, USD amounts to the table's `decimals` (the page says what the text says)."""
     per_1k = total.cost_per_1k_tokens_micro_usd
+
+    def usd_text(micro: int) -> str:
+        return ("-" if micro < 0 else "") + "$" + money(abs(micro), decimals)
+
     cards = [
-        ("Spend", _money(total.cost_micro_usd)),
-        ("All on flagship", _money(total.flagship_cost_micro_usd)),
+        ("Spend", usd_text(total.cost_micro_usd)),
+        ("All on flagship", usd_text(total.flagship_cost_micro_usd)),
         (
             "Savings",
-            f"{_money(total.savings_micro_usd)} ({pct(total.savings_micro_usd, total.flagship_cost_micro_usd)})",
+            f"{usd_text(total.savings_micro_usd)} ({pct(total.savings_micro_usd, total.flagship_cost_micro_usd)})",
         ),
         ("Requests", f"{total.requests:,}"),
         ("Tokens", f"{total.total_tokens:,}"),
         ("Cost / 1k tokens", "-" if per_1k is None else _money(per_1k)),
         ("Cache hits", f"{pct(total.cache_hits, total.cache_lookups)} of {total.cache_lookups:,} lookups"),
-        ("Cache saved", _money(total.cache_avoided_micro_usd)),
+        ("Cache saved", usd_text(total.cache_avoided_micro_usd)),
     ]
     items = "".join(f'<div class="card"><span>{escape(k)}</span><b>{escape(v)}</b></div>' for k, v in cards)
     return f'<div class="cards">{items}</div>'

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from gateway.costs.counters import Counters, display, pct, usd
+from gateway.costs.prefixes import PrefixScan
 from gateway.costs.prices import PriceBasis, price_basis
 from gateway.ledger.layouts import RollupKey, rollup_keys, rollup_name, stream_keys
 from gateway.ledger.record import SPLIT_ENDPOINTS
@@ -98,6 +99,7 @@ class CostReport:
     prefix: str | None = None  # the ledger key prefix the cells were read under (`load_report`)
     source: str | None = None  # where that ledger is, for people (a Redis URL without credentials)
     flagship_pool: str | None = None  # the policy's flagship (`with_prices`)
+    elsewhere: PrefixScan | None = None  # an empty report's hint: the prefixes with records on its Redis
 
     def with_prices(self, policy: Policy, source: str) -> CostReport:
         """This report stating the rates of its pools and the flagship in `policy` (read from `source`)."""

@@ -17,6 +17,7 @@ from gateway.costs.report import CostReport, pct
 __all__ = ["COMMAND", "PAGE", "Controls", "empty_lines", "summary_lines"]
 
 _TRAIN = "cascade router train --from-ledger"
+_LOW_KEPT = 0.10  # under this share of the flagship's edge kept, the summary says what the saving cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +38,11 @@ PAGE = Controls(wide="wide=1 in the page's address",
 
 
 def empty_lines(report: CostReport, controls: Controls = COMMAND) -> list[str]:
-    """What a report with no records says, and what to do."""
+    """What a report with no records says, and what to do: where records are on the same Redis, when the command
+    looked (`CostReport.elsewhere`)."""
     where = f"under the prefix {report.prefix!r}" if report.prefix is not None else "in this ledger"
     return [f"No cost records {where} from {report.start} to {report.end} (UTC).",
+            *([] if report.elsewhere is None else [report.elsewhere.sentence(report.prefix)]),
             "Check the prefix: a gateway writes under its CASCADE_REDIS_PREFIX (default cascade:), the quick start "
             f"under cascade-demo:, the tests under cascade-test:; {controls.prefix}, or {controls.range}."]
 
@@ -62,25 +65,46 @@ def summary_lines(report: CostReport, controls: Controls = COMMAND) -> list[str]
         if saved >= 0 else f"Routing cost ${money(-saved, decimals)} more than sending everything to the flagship.",
     ]
     if report.quality is not None:
-        lines += _quality(report.quality)
+        lines += _quality(report.quality, total.requests)
     return lines
 
 
-def _quality(quality: QualityEstimate) -> list[str]:
+def _quality(quality: QualityEstimate, requests: int) -> list[str]:
+    """The quality kept, on a scale a reader can place (0%: the micro pool's answers, 100%: the flagship's), its
+    range when there is one, and what a low figure means and what to do (`_LOW_KEPT`)."""
     if quality.curve_kept is None:
         return [f"Quality kept: not estimated ({quality.unavailable})."]
-    domain = quality.domain
-    span = ""
-    if domain is not None and domain.kept_low is not None and domain.kept_high is not None:
-        span = f" (likely {domain.kept_low:.0%} to {domain.kept_high:.0%})"
-    share = "" if quality.flagship_share is None else f", with {quality.flagship_share:.0%} of requests on the " \
-        "flagship"
-    lines = [f"Quality kept: about {quality.curve_kept:.0%} of the flagship's edge over the micro pool{span}"
-             f"{share}."]
-    return lines + ([] if domain is None else _unlike(domain))
+    span = _span(quality.domain)
+    lines = [f"Quality kept: about {quality.curve_kept:.0%} of the way from the micro pool's answers to the "
+             f"flagship's{span}{_flagship_share(quality, requests)}."]
+    if round(quality.curve_kept, 2) < _LOW_KEPT:
+        lines.append("So the answers were about as good as the micro pool's alone, and the saving was bought with "
+                     "the flagship's quality; if that is not acceptable, send more to the flagship (the policy's "
+                     "`routing.threshold`: a lower cut, or a higher `flagship_share`), and check that clients do not "
+                     "name the micro pool's model, which pins their requests to it.")
+    return lines + ([] if quality.domain is None else _unlike(quality.domain, bool(span)))
 
 
-def _unlike(domain: DomainShare) -> list[str]:
+def _span(domain: DomainShare | None) -> str:
+    """" (likely L% to H%)", or nothing when there is no range or it rounds to one figure."""
+    if domain is None or domain.kept_low is None or domain.kept_high is None:
+        return ""
+    low, high = f"{domain.kept_low:.0%}", f"{domain.kept_high:.0%}"
+    return "" if low == high else f" (likely {low} to {high})"
+
+
+def _flagship_share(quality: QualityEstimate, requests: int) -> str:
+    """The realised flagship share as the table's TOTAL shows it (one decimal); its base named when other pools
+    also answered, as then the table's share is of every request."""
+    if quality.flagship_share is None:
+        return ""
+    if quality.routed_requests == requests:
+        return f", with {quality.flagship_share:.1%} of requests on the flagship"
+    return (f", with {quality.flagship_share:.1%} of the {quality.routed_requests:,} requests on the micro and "
+            "flagship pools on the flagship")
+
+
+def _unlike(domain: DomainShare, spanned: bool) -> list[str]:
     share = domain.share
     if share is None:
         return []
@@ -88,6 +112,8 @@ def _unlike(domain: DomainShare) -> list[str]:
         return ["All scored requests resemble the data the router was trained on, so the estimate applies as is."]
     tenants = ", ".join(t for t, _, _ in domain.drifting)
     who = f" (most of all tenant{'s' if len(domain.drifting) > 1 else ''} {tenants})" if tenants else ""
-    return [f"{share:.0%} of the scored requests{who} are unlike the router's training data, hence the range.",
-            f"To narrow it: label this traffic (client feedback, learning.shadow), then `{_TRAIN}`; to keep quality "
+    why = "hence the range" if spanned else "so the router's choices for them are less sure than its evaluation says"
+    lead = "To narrow it" if spanned else "To route it better"
+    return [f"{share:.0%} of the scored requests{who} are unlike the router's training data, {why}.",
+            f"{lead}: label this traffic (client feedback, learning.shadow), then `{_TRAIN}`; to keep quality "
             "meanwhile, send more to the flagship (learning.in_domain.hold, `cascade router calibrate`)."]

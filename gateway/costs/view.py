@@ -33,6 +33,7 @@ class ReportView:
     cells: list[list[str]]
     notes: list[str]
     details: list[str]
+    decimals: int  # of every USD amount the view shows (the table's, the summary's, the page's cards)
 
 
 def report_view(report: CostReport, by: str, wide: bool = False, key_rows: Sequence[KeyRow] | None = None,
@@ -53,7 +54,7 @@ def report_view(report: CostReport, by: str, wide: bool = False, key_rows: Seque
     details = [*([] if report.prices is None else report.prices.lines()),
                *([] if report.quality is None else report.quality.lines())]
     return ReportView(report, by, wide, _header(report, by), summary_lines(report, controls), cols,
-                      cells if wide else fit_width(cols, cells), notes, details)
+                      cells if wide else fit_width(cols, cells), notes, details, decimals)
 
 
 def _header(report: CostReport, by: str) -> list[str]:

@@ -9,7 +9,7 @@ import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -90,12 +90,43 @@ def test_the_summary_comes_first_in_plain_words_with_what_to_do_about_unlike_tra
     assert "Spend: $0.007400 for 200 requests (2,200 tokens)." in summary
     assert "Sending every request to the flagship pool (flagship) would have cost $0.020000." in summary
     assert "Routing saved $0.012600, 63.0% of that." in summary
-    assert re.search(r"Quality kept: about \d+% of the flagship's edge over the micro pool \(likely \d+% to "
-                     r"\d+%\), with 30% of requests on the flagship\.", summary)
+    assert re.search(r"Quality kept: about \d+% of the way from the micro pool's answers to the flagship's "
+                     r"\(likely \d+% to \d+%\), with 30.0% of requests on the flagship\.", summary)
     assert "65% of the scored requests (most of all tenant newco) are unlike the router's training data" in summary
     assert "label this traffic (client feedback, learning.shadow), then `cascade router train --from-ledger`" in summary
     assert "~0." not in summary and "drift_share" not in summary  # the figures' own notation stays in the details
     assert summary.index("Spend:") < summary.index("Sending") < summary.index("Routing") < summary.index("Quality")
+
+
+def test_a_quality_kept_near_zero_says_what_it_means_and_what_to_do(artifact: Path) -> None:
+    """Almost everything on the micro pool, all of it unlike the training data: the summary read "quality kept
+    about 0% (likely 0% to 0%)" and "hence the range" for a range of one figure, and nothing a reader could act on."""
+    cells = (Cell(DAY, "default", "micro", "m", Counters(755_000, 10**8, 10**7, 75_500_000, 3_020_000_000,
+                                                         in_domain_scored=755_000, in_domain_t0=755_000)),
+             Cell(DAY, "default", "flagship", "f", Counters(574, 57_400, 5_740, 2_296_000, 2_296_000,
+                                                            in_domain_scored=574, in_domain_t0=574)))
+    report = with_quality(CostReport(START, END, cells, prefix="p:").with_prices(_policy(), "p.yaml"), _policy(),
+                          artifact)
+    text = render_text(report, "tenant")
+    summary = " ".join(text[:text.index("tenant  ")].split())
+    assert "Quality kept: about 0% of the way from the micro pool's answers to the flagship's, with 0.1% of " \
+        "requests on the flagship." in summary
+    assert "0.1%" in table_of(text)[-1]  # the summary's share is the table's
+    assert "likely 0% to 0%" not in summary and "hence the range" not in summary
+    assert "the saving was bought with the flagship's quality" in summary
+    assert "send more to the flagship (the policy's `routing.threshold`: a lower cut, or a higher `flagship_share`)" \
+        in summary
+    assert "100% of the scored requests (most of all tenant default) are unlike the router's training data" in summary
+
+
+def test_the_summary_names_the_base_of_the_flagship_share_when_other_pools_answer(artifact: Path) -> None:
+    cells = (Cell(DAY, "acme", "micro", "m", Counters(60, 600, 60, 600, 6_000)),
+             Cell(DAY, "acme", "flagship", "f", Counters(20, 200, 20, 2_000, 2_000)),
+             Cell(DAY, "acme", "fallback", "q", Counters(20, 200, 20, 1_000, 2_000)))
+    report = with_quality(CostReport(START, END, cells, prefix="p:").with_prices(_policy(), "p.yaml"), _policy(),
+                          artifact)
+    summary = " ".join(render_text(report, "pool").split())
+    assert "with 25.0% of the 80 requests on the micro and flagship pools on the flagship" in summary
 
 
 def test_a_key_under_two_tenants_says_why_and_unkeyed_records_make_up_the_total() -> None:
@@ -129,15 +160,27 @@ def test_csv_and_json_by_key_carry_the_totals_and_summary_of_every_other_groupin
 
 def test_the_report_names_its_prefix_and_an_empty_prefix_says_what_to_do(
         prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = f"{prefix}elsewhere:"
+    # tomorrow (UTC), later than other tests' records, so it is among the first prefixes named (latest first)
+    when = datetime.now(UTC) + timedelta(hours=23)
+    day = when.date()
+    write_records(other, tmp_path / "outbox", [make_record(i, started_at=when.timestamp()) for i in range(3)])
     out = tmp_path / "report.txt"
-    assert write_report(SHARED_URL, prefix, START, END, out=out) == 0
+    try:
+        assert write_report(SHARED_URL, prefix, START, END, out=out) == 0
+        later = (day + timedelta(days=3), day + timedelta(days=4))
+        assert write_report(SHARED_URL, other, *later, out=tmp_path / "later.txt") == 0
+    finally:
+        delete_prefix(other)
     text = out.read_text()
     assert f"Read from the ledger prefix {prefix!r} on redis://127.0.0.1:6379/0." in text
     flat = " ".join(text.split())
     assert f"No cost records under the prefix {prefix!r} from 2026-03-02 to 2026-03-02 (UTC)." in flat
+    assert "Cost records on this Redis are under" in flat and f"{other!r} ({day})" in flat  # where they are
     assert "pass it with --prefix" in flat and "TOTAL" not in text
+    assert f"{other!r} ({day}, outside the range read)" in " ".join((tmp_path / "later.txt").read_text().split())
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "No cost records" in err and "--prefix" in err
+    assert err.count("\n") == 2 and "No cost records" in err and "--prefix" in err and repr(other) in err
 
 
 # --- the served page against the text, on the shared Redis ------------------------------------------------------
@@ -172,6 +215,33 @@ def _page_text(page: str) -> tuple[list[str], list[list[str]]]:
     assert table is not None
     cells = [["".join(c.itertext()) for c in tr] for tr in table.iter("{http://www.w3.org/1999/xhtml}tr")]
     return sentences, cells
+
+
+def _cards(page: str) -> dict[str, str]:
+    root = ET.fromstring(page.split("\n", 1)[1])
+    divs = root.iter("{http://www.w3.org/1999/xhtml}div")
+    return {name: value for name, value in (list(d.itertext()) for d in divs if d.get("class") == "card")}
+
+
+@pytest.mark.parametrize("by", [*GROUPINGS, "key"])
+def test_the_html_file_and_the_text_say_the_same_for_every_grouping(by: str, artifact: Path) -> None:
+    """Amounts between $1 and $100 (4 decimals in the text): the page's cards showed them to the cent."""
+    cells = tuple(Cell(DAY, tenant, pool, pool, Counters(n, 300 * n, 120 * n, n * cost, n * 1_700,
+                                                         in_domain_scored=n, in_domain_t8=n))
+                  for tenant, pool, n, cost in (("acme", "micro", 9_000, 123), ("acme", "flagship", 2_000, 1_700),
+                                                ("initech", "micro", 4_321, 99)))
+    report = with_quality(CostReport(START, END, cells, prefix="p:").with_prices(_policy(), "p.yaml"), _policy(),
+                          artifact)
+    rows = [KeyRow("acme", "k1", 11_000, 0, 0, 9_000 * 123 + 2_000 * 1_700)]
+    text = render(report, by, "table", key_rows=rows)
+    sentences, page_cells = _page_text(render(report, by, "html", key_rows=rows))
+    assert " ".join(sentences) == " ".join(text[:text.index("\n" + table_of(text)[0])].split("\n", 2)[2].split())
+    assert page_cells == [re.split(r"\s{2,}", line.strip()) for line in table_of(text) if set(line) != {"-"}]
+    total = page_cells[-1]
+    assert total[-5:-2] == ["4.9348", "26.0457", "21.1109"]  # the check cannot pass on a table to the cent
+    cards = _cards(render(report, by, "html", key_rows=rows))
+    assert (cards["Spend"], cards["All on flagship"]) == ("$4.9348", "$26.0457")
+    assert cards["Savings"] == "$21.1109 (81.1%)" and "Routing saved $21.1109, 81.1% of that." in sentences
 
 
 @pytest.mark.redis
