@@ -61,6 +61,8 @@ def status_lines(url: str, body: dict[str, Any]) -> tuple[list[str], bool]:
         lines += [f"  {problem}" for problem in error.get("problems", [])]
     elif policy.get("last_reload_at") is not None:
         lines.append(f"last reload:   ok at {_when(policy['last_reload_at'])}")
+    if not matches and not error and policy.get("reason"):
+        lines.append(f"why:           {policy['reason']}")
     if routing:
         lines.append(f"threshold:     {routing['description']}")
     if not matches:
