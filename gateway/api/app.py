@@ -128,7 +128,8 @@ async def readyz(request: Request) -> Response:
     policy = runtime.policy_file.state() if runtime.policy_file is not None else None
     status = "not_ready" if not ready else (
         "degraded" if degraded or (policy is not None and not policy["matches_file"]) else "ready")
-    routing = routing_state(runtime.live_threshold, runtime.policies.current, runtime.degradation.state)
+    routing = routing_state(runtime.live_threshold, runtime.policies.current, runtime.degradation.state,
+                            runtime.live_tradeoff)
     body = {"ready": ready, "status": status, "worker": worker_label(),
             "reasons": _reasons(redis_ok, sorted(required.intersection(down)), down, len(pools), policy),
             "policy_version": runtime.policies.current.version, "policy": policy, "routing": routing,
