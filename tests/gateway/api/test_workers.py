@@ -154,6 +154,42 @@ def test_each_worker_answers_for_its_own_policy_reloads(workers: Workers) -> Non
           describe=lambda: repr(_file_matches(workers.url)))
 
 
+
+def _answers(url: str) -> dict[str, dict[str, object]]:
+    """Each worker's /readyz body, by its index (new connections until both have answered)."""
+    seen: dict[str, dict[str, object]] = {}
+    deadline = time.monotonic() + STALL_S
+    while len(seen) < 2 and time.monotonic() < deadline:
+        body = httpx.get(url + "/readyz", timeout=STALL_S).json()
+        seen[body["worker"]] = body
+    return seen
+
+
+def test_a_rejected_edit_shows_on_every_worker_and_counts_once_per_worker(workers: Workers) -> None:
+    policy = workers.log.parent / "policy.yaml"
+    good = policy.read_text()
+    before = _sample(httpx.get(workers.url + "/metrics", timeout=STALL_S).text, "cascade_policy_reloads_total",
+                     "result", "rejected")
+    broken = policy.with_name("policy.yaml.partial")
+    broken.write_text(good.replace("flagship_pool: flagship", "flagship_pool: nosuchpool"))
+    broken.replace(policy)  # saved whole: no worker reads it half written
+    try:
+        until(lambda: _file_matches(workers.url) == {"0": 0.0, "1": 0.0}, timeout=STALL_S,
+              describe=lambda: repr(_file_matches(workers.url)))
+        until(lambda: _scrape(workers.url, "cascade_policy_reloads_total", "result", "rejected") == before + 2,
+              timeout=STALL_S)  # each worker looked at the file itself: summed over both, whichever answers
+        for index, body in _answers(workers.url).items():
+            reasons = body["reasons"]
+            assert body["status"] == "degraded" and body["ready"], (index, body)
+            assert isinstance(reasons, list) and any("was rejected" in r for r in reasons), (index, reasons)
+        assert _post(workers.url, model="micro").status_code == 200  # the policy before still serves
+    finally:
+        broken.write_text(good)
+        broken.replace(policy)
+    until(lambda: _file_matches(workers.url) == {"0": 1.0, "1": 1.0}, timeout=STALL_S,
+          describe=lambda: repr(_file_matches(workers.url)))
+
+
 def _scrape(url: str, name: str, label: str, value: str) -> float:
     """`name` summed over its series whose `label` is `value`, on one scrape of /metrics (a new connection: any
     worker answers)."""
