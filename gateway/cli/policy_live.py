@@ -4,7 +4,9 @@
   serves and since when, the version the file holds now, the last reload's error with every problem, and the routing
   threshold it uses and where it came from. Exit 0 when the file holds the version served, 1 when it does not (an edit
   rejected or not applied yet: what runs is the policy before), 2 when the gateway cannot be asked. Under `--workers N`
-  each answer is one worker's (it names itself); every worker reloads by itself.
+  each `/readyz` answer is one worker's (it names itself; every worker reloads by itself), so `status` also reads
+  `/metrics` (`gateway.cli.policy_metrics`): the reloads by result, summed over the workers, and each worker's served
+  version, since when and whether its file matches (exit 1 when any does not).
 - The threshold a gateway uses (`gateway_threshold`), asked from its `/readyz` or worked out from its Redis (the
   shared score window and the ladder's active steps, as every gateway process computes it); for a tiers policy,
   the tradeoff it trades with too (`/readyz`'s `routing.tradeoff`, or the shared trade window).
@@ -77,11 +79,19 @@ def status_lines(url: str, body: dict[str, Any]) -> tuple[list[str], bool]:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from gateway.cli.policy_metrics import read_policy_series, series_lines
+
     body = _readyz(args.gateway)
     if isinstance(body, str):
         print(f"cascade policy status: {body}", file=sys.stderr)
         return 2
     lines, matches = status_lines(args.gateway, body)
+    series = read_policy_series(args.gateway)  # every worker's view, whichever answered /readyz
+    if isinstance(series, str):
+        lines.append(f"metrics:       not read ({series})")
+    else:
+        lines += series_lines(series)
+        matches = matches and series.all_match
     print("\n".join(lines))
     return 0 if matches else 1
 

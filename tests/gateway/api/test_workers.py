@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
 from gateway.api.workers import exported
+from gateway.cli.main import main
 from gateway.telemetry.metrics_dir import MULTIPROC_ENV
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
@@ -165,7 +166,8 @@ def _answers(url: str) -> dict[str, dict[str, object]]:
     return seen
 
 
-def test_a_rejected_edit_shows_on_every_worker_and_counts_once_per_worker(workers: Workers) -> None:
+def test_a_rejected_edit_shows_on_every_worker_and_counts_once_per_worker(
+        workers: Workers, capsys: pytest.CaptureFixture[str]) -> None:
     policy = workers.log.parent / "policy.yaml"
     good = policy.read_text()
     before = _sample(httpx.get(workers.url + "/metrics", timeout=STALL_S).text, "cascade_policy_reloads_total",
@@ -183,6 +185,9 @@ def test_a_rejected_edit_shows_on_every_worker_and_counts_once_per_worker(worker
             assert body["status"] == "degraded" and body["ready"], (index, body)
             assert isinstance(reasons, list) and any("was rejected" in r for r in reasons), (index, reasons)
         assert _post(workers.url, model="micro").status_code == 200  # the policy before still serves
+        assert main(["policy", "status", "--gateway", workers.url]) == 1
+        out = capsys.readouterr().out  # one call, whichever worker answers: both workers' views (from /metrics)
+        assert "worker 0:" in out and "worker 1:" in out and out.count("file does NOT match") == 2, out
     finally:
         broken.write_text(good)
         broken.replace(policy)

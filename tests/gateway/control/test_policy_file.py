@@ -72,6 +72,8 @@ def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
     assert main(["policy", "status", "--gateway", gateways[0]]) == 1
     out = capsys.readouterr().out
     assert "degraded" in out and "does NOT match" in out and "nosuchpool" in out and "to do:" in out
+    assert "reloads:       applied 0, unchanged 0, rejected 1," in out  # /metrics' series too
+    assert f"worker -:      serves {served} since " in out and "file does NOT match" in out
     _save(policy_file, good.replace("threshold: 0.5", "threshold: 0.6"))
     for url in gateways:
         until(functools.partial(_serves_another, url, served))
@@ -80,7 +82,8 @@ def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
         assert _metric(url, "cascade_policy_reloads_total", 'result="applied"') == 1.0
         assert _metric(url, "cascade_policy_file_matches") == 1.0
     assert main(["policy", "status", "--gateway", gateways[1]]) == 0
-    assert "(matches what is served)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(matches what is served)" in out and "applied 1," in out and ", file matches" in out
 
 
 def test_policy_status_says_when_it_cannot_ask(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,3 +128,18 @@ def test_a_refused_reload_says_what_to_do_and_readiness_says_why(make_gateway: G
     _save(fake_policy_file, good)  # the served version back: nothing to say
     back = gateway.client.get("/readyz").json()
     assert back["status"] == "ready" and back["reasons"] == [] and back["policy_version"] == served
+
+
+def test_policy_status_reads_metrics_behind_their_key(make_gateway: GatewayFactory, policy_file: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    url = make_gateway(policy_file, served=True, scorer="none", access_log=None, metrics_key="metrics-secret",
+                       policy_watch_interval_s=0).url
+    monkeypatch.delenv("CASCADE_METRICS_KEY", raising=False)
+    assert main(["policy", "status", "--gateway", url]) == 0  # /readyz alone still answers
+    out = capsys.readouterr().out
+    assert "metrics:       not read (" in out and "needs a key: set CASCADE_METRICS_KEY" in out
+    monkeypatch.setenv("CASCADE_METRICS_KEY", "metrics-secret")
+    assert main(["policy", "status", "--gateway", url]) == 0
+    out = capsys.readouterr().out
+    assert "reloads:       applied 0," in out and ", file matches" in out
