@@ -166,8 +166,11 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
     exp = explain(loaded, ctx, score, ladder=ladder, threshold=threshold, completion=completion, trade=trade)
     if not notes:
-        note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold, live=True)
-        notes = [note] if note else []
+        from gateway.cli.policy_tiers import offline_tradeoff_note
+
+        found = (offline_note(args.file, loaded.policy.routing.threshold, args.threshold, live=True),
+                 offline_tradeoff_note(args.file, loaded.policy, args.tradeoff))
+        notes = [note for note in found if note]
     lines = render_explanation(exp, source) + notes + quant_lines(loaded.policy)
     if exp.decision is not None:
         lines += _engine_lines(loaded, exp.decision.pool)

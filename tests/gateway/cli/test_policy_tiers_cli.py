@@ -65,7 +65,9 @@ def test_explain_trades_with_the_tradeoff_the_gateways_hold(policy: Path, prefix
     args = ("explain", str(policy), "--prompt", "hello", "--score", "0.3",
             "--quality", "general=0.6,code=0.8,flagship=0.95")
     assert run(*args) == 0
-    assert "decision: pool 'code'" in capsys.readouterr().out  # alone, the flagship's ~$8 per 1k is over $2
+    out = capsys.readouterr().out
+    assert "decision: pool 'code'" in out  # alone, the flagship's ~$8 per 1k is over $2
+    assert "which the gateway turns into a live tradeoff" in out and "--gateway URL" in out  # and says so
     cheap = (TierEstimate("general", 0.5, 0.00001), TierEstimate("code", 0.6, 0.0001),
              TierEstimate("flagship", 0.9, 0.0015))  # a window whose best qualities cost $1.50 per 1k: tradeoff 0
     client = redis.Redis.from_url(SHARED_URL)
