@@ -49,7 +49,8 @@ def _readyz(url: str) -> dict[str, Any] | str:
 
 
 def status_lines(url: str, body: dict[str, Any]) -> tuple[list[str], bool]:
-    """The lines `status` prints for a `/readyz` body, and whether the policy file holds the version served."""
+    """The lines `status` prints for a `/readyz` body (the to-do line apart), and whether the policy file holds the
+    version served."""
     policy, routing = body.get("policy") or {}, body.get("routing") or {}
     lines = [f"gateway {url}: {body.get('status', 'ready' if body.get('ready') else 'not_ready')} "
              f"(worker {body.get('worker', '-')})",
@@ -71,11 +72,12 @@ def status_lines(url: str, body: dict[str, Any]) -> tuple[list[str], bool]:
         lines.append(f"threshold:     {routing['description']}")
         if routing.get("tradeoff"):
             lines.append(f"tradeoff:      {routing['tradeoff']['description']}")
-    if not matches:
-        lines.append("to do: fix the file (`cascade policy validate FILE` lists every problem), or put the served "
-                     "version back; the gateway looks at the file again by itself (POST /admin/policy/reload with "
-                     "CASCADE_ADMIN_KEY to do it now)")
     return lines, matches
+
+
+_TO_DO = ("to do: fix the file (`cascade policy validate FILE` lists every problem), or put the served version back; "
+          "the gateway looks at the file again by itself (POST /admin/policy/reload with CASCADE_ADMIN_KEY to do it "
+          "now)")
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -92,7 +94,7 @@ def run_status(args: argparse.Namespace) -> int:
     else:
         lines += series_lines(series)
         matches = matches and series.all_match
-    print("\n".join(lines))
+    print("\n".join(lines if matches else [*lines, _TO_DO]))
     return 0 if matches else 1
 
 
