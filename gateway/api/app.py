@@ -97,14 +97,19 @@ async def healthz(request: Request) -> Response:
     return _json({"status": "ok"})
 
 
+_NO_REDIS = "Redis does not answer: budgets, limits and the ledger cannot be kept; start it or fix CASCADE_REDIS_URL"
+
+
 def _reasons(redis_ok: bool, required_down: list[str], down: list[str], pools: int,
              policy: dict[str, Any] | None) -> list[str]:
-    """Why readiness is not plain "ready", one sentence each (empty when it is)."""
-    reasons = [] if redis_ok else ["Redis does not answer: budgets, limits and the ledger cannot be kept"]
-    reasons += [f"pool {name!r} is required for readiness and has no ready replica" for name in required_down]
+    """Why readiness is not plain "ready", one sentence each with what to do (empty when it is)."""
+    reasons = [] if redis_ok else [_NO_REDIS]
+    reasons += [f"pool {name!r} is required for readiness and has no ready replica (its progress: engines)"
+                for name in required_down]
     if len(down) >= pools:
-        reasons.append("no pool can take requests")
-    reasons += [f"optional pool {name!r} has no ready replica" for name in down if name not in required_down]
+        reasons.append("no pool can take requests (their progress: engines)")
+    reasons += [f"optional pool {name!r} has no ready replica; the other pools serve meanwhile (its progress: "
+                "engines)" for name in down if name not in required_down]
     if policy is not None and policy["reason"] is not None:
         reasons.append(policy["reason"])
     return reasons
