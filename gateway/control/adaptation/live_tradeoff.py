@@ -151,12 +151,11 @@ class LiveTradeoff(WindowSync):
     def tradeoff(self, policy: Policy, estimates: Sequence[TierEstimate]) -> float:
         """The tradeoff to decide this request with: the policy's (0 when it gives none) or, for a cost_per_1k
         policy, the live value for its target (see the module docstring)."""
-        found = self.in_use(policy)
-        if found is None:  # no tiers: no trade to make
+        if _target(policy) is None:
             return policy.routing.tradeoff or 0.0
-        if found.value is not None:
-            return found.value
-        return solve_tradeoff([estimates], found.cost_per_1k_usd or 0.0)
+        found = self.in_use(policy)
+        assert found is not None and found.cost_per_1k_usd is not None  # a cost_per_1k target: solved for it
+        return found.value if found.value is not None else solve_tradeoff([estimates], found.cost_per_1k_usd)
 
     def observe(self, policy: Policy, estimates: Sequence[TierEstimate]) -> None:
         if policy.routing.cost_per_1k is None:
