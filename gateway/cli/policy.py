@@ -14,7 +14,8 @@
   gateways compute it from), the routing threshold a running gateway uses, and where it came from (initial,
   share-held, ladder-raised: `gateway.cli.policy_live`), instead of the file's; with `routing.tiers`, its tradeoff
   too (policy, per-request, window-held) unless `--tradeoff` is given;
-- `status [--gateway URL]`: what a running gateway serves beside what its policy file holds, and its last reload
+- `status [--gateway URL]`: what a running gateway serves beside what its policy file holds, its last reload and,
+  from `/metrics`, the reloads by result and every worker's served version
   (`gateway.cli.policy_live`); exit 1 when the file no longer matches what is served;
 - `replay FILE --log requests.jsonl [--against OTHER.yaml] [--threshold T]`: see `policies.replay` for the log
   format. A `flagship_share` threshold is live only in the gateway: offline, its `initial` (or `--threshold`)
