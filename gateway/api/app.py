@@ -33,6 +33,7 @@ from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
 from gateway.control.adaptation.live_threshold import routing_state
 from gateway.control.policy.file_watch import FileWatcher
+from gateway.control.policy.policy_file import refusal
 from gateway.errors import (
     AuthenticationError,
     BadRequest,
@@ -96,11 +97,30 @@ async def healthz(request: Request) -> Response:
     return _json({"status": "ok"})
 
 
+_NO_REDIS = "Redis does not answer: budgets, limits and the ledger cannot be kept; start it or fix CASCADE_REDIS_URL"
+
+
+def _reasons(redis_ok: bool, required_down: list[str], down: list[str], pools: int,
+             policy: dict[str, Any] | None) -> list[str]:
+    """Why readiness is not plain "ready", one sentence each with what to do (empty when it is)."""
+    reasons = [] if redis_ok else [_NO_REDIS]
+    reasons += [f"pool {name!r} is required for readiness and has no ready replica (its progress: engines)"
+                for name in required_down]
+    if len(down) >= pools:
+        reasons.append("no pool can take requests (their progress: engines)")
+    reasons += [f"optional pool {name!r} has no ready replica; the other pools serve meanwhile (its progress: "
+                "engines)" for name in down if name not in required_down]
+    if policy is not None and policy["reason"] is not None:
+        reasons.append(policy["reason"])
+    return reasons
+
+
 async def readyz(request: Request) -> Response:
     """503 while Redis is down, a pool required for readiness has no ready replica, or no pool at all can
     take requests. `status` is "degraded" (200) when an optional pool (remote and on-demand ones by default) is
     down, or when the policy file no longer holds the version this process serves (`policy`: an edit rejected or
-    not applied yet; `gateway.control.policy.policy_file`). Each worker answers for itself (`worker`)."""
+    not applied yet; `gateway.control.policy.policy_file`); `reasons` says why, one sentence each. Each worker
+    answers for itself (`worker`)."""
     runtime = _runtime(request)
     pools = runtime.pool_set.readiness()  # a sleeping on-demand pool counts as ready
     required = runtime.pool_set.required_for_ready()
@@ -113,8 +133,10 @@ async def readyz(request: Request) -> Response:
     policy = runtime.policy_file.state() if runtime.policy_file is not None else None
     status = "not_ready" if not ready else (
         "degraded" if degraded or (policy is not None and not policy["matches_file"]) else "ready")
-    routing = routing_state(runtime.live_threshold, runtime.policies.current, runtime.degradation.state)
+    routing = routing_state(runtime.live_threshold, runtime.policies.current, runtime.degradation.state,
+                            runtime.live_tradeoff)
     body = {"ready": ready, "status": status, "worker": worker_label(),
+            "reasons": _reasons(redis_ok, sorted(required.intersection(down)), down, len(pools), policy),
             "policy_version": runtime.policies.current.version, "policy": policy, "routing": routing,
             "router_version": router_version, "router_overflow": overflow,
             "pools": pools,
@@ -140,9 +162,10 @@ async def reload_policy(request: Request) -> Response:
     except GatewayError as exc:
         return _error(exc)
     except PolicyError as exc:
-        log.error("policy reload rejected; the running policy stays", extra={"problems": exc.problems})
-        body = error_body("policy rejected; the running policy stays", "invalid_policy", None, "invalid_policy")
-        details = orjson.loads(body)
+        current = _runtime(request).policies.current
+        _, message = refusal(exc, current.source, current.version)
+        log.error(message, extra={"problems": exc.problems})
+        details = orjson.loads(error_body(message, "invalid_policy", None, "invalid_policy"))
         details["error"]["problems"] = exc.problems
         return _json(details, 422)
     return _json({"policy_version": loaded.version, "source": loaded.source})

@@ -96,17 +96,27 @@ _READY: dict[str, Any] = {
                    "description": "degraded (200): an optional pool is down, or the policy file does not hold the "
                    "policy served"},
         "worker": {"type": "string", "description": "the answering process: its index under --workers, else its pid"},
+        "reasons": {"type": "array", "items": {"type": "string"},
+                    "description": "why status is not ready, one sentence per cause with what to do (empty if ready)"},
         "policy": {"type": ["object", "null"], "description": "the policy file beside the policy served "
                    "(gateway/control/policy/policy_file.py)", "properties": {
                        "source": {"type": "string"}, "served_version": {"type": "string"},
                        "served_since": {"type": "number"}, "file_version": {"type": ["string", "null"]},
                        "matches_file": {"type": "boolean"}, "last_reload_at": {"type": ["number", "null"]},
-                       "last_error": {"type": ["object", "null"]}}},
+                       "last_error": {"type": ["object", "null"]},
+                       "reason": {"type": ["string", "null"], "description": "why the file does not hold the policy "
+                                  "served, with what to do (null while it does)"}}},
         "routing": {"type": "object", "description": "the routing threshold in use and where it came from",
                     "properties": {
             "policy_version": {"type": "string"}, "threshold": {"type": "number"},
             "source": {"enum": ["policy", "initial", "share-held", "ladder-raised"]},
-            "routing_threshold": {"type": "number"}, "description": {"type": "string"}}},
+            "routing_threshold": {"type": "number"}, "description": {"type": "string"},
+            "tradeoff": {"type": ["object", "null"], "description": "a tiers policy's tradeoff in use and where it "
+                         "came from (null without tiers)", "properties": {
+                             "value": {"type": ["number", "null"]},
+                             "source": {"enum": ["policy", "per-request", "window-held"]},
+                             "samples": {"type": ["integer", "null"]},
+                             "cost_per_1k_usd": {"type": ["number", "null"]}, "description": {"type": "string"}}}}},
     },
 }
 

@@ -12,8 +12,10 @@
   of its first replica; with `routing.tiers`, every tier's predicted quality and expected cost and the trade;
   with `--gateway` (its `/readyz`) or `--redis-url` (the shared score window and ladder the
   gateways compute it from), the routing threshold a running gateway uses, and where it came from (initial,
-  share-held, ladder-raised: `gateway.cli.policy_live`), instead of the file's;
-- `status [--gateway URL]`: what a running gateway serves beside what its policy file holds, and its last reload
+  share-held, ladder-raised: `gateway.cli.policy_live`), instead of the file's; with `routing.tiers`, its tradeoff
+  too (policy, per-request, window-held) unless `--tradeoff` is given;
+- `status [--gateway URL]`: what a running gateway serves beside what its policy file holds, its last reload and,
+  from `/metrics`, the reloads by result and every worker's served version
   (`gateway.cli.policy_live`); exit 1 when the file no longer matches what is served;
 - `replay FILE --log requests.jsonl [--against OTHER.yaml] [--threshold T]`: see `policies.replay` for the log
   format. A `flagship_share` threshold is live only in the gateway: offline, its `initial` (or `--threshold`)
@@ -146,7 +148,9 @@ def _explain(args: argparse.Namespace) -> int:
     if isinstance(used, str):
         print(f"cascade policy explain: {used}", file=sys.stderr)
         return 1
-    threshold, ladder, notes = used
+    threshold, ladder, notes, traded = used
+    if traded is not None and args.tradeoff is None:  # the running gateway's, where it holds one
+        args = argparse.Namespace(**{**vars(args), "tradeoff": traded})
     score, source = args.score, "given"
     try:
         if score is None and needs_score(loaded.policy, ctx):
@@ -163,8 +167,11 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
     exp = explain(loaded, ctx, score, ladder=ladder, threshold=threshold, completion=completion, trade=trade)
     if not notes:
-        note = offline_note(args.file, loaded.policy.routing.threshold, args.threshold, live=True)
-        notes = [note] if note else []
+        from gateway.cli.policy_tiers import offline_tradeoff_note
+
+        found = (offline_note(args.file, loaded.policy.routing.threshold, args.threshold, live=True),
+                 offline_tradeoff_note(args.file, loaded.policy, args.tradeoff))
+        notes = [note for note in found if note]
     lines = render_explanation(exp, source) + notes + quant_lines(loaded.policy)
     if exp.decision is not None:
         lines += _engine_lines(loaded, exp.decision.pool)
@@ -172,11 +179,13 @@ def _explain(args: argparse.Namespace) -> int:
     return 0 if exp.decision is not None else 1
 
 
-def _live_threshold(args: argparse.Namespace, loaded: LoadedPolicy) -> tuple[float | None, Any, list[str]] | str:
-    """(routing threshold, ladder state, note lines) to explain with: `--threshold` or the file's (no notes), or a
-    running gateway's (`--gateway`, `--redis-url`); a message when the gateway cannot be asked."""
+def _live_threshold(args: argparse.Namespace,
+                    loaded: LoadedPolicy) -> tuple[float | None, Any, list[str], float | None] | str:
+    """(routing threshold, ladder state, note lines, tradeoff) to explain with: `--threshold` or the file's (no notes,
+    no tradeoff: `--tradeoff` or the file's), or a running gateway's (`--gateway`, `--redis-url`; the tradeoff None
+    where its tiers policy solves each request alone, as explain does); a message when it cannot be asked."""
     if args.gateway is None and args.redis_url is None:
-        return args.threshold, None, []
+        return args.threshold, None, [], None
     from gateway.cli.policy_live import gateway_threshold
     from policies.ladder import LadderState
 
@@ -185,11 +194,15 @@ def _live_threshold(args: argparse.Namespace, loaded: LoadedPolicy) -> tuple[flo
         return live
     in_use = live.in_use
     notes = [f"threshold in use: {in_use.describe()}, read from {live.where}"]
+    traded = live.tradeoff if loaded.policy.routing.tiers else None
+    if traded is not None:
+        given = " (--tradeoff given: that one is used here)" if args.tradeoff is not None else ""
+        notes.append(f"tradeoff in use: {traded.describe()}, read from {live.where}{given}")
     if live.version is not None and live.version != loaded.version:
         notes.append(f"note: the gateway serves policy version {live.version}; {args.file} is version "
                      f"{loaded.version} (its rules are the ones explained here; `cascade policy status` says why)")
     raised = LadderState(threshold=in_use.value, threshold_step=in_use.ladder_step) if in_use.ladder_step else None
-    return in_use.routing, raised, notes
+    return in_use.routing, raised, notes, None if traded is None else traded.value
 
 
 def _replay(args: argparse.Namespace) -> int:

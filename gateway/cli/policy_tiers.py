@@ -19,11 +19,12 @@ from gateway.serving.routing.placements import with_placements
 from gateway.serving.routing.tier_trade import map_of, tier_estimates
 from policies.context import RouteContext
 from policies.loader import LoadedPolicy
+from policies.schema import Policy
 from policies.tiers import TierEstimate, Trade, expected_completion, expected_cost_usd, solve_tradeoff
 
 _Predicted = tuple[tuple[TierEstimate, ...], str]  # the estimates, and the label memory that moved them ("": none)
 
-__all__ = ["explain_trade", "given_qualities"]
+__all__ = ["explain_trade", "given_qualities", "offline_tradeoff_note"]
 
 
 def given_qualities(text: str) -> dict[str, float]:
@@ -107,3 +108,14 @@ def explain_trade(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: 
     if routing.cost_per_1k is not None:
         return Trade(estimates, solve_tradeoff([estimates], routing.cost_per_1k / 1e6), memory)
     return Trade(estimates, routing.tradeoff or 0.0, memory)
+
+
+def offline_tradeoff_note(name: str, policy: Policy, given: float | None) -> str | None:
+    """What `explain` trades `name`'s `cost_per_1k` policy with when it does not ask a gateway (None: not such a
+    policy, or `--tradeoff` given): each request solved alone, which a gateway does only until its window fills."""
+    target = policy.routing.cost_per_1k
+    if target is None or not policy.routing.tiers or given is not None:
+        return None
+    return (f"{name}: routing.cost_per_1k holds ${target / 1e6:.2f} per 1,000 requests, which the gateway turns into "
+            "a live tradeoff over its latest trades; used here: solved on this request alone (pass --tradeoff to try "
+            "another; --gateway URL (or --redis-url URL --prefix P): the tradeoff a running gateway uses)")

@@ -14,7 +14,8 @@ Contract:
   the policy it is given from the window last read: after a reload, the first request routed on the new policy
   uses the new policy's share (or its fixed threshold), never a value computed for the policy before.
 - `in_use(policy, ladder)` says what a score is compared with and where that came from (`policies.threshold.
-  ThresholdInUse`: initial, share-held, ladder-raised): `/readyz` shows it under `routing` (`routing_state`), and
+  ThresholdInUse`: initial, share-held, ladder-raised): `/readyz` shows it under `routing` (`routing_state`, with a
+  tiers policy's tradeoff in use beside it: `gateway.control.adaptation.live_tradeoff`), and
   `cascade policy explain --gateway` reads it there.
 
 The realised flagship share is the share of the window's requests that went to the flagship pool (after
@@ -31,6 +32,7 @@ import redis.asyncio as aioredis
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.control.adaptation.live_tradeoff import LiveTradeoff, tradeoff_in_use
 from gateway.control.adaptation.shared_window import MemoryWindow, RedisWindow, ScoreWindow, WindowSync, window_key
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.context import AUTO_MODEL, RouteContext
@@ -183,11 +185,15 @@ def start_live_threshold(client: aioredis.Redis | None, prefix: str, policy: Cal
     return live
 
 
-def routing_state(live: LiveThreshold | None, loaded: LoadedPolicy, ladder: LadderState) -> dict[str, Any]:
-    """What `/readyz` shows under `routing`: the policy version and the threshold it routes with, and why."""
+def routing_state(live: LiveThreshold | None, loaded: LoadedPolicy, ladder: LadderState,
+                  tradeoff: LiveTradeoff | None = None) -> dict[str, Any]:
+    """What `/readyz` shows under `routing`: the policy version and the threshold it routes with, and why; for a
+    tiers policy, `tradeoff`: the tradeoff its trades are made with, and why (`live_tradeoff.TradeoffInUse`)."""
     policy = loaded.policy
     in_use = (live.in_use(policy, ladder) if live is not None else
               threshold_in_use(policy.routing.threshold, None, 0, ladder.threshold, ladder.threshold_step))
+    traded = tradeoff.in_use(policy) if tradeoff is not None else tradeoff_in_use(policy, ())
     return {"policy_version": loaded.version, "threshold": in_use.value, "source": in_use.source,
             "routing_threshold": in_use.routing, "routing_source": in_use.routing_source, "samples": in_use.samples,
-            "ladder_step": in_use.ladder_step, "description": in_use.describe()}
+            "ladder_step": in_use.ladder_step, "description": in_use.describe(),
+            "tradeoff": None if traded is None else traded.public()}

@@ -68,7 +68,9 @@ class FileWatcher:
                 self._log.warning("%s file changed; it cannot be applied yet, trying again in %.0f s; the running "
                                   "%s stays", self._what, self._retry_s, self._what, extra={"problems": exc.problems})
             except PolicyError as exc:
-                self._log.error("%s file changed but was rejected; the running %s stays", self._what, self._what,
+                self._log.error("%s file changed but was rejected; the running %s stays. Fix the file (`cascade "
+                                "policy validate FILE` lists every problem) or put the served version back; `cascade "
+                                "policy status` shows both versions", self._what, self._what,
                                 extra={"problems": exc.problems})
             except Exception as exc:
                 self._log.error("%s reload failed; the running %s stays: %s", self._what, self._what, exc)

@@ -33,7 +33,7 @@ from gateway.control.fleet.pool_change import PolicyNotApplied
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.loader import LoadedPolicy, PolicyError
 
-__all__ = ["RESULTS", "PolicyFile", "ReloadError", "file_version"]
+__all__ = ["RESULTS", "PolicyFile", "ReloadError", "file_version", "refusal"]
 
 Result = Literal["applied", "unchanged", "rejected", "not_applied", "failed"]
 RESULTS: tuple[Result, ...] = ("applied", "unchanged", "rejected", "not_applied", "failed")
@@ -46,6 +46,21 @@ def file_version(path: str | Path) -> str | None:
     except (OSError, UnicodeDecodeError):
         return None
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def refusal(exc: BaseException, source: str, served: str) -> tuple[Result, str]:
+    """How a reload of `source` that raised `exc` ended, and what it means and what to do, in one message (the
+    admin endpoint's error, the watcher's log line, `/readyz`'s `last_error`); `served`: the version that stays."""
+    if isinstance(exc, PolicyNotApplied):
+        return "not_applied", (f"the policy in {source} is valid but cannot be applied yet (see problems); version "
+                               f"{served} still serves. The file watcher tries it again by itself; reload again once "
+                               "the pools' new replicas answer (or as a problem says)")
+    if isinstance(exc, PolicyError):
+        return "rejected", (f"the policy in {source} was rejected (see problems); version {served} still serves. "
+                            f"Fix the file (`cascade policy validate {source}` lists every problem) and reload "
+                            "again, or put the served version back")
+    return "failed", (f"reloading the policy in {source} failed (see problems and the gateway log); version "
+                      f"{served} still serves. Fix the cause and reload again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +108,9 @@ class PolicyFile:
 
     def failed(self, exc: BaseException) -> None:
         """A reload raised `exc`: the policy served stays."""
-        result: Result = ("not_applied" if isinstance(exc, PolicyNotApplied) else
-                          "rejected" if isinstance(exc, PolicyError) else "failed")
+        result, message = refusal(exc, self._current().source, self._served_version)
         problems = tuple(exc.problems) if isinstance(exc, PolicyError) else (str(exc),)
-        what = {"not_applied": "valid, but it cannot be applied yet (tried again)",
-                "rejected": "rejected", "failed": "failed"}[result]
-        self.last_error = ReloadError(self._clock(), result, f"the policy file changed but was {what}; the policy "
-                                      "served stays. Fix the file (see problems) or put the served version back; "
-                                      "the gateway looks at it again by itself", problems)
+        self.last_error = ReloadError(self._clock(), result, message, problems)
         self._count(result)
 
     def _count(self, result: Result) -> None:
@@ -109,13 +119,27 @@ class PolicyFile:
             self._counter.labels(result).inc()
 
     def state(self) -> dict[str, Any]:
-        """What `/readyz` shows under `policy`: `matches_file` False makes readiness "degraded"."""
+        """What `/readyz` shows under `policy`: `matches_file` False makes readiness "degraded", and `reason` says
+        why in words (None while the file matches)."""
         loaded = self._current()
         on_disk = file_version(loaded.source)
         return {"source": loaded.source, "served_version": loaded.version, "served_since": self.served_since,
                 "file_version": on_disk, "matches_file": on_disk == loaded.version,
                 "last_reload_at": self.last_reload_at,
-                "last_error": None if self.last_error is None else self.last_error.public()}
+                "last_error": None if self.last_error is None else self.last_error.public(),
+                "reason": self._reason(loaded, on_disk)}
+
+    def _reason(self, loaded: LoadedPolicy, on_disk: str | None) -> str | None:
+        if on_disk == loaded.version:
+            return None
+        if on_disk is None:
+            return (f"the policy file {loaded.source} cannot be read; version {loaded.version} still serves. Put the "
+                    "file back (the gateway reads it again by itself)")
+        if self.last_error is not None:
+            return f"the policy file holds version {on_disk}: {self.last_error.message}"
+        return (f"the policy file {loaded.source} holds version {on_disk}, not applied here yet; version "
+                f"{loaded.version} still serves. The file watcher applies it at its next look (POST "
+                "/admin/policy/reload with the admin key: now)")
 
 
 class _Gauges(Collector):

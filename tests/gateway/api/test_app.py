@@ -122,6 +122,7 @@ def test_health_and_readiness(gateway: Gateway) -> None:
     assert gateway.client.get("/healthz").json() == {"status": "ok"}
     ready = gateway.client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["pools"] == {"micro": True, "flagship": True}
+    assert ready.json()["status"] == "ready" and ready.json()["reasons"] == []
 
 
 def test_dead_engine_gives_503_not_500(tmp_path: Path, make_gateway: GatewayFactory,
@@ -136,6 +137,8 @@ def test_dead_engine_gives_503_not_500(tmp_path: Path, make_gateway: GatewayFact
     assert resp.json()["error"]["code"] == "engine_unavailable"
     ready = gateway.client.get("/readyz")  # a remote pool is optional for readiness: degraded, still ready
     assert ready.status_code == 200 and ready.json()["degraded"] == ["flagship"]
+    assert ready.json()["reasons"] == [
+            "optional pool 'flagship' has no ready replica; the other pools serve meanwhile (its progress: engines)"]
 
 
 def test_failover_to_live_replica(tmp_path: Path, make_gateway: GatewayFactory, fake_upstreams: Upstreams) -> None:

@@ -44,6 +44,8 @@ def test_an_optional_pool_that_is_down_is_degraded_not_unready(tmp_path: Path, u
         body = ready.json()
         assert body["ready"] is True and body["pools"] == {"micro": True, "flagship": False}
         assert body["required"] == ["micro"] and body["degraded"] == ["flagship"]
+        assert body["status"] == "degraded" and body["reasons"] == [
+            "optional pool 'flagship' has no ready replica; the other pools serve meanwhile (its progress: engines)"]
         assert body["router_overflow"] == "none"  # no trained router here: nothing loads after start
 
 
@@ -53,6 +55,8 @@ def test_a_required_pool_that_is_down_makes_the_gateway_unready(tmp_path: Path, 
         ready = httpx.get(url + "/readyz")
         assert ready.status_code == 503
         assert ready.json()["ready"] is False and ready.json()["degraded"] == []
+        assert ready.json()["reasons"] == ["pool 'micro' is required for readiness and has no ready replica (its "
+                                          "progress: engines)"]
 
 
 def test_with_every_pool_down_the_gateway_is_unready_though_all_are_optional(tmp_path: Path) -> None:
@@ -60,6 +64,7 @@ def test_with_every_pool_down_the_gateway_is_unready_though_all_are_optional(tmp
         ready = httpx.get(url + "/readyz")
         assert ready.status_code == 503
         assert ready.json()["required"] == [] and ready.json()["degraded"] == ["flagship", "micro"]
+        assert ready.json()["reasons"][0] == "no pool can take requests (their progress: engines)"
 
 
 def test_redis_down_makes_the_gateway_unready(tmp_path: Path, upstreams: Upstreams) -> None:
@@ -69,6 +74,8 @@ def test_redis_down_makes_the_gateway_unready(tmp_path: Path, upstreams: Upstrea
         ready = httpx.get(url + "/readyz", timeout=10)
         assert ready.status_code == 503
         assert ready.json()["redis"] is False and ready.json()["degraded"] == []
+        (reason,) = ready.json()["reasons"]
+        assert reason.startswith("Redis does not answer") and "fix CASCADE_REDIS_URL" in reason
 
 
 def test_redis_restarted_is_ready_at_once_despite_connections_opened_before(

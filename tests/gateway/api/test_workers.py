@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
 from gateway.api.workers import exported
+from gateway.cli.main import main
 from gateway.telemetry.metrics_dir import MULTIPROC_ENV
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.scenarios.chaos_figures import ledger_records
@@ -150,6 +151,46 @@ def test_each_worker_answers_for_its_own_policy_reloads(workers: Workers) -> Non
         body = httpx.get(workers.url + "/readyz", timeout=STALL_S).json()
         seen[body["worker"]] = body["policy"]
     assert sorted(seen) == ["0", "1"] and all(policy["matches_file"] for policy in seen.values())
+    until(lambda: _file_matches(workers.url) == {"0": 1.0, "1": 1.0}, timeout=STALL_S,
+          describe=lambda: repr(_file_matches(workers.url)))
+
+
+
+def _answers(url: str) -> dict[str, dict[str, object]]:
+    """Each worker's /readyz body, by its index (new connections until both have answered)."""
+    seen: dict[str, dict[str, object]] = {}
+    deadline = time.monotonic() + STALL_S
+    while len(seen) < 2 and time.monotonic() < deadline:
+        body = httpx.get(url + "/readyz", timeout=STALL_S).json()
+        seen[body["worker"]] = body
+    return seen
+
+
+def test_a_rejected_edit_shows_on_every_worker_and_counts_once_per_worker(
+        workers: Workers, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = workers.log.parent / "policy.yaml"
+    good = policy.read_text()
+    before = _sample(httpx.get(workers.url + "/metrics", timeout=STALL_S).text, "cascade_policy_reloads_total",
+                     "result", "rejected")
+    broken = policy.with_name("policy.yaml.partial")
+    broken.write_text(good.replace("flagship_pool: flagship", "flagship_pool: nosuchpool"))
+    broken.replace(policy)  # saved whole: no worker reads it half written
+    try:
+        until(lambda: _file_matches(workers.url) == {"0": 0.0, "1": 0.0}, timeout=STALL_S,
+              describe=lambda: repr(_file_matches(workers.url)))
+        until(lambda: _scrape(workers.url, "cascade_policy_reloads_total", "result", "rejected") == before + 2,
+              timeout=STALL_S)  # each worker looked at the file itself: summed over both, whichever answers
+        for index, body in _answers(workers.url).items():
+            reasons = body["reasons"]
+            assert body["status"] == "degraded" and body["ready"], (index, body)
+            assert isinstance(reasons, list) and any("was rejected" in r for r in reasons), (index, reasons)
+        assert _post(workers.url, model="micro").status_code == 200  # the policy before still serves
+        assert main(["policy", "status", "--gateway", workers.url]) == 1
+        out = capsys.readouterr().out  # one call, whichever worker answers: both workers' views (from /metrics)
+        assert "worker 0:" in out and "worker 1:" in out and out.count("file does NOT match") == 2, out
+    finally:
+        broken.write_text(good)
+        broken.replace(policy)
     until(lambda: _file_matches(workers.url) == {"0": 1.0, "1": 1.0}, timeout=STALL_S,
           describe=lambda: repr(_file_matches(workers.url)))
 

@@ -1,6 +1,7 @@
 """`cascade policy validate` and `explain` on a tiers policy: a placement file that cannot be loaded is named with
 its line; explain prints every tier's quality, expected cost and trade (qualities given with --quality), and
-refuses a negative --tradeoff or a missing tier's quality."""
+refuses a negative --tradeoff or a missing tier's quality; against the gateways' Redis it trades with the tradeoff
+they hold, and says where it came from."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
 
+from gateway.control.adaptation.live_tradeoff import entry_of, trades_key
+from policies.tiers import TierEstimate
+from tests.conftest import SHARED_URL
 from tests.gateway.cli.test_policy_cli import run
 from tests.gateway.serving.tier_fakes import fake_the_map
 from tests.policies.test_tiers import POOLS
@@ -51,3 +56,28 @@ def test_explain_refuses_a_negative_tradeoff_and_a_missing_quality(policy: Path,
     assert "--tradeoff -1.0 is negative" in capsys.readouterr().err
     assert run("explain", str(policy), "--prompt", "hello", "--score", "0.3", "--quality", "general=0.6") == 1
     assert "no quality for tier(s) ['code', 'flagship']" in capsys.readouterr().err
+
+
+@pytest.mark.redis
+def test_explain_trades_with_the_tradeoff_the_gateways_hold(policy: Path, prefix: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    policy.write_text(policy.read_text().replace("tradeoff: 100", "cost_per_1k: '2.00'"))
+    args = ("explain", str(policy), "--prompt", "hello", "--score", "0.3",
+            "--quality", "general=0.6,code=0.8,flagship=0.95")
+    assert run(*args) == 0
+    out = capsys.readouterr().out
+    assert "decision: pool 'code'" in out  # alone, the flagship's ~$8 per 1k is over $2
+    assert "which the gateway turns into a live tradeoff" in out and "--gateway URL" in out  # and says so
+    cheap = (TierEstimate("general", 0.5, 0.00001), TierEstimate("code", 0.6, 0.0001),
+             TierEstimate("flagship", 0.9, 0.0015))  # a window whose best qualities cost $1.50 per 1k: tradeoff 0
+    client = redis.Redis.from_url(SHARED_URL)
+    client.lpush(trades_key(prefix), *[entry_of(cheap)] * 120)
+    client.close()
+    assert run(*args, "--redis-url", SHARED_URL, "--prefix", prefix) == 0
+    out = capsys.readouterr().out
+    assert "decision: pool 'flagship'" in out, out  # traded at what the gateways hold
+    assert "tradeoff in use: 0 (window-held: solved over the 120 latest trades to hold $2.00 per 1,000 requests)" \
+        in out
+    assert run(*args, "--redis-url", SHARED_URL, "--prefix", prefix + "none:") == 0
+    out = capsys.readouterr().out
+    assert "decision: pool 'code'" in out and "per-request" in out  # an empty window: each request alone

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from backends.clients.pool import Pool
 from gateway.control.adaptation.live_threshold import start_live_threshold
+from gateway.control.policy.policy_file import PolicyFile
 from gateway.ledger.store import CostRecord
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.context import AUTO_MODEL, RouteContext
@@ -21,7 +22,9 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "cascade-dashboard.json"
 async def _exported() -> set[str]:
     """Sample names of a metrics registry after one of everything has been observed."""
     metrics = GatewayMetrics(lambda: {"micro": Pool("micro", ["http://127.0.0.1:1"], None)})  # type: ignore[arg-type]
-    policy = load_policy(ROOT / "policies" / "default.yaml").policy  # a flagship_share threshold: every routing gauge
+    loaded = load_policy(ROOT / "policies" / "default.yaml")
+    policy = loaded.policy  # a flagship_share threshold: every routing gauge
+    PolicyFile(lambda: loaded).attach(metrics)  # the reload counter and the policy file's gauges
     live = start_live_threshold(None, "t:", lambda: policy, metrics)
     for i in range(policy.routing.threshold.min_samples):  # type: ignore[union-attr]
         ctx = RouteContext(tenant="t", requested_model=AUTO_MODEL, prompt_text="")

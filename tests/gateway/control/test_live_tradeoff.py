@@ -102,3 +102,28 @@ async def test_redis_down_keeps_the_last_tradeoff_and_catches_up() -> None:
     window.down = False
     await live.refresh()
     assert live.samples == 300  # the buffer kept while Redis was down reaches the window
+
+
+async def test_a_reload_switches_the_tradeoff_with_the_policy() -> None:
+    current = [HELD]
+    live = LiveTradeoff(MemoryWindow(), lambda: current[0])
+    rows = _rows(300, 5)
+    for row in rows:
+        live.observe(HELD, row)
+    await live.refresh()
+    held = live.tradeoff(HELD, rows[0])
+    assert 1.9 < _mean_per_1k(rows, held) <= 2.0
+    tighter = _policy("tiers: [general, code, flagship]\n  cost_per_1k: '0.50'").policy
+    current[0] = tighter  # a reload, with no refresh since: the first request on it is traded for its own target
+    now = live.tradeoff(tighter, rows[0])
+    assert now > held and 0.45 < _mean_per_1k(rows, now) <= 0.5
+    in_use = live.in_use(tighter)
+    assert in_use is not None and (in_use.value, in_use.source, in_use.samples) == (now, "window-held", 300)
+    assert live.live == now and live.tradeoff(HELD, rows[0]) == held  # a request still in flight on the policy before
+    other = _policy("tiers: [general, flagship]\n  cost_per_1k: '0.50'").policy  # other tiers: the window has none
+    alone = live.in_use(other)
+    assert alone is not None and (alone.value, alone.source, alone.samples) == (None, "per-request", 0)
+    row = (TierEstimate("general", 0.5, 0.00006), TierEstimate("flagship", 0.95, 0.008))
+    assert choose(row, live.tradeoff(other, row)).pool == "general"  # solved on the request: $8 per 1k is over
+    fixed = live.in_use(FIXED)
+    assert fixed is not None and (fixed.value, fixed.source) == (7, "policy")

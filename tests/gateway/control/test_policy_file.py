@@ -72,6 +72,8 @@ def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
     assert main(["policy", "status", "--gateway", gateways[0]]) == 1
     out = capsys.readouterr().out
     assert "degraded" in out and "does NOT match" in out and "nosuchpool" in out and "to do:" in out
+    assert "reloads:       applied 0, unchanged 0, rejected 1," in out  # /metrics' series too
+    assert f"worker -:      serves {served} since " in out and "file does NOT match" in out
     _save(policy_file, good.replace("threshold: 0.5", "threshold: 0.6"))
     for url in gateways:
         until(functools.partial(_serves_another, url, served))
@@ -80,7 +82,8 @@ def test_a_rejected_edit_shows_everywhere_and_a_good_one_clears_it(
         assert _metric(url, "cascade_policy_reloads_total", 'result="applied"') == 1.0
         assert _metric(url, "cascade_policy_file_matches") == 1.0
     assert main(["policy", "status", "--gateway", gateways[1]]) == 0
-    assert "(matches what is served)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(matches what is served)" in out and "applied 1," in out and ", file matches" in out
 
 
 def test_policy_status_says_when_it_cannot_ask(capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,3 +98,48 @@ def test_a_reload_on_a_gateway_started_without_the_admin_key_says_what_to_do(mak
     error = reply.json()["error"]
     assert reply.status_code == 401 and "started without an admin key" in error["message"]
     assert "CASCADE_ADMIN_KEY" in error["message"] and "restart" in error["message"]
+
+
+def test_a_refused_reload_says_what_to_do_and_readiness_says_why(make_gateway: GatewayFactory,
+                                                                  fake_policy_file: Path) -> None:
+    gateway = make_gateway(fake_policy_file, scorer="none", admin_key="admin", access_log=None,
+                           policy_watch_interval_s=0)
+    first = gateway.client.get("/readyz").json()
+    served = first["policy_version"]
+    assert first["status"] == "ready" and first["reasons"] == [] and first["policy"]["reason"] is None
+    good = fake_policy_file.read_text()
+    _save(fake_policy_file, good.replace("flagship_pool: flagship", "flagship_pool: nosuchpool"))
+    edited = gateway.client.get("/readyz").json()  # no reload yet (no watcher here)
+    assert edited["status"] == "degraded" and len(edited["reasons"]) == 1
+    assert "not applied here yet" in edited["reasons"][0] and f"version {served} still serves" in edited["reasons"][0]
+    reply = gateway.client.post("/admin/policy/reload", headers={"authorization": "Bearer admin"})
+    error = reply.json()["error"]
+    assert reply.status_code == 422 and error["code"] == "invalid_policy"
+    assert f"version {served} still serves" in error["message"]
+    assert f"`cascade policy validate {fake_policy_file}`" in error["message"] and "reload again" in error["message"]
+    assert any("nosuchpool" in problem for problem in error["problems"])
+    rejected = gateway.client.get("/readyz")
+    (reason,) = rejected.json()["reasons"]
+    assert rejected.status_code == 200 and rejected.json()["status"] == "degraded" and rejected.json()["ready"]
+    assert "was rejected" in reason and "cascade policy validate" in reason
+    fake_policy_file.unlink()
+    (reason,) = gateway.client.get("/readyz").json()["reasons"]
+    assert "cannot be read" in reason and f"version {served} still serves" in reason
+    _save(fake_policy_file, good)  # the served version back: nothing to say
+    back = gateway.client.get("/readyz").json()
+    assert back["status"] == "ready" and back["reasons"] == [] and back["policy_version"] == served
+
+
+def test_policy_status_reads_metrics_behind_their_key(make_gateway: GatewayFactory, policy_file: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    url = make_gateway(policy_file, served=True, scorer="none", access_log=None, metrics_key="metrics-secret",
+                       policy_watch_interval_s=0).url
+    monkeypatch.delenv("CASCADE_METRICS_KEY", raising=False)
+    assert main(["policy", "status", "--gateway", url]) == 0  # /readyz alone still answers
+    out = capsys.readouterr().out
+    assert "metrics:       not read (" in out and "needs a key: set CASCADE_METRICS_KEY" in out
+    monkeypatch.setenv("CASCADE_METRICS_KEY", "metrics-secret")
+    assert main(["policy", "status", "--gateway", url]) == 0
+    out = capsys.readouterr().out
+    assert "reloads:       applied 0," in out and ", file matches" in out

@@ -10,19 +10,23 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import redis
 
 from gateway.api.app import create_app
+from gateway.control.adaptation.live_tradeoff import entry_of, trades_key
 from gateway.ledger.record import CostRecord
 from gateway.ledger.store import MemoryLedger
 from gateway.settings import Settings
 from loadtest.fake_upstream import FakeUpstream
 from policies.loader import load_policy
 from policies.replay import parse_log, replay
-from tests.conftest import GatewayFactory
+from policies.tiers import TierEstimate
+from tests.conftest import SHARED_URL, GatewayFactory
 from tests.gateway.serving.tier_fakes import fake_the_map
 from tests.harness import FakeEngines, Gateway
 from tests.servers import serve, until
@@ -206,3 +210,38 @@ def test_the_shipped_classifier_and_pool_map_pick_the_best_predicted_quality(tmp
                 assert list(predicted) == ["general", "code", "flagship"] and all(0 < q < 1 for q in predicted.values())
                 chosen = headers["x-cascade-route"].removeprefix("trade:")
                 assert predicted[chosen] >= max(predicted.values()) - 0.001  # the header rounds to 3 decimals
+
+
+@pytest.mark.redis
+def test_a_reload_switches_the_version_and_the_tradeoff_together(make_gateway: GatewayFactory,
+                                                                  fake_engines: FakeEngines, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    fake_the_map(monkeypatch)
+    (tmp_path / "code.json").write_text(json.dumps({"base": 0.70, "code": 0.15, "hard": -0.50}))
+    urls = {name: fake_engines.add(name, FakeUpstream(f"{name}-model")) for name in ("general", "code", "flagship")}
+    policy = tmp_path / "three.yaml"
+    text = _policy(urls).replace("tradeoff: 50", "cost_per_1k: '2.00'")
+    policy.write_text(text)
+    cheap = (TierEstimate("general", 0.5, 0.00001), TierEstimate("code", 0.6, 0.0001),
+             TierEstimate("flagship", 0.9, 0.0015))  # the flagship everywhere: $1.50 per 1k
+    client = redis.Redis.from_url(SHARED_URL)
+    client.lpush(trades_key(prefix), *[entry_of(cheap)] * 200)
+    client.close()
+    served = make_gateway(policy, admin_key=ADMIN, policy_watch_interval_s=0, ledger="redis", redis_prefix=prefix)
+
+    def tradeoff() -> dict[str, Any]:
+        found: dict[str, Any] = served.client.get("/readyz").json()["routing"]["tradeoff"]
+        return found
+
+    until(lambda: tradeoff()["source"] == "window-held")
+    assert tradeoff()["value"] == 0  # $1.50 is within $2: the best predicted quality
+    ask = {"model": "auto", "messages": [{"role": "user", "content": "a python question"}]}
+    assert served.client.post("/v1/chat/completions", json=ask, timeout=30).headers["x-cascade-pool"] == "flagship"
+    policy.write_text(text.replace("cost_per_1k: '2.00'", "cost_per_1k: '1.00'"))
+    reloaded = served.client.post("/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"})
+    assert reloaded.status_code == 200
+    first = served.client.post("/v1/chat/completions", json=ask, timeout=30)  # at once: no refresh since
+    assert first.headers["x-cascade-policy-version"] == reloaded.json()["policy_version"]
+    assert first.headers["x-cascade-pool"] != "flagship", first.headers  # $1.50 is over $1: traded down
+    now = tradeoff()
+    assert now["source"] == "window-held" and now["value"] > 100 and now["cost_per_1k_usd"] == 1.0
