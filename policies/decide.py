@@ -50,6 +50,7 @@ __all__ = [
     "rule_models",
     "rule_trace",
     "served_model",
+    "thresholds_in_use",
 ]
 
 
@@ -238,6 +239,18 @@ def _by_score(policy: Policy, ctx: RouteContext, rule: Rule | None, score: float
     step = f"ladder:{ladder.threshold_step}"
     return raised, step, f"{reason} ({name}); {note}: score {score:.3f} < it", (
         *scored, RouteStep(step, raised, f"threshold raised to {ladder.threshold}"))
+
+
+def thresholds_in_use(policy: Policy, live: float | None, ladder: LadderState) -> tuple[float, ...]:
+    """Every threshold `_by_score` may compare a score of `policy` with: the routing threshold (`live` when given),
+    each tenant's and each rule's own, and the one an active ladder step raises it to; sorted, each once. What a
+    two-stage scorer refines around: one band for every request it batches, whatever tenant or rule reads it."""
+    found = {base_threshold(policy.routing.threshold) if live is None else live}
+    found.update(t.threshold for t in policy.tenants.values() if t.threshold is not None)
+    found.update(r.threshold for r in policy.routing.rules if r.threshold is not None)
+    if ladder.threshold is not None:
+        found.add(ladder.threshold)
+    return tuple(sorted(found))
 
 
 def _sent_by(rule: Rule, pool: str) -> Base:

@@ -95,11 +95,15 @@ def _router_features(embedder_name: str) -> Any:
 def _place(args: argparse.Namespace) -> int:
     from router_models.serving.artifact import load_artifact
     from router_models.serving.placement import place_from_outcomes, place_from_shared
-    from router_models.serving.pool_map import load_pool_map
+    from router_models.serving.pool_map import load_pool_map, pool_map_for
+    from router_models.serving.refined_model import rows_artifact
 
     try:
-        router = load_artifact(args.artifact)
-        pool_map = load_pool_map(args.map, embedder=router.embedder)
+        router = load_artifact(rows_artifact(args.artifact))  # the rows the gateway's scorer hands out
+        pool_map = (load_pool_map(args.map, embedder=router.embedder) if args.map is not None
+                    else pool_map_for(router.embedder))
+        if pool_map is None:
+            raise ArtifactError(f"no shipped pool map reads {router.embedder} feature rows; name one with --map")
         if args.shared_model:
             placement = place_from_shared(pool_map, args.shared_model, args.pool)
         else:
@@ -122,6 +126,8 @@ def add_place(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     source.add_argument("--outcomes", type=Path, help="JSONL of the pool's judged answers (prompt|messages, quality)")
     source.add_argument("--shared-model", help="a model of the shared routing data, 'source/model' or a unique name")
     p.add_argument("--out", type=Path, required=True, help="the placement file to write")
-    p.add_argument("--map", type=Path, default=None, help="pool map .json (default: the shipped one)")
-    p.add_argument("--artifact", type=Path, default=None, help="router artifact whose embedder the map reads")
+    p.add_argument("--map", type=Path, default=None,
+                   help="pool map .json (default: the shipped one on the rows the gateway's scorer hands out)")
+    p.add_argument("--artifact", type=Path, default=None,
+                   help="router artifact the gateway serves (default: the served one); its scorer's rows name the map")
     p.set_defaults(func=_place)

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from policies.context import RouteContext
+from policies.decide import thresholds_in_use
+from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
-from policies.threshold import base_threshold
 
 __all__ = ["memory_folder", "memory_name", "scored"]
 
@@ -66,7 +67,7 @@ def scored(loaded: LoadedPolicy, ctx: RouteContext, messages: Any, args: argpars
 
     async def run() -> tuple[float, str]:
         scorer = load_scorer()
-        scorer.refine_near(threshold if threshold is not None else base_threshold(loaded.policy.routing.threshold))
+        scorer.refine_near(*thresholds_in_use(loaded.policy, threshold, LadderState()))
         try:
             text, shape = read_conversation(messages)
             score, _ = await scorer.score_one(text, shape)

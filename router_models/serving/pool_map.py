@@ -34,7 +34,8 @@ from router_models.embedders.features import FEATURE_NAMES, FEATURE_VERSION
 from router_models.serving.artifact import ArtifactError, read_metadata, read_payload, replace_atomically
 
 __all__ = ["DEFAULT_POOL_MAP", "MAP_FORMAT", "STATIC_POOL_MAP", "Placed", "PoolMap", "SharedAbility", "abilities",
-           "load_pool_map", "pool_map_for", "quality", "quality_logits", "save_pool_map", "served_pool_map"]
+           "load_pool_map", "pool_map_for", "quality", "quality_logits", "save_pool_map", "served_pool_map",
+           "shipped_pool_map"]
 
 Floats = npt.NDArray[np.float64]
 MAP_FORMAT = 1
@@ -184,10 +185,22 @@ def load_pool_map(path: Path | None = None, embedder: str | None = None) -> Pool
 _SERVED: dict[tuple[str, int, int], PoolMap] = {}
 
 
+def shipped_pool_map() -> Path:
+    """The shipped map on the feature rows the served scorer hands out: `pool-map-static.json` when they are the fast
+    artifact's (the shipped default served in two stages, or the fast artifact alone), else `pool-map.json`."""
+    from router_models.serving.refined_model import rows_artifact
+
+    try:
+        on_static = read_metadata(rows_artifact()).get("embedder") == read_metadata(STATIC_POOL_MAP).get("embedder")
+    except ArtifactError:
+        return DEFAULT_POOL_MAP
+    return STATIC_POOL_MAP if on_static else DEFAULT_POOL_MAP
+
+
 def served_pool_map() -> PoolMap:
-    """The map the gateway serves: `$CASCADE_POOL_MAP`, else the shipped one; loaded once per version of the file.
-    Raises `ArtifactError`."""
-    path = Path(os.environ.get("CASCADE_POOL_MAP") or DEFAULT_POOL_MAP).with_suffix(".json")
+    """The map the gateway serves: `$CASCADE_POOL_MAP`, else the shipped one on the served scorer's rows
+    (`shipped_pool_map`); loaded once per version of the file. Raises `ArtifactError`."""
+    path = Path(os.environ.get("CASCADE_POOL_MAP") or shipped_pool_map()).with_suffix(".json")
     try:
         stat = path.stat()
         key = (str(path), stat.st_mtime_ns, stat.st_size)

@@ -22,11 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from router_models.embedders.protocol import FloatArray
+from router_models.serving.artifact import (
+    DEFAULT_ARTIFACT,
+    FAST_ARTIFACT,
+    ArtifactError,
+    current_artifact_path,
+    load_artifact,
+    read_metadata,
+)
 from router_models.serving.batch_model import EmbeddingClassifier
 from router_models.serving.scorer import ConversationShape
 
 __all__ = ["DEFAULT_CENTRE", "HALF_WIDTH", "REFINE_ENV", "SHIPPED_BAND", "RefineBand", "RefinedClassifier",
-           "refine_choice", "refine_front"]
+           "front_path", "refine_choice", "refine_front", "rows_artifact"]
 
 
 @dataclass(frozen=True)
@@ -112,9 +120,9 @@ REFINE_ENV = "CASCADE_ROUTER_REFINE"
 
 def refine_choice() -> str:
     """What `load_model` puts in front of its artifact when the caller does not say: `$CASCADE_ROUTER_REFINE`
-    ("auto", "none" or an artifact path), "none" when unset. Read by every loader (the gateway, `cascade router
+    ("auto", "none" or an artifact path), "auto" when unset. Read by every loader (the gateway, `cascade router
     score`, `cascade policy explain`, `cascade router route`), so they serve the same scorer."""
-    return os.environ.get(REFINE_ENV) or "none"
+    return os.environ.get(REFINE_ENV) or "auto"
 
 
 def refine_front(primary: str | Path | None, choice: str) -> Path | None:
@@ -122,29 +130,34 @@ def refine_front(primary: str | Path | None, choice: str) -> Path | None:
     None: `primary` scores alone. `choice`: "none"; "auto" (the fast shipped artifact in front of the shipped
     default, trained beside it on the same data, target and score scale; nothing in front of any other primary);
     or an artifact path. Raises `ArtifactError` for a front that predicts another target."""
-    from router_models.serving.artifact import (
-        DEFAULT_ARTIFACT,
-        FAST_ARTIFACT,
-        ArtifactError,
-        current_artifact_path,
-        load_artifact,
-        read_metadata,
-    )
-
-    if choice == "none":
-        return None
-    primary_meta = Path(primary if primary is not None else current_artifact_path())
-    primary_meta = primary_meta / DEFAULT_ARTIFACT.name if primary_meta.is_dir() else primary_meta.with_suffix(".json")
-    if choice == "auto":
-        if primary_meta.resolve() != DEFAULT_ARTIFACT.resolve():
-            return None
-        path = FAST_ARTIFACT
-    else:
-        path = Path(choice).with_suffix(".json")
-    if path.resolve() == primary_meta.resolve():
+    path = front_path(primary, choice)
+    if path is None:
         return None
     front = load_artifact(path)
+    primary_meta = _metadata_path(primary)
     if front.metadata.get("target") != read_metadata(primary_meta).get("target"):
         raise ArtifactError(f"router front artifact {path} predicts {front.metadata.get('target')!r}, not the "
                             f"target of {primary_meta}: their scores are not on one scale")
     return path
+
+
+def front_path(primary: str | Path | None, choice: str) -> Path | None:
+    """Which artifact `refine_front` puts in front of `primary` (None: none), read from the names alone: nothing is
+    loaded or checked. The artifact whose rows the scorer hands out is this one, else `primary`."""
+    if choice == "none":
+        return None
+    primary_meta = _metadata_path(primary)
+    path = (FAST_ARTIFACT if primary_meta.resolve() == DEFAULT_ARTIFACT.resolve() else None) if choice == "auto" \
+        else Path(choice).with_suffix(".json")
+    return None if path is None or path.resolve() == primary_meta.resolve() else path
+
+
+def rows_artifact(primary: str | Path | None = None) -> Path:
+    """The metadata path of the artifact whose rows (embedding, structural columns) a scorer of `primary` (None: the
+    served artifact) hands out under `$CASCADE_ROUTER_REFINE`: the front's when there is one, else `primary`'s."""
+    return front_path(primary, refine_choice()) or _metadata_path(primary)
+
+
+def _metadata_path(primary: str | Path | None) -> Path:
+    path = Path(primary if primary is not None else current_artifact_path())
+    return path / DEFAULT_ARTIFACT.name if path.is_dir() else path.with_suffix(".json")

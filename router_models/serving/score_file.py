@@ -72,12 +72,12 @@ def _read(lines: Iterable[str], err: TextIO) -> tuple[list[_Row], int]:
 
 def _load_model(artifact: Path | None) -> tuple[BatchModel, DomainReference | None]:
     """The artifact's model and its domain reference (None: it has none)."""
-    from router_models.serving.artifact import current_artifact_path
     from router_models.serving.classifier_scorer import load_model
     from router_models.serving.domain_file import reference_for
+    from router_models.serving.refined_model import rows_artifact
 
     model = load_model(str(artifact) if artifact else None)
-    found = reference_for(artifact or current_artifact_path(), model.embedder_name)
+    found = reference_for(rows_artifact(artifact), model.embedder_name)  # the front's rows, in two stages
     return model, None if found is None else found[0]
 
 

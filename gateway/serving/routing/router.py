@@ -32,6 +32,7 @@ from policies.decide import (
     needs_score,
     rule_models,
     served_model,
+    thresholds_in_use,
 )
 from policies.ladder import LadderState
 from policies.loader import LoadedPolicy
@@ -197,9 +198,8 @@ class RequestRouter:
         _shed(ladder.applying_to(None), priority)  # `scope: all` steps, before the score is spent
         ctx = RouteContext.from_request(raw, tenant, headers)
         threshold = self._live.threshold(policy) if self._live is not None else None
-        if self._views.refine is not None:  # a two-stage scorer refines the scores near the threshold in use
-            self._views.refine.refine_near(threshold if threshold is not None
-                                           else base_threshold(policy.routing.threshold))
+        if self._views.refine is not None:  # a two-stage scorer refines the scores near the thresholds in use
+            self._views.refine.refine_near(*thresholds_in_use(policy, threshold, ladder))
         score, scored_by, version, conversation = (await self._score(raw) if self._scorer is not None
                                                    and needs_score(policy, ctx) else (None, "", "", None))
         in_domain, trade = None, None

@@ -202,9 +202,11 @@ def test_explain_shows_each_tiers_memory_move(pool_store: Path, prompts: Path, t
     assert "no label memory" in capsys.readouterr().err
 
 
-async def _served(store: Path, prompt: str) -> tuple[float, float]:
-    """(the classifier's score of `prompt`, the gateway's `LabelMemories` move of it by the shared memory)."""
+async def _served(store: Path, prompt: str, threshold: float = 0.5) -> tuple[float, float]:
+    """(the classifier's score of `prompt`, the gateway's `LabelMemories` move of it by the shared memory), with a
+    two-stage scorer's band around `threshold`, as the gateway's router puts it for a policy with that threshold."""
     scorer = load_scorer(str(DEFAULT_ARTIFACT), torch_threads=1)
+    scorer.refine_near(threshold)
     try:
         memories = LabelMemories(store / "memory", lambda: scorer)
         await memories.refresh()
@@ -223,6 +225,8 @@ def test_explain_moves_a_two_pool_policys_score_as_the_gateways_memory_does(
     base, moved = asyncio.run(_served(store, LABELLED[0]))
     assert abs(moved - base) > 0.01  # the labels reach this prompt's score
     threshold = (base + moved) / 2  # the memory's move crosses it
+    base, moved = asyncio.run(_served(store, LABELLED[0], threshold))  # scored as for a policy with that threshold
+    assert min(base, moved) < threshold < max(base, moved)
     policy = tmp_path / "two-pools.yaml"
     policy.write_text(policy_yaml("http://127.0.0.1:9", "http://127.0.0.1:9", """
 learning:

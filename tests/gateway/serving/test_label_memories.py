@@ -73,6 +73,7 @@ def _policy(scope: str) -> LoadedPolicy:
 @pytest_asyncio.fixture
 async def scorer() -> AsyncIterator[ClassifierScorer]:
     scorer = load_scorer(str(DEFAULT_ARTIFACT), torch_threads=1)
+    scorer.refine_near(0.5)  # a two-stage scorer's band where the router puts it for `_policy` (threshold 0.5)
     yield scorer
     await scorer.aclose()
 

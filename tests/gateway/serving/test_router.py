@@ -86,3 +86,23 @@ async def test_a_two_stage_scorer_is_told_the_threshold_in_use_before_it_scores(
     request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": [LATEST]}))
     await router.route(request, raw, "anyone", {}, fixed, LadderState())
     assert refining.told[-1] == (0.3,)
+
+
+async def test_a_two_stage_scorer_is_told_every_tenant_rule_and_ladder_threshold() -> None:
+    """One band for every request the scorer batches: the tenants' and rules' own thresholds and the ladder's raised
+    one are refined around too, not only the routing threshold (a request of a tenant with its own threshold was
+    routed on the fast score alone)."""
+    refining = Refining()
+    router = RequestRouter(refining, GatewayMetrics(dict))  # type: ignore[arg-type]
+    extra = """  rules:
+    - {name: contracts, match: {keywords: [contract]}, threshold: 0.26}
+tenants:
+  acme: {threshold: 0.35}
+  globex: {}
+"""
+    loaded = parse_policy(policy_yaml("http://127.0.0.1:9", "http://127.0.0.1:9", extra))
+    request, raw = parse_chat_request(orjson.dumps({"model": "auto", "messages": [LATEST]}))
+    await router.route(request, raw, "globex", {}, loaded, LadderState())
+    assert refining.told[-1] == (0.26, 0.35, 0.5)
+    await router.route(request, raw, "globex", {}, loaded, LadderState(threshold=0.7, threshold_step="surge"))
+    assert refining.told[-1] == tuple([0.26, 0.35, 0.5, 0.7])

@@ -163,6 +163,25 @@ def test_the_served_map_checks_placements_and_names_shared_models(tmp_path: Path
         Placement.named("src/strong")
 
 
+def test_the_shipped_map_served_is_the_one_on_the_scorers_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Named placements are read from the map the scorer's rows sit on: the fast artifact's map when the shipped
+    default is served in two stages (the default) or the fast artifact alone, the transformer's map otherwise."""
+    from router_models.serving import pool_map as served
+    from router_models.serving.artifact import FAST_ARTIFACT
+
+    monkeypatch.delenv("CASCADE_POOL_MAP", raising=False)
+    monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", str(DEFAULT_ARTIFACT))
+    for refine, expected in (("", served.STATIC_POOL_MAP), ("auto", served.STATIC_POOL_MAP),
+                             ("none", served.DEFAULT_POOL_MAP)):
+        monkeypatch.setenv("CASCADE_ROUTER_REFINE", refine)
+        assert served.shipped_pool_map() == expected, refine
+    monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", str(FAST_ARTIFACT))
+    assert served.shipped_pool_map() == served.STATIC_POOL_MAP
+    monkeypatch.setenv("CASCADE_ROUTER_REFINE", "")
+    assert served.served_pool_map().embedder == load_artifact(FAST_ARTIFACT).embedder
+    assert Placement.named("routerbench/gpt-4-1106-preview").embedder == load_artifact(FAST_ARTIFACT).embedder
+
+
 def test_harness_hull_and_sweep() -> None:
     from loadtest.bench.pool_map_eval import hull_at, route_sweep, upper_hull
 

@@ -17,6 +17,7 @@ from gateway.cli.main import main
 from router_models.cli import register
 from router_models.serving.artifact import DEFAULT_ARTIFACT, load_artifact
 from router_models.serving.memory_file import load_memory
+from router_models.serving.refined_model import refine_choice, refine_front
 from router_models.training.ledger_labels import LabelKeys
 from tests.conftest import SHARED_URL
 
@@ -43,7 +44,8 @@ def test_labels_are_appended_to_the_tenants_memory_and_conflicts_counted(tmp_pat
     common = ("--tenant", "acme", "--store", str(store), "--artifact", str(DEFAULT_ARTIFACT))
     assert _run("--labels", str(first), *common) == 0
     assert _run("--labels", str(again), *common) == 0
-    memory, meta = load_memory(store / "memory" / "acme.json", embedder=load_artifact(DEFAULT_ARTIFACT).embedder)
+    rows_from = refine_front(DEFAULT_ARTIFACT, refine_choice()) or DEFAULT_ARTIFACT  # the rows the scorer hands out
+    memory, meta = load_memory(store / "memory" / "acme.json", embedder=load_artifact(rows_from).embedder)
     assert len(memory) == 3 and meta["conflicting_prompts"] == 1  # "Say hello.": targets 0.25, then 1.0
     assert memory.targets.tolist() == [1.0, 0.25, 1.0]
     assert "2 -> 3 labels, 1 prompts with conflicting labels" in capsys.readouterr().out
