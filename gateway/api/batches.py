@@ -13,7 +13,6 @@ Another tenant's id answers 404, as an unknown one does.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -24,9 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.api.body_limit import BodyLimit
 from gateway.api.runtime import Runtime
 from gateway.batches.service import BatchService
-from gateway.errors import BadRequest, BodyTooLarge, GatewayError
+from gateway.errors import BadRequest, GatewayError
 from gateway.tenancy.api_keys import ApiKey
 
 __all__ = ["batch_routes"]
@@ -88,27 +88,16 @@ async def _upload(request: Request) -> Response:
 async def _form(request: Request, max_file_bytes: int) -> FormData:
     """The upload's multipart form, its body counted as it is read: past `max_file_bytes` and the form's slack,
     BodyTooLarge at once (the parser then closes, so deletes, what it spooled)."""
-    limit = max_file_bytes + _FORM_SLACK
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"the upload is {declared} bytes; a batch file may have {max_file_bytes}", param="file")
+    bound = BodyLimit(max_file_bytes + _FORM_SLACK, "the upload", f"a batch file may have {max_file_bytes} bytes",
+                      param="file")
+    bound.check_declared(request.headers)
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
         raise BadRequest("a multipart form with a `file` and a `purpose` is needed", param="file")
-    async with aclosing(request.stream()) as chunks, aclosing(_bounded(chunks, limit, max_file_bytes)) as body:
+    async with aclosing(request.stream()) as chunks, aclosing(bound.bounded(chunks)) as body:
         try:
             return await MultiPartParser(request.headers, body, max_files=1, max_fields=8).parse()
         except MultiPartException as exc:
             raise BadRequest(f"the multipart form could not be read: {exc.message}", param="file") from exc
-
-
-async def _bounded(chunks: AsyncIterator[bytes], limit: int, max_file_bytes: int) -> AsyncGenerator[bytes]:
-    read = 0
-    async for chunk in chunks:
-        read += len(chunk)
-        if read > limit:
-            raise BodyTooLarge(f"the upload passed {limit} bytes; a batch file may have {max_file_bytes}",
-                               param="file")
-        yield chunk
 
 
 def _expires_after(form: FormData) -> int | None:

@@ -13,13 +13,14 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.auth import key_id
+from gateway.api.body_limit import BodyLimit
 from gateway.api.runtime import Runtime
-from gateway.errors import BodyTooLarge, DeadlineExceeded, GatewayError, error_body
+from gateway.errors import DeadlineExceeded, GatewayError, error_body
 from gateway.serving.openai.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
 from gateway.serving.openai.parsing import PARSERS
 from gateway.serving.sending.forwarding import JSONReply, StreamReply
@@ -59,21 +60,20 @@ def route_headers(request_id: str, decision: RouteDecision, endpoint: str = CHAT
 
 
 async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body is {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
+    """The request's body read from the ASGI `receive` channel, at most `limit` bytes (`BodyLimit`)."""
+    bound = BodyLimit(limit)
+    bound.check_declared(headers)
+    return await bound.read(_chunks(receive))
+
+
+async def _chunks(receive: Receive) -> AsyncGenerator[bytes]:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+        yield message.get("body", b"")
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return
 
 
 async def _send(send: Send, status: int, body: bytes, headers: dict[str, str]) -> None:

@@ -10,23 +10,18 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.body_limit import BodyLimit
 from gateway.api.runtime import Runtime
-from gateway.errors import BadRequest, BodyTooLarge, GatewayError
+from gateway.errors import BadRequest, GatewayError
 from gateway.learning.feedback import MAX_BODY_BYTES, parse_feedback
 
 __all__ = ["post_feedback"]
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body is {declared} bytes; the limit is {limit}")
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-    return body
+    bound = BodyLimit(limit)
+    bound.check_declared(request.headers)
+    return await bound.read(request.stream())
 
 
 async def post_feedback(request: Request) -> Response:
