@@ -14,6 +14,11 @@ does. The tradeoff is chosen after the fact on the routed half (as any cost-qual
 is reachable, not which tradeoff reaches it. Realised quality is the real graded outcome of the chosen model.
 
     python -m loadtest.bench.pool_map_eval [--sources routerbench,zeroeval] [--out .cascade/pool-map-eval.json]
+        [--artifact router_models/artifacts/complexity-router-static.json]
+
+`--artifact` reads every prompt's feature row with that router artifact's embedder instead of the shipped default's
+(e.g. the fast static artifact, whose rows the two-stage scorer hands out): the map and the threshold router are
+then refitted per held-out source on those rows, exactly as on the default's.
 """
 
 from __future__ import annotations
@@ -211,21 +216,25 @@ def source_options(parser: argparse.ArgumentParser, out: str) -> None:
     parser.add_argument("--routing-dir", type=Path, default=DEFAULT_ROUTING_DIR)
     parser.add_argument("--out", type=Path, default=Path(f".cascade/{out}.json"))
     parser.add_argument("--cache", type=Path, default=Path(".cascade/pool-map-loso"), help="fitted maps kept here")
+    parser.add_argument("--artifact", type=Path, default=None,
+                        help="the router artifact whose embedder reads the feature rows (default: the shipped one)")
 
 
 Evaluate = Callable[[str, npt.NDArray[np.float32], list[Example], Embedder], dict[str, Any]]
 
 
 def each_source(args: argparse.Namespace, evaluate: Evaluate, show: Callable[[dict[str, Any]], None]) -> int:
-    """The benches' loop (`source_options`' arguments): embed the shared outcomes once with the shipped router's
-    embedder, evaluate each held-out source and print it as it lands, then write every result to `args.out`."""
+    """The benches' loop (`source_options`' arguments): embed the shared outcomes once with the embedder of
+    `args.artifact` (None: the shipped router's), evaluate each held-out source and print it as it lands, then write
+    every result, with the embedder it was read with, to `args.out`."""
     start = time.perf_counter()
-    embedder = make_embedder(load_artifact(None).embedder)
+    embedder = make_embedder(load_artifact(args.artifact).embedder)
+    print(f"feature rows of {embedder.name}", flush=True)
     examples = load_outcomes(args.routing_dir)
     x = features(embedder, examples, "embedding+structure")
     results = []
     for source in args.sources.split(","):
-        results.append(evaluate(source, x, examples, embedder))
+        results.append({**evaluate(source, x, examples, embedder), "embedder": embedder.name})
         show(results[-1])
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
