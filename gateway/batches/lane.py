@@ -10,10 +10,11 @@ interactive traffic that rises takes the pool back within one poll.
 Under the policy's `batches.preempt`, the lane also takes back a pool from the lines already running on it: an
 interactive request routed to a pool (`arrived`) that finds it without headroom, counting itself, preempts every
 line held on it. Each such line's call (`preemptible`) is cancelled, which closes its upstream request (vLLM aborts
-it), and raises `LinePreempted`: its worker puts the line back on the queue, to run again from the start (its answer
-is kept once and its request billed once, as for any line tried again: `gateway.batches.worker`). An interactive
-request routed to a pool in the last `poll_s` counts as in flight there (the engine client counts it only once it is
-sent, a moment later), so no waiting line slips in meanwhile. Used from one event loop.
+it) before the interactive request is sent, and raises `LinePreempted`: its worker puts the line back on the queue,
+to run again from the start (its answer is kept once and its request billed once, as for any line tried again:
+`gateway.batches.worker`). An interactive request routed to a pool in the last `poll_s` counts as in flight there
+(the engine client counts it only once it is sent, a moment later), so no waiting line slips in meanwhile. Used from
+one event loop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from backends.clients.pool import Pool
 from gateway.errors import GatewayError
@@ -69,7 +70,8 @@ class BatchLane:
         self._poll_s = poll_s
         self._monotonic = monotonic
         self._on_preempt = on_preempt
-        self._preempt: dict[str, asyncio.Future[None]] = {}  # request id -> set when the line is preempted
+        # request id -> (set when the line is preempted, its call)
+        self._preempt: dict[str, tuple[asyncio.Future[None], asyncio.Future[Any]]] = {}
         self._arrived: dict[str, float] = {}  # pool -> when an interactive request was last routed to it
         self._held: dict[str, str] = {}  # request id -> pool
         self._per_pool: Counter[str] = Counter()
@@ -117,24 +119,30 @@ class BatchLane:
         self._held[request_id] = pool
         self._moved(pool, 1)
 
-    def arrived(self, loaded: LoadedPolicy, pool: str) -> None:
+    async def arrived(self, loaded: LoadedPolicy, pool: str) -> None:
         """An interactive request was routed to `pool`. Under `batches.preempt`, when the pool then has no headroom
-        for batch lines (the request counted), every line held on it is preempted (see the module docstring)."""
+        for batch lines (the request counted), every line held on it is preempted: its call cancelled, which this
+        waits for (at most `poll_s`), so that the engine hears of the lines' closed requests before the interactive
+        request, and aborts them before it schedules that one."""
         self._arrived[pool] = self._monotonic()
         bounds, spec = loaded.policy.batches, self._pools().get(pool)
         if not bounds.preempt or not self._per_pool[pool] or spec is None or not self._crossed(bounds, pool, spec, 1):
             return
-        for request_id, held_on in self._held.items():
-            signal = self._preempt.get(request_id)
-            if held_on == pool and signal is not None and not signal.done():
+        calls = [self._preempt[r] for r, held_on in self._held.items() if held_on == pool and r in self._preempt]
+        for signal, sending in calls:
+            if not signal.done():
                 signal.set_result(None)
+                sending.cancel()
+        if calls:
+            await asyncio.wait([sending for _, sending in calls], timeout=self._poll_s)
+            await asyncio.sleep(0)  # the closed connections' transports close on the loop's next turn
 
     async def preemptible(self, request_id: str, call: Awaitable[T]) -> T:
         """`call`'s result: the call of the line `request_id`, which enters the lane inside it. Preempted first, the
         call is cancelled and `LinePreempted` raised; one that ended meanwhile keeps its result."""
         signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._preempt[request_id] = signal
         sending = asyncio.ensure_future(call)
+        self._preempt[request_id] = signal, sending
         try:
             await asyncio.wait((sending, signal), return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -119,7 +119,7 @@ class Planner:
         if lane is not None and ctx.batch is not None:
             await lane.enter(ctx.loaded, decision.pool, ctx.request_id)
         elif lane is not None:
-            lane.arrived(ctx.loaded, decision.pool)
+            await lane.arrived(ctx.loaded, decision.pool)
         return decision
 
 

@@ -97,7 +97,7 @@ async def test_an_interactive_request_past_the_bounds_preempts_the_lines_running
              for rid, pool in (("a", "micro"), ("b", "micro"), ("c", "other"))]
     await asyncio.sleep(0.05)
     assert lane.in_flight("micro") == 2 and lane.in_flight("other") == 1
-    lane.arrived(loaded, "micro")
+    await lane.arrived(loaded, "micro")
     for line in lines[:2]:
         with pytest.raises(LinePreempted) as caught:
             await asyncio.wait_for(line, 1)
@@ -119,7 +119,7 @@ async def test_no_line_is_preempted_without_preempt_or_while_the_pool_keeps_its_
     line = asyncio.create_task(lane.preemptible("a", _line(lane, loaded, "micro", "a", ran)))
     await asyncio.sleep(0.05)
     pool.replicas[0].in_flight = 1  # the line itself, on the engine
-    lane.arrived(loaded, "micro")  # one interactive request: within max_interactive 1, and no bound by default
+    await lane.arrived(loaded, "micro")  # one interactive request: within max_interactive 1, and no bound by default
     await asyncio.sleep(0.05)
     assert not line.done() and ran == []
     line.cancel()
@@ -128,21 +128,24 @@ async def test_no_line_is_preempted_without_preempt_or_while_the_pool_keeps_its_
 async def test_a_line_that_ended_before_its_preemption_keeps_its_answer() -> None:
     pool = _pool()
     lane = BatchLane(lambda: {"micro": pool}, poll_s=0.01)
-    loaded = _policy("{max_interactive: 0, preempt: true}")
+    loaded, arriving = _policy("{max_interactive: 0, preempt: true}"), list[asyncio.Task[None]]()
 
     async def answered() -> str:
         await lane.enter(loaded, "micro", "a")
-        lane.arrived(loaded, "micro")  # preempts "a" as its answer comes back
+        # an interactive request comes as the answer does: after the call ended, before its line heard of it
+        come = lane.arrived(loaded, "micro")
+        asyncio.get_running_loop().call_soon(lambda: arriving.append(asyncio.create_task(come)))
         return "answered"
 
     assert await lane.preemptible("a", answered()) == "answered"
+    await arriving[0]
 
 
 async def test_a_line_waits_a_poll_after_an_interactive_request_was_routed_to_its_pool() -> None:
     pool, now = _pool(), [100.0]
     lane = BatchLane(lambda: {"micro": pool}, poll_s=0.05, monotonic=lambda: now[0])
     bounds = _policy("{max_interactive: 0}").policy.batches
-    lane.arrived(_policy("{max_interactive: 0}"), "micro")  # routed: not yet counted by the engine client
+    await lane.arrived(_policy("{max_interactive: 0}"), "micro")  # routed: not yet counted by the engine client
     assert not lane.headroom(bounds, "micro")
     now[0] += 0.06
     assert lane.headroom(bounds, "micro")

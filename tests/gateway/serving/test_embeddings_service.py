@@ -50,7 +50,7 @@ class _Lane:
     async def enter(self, loaded: LoadedPolicy, pool: str, request_id: str) -> None:
         self.entered.append((pool, request_id))
 
-    def arrived(self, loaded: LoadedPolicy, pool: str) -> None:
+    async def arrived(self, loaded: LoadedPolicy, pool: str) -> None:
         self.told.append(pool)
 
 

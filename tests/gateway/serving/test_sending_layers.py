@@ -121,7 +121,7 @@ def test_a_batch_line_waits_in_the_lane_and_wakes_no_sleeping_pool_unless_the_po
         async def enter(self, loaded: Any, pool: str, request_id: str) -> None:
             entered.append((pool, request_id))
 
-        def arrived(self, loaded: Any, pool: str) -> None:
+        async def arrived(self, loaded: Any, pool: str) -> None:
             arrived.append(pool)
 
     line = replace(_ctx(), batch=BatchTag("batch_1", "line-1"))
