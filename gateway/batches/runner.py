@@ -54,11 +54,13 @@ def request_id(batch_id: str, index: int) -> str:
 class LineOutcome:
     """`line`: the output (or error) file's line; `ok`: answered 2xx; `retry`: not answered (no headroom, preempted,
     a rate limit, no replica): the line goes back on the queue and `line` is empty; `tokens`: (input, output) tokens
-    of a 2xx answer, as its usage says."""
+    of a 2xx answer, as its usage says; `preempted`: retried because an interactive request took the pool back while
+    it ran (`gateway.batches.lane`)."""
 
     line: bytes
     ok: bool
     retry: bool = False
+    preempted: bool = False
     tokens: tuple[int, int] = (0, 0)
 
 
@@ -96,7 +98,7 @@ class LineRunner:
             body = await self._answer(batch, line, rid)
         except GatewayError as exc:
             if self._transient(exc):
-                return LineOutcome(b"", False, retry=True)
+                return LineOutcome(b"", False, retry=True, preempted=isinstance(exc, LinePreempted))
             return LineOutcome(output_line(batch.id, line, exc.status, _error_body(exc), rid), False)
         finally:
             if self._lane is not None:
