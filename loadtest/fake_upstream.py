@@ -49,7 +49,8 @@ def _prompt_tokens(messages: Any) -> int:
 
 
 class FakeUpstream:
-    """The ASGI app. `requests` counts chat requests; `aborted` counts streams the client left."""
+    """The ASGI app. `requests` counts chat requests; `aborted` counts streams the client left, and
+        slow answers (`delay_ms`) it closed before they came."""
 
     def __init__(self, model: str = "fake", delay_ms: float = 0.0, max_running: int | None = None) -> None:
         """`delay_ms`: default `fake_delay_ms` (a slow engine; may be changed while serving). `max_running`:
@@ -184,7 +185,11 @@ class FakeUpstream:
         delay = float(meta.get("fake_delay_ms", self.delay_ms)) / 1000
         if not req.get("stream"):
             if delay:
-                await asyncio.sleep(delay * n)
+                try:
+                    await asyncio.sleep(delay * n)
+                except asyncio.CancelledError:  # the client closed the request (in-process: its task cancelled)
+                    self.aborted += 1
+                    raise
             out = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
                    "model": req.get("model"), "choices": [answer.choice(i) for i in range(answer.choices)],
                    "usage": answer.usage}

@@ -1,17 +1,19 @@
 """The Batch API's lane and prices, as ops write them under the policy's `batches:` (every key has a default).
 
-A batch line is routed like an interactive request, then sent only while the pool it was routed to has headroom:
-its engines' queue (`max_queue` waiting requests, summed over replicas) and KV cache (`max_kv`, the fullest
-replica's share) at or below the bounds, this gateway's interactive requests on it at most `max_interactive`
-(None: not bounded), and at most `lines_in_flight` batch lines of this process on it. A line that waits `max_wait_s`
-without headroom is put back on the queue (`gateway.batches`). Batch lines are priced at the pool's price less its
-discount (`discount`, or the pool's own in `pool_discounts`), a fraction in [0, 1] as providers give 0.5.
+A batch line is routed like an interactive request, then sent only while the pool it was routed to has headroom: its
+engines' queue (`max_queue` waiting requests, summed over replicas) and KV cache (`max_kv`, the fullest replica's
+share) at or below the bounds, this gateway's interactive requests on it at most `max_interactive` (None: not
+bounded), and at most `lines_in_flight` batch lines of this process on it. A line that waits `max_wait_s` without
+headroom is put back on the queue (`gateway.batches`). With `preempt`, an interactive request routed to a pool that
+finds it past those bounds (itself counted) cancels the lines running on it, each put back on the queue. Batch lines
+are priced at the pool's price less its discount (`discount`, or the pool's own in `pool_discounts`), a fraction in
+[0, 1] as providers give 0.5.
 
-The lane does not stop a line already running on an engine. Where the engine schedules by priority (vLLM's
-`--scheduling-policy priority`, which the gateway knows only of a local pool's engines it starts:
-`priority_scheduled`), a batch line's body carries `engine_priority` and an interactive request's none (the
-engine's 0): the engine then takes a waiting interactive request before any waiting line, and preempts lines first
-when its KV cache runs short (`gateway.serving.openai.upstream.engine_body`).
+Without `preempt` the lane does not stop a line already running on an engine. Where the engine schedules by priority
+(vLLM's `--scheduling-policy priority`, which the gateway knows only of a local pool's engines it starts:
+`priority_scheduled`), a batch line's body carries `engine_priority` and an interactive request's none (the engine's
+0): the engine then takes a waiting interactive request before any waiting line, and preempts lines first when its
+KV cache runs short (`gateway.serving.openai.upstream.engine_body`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Batches(Frozen):
     max_kv: float = Field(default=0.9, ge=0, le=1, description="... and their fullest KV cache is at most this")
     max_interactive: int | None = Field(default=None, ge=0, description="... and this gateway has at most this many "
                                         "interactive requests in flight on the pool (None: not bounded)")
+    preempt: bool = Field(default=False, description="cancel the lines running on a pool when an interactive "
+                          "request routed to it finds the pool past these bounds (itself counted), and put them "
+                          "back on the queue to run again from the start (off: a running line runs to its end)")
     lines_in_flight: int = Field(default=4, ge=1, le=256, description="batch lines one gateway process sends at once")
     max_wait_s: float = Field(default=5.0, gt=0, description="a line waits this long for headroom, then goes back "
                               "on the queue")

@@ -277,7 +277,8 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     metrics = GatewayMetrics(lambda: pool_set.pools)
     pool_set.on_probe_error(metrics.faults.probe_failed)
     batch_metrics = BatchMetrics(metrics.registry)
-    lane = BatchLane(lambda: pool_set.pools, batch_metrics.lane_changed, batch_metrics.waiting_changed)
+    lane = BatchLane(lambda: pool_set.pools, batch_metrics.lane_changed, batch_metrics.waiting_changed,
+                     on_preempt=batch_metrics.line_preempted)
     # the batch lane reads the engines' queue and KV use while lines are in it
     pool_set.builder.load_read = lambda name: engine_load_read(policies.current.policy, name) or lane.active()
     counts = getattr(ledger, "counts", None)  # a RedisLedger's (the memory ledger keeps none)

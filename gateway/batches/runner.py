@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.batches.input import BatchLine
-from gateway.batches.lane import BatchLane, LaneBusy
+from gateway.batches.lane import BatchLane, LaneBusy, LinePreempted
 from gateway.batches.objects import Batch
 from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.errors import (
@@ -52,13 +52,15 @@ def request_id(batch_id: str, index: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LineOutcome:
-    """`line`: the output (or error) file's line; `ok`: answered 2xx; `retry`: not answered (no headroom, a rate
-    limit, no replica): the line goes back on the queue and `line` is empty; `tokens`: (input, output) tokens of a
-    2xx answer, as its usage says."""
+    """`line`: the output (or error) file's line; `ok`: answered 2xx; `retry`: not answered (no headroom, preempted,
+    a rate limit, no replica): the line goes back on the queue and `line` is empty; `tokens`: (input, output) tokens
+    of a 2xx answer, as its usage says; `preempted`: retried because an interactive request took the pool back while
+    it ran (`gateway.batches.lane`)."""
 
     line: bytes
     ok: bool
     retry: bool = False
+    preempted: bool = False
     tokens: tuple[int, int] = (0, 0)
 
 
@@ -74,10 +76,10 @@ def _error_body(exc: GatewayError) -> Any:
 
 class LineRunner:
     """Shares, does not own, the chat and embeddings services, the policy holder, the lane and the key store.
-    `transient(exc)`: whether a refusal is one to try the line again for (the default: no headroom, a rate limit,
-    limits unavailable, no replica). `keys`: where the issued key that created a batch is looked up for each line (its
-    limits, budget and id on the records apply; revoked or expired since, the line is refused with 401); None: no
-    issued keys."""
+    `transient(exc)`: whether a refusal is one to try the line again for (the default: no headroom, preempted, a
+    rate limit, limits unavailable, no replica). `keys`: where the issued key that created a batch is looked up for
+    each line (its limits, budget and id on the records apply; revoked or expired since, the line is refused with
+    401); None: no issued keys."""
 
     def __init__(self, service: ChatService, embeddings: EmbeddingService, policies: PolicyHolder, settings: Settings,
                  lane: BatchLane | None, transient: Callable[[GatewayError], bool] | None = None,
@@ -96,7 +98,7 @@ class LineRunner:
             body = await self._answer(batch, line, rid)
         except GatewayError as exc:
             if self._transient(exc):
-                return LineOutcome(b"", False, retry=True)
+                return LineOutcome(b"", False, retry=True, preempted=isinstance(exc, LinePreempted))
             return LineOutcome(output_line(batch.id, line, exc.status, _error_body(exc), rid), False)
         finally:
             if self._lane is not None:
@@ -111,7 +113,7 @@ class LineRunner:
         key = await self._key(batch)
         try:
             async with asyncio.timeout(settings.deadline_s + wait_s):
-                reply = await send(key)
+                reply = await (send(key) if self._lane is None else self._lane.preemptible(rid, send(key)))
         except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within the gateway's deadline of {settings.deadline_s:g} s") from exc
         assert isinstance(reply, JSONReply)  # no line streams (refused in `_send`)
@@ -170,4 +172,4 @@ def _tokens(answer: Any) -> tuple[int, int]:
 def _transient(exc: GatewayError) -> bool:
     if isinstance(exc, BudgetExceeded):
         return False  # spent: OpenAI answers such a line with its error, and so does the gateway
-    return isinstance(exc, LaneBusy | TooManyRequests | AdmissionUnavailable | NoReplicaAvailable)
+    return isinstance(exc, LaneBusy | LinePreempted | TooManyRequests | AdmissionUnavailable | NoReplicaAvailable)

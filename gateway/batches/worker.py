@@ -187,7 +187,8 @@ class BatchWorker:
         outcome = await self._runner.run(batch, taken.line)
         if outcome.retry:
             await self._queue.requeue(taken)
-            self._paused_until = time.monotonic() + self._pause_s
+            if not outcome.preempted:  # a preempted line's pool is back once its interactive load ends: the lane
+                self._paused_until = time.monotonic() + self._pause_s  # holds the next lines until then
             self._count("requeued")
             return
         kept, all_answered = await self._store.answer(batch.id, taken.line.index, outcome.line, outcome.ok,

@@ -121,6 +121,8 @@ class EmbeddingService:
             decision = await self._woken(loaded.policy, tenant, decision, batch)
             if batch is not None and self._lane is not None:
                 await self._lane.enter(loaded, decision.pool, request_id)
+            elif self._lane is not None:  # interactive: it may take the pool back from its lines (`batches.preempt`)
+                await self._lane.arrived(loaded, decision.pool)
             decision, pool = self._versions.target(decision, raw)
             upstream = orjson.dumps(engine_body({**raw, "model": decision.model}, loaded.policy, decision,
                                                 batch is not None))

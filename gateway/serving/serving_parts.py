@@ -28,6 +28,10 @@ class Lane(Protocol):
         """Return once `pool` has room for one more batch line, holding it for `request_id` until the lane is told
         the line ended; raise a `GatewayError` (503) when none came in the policy's `batches.max_wait_s`."""
 
+    async def arrived(self, loaded: LoadedPolicy, pool: str) -> None:
+        """An interactive request was routed to `pool` (under `batches.preempt` it may take the pool back from the
+        lines running on it, and returns once they are stopped)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ServingParts:

@@ -113,9 +113,13 @@ class Planner:
                                            ctx.ladder, ctx.downgrade)
 
     async def _lane(self, ctx: RequestContext, decision: RouteDecision) -> RouteDecision:
-        """A batch line waits for headroom on the pool it was routed to (`ServingParts.lane`); its pool stays."""
-        if ctx.batch is not None and self._parts.lane is not None:
-            await self._parts.lane.enter(ctx.loaded, decision.pool, ctx.request_id)
+        """A batch line waits for headroom on the pool it was routed to (`ServingParts.lane`); its pool stays. An
+        interactive request is told to the lane, which may preempt the lines on its pool (`batches.preempt`)."""
+        lane = self._parts.lane
+        if lane is not None and ctx.batch is not None:
+            await lane.enter(ctx.loaded, decision.pool, ctx.request_id)
+        elif lane is not None:
+            await lane.arrived(ctx.loaded, decision.pool)
         return decision
 
 

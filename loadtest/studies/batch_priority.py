@@ -2,12 +2,15 @@
 
 One real demo micro engine (the shipped spec, started with `--scheduling-policy priority`) and two gateways in front
 of it (`--no-engines`, following it through an engine registry): one whose policy sets `batches.engine_priority`
-(batch lines carry it, interactive requests 0), one without (every request 0: first come, first served). Both keep
-the lane's default bounds. Each round runs, in order: the interactive load alone; a batch alone (its lines a second
-with the engine to itself); then the load beside a batch through each gateway. The interactive load is open loop
-(`--rate` streamed chat requests a second); TTFT is the time to the first content event. Per phase it prints the
-interactive p50/p99 TTFT, the batch lines answered a second and that rate's share of the batch alone's, and the
-share of 0.25 s samples of the lane gauge with a line in flight.
+(batch lines carry it, interactive requests 0), one without (every request 0: first come, first served); or, with
+`--versus preempt`, one with `batches.preempt: true` and one without (neither with a priority). Both keep the lane's
+bounds (`--lane`, else its defaults). Each round runs, in order: the interactive load alone; a batch alone (its
+lines a second with the engine to itself); then the load beside a batch through each gateway. The interactive load
+is open loop (`--rate` streamed chat requests a second); TTFT is the time to the first content event. Per phase it
+prints the interactive p50/p99 TTFT, the batch lines answered a second and that rate's share of the batch alone's,
+and the share of 0.25 s samples of the lane gauge with a line in flight (both over the time the batch took, where it
+finished within the phase: `finished_s`), and the lines preempted (`batches.preempt`, e.g. `--lane "max_interactive:
+0, preempt: true"`).
 
     flock /tmp/cascade-engines.lock python -m loadtest.studies.batch_priority --rounds 2
 """
@@ -102,20 +105,35 @@ def batch_state(client: httpx.Client, url: str, batch: str) -> tuple[str, int, i
     return str(got["status"]), int(got["request_counts"]["completed"]), int(got["request_counts"]["failed"])
 
 
-def _lane_share(url: str, stop: threading.Event, samples: list[bool]) -> None:
+def _sample(text: str, series: str) -> float:
+    found = [line for line in text.splitlines() if line.startswith(series)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def preempted(url: str) -> float:
+    """The gateway's `cascade_batch_lines_preempted_total` on the micro pool."""
+    return _sample(httpx.get(url + "/metrics", timeout=5).text, 'cascade_batch_lines_preempted_total{pool="micro"}')
+
+
+def _lane_share(url: str, stop: threading.Event, samples: list[bool], batch: str | None,
+                finished: list[float]) -> None:
+    """Every 0.25 s: whether a line is in the lane; when `batch` completed, its time in `finished`."""
+    started = time.monotonic()
     with httpx.Client(timeout=5) as client:
         while not stop.wait(0.25):
-            text = client.get(url + "/metrics").text
-            busy = [line for line in text.splitlines() if line.startswith('cascade_batch_lane_in_flight{pool="micro"}')]
-            samples.append(bool(busy) and float(busy[0].split()[-1]) > 0)
+            samples.append(_sample(client.get(url + "/metrics").text,
+                                   'cascade_batch_lane_in_flight{pool="micro"}') > 0)
+            if batch and not finished and batch_state(client, url, batch)[0] == "completed":
+                finished.append(time.monotonic() - started)
 
 
 def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
     """The interactive load (rate > 0) for `seconds`, beside a batch of `lines` (0: none) cancelled at the end."""
     client = httpx.Client(timeout=60)
     batch = create_batch(client, url, lines) if lines else None
-    stop, samples = threading.Event(), list[bool]()
-    sampler = threading.Thread(target=_lane_share, args=(url, stop, samples), daemon=True)
+    stop, samples, finished = threading.Event(), list[bool](), list[float]()
+    sampler = threading.Thread(target=_lane_share, args=(url, stop, samples, batch, finished), daemon=True)
+    was_preempted = preempted(url)
     sampler.start()
     started, before = time.monotonic(), (batch_state(client, url, batch)[1] if batch else 0)
     ttfts = _interactive(url, rate, seconds) if rate > 0 else []
@@ -123,6 +141,10 @@ def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
     took = time.monotonic() - started
     status, answered, failed = batch_state(client, url, batch) if batch else ("", 0, 0)
     stop.set()
+    sampler.join()
+    if finished:  # done within the phase: its rate over the time it took, and the lane's share over that time
+        took = finished[0]
+        samples = samples[:max(1, int(took / 0.25))]
     if batch:
         client.post(f"{url}/v1/batches/{batch}/cancel")
         deadline = time.monotonic() + 120
@@ -133,6 +155,7 @@ def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
     return {"requests": len(ordered), "p50_ms": statistics.median(ordered) * 1000 if ordered else None,
             "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000 if ordered else None,
             "lines_per_s": (answered - before) / took, "lines_failed": failed, "batch_left": status != "completed",
+            "finished_s": finished[0] if finished else None, "preempted": preempted(url) - was_preempted,
             "lane_busy": sum(samples) / len(samples) if samples else 0.0}
 
 
@@ -157,6 +180,9 @@ def main() -> None:
                    "queues)")
     p.add_argument("--lane", default="", help="the lane's bounds, as YAML inside `batches: {...}`, e.g. "
                    "'max_queue: 16, lines_in_flight: 16' (default: the policy's defaults)")
+    p.add_argument("--versus", choices=("priority", "preempt"), default="priority", help="what the two gateways "
+                   "differ by: `batches.engine_priority` 10 or none (the default), or `batches.preempt` on or off "
+                   "(neither with a priority)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="batch-priority-"))
     models_root(tmp).symlink_to(models_root(), target_is_directory=True)
@@ -168,21 +194,25 @@ def main() -> None:
         publish(registry, "micro", sup.urls)
         engine = sup.spec.model_dump_json(exclude_defaults=True)
         gateways = {}
-        for name, priority in (("priority", 10), ("fcfs", None)):
+        preempting = ", ".join(b for b in (args.lane, "preempt: true") if b)
+        pair = ((("priority", 10, args.lane), ("fcfs", None, args.lane)) if args.versus == "priority" else
+                (("preempt", None, preempting), ("no-preempt", None, args.lane)))
+        (tried, _, _), (base, _, _) = pair
+        for name, priority, lane in pair:
             policy = tmp / f"{name}.yaml"
-            policy.write_text(study_policy(engine, priority, args.lane))
+            policy.write_text(study_policy(engine, priority, lane))
             port = free_port()
             cmd, _ = gateway_command(policy, port, "h1", f"study:batch-priority:{uuid.uuid4().hex[:6]}:", "warning",
                                      scorer="length", extra=["--home", str(tmp / name)])
             proc = procs.start(name, cmd, {REGISTRY_ENV: str(registry)})
             gateways[name] = f"http://127.0.0.1:{port}"
             wait_ready(gateways[name] + "/readyz", proc, 300, name, functools.partial(procs.log_tail, name))
-        phase(gateways["fcfs"], args.rate, 5, 0)  # warm-up
+        phase(gateways[base], args.rate, 5, 0)  # warm-up
         for r in range(args.rounds):
-            plan = [("alone", gateways["fcfs"], args.rate, 0), ("batch alone", gateways["fcfs"], 0.0, args.lines),
-                    ("beside, fcfs", gateways["fcfs"], args.rate, args.lines),
-                    ("beside, priority", gateways["priority"], args.rate, args.lines)]
-            if r % 2:  # interleaved: the two engine policies swap places each round
+            plan = [("alone", gateways[base], args.rate, 0), ("batch alone", gateways[base], 0.0, args.lines),
+                    (f"beside, {base}", gateways[base], args.rate, args.lines),
+                    (f"beside, {tried}", gateways[tried], args.rate, args.lines)]
+            if r % 2:  # interleaved: the two policies swap places each round
                 plan[2], plan[3] = plan[3], plan[2]
             for label, url, rate, lines in plan:
                 with open("/proc/loadavg") as f:

@@ -45,9 +45,13 @@ def _loaded(extra: str = "") -> LoadedPolicy:
 class _Lane:
     def __init__(self) -> None:
         self.entered: list[tuple[str, str]] = []
+        self.told: list[str] = []
 
     async def enter(self, loaded: LoadedPolicy, pool: str, request_id: str) -> None:
         self.entered.append((pool, request_id))
+
+    async def arrived(self, loaded: LoadedPolicy, pool: str) -> None:
+        self.told.append(pool)
 
 
 class _Forwarder:
@@ -98,7 +102,7 @@ def test_a_batch_line_waits_in_the_lane_and_is_billed_at_the_discount_with_its_i
         await parts.accountant.drain()  # the records are written in the background
 
     asyncio.run(both())
-    assert parts.lane.entered == [("embed", "req_line")]  # an interactive request never waits in the lane
+    assert parts.lane.entered == [("embed", "req_line")] and parts.lane.told == ["embed"]  # interactive: told only
     line, interactive = parts.ledger.records["req_line"], parts.ledger.records["req_interactive"]
     assert (line.batch_id, line.custom_id, line.endpoint) == ("batch_1", "line-1", "embeddings")
     assert (interactive.batch_id, interactive.custom_id) == ("", "")

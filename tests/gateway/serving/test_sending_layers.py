@@ -88,7 +88,7 @@ def _planner(*steps: Step, **more: Any) -> Planner:
 
     parts = SimpleNamespace(admission=SimpleNamespace(admit=admit), router=SimpleNamespace(route=route), wake=None,
                             forwarder=SimpleNamespace(checker=None), fit=SimpleNamespace(place=place),
-                            keep_requests=False, **more)
+                            keep_requests=False, **{"lane": None, **more})
     planner = Planner(parts, _Calls())  # type: ignore[arg-type]
     planner.steps = (*planner.steps, *steps)
     return planner
@@ -115,10 +115,14 @@ def test_a_step_is_one_more_item_and_a_refusing_step_is_named() -> None:
 
 def test_a_batch_line_waits_in_the_lane_and_wakes_no_sleeping_pool_unless_the_policy_lets_it() -> None:
     entered: list[tuple[str, str]] = []
+    arrived: list[str] = []
 
     class Lane:
         async def enter(self, loaded: Any, pool: str, request_id: str) -> None:
             entered.append((pool, request_id))
+
+        async def arrived(self, loaded: Any, pool: str) -> None:
+            arrived.append(pool)
 
     line = replace(_ctx(), batch=BatchTag("batch_1", "line-1"))
     planner = _planner(lane=Lane(), sleeping=lambda pool: pool == "flagship")
@@ -126,7 +130,7 @@ def test_a_batch_line_waits_in_the_lane_and_wakes_no_sleeping_pool_unless_the_po
     assert entered == [("micro", "req_1")]  # routed, then the lane: the pool stays
     assert (call.facts.batch_id, call.facts.custom_id) == ("batch_1", "line-1")
     asyncio.run(planner.plan(_ctx()))
-    assert len(entered) == 1  # an interactive request never waits in the lane
+    assert len(entered) == 1 and arrived == ["micro"]  # an interactive request never waits: the lane is told of it
     asleep = _planner(lane=Lane(), sleeping=lambda pool: True)
     with pytest.raises(NoReplicaAvailable) as refused:
         asyncio.run(asleep.plan(line))
