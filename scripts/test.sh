@@ -23,9 +23,9 @@ import os
 print("[test]", ensure_redis(os.environ.get("CASCADE_REDIS_URL", "redis://127.0.0.1:6379/0")))
 PY
 # In parallel by default (pytest-xdist): the tests with real engines run on one worker, in the order
-# tests/conftest.py gives them (shared engines first), but for the chaos run (its own group, its engine on the last
-# core), the others spread over the rest. CASCADE_TEST_WORKERS=N sets the workers (0: everything in this process);
-# an -n/--numprocesses or -p no:xdist of your own wins.
+# tests/conftest.py gives them (shared engines first), but for the chaos run and the int8 demo (groups of their own,
+# their engines on the last core), the others spread over the rest. CASCADE_TEST_WORKERS=N sets the workers (0:
+# everything in this process); an -n/--numprocesses or -p no:xdist of your own wins.
 # The fast tier (`-m "not engines"`) takes 6 workers: its tests wait on sockets and child processes as much as they
 # compute (on 2 cores, with bytecode cached: 2 min 52 s with 6, 2 min 59 s with 8, 3 min 22 s with 4; BENCHMARKS.md
 # "Test suite"). With engines, 3: the engine tests' worker, the chaos run, which mostly waits at 3 requests a second,

@@ -268,8 +268,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     then the `slow` tests without engines, then the rest (`_order`).
     Under pytest-xdist (`-n`, `--dist loadgroup`) they all run on one worker, the first unit handed out (the
     longest; two tests' engines never compete for the first cores, where vLLM binds every CPU worker), but for tests
-    that name an xdist group of their own: a heavy one that starts no engine, and the chaos run, whose engine is
-    bound to the last core; the other tests spread over the workers."""
+    that name an xdist group of their own: a heavy one that starts no engine, and the chaos run and the int8 demo,
+    which share no engine with the others and bind their engines' workers to the last core; the other tests spread
+    over the workers. The groups are handed out largest first, then the single units in this order, so those two
+    are the first single units, started in the first minutes beside the shared engines' tests; the CPU-pinning
+    tests at the engines group's end wait for their engines (`tests/backends/engines/test_cpu_pinning.py`)."""
     items.sort(key=_order)
     for item in items:
         if _engines_of(item) and item.get_closest_marker("xdist_group") is None:

