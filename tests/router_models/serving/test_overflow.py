@@ -160,12 +160,14 @@ def test_the_setting_defaults_to_auto_and_tests_run_without_it(monkeypatch: pyte
 
 
 @pytest.mark.slow
-async def test_the_shipped_scorer_overflows_a_real_surge_to_the_fast_artifact() -> None:
-    """The real models: the transformer primary and the static overflow (its table is built on first use,
+async def test_the_shipped_scorer_overflows_a_real_surge_to_the_fast_artifact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real models: the transformer primary alone (`CASCADE_ROUTER_REFINE=none`: the two stages of the default
+    score a surge of 96 fast enough that none waits 50 ms) and the static overflow (its table is built on first use,
     about a minute on 2 cores, then cached). A surge of unique prompts is partly scored by the overflow model,
     with exactly the fast artifact's own scores; a lone prompt afterwards gets the primary's. Overflow after
     50 ms, not the default 10: the surge's later batches wait far longer, and a lone prompt's pickup on a busy
     machine (under pytest-xdist) can take more than 10 ms, which sent it to the overflow model."""
+    monkeypatch.setenv("CASCADE_ROUTER_REFINE", "none")
     scorer = load_scorer(None, BatchingConfig(workers=1, overflow_after_ms=50), overflow="auto")
     deadline = time.monotonic() + 300
     while scorer.overflow is None and time.monotonic() < deadline:
