@@ -42,6 +42,21 @@ SHARED_URL = "redis://127.0.0.1:6379/0"
 SHIPPED_THRESHOLD = "  threshold: {flagship_share: 0.3, initial: 0.28}\n"
 
 
+def cascade_home(path: Path) -> Path:
+    """`path` made a $CASCADE_HOME (its own artifact and memory store) whose embedder caches are the session's (the
+    fast artifact's table, the ONNX export, the vectors of prompts embedded): a cache changes how long a run takes,
+    never what it computes. Call before $CASCADE_HOME names `path`. Returns `path`."""
+    from router_models.embedders.onnx_minilm import default_cache_dir
+
+    link = path / "router-cache"
+    if not link.exists():
+        cache = default_cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(cache, target_is_directory=True)
+    return path
+
+
 def with_fixed_threshold(text: str, threshold: str = "0.5") -> str:
     """A shipped policy's text with its flagship-share threshold replaced by a fixed cut, for tests of rules and
     decisions that need a known threshold. Fails if the shipped line changed, so the edit cannot silently miss."""

@@ -27,6 +27,7 @@ from router_models.serving.artifact import (
 from router_models.serving.artifact_store import ArtifactStore
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.scorer import ConversationShape
+from tests.conftest import cascade_home
 from tests.servers import serve
 
 ADMIN = "router-swap-admin-key"
@@ -48,7 +49,7 @@ def _settings(policy_file: Path, tmp_path: Path, **more: object) -> Settings:
 async def test_a_promotion_and_a_rollback_swap_the_router_under_traffic(
     policy_file: Path, tmp_path: Path, upstreams: tuple[object, str, object, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))  # an empty store: the shipped artifact serves
+    monkeypatch.setenv("CASCADE_HOME", str(cascade_home(tmp_path)))  # an empty store: the shipped artifact serves
     app = create_app(_settings(policy_file, tmp_path, policy_watch_interval_s=0.1))
     store = ArtifactStore(tmp_path / "router")
     with serve(app) as url:

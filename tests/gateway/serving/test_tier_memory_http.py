@@ -20,6 +20,7 @@ from policies.tiers import parse_estimates
 from router_models.serving.artifact import DEFAULT_ARTIFACT
 from router_models.training.labels import label_rows
 from router_models.training.memory_build import add_label_rows
+from tests.conftest import cascade_home
 from tests.gateway.serving.test_tiers_http import _ask, _policy, _record
 from tests.servers import serve, until
 
@@ -28,7 +29,7 @@ PROMPT = "Write a Python function that merges two sorted lists."
 
 def test_a_label_of_the_code_pool_moves_the_code_tier_alone_and_every_record_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setenv("CASCADE_HOME", str(cascade_home(tmp_path)))
     monkeypatch.setenv("CASCADE_ROUTER_ARTIFACT", str(DEFAULT_ARTIFACT))
     rows = label_rows([{"prompt": PROMPT, "pools": {"code": 0}}])
     add_label_rows(rows, tmp_path / "router" / "memory" / "shared.json", DEFAULT_ARTIFACT)

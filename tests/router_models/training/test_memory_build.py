@@ -15,12 +15,11 @@ from redis.typing import EncodableT
 
 from gateway.cli.main import main
 from router_models.cli import register
-from router_models.embedders.onnx_minilm import default_cache_dir
 from router_models.serving.artifact import DEFAULT_ARTIFACT, load_artifact
 from router_models.serving.memory_file import load_memory
 from router_models.serving.refined_model import refine_choice, refine_front
 from router_models.training.ledger_labels import LabelKeys
-from tests.conftest import SHARED_URL
+from tests.conftest import SHARED_URL, cascade_home
 
 
 def _run(*argv: str) -> int:
@@ -80,10 +79,7 @@ def _cli(monkeypatch: pytest.MonkeyPatch, home: Path, *argv: str) -> int:
     """`cascade router memory add ...` through the gateway's own entry point, in process, with `home` as
     $CASCADE_HOME but the session's embedder caches (the fast artifact's table, the ONNX export): a cache changes
     how long a run takes, never what it computes (each test built the table again: 25-35 s a test)."""
-    if not (home / "router-cache").exists():
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "router-cache").symlink_to(default_cache_dir(), target_is_directory=True)
-    monkeypatch.setenv("CASCADE_HOME", str(home))
+    monkeypatch.setenv("CASCADE_HOME", str(cascade_home(home)))
     return main(["router", "memory", "add", *argv, "--artifact", str(DEFAULT_ARTIFACT)])
 
 
