@@ -82,17 +82,22 @@ def serve(app: Any, port: int | None = None, **options: Any) -> Iterator[str]:
 
 
 def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Callable[[], str],
-               poll_s: float = 0.1) -> None:
-    """Poll `base`/readyz until it answers 200. Fails the test with `log()` (the process's output) if the
-    process exits first or the time runs out."""
+               poll_s: float = 0.1, workers: int = 1) -> None:
+    """Poll `base`/readyz until it answers 200, from `workers` distinct workers (`serve --workers N`: each poll on a
+    new connection, so a request the test sends next never waits on a worker still starting). Fails the test with
+    `log()` (the process's output) if the process exits first or the time runs out."""
     deadline = time.monotonic() + timeout_s
+    seen: set[str] = set()
     with httpx.Client(timeout=2) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise AssertionError(f"gateway exited early ({proc.returncode}):\n{log()[-4000:]}")
             try:
-                if client.get(base + "/readyz").status_code == 200:
-                    return
+                reply = client.get(base + "/readyz", headers={"connection": "close"})
+                if reply.status_code == 200:
+                    seen.add(str(reply.json().get("worker")))
+                    if len(seen) >= workers:
+                        return
             except httpx.HTTPError:
                 pass
             time.sleep(poll_s)

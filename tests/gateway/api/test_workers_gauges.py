@@ -58,7 +58,7 @@ def gateway(tmp_path: Path) -> Iterator[str]:
                                 stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_ready(url, proc, 90, (tmp_path / "gateway.log").read_text)
+            wait_ready(url, proc, 90, (tmp_path / "gateway.log").read_text, workers=2)
             yield url
         finally:
             proc.send_signal(signal.SIGTERM)
