@@ -60,7 +60,13 @@ from router_models.serving.blas_threads import one_blas_thread
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.domain import DomainReference
 from router_models.serving.pool_map import PoolMap, pool_map_for
-from router_models.serving.refined_model import SHIPPED_BAND, RefinedClassifier, refine_choice, refine_front
+from router_models.serving.refined_model import (
+    SHIPPED_BAND,
+    RefinedClassifier,
+    refine_choice,
+    refine_front,
+    rows_artifact,
+)
 from router_models.serving.scorer import SCORING_CHARS, ConversationShape, prompt_shape
 from router_models.serving.ttl_cache import TTLCache
 
@@ -476,7 +482,7 @@ def load_scorer(
     overflow_path = overflow_artifact(artifact_path, overflow)
     one_blas_thread()
     model = load_model(artifact_path, torch_threads)
-    rows_from = str(refine_front(artifact_path, refine_choice()) or artifact_path or current_artifact_path())
+    rows_from = str(rows_artifact(artifact_path))  # load_model checked the front; its rows name the reference
     scorer = ClassifierScorer(model, config, version=model.version, domain=_domain(rows_from, model.embedder_name))
     scorer.pool_map = pool_map_for(model.embedder_name)  # None without one on this embedder (logged)
     if overflow_path is not None:
