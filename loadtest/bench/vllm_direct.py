@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
+from backends.engines.cpu_pinning import pin_engine_core
 from backends.models.demo import models_root
 from loadtest.processes import free_port, gateway_command, policy_text, wait_ready
 
@@ -49,7 +50,10 @@ def _tail(log: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
 
 
-def _engine(tmp: Path, model_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+def _engine(tmp: Path, model_dir: Path, layout: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """The demo micro engine; `layout` "product" pins its engine core to its worker's cores once it answers, as the
+    supervisor does for every engine the gateway starts (`engine.pin_engine_core`, on by default); "vllm" leaves
+    vLLM's own placement (the engine core on any core, beside the API server, the relay and the client)."""
     port, log = free_port(), tmp / "engine.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", "micro", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
@@ -57,6 +61,10 @@ def _engine(tmp: Path, model_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
     proc = _start(cmd, log, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
     base = f"http://127.0.0.1:{port}"
     wait_ready(base + "/health", proc, 600, "engine", lambda: _tail(log))
+    pinned = pin_engine_core(proc.pid) if layout == "product" else None
+    print(f"engine layout {layout}: " + ("vLLM's own" if pinned is None else
+          f"engine core(s) {', '.join(map(str, pinned[0].engine_cores))} pinned to cores {sorted(pinned[1])}"),
+          flush=True)
     return base, proc
 
 
@@ -141,8 +149,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--prompts-per-client", type=int, default=16, help="prompts per concurrent client (min 32)")
+    p.add_argument("--prompts-per-client", type=int, default=16,
+                   help="prompts per concurrent client (at least --min-prompts in all)")
+    p.add_argument("--min-prompts", type=int, default=200,
+                   help="prompts per cell at least: a p99 of fewer than 100 is their slowest request (default 200)")
     p.add_argument("--engine-url", help="an engine already serving `micro` (else one is started here)")
+    p.add_argument("--engine-layout", choices=("product", "vllm"), default="product",
+                   help="product: the engine core pinned to its worker's cores, as the gateway's supervisor starts "
+                        "every CPU engine (default); vllm: vLLM's own placement")
     p.add_argument("--gateway-cmd", help="launcher of a second gateway measured beside this tree's")
     p.add_argument("--bare", action="store_true", help="also measure `loadtest.bench.bare_relay` (a floor)")
     p.add_argument("--out", type=Path, help="write the cells as JSON here")
@@ -153,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         engine = args.engine_url
         if not engine:
-            engine, proc = _engine(tmp, model_dir)
+            engine, proc = _engine(tmp, model_dir, args.engine_layout)
             procs.append(proc)
         targets: dict[str, Target] = {"direct": (engine, None)}
         if args.bare:
@@ -182,7 +196,7 @@ def _rounds(args: argparse.Namespace, targets: dict[str, Target], model_dir: Pat
     for rnd in range(args.rounds):
         for c in (int(x) for x in args.concurrency.split(",")):
             order = names if rnd % 2 == 0 else names[::-1]
-            prompts = max(32, c * args.prompts_per_client)
+            prompts = max(args.min_prompts, c * args.prompts_per_client)
             cells += [_measure(n, targets[n], model_dir, c, prompts, rnd) for n in order]
     print(f"measured in {time.monotonic() - started:.0f} s", flush=True)
     return cells
