@@ -33,11 +33,23 @@ __all__ = [
 
 
 class GatewayError(Exception):
-    """Base of every error the gateway shows to a client."""
+    """Base of every error the gateway shows to a client. A subclass states its HTTP status, its `type` and its
+    default `code` as class keywords (`class NotFound(GatewayError, status=404, ...)`); one it leaves out is its
+    base's."""
 
     status: int = 500
     type: str = "internal_error"
     code: str | None = None
+
+    def __init_subclass__(cls, *, status: int | None = None, type: str | None = None,
+                          code: str | None = None) -> None:
+        super().__init_subclass__()
+        if status is not None:
+            cls.status = status
+        if type is not None:
+            cls.type = type
+        if code is not None:
+            cls.code = code
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -54,9 +66,9 @@ class GatewayError(Exception):
         return {}
 
 
-class BadRequest(GatewayError):
-    status = 400
-    type = "invalid_request_error"
+class BadRequest(GatewayError, status=400, type="invalid_request_error"):
+    """400: the request cannot be served as sent (a bad parameter, a body that does not parse, a feature this
+    gateway runs without)."""
 
 
 class InputRefused(BadRequest):
@@ -72,46 +84,29 @@ class InputRefused(BadRequest):
         return {"x-cascade-guard": self.decisions}
 
 
-class BodyTooLarge(GatewayError):
-    status = 413
-    type = "invalid_request_error"
-    code = "request_too_large"
+class BodyTooLarge(GatewayError, status=413, type="invalid_request_error", code="request_too_large"):
+    """413: a body or an uploaded file over the gateway's limit."""
 
 
-class AuthenticationError(GatewayError):
-    status = 401
-    type = "authentication_error"
-    code = "invalid_api_key"
+class AuthenticationError(GatewayError, status=401, type="authentication_error", code="invalid_api_key"):
+    """401: no key, or one the gateway does not accept (unknown, revoked or expired; not the admin key where an
+    admin endpoint needs it)."""
 
 
-class PermissionDenied(GatewayError):
+class PermissionDenied(GatewayError, status=403, type="permission_error", code="pool_not_allowed"):
     """The caller is known but may not use what it asked for (a pool outside its allowed pools)."""
 
-    status = 403
-    type = "permission_error"
-    code = "pool_not_allowed"
+
+class ModelNotFound(GatewayError, status=404, type="invalid_request_error", code="model_not_found"):
+    """404: the model the request names is not served here (to this tenant, or on this endpoint)."""
 
 
-class ModelNotFound(GatewayError):
-    status = 404
-    type = "invalid_request_error"
-    code = "model_not_found"
-
-
-class NotFound(GatewayError):
+class NotFound(GatewayError, status=404, type="invalid_request_error", code="not_found"):
     """404 for a thing other than a model (an API key id at `/admin/keys/{id}`)."""
 
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
-
-class NoReplicaAvailable(GatewayError):
+class NoReplicaAvailable(GatewayError, status=503, type="service_unavailable", code="engine_unavailable"):
     """No replica of the chosen pool could take the request (all down, or all failed before any byte)."""
-
-    status = 503
-    type = "service_unavailable"
-    code = "engine_unavailable"
 
 
 class RetryLater(GatewayError):
@@ -126,41 +121,28 @@ class RetryLater(GatewayError):
         return {"retry-after": str(self.retry_after_s)}
 
 
-class AdmissionUnavailable(RetryLater):
+class AdmissionUnavailable(RetryLater, status=503, type="service_unavailable", code="limits_unavailable"):
     """The tenant's rate limits or budget could not be checked (Redis unreachable) and its policy says
     `on_redis_outage: fail_closed`."""
-
-    status = 503
-    type = "service_unavailable"
-    code = "limits_unavailable"
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message, retry_after_s)
 
 
-class DeadlineExceeded(GatewayError):
+class DeadlineExceeded(GatewayError, status=504, type="timeout_error", code="deadline_exceeded"):
     """The request did not get an answer (or, streaming, a first token) within the gateway's deadline."""
 
-    status = 504
-    type = "timeout_error"
-    code = "deadline_exceeded"
 
-
-class UpstreamError(GatewayError):
+class UpstreamError(GatewayError, type="upstream_error"):
     """The engine answered with an error we pass on (its status and message, our envelope)."""
-
-    type = "upstream_error"
 
     def __init__(self, message: str, status: int, *, param: str | None = None, code: str | None = None):
         super().__init__(message, param=param, code=code)
         self.status = status
 
 
-class TooManyRequests(RetryLater):
+class TooManyRequests(RetryLater, status=429, type="rate_limit_exceeded"):
     """429: too many requests from this client now; `type_` replaces the class's `type`."""
-
-    status = 429
-    type = "rate_limit_exceeded"
 
     def __init__(self, message: str, retry_after_s: int, *, type_: str | None = None, code: str | None = None) -> None:
         super().__init__(message, retry_after_s, code=code)
@@ -168,19 +150,14 @@ class TooManyRequests(RetryLater):
             self.type = type_
 
 
-class RateLimited(TooManyRequests):
+class RateLimited(TooManyRequests, code="rate_limit_exceeded"):
     """Over the tenant's requests or tokens per minute. Like OpenAI: `type` is "requests" or "tokens"
     (the limit that binds), `code` is "rate_limit_exceeded"."""
 
-    code = "rate_limit_exceeded"
 
-
-class BudgetExceeded(TooManyRequests):
+class BudgetExceeded(TooManyRequests, type="insufficient_quota", code="insufficient_quota"):
     """The tenant spent its daily or monthly budget (policy `on_exceed: reject`). Like OpenAI's quota
     error: `type` and `code` are "insufficient_quota"; `retry_after_s` runs to the UTC period reset."""
-
-    type = "insufficient_quota"
-    code = "insufficient_quota"
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:

@@ -35,21 +35,13 @@ __all__ = ["BatchLane", "LaneBusy", "LinePreempted"]
 T = TypeVar("T")
 
 
-class LaneBusy(GatewayError):
+class LaneBusy(GatewayError, status=503, type="service_unavailable", code="batch_lane_busy"):
     """No headroom on the line's pool within the policy's `batches.max_wait_s` (the line goes back on the queue)."""
 
-    status = 503
-    type = "service_unavailable"
-    code = "batch_lane_busy"
 
-
-class LinePreempted(GatewayError):
+class LinePreempted(GatewayError, status=503, type="service_unavailable", code="batch_line_preempted"):
     """An interactive request took the line's pool back while the line ran (`batches.preempt`): the line goes back on
     the queue."""
-
-    status = 503
-    type = "service_unavailable"
-    code = "batch_line_preempted"
 
 
 class BatchLane:

@@ -83,7 +83,7 @@ class Batch:
     output_tokens: int = 0
     output_file_id: str = ""
     error_file_id: str = ""
-    in_progress_at: int = 0
+    in_progress_at: int = 0  # to cancelled_at: when the batch reached that status (UTC epoch seconds); 0: not reached
     finalizing_at: int = 0
     completed_at: int = 0
     failed_at: int = 0

@@ -148,14 +148,12 @@ class LineRunner:
         return key if key.tenant == batch.tenant else replace(key, tenant=batch.tenant)  # an open policy's caller
 
 
-class _NoEndpoint(GatewayError):
-    status = 404
-    type = "invalid_request_error"
+class _NoEndpoint(GatewayError, status=404, type="invalid_request_error"):
+    """A line whose url no endpoint of this gateway serves."""
 
 
-class _Refused(GatewayError):
-    status = 400
-    type = "invalid_request_error"
+class _Refused(GatewayError, status=400, type="invalid_request_error"):
+    """A line this gateway will not run as a batch line (one that asks to stream)."""
 
 
 def _tokens(answer: Any) -> tuple[int, int]:

@@ -66,18 +66,17 @@ class _Slot:
     row: bytes = b""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class CacheLookup:
-    """The cache's answer for one request. `result`: "hit", "miss", "bypass", or "" (the tenant has no cache)."""
+    """The cache's answer for one request. `result`: "hit", "miss", "bypass", or "" (the tenant has no cache);
+    `reply`: a hit's answer. A miss names where its answer goes (the cache, the tenant's spec, the slot)."""
 
-    def __init__(self, cache: AnswerCache | None, result: str, facts: RequestFacts,
-                 spec: ResponseCache | None = None, slot: _Slot | None = None,
-                 reply: JSONReply | StreamReply | None = None) -> None:
-        self._cache = cache
-        self.result = result
-        self._facts = facts
-        self._spec = spec
-        self._slot = slot
-        self.reply = reply
+    _cache: AnswerCache | None
+    result: str
+    _facts: RequestFacts
+    _spec: ResponseCache | None = None
+    _slot: _Slot | None = None
+    reply: JSONReply | StreamReply | None = None
 
     @property
     def tenant(self) -> str:

@@ -29,12 +29,8 @@ MAX_COMMENT_CHARS = 2000
 MAX_BODY_BYTES = 16 * 1024
 
 
-class RequestNotFound(GatewayError):
+class RequestNotFound(GatewayError, status=404, type="invalid_request_error", code="request_not_found"):
     """No request of the caller's tenant has this id (unknown, expired, or another tenant's)."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "request_not_found"
 
 
 class Feedback(BaseModel):

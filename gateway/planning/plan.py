@@ -17,8 +17,6 @@ from policies.schema import LocalPool, Policy, RemotePool
 
 __all__ = ["Plan", "PoolPlan", "make_plan", "plan_json", "render_table"]
 
-_SECONDS_PER_HOUR = 3600
-
 
 @dataclass(frozen=True, slots=True)
 class PoolPlan:
@@ -75,7 +73,7 @@ def _token_cost(spec: LocalPool | RemotePool, requests: int, mix: Sequence[Token
 
 def _pool_plan(name: str, spec: LocalPool | RemotePool, share: float, forecast: Forecast) -> PoolPlan:
     rates = [rps * share for rps in forecast.hourly_requests_per_s]
-    requests = round(sum(rates) * _SECONDS_PER_HOUR)
+    requests = round(sum(rates) * 3600)  # the day's requests: each hour's rate (per second) held for its 3600 s
     cap, mix, slo = _capacity(name, spec, forecast), forecast.token_mix, forecast.slo
     sat = None if cap is None else saturation_rps(cap, mix, slo, forecast.utilization_ceiling)
     if isinstance(spec, RemotePool) or cap is None:

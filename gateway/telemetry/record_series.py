@@ -18,8 +18,6 @@ from gateway.ledger.store import CostRecord
 
 __all__ = ["RecordFamilies", "RecordSeries"]
 
-_MAX_KEYS = 10_000
-
 
 @dataclass(frozen=True, slots=True)
 class _Series:
@@ -49,7 +47,7 @@ class RecordSeries:
     """The children of `metrics` (its `requests`, `endpoint_requests`, `endpoint_cost`, `tokens`, `cost`, `savings`
     and `latency`) that `series(rec)` returns for a record's labels."""
 
-    def __init__(self, metrics: RecordFamilies, max_keys: int = _MAX_KEYS) -> None:
+    def __init__(self, metrics: RecordFamilies, max_keys: int = 10_000) -> None:
         self._m = metrics
         self._max = max_keys
         self._cache: dict[tuple[str, ...], _Series] = {}

@@ -229,12 +229,12 @@ class BudgetGuard:
         keys: LedgerKeys,
         *,
         cache_s: float = 1.0,
+        hold_ttl_s: float = 900.0,
         clock: Callable[[], float] = time.time,
         op_timeout_s: float = 0.5,
         max_in_flight: int = 32,
         retry_interval_s: float = 1.0,
         warn_interval_s: float = 30.0,
-        hold_ttl_s: float = 900.0,
     ) -> None:
         self.counts = BudgetGuardCounts()
         self._client = redis_client

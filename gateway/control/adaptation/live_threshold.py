@@ -87,10 +87,8 @@ class LiveThreshold(WindowSync):
     TASK, WHAT, KEEPS = "live-threshold", "score window", "routing threshold"
 
     def __init__(self, window: ScoreWindow, policy: Callable[[], Policy], interval_s: float = 1.0) -> None:
-        super().__init__(window, interval_s)
-        self._policy = policy
-        self._entries: list[str] = []  # the window as last read
-        self._states: dict[ShareThreshold, WindowState] = {}  # by target: what those entries give each
+        super().__init__(window, policy, interval_s)
+        self._states: dict[ShareThreshold, WindowState] = {}  # by target: what `_entries` give each
         self._last: tuple[ShareThreshold, WindowState] | None = None  # the latest looked up
 
     @property

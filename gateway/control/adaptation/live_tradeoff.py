@@ -119,10 +119,8 @@ class LiveTradeoff(WindowSync):
     TASK, WHAT, KEEPS = "live-tradeoff", "trade window", "tradeoff"
 
     def __init__(self, window: ScoreWindow, policy: Callable[[], Policy], interval_s: float = 1.0) -> None:
-        super().__init__(window, interval_s)
-        self._policy = policy
-        self._entries: list[str] = []  # the window as last read
-        self._solved: dict[_Target, TradeoffInUse] = {}  # by target: what those entries give each
+        super().__init__(window, policy, interval_s)
+        self._solved: dict[_Target, TradeoffInUse] = {}  # by target: what `_entries` give each
 
     @property
     def live(self) -> float | None:

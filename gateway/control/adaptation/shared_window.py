@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import redis.asyncio as aioredis
 
 from backends.background import stop
 from gateway.redis_client import REDIS_FAILURES
+from policies.schema import Policy
 
 __all__ = ["MemoryWindow", "RedisWindow", "ScoreWindow", "WindowSync", "window_key"]
 
@@ -70,14 +71,16 @@ class WindowSync:
     """The buffer, the shared window and the refresh task of a live value; `aclose` stops the task.
 
     A subclass names its task (`TASK`), what it logs (`WHAT`: "score window", `KEEPS`: what stays while Redis is
-    down) and implements `refresh`, calling `_exchange` to push the buffer and read the window back."""
+    down) and implements `refresh`, calling `_exchange` to push the buffer and read the window back, and keeping
+    what it read in `_entries` (newest first) for the value of the current policy (`_policy()`)."""
 
     TASK: ClassVar[str]
     WHAT: ClassVar[str]
     KEEPS: ClassVar[str]
 
-    def __init__(self, window: ScoreWindow, interval_s: float) -> None:
-        self._window, self._interval = window, interval_s
+    def __init__(self, window: ScoreWindow, policy: Callable[[], Policy], interval_s: float) -> None:
+        self._window, self._policy, self._interval = window, policy, interval_s
+        self._entries: list[str] = []  # the window as last read
         self._buffer: list[str] = []
         self._down = False
         self._task: asyncio.Task[None] | None = None

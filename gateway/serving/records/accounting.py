@@ -88,6 +88,7 @@ class Accountant:
             model=decision.model,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
+            usage_source=usage.source,  # where those two counts came from
             cost_micro_usd=cost,
             flagship_cost_micro_usd=0 if facts.status in ("escalated", "shadow", "discarded") else flagship_cost,
             rule=decision.rule,
@@ -96,7 +97,6 @@ class Accountant:
             ttft_ms=None if facts.ttft_s is None else round(facts.ttft_s * 1000, 3),
             latency_ms=round((time.monotonic() - facts.started) * 1000, 3),
             status=facts.status,
-            usage_source=usage.source,
             scored_by=decision.scored_by,
             router_version=decision.router_version,
             pool_version=decision.pool_version,

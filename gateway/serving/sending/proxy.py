@@ -23,13 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from backends.clients.pool import Pool, Replica
-from backends.clients.shared import (
-    EngineClient,
-    EngineHTTPError,
-    EngineStreamBroken,
-    EngineTimeout,
-    EngineUnavailable,
-)
+from backends.clients.shared import EngineClient, EngineHTTPError, EngineStreamBroken, EngineTimeout, EngineUnavailable
 from gateway.errors import NoReplicaAvailable, UpstreamError
 from gateway.serving.records.tracing import Tracing
 
