@@ -78,6 +78,9 @@ class Settings:
     # on, its process being the gateway's own; an app built inside another process (tests, a host app) leaves
     # that process's heap alone
     gc_freeze: bool = False
+    # keep a process that serves and starts no engine off the host's CPU engines' cores
+    # (gateway.control.fleet.host_cores): `cascade serve` turns it on, as gc_freeze
+    avoid_engine_cores: bool = False
 
     def __post_init__(self) -> None:
         if self.auth_failure_burst < 1:  # 0 would answer every client 429 at its first wrong key

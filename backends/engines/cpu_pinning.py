@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EngineProcesses", "cores_beside", "cpus_of", "engine_processes", "hold_engine", "parse_cpus",
-           "pin_engine_core", "release_front_end", "set_affinity", "thread_affinity"]
+__all__ = ["EngineProcesses", "cores_beside", "cpus_of", "engine_processes", "engine_worker_cores", "hold_engine",
+           "parse_cpus", "pin_engine_core", "release_front_end", "set_affinity", "thread_affinity"]
 
 _log = logging.getLogger(__name__)
 _PROC = Path("/proc")
@@ -137,6 +137,17 @@ def cores_beside(api_pids: tuple[int, ...]) -> str | None:
             runs.append([cpu])
     best = max(runs, key=len)
     return str(best[0]) if len(best) == 1 else f"{best[0]}-{best[-1]}"
+
+
+def engine_worker_cores(allowed: frozenset[int]) -> frozenset[int]:
+    """The cores of `allowed` that the model workers of this host's CPU engines are bound to: every vLLM worker's
+    cores, where it is bound to fewer than all of `allowed` (a CUDA engine's worker, bound to nothing, takes none).
+    Empty where there is no /proc."""
+    taken: set[int] = set()
+    for pid, (name, _) in _process_table().items():
+        if name.startswith(_WORKER) and not allowed <= (cpus := thread_affinity(pid)):
+            taken |= cpus & allowed
+    return frozenset(taken)
 
 
 def parse_cpus(text: str) -> frozenset[int]:

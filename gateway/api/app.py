@@ -32,6 +32,7 @@ from gateway.api.feedback import post_feedback
 from gateway.api.openapi import build_openapi
 from gateway.api.runtime import Runtime, build_runtime
 from gateway.control.adaptation.live_threshold import routing_state
+from gateway.control.fleet.host_cores import EngineCoreAvoidance
 from gateway.control.policy.file_watch import FileWatcher
 from gateway.control.policy.policy_file import refusal
 from gateway.errors import (
@@ -292,6 +293,10 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
         lag.start()
         pauses = GcPauses(current.metrics.gc.paused)
         pauses.install()
+        # a serving process that starts no engine keeps off the CPU engines' cores (gateway.control.fleet.host_cores)
+        placement = EngineCoreAvoidance() if settings.avoid_engine_cores and not settings.start_engines else None
+        if placement is not None:
+            placement.start()
         refreeze: asyncio.Task[None] | None = None
         if settings.gc_freeze:
             freeze_heap("start-up")
@@ -303,6 +308,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
             yield
         finally:
             await stop(refreeze)
+            if placement is not None:
+                await placement.aclose()
             pauses.uninstall()
             await lag.aclose()
             for watcher in watchers:

@@ -15,6 +15,7 @@ import pytest
 from backends.engines.cpu_pinning import (
     cores_beside,
     engine_processes,
+    engine_worker_cores,
     hold_engine,
     parse_cpus,
     pin_engine_core,
@@ -22,8 +23,10 @@ from backends.engines.cpu_pinning import (
     thread_affinity,
 )
 from backends.engines.supervisor import Backoff, EngineSupervisor
+from loadtest.processes import free_port, policy_text
 from policies.schema import EngineSpec
 from tests.engines import SharedEngines
+from tests.servers import start_gateway, until
 
 ALL_CPUS = frozenset(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(ALL_CPUS) < 2 or not Path("/proc/self/task").is_dir(),
@@ -211,6 +214,41 @@ def test_a_starting_engine_is_held_on_its_cores_then_its_front_end_released(api_
     release_front_end(pid)
     assert thread_affinity(pid) == ALL_CPUS  # the API server serves from every core again
     assert thread_affinity(engine_core) == held  # the engine core stays: pin_engine_core places it
+
+
+@needs_two_cpus
+def test_the_cores_of_cpu_engines_workers_are_found_and_a_serving_gateway_keeps_off_them(
+        api_server: object, tmp_path: Path) -> None:
+    first = min(ALL_CPUS)
+    assert engine_worker_cores(ALL_CPUS) == frozenset()
+    api_server("-")  # type: ignore[operator]  # a CUDA engine's worker, bound to nothing: takes no core
+    assert engine_worker_cores(ALL_CPUS) == frozenset()
+    api_server(str(first))  # type: ignore[operator]
+    assert engine_worker_cores(ALL_CPUS) == {first}
+    assert engine_worker_cores(ALL_CPUS - {first}) == frozenset()  # only cores the caller may use count
+
+    port = free_port()
+    upstream = subprocess.Popen([sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", "m"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text(f"http://127.0.0.1:{port}", "m", f"http://127.0.0.1:{port}", "m"))
+    try:
+        for mode, expected in (("avoid", ALL_CPUS - {first}), ("share", ALL_CPUS)):
+            gateway = start_gateway(policy, free_port(), f"test:cores:{mode}:", tmp_path / mode,
+                                    env={"CASCADE_ENGINE_CORES": mode})
+            try:  # the first check runs as the gateway starts: bound by the time it answers, or soon after
+                _until_bound(gateway.pid, expected)
+            finally:
+                gateway.kill()
+                gateway.wait()
+    finally:
+        upstream.kill()
+        upstream.wait()
+
+
+def _until_bound(pid: int, cores: frozenset[int]) -> None:
+    until(lambda: thread_affinity(pid) == cores, timeout=10,
+          describe=lambda: f"bound to {sorted(thread_affinity(pid))}, not {sorted(cores)}")
 
 
 # A stand-in for another pytest-xdist worker of the session: it starts a process named like a vLLM worker, which
