@@ -98,8 +98,8 @@ class DomainReference:
         rows = self._rows32.T
         # a few rows: one matrix-vector product each, as a lone request's (the same values); a matrix product would
         # first copy the whole reference into the BLAS's packed layout, 3.2 MB at 2,100 rows of 384, each call
-        sims = (unit @ rows if len(unit) > _ROW_BY_ROW
-                else np.vstack([unit[i : i + 1] @ rows for i in range(len(unit))]))
+        sims = (np.vstack([unit[i : i + 1] @ rows for i in range(len(unit))]) if 0 < len(unit) <= _ROW_BY_ROW
+                else unit @ rows)
         k = self.neighbours
         top = np.partition(sims, sims.shape[1] - k, axis=1)[:, -k:]
         return np.asarray(top.mean(axis=1), np.float64)
