@@ -35,13 +35,22 @@ _FOLD_EXTRA = str.maketrans({"\u0131": "i", "\u0130": "i", "\u017f": "s", "\u212
 class _Counter:
     """Count of a pattern's matches in a text. `needles`: literal pieces one of which every match contains
     (casefolded for an IGNORECASE pattern); a text holding none of them counts 0 without running the regex (the
-    word-list patterns cost ~30-180 us per prompt, the substring tests a few). `regex` alone gives the same
-    counts: tests/router_models/embedders/test_features.py holds them equal on real prompts and tricky case folds."""
+    word-list patterns cost ~30-180 us per prompt, the substring tests a few).
+
+    An IGNORECASE pattern written in lower case reads an ASCII text through `_lowered`: the same pattern without
+    IGNORECASE on the lower-cased text. On ASCII text that is the same match at every position (a character of it
+    matches an ASCII letter or class under IGNORECASE exactly when its lower case matches it; lower-casing ASCII keeps
+    the length, the word characters and the line ends), and about 4x faster: `re` checks an alternative's first
+    literal before entering it only when the match is case-sensitive. Any other text runs `regex` itself. `regex`
+    alone gives the same counts: tests/router_models/embedders/test_features.py holds them equal on real prompts,
+    mixed-case ASCII and tricky case folds."""
 
     def __init__(self, pattern: str, flags: int = 0, needles: tuple[str, ...] = ()) -> None:
         self.regex = re.compile(pattern, flags)
         self._folded = bool(flags & re.IGNORECASE)
         self._needles = tuple(n.casefold() for n in needles) if self._folded else needles
+        self._lowered = (re.compile(pattern, flags & ~re.IGNORECASE)
+                         if self._folded and pattern == pattern.lower() else None)
 
     def __call__(self, text: str, folded: str | None = None) -> int:
         """Matches in `text`; `folded`: `fold(text)` when the caller has it (several counters share one)."""
@@ -49,6 +58,8 @@ class _Counter:
             haystack = (folded if folded is not None else fold(text)) if self._folded else text
             if not any(needle in haystack for needle in self._needles):
                 return 0
+        if self._lowered is not None and text.isascii():  # `fold` of ASCII text is its lower case
+            return len(self._lowered.findall(folded if folded is not None else text.lower()))
         return len(self.regex.findall(text))
 
 

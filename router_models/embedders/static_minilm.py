@@ -155,7 +155,7 @@ class StaticMiniLMEmbedder:
             if ids.size == 0:
                 continue
             vec = self._weights[ids] @ self._table[ids]
-            norm = float(np.linalg.norm(vec))
+            norm = float(np.sqrt(vec.dot(vec)))  # what `np.linalg.norm` computes for a vector, without its wrapper
             if norm > 0.0:
                 out[row] = vec / norm
         return out

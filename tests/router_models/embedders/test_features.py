@@ -1,5 +1,6 @@
-"""Structural features: the needle pre-check never changes a count (the artifact's weights were fitted on the
-regex counts), on real prompts and on text built to trip case folding."""
+"""Structural features: the needle pre-check and the lower-cased regex on ASCII text never change a count (the
+artifact's weights were fitted on the regex counts), on real prompts, mixed-case ASCII and text built to trip case
+folding."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ TRICKY = [
     "in O(n log n) WITHOUT extra memory", "TL;DR: summarise", "tldr please", "CONVERT this to JSON",
     "def f():\n    return None;\n", "SELECT * FROM t;", "for (i = 0; i < n; i++) {}", "Stra\u00dfe maximum \u1e9e",
     "\ufb01nd all \ufb02ow", "\u216b \u217b \u01c5 \u01c6", "", " ", "\n\n", "hi\nhello\nthanks",
-    "1. one\n2. two\n- three",
+    "1. one\n2. two\n- three", "STEP-BY-STEP: Explain Why; Pros And Cons", "Hi\nHELLO\nThank You",
+    "In O(N) Such That; TL;DR", "Convert THIS list To Json", "ANALYZE and Analyse, Eigenvalues CONVERGES",
 ]
 
 
@@ -36,6 +38,9 @@ def _texts() -> list[str]:
     alphabet = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ;()_{}\n0123456789.?!-"
                 + DOTLESS_I + DOTTED_I + LONG_S + KELVIN + "\u00df\u1e9e\ufb01")
     texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300))) for _ in range(2000)]
+    # ASCII in mixed case (the lower-cased regex's texts): every real prompt shouted, swapped, title-cased
+    real = [t for t in texts if t.isascii()][:1500]
+    texts += [t.upper() for t in real] + [t.swapcase() for t in real] + [t.title() for t in real]
     return TRICKY + texts
 
 
@@ -63,3 +68,10 @@ def test_a_conversation_and_its_latest_turn_alone_give_different_rows() -> None:
     assert (structural_features([text])[0] == structural_features([text], [prompt_shape(text)])[0]).all()
     with pytest.raises(ValueError, match="1 texts but 2 shapes"):
         structural_features([text], [None, None])
+
+
+def test_the_word_lists_read_ascii_lower_cased() -> None:
+    """The case-insensitive word lists take the lower-cased path on ASCII text (else the test above proves nothing
+    about it)."""
+    lowered = [name for name, counter in _COUNTERS if counter._lowered is not None]
+    assert {"math_words", "reasoning_cues", "constraint_cues", "light_task_cues", "chitchat"} <= set(lowered)

@@ -33,6 +33,20 @@ def test_figure_rises_with_similarity_and_is_clamped() -> None:
         ref.similarity(np.ones((1, 4)))
 
 
+def test_a_text_gets_its_lone_figure_in_a_small_batch() -> None:
+    """A batch of up to `_ROW_BY_ROW` texts is compared row by row, as a lone text is: each row's similarity equals
+    its own, to the bit; a larger batch (one matrix product) within float32 rounding; an empty one is empty."""
+    from router_models.serving.domain import _ROW_BY_ROW
+
+    rng = np.random.default_rng(3)
+    ref = DomainReference(rng.standard_normal((300, 48)).astype(np.float16), 5, (-1.0, 1.0), (0.0, 1.0))
+    e = rng.standard_normal((_ROW_BY_ROW + 3, 48)).astype(np.float32)
+    alone = np.concatenate([ref.similarity(e[i : i + 1]) for i in range(len(e))])
+    assert np.array_equal(ref.similarity(e[:_ROW_BY_ROW]), alone[:_ROW_BY_ROW])
+    assert ref.similarity(e) == pytest.approx(alone, abs=1e-6)
+    assert ref.similarity(np.zeros((0, 48), np.float32)).shape == (0,)
+
+
 @pytest.mark.parametrize(("knots", "levels"), [((0.5, 0.5), (0.0, 1.0)), ((0.0, 1.0), (0.6, 0.2)),
                                                ((0.0,), (0.0,)), ((0.0, 1.0), (0.0, 1.5))])
 def test_a_calibration_that_does_not_rise_is_refused(knots: tuple[float, ...], levels: tuple[float, ...]) -> None:
