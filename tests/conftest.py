@@ -37,9 +37,6 @@ os.environ["CASCADE_ROUTER_OVERFLOW"] = "none"
 # `cascade serve` it starts) goes under this one, never under the `cascade:` a real gateway or report reads.
 TEST_PREFIX = "cascade-test:"
 os.environ["CASCADE_REDIS_PREFIX"] = TEST_PREFIX
-# The suite's engines idle between tests: a `cascade serve` under test keeps every core rather than crowd onto the
-# ones they leave (gateway.control.fleet.host_cores); tests/backends/engines/test_cpu_pinning.py asks for `avoid`.
-os.environ["CASCADE_ENGINE_CORES"] = "share"
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 SHIPPED_THRESHOLD = "  threshold: {flagship_share: 0.3, initial: 0.28}\n"

