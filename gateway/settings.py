@@ -78,9 +78,9 @@ class Settings:
     # on, its process being the gateway's own; an app built inside another process (tests, a host app) leaves
     # that process's heap alone
     gc_freeze: bool = False
-    # keep a process that serves and starts no engine off the host's CPU engines' cores
-    # (gateway.control.fleet.host_cores): `cascade serve` turns it on, as gc_freeze
-    avoid_engine_cores: bool = False
+    # "avoid": a process that serves and starts no engine keeps off the host's CPU engines' cores
+    # (gateway.control.fleet.host_cores); "share": it runs on every core
+    engine_cores: Literal["share", "avoid"] = "share"
 
     def __post_init__(self) -> None:
         if self.auth_failure_burst < 1:  # 0 would answer every client 429 at its first wrong key
@@ -162,6 +162,11 @@ OPTIONS: tuple[Option, ...] = (
            "keep per-request cost records this long (rollups are kept for good)", metavar="DAYS"),
     Option("scorer", "CASCADE_SCORER", str, "complexity scorer: the trained classifier, a length heuristic, or "
            "none (everything 'auto' goes to the micro pool)", choices=("classifier", "length", "none")),
+    Option("engine_cores", "CASCADE_ENGINE_CORES", str, "avoid: a process that serves and starts no engine (each "
+           "of --workers N, or with --no-engines) binds itself to the cores the host's CPU engines' model workers are "
+           "not bound to, checked every 10 s, for a host where other work competes with the engines; share: it runs "
+           "on every core (gateway.control.fleet.host_cores; BENCHMARKS.md: avoid cut the TTFT p99 on a busy host "
+           "and cost rate at 8+ streams on a quiet one)", choices=("share", "avoid")),
     Option("transport", "CASCADE_TRANSPORT", str, "HTTP client for plain-http engines on this host (remote and "
            "TLS pools always use aiohttp; see BENCHMARKS.md)", choices=TRANSPORTS),
     Option("max_body_bytes", "CASCADE_MAX_BODY_BYTES", positive_int,

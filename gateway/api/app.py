@@ -294,7 +294,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> GatewayApp
         pauses = GcPauses(current.metrics.gc.paused)
         pauses.install()
         # a serving process that starts no engine keeps off the CPU engines' cores (gateway.control.fleet.host_cores)
-        placement = EngineCoreAvoidance() if settings.avoid_engine_cores and not settings.start_engines else None
+        placement = EngineCoreAvoidance() if settings.engine_cores == "avoid" and not settings.start_engines else None
         if placement is not None:
             placement.start()
         refreeze: asyncio.Task[None] | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -11,9 +10,7 @@ from pathlib import Path
 from gateway.settings import Settings, add_arguments, argparse_type, from_args, positive_int
 from policies.loader import default_policy_path
 
-__all__ = ["ENGINE_CORES_ENV", "register"]
-
-ENGINE_CORES_ENV = "CASCADE_ENGINE_CORES"
+__all__ = ["register"]
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -29,11 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    if args.engine_cores not in ("avoid", "share"):  # a bad $CASCADE_ENGINE_CORES (argparse checks only flags)
-        print(f"error: ${ENGINE_CORES_ENV}={args.engine_cores!r}: choose avoid or share", file=sys.stderr)
-        return 1
-    settings = replace(from_args(args, Path(args.policy)), gc_freeze=args.gc_freeze,
-                       avoid_engine_cores=args.engine_cores == "avoid")
+    settings = replace(from_args(args, Path(args.policy)), gc_freeze=args.gc_freeze)
     if args.workers > 1:
         return _serve_workers(settings, args)
     app = create_app(settings)
@@ -96,13 +89,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="leave the long-lived heap (models, tokenizers, policy) in the cyclic garbage collector; "
                    "by default it is frozen out once start-up is done and after each policy or router swap, so "
                    "a collection walks only what requests create (gateway.telemetry.gc_pauses; for A/B runs)")
-    p.add_argument("--engine-cores", choices=["share", "avoid"],
-                   default=os.environ.get(ENGINE_CORES_ENV) or "share",
-                   help="share: the serving processes run on every core; avoid: a process that serves and starts "
-                   "no engine (each of --workers N, or with --no-engines) binds itself to the cores the host's CPU "
-                   "engines' model workers are not bound to, checked every 10 s, for a host where other work "
-                   "competes with the engines (gateway.control.fleet.host_cores; BENCHMARKS.md: it cut the TTFT "
-                   f"p99 on a busy host and cost rate at 8+ streams on a quiet one) (${ENGINE_CORES_ENV}; default "
-                   "share)")
     add_arguments(p)
     p.set_defaults(func=_serve)

@@ -17,8 +17,7 @@ every `INTERVAL_S` which cores the host's CPU model workers are bound to
 (`backends.engines.cpu_pinning.engine_worker_cores`) and binds itself, every thread, to the other cores it may use;
 threads and child processes it starts later inherit that. Where the workers hold every such core, or once no CPU
 engine is left, it may run on all of them again. A process that starts engines is left alone: they would inherit
-its binding. An app built inside another process (tests, a host application) never does it
-(`Settings.avoid_engine_cores` is set by `serve` only).
+its binding.
 """
 
 from __future__ import annotations
