@@ -25,6 +25,7 @@ __all__ = [
     "cpu_seconds",
     "free_port",
     "gateway_command",
+    "group_cpu",
     "http_get",
     "policy_text",
     "post_json",
@@ -75,6 +76,25 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+
+def group_cpu(pgid: int) -> dict[str, float]:
+    """CPU seconds so far of each live process in the process group `pgid`, summed by its name (`comm`; a Python
+    process is "API server": in an engine's group that is vLLM's)."""
+    found: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            name = (entry / "comm").read_text().strip()
+        except (OSError, ProcessLookupError):
+            continue
+        name = "API server" if name.startswith("python") else name
+        found[name] = found.get(name, 0.0) + cpu_seconds(int(entry.name))
+    return found
 
 
 class Procs:

@@ -15,6 +15,9 @@ written (tens of microseconds against steps of milliseconds; busy throughput was
 `CPU_IDLE_SPIN_S` (long enough to span the gap between two decoding steps) and a GPU engine keeps vLLM's
 default; `vllm` keeps vLLM's default everywhere. Where this vLLM has no such parameter the plugin says so in the
 engine's log and changes nothing.
+
+It also starts a CPU engine's engine core and model worker by forking instead of spawning
+(`backends.engines.vllm_start`, `CASCADE_VLLM_START_METHOD`).
 """
 
 from __future__ import annotations
@@ -26,11 +29,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from backends.engines.vllm_start import START_METHOD_ENV, start_method, use_start_method
+
 __all__ = ["CPU_IDLE_SPIN_S", "IDLE_SPIN_ENV", "cap_idle_spin", "idle_spin_s", "register"]
 
 IDLE_SPIN_ENV = "CASCADE_VLLM_IDLE_SPIN_S"
 CPU_IDLE_SPIN_S = 0.02
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("vllm.cascade")
+"""Under vLLM's logger, whose handler writes to the engine's log in vLLM's format (a logger of this module's own name
+has no handler in a vLLM process: only its warnings reached the log, through logging's last resort)."""
 
 
 def idle_spin_s(value: str | None, on_cpu: bool) -> float | None:
@@ -71,11 +78,18 @@ def cap_idle_spin(spin_condition: Any, spin: float) -> bool:
 
 
 def register() -> None:
-    """vLLM calls this in each of its processes (more than once is harmless)."""
+    """vLLM calls this in each of its processes (more than once is harmless): the idle spin's cap, then the start
+    method of the processes it starts (`backends.engines.vllm_start`)."""
     from vllm.platforms import current_platform
 
+    on_cpu = current_platform.is_cpu()
+    _cap_spin(on_cpu)
+    _choose_start_method(on_cpu)
+
+
+def _cap_spin(on_cpu: bool) -> None:
     try:
-        spin = idle_spin_s(os.environ.get(IDLE_SPIN_ENV), current_platform.is_cpu())
+        spin = idle_spin_s(os.environ.get(IDLE_SPIN_ENV), on_cpu)
     except ValueError as exc:
         _log.warning("cascade: %s; vLLM's own idle spin kept", exc)
         return
@@ -85,3 +99,20 @@ def register() -> None:
 
     if not cap_idle_spin(getattr(shm_broadcast, "SpinCondition", None), spin):
         _log.warning("cascade: this vLLM has no SpinCondition(busy_loop_s): its idle spin is left as it is")
+
+
+def _choose_start_method(on_cpu: bool) -> None:
+    try:
+        method = start_method(os.environ.get(START_METHOD_ENV), on_cpu)
+    except ValueError as exc:
+        _log.warning("cascade: %s; vLLM's own start method kept", exc)
+        return
+    if method is None:
+        return
+    from vllm.utils import system_utils
+
+    def say() -> None:
+        _log.info("cascade: this engine's processes start by %s (%s)", method, START_METHOD_ENV)
+
+    if not use_start_method(system_utils, method, say):
+        _log.warning("cascade: this vLLM has no get_mp_context: its processes start as it chooses")

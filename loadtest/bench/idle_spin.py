@@ -32,7 +32,7 @@ import httpx
 from backends.engines.args import engine_command, engine_env
 from backends.engines.vllm_plugin import IDLE_SPIN_ENV
 from backends.models.demo import ensure_demo_models
-from loadtest.processes import cpu_seconds, free_port, wait_ready
+from loadtest.processes import free_port, group_cpu, wait_ready
 from policies.schema import EngineSpec
 
 __all__ = ["Cell", "main"]
@@ -46,23 +46,6 @@ class Cell:
     cpu: dict[str, float]  # process name -> share of one core
     p50_ms: float
     tokens_per_s: float = 0.0
-
-
-def _group_cpu(pgid: int) -> dict[str, float]:
-    """CPU seconds so far of each live process in the group, by its name (`comm`)."""
-    found: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) != pgid:
-                continue
-            name = (entry / "comm").read_text().strip()
-        except (OSError, ProcessLookupError):
-            continue
-        name = "API server" if name.startswith("python") else name
-        found[name] = found.get(name, 0.0) + cpu_seconds(int(entry.name))
-    return found
 
 
 def _shares(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
@@ -93,13 +76,13 @@ def _cell(url: str, pgid: int, spin: str, gap_s: float, seconds: float) -> Cell:
     with httpx.Client(timeout=60) as client:
         client.post(url + "/v1/chat/completions", json=body).raise_for_status()  # warm
         time.sleep(2)
-        before, started = _group_cpu(pgid), time.monotonic()
+        before, started = group_cpu(pgid), time.monotonic()
         while time.monotonic() - started < seconds:
             sent = time.monotonic()
             client.post(url + "/v1/chat/completions", json=body).raise_for_status()
             latencies.append(time.monotonic() - sent)
             time.sleep(gap_s)
-        after, wall = _group_cpu(pgid), time.monotonic() - started
+        after, wall = group_cpu(pgid), time.monotonic() - started
     return Cell(spin, gap_s, len(latencies), _shares(before, after, wall), statistics.median(latencies) * 1000)
 
 
@@ -123,9 +106,9 @@ async def _busy(url: str, concurrency: int, seconds: float) -> tuple[int, float]
 
 
 def _busy_cell(url: str, pgid: int, spin: str, concurrency: int, seconds: float) -> Cell:
-    before = _group_cpu(pgid)
+    before = group_cpu(pgid)
     tokens, wall = asyncio.run(_busy(url, concurrency, seconds))
-    return Cell(spin, 0.0, concurrency, _shares(before, _group_cpu(pgid), wall), 0.0, tokens / wall)
+    return Cell(spin, 0.0, concurrency, _shares(before, group_cpu(pgid), wall), 0.0, tokens / wall)
 
 
 def main(argv: list[str] | None = None) -> int:

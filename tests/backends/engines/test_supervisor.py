@@ -300,6 +300,13 @@ async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) ->
         for pool in engines.values():
             await _chat(client, pool.ready_urls[0], pool.spec.served_name)
         assert_engine_cores_placed(engines)
+    # Each engine forked its engine core and its worker (backends/engines/vllm_start.py), where vLLM alone spawns
+    # them (an engine start 2.5x the CPU): the plugin says so in the API server and in the engine core as each
+    # starts its child
+    for pool in engines.values():
+        log = pool.replicas[0].log_path.read_text(errors="replace")
+        said = [line.split(" pid=")[0] for line in log.splitlines() if "processes start by fork" in line]
+        assert set(said) == {"(APIServer", "(EngineCore"}, log[-3000:]  # a restart adds its own pair
     # Between requests the workers wait instead of spinning (backends/engines/vllm_plugin.py caps vLLM's 1 s
     # busy-poll at CPU_IDLE_SPIN_S): uncapped, each spun a whole core for the second after its last answer
     workers = [w for pool in engines.values() if pool.replicas[0].pid
