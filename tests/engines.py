@@ -1,11 +1,12 @@
 """Real vLLM engines shared by every test of a session that can share them, and gateways that route to them.
 
-Starting a demo engine costs 30-50 s of the two CPU cores; most end-to-end tests only send requests to one, so
-each distinct engine configuration (an `EngineSpec`, its port aside) is started once per session, on first use,
-by the project's own `EngineSupervisor`, and kept until the session ends (at most `MAX_LIVE` at once: the least
-recently used one is stopped to start another). A test's gateway runs with `--no-engines` and follows the shared
-engines through an engine registry (`backends.engines.registry`), as the workers of `cascade serve --workers N`
-follow the engines their parent runs. Tests isolate through their own Redis prefix, tenants and pool names.
+Starting a demo engine costs about 20 s of the two CPU cores (50 where vLLM spawns its processes: BENCHMARKS.md
+"Engine start"); most end-to-end tests only send requests to one, so each distinct engine configuration (an
+`EngineSpec`, its port aside) is started once per session, on first use, by the project's own `EngineSupervisor`,
+and kept until the session ends (at most `MAX_LIVE` at once: the least recently used one is stopped to start
+another). A test's gateway runs with `--no-engines` and follows the shared engines through an engine registry
+(`backends.engines.registry`), as the workers of `cascade serve --workers N` follow the engines their parent
+runs. Tests isolate through their own Redis prefix, tenants and pool names.
 
 Tests that kill, restart, change or scale engines start their own (the supervisor, chaos and pool-change tests).
 
