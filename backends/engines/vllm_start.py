@@ -5,8 +5,9 @@ starts. vLLM makes them with Python's `multiprocessing` and, on the CPU platform
 (`CpuPlatform.check_and_update_config` sets `VLLM_WORKER_MULTIPROC_METHOD=spawn`, whatever the environment says):
 each child is a fresh interpreter that imports torch and vLLM again, which is most of an engine's start. Measured on
 the 2-core development machine (the demo micro engine from its command to `/health`, every process of its tree
-counted; BENCHMARKS.md "Engine start"): 47 s of wall time and 47 core-seconds spawned, 18 s and 19 core-seconds
-forked. An engine start is a cold start of a pool scaled to zero, a canary, a pool change, a restart after a crash.
+counted; BENCHMARKS.md "Engine start"): 50.5 s of wall time and 50.4 core-seconds spawned, 20.2 s and 20.3
+core-seconds forked. An engine start is a cold start of a pool scaled to zero, a canary, a pool change, a restart
+after a crash.
 
 Forking is what vLLM itself does on a GPU host until CUDA is initialised (its default method); the CPU platform
 has no such state: the API server forks the engine core before any model is loaded, and the engine core forks the
