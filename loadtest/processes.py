@@ -13,16 +13,22 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from policies.schema import EngineSpec
 
 __all__ = [
     "Env",
     "Procs",
     "cleanup_redis",
     "cpu_seconds",
+    "demo_engine_spec",
+    "engine_process",
     "free_port",
     "gateway_command",
     "group_cpu",
@@ -78,6 +84,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+
+def demo_engine_spec(model: str = "demo:micro") -> EngineSpec:
+    """The engine a bench starts by itself, served as `micro`: `model` (a demo model is built first if missing) in
+    bfloat16, eager, 1,024 tokens of context and 1 GiB of KV cache, as the shipped micro pool runs it."""
+    from backends.models.demo import ensure_demo_models
+    from policies.schema import EngineSpec
+
+    if model.startswith("demo:"):
+        ensure_demo_models()
+    return EngineSpec(model=model, served_name="micro", max_model_len=1024, dtype="bfloat16", kv_cache_space_gib=1,
+                      extra_args=("--enforce-eager",))
+
+@contextlib.contextmanager
+def engine_process(spec: EngineSpec, env: dict[str, str], log: Path, what: str) -> Iterator[tuple[str, int]]:
+    """A vLLM engine for `spec` on a free port, as the supervisor renders it, with `env` over this environment,
+    its output in `log`: its URL and process group once `/health` answers; SIGTERM to the group on exit."""
+    from backends.engines.args import engine_command, engine_env
+
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(engine_command(spec, port), stdout=out, stderr=subprocess.STDOUT,
+                                env=os.environ | engine_env(spec) | env, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url + "/health", proc, 900, what, lambda: log.read_text()[-3000:])
+        yield url, proc.pid  # its own session: the group id is its pid
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
 
 def group_cpu(pgid: int) -> dict[str, float]:
     """CPU seconds so far of each live process in the process group `pgid`, summed by its name (`comm`; a Python

@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from backends.engines.args import engine_command, engine_env
 from backends.engines.vllm_start import START_METHOD_ENV
-from backends.models.demo import ensure_demo_models
-from loadtest.processes import free_port, group_cpu, wait_ready
+from loadtest.processes import demo_engine_spec, engine_process, group_cpu
 from policies.schema import EngineSpec
 
 __all__ = ["Start", "main"]
@@ -48,24 +44,14 @@ class Start:
 
 def _start(spec: EngineSpec, method: str, log: Path) -> Start:
     """One engine started with `method`, measured at ready, asked once, stopped."""
-    port = free_port()
-    env = os.environ | engine_env(spec) | {START_METHOD_ENV: method}
     started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(engine_command(spec, port), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url + "/health", proc, 900, f"engine ({method})", lambda: log.read_text()[-3000:])
-        wall, cpu = time.monotonic() - started, group_cpu(proc.pid)  # its own session: the group id is its pid
+    with engine_process(spec, {START_METHOD_ENV: method}, log, f"engine ({method})") as (url, pgid):
+        wall, cpu = time.monotonic() - started, group_cpu(pgid)
         body = {"model": spec.served_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
                 "temperature": 0}
         answer = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
         answer.raise_for_status()
         return Start(method, wall, cpu, answer.json()["choices"][0]["message"]["content"])
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="rounds over the methods (default 2)")
     p.add_argument("--model", default="demo:micro", help="the engine's model (default demo:micro)")
     args = p.parse_args(argv)
-    if args.model.startswith("demo:"):
-        ensure_demo_models()
-    spec = EngineSpec(model=args.model, served_name="micro", max_model_len=1024, dtype="bfloat16",
-                      kv_cache_space_gib=1, extra_args=("--enforce-eager",))
+    spec = demo_engine_spec(args.model)
     methods = args.methods.split(",")
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "engine-start.log"
     starts: list[Start] = []

@@ -18,22 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from backends.engines.args import engine_command, engine_env
 from backends.engines.vllm_plugin import IDLE_SPIN_ENV
-from backends.models.demo import ensure_demo_models
-from loadtest.processes import free_port, group_cpu, wait_ready
-from policies.schema import EngineSpec
+from loadtest.processes import demo_engine_spec, engine_process, group_cpu
 
 __all__ = ["Cell", "main"]
 
@@ -51,23 +44,6 @@ class Cell:
 def _shares(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
     """Each process's CPU between the two readings, as a share of one core."""
     return {name: round((after[name] - before.get(name, 0.0)) / wall, 3) for name in after}
-
-
-@contextmanager
-def _engine(spec: EngineSpec, spin: str, log: Path) -> Iterator[tuple[str, int]]:
-    """The engine's URL and process group, started with `spin`, stopped on exit."""
-    port = free_port()
-    env = os.environ | engine_env(spec) | {IDLE_SPIN_ENV: spin}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(engine_command(spec, port), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url + "/health", proc, 600, f"engine (spin {spin})", lambda: log.read_text()[-3000:])
-        yield url, proc.pid  # its own session: the group id is its pid
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
 
 
 def _cell(url: str, pgid: int, spin: str, gap_s: float, seconds: float) -> Cell:
@@ -121,17 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="rounds over the settings (default 1)")
     p.add_argument("--model", default="demo:micro", help="the engine's model (default demo:micro)")
     args = p.parse_args(argv)
-    if args.model.startswith("demo:"):
-        ensure_demo_models()
-    spec = EngineSpec(model=args.model, served_name="micro", max_model_len=1024, dtype="bfloat16",
-                      kv_cache_space_gib=1, extra_args=("--enforce-eager",))
+    spec = demo_engine_spec(args.model)
     spins, gaps = args.spins.split(","), [float(g) for g in args.gaps.split(",")]
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "idle-spin-engine.log"
     cells: list[Cell] = []
     for round_ in range(args.rounds):
         for spin in spins if round_ % 2 == 0 else spins[::-1]:
             print(f"round {round_ + 1}: starting an engine with {IDLE_SPIN_ENV}={spin} (log {log})", flush=True)
-            with _engine(spec, spin, log) as (url, pgid):
+            with engine_process(spec, {IDLE_SPIN_ENV: spin}, log, f"engine (spin {spin})") as (url, pgid):
                 for gap in gaps:
                     cells.append(_cell(url, pgid, spin, gap, args.seconds))
                     print(f"  {cells[-1]}", flush=True)
