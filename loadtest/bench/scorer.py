@@ -39,7 +39,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from loadtest.bench.offered_load import Result, ScoreOne, offer_load
+from loadtest.bench.offered_load import Result, ScoreOne, fine_timer_loop, offer_load
 from loadtest.bench.scorer_prompts import timing_prompts
 
 __all__ = ["TARGET_CPU_MS", "TARGET_P99_MS", "TARGET_P99_RATE", "TARGET_SUSTAINED", "Result", "main", "offer_load",
@@ -322,7 +322,8 @@ def main() -> None:
     if args.trees:
         _run_trees(args)
     else:
-        asyncio.run(_run(args))
+        with asyncio.Runner(loop_factory=fine_timer_loop) as runner:  # arrivals on time (`offered_load`)
+            runner.run(_run(args))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@ worker driven over its pipe (a stand-in tree with a fake `load_scorer`, so no mo
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
 
+from loadtest.bench.offered_load import fine_timer_loop
 from loadtest.bench.scorer import Result, parse_variants, verdicts
 from loadtest.bench.scorer_prompts import REAL_SOURCES, timing_prompts
 from loadtest.bench.scorer_variants import TreeWorker
@@ -121,3 +124,25 @@ def test_trees_take_one_artifact_for_all_or_one_each() -> None:
     assert pairs("old,.", "a.json,b.json") == [("old", "a.json"), (".", "b.json")]
     with pytest.raises(SystemExit, match="one per tree"):
         pairs("old,.", "a.json,b.json,c.json")
+
+
+def _median_lateness_ms(loop: asyncio.AbstractEventLoop, sleep_s: float = 0.0003, times: int = 21) -> float:
+    async def late() -> list[float]:
+        out = []
+        for _ in range(times):
+            started = time.perf_counter()
+            await asyncio.sleep(sleep_s)
+            out.append((time.perf_counter() - started - sleep_s) * 1000)
+        return out
+
+    try:
+        return statistics.median(loop.run_until_complete(late()))
+    finally:
+        loop.close()
+
+
+def test_arrivals_fire_on_time_where_the_default_loop_rounds_up_to_a_millisecond() -> None:
+    # epoll's timeout is whole milliseconds, rounded up: a 0.3 ms wait takes at least 1 ms, and the generator's
+    # lateness would count in every latency the bench reports
+    assert _median_lateness_ms(asyncio.new_event_loop()) >= 0.6
+    assert _median_lateness_ms(fine_timer_loop()) < 0.5
