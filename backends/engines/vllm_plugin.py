@@ -27,7 +27,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from backends.engines.vllm_start import START_METHOD_ENV, start_method, use_start_method
 
@@ -35,6 +35,7 @@ __all__ = ["CPU_IDLE_SPIN_S", "IDLE_SPIN_ENV", "cap_idle_spin", "idle_spin_s", "
 
 IDLE_SPIN_ENV = "CASCADE_VLLM_IDLE_SPIN_S"
 CPU_IDLE_SPIN_S = 0.02
+T = TypeVar("T")
 _log = logging.getLogger("vllm.cascade")
 """Under vLLM's logger, whose handler writes to the engine's log in vLLM's format (a logger of this module's own name
 has no handler in a vLLM process: only its warnings reached the log, through logging's last resort)."""
@@ -87,12 +88,17 @@ def register() -> None:
     _choose_start_method(on_cpu)
 
 
-def _cap_spin(on_cpu: bool) -> None:
+def _setting(env: str, parse: Callable[[str | None, bool], T | None], on_cpu: bool, what: str) -> T | None:
+    """`parse` of the variable `env` (None: keep vLLM's own); a bad value is logged and vLLM's own kept."""
     try:
-        spin = idle_spin_s(os.environ.get(IDLE_SPIN_ENV), on_cpu)
+        return parse(os.environ.get(env), on_cpu)
     except ValueError as exc:
-        _log.warning("cascade: %s; vLLM's own idle spin kept", exc)
-        return
+        _log.warning("cascade: %s; vLLM's own %s kept", exc, what)
+        return None
+
+
+def _cap_spin(on_cpu: bool) -> None:
+    spin = _setting(IDLE_SPIN_ENV, idle_spin_s, on_cpu, "idle spin")
     if spin is None:
         return
     from vllm.distributed.device_communicators import shm_broadcast
@@ -102,11 +108,7 @@ def _cap_spin(on_cpu: bool) -> None:
 
 
 def _choose_start_method(on_cpu: bool) -> None:
-    try:
-        method = start_method(os.environ.get(START_METHOD_ENV), on_cpu)
-    except ValueError as exc:
-        _log.warning("cascade: %s; vLLM's own start method kept", exc)
-        return
+    method = _setting(START_METHOD_ENV, start_method, on_cpu, "start method")
     if method is None:
         return
     from vllm.utils import system_utils
