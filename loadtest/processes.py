@@ -51,18 +51,28 @@ def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) 
         return 0
 
 
+def _slice(start: int, stop: int) -> tuple[int, int]:
+    """This pytest-xdist worker's share of the ports [start, stop) (`PYTEST_XDIST_WORKER` gwN of
+    `PYTEST_XDIST_WORKER_COUNT`, which its child processes inherit); the whole range outside xdist."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(worker[2:]) < int(count)):
+        return start, stop
+    size = (stop - start) // int(count)
+    return start + int(worker[2:]) * size, start + (int(worker[2:]) + 1) * size
+
 def free_port() -> int:
     """A loopback port free now, for a server about to be started on it. Drawn at random below the kernel's
     ephemeral range where that leaves room: outgoing connections take their source ports from that range, so on a
     busy host (the test suite's parallel workers) one took a port chosen by binding port 0 before the server that
-    was to listen there bound it ("address already in use")."""
+    was to listen there bound it ("address already in use"). Under pytest-xdist each worker draws from its own
+    slice of that range (`_slice`): two workers' draws met once, one's gateway then found its port taken."""
     import random
     import socket
 
-    low = _ephemeral_low()
+    start, stop = _slice(_LOW_PORT, _ephemeral_low())
     draw = random.SystemRandom()
-    for _ in range(100 if low - _LOW_PORT >= 1000 else 0):
-        port = draw.randrange(_LOW_PORT, low)
+    for _ in range(100 if stop - start >= 1000 else 0):
+        port = draw.randrange(start, stop)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

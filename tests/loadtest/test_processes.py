@@ -27,3 +27,18 @@ def test_without_room_below_the_range_the_kernel_chooses(tmp_path: Path, monkeyp
     assert processes._ephemeral_low(tmp_path / "absent") == 0
     monkeypatch.setattr(processes, "_ephemeral_low", lambda: 1024)
     assert 0 < free_port() < 65536
+
+
+def test_each_xdist_worker_draws_from_its_own_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    monkeypatch.setattr(processes, "_ephemeral_low", lambda: 32768)
+    slices = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        slices.append(processes._slice(20000, 32768))
+        assert all(slices[-1][0] <= free_port() < slices[-1][1] for _ in range(5))
+    assert slices == [(20000, 24256), (24256, 28512), (28512, 32768)]  # apart, and together the whole range
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")  # not one of the count: the whole range
+    assert processes._slice(20000, 32768) == (20000, 32768)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert processes._slice(20000, 32768) == (20000, 32768)
