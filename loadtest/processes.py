@@ -60,6 +60,7 @@ def _slice(start: int, stop: int) -> tuple[int, int]:
     size = (stop - start) // int(count)
     return start + int(worker[2:]) * size, start + (int(worker[2:]) + 1) * size
 
+
 def free_port() -> int:
     """A loopback port free now, for a server about to be started on it. Drawn at random below the kernel's
     ephemeral range where that leaves room: outgoing connections take their source ports from that range, so on a
@@ -94,7 +95,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-
 def demo_engine_spec(model: str = "demo:micro") -> EngineSpec:
     """The engine a bench starts by itself, served as `micro`: `model` (a demo model is built first if missing) in
     bfloat16, eager, 1,024 tokens of context and 1 GiB of KV cache, as the shipped micro pool runs it."""
@@ -105,6 +105,7 @@ def demo_engine_spec(model: str = "demo:micro") -> EngineSpec:
         ensure_demo_models()
     return EngineSpec(model=model, served_name="micro", max_model_len=1024, dtype="bfloat16", kv_cache_space_gib=1,
                       extra_args=("--enforce-eager",))
+
 
 @contextlib.contextmanager
 def engine_process(spec: EngineSpec, env: dict[str, str], log: Path, what: str) -> Iterator[tuple[str, int]]:
@@ -123,6 +124,7 @@ def engine_process(spec: EngineSpec, env: dict[str, str], log: Path, what: str) 
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
 
 def group_cpu(pgid: int) -> dict[str, float]:
     """CPU seconds so far of each live process in the process group `pgid`, summed by its name (`comm`; a Python
