@@ -83,10 +83,14 @@ def test_realised_share_tracks_the_target_through_drift(gateways: list[Gateway],
     rng = random.Random(7)
     assert _send(gateways, [rng.randint(1, 199) for _ in range(60)]).share < 0.1  # initial 0.95 while warming up
     _until(gateways, lambda g: g.get("cascade_routing_threshold", 0.95) < 0.95, "a refresh after the warm-up")
-    measured = _send(gateways, [rng.randint(1, 199) for _ in range(200)]).share
+    measured = _send(gateways, [rng.randint(1, 199) for _ in range(200)])
     # 200 requests against a quantile of 200 scores: the share's standard deviation is ~0.045, so +-0.15
     # is over 3 sigma (a +-0.1 band failed 1 run in a few)
-    assert 0.15 <= measured <= 0.45, measured
+    assert 0.15 <= measured.share <= 0.45, measured.share
+    # every worker's part pushed before the next phase's pushes begin: a worker's late push of this phase's
+    # decisions, landing among the next phase's, kept the window from ever holding that phase exactly (a fresh
+    # clone at load 4-5: 3 of 200 entries from this phase)
+    _window_holds(prefix, measured)
     _until(gateways, lambda g: g["cascade_routing_window_scores"] == 200, "a full window")  # not the warm-up's 60
     live = _gauges(gateways[0])
     assert 0.6 < live["cascade_routing_threshold"] < 0.8  # ~ the 70th percentile of words/200
