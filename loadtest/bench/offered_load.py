@@ -14,10 +14,11 @@ import random
 import selectors
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-__all__ = ["Result", "ScoreOne", "fine_timer_loop", "offer_load"]
+__all__ = ["Result", "ScoreOne", "fine_timer_loop", "offer_load", "run_on_time"]
 
 ScoreOne = Callable[[str], Awaitable[float | None]]
 
@@ -39,6 +40,15 @@ def fine_timer_loop() -> asyncio.AbstractEventLoop:
     """An event loop whose timers fire within microseconds of their time (`select()`; module docstring), for
     `asyncio.Runner(loop_factory=...)`. For a bench's few file descriptors only (select's limit is 1,024)."""
     return asyncio.SelectorEventLoop(selectors.SelectSelector())
+
+
+T = TypeVar("T")
+
+
+def run_on_time(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on a `fine_timer_loop`: what a bench that offers load runs its arrivals on."""
+    with asyncio.Runner(loop_factory=fine_timer_loop) as runner:
+        return runner.run(main)
 
 
 async def offer_load(score_one: ScoreOne, prompts: Iterator[str], rate: float, duration: float,

@@ -30,7 +30,6 @@ the shipped default in two stages (`router_models.serving.refined_model`; each c
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -39,7 +38,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from loadtest.bench.offered_load import Result, ScoreOne, fine_timer_loop, offer_load
+from loadtest.bench.offered_load import Result, ScoreOne, offer_load, run_on_time
 from loadtest.bench.scorer_prompts import timing_prompts
 
 __all__ = ["TARGET_CPU_MS", "TARGET_P99_MS", "TARGET_P99_RATE", "TARGET_SUSTAINED", "Result", "main", "offer_load",
@@ -322,8 +321,7 @@ def main() -> None:
     if args.trees:
         _run_trees(args)
     else:
-        with asyncio.Runner(loop_factory=fine_timer_loop) as runner:  # arrivals on time (`offered_load`)
-            runner.run(_run(args))
+        run_on_time(_run(args))
 
 
 if __name__ == "__main__":

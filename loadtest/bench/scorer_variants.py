@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from loadtest.bench.offered_load import ScoreOne, fine_timer_loop, offer_load
+from loadtest.bench.offered_load import ScoreOne, offer_load, run_on_time
 
 if TYPE_CHECKING:  # typing only: at run time router_models must come from the tree under test
     from router_models.serving.classifier_scorer import ClassifierScorer
@@ -167,9 +167,8 @@ def main() -> None:
 
     load_scorer = _load_scorer_of_tree()
     origin = str(Path(router_models.__file__).resolve().parent)
-    with asyncio.Runner(loop_factory=fine_timer_loop) as runner:  # arrivals on time (`offered_load`)
-        runner.run(_serve(_gateway_scorer(load_scorer, args.artifact), origin, _prompts(Path(args.prompts)),
-                          args.labels))
+    run_on_time(_serve(_gateway_scorer(load_scorer, args.artifact), origin, _prompts(Path(args.prompts)),
+                       args.labels))
 
 
 def _load_scorer_of_tree() -> Callable[..., ClassifierScorer]:
