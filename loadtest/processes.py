@@ -55,10 +55,11 @@ def _slice(start: int, stop: int) -> tuple[int, int]:
     """This pytest-xdist worker's share of the ports [start, stop) (`PYTEST_XDIST_WORKER` gwN of
     `PYTEST_XDIST_WORKER_COUNT`, which its child processes inherit); the whole range outside xdist."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(worker[2:]) < int(count)):
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else -1
+    if not (count.isdigit() and 0 <= index < int(count)):
         return start, stop
     size = (stop - start) // int(count)
-    return start + int(worker[2:]) * size, start + (int(worker[2:]) + 1) * size
+    return start + index * size, start + (index + 1) * size
 
 
 def free_port() -> int:
