@@ -120,7 +120,7 @@ def engine_process(spec: EngineSpec, env: dict[str, str], log: Path, what: str) 
                                 env=os.environ | engine_env(spec) | env, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_ready(url + "/health", proc, 900, what, lambda: log.read_text()[-3000:])
+        wait_ready(url + "/health", proc, 600, what, lambda: log.read_text()[-3000:])
         yield url, proc.pid  # its own session: the group id is its pid
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
