@@ -267,6 +267,20 @@ child.wait()
 """
 
 
+def _only_group(monkeypatch: pytest.MonkeyPatch, pgid: int) -> None:
+    """Have the wait see only the stand-in's workers (its process group `pgid`): a real engine of a test running
+    beside this one (the int8 demo's, the chaos run's) is not the stand-in this test times."""
+    every = _vllm_workers
+
+    def in_group(pid: int) -> bool:
+        try:
+            return os.getpgid(pid) == pgid
+        except ProcessLookupError:
+            return False
+
+    monkeypatch.setattr(sys.modules[__name__], "_vllm_workers", lambda: [p for p in every() if in_group(p)])
+
+
 @pytest.mark.parametrize("sibling", [True, False])
 def test_the_wait_for_vllm_workers_gives_a_test_beside_this_one_time_and_no_other(
         sibling: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -275,6 +289,7 @@ def test_the_wait_for_vllm_workers_gives_a_test_beside_this_one_time_and_no_othe
                               start_new_session=True)
     try:
         assert beside.stdout is not None and beside.stdout.readline() == b"up\n"
+        _only_group(monkeypatch, beside.pid)
         monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw9")
         # the session's controller: the stand-in's parent when it is this test's sibling, else somewhere else
         monkeypatch.setattr(os, "getppid", lambda: beside.pid if sibling else 1)
@@ -300,6 +315,7 @@ def test_a_siblings_worker_orphaned_while_it_dies_gets_the_other_limit_from_then
                               start_new_session=True)
     try:
         assert worker.stdout is not None and worker.stdout.readline() == b"up\n"
+        _only_group(monkeypatch, worker.pid)
         started = time.monotonic()
         monkeypatch.setattr(sys.modules[__name__], "_beside_this_worker", lambda pid: time.monotonic() - started < 1.5)
         monkeypatch.setattr(sys.modules[__name__], "OTHER_ENGINES_S", 1.0)
