@@ -5,8 +5,9 @@ gauge names), `/tokenize` (1 token per whitespace-separated word, plus 3 per mes
 `/v1/chat/completions` streaming and not, with `usage` (and `stream_options.include_usage`), and
 `/v1/responses` and `/v1/completions` (`loadtest.fake_endpoints`), and `/v1/embeddings` (`loadtest.fake_embeddings`).
 Knobs (per request, in the body's `metadata`): `fake_tokens` (completion length, default 16),
-`fake_delay_ms` (sleep between streamed tokens), `fake_tool_call` (a function name: with `tools` in the
-request, each choice is a call of it, `{"q": "w0 w1 ..."}`, streamed as argument deltas); per server:
+`fake_delay_ms` (a streamed token every that many ms, on the answer's own clock), `fake_tool_call` (a function
+name: with `tools` in the request, each choice is a call of it, `{"q": "w0 w1 ..."}`, streamed as argument deltas);
+per server:
 `delay_ms`, `max_running`, `fail_status` (every chat request answered with that error status: a broken engine).
 `n` choices are answered (streams interleave them, as vLLM does) and `usage` covers them all; `logprobs` /
 `top_logprobs` are honoured.
@@ -221,9 +222,14 @@ class FakeUpstream:
         try:
             for c in range(answer.choices):
                 await event({**head, "choices": [{"index": c, "delta": answer.first_delta(c)}]})
+            # token i is due `delay` after token i-1 was due, as an engine's steps keep their own clock: a loop that
+            # wakes late (a starved host) delays a token, not every token after it
+            clock = asyncio.get_running_loop()
+            due = clock.time()
             for i in range(answer.steps):
                 if delay:
-                    await asyncio.sleep(delay)
+                    due += delay
+                    await asyncio.sleep(max(0.0, due - clock.time()))
                 if gone.is_set():  # the client left: stop generating, as vLLM aborts the request
                     self.aborted += 1
                     return

@@ -28,8 +28,9 @@ def _misses(result: dict[str, Any]) -> list[str]:
     decode, predicted, steps = result["capacity"]["decode_tokens_per_s"], result["predicted_rps"], result["steps"]
     checks = [
         ("answers of the fake's 16 tokens", result["mixed"]["output_tokens"] == TOKENS),
-        # overheads (and a busy machine: client and fake share one process) only lower the rates
-        (f"decode rate {decode:.0f} tokens/s", 0.6 * CAPACITY * TOKENS <= decode <= 1.05 * CAPACITY * TOKENS),
+        # overheads (and a busy machine: client and fake share one process) lower the rates; the fit of three terms
+        # can lend some of a starved run's time to the overhead and prefill terms (decode 1.04x under 12 busy loops)
+        (f"decode rate {decode:.0f} tokens/s", 0.6 * CAPACITY * TOKENS <= decode <= 1.1 * CAPACITY * TOKENS),
         (f"prediction {predicted:.1f} requests/s", 0.6 * CAPACITY <= predicted <= 1.05 * CAPACITY),
         (f"knee {result['measured_rps']} requests/s",
          result["measured_rps"] is not None and 0.6 * CAPACITY <= result["measured_rps"] <= 1.3 * CAPACITY),
@@ -41,7 +42,9 @@ def _misses(result: dict[str, Any]) -> list[str]:
 async def test_calibration_and_knee_match_a_known_capacity() -> None:
     """Two runs at most: a machine starved by the suite's engines (chaos, int8) once served the in-process fake at 5
     requests/s for seconds after a calibration of 46 (fc3 of 2026-12-06: its knee steps' p95 TTFT 0.57 and 7.2 s),
-    which no calibration can foresee; broken machinery misses in both runs."""
+    which no calibration can foresee; broken machinery misses in both runs. The fake paces its tokens on the answer's
+    own clock: when it slept a fixed delay per token, a starved loop's late wake-ups added up (12 busy loops beside it:
+    decode 0.61-0.64 of capacity, prediction 0.53-0.58, every run missed; paced: 1.04, 0.84-0.85, none missed)."""
     misses: list[str] = []
     for _ in range(2):
         with serve(FakeUpstream("fake", delay_ms=DELAY_MS, max_running=SLOTS)) as url:
