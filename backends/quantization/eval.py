@@ -37,6 +37,8 @@ from typing import Any
 
 import httpx
 
+from backends.engines.vllm_plugin import NO_DETOKENIZE_XARG
+
 __all__ = ["EVAL_PROMPTS", "JSON_PROMPTS", "JSON_SCHEMA", "EngineRun", "Evaluation", "compare", "measure_engine"]
 
 Dist = dict[int, float]  # token id -> logprob (top-k of one position)
@@ -133,7 +135,9 @@ async def _continuation(http: httpx.AsyncClient, base: str, model: str, ids: lis
 async def _scored(http: httpx.AsyncClient, base: str, model: str, ids: list[int], start: int,
                   k: int) -> tuple[Dist, ...]:
     """Top-k next-token logprobs at positions ``start..len(ids)-1`` given the prefix before each."""
-    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": k}
+    # the figures take token ids and logprobs only: not detokenizing k tokens a position saves most of the request
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": k,
+            "vllm_xargs": {NO_DETOKENIZE_XARG: 0}}
     out = await _post(http, f"{base}/v1/completions", body)
     entries = out["choices"][0]["prompt_logprobs"]
     return tuple(_top(entries[i]) for i in range(start, len(ids)))

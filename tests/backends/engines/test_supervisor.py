@@ -18,6 +18,7 @@ import pytest
 from backends.engines.args import engine_command, engine_env
 from backends.engines.cpu_pinning import engine_processes
 from backends.engines.supervisor import Backoff, EngineStartError, EngineSupervisor, choose_ports, live_group_members
+from backends.engines.vllm_plugin import NO_DETOKENIZE_XARG
 from loadtest.processes import cpu_seconds
 from policies.loader import parse_policy
 from policies.schema import EngineSpec, LocalPool
@@ -307,6 +308,23 @@ async def test_real_engines_serve_side_by_side(shared_engines: SharedEngines) ->
         log = pool.replicas[0].log_path.read_text(errors="replace")
         said = [line.split(" pid=")[0] for line in log.splitlines() if "processes start by fork" in line]
         assert set(said) == {"(APIServer", "(EngineCore"}, log[-3000:]  # a restart adds its own pair
+    # A completions request that asks is not detokenized (the plugin's NO_DETOKENIZE_XARG: the quantization
+    # evaluation's scoring), the same logprobs; one that does not ask is
+    async with httpx.AsyncClient(timeout=60) as client:
+        for pool in engines.values():
+            body = {"model": pool.spec.served_name, "prompt": "one two three", "max_tokens": 1, "temperature": 0,
+                    "prompt_logprobs": 2}
+            plain, bare = [(await client.post(f"{pool.ready_urls[0]}/v1/completions", json=b)).json()["choices"][0]
+                           for b in (body, {**body, "vllm_xargs": {NO_DETOKENIZE_XARG: 0}})]
+            entries = [(plain_at, bare_at) for plain_at, bare_at in
+                       zip(plain["prompt_logprobs"], bare["prompt_logprobs"], strict=True) if plain_at]
+            assert entries and bare["text"] == ""
+            for plain_at, bare_at in entries:
+                assert plain_at.keys() == bare_at.keys()
+                for token, logprob in plain_at.items():
+                    assert isinstance(logprob["decoded_token"], str) and bare_at[token]["decoded_token"] is None
+                    # one request at a time on the engine: the same batch shape, so equal up to float32 rounding
+                    assert bare_at[token]["logprob"] == pytest.approx(logprob["logprob"], rel=1e-5, abs=1e-6)
     # Between requests the workers wait instead of spinning (backends/engines/vllm_plugin.py caps vLLM's 1 s
     # busy-poll at CPU_IDLE_SPIN_S): uncapped, each spun a whole core for the second after its last answer
     workers = [w for pool in engines.values() if pool.replicas[0].pid

@@ -1,13 +1,22 @@
-"""The vLLM plugin's idle-spin cap, on a stand-in class (fast). That a real CPU engine's worker stops spinning
-between requests is `tests/backends/engines/test_supervisor.py::test_real_engines_serve_side_by_side`'s."""
+"""The vLLM plugin's idle-spin cap and its detokenize switch, on stand-in classes (fast). That a real CPU engine's
+worker stops spinning between requests, and that its API server skips detokenizing a request that asks, is
+`tests/backends/engines/test_supervisor.py::test_real_engines_serve_side_by_side`'s."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from backends.engines.vllm_plugin import CPU_IDLE_SPIN_S, cap_idle_spin, idle_spin_s
+from backends.engines.vllm_plugin import (
+    CPU_IDLE_SPIN_S,
+    NO_DETOKENIZE_XARG,
+    cap_idle_spin,
+    idle_spin_s,
+    skip_detokenize_on_request,
+)
 
 
 class _SpinCondition:
@@ -44,3 +53,31 @@ def test_a_class_without_the_parameter_is_left_alone() -> None:
     init = Other.__init__
     assert not cap_idle_spin(Other, 0.02) and Other.__init__ is init
     assert not cap_idle_spin(None, 0.02)
+
+
+class _CompletionRequest:
+    """vLLM 0.32's `CompletionRequest.to_sampling_params(max_tokens, default_sampling_params=None)`, reduced to what
+    the switch reads: `vllm_xargs` become `extra_args`."""
+
+    def __init__(self, xargs: dict[str, Any] | None, stop: list[str] | None = None) -> None:
+        self.xargs, self.stop = xargs, stop
+
+    def to_sampling_params(self, max_tokens: int, default_sampling_params: dict[str, Any] | None = None) -> Any:
+        return SimpleNamespace(max_tokens=max_tokens, extra_args=self.xargs, stop=self.stop or [], detokenize=True)
+
+
+def test_a_request_that_asks_is_not_detokenized_and_every_other_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_CompletionRequest, "to_sampling_params", _CompletionRequest.to_sampling_params)
+    assert skip_detokenize_on_request(_CompletionRequest)
+    assert skip_detokenize_on_request(_CompletionRequest)  # loaded again: wrapped once
+    asked = _CompletionRequest({NO_DETOKENIZE_XARG: 0, "other": 1}).to_sampling_params(1)
+    assert asked.detokenize is False and asked.max_tokens == 1
+    for request in (_CompletionRequest(None), _CompletionRequest({NO_DETOKENIZE_XARG: 1}),
+                    _CompletionRequest({"other": 0}), _CompletionRequest({NO_DETOKENIZE_XARG: 0}, stop=["\n"])):
+        assert request.to_sampling_params(4, default_sampling_params={}).detokenize is True  # stop strings need text
+    inner = getattr(_CompletionRequest.to_sampling_params, "__wrapped__", None)
+    assert inner is not None and not hasattr(inner, "__wrapped__")
+
+
+def test_a_request_class_without_the_method_is_left_alone() -> None:
+    assert not skip_detokenize_on_request(None) and not skip_detokenize_on_request(object)
