@@ -10,7 +10,8 @@ is open loop (`--rate` streamed chat requests a second); TTFT is the time to the
 prints the interactive p50/p99 TTFT, the batch lines answered a second and that rate's share of the batch alone's,
 and the share of 0.25 s samples of the lane gauge with a line in flight (both over the time the batch took, where it
 finished within the phase: `finished_s`), and the lines preempted (`batches.preempt`, e.g. `--lane "max_interactive:
-0, preempt: true"`).
+0, preempt: true"`). After the last round it prints each phase's figures pooled over the rounds, with the p99's ratio
+to the load alone's and that ratio's 90% bootstrap interval (`pooled`): one round's p99 is its few slowest requests.
 
     flock /tmp/cascade-engines.lock python -m loadtest.studies.batch_priority --rounds 2
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import random
 import statistics
 import tempfile
 import threading
@@ -153,10 +155,33 @@ def phase(url: str, rate: float, seconds: float, lines: int) -> dict[str, Any]:
     client.close()
     ordered = sorted(ttfts)
     return {"requests": len(ordered), "p50_ms": statistics.median(ordered) * 1000 if ordered else None,
-            "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000 if ordered else None,
+            "p99_ms": _p99(ordered) * 1000 if ordered else None, "ttfts": ttfts,
             "lines_per_s": (answered - before) / took, "lines_failed": failed, "batch_left": status != "completed",
             "finished_s": finished[0] if finished else None, "preempted": preempted(url) - was_preempted,
             "lane_busy": sum(samples) / len(samples) if samples else 0.0}
+
+
+def _p99(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def pooled(ttfts: dict[str, list[float]], alone: str = "alone", draws: int = 2000) -> list[dict[str, Any]]:
+    """Each phase's TTFTs over all rounds: p50, p99 (ms), the p99 over the load alone's and that ratio's 90% interval
+    from `draws` bootstrap resamples of both phases (seeded: the same samples give the same interval)."""
+    rng, base = random.Random(0), ttfts.get(alone, [])
+    rows = []
+    for label, samples in ttfts.items():
+        if not samples:
+            continue
+        row: dict[str, Any] = {"pooled": label, "requests": len(samples),
+                               "p50_ms": statistics.median(samples) * 1000, "p99_ms": _p99(sorted(samples)) * 1000}
+        if base and label != alone:
+            row["p99_vs_alone"] = _p99(sorted(samples)) / _p99(sorted(base))
+            ratios = sorted(_p99(sorted(rng.choices(samples, k=len(samples))))
+                            / _p99(sorted(rng.choices(base, k=len(base)))) for _ in range(draws))
+            row["ratio_90pct"] = [ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]]
+        rows.append(row)
+    return rows
 
 
 async def start_engine(home: Path, extra: tuple[str, ...]) -> EngineSupervisor:
@@ -208,6 +233,7 @@ def main() -> None:
             gateways[name] = f"http://127.0.0.1:{port}"
             wait_ready(gateways[name] + "/readyz", proc, 300, name, functools.partial(procs.log_tail, name))
         phase(gateways[base], args.rate, 5, 0)  # warm-up
+        every: dict[str, list[float]] = {}
         for r in range(args.rounds):
             plan = [("alone", gateways[base], args.rate, 0), ("batch alone", gateways[base], 0.0, args.lines),
                     (f"beside, {base}", gateways[base], args.rate, args.lines),
@@ -217,9 +243,12 @@ def main() -> None:
             for label, url, rate, lines in plan:
                 with open("/proc/loadavg") as f:
                     load = f.read().split()[0]
+                figures = phase(url, rate, args.seconds, lines)
+                every.setdefault(label, []).extend(figures.pop("ttfts"))
                 print(orjson.dumps({"round": r + 1, "phase": label, "load1": float(load),
-                                    "at": time.strftime("%H:%M:%S", time.gmtime()),
-                                    **phase(url, rate, args.seconds, lines)}).decode(), flush=True)
+                                    "at": time.strftime("%H:%M:%S", time.gmtime()), **figures}).decode(), flush=True)
+        for row in pooled(every):
+            print(orjson.dumps(row).decode(), flush=True)
     finally:
         procs.stop_all()
         loop.run_until_complete(sup.aclose())
