@@ -8,11 +8,12 @@ really judged it), and a second run keeps the whole checkpoint instead of buildi
 One sequence for what were two tests (this one and `test_engine.py`'s quantize-serve-evaluate of the micro model,
 each two engine starts): the calibration file path `test_engine.py` took is in `test_repeatable.py`.
 
-Slow (marked `engines`): a quantization and two engine starts, about 2 minutes on 2 cores once the quantization
-venv exists (a tool, not part of the build: the repo's own, created on first use, is linked into the empty home).
-It shares no engine with the other engine tests, so under pytest-xdist it runs beside them (an xdist group of its
-own, as the chaos run), its two engines' workers bound to the host's last core, off the first cores vLLM binds every
-other engine's worker to (`tests/conftest.py`; the CPU-pinning tests wait for them to end).
+Slow (marked `engines`): a quantization and two engine starts, about 1.5 minutes alone on 2 cores (3.5-4 beside the
+suite's other tests) once the quantization venv exists (a tool, not part of the build: the repo's own, created on
+first use, is linked into the empty home). It shares no engine with the other engine tests, so under pytest-xdist it
+runs beside them (an xdist group of its own, as the chaos run), its two engines' workers bound to the host's last
+core, off the first cores vLLM binds every other engine's worker to (`tests/conftest.py`; the CPU-pinning tests wait
+for them to end).
 """
 
 from __future__ import annotations
