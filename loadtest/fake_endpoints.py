@@ -13,16 +13,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 from starlette.types import Send
 
-__all__ = ["completions_events", "completions_json", "input_tokens", "responses_events", "responses_json",
+__all__ = ["completions_events", "completions_json", "input_tokens", "paced", "responses_events", "responses_json",
            "serve_other"]
 
 Event = Callable[[bytes], Awaitable[None]]
+
+
+async def paced(n: int, delay: float) -> AsyncIterator[int]:
+    """0 .. n-1, each `delay` s after the one before was due: the answer keeps its own clock, as an engine's steps do,
+    so a loop that wakes late (a starved host) delays one token, not every token after it (sleeping `delay` before
+    each let the lateness add up: the fake's capacity fell with the host's load)."""
+    clock = asyncio.get_running_loop()
+    due = clock.time()
+    for i in range(n):
+        if delay:
+            due += delay
+            await asyncio.sleep(max(0.0, due - clock.time()))
+        yield i
 
 
 def _words(value: Any) -> int:
@@ -73,9 +86,7 @@ async def responses_events(req: dict[str, Any], emit: Event, gone: asyncio.Event
         await emit(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({**obj, "type": kind}) + b"\n\n")
 
     await event("response.created", {"response": _response(req, "", "in_progress", None), "sequence_number": 0})
-    for i in range(n):
-        if delay:
-            await asyncio.sleep(delay)
+    async for i in paced(n, delay):
         if gone.is_set():
             return False
         await event("response.output_text.delta", {"item_id": "msg_fake", "output_index": 0, "content_index": 0,
@@ -114,9 +125,7 @@ async def completions_events(req: dict[str, Any], emit: Event, gone: asyncio.Eve
     """Stream a completion through `emit`; False when the client left before the end."""
     n, choices = _tokens(req, "max_tokens"), len(_prompts(req)) * int(req.get("n") or 1)
     head = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": req.get("model")}
-    for i in range(n):
-        if delay:
-            await asyncio.sleep(delay)
+    async for i in paced(n, delay):
         if gone.is_set():
             return False
         for c in range(choices):

@@ -25,7 +25,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from loadtest.fake_embeddings import embeddings_json
-from loadtest.fake_endpoints import serve_other
+from loadtest.fake_endpoints import paced, serve_other
 
 __all__ = ["FakeUpstream", "main", "read_body"]
 
@@ -222,14 +222,7 @@ class FakeUpstream:
         try:
             for c in range(answer.choices):
                 await event({**head, "choices": [{"index": c, "delta": answer.first_delta(c)}]})
-            # token i is due `delay` after token i-1 was due, as an engine's steps keep their own clock: a loop that
-            # wakes late (a starved host) delays a token, not every token after it
-            clock = asyncio.get_running_loop()
-            due = clock.time()
-            for i in range(answer.steps):
-                if delay:
-                    due += delay
-                    await asyncio.sleep(max(0.0, due - clock.time()))
+            async for i in paced(answer.steps, delay):
                 if gone.is_set():  # the client left: stop generating, as vLLM aborts the request
                     self.aborted += 1
                     return
