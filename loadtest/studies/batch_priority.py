@@ -169,14 +169,16 @@ def pooled(ttfts: dict[str, list[float]], alone: str = "alone", draws: int = 200
     """Each phase's TTFTs over all rounds: p50, p99 (ms), the p99 over the load alone's and that ratio's 90% interval
     from `draws` bootstrap resamples of both phases (seeded: the same samples give the same interval)."""
     rng, base = random.Random(0), ttfts.get(alone, [])
+    base_p99 = _p99(sorted(base)) if base else None
     rows = []
     for label, samples in ttfts.items():
         if not samples:
             continue
+        p99 = _p99(sorted(samples))
         row: dict[str, Any] = {"pooled": label, "requests": len(samples),
-                               "p50_ms": statistics.median(samples) * 1000, "p99_ms": _p99(sorted(samples)) * 1000}
-        if base and label != alone:
-            row["p99_vs_alone"] = _p99(sorted(samples)) / _p99(sorted(base))
+                               "p50_ms": statistics.median(samples) * 1000, "p99_ms": p99 * 1000}
+        if base_p99 is not None and label != alone:
+            row["p99_vs_alone"] = p99 / base_p99
             ratios = sorted(_p99(sorted(rng.choices(samples, k=len(samples))))
                             / _p99(sorted(rng.choices(base, k=len(base)))) for _ in range(draws))
             row["ratio_90pct"] = [ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]]
