@@ -19,8 +19,8 @@ import uvicorn
 from loadtest.private_redis import PrivateRedis
 from loadtest.processes import free_port
 
-__all__ = ["ROOT", "PrivateRedis", "alive", "fake_engine", "free_port", "serve", "start_gateway", "until",
-           "until_async", "wait_ready"]
+__all__ = ["ROOT", "PrivateRedis", "alive", "fake_engine", "fake_upstream_process", "free_port", "serve",
+           "start_fake_upstream", "start_gateway", "until", "until_async", "wait_ready"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +29,43 @@ def fake_engine(spec: Any, port: int, models_dir: Path) -> list[str]:
     """A supervisor `CommandFactory`: the zero-latency fake upstream as the replica's process, serving the
     spec's `served_name` (the real supervisor runs it, only the command is swapped)."""
     return [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", spec.served_name]
+
+
+def start_fake_upstream(model: str, delay_ms: float = 0.0, max_running: int | None = None
+                        ) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m loadtest.fake_upstream` serving `model` on a free port, once it answers: (process, base URL). The
+    caller stops the process."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", model,
+           "--delay-ms", str(delay_ms)] + ([] if max_running is None else ["--max-running", str(max_running)])
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None
+    until(up, 30, lambda: f"fake engine {model} did not start")
+    assert proc.poll() is None, f"fake engine {model} exited with {proc.returncode}"
+    return proc, url
+
+
+@contextmanager
+def fake_upstream_process(model: str, delay_ms: float = 0.0, max_running: int | None = None) -> Iterator[str]:
+    """`start_fake_upstream` for the block: yields the base URL, stops the process after. Its streams keep their
+    own clock whatever the test's process does (no interpreter lock shared with the test's client, as `serve`'s
+    thread shares it)."""
+    proc, url = start_fake_upstream(model, delay_ms, max_running)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def until(check: Callable[[], bool], timeout: float = 20.0, describe: Callable[[], str] | None = None) -> None:

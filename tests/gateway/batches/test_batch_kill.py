@@ -17,8 +17,7 @@ import pytest
 from loadtest.scenarios.chaos_figures import ledger_records
 from tests.conftest import SHARED_URL, policy_yaml
 from tests.gateway.batches.test_batch_api import TENANTS, chat_line, jsonl
-from tests.gateway.batches.test_batch_sdk import fake_engine_process
-from tests.servers import free_port, start_gateway, until
+from tests.servers import free_port, start_fake_upstream, start_gateway, until
 
 pytestmark = pytest.mark.redis
 LINES = 60
@@ -26,7 +25,7 @@ LINES = 60
 
 @pytest.fixture
 def engines() -> Iterator[tuple[str, str]]:
-    procs = [fake_engine_process("micro-model", delay_ms=30), fake_engine_process("flagship-model", delay_ms=30)]
+    procs = [start_fake_upstream("micro-model", delay_ms=30), start_fake_upstream("flagship-model", delay_ms=30)]
     try:
         yield procs[0][1], procs[1][1]
     finally:

@@ -6,48 +6,28 @@ retrieve until completed, the output file's content, list, cancel refused for a 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import orjson
 import pytest
 
 from tests.conftest import policy_yaml
 from tests.gateway.batches.test_batch_api import TENANTS, chat_line, jsonl
-from tests.servers import ROOT, free_port, start_gateway, until
+from tests.servers import free_port, start_fake_upstream, start_gateway
 
 pytestmark = pytest.mark.redis
-
-
-def fake_engine_process(model: str, delay_ms: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m loadtest.fake_upstream` serving `model` on a free port, once it answers; (process, base URL)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "loadtest.fake_upstream", "--port", str(port), "--model", model,
-                             "--delay-ms", str(delay_ms)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(url + "/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None
-    until(up, 30, lambda: f"fake engine {model} did not start")
-    assert proc.poll() is None
-    return proc, url
 
 
 @pytest.fixture
 def served(tmp_path: Path, prefix: str) -> Iterator[str]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        micro, micro_url = fake_engine_process("micro-model")
+        micro, micro_url = start_fake_upstream("micro-model")
         procs.append(micro)
-        flagship, flagship_url = fake_engine_process("flagship-model")
+        flagship, flagship_url = start_fake_upstream("flagship-model")
         procs.append(flagship)
         policy = tmp_path / "policy.yaml"
         policy.write_text(policy_yaml(micro_url, flagship_url, TENANTS))
