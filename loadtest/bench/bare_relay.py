@@ -17,6 +17,7 @@ import aiohttp
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
+from backends.clients.transports import KEEPALIVE_S
 from loadtest.fake_upstream import read_body
 
 __all__ = ["BareRelay", "main"]
@@ -35,7 +36,8 @@ class BareRelay:
             return
         body = await read_body(receive)
         if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512))
+            connector = aiohttp.TCPConnector(limit=512, keepalive_timeout=KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(connector=connector)
         headers = {"content-type": "application/json"}
         url = self._upstream + scope["path"]
         async with self._session.request(scope["method"], url, data=body, headers=headers) as resp:

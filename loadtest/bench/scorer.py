@@ -118,7 +118,9 @@ def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant
 def _via_gateway(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
     import aiohttp
 
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+    from backends.clients.transports import KEEPALIVE_S
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE_S))
     url = args.gateway_url.rstrip("/") + "/v1/chat/completions"
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 

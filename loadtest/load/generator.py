@@ -25,6 +25,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from backends.clients.transports import KEEPALIVE_S
 from loadtest.load.client import RequestSpec, Sample, send_one
 from loadtest.load.metrics import LadderWatch
 from loadtest.load.phases import Phase, parse_phases
@@ -226,7 +227,8 @@ async def _progress(runner: _Runner, spans: list[tuple[str, float, float]], stop
 
 async def run_load(config: LoadConfig) -> LoadRun:
     """Run the phases against the target; returns every sample and the ladder timeline."""
-    connector = aiohttp.TCPConnector(limit=config.max_in_flight + 16, force_close=False)
+    connector = aiohttp.TCPConnector(limit=config.max_in_flight + 16, force_close=False,
+                                     keepalive_timeout=KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=config.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         runner = _Runner(config, session)

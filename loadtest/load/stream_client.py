@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from backends.clients.transports import KEEPALIVE_S
+
 __all__ = ["StreamResult", "StreamSample", "percentile", "run_closed_loop", "scan_sse_line", "stream_body"]
 
 _CONTENT = b'"content":"'
@@ -132,7 +134,7 @@ async def run_closed_loop(base_url: str, model: str, concurrency: int, duration_
     """Run `concurrency` closed-loop streaming clients against `base_url` for `duration_s` seconds."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
     body = stream_body(model, max_tokens)
-    connector = aiohttp.TCPConnector(limit=concurrency * 2, force_close=False)
+    connector = aiohttp.TCPConnector(limit=concurrency * 2, force_close=False, keepalive_timeout=KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     samples: list[StreamSample] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
