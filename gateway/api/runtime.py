@@ -321,8 +321,7 @@ async def build_runtime(settings: Settings, progress: Callable[[str], None] | No
     parts = ServingParts(versions, router, forwarder, admission, degradation, metrics, wake=on_demand.ensure,
                          cache=cache, keep_requests=request_log is not None, lane=lane, sleeping=on_demand.sleeping)
     service = ChatService(policies, parts, learning=learning)
-    embeddings = EmbeddingService(policies, versions, forwarder, admission, accountant, wake=on_demand.ensure,
-                                  lane=lane, sleeping=on_demand.sleeping)
+    embeddings = EmbeddingService(policies, parts, accountant)
     runtime = Runtime(settings, policies, engines, pool_set, scorer, ledger, accountant, service, redis, metrics,
                       degradation, request_log, on_demand, router_swap, embeddings, feedback, live_threshold=live,
                       live_tradeoff=tradeoff,

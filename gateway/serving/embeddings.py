@@ -21,13 +21,12 @@ cost, alike).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import orjson
 
-from gateway.control.fleet.on_demand import Wake
 from gateway.control.policy.policy_holder import PolicyHolder
 from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable, PermissionDenied
 from gateway.serving.openai.embeddings_schema import EmbeddingsInput, EmbeddingsRequest, input_of
@@ -36,10 +35,8 @@ from gateway.serving.openai.upstream import engine_body
 from gateway.serving.openai.usage import Usage
 from gateway.serving.records.accounting import Accountant, RequestFacts
 from gateway.serving.routing.request_context import BatchTag
-from gateway.serving.routing.versions import PoolVersions
-from gateway.serving.sending.forwarding import Forwarder, JSONReply
-from gateway.serving.serving_parts import Lane
-from gateway.tenancy.admission import Admission
+from gateway.serving.sending.forwarding import JSONReply
+from gateway.serving.serving_parts import ServingParts
 from gateway.tenancy.api_keys import ApiKey
 from policies.decide import AUTO_MODEL, RouteDecision, RouteStep, moved, pinned_pool, served_model
 from policies.loader import LoadedPolicy
@@ -89,20 +86,15 @@ def embedding_decision(loaded: LoadedPolicy, model: str, tenant: str) -> RouteDe
 
 
 class EmbeddingService:
-    """Handles one embeddings request end to end. Shares, does not own, its collaborators (those of the chat
-    service: `gateway.serving.serving_parts`; `lane` and `sleeping` as there, for batch lines)."""
+    """Handles one embeddings request end to end. Shares, does not own, its collaborators: the chat service's
+    `parts` (`gateway.serving.serving_parts`: the versions, forwarder, admission, wake, and for batch lines the lane
+    and `sleeping`), and the accountant that records its cost."""
 
-    def __init__(self, policies: PolicyHolder, versions: PoolVersions, forwarder: Forwarder, admission: Admission,
-                 accountant: Accountant, wake: Wake | None = None, lane: Lane | None = None,
-                 sleeping: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, policies: PolicyHolder, parts: ServingParts, accountant: Accountant) -> None:
         self._policies = policies
-        self._versions = versions
-        self._forwarder = forwarder
-        self._admission = admission
+        self._versions, self._forwarder, self._admission = parts.versions, parts.forwarder, parts.admission
+        self._wake, self._lane, self._sleeping = parts.wake, parts.lane, parts.sleeping
         self._accountant = accountant
-        self._wake = wake
-        self._lane = lane
-        self._sleeping = sleeping
 
     async def handle(self, request: EmbeddingsRequest, raw: Mapping[str, Any], tenant: str, request_id: str,
                      key: ApiKey | None = None, batch: BatchTag | None = None) -> JSONReply:

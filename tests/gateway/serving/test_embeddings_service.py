@@ -19,6 +19,7 @@ from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.openai.embeddings_schema import parse_embeddings_request
 from gateway.serving.records.accounting import Accountant
 from gateway.serving.routing.request_context import BatchTag
+from gateway.serving.serving_parts import ServingParts
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tenancy.admission import Admission
 from loadtest.fake_embeddings import embeddings_json
@@ -82,9 +83,9 @@ class _Parts:
 def _parts(loaded: LoadedPolicy, sleeping: bool = False) -> _Parts:
     lane, forwarder, ledger = _Lane(), _Forwarder(), MemoryLedger()
     accountant = Accountant(ledger)
-    service = EmbeddingService(PolicyHolder(loaded), _Versions(), forwarder,  # type: ignore[arg-type]
-                               Admission(None, None, GatewayMetrics(dict)), accountant, lane=lane,
-                               sleeping=lambda pool: sleeping)
+    serving = ServingParts(_Versions(), None, forwarder, Admission(None, None, GatewayMetrics(dict)),  # type: ignore[arg-type]
+                           None, GatewayMetrics(dict), lane=lane, sleeping=lambda pool: sleeping)  # type: ignore[arg-type]
+    service = EmbeddingService(PolicyHolder(loaded), serving, accountant)
     return _Parts(service, lane, forwarder, accountant, ledger)
 
 
