@@ -52,7 +52,7 @@ async def test_calibration_and_knee_match_a_known_capacity() -> None:
     2026-12-07): the fake now paces 40 ms tokens, in a process of its own as an engine is (measured during a suite on
     four workers, two runs: decode 1.02-1.03 of capacity, knee 1.21x; 10 ms tokens beside them 0.91-0.99); its client
     keeps idle connections less long than the fake's server (a request on one it was closing:
-    ServerDisconnectedError, fc6)."""
+    ServerDisconnectedError, fc6). In fc8, on four workers, it still needed its second run: the suite keeps three."""
     misses: list[str] = []
     for _ in range(2):
         with fake_upstream_process("fake", delay_ms=DELAY_MS, max_running=SLOTS) as url:
@@ -72,7 +72,9 @@ async def test_the_calibrated_rates_print_a_price_block_the_policy_loads() -> No
     assert "steps" not in result, "price_only stops after the calibration"
     block = result["price_block"]
     decode = result["capacity"]["decode_tokens_per_s"]
-    assert 0.6 * SLOTS * 1000 / DELAY_MS <= decode <= 1.05 * SLOTS * 1000 / DELAY_MS, result["capacity"]
+    # the knee test's bounds (the three-term fit can lend a run's time to the other terms: 203-206 tokens/s of 200
+    # in two runs during a suite)
+    assert 0.6 * CAPACITY * TOKENS <= decode <= 1.1 * CAPACITY * TOKENS, result["capacity"]
     policy_text = with_fixed_threshold((ROOT / "policies" / "default.yaml").read_text())
     pasted = parse_policy(policy_text.replace('price: {input_per_mtok: "0.20", output_per_mtok: "0.20"}', block, 1))
     price = pasted.policy.pools["micro"].price
