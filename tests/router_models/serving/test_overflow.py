@@ -166,7 +166,9 @@ async def test_the_shipped_scorer_overflows_a_real_surge_to_the_fast_artifact(mo
     about a minute on 2 cores, then cached). A surge of unique prompts is partly scored by the overflow model,
     with exactly the fast artifact's own scores; a lone prompt afterwards gets the primary's. Overflow after
     50 ms, not the default 10: the surge's later batches wait far longer, and a lone prompt's pickup on a busy
-    machine (under pytest-xdist) can take more than 10 ms, which sent it to the overflow model."""
+    machine (under pytest-xdist) can take more than 10 ms, which sent it to the overflow model. Two surges at most,
+    of other prompts: a worker thread the host starves past 50 ms sends a whole surge to the overflow model, as it
+    should (fc8 of 2026-12-07, four pytest-xdist workers on 2 cores: 96 of 96), which no surge can foresee."""
     monkeypatch.setenv("CASCADE_ROUTER_REFINE", "none")
     scorer = load_scorer(None, BatchingConfig(workers=1, overflow_after_ms=50), overflow="auto")
     deadline = time.monotonic() + 300
@@ -174,9 +176,16 @@ async def test_the_shipped_scorer_overflows_a_real_surge_to_the_fast_artifact(mo
         await asyncio.sleep(0.2)
     assert scorer.overflow is not None, "the overflow model did not load in 300 s"
     lines = (ROOT / "loadtest" / "data" / "synthetic_prompts.jsonl").read_text().splitlines()
-    prompts = list(dict.fromkeys(str(json.loads(line)["prompt"]) for line in lines))[:96]
-    scores = [s[0] for s in await asyncio.gather(*(scorer.score([p]) for p in prompts))]
-    assert scorer.scored_by["overflow"] > 0 and scorer.scored_by["primary"] > 0, scorer.scored_by
+    unique = list(dict.fromkeys(str(json.loads(line)["prompt"]) for line in lines))
+    for surge in range(2):
+        prompts = unique[96 * surge:96 * (surge + 1)]  # unseen: a primary score would come from the cache
+        before = dict(scorer.scored_by)
+        scores = [s[0] for s in await asyncio.gather(*(scorer.score([p]) for p in prompts))]
+        counts = {model: scorer.scored_by[model] - before[model] for model in before}
+        if counts["overflow"] > 0 and counts["primary"] > 0:
+            break
+        print(f"surge {surge}: {counts}")
+    assert counts["overflow"] > 0 and counts["primary"] > 0, counts
     primary, fast = load_model(None, 1), load_model(str(FAST_ARTIFACT), 1)
     by_primary, by_fast = primary(prompts), fast(prompts)
     for prompt, score, p, f in zip(prompts, scores, by_primary, by_fast, strict=True):
