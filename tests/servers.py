@@ -18,6 +18,7 @@ import uvicorn
 
 from loadtest.private_redis import PrivateRedis
 from loadtest.processes import free_port
+from loadtest.processes import wait_ready as process_ready
 
 __all__ = ["ROOT", "PrivateRedis", "alive", "fake_engine", "fake_upstream_process", "free_port", "serve",
            "start_fake_upstream", "start_gateway", "until", "until_async", "wait_ready"]
@@ -40,14 +41,7 @@ def start_fake_upstream(model: str, delay_ms: float = 0.0, max_running: int | No
            "--delay-ms", str(delay_ms)] + ([] if max_running is None else ["--max-running", str(max_running)])
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(url + "/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None
-    until(up, 30, lambda: f"fake engine {model} did not start")
-    assert proc.poll() is None, f"fake engine {model} exited with {proc.returncode}"
+    process_ready(url + "/health", proc, 30, f"fake engine {model}", lambda: "(its output is discarded)")
     return proc, url
 
 
