@@ -266,37 +266,47 @@ def _engines_of(item: pytest.Item) -> str | None:
     return "shared" if "shared_engines" in getattr(item, "fixturenames", ()) else "own"
 
 
+def _timing(item: pytest.Item) -> bool:
+    return item.get_closest_marker("timing") is not None
+
+
 def _order(item: pytest.Item) -> int:
-    """Engine tests first (shared, then own), then the `slow` tests without engines, then the rest: a test that takes
-    half a minute, handed out last, ran alone at the end while the other workers had finished (the fast tier's
-    workers ended 146-153 s in and one 165 s, its last test the learning loop's 29 s)."""
+    """Engine tests first (shared, then own), then the `timing` tests, then the `slow` tests without engines, then
+    the rest: a test that takes half a minute, handed out last, ran alone at the end while the other workers had
+    finished (the fast tier's workers ended 146-153 s in and one 165 s, its last test the learning loop's 29 s)."""
     engines = _engines_of(item)
     if engines is not None:
         return {"shared": 0, "own": 1}[engines]
-    return 2 if item.get_closest_marker("slow") is not None else 3
+    if _timing(item):
+        return 2
+    return 3 if item.get_closest_marker("slow") is not None else 4
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests with real engines run first, those on the shared engines first among them (file order kept within
     each kind), so that each shared engine starts once and is stopped before tests start engines of their own;
-    then the `slow` tests without engines, then the rest (`_order`).
+    then the `timing` tests, then the `slow` tests without engines, then the rest (`_order`).
     Under pytest-xdist (`-n`, `--dist loadgroup`) they all run on one worker, the first unit handed out (the
     longest; two tests' engines never compete for the first cores, where vLLM binds every CPU worker), but for tests
     that name an xdist group of their own: a heavy one that starts no engine, and the chaos run and the int8 demo,
     which share no engine with the others and bind their engines' workers to the last core; the other tests spread
     over the workers. The groups are handed out largest first, then the single units in this order, so those two
     are the first single units, started in the first minutes beside the shared engines' tests; the CPU-pinning
-    tests at the engines group's end wait for their engines (`tests/backends/engines/test_cpu_pinning.py`)."""
+    tests at the engines group's end wait for their engines (`tests/backends/engines/test_cpu_pinning.py`).
+    The `timing` tests join the engines' worker after its engine tests: started early among the `slow` ones, they
+    ran beside the engine starts, whose CPU starved them (the knee test of `tests/loadtest/bench/test_saturation.py`
+    missed its first run, 80 s lost, in fresh clones on three workers and on four)."""
     items.sort(key=_order)
     for item in items:
-        if _engines_of(item) and item.get_closest_marker("xdist_group") is None:
+        if (_engines_of(item) or _timing(item)) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("engines"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test that starts engines of its own gets the cores and the memory the shared ones held."""
-    if _engines_of(item) == "own":
+    """A test that starts engines of its own, or times processes of this host, gets the cores and the memory the
+    shared engines held."""
+    if _engines_of(item) == "own" or _timing(item):
         for engines in SharedEngines.instances:
             engines.stop_all()
 

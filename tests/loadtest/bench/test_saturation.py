@@ -42,6 +42,7 @@ def _misses(result: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 async def test_calibration_and_knee_match_a_known_capacity() -> None:
     """Two runs at most: a machine starved by the suite's engines (chaos, int8) once served the in-process fake at 5
     requests/s for seconds after a calibration of 46 (fc3 of 2026-12-06: its knee steps' p95 TTFT 0.57 and 7.2 s),
@@ -65,6 +66,7 @@ async def test_calibration_and_knee_match_a_known_capacity() -> None:
     pytest.fail(f"two runs missed the fake's capacity: {misses}")
 
 
+@pytest.mark.timing
 async def test_the_calibrated_rates_print_a_price_block_the_policy_loads() -> None:
     with fake_upstream_process("fake", delay_ms=DELAY_MS, max_running=SLOTS) as url:
         result = await run(url, "fake", SLOTS, SLO, calib_s=CALIB_S, step_s=STEP_S, gpu_hour_usd="2.50",

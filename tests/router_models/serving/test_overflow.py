@@ -160,6 +160,7 @@ def test_the_setting_defaults_to_auto_and_tests_run_without_it(monkeypatch: pyte
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 async def test_the_shipped_scorer_overflows_a_real_surge_to_the_fast_artifact(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real models: the transformer primary alone (`CASCADE_ROUTER_REFINE=none`: the two stages of the default
     score a surge of 96 fast enough that none waits 50 ms) and the static overflow (its table is built on first use,
@@ -216,6 +217,7 @@ def test_the_gateway_counts_each_scored_request_by_model(
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.redis
 def test_what_the_overflow_model_scored_is_in_the_ledger_and_weighs_the_report(
         policy_file: Path, upstreams: tuple[object, str, object, str], tmp_path: Path) -> None:
