@@ -45,21 +45,22 @@ def _policy(micro_url: str, broken_url: str) -> str:
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[str]:
+def gateway(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The gateway's base URL and its log (INFO: each request's line, so a slow answer shows where it waited)."""
     prefix = f"test:{uuid.uuid4().hex}:"
     with serve(FakeUpstream("micro-model")) as micro_url, serve(_failing_engine) as broken_url:
         policy = tmp_path / "policy.yaml"
         policy.write_text(_policy(micro_url, broken_url))
         port = free_port()
         cmd = [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--policy", str(policy), "--port", str(port),
-               "--scorer", "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "ERROR"]
+               "--scorer", "none", "--no-engines", "--redis-prefix", prefix, "--log-level", "INFO"]
         log = (tmp_path / "gateway.log").open("wb")
         proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "CASCADE_HOME": str(tmp_path)}, stdout=log,
                                 stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, proc, 90, (tmp_path / "gateway.log").read_text, workers=2)
-            yield url
+            yield url, tmp_path / "gateway.log"
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
@@ -80,16 +81,28 @@ def _scrape(url: str) -> Gauges:
             for s in f.samples if s.name in wanted and s.labels.get("pool", "flagship") == "flagship"}
 
 
-def test_each_workers_own_gauges_are_shown_for_every_worker_on_every_scrape(gateway: str) -> None:
+def _post(client: httpx.Client, url: str, body: dict[str, object], log: Path) -> int:
+    """The status of one chat request; a timeout fails with the gateway's log (twice in about twenty fresh clones
+    one of these requests read-timed out at 10 s, under the full suite's load, and its log said nothing: ERROR)."""
+    started = time.monotonic()
+    try:
+        return client.post(url + "/v1/chat/completions", json=body).status_code
+    except httpx.TimeoutException as exc:
+        waited = time.monotonic() - started
+        raise AssertionError(f"{exc!r} after {waited:.1f} s; the gateway's log:\n{log.read_text()[-6000:]}") from exc
+
+
+def test_each_workers_own_gauges_are_shown_for_every_worker_on_every_scrape(gateway: tuple[str, Path]) -> None:
+    url, log = gateway
     body = {"model": "flagship", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     with httpx.Client(timeout=10) as one_connection:  # keep-alive: every request reaches the same worker
-        codes = [one_connection.post(gateway + "/v1/chat/completions", json=body).status_code for _ in range(3)]
+        codes = [_post(one_connection, url, body, log) for _ in range(3)]
     assert codes[:2] == [502, 502]  # two engine failures open that worker's breaker; the other worker saw none
     expected = {("cascade_replica_breaker_open", "0"): 1.0, ("cascade_replica_breaker_open", "1"): 0.0}
     flipped = {("cascade_replica_breaker_open", "0"): 0.0, ("cascade_replica_breaker_open", "1"): 1.0}
     deadline = time.monotonic() + 10
     while True:  # each worker publishes its view every second
-        first = _scrape(gateway)
+        first = _scrape(url)
         breakers = {k: v for k, v in first.items() if k[0] == "cascade_replica_breaker_open"}
         if breakers in (expected, flipped):
             break
@@ -99,5 +112,5 @@ def test_each_workers_own_gauges_are_shown_for_every_worker_on_every_scrape(gate
         ("cascade_replica_healthy", "0"): 1.0, ("cascade_replica_healthy", "1"): 1.0,
         ("cascade_routing_threshold", "0"): 0.5, ("cascade_routing_threshold", "1"): 0.5,
         ("cascade_ledger_outbox_records", ""): 0.0}
-    scrapes = [_scrape(gateway) for _ in range(16)]  # new connections: both workers answer some (odds 2**-15)
+    scrapes = [_scrape(url) for _ in range(16)]  # new connections: both workers answer some (odds 2**-15)
     assert scrapes == [first] * 16
