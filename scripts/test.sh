@@ -28,10 +28,11 @@ PY
 # everything in this process); an -n/--numprocesses or -p no:xdist of your own wins.
 # The fast tier (`-m "not engines"`) takes 6 workers: its tests wait on sockets and child processes as much as they
 # compute (on 2 cores, with bytecode cached: 2 min 52 s with 6, 2 min 59 s with 8, 3 min 22 s with 4; BENCHMARKS.md
-# "Test suite"). With engines, 3: the engine tests' worker, the chaos run, which mostly waits at 3 requests a second,
-# and the rest fill the two cores. 4 was faster in fresh clones of 2026-12-07 (459-505 s against 503-543 s), but
-# starved the timing tests: three of four such clones failed one (BENCHMARKS.md "Test suite").
-WORKERS=3
+# "Test suite"). With engines, 4: the engine tests' worker and three for the rest, which wait on sockets, processes
+# and timers as much as they compute (three left the cores a quarter idle in the last minutes: 501-555 s in fresh
+# clones of 2026-12-07). The tests that time this host's processes (`timing`) run on the engines' worker after its
+# engine tests, since four workers beside the engine starts starved them (BENCHMARKS.md "Test suite").
+WORKERS=4
 OWN_WORKERS=no
 previous=""
 for arg in "$@"; do

@@ -66,17 +66,16 @@ async def test_calibration_and_knee_match_a_known_capacity() -> None:
     pytest.fail(f"two runs missed the fake's capacity: {misses}")
 
 
-@pytest.mark.timing
 async def test_the_calibrated_rates_print_a_price_block_the_policy_loads() -> None:
+    """The block prices the decode rate the calibration measured, whatever it was: how close that rate comes to the
+    fake's capacity is the knee test's claim (a `timing` test), so this one can run beside anything."""
     with fake_upstream_process("fake", delay_ms=DELAY_MS, max_running=SLOTS) as url:
         result = await run(url, "fake", SLOTS, SLO, calib_s=CALIB_S, step_s=STEP_S, gpu_hour_usd="2.50",
                            price_only=True)
     assert "steps" not in result, "price_only stops after the calibration"
     block = result["price_block"]
     decode = result["capacity"]["decode_tokens_per_s"]
-    # the knee test's bounds (the three-term fit can lend a run's time to the other terms: 203-206 tokens/s of 200
-    # in two runs during a suite)
-    assert 0.6 * CAPACITY * TOKENS <= decode <= 1.1 * CAPACITY * TOKENS, result["capacity"]
+    assert decode > 0, result["capacity"]
     policy_text = with_fixed_threshold((ROOT / "policies" / "default.yaml").read_text())
     pasted = parse_policy(policy_text.replace('price: {input_per_mtok: "0.20", output_per_mtok: "0.20"}', block, 1))
     price = pasted.policy.pools["micro"].price
