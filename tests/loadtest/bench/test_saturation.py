@@ -53,7 +53,9 @@ async def test_calibration_and_knee_match_a_known_capacity() -> None:
     2026-12-07): the fake now paces 40 ms tokens, in a process of its own as an engine is (measured during a suite on
     four workers, two runs: decode 1.02-1.03 of capacity, knee 1.21x; 10 ms tokens beside them 0.91-0.99); its client
     keeps idle connections less long than the fake's server (a request on one it was closing:
-    ServerDisconnectedError, fc6). In fc8, on four workers, it still needed its second run: the suite keeps three."""
+    ServerDisconnectedError, fc6). In fc8, on four workers, it still needed its second run, and in a clone on three
+    (fc1 of 2026-12-07, 08:00) too, started beside the engine starts: a `timing` test, it now runs on the engines'
+    worker after them (`tests/conftest.py`)."""
     misses: list[str] = []
     for _ in range(2):
         with fake_upstream_process("fake", delay_ms=DELAY_MS, max_running=SLOTS) as url:
