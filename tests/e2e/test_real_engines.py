@@ -154,7 +154,7 @@ def _replica(gateway: str, pool: str) -> str:
 LEAVING_ATTEMPTS = 3
 NOTICE_S = 1.0
 """How long after a client leaves the gateway may still relay. It looks every 8 chunks (`SSEResponse`, whose own tests
-time that), but a gateway the host keeps off the CPU looks late: 0.96 s in a fresh clone at load 21.5 (fc4 of
+hold it to that), but a gateway the host keeps off the CPU looks late: 0.96 s in a fresh clone at load 21.5 (fc4 of
 2026-12-07, four pytest-xdist workers beside the int8 demo; 0.25 s until then). A gateway that never looked relays
 until the engine ends, about 2 s of 900 tokens after a leave at the fifth chunk, later on a loaded host."""
 
