@@ -17,8 +17,8 @@ import aiohttp
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from backends.clients.transports import KEEPALIVE_S
 from loadtest.fake_upstream import read_body
+from loadtest.load.connections import connector
 
 __all__ = ["BareRelay", "main"]
 
@@ -36,8 +36,7 @@ class BareRelay:
             return
         body = await read_body(receive)
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=512, keepalive_timeout=KEEPALIVE_S)
-            self._session = aiohttp.ClientSession(connector=connector)
+            self._session = aiohttp.ClientSession(connector=connector(512))
         headers = {"content-type": "application/json"}
         url = self._upstream + scope["path"]
         async with self._session.request(scope["method"], url, data=body, headers=headers) as resp:

@@ -35,9 +35,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from backends.clients.transports import KEEPALIVE_S
 from gateway.planning.model import mean_service_s, saturation_rps
 from gateway.planning.schema import Capacity, Slo, TokenClass
+from loadtest.load.connections import connector
 from loadtest.load.stream_client import StreamSample, percentile, scan_sse_line, stream_body
 from policies.money import Price, usd_to_micro
 
@@ -218,10 +218,7 @@ async def run(base: str, model: str, batch: int, slo: Slo, calib_s: float, step_
     """Calibrate, predict, measure; the JSON-ready result (predicted vs measured req/s, relative error), with
     the policy's `price_block` when `gpu_hour_usd` is given. `price_only`: the calibration and the price alone."""
     timeout = aiohttp.ClientTimeout(total=300)
-    # idle connections kept less long than the server keeps them (uvicorn closes them after 5 s): a request written
-    # onto one the server is closing fails with ServerDisconnectedError (fc6 of 2026-12-07, the saturation test)
-    connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=KEEPALIVE_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector(1024), timeout=timeout) as session:
         corners, cap, notes = await calibrate(session, base, model, batch, calib_s)
         price = None if gpu_hour_usd is None else price_block(cap, gpu_hour_usd)
         if price is not None:

@@ -118,9 +118,9 @@ def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant
 def _via_gateway(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
     import aiohttp
 
-    from backends.clients.transports import KEEPALIVE_S
+    from loadtest.load.connections import connector
 
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE_S))
+    session = aiohttp.ClientSession(connector=connector(256))
     url = args.gateway_url.rstrip("/") + "/v1/chat/completions"
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 

@@ -25,8 +25,8 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from backends.clients.transports import KEEPALIVE_S
 from loadtest.load.client import RequestSpec, Sample, send_one
+from loadtest.load.connections import connector
 from loadtest.load.metrics import LadderWatch
 from loadtest.load.phases import Phase, parse_phases
 from loadtest.load.plots import plot_run
@@ -227,10 +227,8 @@ async def _progress(runner: _Runner, spans: list[tuple[str, float, float]], stop
 
 async def run_load(config: LoadConfig) -> LoadRun:
     """Run the phases against the target; returns every sample and the ladder timeline."""
-    connector = aiohttp.TCPConnector(limit=config.max_in_flight + 16, force_close=False,
-                                     keepalive_timeout=KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=config.timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector(config.max_in_flight + 16), timeout=timeout) as session:
         runner = _Runner(config, session)
         spans: list[tuple[str, float, float]] = []
         stop = asyncio.Event()

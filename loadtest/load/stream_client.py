@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.clients.transports import KEEPALIVE_S
+from loadtest.load.connections import connector
 
 __all__ = ["StreamResult", "StreamSample", "percentile", "run_closed_loop", "scan_sse_line", "stream_body"]
 
@@ -134,10 +134,9 @@ async def run_closed_loop(base_url: str, model: str, concurrency: int, duration_
     """Run `concurrency` closed-loop streaming clients against `base_url` for `duration_s` seconds."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
     body = stream_body(model, max_tokens)
-    connector = aiohttp.TCPConnector(limit=concurrency * 2, force_close=False, keepalive_timeout=KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     samples: list[StreamSample] = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector(concurrency * 2), timeout=timeout) as session:
         started = time.monotonic()
         deadline = started + duration_s
         await asyncio.gather(*(_worker(session, url, body, deadline, samples) for _ in range(concurrency)))
