@@ -87,24 +87,27 @@ def lua_script(body: bytes) -> str:
 
 def distinct_lua(prompts: list[str], body: dict[str, object]) -> str:
     """A wrk script that POSTs `body` (a chat request without messages) with a different user message each time:
-    `prompts` in turn, each ending in the request's number, so no two requests of a run share a prompt (the
-    gateway's score cache never answers; every request is embedded and scored). One wrk thread numbers its own
-    requests: run it with -t1."""
+    `prompts` in turn, each after a number of its own ("#N "), so no two requests share a scoring text (the gateway's
+    score cache never answers; every request is embedded and scored). The number leads the message, where a long
+    prompt's cut at the scorer's `SCORING_CHARS` does not drop it, and each run of the script starts its numbers at
+    its start second times 100,000, so runs a second or more apart and under 100,000 requests a second share none
+    (a cache kept from an earlier round of the same bench answers nothing). One wrk thread numbers its own requests:
+    run it with -t1."""
     level = "=" * 8
+    mark = "@@number@@"
     pieces = []
     for prompt in prompts:
-        head = orjson.dumps({**body, "messages": [{"role": "user", "content": prompt + " #"}]}).decode()
-        cut = head.rindex(' #"')
-        front, back = head[: cut + 2], head[cut + 2:]
-        if f"]{level}]" in front or f"]{level}]" in back:
+        head = orjson.dumps({**body, "messages": [{"role": "user", "content": f"#{mark} {prompt}"}]}).decode()
+        front, sep, back = head.partition(mark)
+        if not sep or mark in back or f"]{level}]" in front or f"]{level}]" in back:
             continue
         pieces.append(f"{{[{level}[{front}]{level}], [{level}[{back}]{level}]}}")
     if not pieces:
         raise ValueError("no prompt fits the Lua script")
     return ('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-            f"local prompts = {{{', '.join(pieces)}}}\nlocal n = 0\n"
+            f"local prompts = {{{', '.join(pieces)}}}\nlocal n = (os.time() % 100000) * 100000\n"
             "request = function()\n  n = n + 1\n  local p = prompts[(n % #prompts) + 1]\n"
-            "  return wrk.format(nil, nil, nil, p[1] .. n .. p[2])\nend\n")
+            "  return wrk.format(nil, nil, nil, p[1] .. string.format('%d', n) .. p[2])\nend\n")
 
 
 def run_wrk(url: str, lua: Path, connections: int, duration_s: float, threads: int, timeout_s: float) -> WrkResult:

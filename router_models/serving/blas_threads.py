@@ -11,6 +11,12 @@ workers and `classifier_scorer.load_scorer` therefore run BLAS on one thread (se
 built, so that every BLAS library loaded by then is limited), unless the operator chose a count
 (`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`, `MKL_NUM_THREADS`). The ONNX embedder has its own thread pool and is not
 affected; engines are other processes and keep their own settings.
+
+The same holds for the `tokenizers` library's batch encoding: by default it splits each batch over a thread per core
+(rayon), which on two cores costs 24-34% more CPU a text for the scorer's batches of 6-16 (60 against 76-80 us a
+text, BENCHMARKS.md "Tokenizing on the scoring thread") and runs beside the two scorer threads that already use both
+cores. `serial_tokenizers` has batches encoded on the calling thread, unless the operator set
+`TOKENIZERS_PARALLELISM`; `cascade serve`, its workers and `load_scorer` call it beside `one_blas_thread`.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["THREAD_VARIABLES", "one_blas_thread"]
+__all__ = ["THREAD_VARIABLES", "TOKENIZERS_VARIABLE", "one_blas_thread", "serial_tokenizers"]
 
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+TOKENIZERS_VARIABLE = "TOKENIZERS_PARALLELISM"  # read by `tokenizers` at each batch encode
 _log = logging.getLogger(__name__)
 
 
@@ -35,4 +42,14 @@ def one_blas_thread() -> bool:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")
+    return True
+
+
+def serial_tokenizers() -> bool:
+    """Have `tokenizers` encode batches on the calling thread in this process from now on (module docstring); False
+    (nothing changed) where the operator set `TOKENIZERS_PARALLELISM`."""
+    if os.environ.get(TOKENIZERS_VARIABLE):
+        _log.info("tokenizer threads left as %s=%s sets them", TOKENIZERS_VARIABLE, os.environ[TOKENIZERS_VARIABLE])
+        return False
+    os.environ[TOKENIZERS_VARIABLE] = "false"
     return True

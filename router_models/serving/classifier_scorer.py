@@ -2,18 +2,18 @@
 
 What is scored is a conversation: its scoring text and its shape (`scorer.ConversationShape`; a text alone is a
 plain prompt). The cache keys on both: the same latest turn after a long history is another conversation.
-Concurrent `score` calls put their cache misses on one queue. `workers` collector tasks take whatever is
-waiting, up to `max_batch` texts, optionally wait up to `max_wait_ms` for more, de-duplicate them and score the
-batch in ONE model call on one of `workers` executor threads, so the event loop never runs model code and at
-most `workers` batches run at once. While the workers are busy, new texts queue up and form the next batches:
-under load, batches grow by themselves, and at low load a text is scored the moment it arrives (no collection
-window by default).
+Concurrent `score` calls put their cache misses on one queue. `workers` threads (`batch_threads`) each take
+whatever is waiting, up to `max_batch` texts, optionally wait up to `max_wait_ms` for more, de-duplicate them and
+score the batch in ONE model call, then post the answers back to the event loop in one callback: the event loop
+never runs model code and at most `workers` batches run at once. While the workers are busy, new texts queue up
+and form the next batches: under load, batches grow by themselves, and at low load a text is scored the moment it
+arrives (no collection window by default).
 
 The model must tolerate `workers` concurrent calls (the ONNX embedder does: one session, one intra-op thread
 per call; the torch fallback serialises itself).
 
 Overflow: a scorer may also hold a cheaper `overflow` model (the gateway's default pairs the transformer artifact
-with the static one, trained on the same data and target, on the same score scale). When a collector takes a
+with the static one, trained on the same data and target, on the same score scale). When a worker takes a
 batch whose last text would be answered later than `overflow_after_ms` after the oldest one arrived (its wait
 so far plus the batch's other texts at the primary's measured time per text), that batch is scored by the
 overflow model instead. At ordinary load every text gets the primary's score; in a surge the queue cannot run away, and
@@ -31,7 +31,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +55,8 @@ from router_models.serving.batch_model import (
     FeatureModel,
     score_texts,
 )
-from router_models.serving.blas_threads import one_blas_thread
+from router_models.serving.batch_threads import BatchThreads
+from router_models.serving.blas_threads import one_blas_thread, serial_tokenizers
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.domain import DomainReference
 from router_models.serving.pool_map import PoolMap, pool_map_for
@@ -101,7 +101,7 @@ class BatchingConfig:
 
 _Scored = tuple[float, str]  # a score and the model that gave it ("primary" | "overflow")
 _Key = tuple[str, ConversationShape]  # what is scored, and cached: the scoring text and the conversation's shape
-_Item = tuple[_Key, "asyncio.Future[_Scored]", float]  # what, its caller's future, loop time it was queued
+_Item = tuple[_Key, "asyncio.Future[_Scored]", float]  # what, its caller's future, when queued (time.monotonic)
 
 
 def _timed(model: BatchModel, keys: list[_Key], embed: bool,
@@ -115,7 +115,7 @@ def _timed(model: BatchModel, keys: list[_Key], embed: bool,
 class ClassifierScorer:
     """`Scorer` over a `BatchModel`, with micro-batching and an LRU+TTL cache.
 
-    Owns its executor threads and collector tasks; `aclose()` stops them and fails queued calls.
+    Owns its worker threads (`batch_threads`); `aclose()` stops them and fails queued and in-flight calls.
     Use from one event loop. `batch_sizes` keeps the size of the latest batches sent to the model, and
     `on_batch(size)`, when set, is called with each (e.g. a metrics histogram's `observe`). `overflow` (or
     `load_overflow_in_background`) attaches the cheaper model; `scored_by` counts texts per model ("primary",
@@ -164,9 +164,10 @@ class ClassifierScorer:
         self._figures: TTLCache[str, float] = TTLCache(
             self._config.cache_entries if self.embedding_space and domain is not None else 0,
             self._config.cache_ttl_s, clock)
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=self._config.workers, thread_name_prefix="router-scorer")
-        self._collectors: list[asyncio.Task[None]] = []
+        self._threads: BatchThreads[_Item] = BatchThreads(
+            self._run_batch, self._config.workers, self._config.max_batch, self._config.max_wait_ms / 1000.0,
+            "router-scorer")
+        self._waiting: set[asyncio.Future[_Scored]] = set()  # callers not yet answered (aclose fails them)
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=10_000)
         self.on_batch: Callable[[int], None] | None = None
@@ -253,87 +254,74 @@ class ClassifierScorer:
         return self._figures.peek(text)
 
     def _enqueue(self, key: _Key) -> asyncio.Future[_Scored]:
-        loop = asyncio.get_running_loop()
-        if not self._collectors:
-            self._collectors = [loop.create_task(self._collect(), name=f"router-scorer-collector-{k}")
-                                for k in range(self._config.workers)]
-        fut: asyncio.Future[_Scored] = loop.create_future()
-        self._queue.put_nowait((key, fut, loop.time()))
+        fut: asyncio.Future[_Scored] = asyncio.get_running_loop().create_future()
+        self._waiting.add(fut)
+        self._threads.put((key, fut, time.monotonic()))
         return fut
 
-    def _drain(self, batch: list[_Item]) -> None:
-        while len(batch) < self._config.max_batch and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-
-    async def _next_batch(self) -> list[_Item]:
-        batch = [await self._queue.get()]
-        self._drain(batch)
-        if self._config.max_wait_ms <= 0 or len(batch) >= self._config.max_batch:
-            return batch
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.max_wait_ms / 1000.0
-        while len(batch) < self._config.max_batch and (remaining := deadline - loop.time()) > 0:
-            try:
-                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-            except TimeoutError:
-                break
-            self._drain(batch)
-        return batch
-
-    def _pick(self, batch: list[_Item], texts: int, now: float) -> tuple[str, BatchModel]:
+    def _pick(self, oldest: float | None, texts: int, now: float) -> tuple[str, BatchModel]:
         """The model for this batch: the overflow one when the primary would answer its last text too late.
 
-        The texts after the first are counted at the primary's measured time per text; the first is not, so a
-        lone text that did not wait always goes to the primary (and keeps its time per text up to date)."""
+        `oldest`: when the batch's oldest text that queued was queued (None: none queued). The texts after the first
+        are counted at the primary's measured time per text; the first is not, so a lone text that did not wait
+        always goes to the primary (and keeps its time per text up to date)."""
         overflow = self.overflow
         if overflow is not None:
-            waited = now - min(queued for _, _, queued in batch)
+            waited = 0.0 if oldest is None else now - oldest
             if (waited + (texts - 1) * self._primary_s_per_text) * 1000.0 > self._config.overflow_after_ms:
                 return "overflow", overflow
         return "primary", self._model
 
-    async def _collect(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._next_batch()
-            live = [item for item in batch if not item[1].done()]
-            if not live:
-                continue
-            unique = list(dict.fromkeys(key for key, _, _ in live))
-            self.batch_sizes.append(len(unique))
-            if self.on_batch is not None:
-                self.on_batch(len(unique))
-            which, model = self._pick(live, len(unique), loop.time())
+    def _run_batch(self, batch: list[_Item], idle: bool) -> None:
+        """A worker thread's batch: picked, scored in one model call, its answers posted to the callers' loop in one
+        callback (`_answer`), the model's failure included. Touches no cache and no future: the loop does. `idle`:
+        the first text came while the thread waited for work, so it did not queue (its wait was the wake-up)."""
+        live = [item for item in batch if not item[1].done()]  # a caller gone (cancelled) is not scored
+        if not live:
+            return
+        unique = list(dict.fromkeys(key for key, _, _ in live))
+        queued = [at for _, _, at in (batch[1:] if idle else batch)]
+        which, cut, refined = "primary", 0, 0
+        outcome: BatchScores | Exception
+        try:
+            which, model = self._pick(min(queued) if queued else None, len(unique), time.monotonic())
             embed = which == "primary" and bool(self.embedding_space)
-            try:
-                scored, took_s = await loop.run_in_executor(
-                    self._executor, _timed, model, unique, embed, self.domain if embed else None)
-            except asyncio.CancelledError:  # closing: callers of the batch in flight are not left waiting
-                for _, fut, _ in live:
-                    if not fut.done():
-                        fut.set_exception(RuntimeError("scorer closed"))
-                raise
-            except Exception as exc:  # the model failed: every caller in this batch gets the error
-                for _, fut, _ in live:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            self.scored_by[which] += len(unique)
-            if self.on_scored is not None:
-                self.on_scored(which, len(unique))
-            by_key = dict(zip(unique, scored.scores, strict=True))
+            outcome, took_s = _timed(model, unique, embed, self.domain if embed else None)
             if which == "primary":
-                per_text = took_s / len(unique)
-                self._primary_s_per_text += _EWMA * (per_text - self._primary_s_per_text) \
-                    if self._primary_s_per_text else per_text
-                self._keep(unique, scored)
-                if isinstance(model, EmbeddingClassifier):
-                    self._count("tokens", model.take_truncated())
-                if isinstance(model, RefinedClassifier):
-                    self.refined += model.take_refined()
-            for key, fut, _ in live:
+                cut = model.take_truncated() if isinstance(model, EmbeddingClassifier) else 0
+                refined = model.take_refined() if isinstance(model, RefinedClassifier) else 0
+        except Exception as exc:  # every caller in this batch gets the error; the scorer goes on
+            outcome, took_s = exc, 0.0
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for these answers
+            live[0][1].get_loop().call_soon_threadsafe(self._answer, live, unique, which, outcome, took_s, cut,
+                                                       refined)
+
+    def _answer(self, live: list[_Item], unique: list[_Key], which: str, outcome: BatchScores | Exception,
+                took_s: float, cut: int, refined: int) -> None:
+        """On the event loop: a scored batch's counts and caches, then its callers' answers."""
+        self.batch_sizes.append(len(unique))
+        if self.on_batch is not None:
+            self.on_batch(len(unique))
+        self._waiting.difference_update(fut for _, fut, _ in live)
+        if isinstance(outcome, Exception):
+            for _, fut, _ in live:
                 if not fut.done():
-                    fut.set_result((by_key[key], which))
+                    fut.set_exception(outcome)
+            return
+        self.scored_by[which] += len(unique)
+        if self.on_scored is not None:
+            self.on_scored(which, len(unique))
+        if which == "primary":
+            per_text = took_s / len(unique)
+            self._primary_s_per_text += _EWMA * (per_text - self._primary_s_per_text) \
+                if self._primary_s_per_text else per_text
+            self._keep(unique, outcome)
+            self._count("tokens", cut)
+            self.refined += refined
+        by_key = dict(zip(unique, outcome.scores, strict=True))
+        for key, fut, _ in live:
+            if not fut.done():
+                fut.set_result((by_key[key], which))
 
     def _keep(self, keys: list[_Key], scored: BatchScores) -> None:
         """A primary batch's scores, and what was computed beside them, into the caches."""
@@ -383,20 +371,16 @@ class ClassifierScorer:
         return thread
 
     async def aclose(self) -> None:
-        """Stop the collectors, fail queued calls, release the worker threads. Idempotent."""
+        """Stop the worker threads (after their batch in flight), fail queued and in-flight calls. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        for task in self._collectors:
-            task.cancel()
-        for task in self._collectors:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        while not self._queue.empty():
-            _, fut, _ = self._queue.get_nowait()
+        self._threads.close()
+        for fut in self._waiting:
             if not fut.done():
                 fut.set_exception(RuntimeError("scorer closed"))
-        await asyncio.to_thread(self._executor.shutdown, True)
+        self._waiting.clear()
+        await asyncio.to_thread(self._threads.join)
 
 
 def set_torch_threads(threads: int) -> None:
@@ -478,9 +462,11 @@ def load_scorer(
     by default: on small batches a second intra-op thread mostly adds wake-up costs, see BENCHMARKS.md).
     `overflow` ("none", "auto" or an artifact path, see `artifact.overflow_artifact`) is verified now and its
     model loaded in the background (`ClassifierScorer.load_overflow_in_background`). BLAS runs on one thread in this
-    process from then on (`blas_threads`: its per-request products are small) unless the environment sets a count."""
+    process from then on (`blas_threads`: its per-request products are small) unless the environment sets a count,
+    and `tokenizers` encodes batches on the scorer's own threads (`serial_tokenizers`)."""
     overflow_path = overflow_artifact(artifact_path, overflow)
     one_blas_thread()
+    serial_tokenizers()
     model = load_model(artifact_path, torch_threads)
     rows_from = str(rows_artifact(artifact_path))  # load_model checked the front; its rows name the reference
     scorer = ClassifierScorer(model, config, version=model.version, domain=_domain(rows_from, model.embedder_name))

@@ -56,4 +56,7 @@ def test_the_distinct_script_sends_a_different_valid_prompt_each_time() -> None:
     assert len(pieces) == 3
     bodies = [orjson.loads(front + str(n) + back) for n, (_, front, back) in enumerate(pieces * 2)]
     contents = [b["messages"][0]["content"] for b in bodies]
-    assert len(set(contents)) == 6 and contents[0] == 'say "hi"\nplease #0' and bodies[0]["model"] == "auto"
+    assert len(set(contents)) == 6 and contents[0] == '#0 say "hi"\nplease' and bodies[0]["model"] == "auto"
+    assert contents[4] == "#4 " + "x" * 50  # the number leads: a prompt cut at the scorer's length keeps it
+    # each run numbers on from its start second x 100,000 (a rerun of the script repeats no number), printed whole
+    assert "local n = (os.time() % 100000) * 100000" in script and "string.format('%d', n)" in script
