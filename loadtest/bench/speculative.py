@@ -51,6 +51,7 @@ from backends.clients.pool import EngineLoad, parse_vllm_metrics
 from backends.engines.args import engine_command, engine_env
 from backends.engines.cpu_pinning import cpus_of, engine_processes, set_affinity
 from backends.models.demo import ensure_demo_models, models_root
+from loadtest.load.connections import connector
 from loadtest.load.stream_client import percentile
 from loadtest.processes import free_port, wait_ready
 from policies.schema import EngineSpec
@@ -170,7 +171,7 @@ async def _load(session: aiohttp.ClientSession, url: str) -> EngineLoad:
 async def _run_mix(engine: _Engine, model: str, mix: Mix, requests: int, concurrency: int) -> MixResult:
     bodies = [_body(model, mix.prompts[i % len(mix.prompts)], mix.max_tokens) for i in range(requests)]
     samples: list[_Sample] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with aiohttp.ClientSession(connector=connector(100), timeout=aiohttp.ClientTimeout(total=600)) as session:
         before = await _load(session, engine.url)
         started = time.monotonic()
 

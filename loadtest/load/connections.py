@@ -1,5 +1,5 @@
 """The connection pool of every load-test client (the load generator, the stream client, the saturation check, the
-bare relay, the scorer bench's gateway mode).
+bare relay, the scorer bench's gateway mode, the chaos scenario's readiness poll, the speculative-decoding bench).
 
 Idle connections are kept `backends.clients.transports.KEEPALIVE_S` (4 s), as the gateway's engine client keeps them:
 less long than the servers measured keep theirs (uvicorn closes an idle one after 5 s). aiohttp's default keeps them

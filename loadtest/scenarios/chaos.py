@@ -48,6 +48,7 @@ from backends.engines.supervisor import live_group_members
 from backends.models.demo import models_root
 from loadtest.fake_upstream import FakeUpstream
 from loadtest.load.client import Sample
+from loadtest.load.connections import connector
 from loadtest.load.generator import LoadConfig, LoadRun, TenantKey, run_load
 from loadtest.load.phases import Phase
 from loadtest.load.prompt_mix import parse_mix
@@ -186,7 +187,7 @@ class _Env:
 
 
 async def _poll_readyz(url: str, t0: float, stop: asyncio.Event, out: list[dict[str, Any]]) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    async with aiohttp.ClientSession(connector=connector(100), timeout=aiohttp.ClientTimeout(total=5)) as session:
         while not stop.is_set():
             at = round(time.monotonic() - t0, 1)
             try:
