@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from router_models.embedders.conversation import ConversationShape, prompt_shape
 
-__all__ = ["FEATURE_NAMES", "FEATURE_VERSION", "structural_features"]
+__all__ = ["CODE_TOKENS_FITTED", "FEATURE_NAMES", "FEATURE_VERSION", "structural_features"]
 
 FEATURE_VERSION = 2  # 2: the conversation-shape columns
 
@@ -71,9 +71,17 @@ def fold(text: str) -> str:
     return text.casefold().translate(_FOLD_EXTRA)
 
 
-_CODE_TOKENS = _Counter(
+# The code cues, each word's `\b` taken out in front of one group: `re` tests an alternative's first literal before
+# entering it, which an alternative that starts with `\b` defeats (75 against 9.6 us a real prompt the needles let
+# through). No two cues can match at one position (their first characters differ, or they are words none of which
+# begins another), so the order does not pick another match: the same count as the pattern the artifacts were fitted
+# on, `CODE_TOKENS_FITTED` (tests/router_models/embedders/test_features.py holds them equal).
+CODE_TOKENS_FITTED = (
     r"```|\bdef |\bclass |\breturn\b|\bimport |\bfunction\b|=>|\bconst |\bpublic |\bstruct |#include|"
-    r"\bSELECT\b|\bfn |\bfor \(|\bwhile\b|\basync\b|\bawait\b|\bself\.|\bnull\b|\bNone\b|;\s*$",
+    r"\bSELECT\b|\bfn |\bfor \(|\bwhile\b|\basync\b|\bawait\b|\bself\.|\bnull\b|\bNone\b|;\s*$")
+_CODE_TOKENS = _Counter(
+    r"```|=>|#include|;\s*$|\b(?:def |class |return\b|import |function\b|const |public |struct |SELECT\b|fn |"
+    r"for \(|while\b|async\b|await\b|self\.|null\b|None\b)",
     re.MULTILINE,
     needles=("```", "def ", "class ", "return", "import ", "function", "=>", "const ", "public ", "struct ",
              "#include", "SELECT", "fn ", "for (", "while", "async", "await", "self.", "null", "None", ";"),

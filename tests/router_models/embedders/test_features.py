@@ -7,11 +7,19 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
 
-from router_models.embedders.features import _COUNTERS, FEATURE_NAMES, _Counter, structural_features
+from router_models.embedders.features import (
+    _CODE_TOKENS,
+    _COUNTERS,
+    CODE_TOKENS_FITTED,
+    FEATURE_NAMES,
+    _Counter,
+    structural_features,
+)
 from router_models.serving.scorer import ConversationShape, prompt_shape
 from router_models.training.outcomes import DEFAULT_ROUTING_DIR, load_outcomes
 
@@ -25,6 +33,8 @@ TRICKY = [
     "\ufb01nd all \ufb02ow", "\u216b \u217b \u01c5 \u01c6", "", " ", "\n\n", "hi\nhello\nthanks",
     "1. one\n2. two\n- three", "STEP-BY-STEP: Explain Why; Pros And Cons", "Hi\nHELLO\nThank You",
     "In O(N) Such That; TL;DR", "Convert THIS list To Json", "ANALYZE and Analyse, Eigenvalues CONVERGES",
+    "```def f(): return self.x;```", "=>;\n#include<a>; \nfn main() {}", "xdef class_ returnNone nullable None;",
+    "async await asyncawait self.self. SELECT SELECTED for (for (;;)) while(1) public struct const",
 ]
 
 
@@ -48,6 +58,12 @@ def _texts() -> list[str]:
 def test_the_needle_check_gives_the_regex_counts(name: str, counter: _Counter) -> None:
     wrong = [t for t in _texts() if counter(t) != len(counter.regex.findall(t))]
     assert not wrong, f"{name}: {len(wrong)} texts counted differently, e.g. {wrong[0][:200]!r}"
+
+
+def test_the_code_cues_count_as_the_pattern_the_artifacts_were_fitted_on() -> None:
+    fitted = re.compile(CODE_TOKENS_FITTED, re.MULTILINE)
+    wrong = [t for t in _texts() if len(_CODE_TOKENS.regex.findall(t)) != len(fitted.findall(t))]
+    assert not wrong, f"{len(wrong)} texts counted differently, e.g. {wrong[0][:200]!r}"
 
 
 def test_features_have_their_names_and_shape() -> None:
