@@ -10,8 +10,11 @@ thread goes on).
 
 Why threads that take their own batches (and not collector tasks on the event loop handing each batch to a thread
 pool): each batch then costs the event loop one callback (the answers, `loop.call_soon_threadsafe`) instead of a
-collector task's wake-up, an executor hand-off and the futures chained back; on two cores the loop's share of a
-lone request's path is what the scorer's tail at a low rate waits on (BENCHMARKS.md, "Scorer speed").
+collector task's wake-up, an executor hand-off and the futures chained back, and a thread goes on to its next batch
+without waiting for the loop to come round. In a gateway busy with distinct prompts the loop comes round late: there
+a batch of 5 texts held a collector ~9 ms for ~1.5 ms of model CPU, and 85% of the texts went to the overflow model
+for having waited (BENCHMARKS.md, "The scorer's threads and the GIL"). After posting its answers a thread yields the
+GIL once (`time.sleep(0)`), so the loop takes them before the thread's next batch does.
 `close()` stops the threads once their batch in flight is done and gives back the items never taken.
 """
 

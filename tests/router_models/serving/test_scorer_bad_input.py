@@ -30,7 +30,7 @@ def model() -> EmbeddingClassifier:
 
 @pytest.fixture
 async def scorer(model: EmbeddingClassifier) -> AsyncIterator[ClassifierScorer]:
-    """The shipped model behind a scorer on this test's event loop (its collectors live on it)."""
+    """The shipped model behind a scorer on this test's event loop (its answers are posted to it)."""
     made = ClassifierScorer(model, BatchingConfig(workers=1, max_batch=16), version=model.version)
     yield made
     await made.aclose()
