@@ -12,17 +12,23 @@ from router_models.serving.batch_threads import BatchThreads
 
 
 class Recorder:
-    """`run` for the threads: records each batch, its `idle` flag and its thread; sleeps `delay` seconds a batch."""
+    """`run` for the threads: records each batch, its `idle` flag and its thread; with `hold`, each batch waits for
+    `release` (set it to let them all through) and `started` counts the batches begun, so a test knows a thread is
+    busy without timing it."""
 
-    def __init__(self, delay: float = 0.0, fail_on: str = "") -> None:
-        self.delay = delay
+    def __init__(self, hold: bool = False, fail_on: str = "") -> None:
         self.fail_on = fail_on
         self.batches: list[tuple[list[str], bool, str]] = []
+        self.started = threading.Semaphore(0)
+        self.release = threading.Event()
+        if not hold:
+            self.release.set()
         self.done = threading.Semaphore(0)
 
     def __call__(self, batch: list[str], idle: bool) -> None:
         self.batches.append((batch, idle, threading.current_thread().name))
-        time.sleep(self.delay)
+        self.started.release()
+        assert self.release.wait(5.0)
         self.done.release()
         if self.fail_on in batch:
             raise RuntimeError("a batch failed")
@@ -32,40 +38,18 @@ class Recorder:
             assert self.done.acquire(timeout=5.0)
 
 
-def test_a_lone_item_is_taken_by_an_idle_thread_and_named_idle() -> None:
-    run = Recorder()
-    threads = BatchThreads(run, workers=2, max_batch=8, name="scorer")
-    threads.put("a")
-    run.wait(1)
-    assert [(b, idle) for b, idle, _ in run.batches] == [(["a"], True)]
-    assert run.batches[0][2].startswith("scorer-")
-    threads.close()
-    threads.join(5.0)
-
-
-def test_items_queued_behind_a_busy_thread_form_the_next_batch() -> None:
-    run = Recorder(delay=0.1)
-    threads = BatchThreads(run, workers=1, max_batch=3)
-    threads.put("first")
-    time.sleep(0.03)  # the only thread is busy with "first"
-    for k in range(5):
-        threads.put(f"q{k}")
-    run.wait(3)
-    assert [(b, idle) for b, idle, _ in run.batches] == [
-        (["first"], True), (["q0", "q1", "q2"], False), (["q3", "q4"], False)]  # waited: not idle
-    threads.close()
-    threads.join(5.0)
-
-
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_each_thread_takes_work_and_no_more_run_at_once(workers: int) -> None:
     lock, running, most = threading.Lock(), [0], [0]
+    all_busy = threading.Event()
 
     def run(batch: list[int], idle: bool) -> None:
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.05)
+            if running[0] == workers:
+                all_busy.set()
+        assert all_busy.wait(5.0)  # every thread takes a batch before any ends
         with lock:
             running[0] -= 1
         done.release()
@@ -81,14 +65,41 @@ def test_each_thread_takes_work_and_no_more_run_at_once(workers: int) -> None:
     threads.join(5.0)
 
 
+def test_a_lone_item_is_taken_by_an_idle_thread_and_named_idle() -> None:
+    run = Recorder()
+    threads = BatchThreads(run, workers=2, max_batch=8, name="scorer")
+    threads.put("a")
+    run.wait(1)
+    assert [(b, idle) for b, idle, _ in run.batches] == [(["a"], True)]
+    assert run.batches[0][2].startswith("scorer-")
+    threads.close()
+    threads.join(5.0)
+
+
+def test_items_queued_behind_a_busy_thread_form_the_next_batch() -> None:
+    run = Recorder(hold=True)
+    threads = BatchThreads(run, workers=1, max_batch=3)
+    threads.put("first")
+    assert run.started.acquire(timeout=5.0)  # the only thread is busy with "first"
+    for k in range(5):
+        threads.put(f"q{k}")
+    run.release.set()
+    run.wait(3)
+    assert [(b, idle) for b, idle, _ in run.batches] == [
+        (["first"], True), (["q0", "q1", "q2"], False), (["q3", "q4"], False)]  # waited: not idle
+    threads.close()
+    threads.join(5.0)
+
+
 def test_a_window_waits_for_more_items() -> None:
     run = Recorder()
-    threads = BatchThreads(run, workers=1, max_batch=8, max_wait_s=0.2)
+    threads = BatchThreads(run, workers=1, max_batch=8, max_wait_s=0.3)
+    began = time.monotonic()
     threads.put("a")
-    time.sleep(0.05)
     threads.put("b")
     run.wait(1)
-    assert run.batches[0][0] == ["a", "b"]
+    # a batch short of `max_batch` runs once the window is out, never before (a slow host only makes it later)
+    assert run.batches[0][0] == ["a", "b"] and time.monotonic() - began >= 0.3
     threads.close()
     threads.join(5.0)
 
@@ -106,13 +117,14 @@ def test_a_batch_that_raises_leaves_the_thread_running() -> None:
 
 
 def test_close_stops_the_threads_and_gives_back_what_was_never_taken() -> None:
-    run = Recorder(delay=0.2)
+    run = Recorder(hold=True)
     threads = BatchThreads(run, workers=1, max_batch=1)
     threads.put("in flight")
-    time.sleep(0.05)
+    assert run.started.acquire(timeout=5.0)
     threads.put("queued")
     assert threads.close() == ["queued"]
     assert threads.close() == []  # idempotent
+    run.release.set()
     threads.join(5.0)
     assert [b for b, _, _ in run.batches] == [["in flight"]]
     assert not any(t.name.startswith("batch-") and t.is_alive() for t in threading.enumerate())
