@@ -256,6 +256,7 @@ class ClassifierScorer:
     def _enqueue(self, key: _Key) -> asyncio.Future[_Scored]:
         fut: asyncio.Future[_Scored] = asyncio.get_running_loop().create_future()
         self._waiting.add(fut)
+        fut.add_done_callback(self._waiting.discard)  # answered, failed or cancelled (its caller left): not waiting
         self._threads.put((key, fut, time.monotonic()))
         return fut
 
@@ -302,7 +303,6 @@ class ClassifierScorer:
         self.batch_sizes.append(len(unique))
         if self.on_batch is not None:
             self.on_batch(len(unique))
-        self._waiting.difference_update(fut for _, fut, _ in live)
         if isinstance(outcome, Exception):
             for _, fut, _ in live:
                 if not fut.done():
@@ -376,7 +376,7 @@ class ClassifierScorer:
             return
         self._closed = True
         self._threads.close()
-        for fut in self._waiting:
+        for fut in list(self._waiting):
             if not fut.done():
                 fut.set_exception(RuntimeError("scorer closed"))
         self._waiting.clear()

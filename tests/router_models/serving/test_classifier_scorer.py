@@ -116,6 +116,33 @@ async def test_cancelled_caller_does_not_break_the_batch() -> None:
     await scorer.aclose()
 
 
+async def test_callers_that_left_are_not_kept() -> None:
+    """A caller cancelled before its batch is taken (a client that hung up) is skipped by the batch and dropped from
+    the callers `aclose` would fail: a gateway whose clients leave does not collect their futures."""
+    gate = threading.Event()
+
+    class Held(FakeModel):
+        def __call__(self, texts: Sequence[str], shapes: Sequence[ConversationShape] | None = None) -> list[float]:
+            assert gate.wait(5.0)
+            return super().__call__(texts, shapes)
+
+    model = Held()
+    scorer = ClassifierScorer(model, BatchingConfig(workers=1))
+    first = asyncio.create_task(scorer.score_one("in flight"))
+    await asyncio.sleep(0)  # queued: the one thread takes it and waits at the gate
+    left = [asyncio.create_task(scorer.score_one(f"left {k}")) for k in range(3)]
+    await asyncio.sleep(0)
+    for task in left:
+        task.cancel()
+    await asyncio.sleep(0)  # the cancellations' callbacks
+    assert len(scorer._waiting) == 1  # the one in flight
+    gate.set()
+    assert await first == (0.09, "primary")
+    assert not scorer._waiting
+    await scorer.aclose()
+    assert model.calls == [["in flight"]]  # the batch of callers who left was skipped, not scored
+
+
 async def test_aclose_is_idempotent_and_final() -> None:
     scorer = ClassifierScorer(FakeModel())
     await scorer.score(["x"])
