@@ -461,9 +461,10 @@ def load_scorer(
     Parallelism comes from `config.workers` concurrent calls, each on `torch_threads` intra-op threads (one
     by default: on small batches a second intra-op thread mostly adds wake-up costs, see BENCHMARKS.md).
     `overflow` ("none", "auto" or an artifact path, see `artifact.overflow_artifact`) is verified now and its
-    model loaded in the background (`ClassifierScorer.load_overflow_in_background`). BLAS runs on one thread in this
-    process from then on (`blas_threads`: its per-request products are small) unless the environment sets a count,
-    and `tokenizers` encodes batches on the scorer's own threads (`serial_tokenizers`)."""
+    model loaded in the background (`ClassifierScorer.load_overflow_in_background`), unless it is the primary's own
+    front (the shipped default's: `refined_model`), which serves as the overflow model from the start. BLAS runs on
+    one thread in this process from then on (`blas_threads`: its per-request products are small) unless the
+    environment sets a count, and `tokenizers` encodes batches on the scorer's own threads (`serial_tokenizers`)."""
     overflow_path = overflow_artifact(artifact_path, overflow)
     one_blas_thread()
     serial_tokenizers()
@@ -471,6 +472,14 @@ def load_scorer(
     rows_from = str(rows_artifact(artifact_path))  # load_model checked the front; its rows name the reference
     scorer = ClassifierScorer(model, config, version=model.version, domain=_domain(rows_from, model.embedder_name))
     scorer.pool_map = pool_map_for(model.embedder_name)  # None without one on this embedder (logged)
-    if overflow_path is not None:
+    if overflow_path is None:
+        return scorer
+    fast = model.fast if isinstance(model, RefinedClassifier) else None
+    front = refine_front(artifact_path, refine_choice()) if fast is not None else None
+    if fast is not None and front is not None and front.resolve() == overflow_path.resolve():
+        # the shipped default's overflow is its own front (the fast artifact): served by the front's embedder and
+        # router, loaded once (its word-piece table is 47 MB), so the overflow is ready at start
+        scorer.overflow = fast
+    else:
         scorer.load_overflow_in_background(lambda: load_model(str(overflow_path), 1), str(overflow_path))
     return scorer

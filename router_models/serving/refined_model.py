@@ -71,6 +71,7 @@ class RefinedClassifier(EmbeddingClassifier):
     def __init__(self, fast: EmbeddingClassifier, refiner: EmbeddingClassifier, band: RefineBand,
                  version: str = "") -> None:
         super().__init__(fast.embedder, fast.router, version or fast.version)
+        self.fast = fast  # the front alone (its embedder and router are this model's): the scorer's overflow model
         self.refiner = refiner
         self.band = band
         self._lock = threading.Lock()

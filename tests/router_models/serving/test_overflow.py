@@ -24,6 +24,7 @@ from loadtest.scenarios.chaos_figures import ledger_records
 from policies.loader import load_policy
 from router_models.serving.artifact import DEFAULT_ARTIFACT, FAST_ARTIFACT, ArtifactError, overflow_artifact
 from router_models.serving.classifier_scorer import BatchingConfig, ClassifierScorer, load_model, load_scorer
+from router_models.serving.refined_model import RefinedClassifier
 from router_models.serving.scorer import ConversationShape
 from tests.conftest import SHARED_URL, delete_prefix, report_recent
 from tests.servers import serve
@@ -263,3 +264,18 @@ def test_what_the_overflow_model_scored_is_in_the_ledger_and_weighs_the_report(
     finally:
         delete_prefix(prefix)
 
+
+
+async def test_the_shipped_default_overflows_to_its_own_front_loaded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two stages (the default): the fast artifact in front of the transformer is also the overflow model `auto`
+    names, so the scorer serves the overflow with the front itself (one word-piece table in memory, ready at start)
+    and scores a surge exactly as the fast artifact does."""
+    monkeypatch.delenv("CASCADE_ROUTER_REFINE", raising=False)
+    scorer = load_scorer(None, BatchingConfig(workers=1), overflow="auto")
+    primary = scorer._model
+    assert isinstance(primary, RefinedClassifier) and scorer.overflow is primary.fast
+    assert scorer.overflow_state == "ready" and scorer.overflow_loader is None
+    assert primary.fast.embedder is primary.embedder and primary.fast.router is primary.router
+    texts = ["Summarise this paragraph in one line.", "Prove that the square root of 2 is irrational."]
+    assert scorer.overflow(texts) == load_model(str(FAST_ARTIFACT), 1)(texts)
+    await scorer.aclose()
