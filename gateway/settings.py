@@ -196,7 +196,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("router_overflow", OVERFLOW_ENV, str, "the classifier's overflow artifact: what a surge's requests are "
            "scored with when the primary model would keep them waiting over 10 ms (auto: the fast "
            "complexity-router-static.json beside the shipped default, nothing beside any other primary; none; or "
-           "a .json path). It loads in the background; `cascade_router_scored_total{model}` counts each",
+           "a .json path). The default's is the fast artifact already in front of the transformer (ready at once); "
+           "another loads in the background; `cascade_router_scored_total{model}` counts each",
            metavar="auto|none|FILE"),
     Option("request_log", "CASCADE_REQUEST_LOG", Path, "append each request (with its prompt) as JSONL for "
            "`cascade policy replay` and `cascade router calibrate`; off by default", metavar="FILE"),
