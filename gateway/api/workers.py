@@ -88,13 +88,12 @@ def _worker_main(settings: Settings, host: str, port: int, log_level: str, json_
 
     from gateway.api.app import create_app
     from gateway.logs import configure_logging
-    from router_models.serving.blas_threads import one_blas_thread, serial_tokenizers
+    from router_models.serving.blas_threads import scoring_threads
 
     configure_logging(log_level, json=json_logs)
     sock = reuse_port_socket(host, port)
     app = create_app(settings)
-    one_blas_thread()
-    serial_tokenizers()
+    scoring_threads()
     uvicorn.Server(uvicorn.Config(app, **UVICORN_OPTIONS)).run(sockets=[sock])
 
 

@@ -19,7 +19,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.api.app import create_app
     from gateway.api.workers import UVICORN_OPTIONS
     from gateway.logs import configure_logging
-    from router_models.serving.blas_threads import one_blas_thread, serial_tokenizers
+    from router_models.serving.blas_threads import scoring_threads
 
     configure_logging(args.log_level, json=args.log_format == "json")
     problem = _startup_problem(Path(args.policy), args.scorer, args.router_artifact, args.router_overflow)
@@ -30,8 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         return _serve_workers(settings, args)
     app = create_app(settings)
-    one_blas_thread()  # this process is the gateway's own (router_models.serving.blas_threads)
-    serial_tokenizers()
+    scoring_threads()  # this process is the gateway's own (router_models.serving.blas_threads)
     uvicorn.run(app, host=args.host, port=args.port, **UVICORN_OPTIONS)
     return 0
 

@@ -16,7 +16,7 @@ The same holds for the `tokenizers` library's batch encoding: by default it spli
 (rayon), which on two cores costs 24-34% more CPU a text for the scorer's batches of 6-16 (60 against 76-80 us a
 text, BENCHMARKS.md "Tokenizing on the scoring thread") and runs beside the two scorer threads that already use both
 cores. `serial_tokenizers` has batches encoded on the calling thread, unless the operator set
-`TOKENIZERS_PARALLELISM`; `cascade serve`, its workers and `load_scorer` call it beside `one_blas_thread`.
+`TOKENIZERS_PARALLELISM`. `cascade serve`, its workers and `load_scorer` call both through `scoring_threads`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["THREAD_VARIABLES", "TOKENIZERS_VARIABLE", "one_blas_thread", "serial_tokenizers"]
+__all__ = ["THREAD_VARIABLES", "TOKENIZERS_VARIABLE", "one_blas_thread", "scoring_threads", "serial_tokenizers"]
 
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TOKENIZERS_VARIABLE = "TOKENIZERS_PARALLELISM"  # read by `tokenizers` at each batch encode
@@ -53,3 +53,10 @@ def serial_tokenizers() -> bool:
         return False
     os.environ[TOKENIZERS_VARIABLE] = "false"
     return True
+
+
+def scoring_threads() -> None:
+    """What a process that scores runs with: `one_blas_thread` and `serial_tokenizers` (each leaves an operator's
+    setting alone)."""
+    one_blas_thread()
+    serial_tokenizers()

@@ -56,7 +56,7 @@ from router_models.serving.batch_model import (
     score_texts,
 )
 from router_models.serving.batch_threads import BatchThreads
-from router_models.serving.blas_threads import one_blas_thread, serial_tokenizers
+from router_models.serving.blas_threads import scoring_threads
 from router_models.serving.classifier import LinearRouter
 from router_models.serving.domain import DomainReference
 from router_models.serving.pool_map import PoolMap, pool_map_for
@@ -466,8 +466,7 @@ def load_scorer(
     one thread in this process from then on (`blas_threads`: its per-request products are small) unless the
     environment sets a count, and `tokenizers` encodes batches on the scorer's own threads (`serial_tokenizers`)."""
     overflow_path = overflow_artifact(artifact_path, overflow)
-    one_blas_thread()
-    serial_tokenizers()
+    scoring_threads()
     model = load_model(artifact_path, torch_threads)
     rows_from = str(rows_artifact(artifact_path))  # load_model checked the front; its rows name the reference
     scorer = ClassifierScorer(model, config, version=model.version, domain=_domain(rows_from, model.embedder_name))
@@ -475,8 +474,7 @@ def load_scorer(
     if overflow_path is None:
         return scorer
     fast = model.fast if isinstance(model, RefinedClassifier) else None
-    front = refine_front(artifact_path, refine_choice()) if fast is not None else None
-    if fast is not None and front is not None and front.resolve() == overflow_path.resolve():
+    if fast is not None and Path(rows_from).resolve() == overflow_path.resolve():  # a front's rows are its own
         # the shipped default's overflow is its own front (the fast artifact): served by the front's embedder and
         # router, loaded once (its word-piece table is 47 MB), so the overflow is ready at start
         scorer.overflow = fast
