@@ -20,7 +20,8 @@ omission). The speed targets (`TARGET_*`) are printed with PASS/FAIL for every s
     python -m loadtest.bench.scorer --trees OLD,. --artifacts OLD/a.json,NEW/b.json   # each tree its own artifact
 
 Every score is moved by a label memory of `--labels` real labels (default 1,000; `scorer_memory`), as a tenant's
-memory moves it in the gateway, and the shipped artifact brings its in-domain figure: the targets are for that.
+memory moves it in the gateway, each scored request gets its quality on `--tiers` pools from the pool map (default 3,
+the three-pool example's), and the shipped artifact brings its in-domain figure: the targets are for that.
 The guard (`--old-tree`, issue 55): run it against main's tree before calling scorer work done; it prints each
 cell's scored/s, p99 and process CPU per request as ratios to the old tree's. `CASCADE_ROUTER_REFINE=auto` serves
 the shipped default in two stages (`router_models.serving.refined_model`; each cell prints the share refined), and
@@ -112,7 +113,8 @@ def _in_process(args: argparse.Namespace, artifact: str | None, variant: Variant
 
     from loadtest.bench.scorer_memory import attach_memory, with_memory
 
-    return with_memory(scorer, attach_memory(scorer, args.labels)), scorer.aclose, lambda: take_stats(scorer)
+    return (with_memory(scorer, attach_memory(scorer, args.labels), args.tiers), scorer.aclose,
+            lambda: take_stats(scorer))
 
 
 def _via_gateway(args: argparse.Namespace, artifact: str | None, variant: Variant) -> Scorer:
@@ -221,7 +223,7 @@ def _run_trees(args: argparse.Namespace) -> None:
         workers: list[TreeWorker] = []
         try:
             for tree, artifact in _tree_artifacts(args):
-                workers.append(TreeWorker(tree, path, artifact, args.labels, args.one_blas))
+                workers.append(TreeWorker(tree, path, artifact, args.labels, args.one_blas, args.tiers))
                 if artifact and args.artifacts and "," in args.artifacts:
                     workers[-1].label += f" {Path(artifact).stem}"
                 print(f"scorer {workers[-1].label}: router_models from {workers[-1].origin}", flush=True)
@@ -302,6 +304,9 @@ def main() -> None:
                    "side with this checkout, rounds interleaved, ratios printed (same as --trees OLD,.)")
     p.add_argument("--labels", type=int, default=1000, help="a label memory of this many real labels moves every "
                    "score, as the gateway's does (0: none; default 1000)")
+    p.add_argument("--tiers", type=int, default=3, help="each scored request also gets its predicted quality on this "
+                   "many pools from the pool map, as a `routing.tiers` policy's request does in the gateway (the "
+                   "three-pool example's placements; 0: no map; at most 5; default 3)")
     p.add_argument("--one-blas", action="store_true", help="with --trees: each worker limits BLAS to one thread "
                    "before loading, as `cascade serve` does (a tree whose load_scorer does not)")
     p.add_argument("--repeats", type=int, default=1, help="rounds; each round runs every rate on every scorer")

@@ -18,7 +18,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["attach_memory", "with_memory"]
+__all__ = ["THREE_POOLS", "attach_memory", "tier_placements", "with_memory"]
+
+# The shipped three-pool example's placements (`policies/examples/three-pools.yaml`: general, code, flagship), as the
+# shared sources' models they stand for; `--tiers N` takes the first N - 1 and the flagship
+THREE_POOLS = ("routerbench/mistralai/mistral-7b-chat", "routerbench/meta/code-llama-instruct-34b-chat",
+               "routerbench/gpt-4-1106-preview")
+MORE_POOLS = ("routerbench/mistralai/mixtral-8x7b-chat", "routerbench/claude-v2")
 
 
 def attach_memory(scorer: Any, labels: int) -> Any:
@@ -46,17 +52,44 @@ def attach_memory(scorer: Any, labels: int) -> Any:
     return MemoryRouter.attach(model.router, memory)
 
 
-def with_memory(scorer: Any, attached: Any) -> Callable[[str], Awaitable[float]]:
+def tier_placements(scorer: Any, tiers: int) -> tuple[Any, list[Any]] | None:
+    """(the pool map the scorer carries, `tiers` pools placed on it from the shared sources' models: the three-pool
+    example's, then more before the flagship); None for 0 tiers, or for a tree whose scorer carries no map (an
+    older tree: the bench then measures it without, and says so)."""
+    if tiers <= 0:
+        return None
+    pool_map = getattr(scorer, "pool_map", None)
+    if pool_map is None:
+        print("tiers: this tree's scorer carries no pool map; measured without it", flush=True)
+        return None
+    from router_models.serving.placement import place_from_shared
+
+    models = [*[*THREE_POOLS[:2], *MORE_POOLS][: tiers - 1], THREE_POOLS[2]]  # at most 5
+    return pool_map, [place_from_shared(pool_map, m) for m in models]
+
+
+def with_memory(scorer: Any, attached: Any, tiers: int = 0) -> Callable[[str], Awaitable[float]]:
     """`score_one(text)` for the bench: the scorer's score of the plain prompt `text`, moved by `attached` from the
-    feature row the scorer kept (as the gateway does inline); the plain score when `attached` is None."""
+    feature row the scorer kept (as the gateway does inline); the plain score when `attached` is None. With `tiers`,
+    each request also gets its predicted quality on that many pools (at most 5) from the same row
+    (`pool_map.quality`, as the gateway's `tier_trade.tier_estimates` does on the event loop for a `routing.tiers`
+    policy)."""
     import numpy as np
+
+    mapped = tier_placements(scorer, tiers)
+    if mapped is not None:
+        from router_models.serving.pool_map import quality
 
     async def score_one(text: str) -> float:
         score, scored_by = await scorer.score_one(text)
-        if attached is None or scored_by != "primary":
+        if (attached is None and mapped is None) or scored_by != "primary":
             return float(score)
         row = scorer.features(text)
         if row is None:
+            return float(score)
+        if mapped is not None:
+            quality(mapped[0], row[None, :], mapped[1])
+        if attached is None:
             return float(score)
         return float(attached.adjust(row[None, :], np.asarray([score]))[0])
 

@@ -57,10 +57,10 @@ class TreeWorker:
     """
 
     def __init__(self, tree: str, prompts_file: Path, artifact: str | None, labels: int = 0,
-                 one_blas: bool = False) -> None:
+                 one_blas: bool = False, tiers: int = 0) -> None:
         self.label = tree_label(tree)
         cmd = [sys.executable, "-m", "loadtest.bench.scorer_variants", "--tree", tree, "--prompts", str(prompts_file),
-               "--labels", str(labels)]
+               "--labels", str(labels), "--tiers", str(tiers)]
         if artifact:
             cmd += ["--artifact", artifact]
         if one_blas:
@@ -123,15 +123,15 @@ def take_stats(scorer: ClassifierScorer) -> str:
     return line
 
 
-async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str], labels: int) -> None:
+async def _serve(scorer: ClassifierScorer, origin: str, prompts: Iterator[str], labels: int, tiers: int) -> None:
     async def plain(text: str) -> float:
         return (await scorer.score([text]))[0]
 
     score_one: ScoreOne = plain
-    if labels > 0:  # as the gateway: every score moved by a label memory (`scorer_memory`)
+    if labels > 0 or tiers > 0:  # as the gateway: a label memory moves every score, a pool map rates the tiers
         from loadtest.bench.scorer_memory import attach_memory, with_memory
 
-        score_one = with_memory(scorer, attach_memory(scorer, labels))
+        score_one = with_memory(scorer, attach_memory(scorer, labels), tiers)
 
     await offer_load(score_one, iter([f"warm-up {i}" for i in range(40)]), 20, 1.0, 0.0, 0)
     print(json.dumps({"origin": origin}), flush=True)
@@ -154,6 +154,7 @@ def main() -> None:
     p.add_argument("--prompts", required=True, help="JSON list of prompts, consumed in order")
     p.add_argument("--artifact", default=None, help="artifact .json (default: the tree's shipped one)")
     p.add_argument("--labels", type=int, default=0, help="a label memory of this many real labels moves each score")
+    p.add_argument("--tiers", type=int, default=0, help="each request's quality on this many pools (the pool map)")
     p.add_argument("--one-blas", action="store_true", help="BLAS on one thread, as `cascade serve` sets it")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -168,7 +169,7 @@ def main() -> None:
     load_scorer = _load_scorer_of_tree()
     origin = str(Path(router_models.__file__).resolve().parent)
     run_on_time(_serve(_gateway_scorer(load_scorer, args.artifact), origin, _prompts(Path(args.prompts)),
-                       args.labels))
+                       args.labels, args.tiers))
 
 
 def _load_scorer_of_tree() -> Callable[..., ClassifierScorer]:

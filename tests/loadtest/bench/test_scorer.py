@@ -146,3 +146,42 @@ def test_arrivals_fire_on_time_where_the_default_loop_rounds_up_to_a_millisecond
     # lateness would count in every latency the bench reports
     assert _median_lateness_ms(asyncio.new_event_loop()) >= 0.6
     assert _median_lateness_ms(fine_timer_loop()) < 0.5
+
+
+def test_tiers_place_the_three_pool_example_and_rate_every_scored_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from loadtest.bench import scorer_memory
+    from router_models.serving import pool_map as pool_map_module
+
+    class FakeScorer:
+        pool_map = pool_map_module.load_pool_map()
+
+        async def score_one(self, text: str) -> tuple[float, str]:
+            return (0.4, "primary") if text != "overflow" else (0.6, "overflow")
+
+        def features(self, text: str) -> np.ndarray:
+            return np.zeros(self.pool_map.dim, np.float32)
+
+    scorer = FakeScorer()
+    assert scorer_memory.tier_placements(scorer, 0) is None
+    assert scorer_memory.tier_placements(object(), 3) is None  # an older tree's scorer: no map, measured without
+    for tiers in range(1, 6):
+        mapped = scorer_memory.tier_placements(scorer, tiers)
+        assert mapped is not None and len(mapped[1]) == tiers
+    rated: list[tuple[int, int]] = []
+    real_quality = pool_map_module.quality
+
+    def counting(pool_map: object, rows: np.ndarray, placements: list[object]) -> np.ndarray:
+        out = real_quality(pool_map, rows, placements)  # type: ignore[arg-type]
+        rated.append(out.shape)
+        return out
+
+    monkeypatch.setattr(pool_map_module, "quality", counting)
+    score_one = scorer_memory.with_memory(scorer, None, 3)
+
+    async def both() -> list[float]:
+        return [await score_one("a prompt"), await score_one("overflow")]
+
+    assert asyncio.run(both()) == [0.4, 0.6]  # the overflow model keeps no row: nothing to rate
+    assert rated == [(1, 3)]
