@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.embedders.word_pieces import readable, word_pieces_of, word_prefix
+from router_models.embedders.word_pieces import readable, word_pieces_of
 
-__all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets",
-           "readable", "word_prefix"]
+__all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets"]
 
 FloatArray = npt.NDArray[np.float32]
 EXPORT_VERSION = 2  # bump when the exported graph or the quantization recipe changes
