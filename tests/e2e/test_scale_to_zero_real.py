@@ -153,9 +153,10 @@ def test_on_demand_pool_sleeps_when_idle_and_cold_starts_on_the_next_request(gat
     assert not _engine_up(engine_port)
 
     cold1 = _cold_request(base)
-    # it has just answered: up, though a busy host once kept its /health from answering within 2 s (fc of 2026-12-06);
-    # 5 s stays inside the idle window (IDLE_S), after which the gateway may stop it
-    assert _engine_up(engine_port, timeout_s=5), _readyz(base)
+    # it has just answered, so the supervisor holds it awake; its own /health is not asked here: a busy host kept it
+    # from answering within 2 s (fc of 2026-12-06) and within 5 s (a 2-core Xeon, 2026-12-07), and past IDLE_S the
+    # gateway may stop it. The warm request right after is the engine serving.
+    assert _readyz(base)["engines"]["micro"].startswith("awake"), _readyz(base)
     warm_started = time.monotonic()
     _cold_request(base)
     warm = time.monotonic() - warm_started
@@ -166,5 +167,5 @@ def test_on_demand_pool_sleeps_when_idle_and_cold_starts_on_the_next_request(gat
     print(f"\nCOLD START: {cold1:.1f} s (request latency, demo micro engine); warm request {warm * 1000:.0f} ms; "
           f"stopped {asleep_after:.1f} s after the last request (idle_stop_after_s {IDLE_S}); status: {awake}")
     assert awake.startswith("awake (cold start took")
-    assert warm < 5 < cold1
+    assert 2 * warm < cold1 and cold1 > 5  # a warm request is far quicker than a start, whatever the host's speed
     assert asleep_after <= IDLE_S + 30
