@@ -15,13 +15,11 @@ import time
 
 import numpy as np
 
+from loadtest.bench.scorer_memory import SHARED_POOLS
 from router_models.serving.placement import place_from_shared
 from router_models.serving.pool_map import load_pool_map, quality
 
 __all__ = ["main"]
-
-MODELS = ("routerbench/mistralai/mistral-7b-chat", "routerbench/meta/code-llama-instruct-34b-chat",
-          "routerbench/mistralai/mixtral-8x7b-chat", "routerbench/claude-v2", "routerbench/gpt-4-1106-preview")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     pool_map = load_pool_map()
     rows = np.random.default_rng(0).normal(0, 0.05, size=(args.calls, pool_map.dim)).astype(np.float32)
     for tiers in (2, 3, 5):
-        placements = [place_from_shared(pool_map, m) for m in (MODELS[0], *MODELS[5 - tiers + 1:])][:tiers]
+        placements = [place_from_shared(pool_map, m) for m in (SHARED_POOLS[0], *SHARED_POOLS[5 - tiers + 1:])][:tiers]
         for i in range(min(1000, args.calls)):
             quality(pool_map, rows[i : i + 1], placements)
         times = []

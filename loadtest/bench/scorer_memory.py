@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["THREE_POOLS", "attach_memory", "tier_placements", "with_memory"]
+__all__ = ["SHARED_POOLS", "attach_memory", "tier_placements", "with_memory"]
 
-# The shipped three-pool example's placements (`policies/examples/three-pools.yaml`: general, code, flagship), as the
-# shared sources' models they stand for; `--tiers N` takes the first N - 1 and the flagship
-THREE_POOLS = ("routerbench/mistralai/mistral-7b-chat", "routerbench/meta/code-llama-instruct-34b-chat",
-               "routerbench/gpt-4-1106-preview")
-MORE_POOLS = ("routerbench/mistralai/mixtral-8x7b-chat", "routerbench/claude-v2")
+# Pools placed as shared sources' models, cheapest first, the flagship last: the first two and the last are the
+# shipped three-pool example's (`policies/examples/three-pools.yaml`: general, code, flagship). `--tiers N` takes the
+# first N - 1 and the flagship; `pool_map_cost` places from the same list.
+SHARED_POOLS = ("routerbench/mistralai/mistral-7b-chat", "routerbench/meta/code-llama-instruct-34b-chat",
+                "routerbench/mistralai/mixtral-8x7b-chat", "routerbench/claude-v2", "routerbench/gpt-4-1106-preview")
 
 
 def attach_memory(scorer: Any, labels: int) -> Any:
@@ -64,7 +64,7 @@ def tier_placements(scorer: Any, tiers: int) -> tuple[Any, list[Any]] | None:
         return None
     from router_models.serving.placement import place_from_shared
 
-    models = [*[*THREE_POOLS[:2], *MORE_POOLS][: tiers - 1], THREE_POOLS[2]]  # at most 5
+    models = [*SHARED_POOLS[:-1][: tiers - 1], SHARED_POOLS[-1]]  # at most 5
     return pool_map, [place_from_shared(pool_map, m) for m in models]
 
 
