@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router_models.embedders.word_pieces import readable, word_pieces_of
+from router_models.embedders.word_pieces import word_pieces_of
 
 __all__ = ["EXPORT_VERSION", "OnnxMiniLMEmbedder", "default_cache_dir", "ensure_onnx_model", "length_buckets"]
 
@@ -214,7 +214,7 @@ class OnnxMiniLMEmbedder:
         """`text`'s model input: [CLS], its first `max_tokens` - 2 word pieces, [SEP] (what the tokenizer's `encode`
         gives with truncation at `max_tokens`), and whether pieces were cut. A long text is read only as far as the
         cut needs (`word_pieces.WordPieces`): a 100,000-character prompt costs what a 500-character one does."""
-        pieces, more = self._pieces.first(readable(text) or " ", self._max_tokens - 2)
+        pieces, more = self._pieces.first(text, self._max_tokens - 2)
         return [self._cls, *pieces, self._sep], more
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.embedders.onnx_minilm import default_cache_dir
-from router_models.embedders.word_pieces import readable, word_pieces_of
+from router_models.embedders.word_pieces import word_pieces_of
 
 __all__ = ["STATIC_VERSION", "StaticMiniLMEmbedder", "build_static_table", "ensure_static_table", "zipf_weights"]
 
@@ -158,8 +158,7 @@ class StaticMiniLMEmbedder:
 
     def word_pieces(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's word-piece ids, the first `max_tokens` of them (all with 0), as `embed` reads them."""
-        # `readable`: a lone surrogate would make the tokenizer fail the text
-        firsts = [self._pieces.first(readable(t), self.max_tokens) for t in texts]
+        firsts = [self._pieces.first(t, self.max_tokens) for t in texts]
         cut = sum(1 for _, more in firsts if more)
         if cut:
             with self._lock:

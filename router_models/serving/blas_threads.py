@@ -13,10 +13,12 @@ built, so that every BLAS library loaded by then is limited), unless the operato
 affected; engines are other processes and keep their own settings.
 
 The same holds for the `tokenizers` library's batch encoding: by default it splits each batch over a thread per core
-(rayon), which on two cores costs 24-34% more CPU a text for the scorer's batches of 6-16 (60 against 76-80 us a
+(rayon), which on two cores cost 24-34% more CPU a text for the scorer's batches of 6-16 (60 against 76-80 us a
 text, BENCHMARKS.md "Tokenizing on the scoring thread") and runs beside the two scorer threads that already use both
-cores. `serial_tokenizers` has batches encoded on the calling thread, unless the operator set
-`TOKENIZERS_PARALLELISM`. `cascade serve`, its workers and `load_scorer` call both through `scoring_threads`.
+cores. Since the embedders read ASCII prompts' word pieces themselves (`router_models.embedders.word_pieces`), the
+library encodes only the other texts, one a call, and training's; `serial_tokenizers` keeps those on the calling
+thread, unless the operator set `TOKENIZERS_PARALLELISM`. `cascade serve`, its workers and `load_scorer` call both
+through `scoring_threads`.
 """
 
 from __future__ import annotations
