@@ -5,7 +5,9 @@ One demo micro engine (`python -m vllm.entrypoints.openai.api_server`, as `docs`
 gateway in front of it (`serve --scorer none --no-engines`, a remote pool `micro`, one worker). For each round and
 each concurrency, the client runs against both, the order alternating per round: random 64-token prompts,
 32 output tokens, `--ignore-eos`. Reported per cell: request rate, median and p99 TTFT, and gateway/direct ratios
-(medians over rounds). Run it under the machine-wide lock:
+(medians over rounds); then each relay paired with direct in the same round (the same minutes of a drifting host),
+round by round, against issue 55's item 4 targets (`ITEM4`), with how many rounds meet each. Run it under the
+machine-wide lock:
 
     flock /tmp/cascade-engines.lock python -m loadtest.bench.vllm_direct --rounds 2 --concurrency 1,8,32
 
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -145,6 +148,36 @@ def _summary(cells: list[Cell], targets: list[str]) -> list[str]:
     return lines
 
 
+# issue 55, item 4: a relay's rate at least 0.95 of direct's, its median TTFT within 5 ms of direct's, its p99 TTFT
+# within 1.3x; each as (name, a round's figure from (relay cell, direct cell), its format, whether it meets the target)
+ITEM4: tuple[tuple[str, Callable[[Cell, Cell], float], str, Callable[[float], bool]], ...] = (
+    ("rate x direct", lambda r, d: r["req_s"] / d["req_s"], "{:.3f}", lambda v: v >= 0.95),
+    ("TTFT p50 - direct ms", lambda r, d: r["ttft_p50_ms"] - d["ttft_p50_ms"], "{:+.1f}", lambda v: v <= 5.0),
+    ("TTFT p99 x direct", lambda r, d: r["ttft_p99_ms"] / d["ttft_p99_ms"], "{:.2f}", lambda v: v <= 1.3),
+)
+
+
+def _paired(cells: list[Cell], targets: list[str]) -> list[str]:
+    """Each relay against direct in the same round, per concurrency: every round's figure, their median, and how many
+    rounds meet item 4's target (`ITEM4`). The host drifts between rounds (direct's own rate moved 27 to 37 req/s
+    from one round to the next at c=8, BENCHMARKS.md), so a figure paired within its round is the one to read, and
+    rounds that disagree say the run cannot tell."""
+    by = {(x["target"], x["concurrency"], x["round"]): x for x in cells}
+    lines = ["paired with direct in the same round (issue 55 item 4: rate >= 0.95x, TTFT p50 within +5 ms, "
+             "TTFT p99 within 1.3x):"]
+    for c in sorted({cell["concurrency"] for cell in cells}):
+        rounds = sorted(r for t, cc, r in by if t == "direct" and cc == c)
+        for t in (t for t in targets if t != "direct"):
+            pairs = [(by[(t, c, r)], by[("direct", c, r)]) for r in rounds if (t, c, r) in by]
+            for name, figure, fmt, meets in ITEM4:
+                values = [figure(relay, direct) for relay, direct in pairs]
+                if values:
+                    lines.append(f"  c={c} {t} {name}: {', '.join(fmt.format(v) for v in values)} (median "
+                                 f"{fmt.format(statistics.median(values))}; {sum(map(meets, values))} of "
+                                 f"{len(values)} rounds meet it)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
@@ -184,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         for proc in reversed(procs):
             subprocess.run(["kill", "--", f"-{proc.pid}"], check=False)
             proc.wait(30)
-    print("\n".join(_summary(cells, list(targets))))
+    print("\n".join(_summary(cells, list(targets)) + _paired(cells, list(targets))))
     if args.out:
         args.out.write_text(json.dumps(cells, indent=1))
 
