@@ -27,7 +27,14 @@ def test_each_round_is_paired_with_direct_in_that_round_and_the_rounds_meeting_e
     assert rows[0].startswith("paired with direct in the same round")
     # round 0: 0.9 of direct's rate, +7 ms, 1.2x; round 1: 1.0, +1 ms, 1.5x (the ratio of medians would say 0.975)
     assert rows[1:] == [
-        "  c=8 gateway rate x direct: 0.900, 1.000 (median 0.950; 1 of 2 rounds meet it)",
-        "  c=8 gateway TTFT p50 - direct ms: +7.0, +1.0 (median +4.0; 1 of 2 rounds meet it)",
-        "  c=8 gateway TTFT p99 x direct: 1.20, 1.50 (median 1.35; 1 of 2 rounds meet it)",
+        "  c=8 gateway rate x direct: 0.900, 1.000 (median 0.950; at least 0.95: 1 of 2 rounds)",
+        "  c=8 gateway TTFT p50 - direct ms: +7.0, +1.0 (median +4.0; at most +5: 1 of 2 rounds)",
+        "  c=8 gateway TTFT p99 x direct: 1.20, 1.50 (median 1.35; at most 1.3: 1 of 2 rounds)",
     ]
+
+
+def test_a_cell_that_completed_nothing_leaves_the_tables_printable_and_meets_no_target() -> None:
+    cells = [_cell(0, "direct", 0.0, 20.0, 0.0), _cell(0, "gateway", 9.0, 27.0, 120.0)]
+    targets = ["direct", "gateway"]
+    assert _summary(cells, targets)[3] == "| 8 | gateway | 9.00 | nan | 27.0 | +7.0 | 120.0 | nan | 0.00 |"
+    assert _paired(cells, targets)[1] == "  c=8 gateway rate x direct: nan (median nan; at least 0.95: 0 of 1 rounds)"
