@@ -221,16 +221,23 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
               f"{over if 'gen2_count' in gc else '-':>5} {lag:>4} {cycles:>10}")
 
 
-def _distinct_share(rows: list[dict[str, Any]]) -> None:
+def distinct_share(rows: list[dict[str, Any]], cells: list[dict[str, Any]]) -> list[str]:
     """Routed requests with every prompt different against pinned ones (no score), per gateway and concurrency:
-    the share of the pinned rate the scorer leaves (issue 55's target: at least 0.5 at c=16)."""
+    the share of the pinned rate the scorer leaves (issue 55's target: at least 0.5 at c=16), from the medians over
+    rounds, then round by round (distinct against pinned of the same round: the host drifts between rounds)."""
     rates = {(r["target"], r["concurrency"]): r["rps"] for r in rows}
+    by_round = {(c["target"], c["concurrency"], c["round"]): c["rps"] for c in cells}
+    lines = []
     for (target, conc), rps in rates.items():
         name, _, body = target.rpartition("/")
         pinned = rates.get((f"{name}/pinned", conc))
         if body == "distinct" and name != "direct" and pinned:
-            print(f"c={conc} {name}: routed with distinct prompts {rps:.0f} req/s = {rps / pinned:.2f} of pinned "
-                  f"({pinned:.0f} req/s)")
+            shares = [rate / by_round[(f"{name}/pinned", c, r)] for (t, c, r), rate in sorted(by_round.items())
+                      if t == target and c == conc and by_round.get((f"{name}/pinned", c, r))]
+            lines.append(f"c={conc} {name}: routed with distinct prompts {rps:.0f} req/s = {rps / pinned:.2f} of "
+                         f"pinned ({pinned:.0f} req/s); round by round {', '.join(f'{v:.2f}' for v in shares)} "
+                         f"({sum(v >= 0.5 for v in shares)} of {len(shares)} rounds at 0.5 or more)")
+    return lines
 
 
 def _soak(env: Env, targets: list[Target], lua: Path) -> dict[str, list[float | None]]:
@@ -265,7 +272,8 @@ def run(env: Env) -> dict[str, Any]:
                 cells.extend(_cell(t, luas[body], conc, body, env, rnd) for t in order)
     rows = summarise(cells)
     _print(rows, args)
-    _distinct_share(rows)
+    for line in distinct_share(rows, cells):
+        print(line)
     result: dict[str, Any] = {"cells": cells, "summary": rows,
                               "rss_mib_after": {t.name: _rss_mib(t.pid) for t in targets[1:]}}
     if args.soak:

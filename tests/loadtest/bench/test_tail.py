@@ -8,7 +8,7 @@ import re
 
 from gateway.telemetry.gc_pauses import GcPauses
 from gateway.telemetry.metrics import GatewayMetrics
-from loadtest.bench.tail import build_parser, gc_counts, summarise
+from loadtest.bench.tail import build_parser, distinct_share, gc_counts, summarise
 
 
 def test_gc_counts_reads_a_gateways_metrics() -> None:
@@ -60,3 +60,18 @@ def test_the_distinct_script_sends_a_different_valid_prompt_each_time() -> None:
     assert contents[4] == "#4 " + "x" * 50  # the number leads: a prompt cut at the scorer's length keeps it
     # each run numbers on from its start second x 100,000 (a rerun of the script repeats no number), printed whole
     assert "local n = (os.time() % 100000) * 100000" in script and "string.format('%d', n)" in script
+
+
+def test_the_distinct_share_is_given_from_the_medians_and_round_by_round() -> None:
+    def cell(rnd: int, target: str, rps: float) -> dict[str, object]:
+        return {"round": rnd, "target": target, "concurrency": 16, "rps": rps}
+
+    cells = [cell(1, "freeze/distinct", 600.0), cell(1, "freeze/pinned", 1000.0), cell(2, "freeze/distinct", 900.0),
+             cell(2, "freeze/pinned", 2000.0), cell(1, "direct/distinct", 9000.0), cell(1, "direct/pinned", 9000.0)]
+    rows = [{"target": "freeze/distinct", "concurrency": 16, "rps": 750.0},
+            {"target": "freeze/pinned", "concurrency": 16, "rps": 1500.0},
+            {"target": "direct/distinct", "concurrency": 16, "rps": 9000.0}]
+    # medians 750 / 1,500 = 0.50; the rounds 0.60 and 0.45: the drift between rounds is what the pairing shows
+    assert distinct_share(rows, cells) == [
+        "c=16 freeze: routed with distinct prompts 750 req/s = 0.50 of pinned (1500 req/s); round by round 0.60, 0.45 "
+        "(1 of 2 rounds at 0.5 or more)"]
