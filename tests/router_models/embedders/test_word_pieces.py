@@ -83,19 +83,18 @@ def _agree(pieces: WordPieces, tokenizer: Any, text: str, limit: int) -> None:
 
 def test_both_paths_give_the_tokenizers_pieces(tokenizer: Any) -> None:
     real = _real_prompts()
-    texts = HARD + real + _random_ascii(500)  # the same random strings each call (seeded)
+    made_up = HARD + _random_ascii(500)
     assert len(real) > 1_000  # every shared source read
     pieces = WordPieces(tokenizer)
     fast = sum(1 for t in real if t.isascii() and not module._DELETED.search(t) and not pieces._spells_added(t))
     assert fast > 0.8 * len(real)  # most real prompts take the fast path
-    made_up = HARD + _random_ascii(500)
     for limit in (64, 62, 8, 0):  # the embedders' cuts (static, ONNX with its two special tokens), a short one, none
         for text in made_up:
             _agree(pieces, tokenizer, text, limit)
     for limit in (64, 0):
         for text in real:
             _agree(pieces, tokenizer, text, limit)
-    for text in texts:  # again, now from the kept words
+    for text in made_up + real:  # again, now from the kept words
         _agree(pieces, tokenizer, text, 64)
 
 
