@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     pool_map = load_pool_map()
     rows = np.random.default_rng(0).normal(0, 0.05, size=(args.calls, pool_map.dim)).astype(np.float32)
     for tiers in (2, 3, 5):
-        placements = [place_from_shared(pool_map, m) for m in (SHARED_POOLS[0], *SHARED_POOLS[5 - tiers + 1:])][:tiers]
+        # the cheapest pool and the tiers - 1 dearest (every one at 5)
+        models = (SHARED_POOLS[0], *SHARED_POOLS[len(SHARED_POOLS) - tiers + 1:])
+        placements = [place_from_shared(pool_map, m) for m in models]
         for i in range(min(1000, args.calls)):
             quality(pool_map, rows[i : i + 1], placements)
         times = []
